@@ -1,0 +1,286 @@
+/*
+ * Conflux: collective communication for CPUs and GPUs.
+ *
+ * This header mirrors nccl.h name for name with the prefix "cfx" instead of
+ * "nccl": same argument order, same enum values, same semantics. Porting from
+ * NCCL is a sed. It needs no CUDA header: cfxStream_t is the same type as
+ * cudaStream_t.
+ *
+ * SPDX-License-Identifier: BSD-3-Clause
+ */
+#ifndef CONFLUX_H
+#define CONFLUX_H
+
+#include <limits.h>
+#include <stddef.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#if defined(CFX_BUILDING_LIBRARY)
+#define CFX_API __attribute__((visibility("default")))
+#else
+#define CFX_API
+#endif
+
+/** @brief Library version, major part. */
+#define CFX_MAJOR 0
+/** @brief Library version, minor part. */
+#define CFX_MINOR 1
+/** @brief Library version, patch part. */
+#define CFX_PATCH 0
+/** @brief Version suffix (empty for releases). */
+#define CFX_SUFFIX ""
+/** @brief Version as one integer, NCCL's encoding: X*10000 + Y*100 + Z. */
+#define CFX_VERSION_CODE (CFX_MAJOR * 10000 + CFX_MINOR * 100 + CFX_PATCH)
+/** @brief Encode a version the way CFX_VERSION_CODE is encoded. */
+#define CFX_VERSION(X, Y, Z) ((X) * 10000 + (Y) * 100 + (Z))
+
+/** @brief Result of every Conflux call. Values equal NCCL's. */
+typedef enum {
+    cfxSuccess = 0,            /**< The call succeeded. */
+    cfxUnhandledCudaError = 1, /**< A CUDA call failed. */
+    cfxSystemError = 2,        /**< A system call failed (socket, memory, files). */
+    cfxInternalError = 3,      /**< A bug in Conflux. */
+    cfxInvalidArgument = 4,    /**< A bad argument (NULL pointer, range, type). */
+    cfxInvalidUsage = 5,       /**< A wrong call sequence or mismatched use. */
+    cfxRemoteError = 6,        /**< A peer failed or went away. */
+    cfxInProgress = 7,         /**< A non-blocking operation has not finished. */
+    cfxTimeout = 8,            /**< A wait ran past its deadline. */
+    cfxNumResults = 9
+} cfxResult_t;
+
+/** @brief Element types. Values equal NCCL's. */
+typedef enum {
+    cfxInt8 = 0,
+    cfxChar = 0,
+    cfxUint8 = 1,
+    cfxInt32 = 2,
+    cfxInt = 2,
+    cfxUint32 = 3,
+    cfxInt64 = 4,
+    cfxUint64 = 5,
+    cfxFloat16 = 6,
+    cfxHalf = 6,
+    cfxFloat32 = 7,
+    cfxFloat = 7,
+    cfxFloat64 = 8,
+    cfxDouble = 8,
+    cfxBfloat16 = 9,
+    cfxFloat8e4m3 = 10,
+    cfxFloat8e5m2 = 11,
+    cfxNumTypes = 12
+} cfxDataType_t;
+
+/** @brief Reduction operations. Values equal NCCL's. */
+typedef enum {
+    cfxSum = 0,
+    cfxProd = 1,
+    cfxMax = 2,
+    cfxMin = 3,
+    cfxAvg = 4, /**< Sum, then divide by the number of ranks. */
+    cfxNumOps = 5
+} cfxRedOp_t;
+
+/** @brief Opaque communicator handle. */
+typedef struct cfxComm *cfxComm_t;
+/** @brief The null communicator. */
+#define CFX_COMM_NULL NULL
+
+/** @brief Size of a unique id in bytes. */
+#define CFX_UNIQUE_ID_BYTES 128
+/** @brief Opaque id that ties the ranks of one communicator together. */
+typedef struct {
+    char internal[CFX_UNIQUE_ID_BYTES];
+} cfxUniqueId;
+
+/** @brief Color that makes cfxCommSplit return a NULL communicator. */
+#define CFX_SPLIT_NOCOLOR -1
+
+/** @brief A CUDA stream, the same type as cudaStream_t. NULL for host work. */
+typedef struct CUstream_st *cfxStream_t;
+
+/** @brief Marks an int field of cfxConfig_t as "use the default". */
+#define CFX_CONFIG_UNDEF_INT INT_MIN
+/** @brief Marks a pointer field of cfxConfig_t as "use the default". */
+#define CFX_CONFIG_UNDEF_PTR NULL
+
+/**
+ * @brief Communicator options. Initialise with CFX_CONFIG_INITIALIZER and set
+ * only the fields you need; unset fields keep their defaults.
+ */
+typedef struct cfxConfig_v1 {
+    /* Must be first: they identify the layout. */
+    size_t size;
+    unsigned int magic;
+    unsigned int version;
+    /* Options. */
+    int blocking;         /**< 1 (default): calls return when done. */
+    const char *commName; /**< A name for logs; not copied past init. */
+    int splitShare;       /**< Child shares the parent's resources (hint). */
+    int minCTAs;          /**< GPU: minimum thread blocks per collective. */
+    int maxCTAs;          /**< GPU: maximum thread blocks per collective. */
+    const char *netName;  /**< Force a network transport by name. */
+} cfxConfig_t;
+
+/** @brief Initialiser for cfxConfig_t. */
+#define CFX_CONFIG_INITIALIZER                                                 \
+    {                                                                          \
+        sizeof(cfxConfig_t), /* size */                                        \
+            0xcafebeef,      /* magic */                                       \
+            CFX_VERSION(CFX_MAJOR, CFX_MINOR, CFX_PATCH), /* version */        \
+            CFX_CONFIG_UNDEF_INT,                         /* blocking */       \
+            CFX_CONFIG_UNDEF_PTR,                         /* commName */       \
+            CFX_CONFIG_UNDEF_INT,                         /* splitShare */     \
+            CFX_CONFIG_UNDEF_INT,                         /* minCTAs */        \
+            CFX_CONFIG_UNDEF_INT,                         /* maxCTAs */        \
+            CFX_CONFIG_UNDEF_PTR                          /* netName */        \
+    }
+
+/**
+ * @brief Report the library version.
+ * @param [out] version CFX_VERSION_CODE of the loaded library.
+ * @return cfxSuccess, or cfxInvalidArgument when version is NULL.
+ */
+CFX_API cfxResult_t cfxGetVersion(int *version);
+
+/**
+ * @brief Create a unique id for a new communicator. Call it on one rank and
+ * share the id with the others (MPI_Bcast, a file, ...).
+ *
+ * Starts a root listener in this process that lives until every rank of the
+ * communicator has joined (or the bootstrap timeout passes). With
+ * CFX_COMM_ID=host:port set, every rank produces the same id and rank 0
+ * listens at that address instead.
+ * @param [out] uniqueId The id.
+ * @return cfxSuccess, cfxInvalidArgument, or cfxSystemError when no listener
+ * could be started.
+ */
+CFX_API cfxResult_t cfxGetUniqueId(cfxUniqueId *uniqueId);
+
+/**
+ * @brief Create the communicator of rank @p rank among @p nranks ranks.
+ * Collective: every rank calls it with the same id and nranks.
+ * @param [out] comm The new communicator (set only on success).
+ * @param [in] nranks Number of ranks, >= 1.
+ * @param [in] commId The id from cfxGetUniqueId.
+ * @param [in] rank This rank, 0 <= rank < nranks.
+ * @return cfxSuccess; cfxInvalidArgument; cfxTimeout when ranks are missing
+ * (cfxGetLastError(NULL) names them); cfxRemoteError; cfxSystemError.
+ */
+CFX_API cfxResult_t cfxCommInitRank(cfxComm_t *comm, int nranks, cfxUniqueId commId, int rank);
+
+/**
+ * @brief cfxCommInitRank with options.
+ * @param [out] comm The new communicator (set only on success).
+ * @param [in] nranks Number of ranks, >= 1.
+ * @param [in] commId The id from cfxGetUniqueId.
+ * @param [in] rank This rank, 0 <= rank < nranks.
+ * @param [in] config Options, or NULL for defaults.
+ * @return As cfxCommInitRank; cfxInvalidArgument for a malformed config.
+ */
+CFX_API cfxResult_t cfxCommInitRankConfig(cfxComm_t *comm, int nranks, cfxUniqueId commId, int rank,
+                                          cfxConfig_t *config);
+
+/**
+ * @brief Create @p ndev communicators, one per rank, all in this process.
+ * @param [out] comms Array of ndev communicators; comms[i] is rank i.
+ * @param [in] ndev Number of ranks, >= 1.
+ * @param [in] devlist CUDA device of each rank, or NULL for host ranks.
+ * @return cfxSuccess, or the first failure of any rank.
+ */
+CFX_API cfxResult_t cfxCommInitAll(cfxComm_t *comms, int ndev, const int *devlist);
+
+/**
+ * @brief Split a communicator into sub-communicators by color, ordered by key
+ * (ties broken by rank in the parent). Collective over the parent.
+ * @param [in] comm Parent communicator.
+ * @param [in] color Ranks with the same color share a child; CFX_SPLIT_NOCOLOR
+ * ranks get NULL.
+ * @param [in] key Order of ranks in the child.
+ * @param [out] newcomm The child, or NULL for CFX_SPLIT_NOCOLOR.
+ * @param [in] config Options for the child, or NULL to inherit.
+ * @return cfxSuccess, cfxInvalidArgument, cfxInvalidUsage, or a bootstrap
+ * failure.
+ */
+CFX_API cfxResult_t cfxCommSplit(cfxComm_t comm, int color, int key, cfxComm_t *newcomm,
+                                 cfxConfig_t *config);
+
+/**
+ * @brief Finish all outstanding work and synchronise with the peers so the
+ * communicator can be destroyed. Collective.
+ * @param [in] comm The communicator.
+ * @return cfxSuccess; cfxInvalidUsage when called twice; a peer failure.
+ */
+CFX_API cfxResult_t cfxCommFinalize(cfxComm_t comm);
+
+/**
+ * @brief Release a communicator. Local: waits for no peer. Call
+ * cfxCommFinalize first for an orderly shutdown.
+ * @param [in] comm The communicator; invalid afterwards.
+ * @return cfxSuccess or cfxInvalidArgument.
+ */
+CFX_API cfxResult_t cfxCommDestroy(cfxComm_t comm);
+
+/**
+ * @brief Stop every operation on the communicator and release it without
+ * waiting for peers. Safe to call when peers are dead or hung.
+ * @param [in] comm The communicator; invalid afterwards.
+ * @return cfxSuccess or cfxInvalidArgument.
+ */
+CFX_API cfxResult_t cfxCommAbort(cfxComm_t comm);
+
+/**
+ * @brief Report an asynchronous error of the communicator.
+ * @param [in] comm The communicator.
+ * @param [out] asyncError cfxSuccess, or the error that broke the communicator.
+ * @return cfxSuccess or cfxInvalidArgument.
+ */
+CFX_API cfxResult_t cfxCommGetAsyncError(cfxComm_t comm, cfxResult_t *asyncError);
+
+/**
+ * @brief Number of ranks in the communicator.
+ * @param [in] comm The communicator.
+ * @param [out] count Number of ranks.
+ * @return cfxSuccess or cfxInvalidArgument.
+ */
+CFX_API cfxResult_t cfxCommCount(const cfxComm_t comm, int *count);
+
+/**
+ * @brief CUDA device of the communicator.
+ * @param [in] comm The communicator.
+ * @param [out] device The device, or -1 for a host-only communicator.
+ * @return cfxSuccess or cfxInvalidArgument.
+ */
+CFX_API cfxResult_t cfxCommCuDevice(const cfxComm_t comm, int *device);
+
+/**
+ * @brief Rank of the caller in the communicator.
+ * @param [in] comm The communicator.
+ * @param [out] rank The rank.
+ * @return cfxSuccess or cfxInvalidArgument.
+ */
+CFX_API cfxResult_t cfxCommUserRank(const cfxComm_t comm, int *rank);
+
+/**
+ * @brief Name of a result code, e.g. "invalid argument".
+ * @param [in] result A result code.
+ * @return A static string; "unknown result" for values out of range.
+ */
+CFX_API const char *cfxGetErrorString(cfxResult_t result);
+
+/**
+ * @brief The last failure as a human sentence: what failed, on which peer,
+ * and what to try.
+ * @param [in] comm A communicator, or NULL for the process's last failure.
+ * @return A string owned by the library, valid until the next failing call
+ * on the same communicator (or, for NULL, in the process); "" when none.
+ */
+CFX_API const char *cfxGetLastError(cfxComm_t comm);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* CONFLUX_H */

@@ -1,0 +1,672 @@
+/* Bootstrap: see bootstrap.h for the contract, wire.h for the frames. */
+#include "src/bootstrap/bootstrap.h"
+
+#include <errno.h>
+#include <poll.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "src/bootstrap/wire.h"
+#include "src/util/check.h"
+#include "src/util/error.h"
+#include "src/util/host.h"
+#include "src/util/log.h"
+#include "src/util/param.h"
+#include "src/util/time.h"
+
+CFX_PARAM_INT(bootstrap_timeout, "BOOTSTRAP_TIMEOUT", 300,
+              "Seconds a bootstrap step (join, allgather, barrier, message) may take; 0 = forever");
+CFX_PARAM_INT(bootstrap_frame_ms, "BOOTSTRAP_FRAME_TIMEOUT_MS", 2000,
+              "Milliseconds a connecting peer has to send its whole greeting");
+CFX_PARAM_STR(comm_id, "COMM_ID", NULL,
+              "host:port of the root listener; makes every rank produce the same unique id");
+
+/* Largest bootstrap message accepted from a peer; setup data only. */
+#define MAX_MESSAGE_BYTES ((uint64_t)1 << 30)
+
+_Static_assert(sizeof(struct cfx_bootstrap_id) <= CFX_UNIQUE_ID_BYTES, "id too large");
+
+struct unexpected_msg {
+    struct unexpected_msg *next;
+    int src_rank;
+    uint32_t tag;
+    size_t size;
+    char payload[];
+};
+
+struct cfx_bootstrap {
+    int rank;
+    int nranks;
+    uint64_t secret;
+    const int *abort_flag;
+    int listen_fd;
+    union cfx_sockaddr listen_addr;
+    struct cfx_sockaddr_wire *table; /* Every rank's listener. */
+    int ring_send_fd;                /* To rank+1. */
+    int ring_recv_fd;                /* From rank-1. */
+    struct unexpected_msg *unexpected;
+};
+
+/* Header of each ring step, checked so mismatched callers fail loudly. */
+struct ring_hdr {
+    uint64_t size;
+    uint32_t step;
+    uint32_t reserved;
+};
+
+int64_t cfx_bootstrap_timeout_s(void)
+{
+    return param_bootstrap_timeout();
+}
+
+int64_t cfx_bootstrap_frame_ns(void)
+{
+    return param_bootstrap_frame_ms() * CFX_NS_PER_MS;
+}
+
+int cfx_bootstrap_rank(const struct cfx_bootstrap *bs)
+{
+    return bs->rank;
+}
+
+int cfx_bootstrap_nranks(const struct cfx_bootstrap *bs)
+{
+    return bs->nranks;
+}
+
+static int64_t op_deadline(void)
+{
+    return cfx_time_deadline_s(param_bootstrap_timeout());
+}
+
+static const char *timeout_hint(void)
+{
+    return "check that every rank was started and can reach the others, "
+           "or raise CFX_BOOTSTRAP_TIMEOUT";
+}
+
+/* ------------------------------------------------------------------ ids */
+
+static cfxResult_t id_from_comm_id(const char *text, struct cfx_bootstrap_id *id)
+{
+    union cfx_sockaddr addr;
+    CFX_CHECK(cfx_socket_addr_parse(text, &addr));
+    memset(id, 0, sizeof(*id));
+    id->magic = CFX_BOOTSTRAP_MAGIC;
+    /* Every rank must derive the same id: the secret comes from the text. */
+    id->secret = cfx_host_hash(text) ^ UINT64_C(0x9e3779b97f4a7c15);
+    id->flags = CFX_BOOTSTRAP_ID_COMM_ID;
+    cfx_socket_addr_to_wire(&addr, &id->root);
+    return cfxSuccess;
+}
+
+static cfxResult_t pick_listen_address(int local, union cfx_sockaddr *addr_p)
+{
+    if (local) {
+        memset(addr_p, 0, sizeof(*addr_p));
+        addr_p->sin.sin_family = AF_INET;
+        addr_p->sin.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+        return cfxSuccess;
+    }
+    char ifname[64];
+    CFX_CHECK(cfx_socket_pick_address(addr_p, ifname, sizeof(ifname)));
+    char where[80];
+    cfx_socket_addr_format(addr_p, where, sizeof(where));
+    CFX_INFO(CFX_LOG_BOOTSTRAP, "bootstrap uses interface %s (%s)", ifname, where);
+    return cfxSuccess;
+}
+
+cfxResult_t cfx_bootstrap_id_create(cfxUniqueId *id, int local)
+{
+    struct cfx_bootstrap_id bid;
+    const char *comm_id = param_comm_id();
+    memset(id, 0, sizeof(*id));
+    if (comm_id && comm_id[0] && !local) {
+        CFX_CHECK(id_from_comm_id(comm_id, &bid));
+        memcpy(id->internal, &bid, sizeof(bid));
+        return cfxSuccess;
+    }
+    memset(&bid, 0, sizeof(bid));
+    bid.magic = CFX_BOOTSTRAP_MAGIC;
+    bid.flags = local ? CFX_BOOTSTRAP_ID_LOCAL : 0;
+    CFX_CHECK(cfx_host_random(&bid.secret, sizeof(bid.secret)));
+    union cfx_sockaddr addr, bound;
+    int fd;
+    CFX_CHECK(pick_listen_address(local, &addr));
+    CFX_CHECK(cfx_socket_listen(&addr, &fd, &bound));
+    cfx_socket_addr_to_wire(&bound, &bid.root);
+    CFX_CHECK(cfx_bootstrap_root_start(fd, bid.secret));
+    memcpy(id->internal, &bid, sizeof(bid));
+    return cfxSuccess;
+}
+
+int cfx_bootstrap_id_valid(const cfxUniqueId *id)
+{
+    struct cfx_bootstrap_id bid;
+    memcpy(&bid, id->internal, sizeof(bid));
+    return bid.magic == CFX_BOOTSTRAP_MAGIC;
+}
+
+/* ------------------------------------------------------------ messages */
+
+static void peer_name(int rank, char *text, size_t size)
+{
+    snprintf(text, size, "bootstrap peer rank %d", rank);
+}
+
+static int64_t min_deadline(int64_t a, int64_t b)
+{
+    return a < b ? a : b;
+}
+
+/* Append, so messages of one (peer, tag) are matched in order. */
+static void queue_append(struct cfx_bootstrap *bs, struct unexpected_msg *msg)
+{
+    struct unexpected_msg **tail = &bs->unexpected;
+    while (*tail)
+        tail = &(*tail)->next;
+    msg->next = NULL;
+    *tail = msg;
+}
+
+/* Accept one connection on the listener and file it: a ring connection from
+ * the previous rank, or a message into the unexpected queue. Strangers are
+ * logged and closed. cfxTimeout when nothing arrived before the deadline. */
+static cfxResult_t accept_one(struct cfx_bootstrap *bs, int64_t deadline_ns)
+{
+    int fd = -1;
+    cfxResult_t res = cfx_socket_accept(bs->listen_fd, deadline_ns, bs->abort_flag, &fd);
+    if (res != cfxSuccess)
+        return res;
+    struct cfx_bootstrap_peer_hdr hdr;
+    int64_t frame_deadline = min_deadline(deadline_ns, cfx_time_now_ns() + cfx_bootstrap_frame_ns());
+    res = cfx_socket_recv_all(fd, &hdr, sizeof(hdr), frame_deadline, bs->abort_flag,
+                              "a connecting bootstrap peer");
+    if (res != cfxSuccess) {
+        CFX_WARN(CFX_LOG_BOOTSTRAP, "bootstrap: dropped a connection that sent no greeting");
+        cfx_error_thread_clear();
+        close(fd);
+        return cfxSuccess;
+    }
+    const char *why = NULL;
+    if (hdr.magic != CFX_BOOTSTRAP_MAGIC)
+        why = "bad magic";
+    else if (hdr.secret != bs->secret)
+        why = "wrong secret";
+    else if (hdr.src_rank < 0 || hdr.src_rank >= bs->nranks)
+        why = "source rank out of range";
+    else if (hdr.kind == CFX_BOOTSTRAP_KIND_RING &&
+             (hdr.src_rank != (bs->rank + bs->nranks - 1) % bs->nranks || bs->ring_recv_fd >= 0))
+        why = "ring connection from an unexpected rank";
+    else if (hdr.kind == CFX_BOOTSTRAP_KIND_MESSAGE && hdr.size > MAX_MESSAGE_BYTES)
+        why = "message larger than the bootstrap accepts";
+    else if (hdr.kind != CFX_BOOTSTRAP_KIND_RING && hdr.kind != CFX_BOOTSTRAP_KIND_MESSAGE)
+        why = "unknown kind";
+    if (why) {
+        CFX_WARN(CFX_LOG_BOOTSTRAP, "bootstrap rank %d: closed a connection: %s", bs->rank, why);
+        close(fd);
+        return cfxSuccess;
+    }
+    if (hdr.kind == CFX_BOOTSTRAP_KIND_RING) {
+        bs->ring_recv_fd = fd;
+        return cfxSuccess;
+    }
+    struct unexpected_msg *msg = malloc(sizeof(*msg) + hdr.size);
+    if (msg == NULL) {
+        close(fd);
+        return cfx_error_set(cfxSystemError, CFX_LOG_BOOTSTRAP,
+                             "out of memory for a %llu-byte bootstrap message",
+                             (unsigned long long)hdr.size);
+    }
+    char peer[48];
+    peer_name(hdr.src_rank, peer, sizeof(peer));
+    res = cfx_socket_recv_all(fd, msg->payload, hdr.size, deadline_ns, bs->abort_flag, peer);
+    close(fd);
+    if (res != cfxSuccess) {
+        free(msg);
+        return res;
+    }
+    msg->src_rank = hdr.src_rank;
+    msg->tag = hdr.tag;
+    msg->size = hdr.size;
+    queue_append(bs, msg);
+    return cfxSuccess;
+}
+
+static cfxResult_t connect_peer(struct cfx_bootstrap *bs, int peer, uint32_t kind, uint32_t tag,
+                                uint64_t size, int64_t deadline_ns, int *fd_p)
+{
+    union cfx_sockaddr addr;
+    if (cfx_socket_addr_from_wire(&bs->table[peer], &addr) != cfxSuccess)
+        return cfx_error_set(cfxInternalError, CFX_LOG_BOOTSTRAP,
+                             "bootstrap: no address for rank %d", peer);
+    int fd;
+    CFX_CHECK(cfx_socket_connect(&addr, deadline_ns, bs->abort_flag, &fd));
+    struct cfx_bootstrap_peer_hdr hdr = {.magic = CFX_BOOTSTRAP_MAGIC,
+                                         .secret = bs->secret,
+                                         .kind = kind,
+                                         .src_rank = bs->rank,
+                                         .tag = tag,
+                                         .size = size};
+    char name[48];
+    peer_name(peer, name, sizeof(name));
+    cfxResult_t res = cfx_socket_send_all(fd, &hdr, sizeof(hdr), deadline_ns, bs->abort_flag, name);
+    if (res != cfxSuccess) {
+        close(fd);
+        return res;
+    }
+    *fd_p = fd;
+    return cfxSuccess;
+}
+
+static cfxResult_t connect_ring(struct cfx_bootstrap *bs)
+{
+    if (bs->nranks == 1)
+        return cfxSuccess;
+    int64_t deadline = op_deadline();
+    int next = (bs->rank + 1) % bs->nranks;
+    CFX_CHECK(connect_peer(bs, next, CFX_BOOTSTRAP_KIND_RING, 0, 0, deadline, &bs->ring_send_fd));
+    while (bs->ring_recv_fd < 0) {
+        cfxResult_t res = accept_one(bs, deadline);
+        if (res == cfxTimeout)
+            return cfx_error_set(cfxTimeout, CFX_LOG_BOOTSTRAP,
+                                 "bootstrap rank %d: rank %d never connected its ring link; %s",
+                                 bs->rank, (bs->rank + bs->nranks - 1) % bs->nranks,
+                                 timeout_hint());
+        CFX_CHECK(res);
+    }
+    return cfxSuccess;
+}
+
+/* Send and receive at once on two sockets, so large steps cannot deadlock. */
+static cfxResult_t sendrecv(struct cfx_bootstrap *bs, const char *send_buf, char *recv_buf,
+                            size_t size, int64_t deadline_ns)
+{
+    size_t sent = 0, got = 0;
+    int prev = (bs->rank + bs->nranks - 1) % bs->nranks;
+    int next = (bs->rank + 1) % bs->nranks;
+    char prev_name[48], next_name[48];
+    peer_name(prev, prev_name, sizeof(prev_name));
+    peer_name(next, next_name, sizeof(next_name));
+    while (sent < size || got < size) {
+        struct pollfd fds[2] = {{.fd = bs->ring_send_fd, .events = sent < size ? POLLOUT : 0},
+                                {.fd = bs->ring_recv_fd, .events = got < size ? POLLIN : 0}};
+        if (bs->abort_flag && __atomic_load_n(bs->abort_flag, __ATOMIC_ACQUIRE))
+            return cfx_error_set(cfxRemoteError, CFX_LOG_BOOTSTRAP,
+                                 "bootstrap rank %d: aborted", bs->rank);
+        if (cfx_time_now_ns() >= deadline_ns)
+            return cfx_error_set(cfxTimeout, CFX_LOG_BOOTSTRAP,
+                                 "bootstrap rank %d: ring step timed out (sent %zu/%zu to rank "
+                                 "%d, received %zu/%zu from rank %d); %s",
+                                 bs->rank, sent, size, next, got, size, prev, timeout_hint());
+        poll(fds, 2, cfx_time_left_ms(deadline_ns, 100));
+        if (sent < size) {
+            ssize_t n = send(bs->ring_send_fd, send_buf + sent, size - sent, MSG_NOSIGNAL);
+            if (n > 0)
+                sent += (size_t)n;
+            else if (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)
+                return cfx_error_set(cfxRemoteError, CFX_LOG_BOOTSTRAP,
+                                     "bootstrap rank %d: %s is gone (send: %s)", bs->rank,
+                                     next_name, strerror(errno));
+        }
+        if (got < size) {
+            ssize_t n = recv(bs->ring_recv_fd, recv_buf + got, size - got, 0);
+            if (n > 0)
+                got += (size_t)n;
+            else if (n == 0 || (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR))
+                return cfx_error_set(cfxRemoteError, CFX_LOG_BOOTSTRAP,
+                                     "bootstrap rank %d: %s closed the connection", bs->rank,
+                                     prev_name);
+        }
+    }
+    return cfxSuccess;
+}
+
+cfxResult_t cfx_bootstrap_allgather(struct cfx_bootstrap *bs, void *data, size_t size)
+{
+    char *base = data;
+    int n = bs->nranks;
+    int64_t deadline = op_deadline();
+    for (int step = 0; step < n - 1; step++) {
+        int send_slot = (bs->rank - step + n) % n;
+        int recv_slot = (bs->rank - step - 1 + n) % n;
+        struct ring_hdr out = {.size = size, .step = (uint32_t)step}, in;
+        CFX_CHECK(sendrecv(bs, (const char *)&out, (char *)&in, sizeof(in), deadline));
+        if (in.size != size || in.step != (uint32_t)step)
+            return cfx_error_set(cfxInternalError, CFX_LOG_BOOTSTRAP,
+                                 "bootstrap rank %d: allgather mismatch (%zu bytes, step %d here; "
+                                 "%llu bytes, step %u from the previous rank)",
+                                 bs->rank, size, step, (unsigned long long)in.size, in.step);
+        CFX_CHECK(sendrecv(bs, base + (size_t)send_slot * size, base + (size_t)recv_slot * size,
+                           size, deadline));
+    }
+    return cfxSuccess;
+}
+
+cfxResult_t cfx_bootstrap_barrier(struct cfx_bootstrap *bs)
+{
+    /* An allgather of one byte per rank: every rank has entered when it ends. */
+    char stack_bytes[64];
+    char *bytes = bs->nranks <= 64 ? stack_bytes : malloc((size_t)bs->nranks);
+    if (bytes == NULL)
+        return cfx_error_set(cfxSystemError, CFX_LOG_BOOTSTRAP, "out of memory in barrier");
+    bytes[bs->rank] = 1;
+    cfxResult_t res = cfx_bootstrap_allgather(bs, bytes, 1);
+    if (bytes != stack_bytes)
+        free(bytes);
+    return res;
+}
+
+static struct unexpected_msg *take_unexpected(struct cfx_bootstrap *bs, int peer, uint32_t tag)
+{
+    for (struct unexpected_msg **link = &bs->unexpected; *link; link = &(*link)->next) {
+        if ((*link)->src_rank == peer && (*link)->tag == tag) {
+            struct unexpected_msg *msg = *link;
+            *link = msg->next;
+            return msg;
+        }
+    }
+    return NULL;
+}
+
+cfxResult_t cfx_bootstrap_send(struct cfx_bootstrap *bs, int peer, uint32_t tag, const void *data,
+                               size_t size)
+{
+    if (peer < 0 || peer >= bs->nranks)
+        return cfx_error_set(cfxInternalError, CFX_LOG_BOOTSTRAP, "bootstrap send to rank %d of %d",
+                             peer, bs->nranks);
+    if (peer == bs->rank) {
+        struct unexpected_msg *msg = malloc(sizeof(*msg) + size);
+        if (msg == NULL)
+            return cfx_error_set(cfxSystemError, CFX_LOG_BOOTSTRAP, "out of memory");
+        *msg = (struct unexpected_msg){.src_rank = peer, .tag = tag, .size = size};
+        memcpy(msg->payload, data, size);
+        queue_append(bs, msg);
+        return cfxSuccess;
+    }
+    int64_t deadline = op_deadline();
+    int fd;
+    CFX_CHECK(connect_peer(bs, peer, CFX_BOOTSTRAP_KIND_MESSAGE, tag, size, deadline, &fd));
+    char name[48];
+    peer_name(peer, name, sizeof(name));
+    cfxResult_t res = cfx_socket_send_all(fd, data, size, deadline, bs->abort_flag, name);
+    close(fd);
+    return res;
+}
+
+cfxResult_t cfx_bootstrap_recv(struct cfx_bootstrap *bs, int peer, uint32_t tag, void *data,
+                               size_t size)
+{
+    int64_t deadline = op_deadline();
+    struct unexpected_msg *msg;
+    while ((msg = take_unexpected(bs, peer, tag)) == NULL) {
+        cfxResult_t res = accept_one(bs, deadline);
+        if (res == cfxTimeout)
+            return cfx_error_set(cfxTimeout, CFX_LOG_BOOTSTRAP,
+                                 "bootstrap rank %d: no message (tag %u) from rank %d; %s",
+                                 bs->rank, tag, peer, timeout_hint());
+        CFX_CHECK(res);
+    }
+    cfxResult_t res = cfxSuccess;
+    if (msg->size != size)
+        res = cfx_error_set(cfxInternalError, CFX_LOG_BOOTSTRAP,
+                            "bootstrap rank %d: message (tag %u) from rank %d has %zu bytes, "
+                            "expected %zu",
+                            bs->rank, tag, peer, msg->size, size);
+    else
+        memcpy(data, msg->payload, size);
+    free(msg);
+    return res;
+}
+
+/* ---------------------------------------------------------- lifecycle */
+
+static cfxResult_t bootstrap_alloc(int rank, int nranks, uint64_t secret, const int *abort_flag,
+                                   struct cfx_bootstrap **bs_p)
+{
+    struct cfx_bootstrap *bs = calloc(1, sizeof(*bs));
+    if (bs == NULL)
+        return cfx_error_set(cfxSystemError, CFX_LOG_BOOTSTRAP, "out of memory");
+    bs->rank = rank;
+    bs->nranks = nranks;
+    bs->secret = secret;
+    bs->abort_flag = abort_flag;
+    bs->listen_fd = bs->ring_send_fd = bs->ring_recv_fd = -1;
+    bs->table = calloc((size_t)nranks, sizeof(*bs->table));
+    if (bs->table == NULL) {
+        free(bs);
+        return cfx_error_set(cfxSystemError, CFX_LOG_BOOTSTRAP, "out of memory");
+    }
+    *bs_p = bs;
+    return cfxSuccess;
+}
+
+void cfx_bootstrap_destroy(struct cfx_bootstrap *bs)
+{
+    if (bs == NULL)
+        return;
+    cfx_socket_close(&bs->listen_fd);
+    cfx_socket_close(&bs->ring_send_fd);
+    cfx_socket_close(&bs->ring_recv_fd);
+    while (bs->unexpected) {
+        struct unexpected_msg *next = bs->unexpected->next;
+        free(bs->unexpected);
+        bs->unexpected = next;
+    }
+    free(bs->table);
+    free(bs);
+}
+
+/* Describe the ranks missing from a root's table: "3, 5 and 2 more". */
+static void list_missing(const struct cfx_sockaddr_wire *table, int nranks, char *text, size_t size)
+{
+    size_t used = 0;
+    int listed = 0, more = 0;
+    text[0] = '\0';
+    for (int r = 0; r < nranks; r++) {
+        if (table[r].family != 0)
+            continue;
+        if (listed < 16 && used + 16 < size) {
+            used += (size_t)snprintf(text + used, size - used, "%s%d", listed ? ", " : "", r);
+            listed++;
+        } else {
+            more++;
+        }
+    }
+    if (more && used + 24 < size)
+        snprintf(text + used, size - used, " and %d more", more);
+}
+
+/* Rank side of the join: greet the root, receive the address table. */
+static cfxResult_t join_root(struct cfx_bootstrap *bs, const struct cfx_bootstrap_id *bid)
+{
+    union cfx_sockaddr root_addr;
+    if (cfx_socket_addr_from_wire(&bid->root, &root_addr) != cfxSuccess)
+        return cfx_error_set(cfxInvalidArgument, CFX_LOG_BOOTSTRAP,
+                             "the unique id holds no valid root address; was it made by "
+                             "cfxGetUniqueId and passed unchanged?");
+    char root_name[96], where[80];
+    cfx_socket_addr_format(&root_addr, where, sizeof(where));
+    snprintf(root_name, sizeof(root_name), "the bootstrap root at %s", where);
+    /* The root reports missing ranks at its deadline; wait a little longer. */
+    int64_t timeout = param_bootstrap_timeout();
+    int64_t deadline = cfx_time_deadline_s(timeout > 0 ? timeout + 5 : 0);
+    int fd = -1;
+    cfxResult_t res = cfx_socket_connect(&root_addr, deadline, bs->abort_flag, &fd);
+    if (res != cfxSuccess)
+        return res;
+    struct cfx_bootstrap_hello hello = {.magic = CFX_BOOTSTRAP_MAGIC,
+                                        .secret = bid->secret,
+                                        .rank = bs->rank,
+                                        .nranks = bs->nranks};
+    cfx_socket_addr_to_wire(&bs->listen_addr, &hello.listen_addr);
+    struct cfx_bootstrap_reply reply;
+    CFX_CHECK_GOTO(cfx_socket_send_all(fd, &hello, sizeof(hello), deadline, bs->abort_flag, root_name),
+                   res, out);
+    res = cfx_socket_recv_all(fd, &reply, sizeof(reply), deadline, bs->abort_flag, root_name);
+    if (res == cfxTimeout) {
+        res = cfx_error_set(cfxTimeout, CFX_LOG_BOOTSTRAP,
+                            "bootstrap rank %d: %s never answered; %s", bs->rank, root_name,
+                            timeout_hint());
+        goto out;
+    }
+    if (res == cfxRemoteError) {
+        res = cfx_error_set(cfxRemoteError, CFX_LOG_BOOTSTRAP,
+                            "bootstrap rank %d: %s closed the connection: another rank may "
+                            "claim rank %d, nranks may disagree between ranks (this rank says "
+                            "%d), or the id may be stale",
+                            bs->rank, root_name, bs->rank, bs->nranks);
+        goto out;
+    }
+    CFX_CHECK_GOTO(res, res, out);
+    if (reply.magic != CFX_BOOTSTRAP_MAGIC || reply.nranks != bs->nranks) {
+        res = cfx_error_set(cfxRemoteError, CFX_LOG_BOOTSTRAP,
+                            "bootstrap rank %d: malformed answer from %s", bs->rank, root_name);
+        goto out;
+    }
+    CFX_CHECK_GOTO(cfx_socket_recv_all(fd, bs->table, sizeof(*bs->table) * (size_t)bs->nranks,
+                                       deadline, bs->abort_flag, root_name),
+                   res, out);
+    if (reply.status != CFX_BOOTSTRAP_OK) {
+        char missing[256];
+        list_missing(bs->table, bs->nranks, missing, sizeof(missing));
+        res = cfx_error_set(cfxTimeout, CFX_LOG_BOOTSTRAP,
+                            "bootstrap: rank(s) %s of %d never joined within CFX_BOOTSTRAP_TIMEOUT="
+                            "%lld s; %s",
+                            missing, bs->nranks, (long long)timeout, timeout_hint());
+    }
+out:
+    close(fd);
+    return res;
+}
+
+/* With CFX_COMM_ID, rank 0 serves as the root at the given address. */
+static cfxResult_t start_comm_id_root(const struct cfx_bootstrap_id *bid)
+{
+    union cfx_sockaddr addr, bound;
+    int fd;
+    CFX_CHECK(cfx_socket_addr_from_wire(&bid->root, &addr));
+    cfxResult_t res = cfx_socket_listen(&addr, &fd, &bound);
+    if (res != cfxSuccess) {
+        char where[80];
+        cfx_socket_addr_format(&addr, where, sizeof(where));
+        return cfx_error_set(res, CFX_LOG_BOOTSTRAP,
+                             "rank 0 cannot listen at CFX_COMM_ID (%s): %s; it must be an "
+                             "address of rank 0's host with a free port",
+                             where, cfx_error_thread_last());
+    }
+    return cfx_bootstrap_root_start(fd, bid->secret);
+}
+
+cfxResult_t cfx_bootstrap_init(const cfxUniqueId *id, int rank, int nranks, const int *abort_flag,
+                               struct cfx_bootstrap **bs_p)
+{
+    struct cfx_bootstrap_id bid;
+    memcpy(&bid, id->internal, sizeof(bid));
+    struct cfx_bootstrap *bs = NULL;
+    cfxResult_t res;
+    CFX_CHECK(bootstrap_alloc(rank, nranks, bid.secret, abort_flag, &bs));
+    union cfx_sockaddr addr;
+    CFX_CHECK_GOTO(pick_listen_address((bid.flags & CFX_BOOTSTRAP_ID_LOCAL) != 0, &addr), res, err);
+    CFX_CHECK_GOTO(cfx_socket_listen(&addr, &bs->listen_fd, &bs->listen_addr), res, err);
+    if ((bid.flags & CFX_BOOTSTRAP_ID_COMM_ID) && rank == 0)
+        CFX_CHECK_GOTO(start_comm_id_root(&bid), res, err);
+    CFX_CHECK_GOTO(join_root(bs, &bid), res, err);
+    CFX_CHECK_GOTO(connect_ring(bs), res, err);
+    CFX_INFO(CFX_LOG_BOOTSTRAP, "bootstrap rank %d of %d ready", rank, nranks);
+    *bs_p = bs;
+    return cfxSuccess;
+err:
+    cfx_bootstrap_destroy(bs);
+    return res;
+}
+
+/* ---------------------------------------------------------------- split */
+
+struct split_entry {
+    int32_t color;
+    int32_t key;
+    int32_t parent_rank;
+    int32_t reserved;
+    struct cfx_sockaddr_wire listen_addr;
+};
+
+static int compare_members(const void *a, const void *b)
+{
+    const struct split_entry *x = a, *y = b;
+    if (x->key != y->key)
+        return x->key < y->key ? -1 : 1;
+    return x->parent_rank < y->parent_rank ? -1 : x->parent_rank > y->parent_rank;
+}
+
+cfxResult_t cfx_bootstrap_split(struct cfx_bootstrap *parent, int color, int key,
+                                const int *abort_flag, struct cfx_bootstrap **child_p,
+                                int *child_rank_p, int *child_nranks_p, int **parent_ranks_p)
+{
+    cfxResult_t res = cfxSuccess;
+    int listen_fd = -1;
+    union cfx_sockaddr bound;
+    memset(&bound, 0, sizeof(bound));
+    if (color >= 0) {
+        /* Listen where the parent listens (same interface), any port. */
+        union cfx_sockaddr addr = parent->listen_addr;
+        if (addr.sa.sa_family == AF_INET)
+            addr.sin.sin_port = 0;
+        else
+            addr.sin6.sin6_port = 0;
+        CFX_CHECK(cfx_socket_listen(&addr, &listen_fd, &bound));
+    }
+    struct split_entry *all = calloc((size_t)parent->nranks, sizeof(*all));
+    struct cfx_bootstrap *child = NULL;
+    int *parent_ranks = NULL;
+    if (all == NULL) {
+        res = cfx_error_set(cfxSystemError, CFX_LOG_BOOTSTRAP, "out of memory in split");
+        goto out;
+    }
+    all[parent->rank] = (struct split_entry){.color = color, .key = key, .parent_rank = parent->rank};
+    if (color >= 0)
+        cfx_socket_addr_to_wire(&bound, &all[parent->rank].listen_addr);
+    CFX_CHECK_GOTO(cfx_bootstrap_allgather(parent, all, sizeof(*all)), res, out);
+    if (color < 0) {
+        *child_p = NULL;
+        goto out;
+    }
+    int n_members = 0;
+    for (int r = 0; r < parent->nranks; r++)
+        if (all[r].color == color)
+            all[n_members++] = all[r];
+    qsort(all, (size_t)n_members, sizeof(*all), compare_members);
+    int child_rank = -1;
+    for (int i = 0; i < n_members; i++)
+        if (all[i].parent_rank == parent->rank)
+            child_rank = i;
+    parent_ranks = malloc(sizeof(int) * (size_t)n_members);
+    if (parent_ranks == NULL) {
+        res = cfx_error_set(cfxSystemError, CFX_LOG_BOOTSTRAP, "out of memory in split");
+        goto out;
+    }
+    CFX_CHECK_GOTO(bootstrap_alloc(child_rank, n_members, parent->secret, abort_flag, &child), res,
+                   out);
+    for (int i = 0; i < n_members; i++) {
+        child->table[i] = all[i].listen_addr;
+        parent_ranks[i] = all[i].parent_rank;
+    }
+    child->listen_fd = listen_fd;
+    child->listen_addr = bound;
+    listen_fd = -1;
+    CFX_CHECK_GOTO(connect_ring(child), res, out);
+    *child_p = child;
+    *child_rank_p = child_rank;
+    *child_nranks_p = n_members;
+    *parent_ranks_p = parent_ranks;
+    child = NULL;
+    parent_ranks = NULL;
+out:
+    cfx_bootstrap_destroy(child);
+    free(parent_ranks);
+    free(all);
+    cfx_socket_close(&listen_fd);
+    return res;
+}

@@ -1,0 +1,66 @@
+/*
+ * Bootstrap: the out-of-band network that ties the ranks of a communicator
+ * together before any transport exists, and serves setup-time exchanges.
+ *
+ * A unique id names a root listener. Each rank opens its own listener,
+ * presents the id's secret to the root, and receives every rank's listener
+ * address; the ranks then connect a ring (rank -> rank+1) for allgather and
+ * barrier, and reach any rank directly for send/recv. Nothing here is on a
+ * collective's data path.
+ *
+ * Every call is bounded by CFX_BOOTSTRAP_TIMEOUT and by the abort flag given
+ * at init: a missing or dead peer is an error with a sentence, never a hang.
+ */
+#ifndef CFX_BOOTSTRAP_H
+#define CFX_BOOTSTRAP_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "conflux.h"
+
+struct cfx_bootstrap;
+
+/* Id flags. */
+#define CFX_BOOTSTRAP_ID_COMM_ID 0x1u /* From CFX_COMM_ID: rank 0 starts the root. */
+#define CFX_BOOTSTRAP_ID_LOCAL 0x2u   /* All ranks in this process: loopback only. */
+
+/* Fill @p id. Without CFX_COMM_ID (or with @p local), starts a root listener
+ * thread in this process. @p local makes every rank listen on loopback. */
+cfxResult_t cfx_bootstrap_id_create(cfxUniqueId *id, int local);
+
+/* Whether @p id carries Conflux's magic (a cheap sanity check). */
+int cfx_bootstrap_id_valid(const cfxUniqueId *id);
+
+/* Join the communicator named by @p id as @p rank of @p nranks. Blocks until
+ * every rank has joined, or fails with cfxTimeout naming the missing ranks.
+ * @p abort_flag (may be NULL) is polled during every wait of this bootstrap. */
+cfxResult_t cfx_bootstrap_init(const cfxUniqueId *id, int rank, int nranks, const int *abort_flag,
+                               struct cfx_bootstrap **bs_p);
+
+/* Build the bootstrap of a child communicator: collective over @p parent.
+ * Ranks with equal @p color form a child ordered by (key, parent rank);
+ * color < 0 takes part in the exchange and gets *child_p = NULL. */
+cfxResult_t cfx_bootstrap_split(struct cfx_bootstrap *parent, int color, int key,
+                                const int *abort_flag, struct cfx_bootstrap **child_p,
+                                int *child_rank_p, int *child_nranks_p, int **parent_ranks_p);
+
+/* Every rank contributes @p size bytes at data + rank*size and receives all. */
+cfxResult_t cfx_bootstrap_allgather(struct cfx_bootstrap *bs, void *data, size_t size);
+
+/* Returns once every rank has entered. */
+cfxResult_t cfx_bootstrap_barrier(struct cfx_bootstrap *bs);
+
+/* Point-to-point messages matched by (peer, tag); sizes must agree. */
+cfxResult_t cfx_bootstrap_send(struct cfx_bootstrap *bs, int peer, uint32_t tag, const void *data,
+                               size_t size);
+cfxResult_t cfx_bootstrap_recv(struct cfx_bootstrap *bs, int peer, uint32_t tag, void *data,
+                               size_t size);
+
+int cfx_bootstrap_rank(const struct cfx_bootstrap *bs);
+int cfx_bootstrap_nranks(const struct cfx_bootstrap *bs);
+
+/* Close every socket and free; accepts NULL and half-built objects. */
+void cfx_bootstrap_destroy(struct cfx_bootstrap *bs);
+
+#endif /* CFX_BOOTSTRAP_H */

@@ -1,0 +1,123 @@
+/* Small API entry points: version, ids, queries, errors. */
+#include <stdio.h>
+
+#include "cfx_build_config.h"
+#include "kernels/reduce.h"
+#include "src/core/argcheck.h"
+#include "src/core/comm.h"
+#include "src/util/check.h"
+#include "src/util/log.h"
+
+void cfx_core_api_enter(cfxComm_t comm)
+{
+    cfx_error_thread_clear();
+    if (comm != NULL && comm->magic == CFX_COMM_MAGIC)
+        cfx_log_set_rank(comm->rank);
+}
+
+cfxResult_t cfx_core_api_exit(cfxComm_t comm, cfxResult_t res)
+{
+    if (res != cfxSuccess && comm != NULL && comm->magic == CFX_COMM_MAGIC) {
+        const char *sentence = cfx_error_thread_last();
+        snprintf(comm->last_error, sizeof(comm->last_error), "%s",
+                 sentence[0] ? sentence : cfxGetErrorString(res));
+    }
+    return res;
+}
+
+void cfx_core_print_version(void)
+{
+    if (cfx_log_level_value < 0)
+        cfx_log_init();
+    if (cfx_log_level_value >= CFX_LOG_VERSION)
+        cfx_log(CFX_LOG_VERSION, CFX_LOG_INIT, __FILE__, __LINE__,
+                "Conflux version %d.%d.%d%s (cuda %s, verbs %s, hwloc %s, host reductions %s)",
+                CFX_MAJOR, CFX_MINOR, CFX_PATCH, CFX_SUFFIX, CFX_HAVE_CUDA ? "on" : "off",
+                CFX_HAVE_VERBS ? "on" : "off", CFX_HAVE_HWLOC ? "on" : "off",
+                cfx_reduce_isa_name(cfx_reduce_isa_selected()));
+}
+
+CFX_API cfxResult_t cfxGetVersion(int *version)
+{
+    cfx_core_api_enter(NULL);
+    cfxResult_t res = cfx_argcheck_ptr(version, "cfxGetVersion", "version");
+    if (res == cfxSuccess)
+        *version = CFX_VERSION_CODE;
+    return cfx_core_api_exit(NULL, res);
+}
+
+CFX_API cfxResult_t cfxGetUniqueId(cfxUniqueId *uniqueId)
+{
+    cfx_core_api_enter(NULL);
+    cfxResult_t res = cfx_argcheck_ptr(uniqueId, "cfxGetUniqueId", "uniqueId");
+    if (res == cfxSuccess) {
+        cfx_core_print_version();
+        res = cfx_bootstrap_id_create(uniqueId, 0);
+    }
+    return cfx_core_api_exit(NULL, res);
+}
+
+/* Shared shape of the simple queries: check, then read one int. */
+static cfxResult_t query_int(const struct cfxComm *comm, int *out, const char *fn, int value_kind)
+{
+    cfx_core_api_enter((cfxComm_t)comm);
+    cfxResult_t res = cfx_argcheck_comm(comm, fn);
+    if (res == cfxSuccess)
+        res = cfx_argcheck_ptr(out, fn, "output pointer");
+    if (res == cfxSuccess)
+        *out = value_kind == 0 ? comm->nranks : value_kind == 1 ? comm->cuda_dev : comm->rank;
+    return cfx_core_api_exit((cfxComm_t)comm, res);
+}
+
+CFX_API cfxResult_t cfxCommCount(const cfxComm_t comm, int *count)
+{
+    return query_int(comm, count, "cfxCommCount", 0);
+}
+
+CFX_API cfxResult_t cfxCommCuDevice(const cfxComm_t comm, int *device)
+{
+    return query_int(comm, device, "cfxCommCuDevice", 1);
+}
+
+CFX_API cfxResult_t cfxCommUserRank(const cfxComm_t comm, int *rank)
+{
+    return query_int(comm, rank, "cfxCommUserRank", 2);
+}
+
+CFX_API cfxResult_t cfxCommGetAsyncError(cfxComm_t comm, cfxResult_t *asyncError)
+{
+    const char *fn = "cfxCommGetAsyncError";
+    cfx_core_api_enter(comm);
+    cfxResult_t res = cfx_argcheck_comm(comm, fn);
+    if (res == cfxSuccess)
+        res = cfx_argcheck_ptr(asyncError, fn, "asyncError");
+    if (res == cfxSuccess)
+        *asyncError = comm->async_error;
+    return cfx_core_api_exit(comm, res);
+}
+
+CFX_API const char *cfxGetErrorString(cfxResult_t result)
+{
+    switch (result) {
+    case cfxSuccess: return "no error";
+    case cfxUnhandledCudaError: return "unhandled cuda error (run with CFX_DEBUG=INFO for details)";
+    case cfxSystemError: return "unhandled system error (run with CFX_DEBUG=INFO for details)";
+    case cfxInternalError: return "internal error - please report this issue to the Conflux developers";
+    case cfxInvalidArgument: return "invalid argument (run with CFX_DEBUG=WARN for details)";
+    case cfxInvalidUsage: return "invalid usage (run with CFX_DEBUG=WARN for details)";
+    case cfxRemoteError: return "remote process exited or there was a network error";
+    case cfxInProgress: return "Conflux operation in progress";
+    case cfxTimeout: return "operation timed out (see cfxGetLastError)";
+    case cfxNumResults: break;
+    }
+    return "unknown result code";
+}
+
+CFX_API const char *cfxGetLastError(cfxComm_t comm)
+{
+    if (comm == NULL)
+        return cfx_error_process_last();
+    if (comm->magic != CFX_COMM_MAGIC)
+        return "cfxGetLastError: comm is not a live communicator";
+    return comm->last_error;
+}

@@ -1,0 +1,294 @@
+/*
+ * Communicator lifecycle: create (by id, by split, all in one process),
+ * finalize, destroy, abort.
+ */
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "src/core/argcheck.h"
+#include "src/core/comm.h"
+#include "src/util/check.h"
+#include "src/util/log.h"
+
+/* Fields of @p config the caller actually has (an older header may be smaller). */
+static int config_int(const cfxConfig_t *config, size_t offset, int fallback)
+{
+    if (config == NULL || config->size < offset + sizeof(int))
+        return fallback;
+    int value;
+    memcpy(&value, (const char *)config + offset, sizeof(value));
+    return value == CFX_CONFIG_UNDEF_INT ? fallback : value;
+}
+
+static void print_version_once(void)
+{
+    static pthread_once_t once = PTHREAD_ONCE_INIT;
+    pthread_once(&once, cfx_core_print_version);
+}
+
+static void comm_free(struct cfxComm *comm)
+{
+    if (comm == NULL)
+        return;
+    cfx_bootstrap_destroy(comm->bootstrap);
+    free(comm->peers);
+    comm->magic = CFX_COMM_DEAD;
+    free(comm);
+}
+
+static cfxResult_t comm_alloc(int rank, int nranks, const cfxConfig_t *config,
+                              struct cfxComm **comm_p)
+{
+    struct cfxComm *comm = calloc(1, sizeof(*comm));
+    if (comm == NULL)
+        return cfx_error_set(cfxSystemError, CFX_LOG_INIT, "out of memory for a communicator");
+    comm->rank = rank;
+    comm->nranks = nranks;
+    comm->blocking = config_int(config, offsetof(cfxConfig_t, blocking), 1);
+    const char *name = NULL;
+    if (config && config->size >= offsetof(cfxConfig_t, commName) + sizeof(char *))
+        name = config->commName;
+    snprintf(comm->name, sizeof(comm->name), "%s", name ? name : "");
+    comm->cuda_dev = cfx_host_cuda_device();
+    *comm_p = comm;
+    return cfxSuccess;
+}
+
+/* Everything after the bootstrap exists: learn who the peers are. */
+static cfxResult_t comm_setup(struct cfxComm *comm)
+{
+    comm->peers = calloc((size_t)comm->nranks, sizeof(*comm->peers));
+    if (comm->peers == NULL)
+        return cfx_error_set(cfxSystemError, CFX_LOG_INIT, "out of memory for the peer table");
+    struct cfx_peer_info *me = &comm->peers[comm->rank];
+    me->rank = comm->rank;
+    me->cuda_dev = comm->cuda_dev;
+    me->pid = (int32_t)getpid();
+    cfx_host_identity(me->host_id, sizeof(me->host_id));
+    me->host_hash = cfx_host_hash(me->host_id);
+    CFX_CHECK(cfx_bootstrap_allgather(comm->bootstrap, comm->peers, sizeof(*comm->peers)));
+    for (int r = 0; r < comm->nranks; r++) {
+        if (comm->peers[r].rank != r)
+            return cfx_error_set(cfxInternalError, CFX_LOG_INIT,
+                                 "peer table entry %d claims rank %d", r, comm->peers[r].rank);
+        comm->peers[r].host_id[sizeof(comm->peers[r].host_id) - 1] = '\0';
+        if (comm->peers[r].host_hash == me->host_hash) {
+            if (r < comm->rank)
+                comm->local_rank++;
+            comm->local_nranks++;
+        }
+    }
+    comm->magic = CFX_COMM_MAGIC;
+    CFX_INFO(CFX_LOG_INIT,
+             "comm %p%s%s rank %d nranks %d cudaDev %d localRank %d localRanks %d - Init COMPLETE",
+             (void *)comm, comm->name[0] ? " name " : "", comm->name, comm->rank, comm->nranks,
+             comm->cuda_dev, comm->local_rank, comm->local_nranks);
+    return cfxSuccess;
+}
+
+CFX_API cfxResult_t cfxCommInitRankConfig(cfxComm_t *comm_p, int nranks, cfxUniqueId commId,
+                                          int rank, cfxConfig_t *config)
+{
+    const char *fn = "cfxCommInitRankConfig";
+    cfx_core_api_enter(NULL);
+    cfx_log_set_rank(rank);
+    print_version_once();
+    struct cfxComm *comm = NULL;
+    cfxResult_t res;
+    CFX_CHECK_GOTO(cfx_argcheck_ptr(comm_p, fn, "comm"), res, out);
+    CFX_CHECK_GOTO(cfx_argcheck_nranks_rank(nranks, rank, fn), res, out);
+    CFX_CHECK_GOTO(cfx_argcheck_config(config, fn), res, out);
+    if (!cfx_bootstrap_id_valid(&commId)) {
+        res = cfx_error_set(cfxInvalidArgument, CFX_LOG_INIT,
+                            "%s: commId is not a Conflux unique id; make it with cfxGetUniqueId "
+                            "on one rank and pass it unchanged to all",
+                            fn);
+        goto out;
+    }
+    CFX_CHECK_GOTO(comm_alloc(rank, nranks, config, &comm), res, out);
+    CFX_CHECK_GOTO(cfx_bootstrap_init(&commId, rank, nranks, &comm->abort_flag, &comm->bootstrap),
+                   res, err_free);
+    CFX_CHECK_GOTO(comm_setup(comm), res, err_free);
+    *comm_p = comm;
+    goto out;
+err_free:
+    comm_free(comm);
+out:
+    return cfx_core_api_exit(NULL, res);
+}
+
+CFX_API cfxResult_t cfxCommInitRank(cfxComm_t *comm_p, int nranks, cfxUniqueId commId, int rank)
+{
+    return cfxCommInitRankConfig(comm_p, nranks, commId, rank, NULL);
+}
+
+/* ------------------------------------------------------------ InitAll */
+
+struct init_all_rank {
+    pthread_t thread;
+    cfxUniqueId id;
+    int rank;
+    int nranks;
+    int device; /* -1: host rank. */
+    cfxComm_t comm;
+    cfxResult_t res;
+    char error[CFX_ERROR_MAX];
+};
+
+static void *init_all_thread(void *arg)
+{
+    struct init_all_rank *job = arg;
+    job->res = cfxSuccess;
+    if (job->device >= 0)
+        job->res = cfx_host_cuda_select(job->device);
+    if (job->res == cfxSuccess)
+        job->res = cfxCommInitRank(&job->comm, job->nranks, job->id, job->rank);
+    snprintf(job->error, sizeof(job->error), "%s", cfx_error_thread_last());
+    return NULL;
+}
+
+CFX_API cfxResult_t cfxCommInitAll(cfxComm_t *comms, int ndev, const int *devlist)
+{
+    const char *fn = "cfxCommInitAll";
+    cfx_core_api_enter(NULL);
+    cfxResult_t res;
+    struct init_all_rank *jobs = NULL;
+    int started = 0;
+    CFX_CHECK_GOTO(cfx_argcheck_ptr(comms, fn, "comms"), res, out);
+    CFX_CHECK_GOTO(cfx_argcheck_nranks_rank(ndev, 0, fn), res, out);
+    jobs = calloc((size_t)ndev, sizeof(*jobs));
+    if (jobs == NULL) {
+        res = cfx_error_set(cfxSystemError, CFX_LOG_INIT, "%s: out of memory", fn);
+        goto out;
+    }
+    cfxUniqueId id;
+    CFX_CHECK_GOTO(cfx_bootstrap_id_create(&id, 1), res, out);
+    res = cfxSuccess;
+    for (int i = 0; i < ndev && res == cfxSuccess; i++) {
+        jobs[i] = (struct init_all_rank){
+            .id = id, .rank = i, .nranks = ndev, .device = devlist ? devlist[i] : -1};
+        int err = pthread_create(&jobs[i].thread, NULL, init_all_thread, &jobs[i]);
+        if (err != 0)
+            res = cfx_error_set_errno(err, CFX_LOG_INIT, "%s: cannot start thread %d", fn, i);
+        else
+            started++;
+    }
+    /* A failed start leaves the started ranks waiting for the rest until the
+     * bootstrap timeout; they then fail too and are joined here. */
+    for (int i = 0; i < started; i++)
+        pthread_join(jobs[i].thread, NULL);
+    for (int i = 0; i < started && res == cfxSuccess; i++)
+        if (jobs[i].res != cfxSuccess) {
+            res = cfx_error_set(jobs[i].res, CFX_LOG_INIT, "%s: rank %d: %s", fn, i, jobs[i].error);
+        }
+    if (res != cfxSuccess) {
+        for (int i = 0; i < started; i++)
+            if (jobs[i].res == cfxSuccess)
+                cfxCommDestroy(jobs[i].comm);
+        goto out;
+    }
+    for (int i = 0; i < ndev; i++)
+        comms[i] = jobs[i].comm;
+out:
+    free(jobs);
+    return cfx_core_api_exit(NULL, res);
+}
+
+/* -------------------------------------------------------------- split */
+
+CFX_API cfxResult_t cfxCommSplit(cfxComm_t comm, int color, int key, cfxComm_t *newcomm,
+                                 cfxConfig_t *config)
+{
+    const char *fn = "cfxCommSplit";
+    cfx_core_api_enter(comm);
+    cfxResult_t res;
+    struct cfxComm *child = NULL;
+    struct cfx_bootstrap *child_bs = NULL;
+    int child_rank = 0, child_nranks = 0;
+    int *parent_ranks = NULL;
+    CFX_CHECK_GOTO(cfx_argcheck_comm_usable(comm, fn), res, out);
+    CFX_CHECK_GOTO(cfx_argcheck_ptr(newcomm, fn, "newcomm"), res, out);
+    CFX_CHECK_GOTO(cfx_argcheck_config(config, fn), res, out);
+    if (color < 0 && color != CFX_SPLIT_NOCOLOR) {
+        res = cfx_error_set(cfxInvalidArgument, CFX_LOG_INIT,
+                            "%s: color = %d; use a color >= 0 or CFX_SPLIT_NOCOLOR", fn, color);
+        goto out;
+    }
+    CFX_CHECK_GOTO(cfx_bootstrap_split(comm->bootstrap, color, key, &comm->abort_flag, &child_bs,
+                                       &child_rank, &child_nranks, &parent_ranks),
+                   res, out);
+    comm->split_count++;
+    if (color == CFX_SPLIT_NOCOLOR) {
+        *newcomm = NULL;
+        goto out;
+    }
+    CFX_CHECK_GOTO(comm_alloc(child_rank, child_nranks, config, &child), res, err_bs);
+    if (config == NULL) {
+        child->blocking = comm->blocking;
+        memcpy(child->name, comm->name, sizeof(child->name));
+    }
+    child->bootstrap = child_bs;
+    child_bs = NULL;
+    cfx_log_set_rank(child_rank);
+    res = comm_setup(child);
+    cfx_log_set_rank(comm->rank);
+    if (res != cfxSuccess)
+        goto err_child;
+    CFX_INFO(CFX_LOG_INIT, "split: parent rank %d color %d key %d -> rank %d of %d", comm->rank,
+             color, key, child_rank, child_nranks);
+    *newcomm = child;
+    goto out;
+err_child:
+    comm_free(child);
+err_bs:
+    cfx_bootstrap_destroy(child_bs);
+out:
+    free(parent_ranks);
+    return cfx_core_api_exit(comm, res);
+}
+
+/* ----------------------------------------------------------- teardown */
+
+CFX_API cfxResult_t cfxCommFinalize(cfxComm_t comm)
+{
+    const char *fn = "cfxCommFinalize";
+    cfx_core_api_enter(comm);
+    cfxResult_t res;
+    CFX_CHECK_GOTO(cfx_argcheck_comm_usable(comm, fn), res, out);
+    /* Nothing is outstanding yet (every call completes before it returns);
+     * the barrier makes sure no peer still needs us when we are destroyed. */
+    comm->finalized = 1;
+    res = cfx_bootstrap_barrier(comm->bootstrap);
+    if (res != cfxSuccess)
+        comm->async_error = res;
+out:
+    return cfx_core_api_exit(comm, res);
+}
+
+CFX_API cfxResult_t cfxCommDestroy(cfxComm_t comm)
+{
+    cfx_core_api_enter(comm);
+    cfxResult_t res = cfx_argcheck_comm(comm, "cfxCommDestroy");
+    if (res != cfxSuccess)
+        return cfx_core_api_exit(NULL, res);
+    CFX_INFO(CFX_LOG_INIT, "comm %p rank %d nranks %d - Destroy COMPLETE", (void *)comm,
+             comm->rank, comm->nranks);
+    comm_free(comm);
+    return cfx_core_api_exit(NULL, cfxSuccess);
+}
+
+CFX_API cfxResult_t cfxCommAbort(cfxComm_t comm)
+{
+    cfx_core_api_enter(comm);
+    cfxResult_t res = cfx_argcheck_comm(comm, "cfxCommAbort");
+    if (res != cfxSuccess)
+        return cfx_core_api_exit(NULL, res);
+    __atomic_store_n(&comm->abort_flag, 1, __ATOMIC_RELEASE);
+    CFX_INFO(CFX_LOG_INIT, "comm %p rank %d nranks %d - Abort COMPLETE", (void *)comm, comm->rank,
+             comm->nranks);
+    comm_free(comm);
+    return cfx_core_api_exit(NULL, cfxSuccess);
+}

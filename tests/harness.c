@@ -1,0 +1,278 @@
+/* Multi-rank test harness: see harness.h. */
+#include "tests/harness.h"
+
+#include <errno.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "src/util/log.h"
+#include "src/util/param.h"
+
+#define MAX_RANKS 64
+
+enum slot_state { SLOT_IDLE = 0, SLOT_RUNNING = 1, SLOT_DONE = 2 };
+
+struct slot {
+    int state;
+    int failed;
+    char step[160];
+    char message[640];
+};
+
+/* Shared between ranks and the runner: MAP_SHARED, so forked ranks write it too. */
+struct shared_area {
+    int id_ready;
+    cfxUniqueId id;
+    struct slot slots[MAX_RANKS];
+};
+
+static struct shared_area *area;
+static _Thread_local struct slot *my_slot;
+
+/* Tests talk to one another only over loopback. */
+__attribute__((constructor)) static void harness_env(void)
+{
+    setenv("CFX_SOCKET_IFNAME", "lo", 0);
+}
+
+void cfx_test_setenv(const char *name, const char *value)
+{
+    if (value)
+        setenv(name, value, 1);
+    else
+        unsetenv(name);
+    cfx_param_reset_all();
+    cfx_log_reset();
+}
+
+void cfx_test_step(struct cfx_test_rank *ctx, const char *fmt, ...)
+{
+    (void)ctx;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(my_slot->step, sizeof(my_slot->step), fmt, ap);
+    va_end(ap);
+}
+
+void cfx_test_fail(struct cfx_test_rank *ctx, const char *file, int line, const char *fmt, ...)
+{
+    ctx->slot_failed = 1;
+    if (my_slot->failed)
+        return;
+    my_slot->failed = 1;
+    int n = snprintf(my_slot->message, sizeof(my_slot->message), "%s:%d: ", file, line);
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(my_slot->message + n, sizeof(my_slot->message) - (size_t)n, fmt, ap);
+    va_end(ap);
+}
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+struct rank_job {
+    struct cfx_test_rank ctx;
+    cfx_test_rank_fn fn;
+    const struct cfx_test_options *opts;
+    pthread_t thread;
+};
+
+/* Ranks of a process run get the id from rank 0 through the shared area. */
+static int obtain_id(struct rank_job *job, double deadline)
+{
+    struct cfx_test_rank *ctx = &job->ctx;
+    if (job->opts->id_mode == CFX_TEST_ID_ENV) {
+        cfx_test_step(ctx, "cfxGetUniqueId (CFX_COMM_ID)");
+        cfxResult_t res = cfxGetUniqueId(&ctx->id);
+        if (res != cfxSuccess) {
+            cfx_test_fail(ctx, __FILE__, __LINE__, "cfxGetUniqueId: %s", cfxGetLastError(NULL));
+            return 0;
+        }
+        return 1;
+    }
+    if (job->opts->mode == CFX_TEST_THREADS) {
+        ctx->id = area->id;
+        return 1;
+    }
+    if (ctx->rank == 0) {
+        cfx_test_step(ctx, "cfxGetUniqueId");
+        cfxResult_t res = cfxGetUniqueId(&area->id);
+        if (res != cfxSuccess) {
+            cfx_test_fail(ctx, __FILE__, __LINE__, "cfxGetUniqueId: %s", cfxGetLastError(NULL));
+            return 0;
+        }
+        __atomic_store_n(&area->id_ready, 1, __ATOMIC_RELEASE);
+    }
+    cfx_test_step(ctx, "waiting for rank 0's unique id");
+    while (!__atomic_load_n(&area->id_ready, __ATOMIC_ACQUIRE)) {
+        if (now_s() > deadline) {
+            cfx_test_fail(ctx, __FILE__, __LINE__, "rank 0 never published a unique id");
+            return 0;
+        }
+        usleep(1000);
+    }
+    ctx->id = area->id;
+    return 1;
+}
+
+static void run_rank(struct rank_job *job, double deadline)
+{
+    my_slot = &area->slots[job->ctx.rank];
+    if (obtain_id(job, deadline)) {
+        cfx_test_step(&job->ctx, "running");
+        job->fn(&job->ctx);
+    }
+    if (!my_slot->failed)
+        snprintf(my_slot->step, sizeof(my_slot->step), "finished");
+    __atomic_store_n(&my_slot->state, SLOT_DONE, __ATOMIC_RELEASE);
+}
+
+static double g_deadline;
+
+static void *rank_thread(void *arg)
+{
+    run_rank(arg, g_deadline);
+    return NULL;
+}
+
+static void append(char *report, size_t size, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static void append(char *report, size_t size, const char *fmt, ...)
+{
+    size_t used = strlen(report);
+    if (used + 1 >= size)
+        return;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(report + used, size - used, fmt, ap);
+    va_end(ap);
+}
+
+int cfx_test_run(const struct cfx_test_options *opts, cfx_test_rank_fn fn, char *report,
+                 size_t report_size)
+{
+    int nranks = opts->nranks;
+    double deadline_s = opts->deadline_s > 0 ? opts->deadline_s : 60;
+    double deadline = now_s() + deadline_s;
+    report[0] = '\0';
+    if (nranks < 1 || nranks > MAX_RANKS) {
+        snprintf(report, report_size, "harness: nranks %d out of range", nranks);
+        return 0;
+    }
+    area = mmap(NULL, sizeof(*area), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    if (area == MAP_FAILED) {
+        snprintf(report, report_size, "harness: mmap failed: %s", strerror(errno));
+        return 0;
+    }
+    memset(area, 0, sizeof(*area));
+    struct rank_job *jobs = calloc((size_t)nranks, sizeof(*jobs));
+    pid_t *pids = calloc((size_t)nranks, sizeof(*pids));
+    g_deadline = deadline;
+    if (opts->mode == CFX_TEST_THREADS && opts->id_mode == CFX_TEST_ID_BCAST) {
+        cfxResult_t res = cfxGetUniqueId(&area->id);
+        if (res != cfxSuccess) {
+            snprintf(report, report_size, "cfxGetUniqueId: %s", cfxGetLastError(NULL));
+            return 0;
+        }
+    }
+    fflush(stdout);
+    fflush(stderr);
+    for (int r = 0; r < nranks; r++) {
+        jobs[r].ctx = (struct cfx_test_rank){
+            .rank = r, .nranks = nranks, .mode = opts->mode, .arg = opts->arg};
+        jobs[r].fn = fn;
+        jobs[r].opts = opts;
+        if (opts->skip_ranks & (1ull << r)) {
+            area->slots[r].state = SLOT_DONE;
+            snprintf(area->slots[r].step, sizeof(area->slots[r].step), "skipped");
+            continue;
+        }
+        area->slots[r].state = SLOT_RUNNING;
+        snprintf(area->slots[r].step, sizeof(area->slots[r].step), "starting");
+        if (opts->mode == CFX_TEST_PROCS) {
+            pid_t pid = fork();
+            if (pid == 0) {
+                run_rank(&jobs[r], deadline);
+                _exit(area->slots[r].failed ? 1 : 0);
+            }
+            pids[r] = pid;
+        } else {
+            pthread_create(&jobs[r].thread, NULL, rank_thread, &jobs[r]);
+        }
+    }
+    /* Wait for every rank, or the deadline. */
+    int all_done = 0;
+    while (!all_done && now_s() < deadline) {
+        all_done = 1;
+        for (int r = 0; r < nranks; r++) {
+            if (opts->mode == CFX_TEST_PROCS && pids[r] > 0) {
+                int status;
+                pid_t got = waitpid(pids[r], &status, WNOHANG);
+                if (got == pids[r]) {
+                    pids[r] = 0;
+                    if (WIFSIGNALED(status) || (WIFEXITED(status) && WEXITSTATUS(status) != 0 &&
+                                                !area->slots[r].failed)) {
+                        area->slots[r].failed = 1;
+                        snprintf(area->slots[r].message, sizeof(area->slots[r].message),
+                                 "process died (%s %d) at step \"%s\"",
+                                 WIFSIGNALED(status) ? "signal" : "exit code",
+                                 WIFSIGNALED(status) ? WTERMSIG(status) : WEXITSTATUS(status),
+                                 area->slots[r].step);
+                    }
+                    area->slots[r].state = SLOT_DONE;
+                }
+            }
+            if (__atomic_load_n(&area->slots[r].state, __ATOMIC_ACQUIRE) != SLOT_DONE ||
+                (opts->mode == CFX_TEST_PROCS && pids[r] > 0))
+                all_done = 0;
+        }
+        if (!all_done)
+            usleep(2000);
+    }
+    int ok = 1;
+    for (int r = 0; r < nranks; r++) {
+        struct slot *slot = &area->slots[r];
+        if (__atomic_load_n(&slot->state, __ATOMIC_ACQUIRE) != SLOT_DONE ||
+            (opts->mode == CFX_TEST_PROCS && pids[r] > 0)) {
+            ok = 0;
+            append(report, report_size, "rank %d of %d (%s) hung past the %.0f s deadline at step \"%s\"\n",
+                   r, nranks, opts->mode == CFX_TEST_PROCS ? "process" : "thread", deadline_s,
+                   slot->step);
+        } else if (slot->failed) {
+            ok = 0;
+            append(report, report_size, "rank %d of %d (%s) failed: %s\n", r, nranks,
+                   opts->mode == CFX_TEST_PROCS ? "process" : "thread", slot->message);
+        }
+    }
+    if (opts->mode == CFX_TEST_PROCS) {
+        for (int r = 0; r < nranks; r++)
+            if (pids[r] > 0) {
+                kill(pids[r], SIGKILL);
+                waitpid(pids[r], NULL, 0);
+            }
+    } else if (all_done) {
+        for (int r = 0; r < nranks; r++)
+            if (!(opts->skip_ranks & (1ull << r)))
+                pthread_join(jobs[r].thread, NULL);
+    }
+    /* Hung threads keep their jobs and the area: the test fails and its
+     * process exits, so leaking them is the safe choice. */
+    if (ok) {
+        free(jobs);
+        munmap(area, sizeof(*area));
+        area = NULL;
+    }
+    free(pids);
+    return ok;
+}
