@@ -5,6 +5,7 @@
  * Rank 0 makes the unique id and hands it to the others through a pipe, the
  * way an MPI program would use MPI_Bcast.
  */
+#define _POSIX_C_SOURCE 200809L
 #include <conflux.h>
 #include <stdio.h>
 #include <stdlib.h>

@@ -101,7 +101,7 @@ static int obtain_id(struct rank_job *job, double deadline)
         }
         return 1;
     }
-    if (job->opts->mode == CFX_TEST_THREADS) {
+    if (job->opts->mode == CFX_TEST_THREADS || job->opts->id != NULL) {
         ctx->id = area->id;
         return 1;
     }
@@ -179,7 +179,9 @@ int cfx_test_run(const struct cfx_test_options *opts, cfx_test_rank_fn fn, char 
     struct rank_job *jobs = calloc((size_t)nranks, sizeof(*jobs));
     pid_t *pids = calloc((size_t)nranks, sizeof(*pids));
     g_deadline = deadline;
-    if (opts->mode == CFX_TEST_THREADS && opts->id_mode == CFX_TEST_ID_BCAST) {
+    if (opts->id != NULL) {
+        area->id = *opts->id;
+    } else if (opts->mode == CFX_TEST_THREADS && opts->id_mode == CFX_TEST_ID_BCAST) {
         cfxResult_t res = cfxGetUniqueId(&area->id);
         if (res != cfxSuccess) {
             snprintf(report, report_size, "cfxGetUniqueId: %s", cfxGetLastError(NULL));

@@ -37,6 +37,8 @@ struct cfx_test_options {
     enum cfx_test_id id_mode;
     double deadline_s; /* Whole run; default 60. */
     void *arg;
+    /* An id made by the test (e.g. to talk to its root first); NULL: the harness makes one. */
+    const cfxUniqueId *id;
     /* Ranks that must not run at all (to simulate a missing rank): bitmask. */
     unsigned long long skip_ranks;
 };

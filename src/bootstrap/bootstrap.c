@@ -487,7 +487,7 @@ static cfxResult_t join_root(struct cfx_bootstrap *bs, const struct cfx_bootstra
         return cfx_error_set(cfxInvalidArgument, CFX_LOG_BOOTSTRAP,
                              "the unique id holds no valid root address; was it made by "
                              "cfxGetUniqueId and passed unchanged?");
-    char root_name[96], where[80];
+    char root_name[128], where[80];
     cfx_socket_addr_format(&root_addr, where, sizeof(where));
     snprintf(root_name, sizeof(root_name), "the bootstrap root at %s", where);
     /* The root reports missing ranks at its deadline; wait a little longer. */

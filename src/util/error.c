@@ -34,7 +34,7 @@ cfxResult_t cfx_error_set(cfxResult_t res, unsigned subsys, const char *fmt, ...
 
 cfxResult_t cfx_error_set_errno(int errno_value, unsigned subsys, const char *fmt, ...)
 {
-    char what[CFX_ERROR_MAX];
+    char what[CFX_ERROR_MAX - 160];
     char reason[128];
     va_list ap;
     va_start(ap, fmt);

@@ -1,0 +1,241 @@
+/*
+ * The bootstrap network: allgather, barrier and messages between ranks; a
+ * missing rank is a timeout that names it; strangers at the root are turned
+ * away while the real ranks still join.
+ */
+#include <arpa/inet.h>
+#include <criterion/criterion.h>
+#include <criterion/parameterized.h>
+#include <poll.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "src/bootstrap/bootstrap.h"
+#include "src/bootstrap/wire.h"
+#include "tests/harness.h"
+
+struct shape {
+    int nranks;
+    enum cfx_test_mode mode;
+};
+
+/* ------------------------------------------------ allgather, barrier, p2p */
+
+#define BIG_BYTES (1 << 20) /* Larger than socket buffers: both directions must flow. */
+
+static void exchange(struct cfx_test_rank *ctx)
+{
+    struct cfx_bootstrap *bs = NULL;
+    int n = ctx->nranks, me = ctx->rank;
+    cfx_test_step(ctx, "cfx_bootstrap_init");
+    cfxResult_t res = cfx_bootstrap_init(&ctx->id, me, n, NULL, &bs);
+    RANK_ASSERT(ctx, res == cfxSuccess, "init: %s", cfxGetLastError(NULL));
+    RANK_ASSERT(ctx, cfx_bootstrap_rank(bs) == me && cfx_bootstrap_nranks(bs) == n, "identity");
+
+    /* Small allgather: three ints per rank. */
+    int small[64 * 3];
+    for (int i = 0; i < 3; i++)
+        small[me * 3 + i] = me * 1000 + i;
+    cfx_test_step(ctx, "small allgather");
+    RANK_ASSERT(ctx, cfx_bootstrap_allgather(bs, small, 3 * sizeof(int)) == cfxSuccess, "%s",
+                cfxGetLastError(NULL));
+    for (int r = 0; r < n; r++)
+        for (int i = 0; i < 3; i++)
+            RANK_ASSERT(ctx, small[r * 3 + i] == r * 1000 + i, "small[%d][%d] = %d", r, i,
+                        small[r * 3 + i]);
+
+    /* Large allgather. */
+    unsigned char *big = malloc((size_t)BIG_BYTES * (size_t)n);
+    RANK_ASSERT(ctx, big != NULL, "malloc");
+    for (size_t i = 0; i < BIG_BYTES; i++)
+        big[(size_t)me * BIG_BYTES + i] = (unsigned char)(i * 31 + (size_t)me);
+    cfx_test_step(ctx, "large allgather");
+    res = cfx_bootstrap_allgather(bs, big, BIG_BYTES);
+    int bad = -1;
+    for (int r = 0; r < n && bad < 0 && res == cfxSuccess; r++)
+        for (size_t i = 0; i < BIG_BYTES; i++)
+            if (big[(size_t)r * BIG_BYTES + i] != (unsigned char)(i * 31 + (size_t)r)) {
+                bad = r;
+                break;
+            }
+    free(big);
+    RANK_ASSERT(ctx, res == cfxSuccess, "large allgather: %s", cfxGetLastError(NULL));
+    RANK_ASSERT(ctx, bad < 0, "large allgather: block of rank %d is wrong", bad);
+
+    cfx_test_step(ctx, "barrier");
+    RANK_ASSERT(ctx, cfx_bootstrap_barrier(bs) == cfxSuccess, "%s", cfxGetLastError(NULL));
+
+    /* Messages: two tags to the next rank, sent in one order, received in the other. */
+    int next = (me + 1) % n, prev = (me + n - 1) % n;
+    int a = me * 10 + 1, b = me * 10 + 2, got_a = -1, got_b = -1;
+    cfx_test_step(ctx, "send to rank %d", next);
+    RANK_ASSERT(ctx, cfx_bootstrap_send(bs, next, 2, &b, sizeof(b)) == cfxSuccess, "%s",
+                cfxGetLastError(NULL));
+    RANK_ASSERT(ctx, cfx_bootstrap_send(bs, next, 1, &a, sizeof(a)) == cfxSuccess, "%s",
+                cfxGetLastError(NULL));
+    cfx_test_step(ctx, "recv from rank %d", prev);
+    RANK_ASSERT(ctx, cfx_bootstrap_recv(bs, prev, 1, &got_a, sizeof(got_a)) == cfxSuccess, "%s",
+                cfxGetLastError(NULL));
+    RANK_ASSERT(ctx, cfx_bootstrap_recv(bs, prev, 2, &got_b, sizeof(got_b)) == cfxSuccess, "%s",
+                cfxGetLastError(NULL));
+    RANK_ASSERT(ctx, got_a == prev * 10 + 1 && got_b == prev * 10 + 2, "got %d and %d from %d",
+                got_a, got_b, prev);
+
+    /* A size that disagrees with the sender's is an error, not corruption. */
+    if (n > 1) {
+        cfx_test_step(ctx, "size mismatch");
+        RANK_ASSERT(ctx, cfx_bootstrap_send(bs, next, 3, &a, sizeof(a)) == cfxSuccess, "%s",
+                    cfxGetLastError(NULL));
+        long long wide = 0;
+        res = cfx_bootstrap_recv(bs, prev, 3, &wide, sizeof(wide));
+        RANK_ASSERT(ctx, res == cfxInternalError, "mismatched size returned %d", res);
+        RANK_ASSERT(ctx, strstr(cfxGetLastError(NULL), "expected 8") != NULL, "sentence: %s",
+                    cfxGetLastError(NULL));
+    }
+    cfx_test_step(ctx, "final barrier");
+    RANK_ASSERT(ctx, cfx_bootstrap_barrier(bs) == cfxSuccess, "%s", cfxGetLastError(NULL));
+    cfx_bootstrap_destroy(bs);
+}
+
+ParameterizedTestParameters(bootstrap, allgather_barrier_and_messages)
+{
+    static struct shape shapes[] = {{1, CFX_TEST_PROCS},   {2, CFX_TEST_PROCS},
+                                    {5, CFX_TEST_PROCS},   {8, CFX_TEST_PROCS},
+                                    {2, CFX_TEST_THREADS}, {7, CFX_TEST_THREADS}};
+    return cr_make_param_array(struct shape, shapes, sizeof(shapes) / sizeof(shapes[0]));
+}
+
+ParameterizedTest(struct shape *shape, bootstrap, allgather_barrier_and_messages, .timeout = 120)
+{
+    cr_log_info("%d ranks as %s", shape->nranks, shape->mode == CFX_TEST_PROCS ? "processes" : "threads");
+    struct cfx_test_options opts = {.nranks = shape->nranks, .mode = shape->mode, .deadline_s = 90};
+    CFX_TEST_RUN(&opts, exchange);
+}
+
+/* ------------------------------------------------------ missing rank */
+
+static void expect_missing_rank_two(struct cfx_test_rank *ctx)
+{
+    cfxComm_t comm = NULL;
+    cfx_test_step(ctx, "cfxCommInitRank while rank 2 never comes");
+    cfxResult_t res = cfxCommInitRank(&comm, ctx->nranks, ctx->id, ctx->rank);
+    RANK_ASSERT(ctx, res == cfxTimeout, "init returned %s, expected a timeout",
+                cfxGetErrorString(res));
+    RANK_ASSERT(ctx, comm == NULL, "comm set on failure");
+    RANK_ASSERT(ctx, strstr(cfxGetLastError(NULL), "rank(s) 2 of 4 never joined") != NULL,
+                "sentence does not name rank 2: %s", cfxGetLastError(NULL));
+}
+
+Test(bootstrap, missing_rank_is_a_timeout_that_names_it, .timeout = 60)
+{
+    cfx_test_setenv("CFX_BOOTSTRAP_TIMEOUT", "2");
+    struct cfx_test_options opts = {
+        .nranks = 4, .mode = CFX_TEST_PROCS, .deadline_s = 30, .skip_ranks = 1ull << 2};
+    CFX_TEST_RUN(&opts, expect_missing_rank_two);
+}
+
+/* ------------------------------------------------------ strangers */
+
+static int connect_to_root(const cfxUniqueId *id)
+{
+    struct cfx_bootstrap_id bid;
+    memcpy(&bid, id->internal, sizeof(bid));
+    union cfx_sockaddr addr;
+    cr_assert_eq(cfx_socket_addr_from_wire(&bid.root, &addr), cfxSuccess);
+    int fd = socket(addr.sa.sa_family, SOCK_STREAM, 0);
+    cr_assert(fd >= 0);
+    cr_assert_eq(connect(fd, &addr.sa, cfx_socket_addr_len(&addr)), 0, "connect to the root");
+    return fd;
+}
+
+/* The root closed the connection: a read returns EOF (or reset) within 5 s. */
+static void assert_closed_by_root(int fd, const char *who)
+{
+    struct pollfd pfd = {.fd = fd, .events = POLLIN};
+    int ready = poll(&pfd, 1, 5000);
+    cr_assert(ready == 1, "%s: the root kept the connection open", who);
+    char byte;
+    ssize_t n = recv(fd, &byte, 1, 0);
+    cr_assert(n <= 0, "%s: the root answered a stranger", who);
+    close(fd);
+}
+
+static void init_and_destroy(struct cfx_test_rank *ctx)
+{
+    cfxComm_t comm;
+    RANK_CFX(ctx, cfxCommInitRank(&comm, ctx->nranks, ctx->id, ctx->rank));
+    RANK_CFX(ctx, cfxCommFinalize(comm));
+    RANK_CFX(ctx, cfxCommDestroy(comm));
+}
+
+static struct cfx_bootstrap_hello hello_for(const cfxUniqueId *id)
+{
+    struct cfx_bootstrap_id bid;
+    memcpy(&bid, id->internal, sizeof(bid));
+    struct cfx_bootstrap_hello hello = {
+        .magic = CFX_BOOTSTRAP_MAGIC, .secret = bid.secret, .rank = 0, .nranks = 3};
+    hello.listen_addr.family = AF_INET;
+    return hello;
+}
+
+enum stranger { WRONG_SECRET, GARBAGE, OVERSIZED_NRANKS, RANK_OUT_OF_RANGE, SLOW_SENDER };
+
+static void stranger_then_ranks(enum stranger kind, const char *name)
+{
+    cfx_test_setenv("CFX_BOOTSTRAP_FRAME_TIMEOUT_MS", "500");
+    cfxUniqueId id;
+    cr_assert_eq(cfxGetUniqueId(&id), cfxSuccess);
+    int fd = connect_to_root(&id);
+    struct cfx_bootstrap_hello hello = hello_for(&id);
+    switch (kind) {
+    case WRONG_SECRET:
+        hello.secret ^= 0x5a5a5a5a5a5a5a5aull;
+        break;
+    case OVERSIZED_NRANKS:
+        hello.nranks = 0x7fffffff;
+        break;
+    case RANK_OUT_OF_RANGE:
+        hello.rank = 3;
+        break;
+    case GARBAGE:
+        memset(&hello, 0xab, sizeof(hello));
+        break;
+    case SLOW_SENDER:
+        break;
+    }
+    /* The slow sender sends half its greeting and stops. */
+    size_t bytes = kind == SLOW_SENDER ? sizeof(hello) / 2 : sizeof(hello);
+    cr_assert_eq(send(fd, &hello, bytes, 0), (ssize_t)bytes);
+    /* The root, still waiting for its ranks, hangs up on the stranger... */
+    assert_closed_by_root(fd, name);
+    /* ...and then serves the real ranks. */
+    struct cfx_test_options opts = {.nranks = 3, .mode = CFX_TEST_THREADS, .deadline_s = 30, .id = &id};
+    CFX_TEST_RUN(&opts, init_and_destroy);
+}
+
+Test(bootstrap_root, stranger_with_wrong_secret_is_closed_and_ranks_join, .timeout = 60)
+{
+    stranger_then_ranks(WRONG_SECRET, "wrong secret");
+}
+
+Test(bootstrap_root, stranger_sending_garbage_is_closed_and_ranks_join, .timeout = 60)
+{
+    stranger_then_ranks(GARBAGE, "garbage");
+}
+
+Test(bootstrap_root, oversized_rank_count_is_closed_and_ranks_join, .timeout = 60)
+{
+    stranger_then_ranks(OVERSIZED_NRANKS, "oversized nranks");
+}
+
+Test(bootstrap_root, rank_out_of_range_is_closed_and_ranks_join, .timeout = 60)
+{
+    stranger_then_ranks(RANK_OUT_OF_RANGE, "rank out of range");
+}
+
+Test(bootstrap_root, slow_sender_is_closed_and_ranks_join, .timeout = 60)
+{
+    stranger_then_ranks(SLOW_SENDER, "slow sender");
+}

@@ -1,0 +1,292 @@
+/*
+ * Communicator lifecycle over 1..8 ranks, as processes and as threads:
+ * init, queries, split, finalize, destroy, abort, CFX_COMM_ID, InitAll.
+ */
+#include <criterion/criterion.h>
+#include <criterion/parameterized.h>
+#include <stdio.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "tests/harness.h"
+
+struct shape {
+    int nranks;
+    enum cfx_test_mode mode;
+};
+
+static struct shape all_shapes[] = {
+    {1, CFX_TEST_PROCS},   {2, CFX_TEST_PROCS},   {3, CFX_TEST_PROCS},   {4, CFX_TEST_PROCS},
+    {8, CFX_TEST_PROCS},   {1, CFX_TEST_THREADS}, {2, CFX_TEST_THREADS}, {3, CFX_TEST_THREADS},
+    {4, CFX_TEST_THREADS}, {8, CFX_TEST_THREADS},
+};
+
+static const char *mode_name(enum cfx_test_mode mode)
+{
+    return mode == CFX_TEST_PROCS ? "processes" : "threads";
+}
+
+/* ------------------------------------------------------------ init */
+
+static void init_query_finalize_destroy(struct cfx_test_rank *ctx)
+{
+    cfxComm_t comm;
+    int count = -1, rank = -1, device = -2;
+    RANK_CFX(ctx, cfxCommInitRank(&comm, ctx->nranks, ctx->id, ctx->rank));
+    RANK_CFX(ctx, cfxCommCount(comm, &count));
+    RANK_CFX(ctx, cfxCommUserRank(comm, &rank));
+    RANK_CFX(ctx, cfxCommCuDevice(comm, &device));
+    RANK_ASSERT(ctx, count == ctx->nranks, "count %d, expected %d", count, ctx->nranks);
+    RANK_ASSERT(ctx, rank == ctx->rank, "rank %d, expected %d", rank, ctx->rank);
+    RANK_ASSERT(ctx, device == -1, "host-only communicator reports device %d", device);
+    cfxResult_t async = cfxInternalError;
+    RANK_CFX(ctx, cfxCommGetAsyncError(comm, &async));
+    RANK_ASSERT(ctx, async == cfxSuccess, "async error %d on a healthy communicator", async);
+    RANK_CFX(ctx, cfxCommFinalize(comm));
+    RANK_CFX(ctx, cfxCommDestroy(comm));
+}
+
+ParameterizedTestParameters(init, init_query_finalize_destroy_n_ranks)
+{
+    return cr_make_param_array(struct shape, all_shapes, sizeof(all_shapes) / sizeof(all_shapes[0]));
+}
+
+ParameterizedTest(struct shape *shape, init, init_query_finalize_destroy_n_ranks, .timeout = 120)
+{
+    cr_log_info("%d ranks as %s", shape->nranks, mode_name(shape->mode));
+    struct cfx_test_options opts = {.nranks = shape->nranks, .mode = shape->mode, .deadline_s = 60};
+    CFX_TEST_RUN(&opts, init_query_finalize_destroy);
+}
+
+/* Destroy is local: ranks may destroy without finalize, in any order. */
+static void destroy_without_finalize(struct cfx_test_rank *ctx)
+{
+    cfxComm_t comm;
+    RANK_CFX(ctx, cfxCommInitRank(&comm, ctx->nranks, ctx->id, ctx->rank));
+    if (ctx->rank == 0)
+        usleep(200 * 1000); /* The others are long gone when rank 0 destroys. */
+    RANK_CFX(ctx, cfxCommDestroy(comm));
+}
+
+Test(init, destroy_without_finalize_is_local, .timeout = 60)
+{
+    struct cfx_test_options opts = {.nranks = 3, .mode = CFX_TEST_PROCS, .deadline_s = 30};
+    CFX_TEST_RUN(&opts, destroy_without_finalize);
+}
+
+/* ------------------------------------------------------------ split */
+
+/* color = rank % 3, key = -rank: children hold every third rank in reverse. */
+static void split_by_three_reversed(struct cfx_test_rank *ctx)
+{
+    cfxComm_t comm, child;
+    RANK_CFX(ctx, cfxCommInitRank(&comm, ctx->nranks, ctx->id, ctx->rank));
+    int color = ctx->rank % 3;
+    RANK_CFX(ctx, cfxCommSplit(comm, color, -ctx->rank, &child, NULL));
+    RANK_ASSERT(ctx, child != NULL, "split returned NULL for color %d", color);
+    int members = 0, position = 0;
+    for (int r = 0; r < ctx->nranks; r++)
+        if (r % 3 == color) {
+            members++;
+            if (r > ctx->rank)
+                position++;
+        }
+    int count, rank;
+    RANK_CFX(ctx, cfxCommCount(child, &count));
+    RANK_CFX(ctx, cfxCommUserRank(child, &rank));
+    RANK_ASSERT(ctx, count == members, "child has %d ranks, expected %d", count, members);
+    RANK_ASSERT(ctx, rank == position, "child rank %d, expected %d", rank, position);
+    /* A grandchild over the child works too. */
+    cfxComm_t grandchild;
+    RANK_CFX(ctx, cfxCommSplit(child, 0, 0, &grandchild, NULL));
+    RANK_CFX(ctx, cfxCommCount(grandchild, &count));
+    RANK_ASSERT(ctx, count == members, "grandchild has %d ranks, expected %d", count, members);
+    RANK_CFX(ctx, cfxCommFinalize(grandchild));
+    RANK_CFX(ctx, cfxCommDestroy(grandchild));
+    RANK_CFX(ctx, cfxCommFinalize(child));
+    RANK_CFX(ctx, cfxCommDestroy(child));
+    /* The parent still works after its children are gone. */
+    RANK_CFX(ctx, cfxCommFinalize(comm));
+    RANK_CFX(ctx, cfxCommDestroy(comm));
+}
+
+ParameterizedTestParameters(split, split_by_color_orders_by_key)
+{
+    return cr_make_param_array(struct shape, all_shapes, sizeof(all_shapes) / sizeof(all_shapes[0]));
+}
+
+ParameterizedTest(struct shape *shape, split, split_by_color_orders_by_key, .timeout = 120)
+{
+    cr_log_info("%d ranks as %s", shape->nranks, mode_name(shape->mode));
+    struct cfx_test_options opts = {.nranks = shape->nranks, .mode = shape->mode, .deadline_s = 60};
+    CFX_TEST_RUN(&opts, split_by_three_reversed);
+}
+
+/* Odd ranks opt out with CFX_SPLIT_NOCOLOR and get NULL. */
+static void split_nocolor(struct cfx_test_rank *ctx)
+{
+    cfxComm_t comm, child = (cfxComm_t)0x1;
+    RANK_CFX(ctx, cfxCommInitRank(&comm, ctx->nranks, ctx->id, ctx->rank));
+    int odd = ctx->rank % 2;
+    RANK_CFX(ctx, cfxCommSplit(comm, odd ? CFX_SPLIT_NOCOLOR : 7, ctx->rank, &child, NULL));
+    if (odd) {
+        RANK_ASSERT(ctx, child == NULL, "CFX_SPLIT_NOCOLOR rank got a communicator");
+    } else {
+        int count, rank;
+        RANK_CFX(ctx, cfxCommCount(child, &count));
+        RANK_CFX(ctx, cfxCommUserRank(child, &rank));
+        RANK_ASSERT(ctx, count == (ctx->nranks + 1) / 2, "child has %d ranks", count);
+        RANK_ASSERT(ctx, rank == ctx->rank / 2, "child rank %d", rank);
+        RANK_CFX(ctx, cfxCommFinalize(child));
+        RANK_CFX(ctx, cfxCommDestroy(child));
+    }
+    RANK_CFX(ctx, cfxCommFinalize(comm));
+    RANK_CFX(ctx, cfxCommDestroy(comm));
+}
+
+Test(split, nocolor_ranks_get_null, .timeout = 60)
+{
+    struct cfx_test_options opts = {.nranks = 5, .mode = CFX_TEST_PROCS, .deadline_s = 30};
+    CFX_TEST_RUN(&opts, split_nocolor);
+}
+
+/* A config passed to split is honoured (and a bad one refused). */
+static void split_with_config(struct cfx_test_rank *ctx)
+{
+    cfxComm_t comm, child;
+    RANK_CFX(ctx, cfxCommInitRank(&comm, ctx->nranks, ctx->id, ctx->rank));
+    cfxConfig_t bad = CFX_CONFIG_INITIALIZER;
+    bad.blocking = 7;
+    cfxResult_t res = cfxCommSplit(comm, 0, 0, &child, &bad);
+    RANK_ASSERT(ctx, res == cfxInvalidArgument, "bad config gave %d", res);
+    RANK_ASSERT(ctx, strstr(cfxGetLastError(comm), "blocking") != NULL, "sentence: %s",
+                cfxGetLastError(comm));
+    cfxConfig_t config = CFX_CONFIG_INITIALIZER;
+    config.blocking = 0;
+    config.commName = "child";
+    RANK_CFX(ctx, cfxCommSplit(comm, 0, 0, &child, &config));
+    RANK_CFX(ctx, cfxCommFinalize(child));
+    RANK_CFX(ctx, cfxCommDestroy(child));
+    RANK_CFX(ctx, cfxCommFinalize(comm));
+    RANK_CFX(ctx, cfxCommDestroy(comm));
+}
+
+Test(split, config_is_checked_and_used, .timeout = 60)
+{
+    struct cfx_test_options opts = {.nranks = 2, .mode = CFX_TEST_THREADS, .deadline_s = 30};
+    CFX_TEST_RUN(&opts, split_with_config);
+}
+
+/* ------------------------------------------------------------ abort */
+
+static void init_then_abort(struct cfx_test_rank *ctx)
+{
+    cfxComm_t comm;
+    RANK_CFX(ctx, cfxCommInitRank(&comm, ctx->nranks, ctx->id, ctx->rank));
+    /* Rank 0 aborts at once; the others finalize, which must not hang on rank 0. */
+    if (ctx->rank == 0) {
+        RANK_CFX(ctx, cfxCommAbort(comm));
+        return;
+    }
+    cfx_test_step(ctx, "cfxCommFinalize after rank 0 aborted");
+    cfxResult_t res = cfxCommFinalize(comm);
+    /* Rank 0 never enters the barrier, so nobody can complete it. */
+    RANK_ASSERT(ctx, res == cfxRemoteError, "finalize after a peer aborted returned %s",
+                cfxGetErrorString(res));
+    cfxResult_t async;
+    RANK_CFX(ctx, cfxCommGetAsyncError(comm, &async));
+    RANK_ASSERT(ctx, async == cfxRemoteError, "async error %d", async);
+    RANK_CFX(ctx, cfxCommDestroy(comm));
+}
+
+Test(abort, abort_releases_without_waiting_for_peers, .timeout = 60)
+{
+    struct cfx_test_options opts = {.nranks = 4, .mode = CFX_TEST_PROCS, .deadline_s = 30};
+    CFX_TEST_RUN(&opts, init_then_abort);
+}
+
+/* ------------------------------------------------------------ CFX_COMM_ID */
+
+static void comm_id_init(struct cfx_test_rank *ctx)
+{
+    init_query_finalize_destroy(ctx);
+}
+
+static void comm_id_run(enum cfx_test_mode mode, int nranks)
+{
+    char addr[64];
+    /* A port in the dynamic range, different per test process to avoid clashes. */
+    snprintf(addr, sizeof(addr), "127.0.0.1:%d", 20000 + (int)(getpid() % 20000));
+    cfx_test_setenv("CFX_COMM_ID", addr);
+    struct cfx_test_options opts = {
+        .nranks = nranks, .mode = mode, .id_mode = CFX_TEST_ID_ENV, .deadline_s = 30};
+    CFX_TEST_RUN(&opts, comm_id_init);
+}
+
+Test(comm_id, every_rank_derives_the_same_id_processes, .timeout = 60)
+{
+    comm_id_run(CFX_TEST_PROCS, 4);
+}
+
+Test(comm_id, every_rank_derives_the_same_id_threads, .timeout = 60)
+{
+    comm_id_run(CFX_TEST_THREADS, 3);
+}
+
+Test(comm_id, ids_from_comm_id_are_identical, .timeout = 30)
+{
+    cfx_test_setenv("CFX_COMM_ID", "127.0.0.1:29500");
+    cfxUniqueId a, b;
+    cr_assert_eq(cfxGetUniqueId(&a), cfxSuccess);
+    cr_assert_eq(cfxGetUniqueId(&b), cfxSuccess);
+    cr_assert(memcmp(&a, &b, sizeof(a)) == 0, "two ids from one CFX_COMM_ID differ");
+}
+
+Test(comm_id, malformed_comm_id_is_an_invalid_argument, .timeout = 30)
+{
+    cfx_test_setenv("CFX_COMM_ID", "no-port-here");
+    cfxUniqueId id;
+    cr_assert_eq(cfxGetUniqueId(&id), cfxInvalidArgument);
+    cr_assert(strstr(cfxGetLastError(NULL), "no-port-here") != NULL, "sentence: %s",
+              cfxGetLastError(NULL));
+}
+
+/* ------------------------------------------------------------ InitAll */
+
+ParameterizedTestParameters(init_all, init_all_creates_n_ranks_in_one_process)
+{
+    static int counts[] = {1, 2, 3, 4, 8};
+    return cr_make_param_array(int, counts, sizeof(counts) / sizeof(counts[0]));
+}
+
+ParameterizedTest(int *n, init_all, init_all_creates_n_ranks_in_one_process, .timeout = 60)
+{
+    cfxComm_t comms[8];
+    cr_assert_eq(cfxCommInitAll(comms, *n, NULL), cfxSuccess, "%s", cfxGetLastError(NULL));
+    for (int i = 0; i < *n; i++) {
+        int rank, count, device;
+        cr_assert_eq(cfxCommUserRank(comms[i], &rank), cfxSuccess);
+        cr_assert_eq(cfxCommCount(comms[i], &count), cfxSuccess);
+        cr_assert_eq(cfxCommCuDevice(comms[i], &device), cfxSuccess);
+        cr_assert_eq(rank, i);
+        cr_assert_eq(count, *n);
+        cr_assert_eq(device, -1);
+    }
+    for (int i = 0; i < *n; i++)
+        cr_assert_eq(cfxCommDestroy(comms[i]), cfxSuccess);
+}
+
+Test(init_all, devlist_without_gpu_is_refused_with_a_sentence, .timeout = 60)
+{
+    cfxComm_t comms[2];
+    int devlist[2] = {0, 1};
+    cfxResult_t res = cfxCommInitAll(comms, 2, devlist);
+    if (res == cfxSuccess) {
+        cfxCommDestroy(comms[0]);
+        cfxCommDestroy(comms[1]);
+        cr_skip_test("this machine has usable GPUs: the refusal cannot be shown here");
+    }
+    cr_assert_eq(res, cfxInvalidArgument);
+    cr_assert(strstr(cfxGetLastError(NULL), "CUDA device") != NULL, "sentence: %s",
+              cfxGetLastError(NULL));
+}

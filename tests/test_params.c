@@ -1,0 +1,221 @@
+/*
+ * Parameters and logging: environment over configuration file over default,
+ * bad values fall back loudly, every parameter is listed, and log lines go
+ * where CFX_DEBUG_FILE says with host, pid, rank and subsystem.
+ */
+#include <criterion/criterion.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "src/util/log.h"
+#include "src/util/param.h"
+#include "src/util/socket.h"
+#include "tests/harness.h"
+
+CFX_PARAM_INT(test_number, "TEST_NUMBER", 42, "A parameter defined by the test");
+CFX_PARAM_STR(test_word, "TEST_WORD", "plain", "A string parameter defined by the test");
+
+static char conf_path[64];
+
+static void write_conf(const char *text)
+{
+    snprintf(conf_path, sizeof(conf_path), "/tmp/cfx-test-conf-%d", (int)getpid());
+    FILE *f = fopen(conf_path, "w");
+    cr_assert_not_null(f);
+    fputs(text, f);
+    fclose(f);
+    cfx_test_setenv("CFX_CONF_FILE", conf_path);
+}
+
+static void remove_conf(void)
+{
+    unlink(conf_path);
+}
+
+Test(params, default_applies_when_nothing_is_set)
+{
+    cfx_test_setenv("CFX_TEST_NUMBER", NULL);
+    cfx_test_setenv("CFX_CONF_FILE", "/nonexistent");
+    cr_assert_eq(param_test_number(), 42);
+    cr_assert_str_eq(param_test_word(), "plain");
+}
+
+Test(params, environment_sets_a_value)
+{
+    cfx_test_setenv("CFX_TEST_NUMBER", "0x10");
+    cr_assert_eq(param_test_number(), 16);
+    cfx_test_setenv("CFX_TEST_WORD", "loud");
+    cr_assert_str_eq(param_test_word(), "loud");
+}
+
+Test(params, configuration_file_applies_below_the_environment, .fini = remove_conf)
+{
+    write_conf("# comment\n\n  CFX_TEST_NUMBER = 7  \nCFX_TEST_WORD=from-file\n");
+    cfx_test_setenv("CFX_TEST_NUMBER", NULL);
+    cfx_test_setenv("CFX_TEST_WORD", NULL);
+    cr_assert_eq(param_test_number(), 7);
+    cr_assert_str_eq(param_test_word(), "from-file");
+    cfx_test_setenv("CFX_TEST_NUMBER", "9");
+    cr_assert_eq(param_test_number(), 9, "the environment wins over the file");
+}
+
+Test(params, a_value_that_is_not_a_number_keeps_the_default_and_warns, .fini = remove_conf)
+{
+    char log_path[64];
+    snprintf(log_path, sizeof(log_path), "/tmp/cfx-test-log-%d", (int)getpid());
+    cfx_test_setenv("CFX_DEBUG_FILE", log_path);
+    cfx_test_setenv("CFX_DEBUG", "WARN");
+    cfx_test_setenv("CFX_TEST_NUMBER", "12abc");
+    cr_assert_eq(param_test_number(), 42);
+    FILE *f = fopen(log_path, "r");
+    cr_assert_not_null(f, "no log file at %s", log_path);
+    char line[1024] = "";
+    cr_assert_not_null(fgets(line, sizeof(line), f));
+    fclose(f);
+    unlink(log_path);
+    cr_assert(strstr(line, "CFX_TEST_NUMBER=\"12abc\"") != NULL, "log line: %s", line);
+    cr_assert(strstr(line, "not an integer") != NULL, "log line: %s", line);
+}
+
+Test(params, malformed_configuration_lines_are_reported, .fini = remove_conf)
+{
+    char log_path[64];
+    snprintf(log_path, sizeof(log_path), "/tmp/cfx-test-log2-%d", (int)getpid());
+    write_conf("CFX_TEST_NUMBER=5\nthis line has no equals sign\n");
+    cfx_test_setenv("CFX_DEBUG_FILE", log_path);
+    cfx_test_setenv("CFX_DEBUG", "WARN");
+    cfx_test_setenv("CFX_TEST_NUMBER", NULL);
+    cr_assert_eq(param_test_number(), 5);
+    FILE *f = fopen(log_path, "r");
+    cr_assert_not_null(f);
+    char line[1024] = "";
+    cr_assert_not_null(fgets(line, sizeof(line), f));
+    fclose(f);
+    unlink(log_path);
+    cr_assert(strstr(line, "line 2 is not NAME=value") != NULL, "log line: %s", line);
+}
+
+Test(params, every_parameter_is_listed_with_its_description)
+{
+    char *text = NULL;
+    size_t size = 0;
+    FILE *out = open_memstream(&text, &size);
+    cfx_param_print_all(out);
+    fclose(out);
+    const char *expected[] = {"CFX_TEST_NUMBER", "A parameter defined by the test",
+                              "CFX_BOOTSTRAP_TIMEOUT", "CFX_SOCKET_IFNAME", "CFX_COMM_ID",
+                              "CFX_HOSTID"};
+    for (size_t i = 0; i < sizeof(expected) / sizeof(expected[0]); i++)
+        cr_assert(strstr(text, expected[i]) != NULL, "%s missing from:\n%s", expected[i], text);
+    free(text);
+}
+
+/* ------------------------------------------------------------ logging */
+
+static char *read_file(const char *path)
+{
+    FILE *f = fopen(path, "r");
+    cr_assert_not_null(f, "no log file at %s", path);
+    static char text[16384];
+    size_t n = fread(text, 1, sizeof(text) - 1, f);
+    text[n] = '\0';
+    fclose(f);
+    return text;
+}
+
+Test(logging, debug_file_expands_host_and_pid_and_lines_carry_rank_and_subsystem)
+{
+    char host[64];
+    gethostname(host, sizeof(host));
+    host[strcspn(host, ".")] = '\0';
+    cfx_test_setenv("CFX_DEBUG_FILE", "/tmp/cfx-log-%h-%p");
+    cfx_test_setenv("CFX_DEBUG", "INFO");
+    cfx_test_setenv("CFX_DEBUG_SUBSYS", "INIT,BOOTSTRAP");
+    cfxComm_t comm;
+    cr_assert_eq(cfxCommInitAll(&comm, 1, NULL), cfxSuccess);
+    cfxCommDestroy(comm);
+    char path[128];
+    snprintf(path, sizeof(path), "/tmp/cfx-log-%s-%d", host, (int)getpid());
+    char *text = read_file(path);
+    unlink(path);
+    char prefix[96];
+    snprintf(prefix, sizeof(prefix), "%s:%d:", host, (int)getpid());
+    cr_assert(strstr(text, prefix) != NULL, "no line starts with %s:\n%s", prefix, text);
+    cr_assert(strstr(text, "[0] CFX INFO INIT comm") != NULL, "no INIT line for rank 0:\n%s", text);
+    cr_assert(strstr(text, "Init COMPLETE") != NULL, "%s", text);
+    cr_assert(strstr(text, "CFX INFO BOOTSTRAP") != NULL, "%s", text);
+}
+
+Test(logging, excluded_subsystems_stay_silent)
+{
+    char path[64];
+    snprintf(path, sizeof(path), "/tmp/cfx-log3-%d", (int)getpid());
+    cfx_test_setenv("CFX_DEBUG_FILE", path);
+    cfx_test_setenv("CFX_DEBUG", "INFO");
+    cfx_test_setenv("CFX_DEBUG_SUBSYS", "^BOOTSTRAP");
+    cfxComm_t comm;
+    cr_assert_eq(cfxCommInitAll(&comm, 1, NULL), cfxSuccess);
+    cfxCommDestroy(comm);
+    char *text = read_file(path);
+    unlink(path);
+    cr_assert(strstr(text, "Init COMPLETE") != NULL, "INIT lines expected:\n%s", text);
+    cr_assert(strstr(text, "BOOTSTRAP") == NULL, "BOOTSTRAP lines despite ^BOOTSTRAP:\n%s", text);
+}
+
+Test(logging, version_level_prints_the_version_line)
+{
+    char path[64];
+    snprintf(path, sizeof(path), "/tmp/cfx-log4-%d", (int)getpid());
+    cfx_test_setenv("CFX_DEBUG_FILE", path);
+    cfx_test_setenv("CFX_DEBUG", "VERSION");
+    cfxUniqueId id;
+    cr_assert_eq(cfxGetUniqueId(&id), cfxSuccess);
+    char *text = read_file(path);
+    unlink(path);
+    char expected[64];
+    snprintf(expected, sizeof(expected), "Conflux version %d.%d.%d", CFX_MAJOR, CFX_MINOR, CFX_PATCH);
+    cr_assert(strstr(text, expected) != NULL, "%s", text);
+}
+
+/* ----------------------------------------------------- interface filter */
+
+Test(socket, ifname_filter_follows_nccl_syntax)
+{
+    cr_assert(cfx_socket_ifname_matches("eth,ib", "eth0"));
+    cr_assert(cfx_socket_ifname_matches("eth,ib", "ib1"));
+    cr_assert_not(cfx_socket_ifname_matches("eth,ib", "lo"));
+    cr_assert_not(cfx_socket_ifname_matches("^docker,lo", "docker0"));
+    cr_assert(cfx_socket_ifname_matches("^docker,lo", "eth0"));
+    cr_assert(cfx_socket_ifname_matches("=eth0", "eth0"));
+    cr_assert_not(cfx_socket_ifname_matches("=eth0", "eth01"));
+    cr_assert_not(cfx_socket_ifname_matches("^=eth0", "eth0"));
+    cr_assert(cfx_socket_ifname_matches("^=eth0", "eth01"));
+}
+
+Test(socket, ifname_lo_picks_loopback_and_a_missing_interface_is_a_clear_error)
+{
+    union cfx_sockaddr addr;
+    char name[64];
+    cfx_test_setenv("CFX_SOCKET_IFNAME", "=lo");
+    cr_assert_eq(cfx_socket_pick_address(&addr, name, sizeof(name)), cfxSuccess);
+    cr_assert_str_eq(name, "lo");
+    cfx_test_setenv("CFX_SOCKET_IFNAME", "=nosuchif9");
+    cr_assert_eq(cfx_socket_pick_address(&addr, name, sizeof(name)), cfxSystemError);
+    cr_assert(strstr(cfxGetLastError(NULL), "nosuchif9") != NULL, "%s", cfxGetLastError(NULL));
+}
+
+Test(socket, addresses_parse_in_both_families)
+{
+    union cfx_sockaddr addr;
+    char text[80];
+    cr_assert_eq(cfx_socket_addr_parse("127.0.0.1:1234", &addr), cfxSuccess);
+    cfx_socket_addr_format(&addr, text, sizeof(text));
+    cr_assert_str_eq(text, "127.0.0.1:1234");
+    cr_assert_eq(cfx_socket_addr_parse("[::1]:99", &addr), cfxSuccess);
+    cfx_socket_addr_format(&addr, text, sizeof(text));
+    cr_assert_str_eq(text, "[::1]:99");
+    cr_assert_eq(cfx_socket_addr_parse("127.0.0.1:99999", &addr), cfxInvalidArgument);
+    cr_assert_eq(cfx_socket_addr_parse("127.0.0.1", &addr), cfxInvalidArgument);
+}
