@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# Installs the built Conflux into a scratch prefix and builds an outside
+# program against it twice: through pkg-config and through find_package.
+# Usage: install_test.sh SOURCE_DIR BUILD_DIR
+set -euo pipefail
+src=$1
+build=$2
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+prefix=$work/prefix
+cmake --install "$build" --prefix "$prefix" > "$work/install.log"
+libdir=$(ls -d "$prefix"/lib*/ | head -n 1)
+libdir=${libdir%/}
+for f in include/conflux.h; do
+  [ -f "$prefix/$f" ] || { echo "FAIL: $f not installed"; exit 1; }
+done
+ls "$libdir"/libconflux.so.* "$libdir"/libconflux.a > /dev/null
+soname=$(objdump -p "$libdir/libconflux.so" | awk '/SONAME/ {print $2}')
+[ "$soname" = "libconflux.so.0" ] || { echo "FAIL: SONAME is '$soname'"; exit 1; }
+# Only the public API is exported.
+leaked=$(nm -D --defined-only "$libdir/libconflux.so" | awk '{print $3}' | grep -v '^cfx[A-Z]' | grep -v '^CONFLUX_' || true)
+[ -z "$leaked" ] || { echo "FAIL: non-API symbols exported: $leaked"; exit 1; }
+
+export CFX_SOCKET_IFNAME=lo
+# 1. pkg-config
+export PKG_CONFIG_PATH=$libdir/pkgconfig
+cc -std=c11 "$src/tests/consumer/consumer.c" -o "$work/consumer_pc" $(pkg-config --cflags --libs conflux)
+LD_LIBRARY_PATH=$libdir "$work/consumer_pc"
+# 2. find_package(Conflux)
+cmake -S "$src/tests/consumer" -B "$work/consumer_build" -DCMAKE_PREFIX_PATH="$prefix" > "$work/cmake.log"
+cmake --build "$work/consumer_build" > "$work/build.log"
+LD_LIBRARY_PATH=$libdir "$work/consumer_build/consumer"
+echo "install test: pkg-config and find_package(Conflux) consumers built and ran"
