@@ -279,6 +279,151 @@ CFX_API const char *cfxGetErrorString(cfxResult_t result);
  */
 CFX_API const char *cfxGetLastError(cfxComm_t comm);
 
+
+/* ------------------------------------------------------------------------
+ * Collectives and point-to-point. Host buffers with stream == NULL complete
+ * before the call returns. With a non-NULL stream (CUDA builds only) the
+ * stream is synchronised first. Count 0 is a successful no-op. In-place
+ * rules are NCCL's, given with each call.
+ * ---------------------------------------------------------------------- */
+
+/**
+ * @brief Reduce @p count elements across all ranks; every rank gets the result.
+ * In place when sendbuff == recvbuff.
+ * @param [in] sendbuff This rank's input.
+ * @param [out] recvbuff The reduced result (count elements).
+ * @param [in] count Elements per rank.
+ * @param [in] datatype Element type.
+ * @param [in] op Reduction.
+ * @param [in] comm Communicator.
+ * @param [in] stream NULL for host buffers.
+ * @return cfxSuccess; cfxInvalidArgument; cfxInvalidUsage; cfxRemoteError.
+ */
+CFX_API cfxResult_t cfxAllReduce(const void *sendbuff, void *recvbuff, size_t count,
+                                 cfxDataType_t datatype, cfxRedOp_t op, cfxComm_t comm,
+                                 cfxStream_t stream);
+
+/**
+ * @brief Copy @p count elements from @p root's sendbuff to every rank's recvbuff.
+ * In place when sendbuff == recvbuff; sendbuff is read on the root only.
+ * @param [in] sendbuff The root's data.
+ * @param [out] recvbuff Every rank's copy.
+ * @param [in] count Elements.
+ * @param [in] datatype Element type.
+ * @param [in] root Rank that sends.
+ * @param [in] comm Communicator.
+ * @param [in] stream NULL for host buffers.
+ * @return cfxSuccess; cfxInvalidArgument; cfxInvalidUsage; cfxRemoteError.
+ */
+CFX_API cfxResult_t cfxBroadcast(const void *sendbuff, void *recvbuff, size_t count,
+                                 cfxDataType_t datatype, int root, cfxComm_t comm,
+                                 cfxStream_t stream);
+
+/**
+ * @brief In-place broadcast (the legacy form): cfxBroadcast(buff, buff, ...).
+ * @param [in,out] buff Data on the root; the copy elsewhere.
+ * @param [in] count Elements.
+ * @param [in] datatype Element type.
+ * @param [in] root Rank that sends.
+ * @param [in] comm Communicator.
+ * @param [in] stream NULL for host buffers.
+ * @return As cfxBroadcast.
+ */
+CFX_API cfxResult_t cfxBcast(void *buff, size_t count, cfxDataType_t datatype, int root,
+                             cfxComm_t comm, cfxStream_t stream);
+
+/**
+ * @brief Reduce @p count elements across all ranks into @p root's recvbuff.
+ * In place when sendbuff == recvbuff; recvbuff is written on the root only.
+ * @param [in] sendbuff This rank's input.
+ * @param [out] recvbuff The result, on the root.
+ * @param [in] count Elements per rank.
+ * @param [in] datatype Element type.
+ * @param [in] op Reduction.
+ * @param [in] root Rank that receives.
+ * @param [in] comm Communicator.
+ * @param [in] stream NULL for host buffers.
+ * @return cfxSuccess; cfxInvalidArgument; cfxInvalidUsage; cfxRemoteError.
+ */
+CFX_API cfxResult_t cfxReduce(const void *sendbuff, void *recvbuff, size_t count,
+                              cfxDataType_t datatype, cfxRedOp_t op, int root, cfxComm_t comm,
+                              cfxStream_t stream);
+
+/**
+ * @brief Gather @p sendcount elements from every rank into every rank's
+ * recvbuff, rank i's at recvbuff + i*sendcount. In place when
+ * sendbuff == recvbuff + rank*sendcount.
+ * @param [in] sendbuff This rank's block.
+ * @param [out] recvbuff nranks*sendcount elements.
+ * @param [in] sendcount Elements per rank.
+ * @param [in] datatype Element type.
+ * @param [in] comm Communicator.
+ * @param [in] stream NULL for host buffers.
+ * @return cfxSuccess; cfxInvalidArgument; cfxInvalidUsage; cfxRemoteError.
+ */
+CFX_API cfxResult_t cfxAllGather(const void *sendbuff, void *recvbuff, size_t sendcount,
+                                 cfxDataType_t datatype, cfxComm_t comm, cfxStream_t stream);
+
+/**
+ * @brief Reduce nranks*recvcount elements across ranks; rank i gets block i.
+ * In place when sendbuff + rank*recvcount == recvbuff.
+ * @param [in] sendbuff nranks*recvcount elements.
+ * @param [out] recvbuff This rank's reduced block.
+ * @param [in] recvcount Elements per rank.
+ * @param [in] datatype Element type.
+ * @param [in] op Reduction.
+ * @param [in] comm Communicator.
+ * @param [in] stream NULL for host buffers.
+ * @return cfxSuccess; cfxInvalidArgument; cfxInvalidUsage; cfxRemoteError.
+ */
+CFX_API cfxResult_t cfxReduceScatter(const void *sendbuff, void *recvbuff, size_t recvcount,
+                                     cfxDataType_t datatype, cfxRedOp_t op, cfxComm_t comm,
+                                     cfxStream_t stream);
+
+/**
+ * @brief Send @p count elements to @p peer, which calls cfxRecv with the same
+ * count and type. Outside a group it returns when the data is sent.
+ * @param [in] sendbuff Data.
+ * @param [in] count Elements.
+ * @param [in] datatype Element type.
+ * @param [in] peer Receiving rank (may be this rank, inside a group).
+ * @param [in] comm Communicator.
+ * @param [in] stream NULL for host buffers.
+ * @return cfxSuccess; cfxInvalidArgument; cfxInvalidUsage; cfxRemoteError.
+ */
+CFX_API cfxResult_t cfxSend(const void *sendbuff, size_t count, cfxDataType_t datatype, int peer,
+                            cfxComm_t comm, cfxStream_t stream);
+
+/**
+ * @brief Receive @p count elements from @p peer (see cfxSend).
+ * @param [out] recvbuff Data.
+ * @param [in] count Elements.
+ * @param [in] datatype Element type.
+ * @param [in] peer Sending rank.
+ * @param [in] comm Communicator.
+ * @param [in] stream NULL for host buffers.
+ * @return cfxSuccess; cfxInvalidArgument; cfxInvalidUsage; cfxRemoteError.
+ */
+CFX_API cfxResult_t cfxRecv(void *recvbuff, size_t count, cfxDataType_t datatype, int peer,
+                            cfxComm_t comm, cfxStream_t stream);
+
+/**
+ * @brief Start a group: collectives and sends/receives called until the
+ * matching cfxGroupEnd are only queued. Groups nest.
+ * @return cfxSuccess.
+ */
+CFX_API cfxResult_t cfxGroupStart(void);
+
+/**
+ * @brief End a group. At the outermost end every queued operation starts
+ * together; the call returns when all are done (host buffers). Matching
+ * sends and receives in a group never deadlock, whatever their order, and
+ * one thread may drive every communicator of cfxCommInitAll.
+ * @return cfxSuccess; cfxInvalidUsage without a cfxGroupStart; the first
+ * error of a queued operation.
+ */
+CFX_API cfxResult_t cfxGroupEnd(void);
+
 #ifdef __cplusplus
 }
 #endif

@@ -57,6 +57,9 @@ cfxResult_t cfx_bootstrap_send(struct cfx_bootstrap *bs, int peer, uint32_t tag,
 cfxResult_t cfx_bootstrap_recv(struct cfx_bootstrap *bs, int peer, uint32_t tag, void *data,
                                size_t size);
 
+/* CFX_BOOTSTRAP_TIMEOUT in seconds (0 = forever): also bounds transport connects. */
+int64_t cfx_bootstrap_timeout_s(void);
+
 int cfx_bootstrap_rank(const struct cfx_bootstrap *bs);
 int cfx_bootstrap_nranks(const struct cfx_bootstrap *bs);
 

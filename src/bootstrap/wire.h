@@ -10,6 +10,7 @@
 
 #include <stdint.h>
 
+#include "src/bootstrap/bootstrap.h"
 #include "src/util/socket.h"
 
 #define CFX_BOOTSTRAP_MAGIC UINT64_C(0x43464c5842535031) /* "CFLXBSP1" */
@@ -62,8 +63,6 @@ struct cfx_bootstrap_peer_hdr {
     uint64_t size;
 };
 
-/* CFX_BOOTSTRAP_TIMEOUT in seconds (0 = forever). */
-int64_t cfx_bootstrap_timeout_s(void);
 /* How long a connecting peer may take to send its greeting, in ns. */
 int64_t cfx_bootstrap_frame_ns(void);
 

@@ -12,6 +12,10 @@
 #include "src/core/comm.h"
 #include "src/util/check.h"
 #include "src/util/log.h"
+#include "src/util/param.h"
+
+CFX_PARAM_INT(buffsize, "BUFFSIZE", 4 << 20, "Bytes of FIFO per connection (split into CFX_STEPS slots)");
+CFX_PARAM_INT(steps, "STEPS", 8, "Slots per connection FIFO");
 
 /* Fields of @p config the caller actually has (an older header may be smaller). */
 static int config_int(const cfxConfig_t *config, size_t offset, int fallback)
@@ -33,6 +37,7 @@ static void comm_free(struct cfxComm *comm)
 {
     if (comm == NULL)
         return;
+    cfx_core_disconnect_all(comm);
     cfx_bootstrap_destroy(comm->bootstrap);
     free(comm->peers);
     comm->magic = CFX_COMM_DEAD;
@@ -55,6 +60,47 @@ static cfxResult_t comm_alloc(int rank, int nranks, const cfxConfig_t *config,
     comm->cuda_dev = cfx_host_cuda_device();
     *comm_p = comm;
     return cfxSuccess;
+}
+
+/* FIFO geometry from CFX_BUFFSIZE and CFX_STEPS; every rank must agree. */
+static cfxResult_t pick_geometry(struct cfxComm *comm)
+{
+    int64_t steps = param_steps(), bytes = param_buffsize();
+    if (steps < 1 || steps > CFX_MAX_STEPS || bytes < steps * 64 || bytes > ((int64_t)1 << 32))
+        return cfx_error_set(cfxInvalidArgument, CFX_LOG_INIT,
+                             "CFX_STEPS=%lld and CFX_BUFFSIZE=%lld are out of range (1..%d slots, "
+                             "at least 64 bytes each, at most 4 GiB)",
+                             (long long)steps, (long long)bytes, CFX_MAX_STEPS);
+    size_t slot = (size_t)(bytes / steps);
+    slot = slot >= 4096 ? slot & ~(size_t)4095 : slot & ~(size_t)63;
+    comm->slot_bytes = slot;
+    comm->n_steps = (int)steps;
+    return cfxSuccess;
+}
+
+/* The ring every collective runs on: send to rank+1, receive from rank-1. */
+static cfxResult_t connect_ring(struct cfxComm *comm)
+{
+    CFX_CHECK(pick_geometry(comm));
+    comm->p2p_send = calloc((size_t)comm->nranks, sizeof(*comm->p2p_send));
+    comm->p2p_recv = calloc((size_t)comm->nranks, sizeof(*comm->p2p_recv));
+    if (comm->p2p_send == NULL || comm->p2p_recv == NULL)
+        return cfx_error_set(cfxSystemError, CFX_LOG_INIT, "out of memory for the peer tables");
+    if (comm->nranks == 1)
+        return cfxSuccess;
+    struct cfx_conn_request reqs[2] = {
+        {.comm = comm,
+         .peer = (comm->rank + 1) % comm->nranks,
+         .dir = CFX_CONN_SEND,
+         .kind = CFX_CONN_KIND_RING,
+         .out_p = &comm->ring_send},
+        {.comm = comm,
+         .peer = (comm->rank + comm->nranks - 1) % comm->nranks,
+         .dir = CFX_CONN_RECV,
+         .kind = CFX_CONN_KIND_RING,
+         .out_p = &comm->ring_recv},
+    };
+    return cfx_core_connect_batch(reqs, 2);
 }
 
 /* Everything after the bootstrap exists: learn who the peers are. */
@@ -81,6 +127,7 @@ static cfxResult_t comm_setup(struct cfxComm *comm)
             comm->local_nranks++;
         }
     }
+    CFX_CHECK(connect_ring(comm));
     comm->magic = CFX_COMM_MAGIC;
     CFX_INFO(CFX_LOG_INIT,
              "comm %p%s%s rank %d nranks %d cudaDev %d localRank %d localRanks %d - Init COMPLETE",

@@ -111,3 +111,48 @@ cfxResult_t cfx_host_cuda_select(int device)
                          device);
 #endif
 }
+
+#if CFX_HAVE_CUDA
+static int is_device_memory(const void *ptr)
+{
+    if (ptr == NULL)
+        return 0;
+    struct cudaPointerAttributes attr;
+    if (cudaPointerGetAttributes(&attr, ptr) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return 0;
+    }
+    return attr.type == cudaMemoryTypeDevice;
+}
+#endif
+
+cfxResult_t cfx_host_stream_prepare(cfxStream_t stream, const void *buf_a, const void *buf_b,
+                                    const char *fn)
+{
+    if (stream == NULL)
+        return cfxSuccess;
+#if CFX_HAVE_CUDA
+    if (cfx_host_cuda_device() < 0)
+        return cfx_error_set(cfxInvalidArgument, CFX_LOG_COLL,
+                             "%s: a CUDA stream was given but no GPU is usable; pass NULL for "
+                             "host buffers",
+                             fn);
+    if (is_device_memory(buf_a) || is_device_memory(buf_b))
+        return cfx_error_set(cfxInvalidArgument, CFX_LOG_COLL,
+                             "%s: GPU buffers are not supported by this version (host buffers "
+                             "only)",
+                             fn);
+    cudaError_t err = cudaStreamSynchronize((cudaStream_t)stream);
+    if (err != cudaSuccess)
+        return cfx_error_set(cfxUnhandledCudaError, CFX_LOG_COLL, "%s: cudaStreamSynchronize: %s",
+                             fn, cudaGetErrorString(err));
+    return cfxSuccess;
+#else
+    (void)buf_a;
+    (void)buf_b;
+    return cfx_error_set(cfxInvalidArgument, CFX_LOG_COLL,
+                         "%s: a CUDA stream was given but this Conflux has no CUDA; pass NULL for "
+                         "host buffers",
+                         fn);
+#endif
+}

@@ -30,4 +30,11 @@ int cfx_host_cuda_device(void);
  * sentence when there is no such usable device. */
 cfxResult_t cfx_host_cuda_select(int device);
 
+/* Make host buffers safe to use for a call given @p stream: NULL needs
+ * nothing; a CUDA stream is synchronised first. cfxInvalidArgument when a
+ * stream is given without a usable GPU, or a buffer is device memory (the
+ * GPU data path is not built yet). */
+cfxResult_t cfx_host_stream_prepare(cfxStream_t stream, const void *buf_a, const void *buf_b,
+                                    const char *fn);
+
 #endif /* CFX_UTIL_HOST_H */

@@ -1,0 +1,61 @@
+/*
+ * A collective or point-to-point operation as the schedules see it: buffers,
+ * shape, the connectors it moves data through, and its progress. The core
+ * fills it; src/coll turns it into a sequence of primitive steps over
+ * connector FIFOs; src/exec drives many of them at once. An operation never
+ * blocks: progress runs the steps that are ready and returns.
+ */
+#ifndef CFX_COLL_OP_H
+#define CFX_COLL_OP_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "conflux.h"
+#include "transports/transport.h"
+
+enum cfx_coll_kind {
+    CFX_COLL_ALLREDUCE,
+    CFX_COLL_BROADCAST,
+    CFX_COLL_REDUCE,
+    CFX_COLL_ALLGATHER,
+    CFX_COLL_REDUCESCATTER,
+    CFX_COLL_SEND,
+    CFX_COLL_RECV,
+};
+
+struct cfx_op {
+    /* What (set by the caller). */
+    enum cfx_coll_kind kind;
+    const void *sendbuff;
+    void *recvbuff;
+    size_t count; /* Elements; per rank for allgather and reduce-scatter. */
+    cfxDataType_t type;
+    cfxRedOp_t op;
+    int root; /* Broadcast/reduce root, or the peer of send/recv. */
+    int rank;
+    int nranks;
+    struct cfx_connector *send_conn; /* To the next rank (or the peer). */
+    struct cfx_connector *recv_conn; /* From the previous rank (or the peer). */
+    const int *abort_flag;
+    void *owner; /* The communicator (opaque below the core). */
+    /* Progress (set by cfx_coll_prepare and cfx_coll_progress). */
+    size_t elem_bytes;
+    size_t chunk_elems; /* Elements per slot. */
+    uint64_t step;
+    uint64_t n_steps;
+    int done;
+    cfxResult_t result;
+};
+
+/* Fill the progress fields; an operation with nothing to move is done at once. */
+void cfx_coll_prepare(struct cfx_op *op);
+
+/* Run every step that is ready; returns how many ran (0: blocked). Sets
+ * op->done at the end. Never blocks, never allocates. */
+int cfx_coll_progress(struct cfx_op *op);
+
+/* Name for logs: "allreduce", ... */
+const char *cfx_coll_name(enum cfx_coll_kind kind);
+
+#endif /* CFX_COLL_OP_H */

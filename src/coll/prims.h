@@ -1,0 +1,39 @@
+/*
+ * Primitives: one step of a schedule moves one slot. A step is described by
+ * flags (receive a slot, combine it with local input, write the result to the
+ * output, send a slot) and pointers; cfx_prim_ready tells whether its FIFOs
+ * allow it to run now, and cfx_prim_run runs it whole. The named primitives of
+ * the architecture are flag sets:
+ *   send                    SEND                (input -> slot)
+ *   recv                    RECV | OUT          (slot -> output)
+ *   recv-reduce-send        RECV | REDUCE | SEND
+ *   recv-reduce-copy        RECV | REDUCE | OUT
+ *   recv-reduce-copy-send   RECV | REDUCE | OUT | SEND
+ *   recv-copy-send          RECV | OUT | SEND
+ *   copy-send               SEND | OUT          (input -> slot and output)
+ */
+#ifndef CFX_COLL_PRIMS_H
+#define CFX_COLL_PRIMS_H
+
+#include "src/coll/op.h"
+
+#define CFX_PRIM_RECV 0x1u
+#define CFX_PRIM_SEND 0x2u
+#define CFX_PRIM_REDUCE 0x4u
+#define CFX_PRIM_OUT 0x8u
+#define CFX_PRIM_AVG 0x10u /* With OUT: divide the result by nranks. */
+
+struct cfx_prim_step {
+    unsigned flags;
+    const char *input; /* Local contribution (SEND without RECV, or REDUCE). */
+    char *output;      /* Where OUT writes. */
+    size_t n_elems;
+};
+
+int cfx_prim_ready(const struct cfx_op *op, const struct cfx_prim_step *step);
+
+/* Runs a ready step. cfxInternalError if a received slot's size disagrees
+ * with the schedule (the ranks disagree on the operation). */
+cfxResult_t cfx_prim_run(struct cfx_op *op, const struct cfx_prim_step *step);
+
+#endif /* CFX_COLL_PRIMS_H */

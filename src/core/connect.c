@@ -1,0 +1,157 @@
+/*
+ * Connection setup: picks a transport for each pair of ranks (the first in
+ * priority order whose can_connect accepts), lets both sides set up, trades
+ * their connect info over the bootstrap, and connects. Runs at init (the
+ * ring) and at the first use of a peer (point to point); never on the data
+ * path of an established connection.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "src/core/comm.h"
+#include "src/util/check.h"
+#include "src/util/log.h"
+
+/* What one side tells the other. */
+struct conn_msg {
+    uint32_t transport; /* Index in cfx_transports: both sides must agree. */
+    uint32_t reserved;
+    uint64_t slot_bytes;
+    char info[CFX_CONNECT_INFO_BYTES];
+};
+
+/* The message a side of direction @p dir sends for connection kind @p kind. */
+static uint32_t conn_tag(int kind, enum cfx_conn_dir dir)
+{
+    return 0x434e0000u | ((uint32_t)kind << 8) | (uint32_t)dir;
+}
+
+static struct cfx_transport_peer peer_of(const struct cfxComm *comm, int rank)
+{
+    const struct cfx_peer_info *info = &comm->peers[rank];
+    return (struct cfx_transport_peer){
+        .rank = rank, .pid = info->pid, .cuda_dev = info->cuda_dev, .host_hash = info->host_hash};
+}
+
+static cfxResult_t pick_transport(struct cfxComm *comm, int peer, int *index_p)
+{
+    struct cfx_transport_peer self = peer_of(comm, comm->rank), other = peer_of(comm, peer);
+    for (int t = 0; cfx_transports[t] != NULL && t < CFX_MAX_TRANSPORTS; t++) {
+        const struct cfx_transport *tr = cfx_transports[t];
+        if (comm->transport_ctx[t] == NULL) {
+            struct cfx_transport_env env = {.rank = comm->rank,
+                                            .nranks = comm->nranks,
+                                            .abort_flag = &comm->abort_flag,
+                                            .connect_timeout_s = cfx_bootstrap_timeout_s()};
+            CFX_CHECK(tr->init(&env, &comm->transport_ctx[t]));
+        }
+        if (tr->can_connect(comm->transport_ctx[t], &self, &other)) {
+            *index_p = t;
+            return cfxSuccess;
+        }
+    }
+    return cfx_error_set(cfxSystemError, CFX_LOG_INIT,
+                         "rank %d: no transport can reach rank %d (host %s)", comm->rank, peer,
+                         comm->peers[peer].host_id);
+}
+
+static void close_conn(struct cfx_connector *conn)
+{
+    if (conn == NULL)
+        return;
+    if (conn->transport)
+        conn->transport->close(conn->transport_ctx, conn);
+    free(conn);
+}
+
+/* Phase 1 for one request: set up our side and send our info to the peer. */
+static cfxResult_t setup_one(struct cfx_conn_request *req)
+{
+    struct cfxComm *comm = req->comm;
+    CFX_CHECK(pick_transport(comm, req->peer, &req->transport));
+    const struct cfx_transport *tr = cfx_transports[req->transport];
+    struct cfx_connector *conn = calloc(1, sizeof(*conn));
+    if (conn == NULL)
+        return cfx_error_set(cfxSystemError, CFX_LOG_INIT, "out of memory for a connector");
+    conn->peer_rank = req->peer;
+    conn->dir = req->dir;
+    conn->transport = tr;
+    conn->transport_ctx = comm->transport_ctx[req->transport];
+    req->conn = conn;
+    struct conn_msg msg = {.transport = (uint32_t)req->transport, .slot_bytes = comm->slot_bytes};
+    struct cfx_transport_peer peer = peer_of(comm, req->peer);
+    CFX_CHECK(tr->setup(conn->transport_ctx, &peer, comm->slot_bytes, comm->n_steps, conn, msg.info));
+    return cfx_bootstrap_send(comm->bootstrap, req->peer, conn_tag(req->kind, req->dir), &msg,
+                              sizeof(msg));
+}
+
+/* Phase 3/4 for one request: receive the peer's info and connect. */
+static cfxResult_t connect_one(struct cfx_conn_request *req, const struct conn_msg *peer_msg)
+{
+    struct cfxComm *comm = req->comm;
+    if (peer_msg->transport != (uint32_t)req->transport || peer_msg->slot_bytes != comm->slot_bytes)
+        return cfx_error_set(cfxInternalError, CFX_LOG_INIT,
+                             "rank %d and rank %d chose different transports (%u, %d) or buffer "
+                             "sizes (%llu, %zu); set CFX_BUFFSIZE/CFX_SHM_DISABLE alike on all ranks",
+                             comm->rank, req->peer, peer_msg->transport, req->transport,
+                             (unsigned long long)peer_msg->slot_bytes, comm->slot_bytes);
+    CFX_CHECK(req->conn->transport->connect(req->conn->transport_ctx, req->conn, peer_msg->info));
+    CFX_INFO(CFX_LOG_INIT, "connection %s rank %d %s rank %d via %s", req->kind == CFX_CONN_KIND_RING ? "ring" : "p2p",
+             comm->rank, req->dir == CFX_CONN_SEND ? "->" : "<-", req->peer,
+             req->conn->transport->name);
+    return cfxSuccess;
+}
+
+cfxResult_t cfx_core_connect_batch(struct cfx_conn_request *reqs, int n_reqs)
+{
+    cfxResult_t res = cfxSuccess;
+    struct conn_msg *peer_msgs = calloc((size_t)(n_reqs > 0 ? n_reqs : 1), sizeof(*peer_msgs));
+    if (peer_msgs == NULL)
+        return cfx_error_set(cfxSystemError, CFX_LOG_INIT, "out of memory while connecting");
+    for (int i = 0; i < n_reqs; i++)
+        CFX_CHECK_GOTO(setup_one(&reqs[i]), res, fail);
+    for (int i = 0; i < n_reqs; i++) {
+        enum cfx_conn_dir other = reqs[i].dir == CFX_CONN_SEND ? CFX_CONN_RECV : CFX_CONN_SEND;
+        CFX_CHECK_GOTO(cfx_bootstrap_recv(reqs[i].comm->bootstrap, reqs[i].peer,
+                                          conn_tag(reqs[i].kind, other), &peer_msgs[i],
+                                          sizeof(peer_msgs[i])),
+                       res, fail);
+    }
+    /* Send sides first: a receive side may wait for its sender to attach. */
+    for (int pass = 0; pass < 2; pass++)
+        for (int i = 0; i < n_reqs; i++)
+            if ((reqs[i].dir == CFX_CONN_SEND) == (pass == 0))
+                CFX_CHECK_GOTO(connect_one(&reqs[i], &peer_msgs[i]), res, fail);
+    for (int i = 0; i < n_reqs; i++) {
+        *reqs[i].out_p = reqs[i].conn;
+        reqs[i].conn = NULL;
+    }
+    free(peer_msgs);
+    return cfxSuccess;
+fail:
+    for (int i = 0; i < n_reqs; i++) {
+        close_conn(reqs[i].conn);
+        reqs[i].conn = NULL;
+    }
+    free(peer_msgs);
+    return res;
+}
+
+void cfx_core_disconnect_all(struct cfxComm *comm)
+{
+    close_conn(comm->ring_send);
+    close_conn(comm->ring_recv);
+    comm->ring_send = comm->ring_recv = NULL;
+    for (int r = 0; comm->p2p_send && r < comm->nranks; r++) {
+        close_conn(comm->p2p_send[r]);
+        close_conn(comm->p2p_recv[r]);
+    }
+    free(comm->p2p_send);
+    free(comm->p2p_recv);
+    comm->p2p_send = comm->p2p_recv = NULL;
+    for (int t = 0; t < CFX_MAX_TRANSPORTS; t++) {
+        if (comm->transport_ctx[t])
+            cfx_transports[t]->fini(comm->transport_ctx[t]);
+        comm->transport_ctx[t] = NULL;
+    }
+}

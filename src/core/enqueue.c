@@ -1,0 +1,236 @@
+/*
+ * Collective and point-to-point entry points: check the arguments once,
+ * describe the operation, then queue it (inside a group) or run it now.
+ */
+#include <stdint.h>
+#include <string.h>
+
+#include "kernels/reduce.h"
+#include "src/core/argcheck.h"
+#include "src/core/comm.h"
+#include "src/core/enqueue.h"
+#include "src/util/check.h"
+#include "src/util/log.h"
+
+/* NCCL's in-place rules allow exact aliasing only: refuse partial overlap. */
+static cfxResult_t check_overlap(const void *send, size_t send_bytes, const void *recv,
+                                 size_t recv_bytes, const void *in_place_send, const char *fn)
+{
+    if (send == NULL || recv == NULL || send_bytes == 0 || recv_bytes == 0 || send == in_place_send)
+        return cfxSuccess;
+    uintptr_t s = (uintptr_t)send, r = (uintptr_t)recv;
+    if (s < r + recv_bytes && r < s + send_bytes)
+        return cfx_error_set(cfxInvalidArgument, CFX_LOG_COLL,
+                             "%s: sendbuff and recvbuff overlap without being in place; use the "
+                             "in-place form or separate buffers",
+                             fn);
+    return cfxSuccess;
+}
+
+/* Run or queue; on failure record the sentence on the communicator. */
+static cfxResult_t submit(struct cfxComm *comm, struct cfx_op *op)
+{
+    op->rank = comm->rank;
+    op->nranks = comm->nranks;
+    op->abort_flag = &comm->abort_flag;
+    op->owner = comm;
+    if (comm->async_error != cfxSuccess)
+        return cfx_error_set(comm->async_error, CFX_LOG_COLL,
+                             "%s: the communicator is broken by an earlier error (%s); destroy it",
+                             cfx_coll_name(op->kind), cfxGetErrorString(comm->async_error));
+    if (cfx_core_group_active())
+        return cfx_core_group_add(op);
+    return cfx_core_launch(op, 1);
+}
+
+/* Shared checks of every entry point; on failure inside a group the group fails too. */
+static cfxResult_t finish(struct cfxComm *comm, cfxResult_t res)
+{
+    if (res != cfxSuccess && cfx_core_group_active())
+        cfx_core_group_fail(res);
+    return cfx_core_api_exit(comm, res);
+}
+
+static cfxResult_t check_common(struct cfxComm *comm, cfxDataType_t type, cfxStream_t stream,
+                                const void *a, const void *b, const char *fn)
+{
+    CFX_CHECK(cfx_argcheck_comm_usable(comm, fn));
+    CFX_CHECK(cfx_argcheck_type(type, fn));
+    return cfx_host_stream_prepare(stream, a, b, fn);
+}
+
+CFX_API cfxResult_t cfxAllReduce(const void *sendbuff, void *recvbuff, size_t count,
+                                 cfxDataType_t datatype, cfxRedOp_t op, cfxComm_t comm,
+                                 cfxStream_t stream)
+{
+    const char *fn = "cfxAllReduce";
+    cfx_core_api_enter(comm);
+    cfxResult_t res;
+    CFX_CHECK_GOTO(check_common(comm, datatype, stream, sendbuff, recvbuff, fn), res, out);
+    CFX_CHECK_GOTO(cfx_argcheck_op(op, fn), res, out);
+    CFX_CHECK_GOTO(cfx_argcheck_count(count, datatype, 1, fn), res, out);
+    CFX_CHECK_GOTO(cfx_argcheck_buffer(sendbuff, count, fn, "sendbuff"), res, out);
+    CFX_CHECK_GOTO(cfx_argcheck_buffer(recvbuff, count, fn, "recvbuff"), res, out);
+    size_t bytes = count * cfx_type_size(datatype);
+    CFX_CHECK_GOTO(check_overlap(sendbuff, bytes, recvbuff, bytes, recvbuff, fn), res, out);
+    struct cfx_op o = {.kind = CFX_COLL_ALLREDUCE, .sendbuff = sendbuff, .recvbuff = recvbuff,
+                       .count = count, .type = datatype, .op = op};
+    res = submit(comm, &o);
+out:
+    return finish(comm, res);
+}
+
+CFX_API cfxResult_t cfxBroadcast(const void *sendbuff, void *recvbuff, size_t count,
+                                 cfxDataType_t datatype, int root, cfxComm_t comm,
+                                 cfxStream_t stream)
+{
+    const char *fn = "cfxBroadcast";
+    cfx_core_api_enter(comm);
+    cfxResult_t res;
+    CFX_CHECK_GOTO(check_common(comm, datatype, stream, sendbuff, recvbuff, fn), res, out);
+    CFX_CHECK_GOTO(cfx_argcheck_root(comm, root, fn), res, out);
+    CFX_CHECK_GOTO(cfx_argcheck_count(count, datatype, 1, fn), res, out);
+    if (comm->rank == root)
+        CFX_CHECK_GOTO(cfx_argcheck_buffer(sendbuff, count, fn, "sendbuff (on the root)"), res,
+                       out);
+    CFX_CHECK_GOTO(cfx_argcheck_buffer(recvbuff, count, fn, "recvbuff"), res, out);
+    size_t bytes = count * cfx_type_size(datatype);
+    if (comm->rank == root)
+        CFX_CHECK_GOTO(check_overlap(sendbuff, bytes, recvbuff, bytes, recvbuff, fn), res, out);
+    struct cfx_op o = {.kind = CFX_COLL_BROADCAST,
+                       .sendbuff = comm->rank == root ? sendbuff : NULL,
+                       .recvbuff = recvbuff,
+                       .count = count,
+                       .type = datatype,
+                       .root = root};
+    res = submit(comm, &o);
+out:
+    return finish(comm, res);
+}
+
+CFX_API cfxResult_t cfxBcast(void *buff, size_t count, cfxDataType_t datatype, int root,
+                             cfxComm_t comm, cfxStream_t stream)
+{
+    return cfxBroadcast(buff, buff, count, datatype, root, comm, stream);
+}
+
+CFX_API cfxResult_t cfxReduce(const void *sendbuff, void *recvbuff, size_t count,
+                              cfxDataType_t datatype, cfxRedOp_t op, int root, cfxComm_t comm,
+                              cfxStream_t stream)
+{
+    const char *fn = "cfxReduce";
+    cfx_core_api_enter(comm);
+    cfxResult_t res;
+    CFX_CHECK_GOTO(check_common(comm, datatype, stream, sendbuff, recvbuff, fn), res, out);
+    CFX_CHECK_GOTO(cfx_argcheck_op(op, fn), res, out);
+    CFX_CHECK_GOTO(cfx_argcheck_root(comm, root, fn), res, out);
+    CFX_CHECK_GOTO(cfx_argcheck_count(count, datatype, 1, fn), res, out);
+    CFX_CHECK_GOTO(cfx_argcheck_buffer(sendbuff, count, fn, "sendbuff"), res, out);
+    if (comm->rank == root) {
+        CFX_CHECK_GOTO(cfx_argcheck_buffer(recvbuff, count, fn, "recvbuff (on the root)"), res,
+                       out);
+        size_t bytes = count * cfx_type_size(datatype);
+        CFX_CHECK_GOTO(check_overlap(sendbuff, bytes, recvbuff, bytes, recvbuff, fn), res, out);
+    }
+    struct cfx_op o = {.kind = CFX_COLL_REDUCE,
+                       .sendbuff = sendbuff,
+                       .recvbuff = comm->rank == root ? recvbuff : NULL,
+                       .count = count,
+                       .type = datatype,
+                       .op = op,
+                       .root = root};
+    res = submit(comm, &o);
+out:
+    return finish(comm, res);
+}
+
+CFX_API cfxResult_t cfxAllGather(const void *sendbuff, void *recvbuff, size_t sendcount,
+                                 cfxDataType_t datatype, cfxComm_t comm, cfxStream_t stream)
+{
+    const char *fn = "cfxAllGather";
+    cfx_core_api_enter(comm);
+    cfxResult_t res;
+    CFX_CHECK_GOTO(check_common(comm, datatype, stream, sendbuff, recvbuff, fn), res, out);
+    CFX_CHECK_GOTO(cfx_argcheck_count(sendcount, datatype, (size_t)comm->nranks, fn), res, out);
+    CFX_CHECK_GOTO(cfx_argcheck_buffer(sendbuff, sendcount, fn, "sendbuff"), res, out);
+    CFX_CHECK_GOTO(cfx_argcheck_buffer(recvbuff, sendcount, fn, "recvbuff"), res, out);
+    size_t block = sendcount * cfx_type_size(datatype);
+    const char *in_place = recvbuff ? (const char *)recvbuff + (size_t)comm->rank * block : NULL;
+    CFX_CHECK_GOTO(check_overlap(sendbuff, block, recvbuff, block * (size_t)comm->nranks,
+                                 in_place, fn),
+                   res, out);
+    struct cfx_op o = {.kind = CFX_COLL_ALLGATHER, .sendbuff = sendbuff, .recvbuff = recvbuff,
+                       .count = sendcount, .type = datatype};
+    res = submit(comm, &o);
+out:
+    return finish(comm, res);
+}
+
+CFX_API cfxResult_t cfxReduceScatter(const void *sendbuff, void *recvbuff, size_t recvcount,
+                                     cfxDataType_t datatype, cfxRedOp_t op, cfxComm_t comm,
+                                     cfxStream_t stream)
+{
+    const char *fn = "cfxReduceScatter";
+    cfx_core_api_enter(comm);
+    cfxResult_t res;
+    CFX_CHECK_GOTO(check_common(comm, datatype, stream, sendbuff, recvbuff, fn), res, out);
+    CFX_CHECK_GOTO(cfx_argcheck_op(op, fn), res, out);
+    CFX_CHECK_GOTO(cfx_argcheck_count(recvcount, datatype, (size_t)comm->nranks, fn), res, out);
+    CFX_CHECK_GOTO(cfx_argcheck_buffer(sendbuff, recvcount, fn, "sendbuff"), res, out);
+    CFX_CHECK_GOTO(cfx_argcheck_buffer(recvbuff, recvcount, fn, "recvbuff"), res, out);
+    size_t block = recvcount * cfx_type_size(datatype);
+    /* In place: recvbuff == sendbuff + rank*recvcount. */
+    if (sendbuff != NULL && recvbuff != (const char *)sendbuff + (size_t)comm->rank * block)
+        CFX_CHECK_GOTO(check_overlap(sendbuff, block * (size_t)comm->nranks, recvbuff, block,
+                                     NULL, fn),
+                       res, out);
+    struct cfx_op o = {.kind = CFX_COLL_REDUCESCATTER, .sendbuff = sendbuff, .recvbuff = recvbuff,
+                       .count = recvcount, .type = datatype, .op = op};
+    res = submit(comm, &o);
+out:
+    return finish(comm, res);
+}
+
+static cfxResult_t point_to_point(enum cfx_coll_kind kind, const void *sendbuff, void *recvbuff,
+                                  size_t count, cfxDataType_t datatype, int peer, cfxComm_t comm,
+                                  cfxStream_t stream, const char *fn)
+{
+    cfx_core_api_enter(comm);
+    cfxResult_t res;
+    CFX_CHECK_GOTO(check_common(comm, datatype, stream, sendbuff, recvbuff, fn), res, out);
+    if (peer < 0 || peer >= comm->nranks) {
+        res = cfx_error_set(cfxInvalidArgument, CFX_LOG_P2P, "%s: peer = %d is out of range [0, %d)",
+                            fn, peer, comm->nranks);
+        goto out;
+    }
+    if (peer == comm->rank && !cfx_core_group_active()) {
+        res = cfx_error_set(cfxInvalidUsage, CFX_LOG_P2P,
+                            "%s: a send or receive to this rank itself must be inside a group "
+                            "with its match, or it would wait forever",
+                            fn);
+        goto out;
+    }
+    CFX_CHECK_GOTO(cfx_argcheck_count(count, datatype, 1, fn), res, out);
+    CFX_CHECK_GOTO(cfx_argcheck_buffer(kind == CFX_COLL_SEND ? sendbuff : recvbuff, count, fn,
+                                       kind == CFX_COLL_SEND ? "sendbuff" : "recvbuff"),
+                   res, out);
+    struct cfx_op o = {.kind = kind, .sendbuff = sendbuff, .recvbuff = recvbuff, .count = count,
+                       .type = datatype, .root = peer};
+    res = submit(comm, &o);
+out:
+    return finish(comm, res);
+}
+
+CFX_API cfxResult_t cfxSend(const void *sendbuff, size_t count, cfxDataType_t datatype, int peer,
+                            cfxComm_t comm, cfxStream_t stream)
+{
+    return point_to_point(CFX_COLL_SEND, sendbuff, NULL, count, datatype, peer, comm, stream,
+                          "cfxSend");
+}
+
+CFX_API cfxResult_t cfxRecv(void *recvbuff, size_t count, cfxDataType_t datatype, int peer,
+                            cfxComm_t comm, cfxStream_t stream)
+{
+    return point_to_point(CFX_COLL_RECV, NULL, recvbuff, count, datatype, peer, comm, stream,
+                          "cfxRecv");
+}

@@ -1,0 +1,170 @@
+/*
+ * Groups and launching. Between cfxGroupStart and cfxGroupEnd this thread's
+ * operations are queued (in a per-thread array that only grows when a group
+ * is larger than any before it); at the outermost cfxGroupEnd, or at once for
+ * a call outside a group, the missing point-to-point connections are built
+ * and the host executor runs the operations together.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "src/core/comm.h"
+#include "src/core/enqueue.h"
+#include "src/exec/host.h"
+#include "src/util/check.h"
+#include "src/util/log.h"
+
+static _Thread_local int group_depth;
+static _Thread_local struct cfx_op *group_ops;
+static _Thread_local int group_count;
+static _Thread_local int group_capacity;
+static _Thread_local cfxResult_t group_error;
+static _Thread_local char group_error_text[CFX_ERROR_MAX];
+
+int cfx_core_group_active(void)
+{
+    return group_depth > 0;
+}
+
+cfxResult_t cfx_core_group_add(const struct cfx_op *op)
+{
+    if (group_count == group_capacity) {
+        int capacity = group_capacity ? group_capacity * 2 : 64;
+        struct cfx_op *grown = realloc(group_ops, sizeof(*grown) * (size_t)capacity);
+        if (grown == NULL)
+            return cfx_error_set(cfxSystemError, CFX_LOG_COLL,
+                                 "out of memory for a group of %d operations", capacity);
+        group_ops = grown;
+        group_capacity = capacity;
+    }
+    group_ops[group_count++] = *op;
+    return cfxSuccess;
+}
+
+void cfx_core_group_fail(cfxResult_t res)
+{
+    if (group_error == cfxSuccess) {
+        group_error = res;
+        snprintf(group_error_text, sizeof(group_error_text), "%s", cfx_error_thread_last());
+    }
+}
+
+/* The connector an operation runs on; point-to-point ones may not exist yet. */
+static struct cfx_connector **send_slot(struct cfx_op *op)
+{
+    struct cfxComm *comm = op->owner;
+    if (op->kind == CFX_COLL_SEND)
+        return &comm->p2p_send[op->root];
+    if (op->kind == CFX_COLL_RECV)
+        return NULL;
+    return &comm->ring_send;
+}
+
+static struct cfx_connector **recv_slot(struct cfx_op *op)
+{
+    struct cfxComm *comm = op->owner;
+    if (op->kind == CFX_COLL_RECV)
+        return &comm->p2p_recv[op->root];
+    if (op->kind == CFX_COLL_SEND)
+        return NULL;
+    return &comm->ring_recv;
+}
+
+static int already_requested(const struct cfx_conn_request *reqs, int n, struct cfx_connector **out_p)
+{
+    for (int i = 0; i < n; i++)
+        if (reqs[i].out_p == out_p)
+            return 1;
+    return 0;
+}
+
+/* Build the point-to-point connectors these operations need (first use only). */
+static cfxResult_t connect_missing(struct cfx_op *ops, int n_ops)
+{
+    int missing = 0;
+    for (int i = 0; i < n_ops; i++) {
+        if (ops[i].kind != CFX_COLL_SEND && ops[i].kind != CFX_COLL_RECV)
+            continue;
+        struct cfx_connector **slot = ops[i].kind == CFX_COLL_SEND ? send_slot(&ops[i])
+                                                                   : recv_slot(&ops[i]);
+        missing += *slot == NULL;
+    }
+    if (missing == 0)
+        return cfxSuccess;
+    struct cfx_conn_request *reqs = calloc((size_t)missing, sizeof(*reqs));
+    if (reqs == NULL)
+        return cfx_error_set(cfxSystemError, CFX_LOG_P2P, "out of memory while connecting peers");
+    int n = 0;
+    for (int i = 0; i < n_ops; i++) {
+        struct cfx_op *op = &ops[i];
+        if (op->kind != CFX_COLL_SEND && op->kind != CFX_COLL_RECV)
+            continue;
+        int sending = op->kind == CFX_COLL_SEND;
+        struct cfx_connector **slot = sending ? send_slot(op) : recv_slot(op);
+        if (*slot != NULL || already_requested(reqs, n, slot))
+            continue;
+        reqs[n++] = (struct cfx_conn_request){.comm = op->owner,
+                                              .peer = op->root,
+                                              .dir = sending ? CFX_CONN_SEND : CFX_CONN_RECV,
+                                              .kind = CFX_CONN_KIND_P2P,
+                                              .out_p = slot};
+    }
+    cfxResult_t res = cfx_core_connect_batch(reqs, n);
+    free(reqs);
+    return res;
+}
+
+cfxResult_t cfx_core_launch(struct cfx_op *ops, int n_ops)
+{
+    CFX_CHECK(connect_missing(ops, n_ops));
+    for (int i = 0; i < n_ops; i++) {
+        struct cfx_connector **s = send_slot(&ops[i]), **r = recv_slot(&ops[i]);
+        ops[i].send_conn = s ? *s : NULL;
+        ops[i].recv_conn = r ? *r : NULL;
+        cfx_coll_prepare(&ops[i]);
+    }
+    cfxResult_t res = cfx_exec_host_run(ops, n_ops);
+    if (res != cfxSuccess) {
+        /* A broken connection breaks the communicator for later calls too. */
+        for (int i = 0; i < n_ops; i++) {
+            struct cfxComm *comm = ops[i].owner;
+            if (ops[i].result != cfxSuccess && comm->async_error == cfxSuccess)
+                comm->async_error = ops[i].result;
+        }
+    }
+    return res;
+}
+
+CFX_API cfxResult_t cfxGroupStart(void)
+{
+    cfx_core_api_enter(NULL);
+    group_depth++;
+    return cfxSuccess;
+}
+
+CFX_API cfxResult_t cfxGroupEnd(void)
+{
+    cfx_core_api_enter(NULL);
+    if (group_depth == 0)
+        return cfx_core_api_exit(NULL, cfx_error_set(cfxInvalidUsage, CFX_LOG_COLL,
+                                                     "cfxGroupEnd without cfxGroupStart"));
+    if (--group_depth > 0)
+        return cfxSuccess;
+    cfxResult_t res = group_error;
+    int n_ops = group_count;
+    group_count = 0;
+    group_error = cfxSuccess;
+    if (res != cfxSuccess) {
+        /* A call in the group was refused: run nothing, report it again. */
+        res = cfx_error_set(res, CFX_LOG_COLL,
+                            "cfxGroupEnd: a call in the group failed, so none ran: %s",
+                            group_error_text);
+    } else if (n_ops > 0) {
+        res = cfx_core_launch(group_ops, n_ops);
+    }
+    if (res != cfxSuccess)
+        for (int i = 0; i < n_ops; i++)
+            cfx_core_api_exit(group_ops[i].owner, res);
+    return cfx_core_api_exit(NULL, res);
+}

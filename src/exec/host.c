@@ -1,0 +1,138 @@
+/* Host executor: see host.h. */
+#include "src/exec/host.h"
+
+#include <sched.h>
+#include <time.h>
+
+#include "src/util/error.h"
+#include "src/util/log.h"
+#include "src/util/param.h"
+
+CFX_PARAM_INT(spin_count, "SPIN_COUNT", 2000,
+              "Idle polls of a blocked operation before the executor starts yielding");
+
+#define YIELD_ROUNDS 200     /* sched_yield() rounds before sleeping. */
+#define SLEEP_MAX_NS 200000  /* Longest nap while waiting (0.2 ms). */
+#define HEALTH_EVERY 256     /* Idle rounds between transport health checks. */
+
+static inline void cpu_relax(void)
+{
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#elif defined(__aarch64__)
+    __asm__ __volatile__("yield");
+#endif
+}
+
+/* An op may run once it holds both its connectors; claims are taken in
+ * issue order, so operations sharing a connector run in that order. */
+static int claim(struct cfx_op *op)
+{
+    struct cfx_connector *conns[2] = {op->send_conn, op->recv_conn};
+    int held = 1;
+    for (int i = 0; i < 2; i++) {
+        struct cfx_connector *conn = conns[i];
+        if (conn == NULL || conn->owner == op)
+            continue;
+        if (conn->owner == NULL)
+            conn->owner = op;
+        else
+            held = 0;
+    }
+    return held;
+}
+
+static void unclaim(struct cfx_op *op)
+{
+    if (op->send_conn && op->send_conn->owner == op)
+        op->send_conn->owner = NULL;
+    if (op->recv_conn && op->recv_conn->owner == op)
+        op->recv_conn->owner = NULL;
+}
+
+static cfxResult_t check_connector(struct cfx_connector *conn)
+{
+    if (conn == NULL || conn->transport->check == NULL)
+        return cfxSuccess;
+    return conn->transport->check(conn->transport_ctx, conn);
+}
+
+/* While idle: aborts and dead peers end the wait with an error. */
+static cfxResult_t check_health(struct cfx_op *op)
+{
+    if (op->abort_flag && __atomic_load_n(op->abort_flag, __ATOMIC_ACQUIRE))
+        return cfx_error_set(cfxRemoteError, CFX_LOG_COLL, "%s on rank %d was aborted",
+                             cfx_coll_name(op->kind), op->rank);
+    cfxResult_t res = check_connector(op->send_conn);
+    if (res == cfxSuccess)
+        res = check_connector(op->recv_conn);
+    return res;
+}
+
+static void fail_all(struct cfx_op *ops, int n_ops, cfxResult_t res)
+{
+    for (int i = 0; i < n_ops; i++) {
+        if (!ops[i].done) {
+            ops[i].result = res;
+            ops[i].done = 1;
+        }
+        unclaim(&ops[i]);
+    }
+}
+
+cfxResult_t cfx_exec_host_run(struct cfx_op *ops, int n_ops)
+{
+    int64_t spins = param_spin_count();
+    uint64_t idle = 0;
+    long nap_ns = 1000;
+    for (;;) {
+        int pending = 0, progressed = 0;
+        for (int i = 0; i < n_ops; i++) {
+            struct cfx_op *op = &ops[i];
+            if (op->done)
+                continue;
+            if (claim(op))
+                progressed += cfx_coll_progress(op);
+            if (op->done) {
+                unclaim(op);
+                if (op->result != cfxSuccess) {
+                    fail_all(ops, n_ops, op->result);
+                    return op->result;
+                }
+                progressed++;
+            } else {
+                pending++;
+            }
+        }
+        if (pending == 0)
+            return cfxSuccess;
+        if (progressed) {
+            idle = 0;
+            nap_ns = 1000;
+            continue;
+        }
+        idle++;
+        if (idle % HEALTH_EVERY == 0) {
+            for (int i = 0; i < n_ops; i++) {
+                if (ops[i].done)
+                    continue;
+                cfxResult_t res = check_health(&ops[i]);
+                if (res != cfxSuccess) {
+                    ops[i].result = res;
+                    fail_all(ops, n_ops, res);
+                    return res;
+                }
+            }
+        }
+        if ((int64_t)idle < spins) {
+            cpu_relax();
+        } else if ((int64_t)idle < spins + YIELD_ROUNDS) {
+            sched_yield();
+        } else {
+            struct timespec nap = {0, nap_ns};
+            nanosleep(&nap, NULL);
+            if (nap_ns < SLEEP_MAX_NS)
+                nap_ns *= 2;
+        }
+    }
+}

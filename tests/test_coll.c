@@ -1,0 +1,343 @@
+/*
+ * Collective conformance: every collective, data type, op, count, root and
+ * in/out-of-place form, over shared memory and sockets, with 1, 2, 3, 4 and
+ * 8 ranks as processes and as threads. Results are checked element by element
+ * against tests/coll_check.h, which computes them independently.
+ *
+ * Trimmed to fit CI: the 1M+3-element count runs for a few (type, op) pairs
+ * per collective rather than all of them, and reduce/broadcast try every
+ * root for small counts but only the first and last root for large ones.
+ */
+#include <criterion/criterion.h>
+#include <criterion/parameterized.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "tests/coll_check.h"
+#include "tests/harness.h"
+
+enum transport { SHM = 0, SOCKET = 1 };
+enum coll { ALLREDUCE, REDUCE, BROADCAST, ALLGATHER, REDUCESCATTER, SENDRECV, N_COLLS };
+
+static const char *coll_names[] = {"allreduce", "reduce", "broadcast", "allgather",
+                                   "reducescatter", "sendrecv"};
+static const char *type_names[] = {"int8", "uint8", "int32", "uint32", "int64", "uint64",
+                                   "float16", "float32", "float64", "bfloat16", "e4m3", "e5m2"};
+static const char *op_names[] = {"sum", "prod", "max", "min", "avg"};
+
+#define LARGE_COUNT ((size_t)(1u << 20) + 3)
+static const size_t small_counts[] = {0, 1, 7, 1023};
+
+struct suite_case {
+    enum transport transport;
+    int nranks;
+    enum cfx_test_mode mode;
+    enum coll coll;
+};
+
+/* Large counts for these (type, op) pairs only. */
+static int large_for(cfxDataType_t t, cfxRedOp_t op)
+{
+    return (t == cfxFloat32 && op == cfxSum) || (t == cfxBfloat16 && op == cfxAvg) ||
+           (t == cfxInt64 && op == cfxMax);
+}
+
+struct ctx_bufs {
+    char *send;
+    char *recv;
+    size_t bytes;
+};
+
+/* Buffers sized for the largest case, allocated once per rank. */
+static int bufs_init(struct ctx_bufs *b, int nranks)
+{
+    b->bytes = LARGE_COUNT * 8 * (size_t)nranks;
+    b->send = malloc(b->bytes);
+    b->recv = malloc(b->bytes);
+    return b->send && b->recv;
+}
+
+#define CALL(ctx, desc, call)                                                                  \
+    do {                                                                                       \
+        cfxResult_t call_res_ = (call);                                                        \
+        RANK_ASSERT(ctx, call_res_ == cfxSuccess, "%s: %s: %s", desc, cfxGetErrorString(call_res_), \
+                    cfxGetLastError(comm));                                                    \
+    } while (0)
+
+/* ---------------------------------------------------------------- reductions */
+
+static void run_allreduce(struct cfx_test_rank *ctx, cfxComm_t comm, struct ctx_bufs *b)
+{
+    int n = ctx->nranks, r = ctx->rank;
+    for (int t = 0; t < cfxNumTypes; t++)
+        for (int op = 0; op < cfxNumOps; op++)
+            for (size_t c = 0; c < 5; c++) {
+                size_t count = c < 4 ? small_counts[c] : LARGE_COUNT;
+                if (c == 4 && !large_for((cfxDataType_t)t, (cfxRedOp_t)op))
+                    continue;
+                for (int in_place = 0; in_place < 2; in_place++) {
+                    char desc[128];
+                    snprintf(desc, sizeof(desc), "allreduce %s %s count %zu %s", type_names[t],
+                             op_names[op], count, in_place ? "in place" : "out of place");
+                    cfx_test_step(ctx, "%s", desc);
+                    int seed = (int)(t * 31 + op * 7 + c);
+                    ref_fill((cfxDataType_t)t, (cfxRedOp_t)op, r, seed, b->send, count);
+                    memset(b->recv, 0xee, count * ref_size((cfxDataType_t)t) + 8);
+                    char *out = in_place ? b->send : b->recv;
+                    CALL(ctx, desc,
+                         cfxAllReduce(b->send, out, count, (cfxDataType_t)t, (cfxRedOp_t)op, comm, NULL));
+                    for (size_t i = 0; i < count; i++) {
+                        double v;
+                        uint64_t bits;
+                        ref_reduce((cfxDataType_t)t, (cfxRedOp_t)op, n, i, seed, &v, &bits);
+                        RANK_ASSERT(ctx, ref_matches((cfxDataType_t)t, (cfxRedOp_t)op, out + i * ref_size((cfxDataType_t)t), v, bits),
+                                    "%s: element %zu wrong (expected %g)", desc, i, v);
+                    }
+                    if (!in_place)
+                        RANK_ASSERT(ctx, (unsigned char)b->recv[count * ref_size((cfxDataType_t)t)] == 0xee,
+                                    "%s: wrote past the end of recvbuff", desc);
+                }
+            }
+}
+
+static void run_reduce(struct cfx_test_rank *ctx, cfxComm_t comm, struct ctx_bufs *b)
+{
+    int n = ctx->nranks, r = ctx->rank;
+    for (int t = 0; t < cfxNumTypes; t++)
+        for (int op = 0; op < cfxNumOps; op++)
+            for (size_t c = 0; c < 5; c++) {
+                size_t count = c < 4 ? small_counts[c] : LARGE_COUNT;
+                if (c == 4 && !large_for((cfxDataType_t)t, (cfxRedOp_t)op))
+                    continue;
+                for (int root = 0; root < n; root++) {
+                    if (c >= 2 && root != 0 && root != n - 1)
+                        continue;
+                    int in_place = (root + (int)c) % 2;
+                    char desc[128];
+                    snprintf(desc, sizeof(desc), "reduce %s %s count %zu root %d %s", type_names[t],
+                             op_names[op], count, root, in_place ? "in place" : "out of place");
+                    cfx_test_step(ctx, "%s", desc);
+                    int seed = (int)(t * 31 + op * 7 + c + (size_t)root * 3);
+                    size_t bytes = count * ref_size((cfxDataType_t)t);
+                    ref_fill((cfxDataType_t)t, (cfxRedOp_t)op, r, seed, b->send, count);
+                    memset(b->recv, 0xee, bytes + 8);
+                    char *out = in_place ? b->send : b->recv;
+                    CALL(ctx, desc,
+                         cfxReduce(b->send, out, count, (cfxDataType_t)t, (cfxRedOp_t)op, root, comm, NULL));
+                    if (r != root) {
+                        /* Non-roots keep their input and their untouched recvbuff. */
+                        RANK_ASSERT(ctx, bytes == 0 || (unsigned char)b->recv[0] == 0xee || in_place,
+                                    "%s: a non-root recvbuff was written", desc);
+                        continue;
+                    }
+                    for (size_t i = 0; i < count; i++) {
+                        double v;
+                        uint64_t bits;
+                        ref_reduce((cfxDataType_t)t, (cfxRedOp_t)op, n, i, seed, &v, &bits);
+                        RANK_ASSERT(ctx, ref_matches((cfxDataType_t)t, (cfxRedOp_t)op, out + i * ref_size((cfxDataType_t)t), v, bits),
+                                    "%s: element %zu wrong (expected %g)", desc, i, v);
+                    }
+                }
+            }
+}
+
+static void run_reducescatter(struct cfx_test_rank *ctx, cfxComm_t comm, struct ctx_bufs *b)
+{
+    int n = ctx->nranks, r = ctx->rank;
+    for (int t = 0; t < cfxNumTypes; t++)
+        for (int op = 0; op < cfxNumOps; op++)
+            for (size_t c = 0; c < 5; c++) {
+                size_t count = c < 4 ? small_counts[c] : LARGE_COUNT / 4;
+                if (c == 4 && !large_for((cfxDataType_t)t, (cfxRedOp_t)op))
+                    continue;
+                for (int in_place = 0; in_place < 2; in_place++) {
+                    char desc[128];
+                    snprintf(desc, sizeof(desc), "reducescatter %s %s recvcount %zu %s",
+                             type_names[t], op_names[op], count, in_place ? "in place" : "out of place");
+                    cfx_test_step(ctx, "%s", desc);
+                    size_t es = ref_size((cfxDataType_t)t);
+                    int seed = (int)(t * 31 + op * 7 + c);
+                    /* Element j of the full vector is element j of the reference. */
+                    ref_fill((cfxDataType_t)t, (cfxRedOp_t)op, r, seed, b->send, count * (size_t)n);
+                    memset(b->recv, 0xee, count * es + 8);
+                    char *out = in_place ? b->send + (size_t)r * count * es : b->recv;
+                    CALL(ctx, desc,
+                         cfxReduceScatter(b->send, out, count, (cfxDataType_t)t, (cfxRedOp_t)op, comm, NULL));
+                    for (size_t i = 0; i < count; i++) {
+                        double v;
+                        uint64_t bits;
+                        ref_reduce((cfxDataType_t)t, (cfxRedOp_t)op, n, (size_t)r * count + i, seed, &v, &bits);
+                        RANK_ASSERT(ctx, ref_matches((cfxDataType_t)t, (cfxRedOp_t)op, out + i * es, v, bits),
+                                    "%s: element %zu wrong (expected %g)", desc, i, v);
+                    }
+                    if (!in_place)
+                        RANK_ASSERT(ctx, (unsigned char)b->recv[count * es] == 0xee,
+                                    "%s: wrote past the end of recvbuff", desc);
+                }
+            }
+}
+
+/* ------------------------------------------------------------- data movement */
+
+/* Byte pattern of (rank, i): copies are checked bit for bit. */
+static unsigned char pattern(int rank, size_t i, int seed)
+{
+    return (unsigned char)(rank * 131 + i * 7 + (size_t)seed * 13 + (i >> 9));
+}
+
+static const cfxDataType_t move_types[] = {cfxInt8, cfxFloat16, cfxFloat32, cfxFloat64};
+
+static void run_broadcast(struct cfx_test_rank *ctx, cfxComm_t comm, struct ctx_bufs *b)
+{
+    int n = ctx->nranks, r = ctx->rank;
+    for (size_t ti = 0; ti < sizeof(move_types) / sizeof(move_types[0]); ti++)
+        for (size_t c = 0; c < 5; c++) {
+            cfxDataType_t t = move_types[ti];
+            size_t count = c < 4 ? small_counts[c] : LARGE_COUNT;
+            size_t bytes = count * ref_size(t);
+            for (int root = 0; root < n; root++) {
+                if (c >= 2 && root != 0 && root != n - 1)
+                    continue;
+                for (int in_place = 0; in_place < 2; in_place++) {
+                    char desc[128];
+                    snprintf(desc, sizeof(desc), "broadcast %s count %zu root %d %s", type_names[t],
+                             count, root, in_place ? "in place" : "out of place");
+                    cfx_test_step(ctx, "%s", desc);
+                    int seed = (int)(c + ti * 5);
+                    for (size_t i = 0; i < bytes; i++)
+                        b->send[i] = (char)pattern(r, i, seed);
+                    memset(b->recv, 0xee, bytes + 8);
+                    char *out = in_place ? b->send : b->recv;
+                    CALL(ctx, desc, in_place ? cfxBcast(b->send, count, t, root, comm, NULL)
+                                             : cfxBroadcast(b->send, b->recv, count, t, root, comm, NULL));
+                    for (size_t i = 0; i < bytes; i++)
+                        RANK_ASSERT(ctx, (unsigned char)out[i] == pattern(root, i, seed),
+                                    "%s: byte %zu wrong", desc, i);
+                    RANK_ASSERT(ctx, in_place || (unsigned char)b->recv[bytes] == 0xee,
+                                "%s: wrote past the end", desc);
+                }
+            }
+        }
+}
+
+static void run_allgather(struct cfx_test_rank *ctx, cfxComm_t comm, struct ctx_bufs *b)
+{
+    int n = ctx->nranks, r = ctx->rank;
+    for (size_t ti = 0; ti < sizeof(move_types) / sizeof(move_types[0]); ti++)
+        for (size_t c = 0; c < 5; c++) {
+            cfxDataType_t t = move_types[ti];
+            size_t count = c < 4 ? small_counts[c] : LARGE_COUNT / 4;
+            size_t block = count * ref_size(t);
+            for (int in_place = 0; in_place < 2; in_place++) {
+                char desc[128];
+                snprintf(desc, sizeof(desc), "allgather %s sendcount %zu %s", type_names[t], count,
+                         in_place ? "in place" : "out of place");
+                cfx_test_step(ctx, "%s", desc);
+                int seed = (int)(c + ti * 5);
+                memset(b->recv, 0xee, block * (size_t)n + 8);
+                char *src = in_place ? b->recv + (size_t)r * block : b->send;
+                for (size_t i = 0; i < block; i++)
+                    src[i] = (char)pattern(r, i, seed);
+                CALL(ctx, desc, cfxAllGather(src, b->recv, count, t, comm, NULL));
+                for (int q = 0; q < n; q++)
+                    for (size_t i = 0; i < block; i++)
+                        RANK_ASSERT(ctx, (unsigned char)b->recv[(size_t)q * block + i] == pattern(q, i, seed),
+                                    "%s: byte %zu of rank %d's block wrong", desc, i, q);
+                RANK_ASSERT(ctx, (unsigned char)b->recv[block * (size_t)n] == 0xee,
+                            "%s: wrote past the end", desc);
+            }
+        }
+}
+
+/* Every rank sends a distinct block to every rank (itself included) in one
+ * group, receives in the opposite order: an all-to-all that would deadlock
+ * if a group's sends and receives did not progress together. */
+static void run_sendrecv(struct cfx_test_rank *ctx, cfxComm_t comm, struct ctx_bufs *b)
+{
+    int n = ctx->nranks, r = ctx->rank;
+    for (size_t c = 0; c < 5; c++) {
+        size_t count = c < 4 ? small_counts[c] : LARGE_COUNT / 8;
+        size_t bytes = count * 4;
+        char desc[128];
+        snprintf(desc, sizeof(desc), "all-to-all send/recv of %zu float32 per pair", count);
+        cfx_test_step(ctx, "%s", desc);
+        for (int q = 0; q < n; q++)
+            for (size_t i = 0; i < bytes; i++)
+                b->send[(size_t)q * bytes + i] = (char)pattern(r * 64 + q, i, (int)c);
+        memset(b->recv, 0xee, bytes * (size_t)n);
+        CALL(ctx, desc, cfxGroupStart());
+        for (int k = 0; k < n; k++) {
+            int to = (r + k) % n, from = (r - k + n) % n;
+            CALL(ctx, desc, cfxRecv(b->recv + (size_t)from * bytes, count, cfxFloat32, from, comm, NULL));
+            CALL(ctx, desc, cfxSend(b->send + (size_t)to * bytes, count, cfxFloat32, to, comm, NULL));
+        }
+        CALL(ctx, desc, cfxGroupEnd());
+        for (int q = 0; q < n; q++)
+            for (size_t i = 0; i < bytes; i++)
+                RANK_ASSERT(ctx, (unsigned char)b->recv[(size_t)q * bytes + i] == pattern(q * 64 + r, i, (int)c),
+                            "%s: byte %zu from rank %d wrong", desc, i, q);
+    }
+    /* Outside a group, a plain ring exchange: even ranks send first. */
+    if (n > 1) {
+        int next = (r + 1) % n, prev = (r + n - 1) % n;
+        int out = r * 1000 + 1, in = -1;
+        cfx_test_step(ctx, "blocking send/recv ring");
+        if (r % 2 == 0) {
+            CALL(ctx, "send", cfxSend(&out, 1, cfxInt32, next, comm, NULL));
+            CALL(ctx, "recv", cfxRecv(&in, 1, cfxInt32, prev, comm, NULL));
+        } else {
+            CALL(ctx, "recv", cfxRecv(&in, 1, cfxInt32, prev, comm, NULL));
+            CALL(ctx, "send", cfxSend(&out, 1, cfxInt32, next, comm, NULL));
+        }
+        RANK_ASSERT(ctx, in == prev * 1000 + 1, "ring exchange got %d", in);
+    }
+}
+
+typedef void (*coll_fn)(struct cfx_test_rank *, cfxComm_t, struct ctx_bufs *);
+static const coll_fn coll_fns[] = {run_allreduce, run_reduce, run_broadcast,
+                                   run_allgather, run_reducescatter, run_sendrecv};
+
+static void conformance_rank(struct cfx_test_rank *ctx)
+{
+    const struct suite_case *sc = ctx->arg;
+    struct ctx_bufs b;
+    RANK_ASSERT(ctx, bufs_init(&b, ctx->nranks), "out of memory");
+    cfxComm_t comm;
+    RANK_CFX(ctx, cfxCommInitRank(&comm, ctx->nranks, ctx->id, ctx->rank));
+    coll_fns[sc->coll](ctx, comm, &b);
+    if (!ctx->slot_failed) {
+        RANK_CFX(ctx, cfxCommFinalize(comm));
+    }
+    cfxCommDestroy(comm);
+    free(b.send);
+    free(b.recv);
+}
+
+#define N_CASES (2 * 5 * 2 * N_COLLS)
+static struct suite_case all_cases[N_CASES];
+
+ParameterizedTestParameters(conformance, collective)
+{
+    static const int ranks[] = {1, 2, 3, 4, 8};
+    int k = 0;
+    for (int tr = 0; tr < 2; tr++)
+        for (int ri = 0; ri < 5; ri++)
+            for (int m = 0; m < 2; m++)
+                for (int c = 0; c < N_COLLS; c++)
+                    all_cases[k++] = (struct suite_case){
+                        .transport = (enum transport)tr, .nranks = ranks[ri],
+                        .mode = (enum cfx_test_mode)m, .coll = (enum coll)c};
+    return cr_make_param_array(struct suite_case, all_cases, N_CASES);
+}
+
+ParameterizedTest(struct suite_case *sc, conformance, collective, .timeout = 900)
+{
+    cr_log_info("%s over %s, %d ranks as %s", coll_names[sc->coll],
+                sc->transport == SHM ? "shm" : "socket", sc->nranks,
+                sc->mode == CFX_TEST_PROCS ? "processes" : "threads");
+    cfx_test_setenv("CFX_SHM_DISABLE", sc->transport == SOCKET ? "1" : NULL);
+    struct cfx_test_options opts = {
+        .nranks = sc->nranks, .mode = sc->mode, .deadline_s = 600, .arg = sc};
+    CFX_TEST_RUN(&opts, conformance_rank);
+}

@@ -1,0 +1,13 @@
+/* The transports, in priority order: the first whose can_connect accepts a
+ * pair of ranks carries their connection. */
+#include "transports/shm/shm.h"
+#include "transports/socket/socket.h"
+#include "transports/transport.h"
+
+const struct cfx_transport *const cfx_transports[] = {
+    &cfx_shm_transport,
+#ifndef CFX_TMP_NO_SOCKET
+    &cfx_socket_transport,
+#endif
+    NULL,
+};

@@ -1,0 +1,299 @@
+/*
+ * The shared-memory transport. The receiver owns the FIFO: a POSIX shared
+ * segment (ranks in different processes of one host) or plain memory (ranks
+ * that are threads of one process), allocated and pre-faulted in setup. The
+ * sender maps the very same FIFO, so a posted slot is already where the
+ * receiver reads it: no copy and no progress thread. The segment's name is
+ * unlinked as soon as both sides have mapped it, so a killed process leaves
+ * nothing in /dev/shm once connect has returned.
+ */
+#include "transports/shm/shm.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "src/util/error.h"
+#include "src/util/host.h"
+#include "src/util/log.h"
+#include "src/util/param.h"
+#include "src/util/time.h"
+
+CFX_PARAM_INT(shm_disable, "SHM_DISABLE", 0,
+              "1: never use shared memory between ranks of one host (sockets instead)");
+
+enum shm_kind { SHM_KIND_NONE = 0, SHM_KIND_SEGMENT = 1, SHM_KIND_LOCAL = 2 };
+
+/* Connect info: the receiver tells the sender where its FIFO is. */
+struct shm_info {
+    uint32_t kind;
+    uint32_t reserved;
+    uint64_t bytes;
+    uint64_t local_addr; /* SHM_KIND_LOCAL: the FIFO's address in this process. */
+    char name[64];       /* SHM_KIND_SEGMENT: the segment's name. */
+};
+_Static_assert(sizeof(struct shm_info) <= CFX_CONNECT_INFO_BYTES, "info too large");
+
+/* Per-connector state. */
+struct shm_conn {
+    enum shm_kind kind;
+    void *base;
+    size_t bytes;
+    int owner; /* The receiver owns (frees or unmaps) the memory. */
+    char name[64];
+    int peer_pid;
+};
+
+/* Per-communicator state. */
+struct shm_ctx {
+    int rank;
+    int64_t connect_timeout_s;
+    const int *abort_flag;
+};
+
+/* ------------------------------------------------------------ lifecycle */
+
+static cfxResult_t shm_init(const struct cfx_transport_env *env, void **ctx_p)
+{
+    struct shm_ctx *ctx = calloc(1, sizeof(*ctx));
+    if (ctx == NULL)
+        return cfx_error_set(cfxSystemError, CFX_LOG_SHM, "shm: out of memory");
+    ctx->rank = env->rank;
+    ctx->connect_timeout_s = env->connect_timeout_s;
+    ctx->abort_flag = env->abort_flag;
+    *ctx_p = ctx;
+    return cfxSuccess;
+}
+
+static void shm_fini(void *ctx)
+{
+    free(ctx);
+}
+
+/* ----------------------------------------------------------- connection */
+
+static int shm_can_connect(void *ctx, const struct cfx_transport_peer *self,
+                           const struct cfx_transport_peer *peer)
+{
+    (void)ctx;
+    return !param_shm_disable() && self->host_hash == peer->host_hash;
+}
+
+static size_t fifo_bytes(size_t slot_bytes, int n_steps)
+{
+    return cfx_fifo_slots_offset() + slot_bytes * (size_t)n_steps;
+}
+
+static void attach_fifo(struct cfx_connector *conn, void *base, size_t slot_bytes, int n_steps)
+{
+    conn->fifo = base;
+    conn->slots = (char *)base + cfx_fifo_slots_offset();
+    conn->slot_bytes = slot_bytes;
+    conn->n_steps = n_steps;
+}
+
+/* Receiver: a fresh, zeroed, pre-faulted FIFO in a named segment. */
+static cfxResult_t create_segment(struct shm_conn *sc, int peer_rank)
+{
+    uint64_t nonce;
+    cfxResult_t res = cfx_host_random(&nonce, sizeof(nonce));
+    if (res != cfxSuccess)
+        return res;
+    snprintf(sc->name, sizeof(sc->name), "/cfx-%d-%016llx", (int)getpid(),
+             (unsigned long long)nonce);
+    int fd = shm_open(sc->name, O_CREAT | O_EXCL | O_RDWR, 0600);
+    if (fd < 0)
+        return cfx_error_set_errno(errno, CFX_LOG_SHM,
+                                   "shm: cannot create segment %s for rank %d (is /dev/shm full?)",
+                                   sc->name, peer_rank);
+    if (ftruncate(fd, (off_t)sc->bytes) != 0) {
+        int err = errno;
+        close(fd);
+        shm_unlink(sc->name);
+        return cfx_error_set_errno(err, CFX_LOG_SHM, "shm: cannot size segment %s to %zu bytes",
+                                   sc->name, sc->bytes);
+    }
+    void *base = mmap(NULL, sc->bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
+    int err = errno;
+    close(fd);
+    if (base == MAP_FAILED) {
+        shm_unlink(sc->name);
+        return cfx_error_set_errno(err, CFX_LOG_SHM, "shm: cannot map segment %s", sc->name);
+    }
+    memset(base, 0, sc->bytes); /* Touch every page now, never on the data path. */
+    sc->base = base;
+    sc->kind = SHM_KIND_SEGMENT;
+    return cfxSuccess;
+}
+
+static cfxResult_t shm_setup(void *ctx_v, const struct cfx_transport_peer *peer, size_t slot_bytes,
+                             int n_steps, struct cfx_connector *conn, void *info_out)
+{
+    (void)ctx_v;
+    struct shm_conn *sc = calloc(1, sizeof(*sc));
+    if (sc == NULL)
+        return cfx_error_set(cfxSystemError, CFX_LOG_SHM, "shm: out of memory");
+    conn->priv = sc;
+    sc->peer_pid = peer->pid;
+    struct shm_info info = {.kind = SHM_KIND_NONE};
+    if (conn->dir == CFX_CONN_RECV) {
+        sc->owner = 1;
+        sc->bytes = fifo_bytes(slot_bytes, n_steps);
+        if (peer->pid == (int)getpid()) {
+            /* Threads of one process: plain page-aligned memory. */
+            void *base = NULL;
+            if (posix_memalign(&base, 4096, sc->bytes) != 0)
+                return cfx_error_set(cfxSystemError, CFX_LOG_SHM,
+                                     "shm: out of memory for a %zu-byte FIFO", sc->bytes);
+            memset(base, 0, sc->bytes);
+            /* Freed by whichever side closes last. */
+            atomic_store_explicit(&((struct cfx_fifo *)base)->refs, 1, memory_order_relaxed);
+            sc->base = base;
+            sc->kind = SHM_KIND_LOCAL;
+            info.local_addr = (uint64_t)(uintptr_t)base;
+        } else {
+            cfxResult_t res = create_segment(sc, peer->rank);
+            if (res != cfxSuccess)
+                return res;
+            snprintf(info.name, sizeof(info.name), "%s", sc->name);
+        }
+        info.kind = sc->kind;
+        info.bytes = sc->bytes;
+        attach_fifo(conn, sc->base, slot_bytes, n_steps);
+    } else {
+        /* The sender learns the geometry from its own request. */
+        conn->slot_bytes = slot_bytes;
+        conn->n_steps = n_steps;
+    }
+    memcpy(info_out, &info, sizeof(info));
+    return cfxSuccess;
+}
+
+/* Sender: map the receiver's FIFO, then say so (the receiver unlinks). */
+static cfxResult_t connect_send(struct cfx_connector *conn, struct shm_conn *sc,
+                                const struct shm_info *info)
+{
+    if (info->kind == SHM_KIND_LOCAL) {
+        sc->kind = SHM_KIND_LOCAL;
+        sc->base = (void *)(uintptr_t)info->local_addr;
+        atomic_fetch_add_explicit(&((struct cfx_fifo *)sc->base)->refs, 1, memory_order_acq_rel);
+    } else if (info->kind == SHM_KIND_SEGMENT) {
+        char name[sizeof(info->name)];
+        memcpy(name, info->name, sizeof(name));
+        name[sizeof(name) - 1] = '\0';
+        int fd = shm_open(name, O_RDWR, 0600);
+        if (fd < 0)
+            return cfx_error_set_errno(errno, CFX_LOG_SHM,
+                                       "shm: cannot open rank %d's segment %s", conn->peer_rank,
+                                       name);
+        struct stat st;
+        if (fstat(fd, &st) != 0 || (uint64_t)st.st_size != info->bytes ||
+            info->bytes != fifo_bytes(conn->slot_bytes, conn->n_steps)) {
+            close(fd);
+            return cfx_error_set(cfxInternalError, CFX_LOG_SHM,
+                                 "shm: rank %d's segment %s has an unexpected size", conn->peer_rank,
+                                 name);
+        }
+        void *base = mmap(NULL, info->bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
+        int err = errno;
+        close(fd);
+        if (base == MAP_FAILED)
+            return cfx_error_set_errno(err, CFX_LOG_SHM, "shm: cannot map rank %d's segment %s",
+                                       conn->peer_rank, name);
+        sc->kind = SHM_KIND_SEGMENT;
+        sc->base = base;
+        sc->bytes = info->bytes;
+        /* Both sides have it mapped: the name can go. */
+        shm_unlink(name);
+    } else {
+        return cfx_error_set(cfxInternalError, CFX_LOG_SHM,
+                             "shm: rank %d sent no FIFO description", conn->peer_rank);
+    }
+    attach_fifo(conn, sc->base, conn->slot_bytes, conn->n_steps);
+    atomic_store_explicit(&conn->fifo->attached, 1, memory_order_release);
+    return cfxSuccess;
+}
+
+static cfxResult_t shm_connect(void *ctx_v, struct cfx_connector *conn, const void *peer_info)
+{
+    struct shm_conn *sc = conn->priv;
+    if (conn->dir == CFX_CONN_SEND) {
+        struct shm_info info;
+        memcpy(&info, peer_info, sizeof(info));
+        return connect_send(conn, sc, &info);
+    }
+    /* Receiver: wait until the sender has mapped the FIFO, then make sure the
+     * name is gone (the sender unlinks it too; ENOENT is the normal case). */
+    struct shm_ctx *ctx = ctx_v;
+    int64_t deadline = cfx_time_deadline_s(ctx->connect_timeout_s);
+    while (!atomic_load_explicit(&conn->fifo->attached, memory_order_acquire)) {
+        if (ctx->abort_flag && __atomic_load_n(ctx->abort_flag, __ATOMIC_ACQUIRE))
+            return cfx_error_set(cfxRemoteError, CFX_LOG_SHM, "shm: connect to rank %d aborted",
+                                 conn->peer_rank);
+        if (cfx_time_now_ns() > deadline)
+            return cfx_error_set(cfxTimeout, CFX_LOG_SHM,
+                                 "shm: rank %d never mapped the shared FIFO it was given; is it "
+                                 "still running?",
+                                 conn->peer_rank);
+        usleep(100);
+    }
+    if (sc->kind == SHM_KIND_SEGMENT)
+        shm_unlink(sc->name);
+    return cfxSuccess;
+}
+
+static void shm_close(void *ctx_v, struct cfx_connector *conn)
+{
+    (void)ctx_v;
+    struct shm_conn *sc = conn->priv;
+    if (sc == NULL)
+        return;
+    if (conn->fifo)
+        atomic_store_explicit(&conn->fifo->closed, 1, memory_order_release);
+    if (sc->kind == SHM_KIND_SEGMENT && sc->base) {
+        munmap(sc->base, sc->bytes);
+        if (sc->owner)
+            shm_unlink(sc->name);
+    } else if (sc->kind == SHM_KIND_LOCAL && sc->base) {
+        struct cfx_fifo *fifo = sc->base;
+        if (atomic_fetch_sub_explicit(&fifo->refs, 1, memory_order_acq_rel) == 1)
+            free(sc->base);
+    }
+    free(sc);
+    conn->priv = NULL;
+    conn->fifo = NULL;
+    conn->slots = NULL;
+}
+
+/* ------------------------------------------------------------ data path */
+
+static cfxResult_t shm_check(void *ctx_v, struct cfx_connector *conn)
+{
+    (void)ctx_v;
+    if (atomic_load_explicit(&conn->fifo->closed, memory_order_acquire))
+        return cfx_error_set(cfxRemoteError, CFX_LOG_SHM,
+                             "shm: rank %d closed its side of the connection", conn->peer_rank);
+    return cfxSuccess;
+}
+
+const struct cfx_transport cfx_shm_transport = {
+    .version = CFX_TRANSPORT_VERSION,
+    .name = "shm",
+    .flags = CFX_TRANSPORT_FLAG_PEER_MAP,
+    /* lifecycle */
+    .init = shm_init,
+    .fini = shm_fini,
+    /* connection */
+    .can_connect = shm_can_connect,
+    .setup = shm_setup,
+    .connect = shm_connect,
+    .close = shm_close,
+    /* data path */
+    .kick = NULL,
+    .check = shm_check,
+};

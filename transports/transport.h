@@ -1,0 +1,186 @@
+/*
+ * The transport interface. A transport moves slots of a connector's FIFO
+ * from one rank to another; everything above it (collectives, executors) only
+ * touches FIFOs through the inline functions below, and never tests a
+ * transport's name: it reads the transport's capability flags.
+ *
+ * A connection between two ranks is a send connector on one side and a
+ * receive connector on the other. Each connector presents the same shape to
+ * its owner: a FIFO of n_steps slots of slot_bytes each, with a tail (slots
+ * posted by the producer) and a head (slots released by the consumer), each
+ * on its own cache line. How a posted slot reaches the other side is the
+ * transport's business:
+ *   - shm: the receiver's FIFO lives in memory both processes map, so the
+ *     sender's connector points at the very same FIFO;
+ *   - socket: each side has a local FIFO and a progress thread moves posted
+ *     slots over TCP and fills the receiver's FIFO.
+ *
+ * Lifecycle: init (per communicator) -> for each connection: setup on both
+ * sides, exchange the connect info blobs (the core does it, over the
+ * bootstrap) -> connect -> ... data path ... -> close -> fini.
+ * All memory is allocated and touched in setup/connect; the data path never
+ * allocates, maps or registers memory.
+ */
+#ifndef CFX_TRANSPORTS_TRANSPORT_H
+#define CFX_TRANSPORTS_TRANSPORT_H
+
+#include <stdatomic.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "conflux.h"
+
+#define CFX_TRANSPORT_VERSION 1
+#define CFX_CONNECT_INFO_BYTES 256
+#define CFX_MAX_STEPS 64
+#define CFX_CACHE_LINE 64
+
+/* Capability flags a transport reports. */
+#define CFX_TRANSPORT_FLAG_PEER_MAP 0x1u /* Slots are in memory both ranks map directly. */
+#define CFX_TRANSPORT_FLAG_PROGRESS 0x2u /* Needs kick() after post/release. */
+
+enum cfx_conn_dir { CFX_CONN_SEND = 0, CFX_CONN_RECV = 1 };
+
+/* The FIFO control block. Lives at the start of the connector's memory; the
+ * slots follow at fifo_slots_offset(). Counters only grow. */
+struct cfx_fifo {
+    _Alignas(CFX_CACHE_LINE) _Atomic uint64_t tail; /* Posted by the producer. */
+    _Alignas(CFX_CACHE_LINE) _Atomic uint64_t head; /* Released by the consumer. */
+    _Alignas(CFX_CACHE_LINE) uint64_t sizes[CFX_MAX_STEPS]; /* Bytes in each posted slot. */
+    _Alignas(CFX_CACHE_LINE) _Atomic int closed; /* Set by a side that went away (shm). */
+    _Atomic int attached;                        /* Set by the sender once mapped (shm). */
+    _Atomic int refs;                            /* Sides holding process-local memory (shm). */
+};
+
+/* Bytes from the FIFO control block to slot 0 (page aligned). */
+static inline size_t cfx_fifo_slots_offset(void)
+{
+    return (sizeof(struct cfx_fifo) + 4095) & ~(size_t)4095;
+}
+
+struct cfx_transport;
+
+/* One side of a connection, owned by the communicator. */
+struct cfx_connector {
+    struct cfx_fifo *fifo;
+    char *slots;
+    size_t slot_bytes;
+    int n_steps;
+    int peer_rank;
+    enum cfx_conn_dir dir;
+    const struct cfx_transport *transport;
+    void *transport_ctx; /* The transport's per-communicator state. */
+    void *priv;          /* The transport's per-connector state. */
+    void *owner;         /* The executor's claim (the operation using it). */
+};
+
+/* What a transport may know about a rank (filled by the core). */
+struct cfx_transport_peer {
+    int rank;
+    int pid;
+    int cuda_dev;
+    uint64_t host_hash;
+};
+
+/* What a transport learns about its communicator at init. */
+struct cfx_transport_env {
+    int rank;
+    int nranks;
+    const int *abort_flag; /* Polled by blocking waits (connect). */
+    int64_t connect_timeout_s;
+    const char *listen_ifaddr; /* Address family/interface hint: "host" form or NULL. */
+};
+
+struct cfx_transport {
+    uint32_t version; /* Must be first: CFX_TRANSPORT_VERSION. */
+    const char *name; /* For logs only: never compared by the core. */
+    uint32_t flags;   /* CFX_TRANSPORT_FLAG_*. */
+
+    /* ---- lifecycle ---- */
+    /* Per-communicator state (listeners, threads). Blocks briefly. */
+    cfxResult_t (*init)(const struct cfx_transport_env *env, void **ctx_p);
+    /* Releases everything init made; accepts NULL. Never blocks on peers. */
+    void (*fini)(void *ctx);
+
+    /* ---- connection ---- */
+    /* Whether this transport can connect @p self and @p peer. Pure. */
+    int (*can_connect)(void *ctx, const struct cfx_transport_peer *self,
+                       const struct cfx_transport_peer *peer);
+    /* Allocate and touch this side's resources for a connector to @p peer,
+     * and write up to CFX_CONNECT_INFO_BYTES of connect info for the peer's
+     * connect(). Does not block on the peer. */
+    cfxResult_t (*setup)(void *ctx, const struct cfx_transport_peer *peer, size_t slot_bytes,
+                         int n_steps, struct cfx_connector *conn, void *info_out);
+    /* Finish the connector with the peer's connect info. May block until the
+     * peer connects too, bounded by env.connect_timeout_s and the abort flag;
+     * cfxTimeout / cfxRemoteError name the peer. */
+    cfxResult_t (*connect)(void *ctx, struct cfx_connector *conn, const void *peer_info);
+    /* Release a connector (half-built ones too). Never blocks on the peer. */
+    void (*close)(void *ctx, struct cfx_connector *conn);
+
+    /* ---- data path ---- */
+    /* After a post or release on a connector of this transport (only called
+     * when CFX_TRANSPORT_FLAG_PROGRESS is set). Must not block. */
+    void (*kick)(void *ctx, struct cfx_connector *conn);
+    /* cfxSuccess while the connector is healthy; cfxRemoteError (with a
+     * sentence naming the peer) once its peer is gone. Must not block. */
+    cfxResult_t (*check)(void *ctx, struct cfx_connector *conn);
+};
+
+/* Transports in priority order, NULL-terminated (transports/registry.c). */
+extern const struct cfx_transport *const cfx_transports[];
+
+/* ------------------------------------------------------------ FIFO access */
+
+/* Producer: a slot is free to fill. */
+static inline int cfx_conn_can_post(const struct cfx_connector *conn)
+{
+    uint64_t tail = atomic_load_explicit(&conn->fifo->tail, memory_order_relaxed);
+    uint64_t head = atomic_load_explicit(&conn->fifo->head, memory_order_acquire);
+    return tail - head < (uint64_t)conn->n_steps;
+}
+
+/* Producer: the slot to fill next. */
+static inline char *cfx_conn_post_slot(const struct cfx_connector *conn)
+{
+    uint64_t tail = atomic_load_explicit(&conn->fifo->tail, memory_order_relaxed);
+    return conn->slots + (size_t)(tail % (uint64_t)conn->n_steps) * conn->slot_bytes;
+}
+
+/* Producer: publish the filled slot with @p bytes of payload. */
+static inline void cfx_conn_post(struct cfx_connector *conn, size_t bytes)
+{
+    uint64_t tail = atomic_load_explicit(&conn->fifo->tail, memory_order_relaxed);
+    conn->fifo->sizes[tail % (uint64_t)conn->n_steps] = bytes;
+    atomic_store_explicit(&conn->fifo->tail, tail + 1, memory_order_release);
+    if (conn->transport->flags & CFX_TRANSPORT_FLAG_PROGRESS)
+        conn->transport->kick(conn->transport_ctx, conn);
+}
+
+/* Consumer: a posted slot is waiting. */
+static inline int cfx_conn_can_take(const struct cfx_connector *conn)
+{
+    uint64_t head = atomic_load_explicit(&conn->fifo->head, memory_order_relaxed);
+    uint64_t tail = atomic_load_explicit(&conn->fifo->tail, memory_order_acquire);
+    return tail > head;
+}
+
+/* Consumer: the oldest posted slot and its size. */
+static inline const char *cfx_conn_take_slot(const struct cfx_connector *conn, size_t *bytes_p)
+{
+    uint64_t head = atomic_load_explicit(&conn->fifo->head, memory_order_relaxed);
+    size_t index = (size_t)(head % (uint64_t)conn->n_steps);
+    *bytes_p = conn->fifo->sizes[index];
+    return conn->slots + index * conn->slot_bytes;
+}
+
+/* Consumer: hand the slot back. */
+static inline void cfx_conn_release(struct cfx_connector *conn)
+{
+    uint64_t head = atomic_load_explicit(&conn->fifo->head, memory_order_relaxed);
+    atomic_store_explicit(&conn->fifo->head, head + 1, memory_order_release);
+    if (conn->transport->flags & CFX_TRANSPORT_FLAG_PROGRESS)
+        conn->transport->kick(conn->transport_ctx, conn);
+}
+
+#endif /* CFX_TRANSPORTS_TRANSPORT_H */
