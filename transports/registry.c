@@ -6,8 +6,6 @@
 
 const struct cfx_transport *const cfx_transports[] = {
     &cfx_shm_transport,
-#ifndef CFX_TMP_NO_SOCKET
     &cfx_socket_transport,
-#endif
     NULL,
 };

@@ -108,14 +108,18 @@ struct cfx_transport {
                        const struct cfx_transport_peer *peer);
     /* Allocate and touch this side's resources for a connector to @p peer,
      * and write up to CFX_CONNECT_INFO_BYTES of connect info for the peer's
-     * connect(). Does not block on the peer. */
+     * connect(). Does not block on the peer. The caller sets conn->dir,
+     * peer_rank, transport and transport_ctx first; setup fills fifo, slots,
+     * slot_bytes, n_steps and priv. */
     cfxResult_t (*setup)(void *ctx, const struct cfx_transport_peer *peer, size_t slot_bytes,
                          int n_steps, struct cfx_connector *conn, void *info_out);
     /* Finish the connector with the peer's connect info. May block until the
      * peer connects too, bounded by env.connect_timeout_s and the abort flag;
      * cfxTimeout / cfxRemoteError name the peer. */
     cfxResult_t (*connect)(void *ctx, struct cfx_connector *conn, const void *peer_info);
-    /* Release a connector (half-built ones too). Never blocks on the peer. */
+    /* Release a connector (half-built ones too, e.g. after a failed
+     * connect). Never blocks on the peer. Every connector of a transport
+     * context is closed before its fini. */
     void (*close)(void *ctx, struct cfx_connector *conn);
 
     /* ---- data path ---- */
@@ -123,7 +127,8 @@ struct cfx_transport {
      * when CFX_TRANSPORT_FLAG_PROGRESS is set). Must not block. */
     void (*kick)(void *ctx, struct cfx_connector *conn);
     /* cfxSuccess while the connector is healthy; cfxRemoteError (with a
-     * sentence naming the peer) once its peer is gone. Must not block. */
+     * sentence naming the peer) once its peer is gone; cfxInvalidUsage when
+     * the peer broke the protocol (e.g. an oversized slot). Must not block. */
     cfxResult_t (*check)(void *ctx, struct cfx_connector *conn);
 };
 

@@ -1,0 +1,1108 @@
+/*
+ * The TCP socket transport. Each side of a connection has a local FIFO; a
+ * progress (proxy) thread per communicator moves posted slots over TCP,
+ * striped across several sockets per connection, and fills the receiver's
+ * FIFO. The user side only posts, releases and kicks.
+ *
+ * Connection: the receiver's setup writes {listener address, random 64-bit
+ * connection id, socket count}; the sender's connect opens that many sockets
+ * to the listener and presents a hello {magic, rank, id, index, count} on
+ * each. The receiver's connect accepts until its own connection is complete;
+ * sockets of other connectors of this communicator are attached to them on
+ * the way (the stash), strangers are closed.
+ *
+ * Data: per slot, socket 0 carries a header {magic, step, size}, then the
+ * payload is split in up to nsocks contiguous parts (at least MIN_PART_BYTES
+ * each), part i on socket i. Every socket walks the slots in order on its
+ * own, so several slots are in flight at once; a slot is released (sender)
+ * or posted (receiver) when every socket is past it.
+ *
+ * Threads: the progress thread holds proxy_lock for each pass over the
+ * connectors; register/unregister take it too, so once close() returns the
+ * thread no longer touches the connector. Idle, the thread spins for
+ * CFX_SOCKET_SPIN_US, then sleeps in epoll_wait (edge-triggered sockets plus
+ * an eventfd that kick() writes only when the thread announced it sleeps).
+ * Wire fields are in host order, as in the bootstrap: the magics catch a peer
+ * of another build or byte order. docs/transports.md describes it all.
+ */
+#include "transports/socket/socket.h"
+
+#include <assert.h>
+#include <errno.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <pthread.h>
+#include <sched.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
+#include <sys/socket.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
+#include "src/util/error.h"
+#include "src/util/host.h"
+#include "src/util/log.h"
+#include "src/util/param.h"
+#include "src/util/socket.h"
+#include "src/util/time.h"
+
+CFX_PARAM_INT(nsocks_perthread, "NSOCKS_PERTHREAD", 2,
+              "Socket transport: sockets per connection per helper thread (NCCL meaning)");
+CFX_PARAM_INT(socket_nthreads, "SOCKET_NTHREADS", 1,
+              "Socket transport: helper threads per connection; sockets = NSOCKS_PERTHREAD x "
+              "SOCKET_NTHREADS (one progress thread serves them all)");
+CFX_PARAM_INT(socket_spin_us, "SOCKET_SPIN_US", 50,
+              "Socket transport: microseconds the progress thread spins when idle before it "
+              "sleeps");
+
+#define MAX_SOCKS        16          /* Clamp of NSOCKS_PERTHREAD x SOCKET_NTHREADS. */
+#define MIN_PART_BYTES   (64 * 1024) /* Smallest stripe; smaller slots use socket 0 only. */
+#define SLEEP_MS         20          /* Longest sleep of an idle progress thread. */
+#define ACCEPT_SLICE_MS  50          /* Longest wait of connect() between checks. */
+#define HELLO_TIMEOUT_NS (10 * CFX_NS_PER_SEC) /* A socket silent this long is a stranger. */
+#define MAX_PENDING      256                   /* Accepted sockets still owing their hello. */
+#define MAX_EVENTS       64
+
+#define INFO_MAGIC_RECV 0x52584643u /* "CFXR" */
+#define INFO_MAGIC_SEND 0x53584643u /* "CFXS" */
+#define HELLO_MAGIC     0x48584643u /* "CFXH" */
+#define HEADER_MAGIC    0x44584643u /* "CFXD" */
+
+/* Connect info (both directions; the sender's carries only magic and rank). */
+struct wire_info {
+    uint32_t magic;
+    uint32_t nsocks;
+    uint64_t conn_id;
+    int32_t rank;
+    uint32_t reserved;
+    struct cfx_sockaddr_wire addr;
+};
+_Static_assert(sizeof(struct wire_info) == 48, "wire_info layout");
+_Static_assert(sizeof(struct wire_info) <= CFX_CONNECT_INFO_BYTES, "info too large");
+
+/* First bytes on every socket of a connection, sender -> receiver. */
+struct wire_hello {
+    uint32_t magic;
+    int32_t rank; /* The sender's rank. */
+    uint64_t conn_id;
+    uint32_t index;
+    uint32_t count;
+};
+_Static_assert(sizeof(struct wire_hello) == 24, "wire_hello layout");
+
+/* Before each slot's part on socket 0. */
+struct wire_header {
+    uint32_t magic;
+    uint32_t step; /* Low 32 bits of the slot's sequence number. */
+    uint64_t size;
+};
+_Static_assert(sizeof(struct wire_header) == 16, "wire_header layout");
+
+/* One socket's walk through the slots. */
+struct stream {
+    int fd;
+    uint64_t step; /* Next slot this socket works on. */
+    size_t offset; /* Bytes of that slot's frame (header on socket 0, then the part) done. */
+};
+
+/* Per-connector state. */
+struct sock_conn {
+    enum cfx_conn_dir dir;
+    int self_rank;
+    int peer_rank;
+    struct cfx_fifo *fifo;
+    char *slots;
+    size_t slot_bytes;
+    int n_steps;
+    void *mem; /* The FIFO block: control block, then the slots. */
+    uint64_t conn_id;
+    int nsocks;
+    struct stream streams[MAX_SOCKS];
+    /* Connect (under the ctx's accept_lock). */
+    int n_arrived; /* Receiver: sockets attached so far. */
+    int awaiting;  /* Receiver: on the ctx's awaiting list. */
+    struct sock_conn *await_next;
+    /* Progress (under the ctx's proxy_lock). */
+    int registered;
+    struct sock_conn *next, *prev;
+    uint64_t done_step;           /* Sender: slots released; receiver: slots posted. */
+    uint64_t header_count;        /* Receiver: headers read (sizes known). */
+    struct wire_header header_in; /* Receiver: socket 0's header being read. */
+    /* Failure: written by the progress thread, then `failed` is set (release). */
+    _Alignas(CFX_CACHE_LINE) _Atomic int failed;
+    cfxResult_t failed_res;
+    char error[CFX_ERROR_MAX];
+};
+
+/* An accepted socket that has not finished its hello. */
+struct pending {
+    int fd;
+    size_t got;
+    int64_t since_ns;
+    struct wire_hello hello;
+};
+
+/* Per-communicator state. */
+struct sock_ctx {
+    int rank;
+    const int *abort_flag;
+    int64_t connect_timeout_s;
+    int nsocks;
+    int64_t spin_ns;
+    int listen_fd;
+    union cfx_sockaddr listen_addr;
+    char listen_text[96];
+    /* Connect: who waits for sockets, and sockets that owe a hello. */
+    pthread_mutex_t accept_lock;
+    struct sock_conn *awaiting;
+    struct pending *pending;
+    int n_pending;
+    /* Progress thread. */
+    pthread_mutex_t proxy_lock;
+    struct sock_conn *active;
+    uint64_t generation; /* Bumped when a connector leaves (events may name it). */
+    pthread_t thread;
+    int thread_started;
+    int wake_fd;
+    int epoll_fd;
+    _Alignas(CFX_CACHE_LINE) _Atomic int sleeping;
+    _Atomic int lock_waiters;
+    _Atomic int stop;
+};
+
+static int aborted(const int *abort_flag)
+{
+    return abort_flag && __atomic_load_n(abort_flag, __ATOMIC_ACQUIRE);
+}
+
+static void cpu_relax(void)
+{
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#elif defined(__aarch64__)
+    __asm__ volatile("yield");
+#endif
+}
+
+static void close_fd(int *fd)
+{
+    cfx_socket_close(fd);
+}
+
+/* Zeroed memory aligned for the _Alignas members below (calloc gives 16). */
+static void *zalloc_aligned(size_t bytes)
+{
+    void *mem = NULL;
+    if (posix_memalign(&mem, CFX_CACHE_LINE, bytes) != 0)
+        return NULL;
+    memset(mem, 0, bytes);
+    return mem;
+}
+
+static const char *dir_name(enum cfx_conn_dir dir)
+{
+    return dir == CFX_CONN_SEND ? "send" : "receive";
+}
+
+/* ============================================================ progress */
+
+/* Part @p index of a @p size-byte slot striped over @p nsocks sockets. */
+static void slot_part(size_t size, int nsocks, int index, size_t *off_p, size_t *len_p)
+{
+    size_t parts = size / MIN_PART_BYTES;
+    if (parts < 1)
+        parts = 1;
+    if (parts > (size_t)nsocks)
+        parts = (size_t)nsocks;
+    size_t each = (size + parts - 1) / parts;
+    size_t off = (size_t)index * each;
+    if ((size_t)index >= parts || off >= size) {
+        *off_p = 0;
+        *len_p = 0;
+        return;
+    }
+    *off_p = off;
+    *len_p = size - off < each ? size - off : each;
+}
+
+/* Mark a connector failed (progress thread) and keep the sentence for
+ * check(): cfx_error_set() would leave it in this thread only. A peer that
+ * closed between slots is how every job ends, so that is logged at INFO;
+ * the rest is a WARN and the process's last error. */
+static void conn_fail(struct sock_conn *sc, cfxResult_t res, int orderly, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+
+static void conn_fail(struct sock_conn *sc, cfxResult_t res, int orderly, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(sc->error, sizeof(sc->error), fmt, ap);
+    va_end(ap);
+    sc->failed_res = res;
+    atomic_store_explicit(&sc->failed, 1, memory_order_release);
+    if (orderly)
+        CFX_INFO(CFX_LOG_NET, "%s", sc->error);
+    else
+        cfx_error_set(res, CFX_LOG_NET, "%s", sc->error);
+}
+
+/* Whether no slot is half-way across: a close now loses nothing in flight. */
+static int conn_between_slots(const struct sock_conn *sc)
+{
+    if (sc->dir == CFX_CONN_SEND)
+        return atomic_load_explicit(&sc->fifo->tail, memory_order_acquire) == sc->done_step;
+    for (int s = 0; s < sc->nsocks; s++)
+        if (sc->streams[s].step != sc->header_count || sc->streams[s].offset != 0)
+            return 0;
+    return 1;
+}
+
+enum io_verdict { IO_MOVED, IO_RETRY, IO_BLOCKED, IO_FAILED };
+
+/* Classify a send/recv result on socket @p s; on failure, fail the connector. */
+static enum io_verdict io_check(struct sock_conn *sc, int s, ssize_t n)
+{
+    if (n > 0)
+        return IO_MOVED;
+    if (n == 0) {
+        if (sc->dir == CFX_CONN_SEND)
+            return IO_BLOCKED; /* Not returned for a non-empty send; be safe. */
+        int orderly = conn_between_slots(sc);
+        conn_fail(sc, cfxRemoteError, orderly,
+                  "socket transport: rank %d closed its connection to rank %d %s slot %llu "
+                  "(socket %d of %d); check whether rank %d exited or failed",
+                  sc->peer_rank, sc->self_rank, orderly ? "before" : "in the middle of",
+                  (unsigned long long)sc->done_step, s, sc->nsocks, sc->peer_rank);
+        return IO_FAILED;
+    }
+    int err = errno;
+    if (err == EINTR)
+        return IO_RETRY;
+    if (err == EAGAIN || err == EWOULDBLOCK)
+        return IO_BLOCKED;
+    char reason[128];
+    const char *text = strerror_r(err, reason, sizeof(reason));
+    conn_fail(sc, cfxRemoteError, 0,
+              "socket transport: the connection between rank %d and rank %d failed (%s, socket "
+              "%d of %d, after %llu slots): %s; check whether rank %d exited or failed",
+              sc->self_rank, sc->peer_rank, dir_name(sc->dir), s, sc->nsocks,
+              (unsigned long long)sc->done_step, text, sc->peer_rank);
+    return IO_FAILED;
+}
+
+/* Sender: put posted slots on the wire, release those fully sent. */
+static int send_progress(struct sock_conn *sc)
+{
+    uint64_t tail = atomic_load_explicit(&sc->fifo->tail, memory_order_acquire);
+    uint64_t low = UINT64_MAX;
+    int moved = 0;
+    for (int s = 0; s < sc->nsocks; s++) {
+        struct stream *st = &sc->streams[s];
+        while (st->step < tail) {
+            size_t index = (size_t)(st->step % (uint64_t)sc->n_steps);
+            size_t size = sc->fifo->sizes[index];
+            if (size > sc->slot_bytes) {
+                conn_fail(sc, cfxInvalidUsage, 0,
+                          "socket transport: a slot of %zu bytes was posted to rank %d on a "
+                          "connector of %zu-byte slots",
+                          size, sc->peer_rank, sc->slot_bytes);
+                return 1;
+            }
+            size_t off, len;
+            slot_part(size, sc->nsocks, s, &off, &len);
+            size_t head_bytes = s == 0 ? sizeof(struct wire_header) : 0;
+            if (st->offset < head_bytes + len) {
+                char *part = sc->slots + index * sc->slot_bytes + off;
+                struct wire_header header = {HEADER_MAGIC, (uint32_t)st->step, size};
+                struct iovec iov[2];
+                int n_iov = 0;
+                if (st->offset < head_bytes) {
+                    iov[n_iov++] =
+                        (struct iovec){(char *)&header + st->offset, head_bytes - st->offset};
+                    if (len > 0)
+                        iov[n_iov++] = (struct iovec){part, len};
+                } else {
+                    size_t done = st->offset - head_bytes;
+                    iov[n_iov++] = (struct iovec){part + done, len - done};
+                }
+                struct msghdr msg = {.msg_iov = iov, .msg_iovlen = (size_t)n_iov};
+                ssize_t n = sendmsg(st->fd, &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
+                enum io_verdict verdict = io_check(sc, s, n);
+                if (verdict == IO_FAILED)
+                    return 1;
+                if (verdict == IO_BLOCKED)
+                    break;
+                if (verdict == IO_RETRY)
+                    continue;
+                st->offset += (size_t)n;
+                moved = 1;
+                if (st->offset < head_bytes + len)
+                    continue;
+            }
+            st->step++;
+            st->offset = 0;
+            moved = 1;
+        }
+        if (st->step < low)
+            low = st->step;
+    }
+    if (low > sc->done_step) {
+        sc->done_step = low;
+        atomic_store_explicit(&sc->fifo->head, low, memory_order_release);
+    }
+    return moved;
+}
+
+/* Receiver socket 0: the header of slot st->step is complete; check it. */
+static int header_accept(struct sock_conn *sc, struct stream *st, size_t index)
+{
+    const struct wire_header *header = &sc->header_in;
+    if (header->magic != HEADER_MAGIC || header->step != (uint32_t)st->step ||
+        header->size > sc->slot_bytes) {
+        conn_fail(sc, cfxRemoteError, 0,
+                  "socket transport: rank %d sent a malformed slot header to rank %d (slot %llu: "
+                  "magic 0x%08x, step %u, %llu bytes for %zu-byte slots); the peer runs another "
+                  "build or the stream is corrupt",
+                  sc->peer_rank, sc->self_rank, (unsigned long long)st->step, header->magic,
+                  header->step, (unsigned long long)header->size, sc->slot_bytes);
+        return 0;
+    }
+    sc->fifo->sizes[index] = (size_t)header->size;
+    sc->header_count = st->step + 1;
+    return 1;
+}
+
+/* Receiver: fill free slots from the wire, post those fully received. */
+static int recv_progress(struct sock_conn *sc)
+{
+    uint64_t head = atomic_load_explicit(&sc->fifo->head, memory_order_acquire);
+    uint64_t limit = head + (uint64_t)sc->n_steps; /* Slots below this are free or ours. */
+    uint64_t low = UINT64_MAX;
+    int moved = 0;
+    for (int s = 0; s < sc->nsocks; s++) {
+        struct stream *st = &sc->streams[s];
+        size_t head_bytes = s == 0 ? sizeof(struct wire_header) : 0;
+        /* Socket 0 reads headers into free slots; the others follow the headers. */
+        while (st->step < (s == 0 ? limit : sc->header_count)) {
+            size_t index = (size_t)(st->step % (uint64_t)sc->n_steps);
+            if (st->offset < head_bytes) {
+                ssize_t n = recv(st->fd, (char *)&sc->header_in + st->offset,
+                                 head_bytes - st->offset, MSG_DONTWAIT);
+                enum io_verdict verdict = io_check(sc, s, n);
+                if (verdict == IO_FAILED)
+                    return 1;
+                if (verdict == IO_BLOCKED)
+                    break;
+                if (verdict == IO_RETRY)
+                    continue;
+                st->offset += (size_t)n;
+                moved = 1;
+                if (st->offset < head_bytes)
+                    continue;
+                if (!header_accept(sc, st, index))
+                    return 1;
+            }
+            size_t off, len;
+            slot_part(sc->fifo->sizes[index], sc->nsocks, s, &off, &len);
+            size_t done = st->offset - head_bytes;
+            if (done < len) {
+                char *part = sc->slots + index * sc->slot_bytes + off;
+                ssize_t n = recv(st->fd, part + done, len - done, MSG_DONTWAIT);
+                enum io_verdict verdict = io_check(sc, s, n);
+                if (verdict == IO_FAILED)
+                    return 1;
+                if (verdict == IO_BLOCKED)
+                    break;
+                if (verdict == IO_RETRY)
+                    continue;
+                st->offset += (size_t)n;
+                moved = 1;
+                if (done + (size_t)n < len)
+                    continue;
+            }
+            st->step++;
+            st->offset = 0;
+            moved = 1;
+        }
+        if (st->step < low)
+            low = st->step;
+    }
+    if (low > sc->done_step) {
+        sc->done_step = low;
+        atomic_store_explicit(&sc->fifo->tail, low, memory_order_release);
+    }
+    return moved;
+}
+
+/* Sender sockets never carry data back: readable means closed or broken. */
+static void send_probe(struct sock_conn *sc)
+{
+    for (int s = 0; s < sc->nsocks; s++) {
+        char byte;
+        ssize_t n = recv(sc->streams[s].fd, &byte, 1, MSG_DONTWAIT);
+        if (n == 0) {
+            conn_fail(sc, cfxRemoteError, conn_between_slots(sc),
+                      "socket transport: rank %d closed its connection from rank %d (socket %d "
+                      "of %d, after %llu slots); check whether rank %d exited or failed",
+                      sc->peer_rank, sc->self_rank, s, sc->nsocks,
+                      (unsigned long long)sc->done_step, sc->peer_rank);
+            return;
+        }
+        if (n > 0) {
+            conn_fail(sc, cfxRemoteError, 0,
+                      "socket transport: rank %d sent unexpected bytes back to sender rank %d "
+                      "(socket %d of %d); the peer runs another build or the stream is corrupt",
+                      sc->peer_rank, sc->self_rank, s, sc->nsocks);
+            return;
+        }
+        if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR &&
+            io_check(sc, s, n) == IO_FAILED)
+            return;
+    }
+}
+
+/* One pass over every connector (caller holds proxy_lock). */
+static int proxy_pass(struct sock_ctx *ctx)
+{
+    int moved = 0;
+    for (struct sock_conn *sc = ctx->active; sc; sc = sc->next) {
+        if (atomic_load_explicit(&sc->failed, memory_order_relaxed))
+            continue;
+        moved |= sc->dir == CFX_CONN_SEND ? send_progress(sc) : recv_progress(sc);
+    }
+    return moved;
+}
+
+static int proxy_locked_pass(struct sock_ctx *ctx, uint64_t *generation_p)
+{
+    pthread_mutex_lock(&ctx->proxy_lock);
+    int moved = proxy_pass(ctx);
+    if (generation_p)
+        *generation_p = ctx->generation;
+    pthread_mutex_unlock(&ctx->proxy_lock);
+    /* Let register/unregister in: this loop would otherwise re-take the lock at once. */
+    while (atomic_load_explicit(&ctx->lock_waiters, memory_order_relaxed))
+        sched_yield();
+    return moved;
+}
+
+/* Sleep until a socket or kick() wakes us (or SLEEP_MS passes). */
+static void proxy_sleep(struct sock_ctx *ctx)
+{
+    struct epoll_event events[MAX_EVENTS];
+    uint64_t generation;
+    /* Announce the sleep, then look once more: kick() reads `sleeping` after
+     * its post/release, so one of us sees the other (both sides fence). */
+    atomic_store_explicit(&ctx->sleeping, 1, memory_order_seq_cst);
+    atomic_thread_fence(memory_order_seq_cst);
+    if (proxy_locked_pass(ctx, &generation) ||
+        atomic_load_explicit(&ctx->stop, memory_order_acquire)) {
+        atomic_store_explicit(&ctx->sleeping, 0, memory_order_relaxed);
+        return;
+    }
+    int n = epoll_wait(ctx->epoll_fd, events, MAX_EVENTS, SLEEP_MS);
+    atomic_store_explicit(&ctx->sleeping, 0, memory_order_relaxed);
+    if (n <= 0)
+        return;
+    pthread_mutex_lock(&ctx->proxy_lock);
+    for (int i = 0; i < n; i++) {
+        struct sock_conn *sc = events[i].data.ptr;
+        if (sc == NULL) {
+            uint64_t count;
+            if (read(ctx->wake_fd, &count, sizeof(count)) < 0) {
+                /* EAGAIN: another wake already drained it. */
+            }
+            continue;
+        }
+        /* A connector that left since the wait may be gone: skip all events then. */
+        if (generation != ctx->generation)
+            continue;
+        if (sc->dir == CFX_CONN_SEND && !atomic_load_explicit(&sc->failed, memory_order_relaxed) &&
+            (events[i].events & (EPOLLIN | EPOLLRDHUP | EPOLLHUP | EPOLLERR)))
+            send_probe(sc);
+    }
+    pthread_mutex_unlock(&ctx->proxy_lock);
+}
+
+static void *proxy_main(void *arg)
+{
+    struct sock_ctx *ctx = arg;
+    cfx_log_set_rank(ctx->rank);
+    int64_t idle_since = 0;
+    while (!atomic_load_explicit(&ctx->stop, memory_order_acquire)) {
+        if (proxy_locked_pass(ctx, NULL)) {
+            idle_since = 0;
+            continue;
+        }
+        int64_t now = cfx_time_now_ns();
+        if (idle_since == 0)
+            idle_since = now;
+        if (now - idle_since < ctx->spin_ns) {
+            cpu_relax();
+            continue;
+        }
+        proxy_sleep(ctx);
+        idle_since = 0;
+    }
+    return NULL;
+}
+
+static void proxy_wake(struct sock_ctx *ctx)
+{
+    uint64_t one = 1;
+    if (write(ctx->wake_fd, &one, sizeof(one)) < 0) {
+        /* EAGAIN: the counter is saturated, so the thread wakes anyway. */
+    }
+}
+
+static void proxy_lock_from_user(struct sock_ctx *ctx)
+{
+    atomic_fetch_add_explicit(&ctx->lock_waiters, 1, memory_order_relaxed);
+    pthread_mutex_lock(&ctx->proxy_lock);
+    atomic_fetch_sub_explicit(&ctx->lock_waiters, 1, memory_order_relaxed);
+}
+
+/* Hand a connected connector to the progress thread. */
+static cfxResult_t proxy_add(struct sock_ctx *ctx, struct sock_conn *sc)
+{
+    cfxResult_t res = cfxSuccess;
+    proxy_lock_from_user(ctx);
+    for (int s = 0; s < sc->nsocks; s++) {
+        struct epoll_event ev = {.events = EPOLLIN | EPOLLRDHUP | EPOLLET, .data.ptr = sc};
+        if (sc->dir == CFX_CONN_SEND)
+            ev.events |= EPOLLOUT;
+        if (epoll_ctl(ctx->epoll_fd, EPOLL_CTL_ADD, sc->streams[s].fd, &ev) != 0) {
+            res = cfx_error_set_errno(errno, CFX_LOG_NET,
+                                      "socket transport: cannot watch socket %d of the connection "
+                                      "to rank %d",
+                                      s, sc->peer_rank);
+            for (int t = 0; t < s; t++)
+                epoll_ctl(ctx->epoll_fd, EPOLL_CTL_DEL, sc->streams[t].fd, NULL);
+            goto out_unlock;
+        }
+    }
+    sc->prev = NULL;
+    sc->next = ctx->active;
+    if (ctx->active)
+        ctx->active->prev = sc;
+    ctx->active = sc;
+    sc->registered = 1;
+out_unlock:
+    pthread_mutex_unlock(&ctx->proxy_lock);
+    if (res == cfxSuccess)
+        proxy_wake(ctx); /* Data may already be waiting. */
+    return res;
+}
+
+/* Take a connector back: once this returns the thread never touches it. */
+static void proxy_remove(struct sock_ctx *ctx, struct sock_conn *sc)
+{
+    proxy_lock_from_user(ctx);
+    if (sc->prev)
+        sc->prev->next = sc->next;
+    else
+        ctx->active = sc->next;
+    if (sc->next)
+        sc->next->prev = sc->prev;
+    for (int s = 0; s < sc->nsocks; s++)
+        epoll_ctl(ctx->epoll_fd, EPOLL_CTL_DEL, sc->streams[s].fd, NULL);
+    ctx->generation++;
+    sc->registered = 0;
+    pthread_mutex_unlock(&ctx->proxy_lock);
+}
+
+/* ============================================================ lifecycle */
+
+static void sock_fini(void *ctx_v);
+
+/* Listen where the core asked (env->listen_ifaddr), else where CFX_SOCKET_IFNAME says. */
+static cfxResult_t listen_open(struct sock_ctx *ctx, const char *ifaddr)
+{
+    union cfx_sockaddr addr;
+    char ifname[64] = "";
+    cfxResult_t res;
+    if (ifaddr && ifaddr[0]) {
+        char text[300];
+        snprintf(text, sizeof(text), strchr(ifaddr, ':') ? "[%s]:0" : "%s:0", ifaddr);
+        res = cfx_socket_addr_parse(text, &addr);
+        snprintf(ifname, sizeof(ifname), "given");
+    } else {
+        res = cfx_socket_pick_address(&addr, ifname, sizeof(ifname));
+    }
+    if (res != cfxSuccess)
+        return res;
+    res = cfx_socket_listen(&addr, &ctx->listen_fd, &ctx->listen_addr);
+    if (res != cfxSuccess)
+        return res;
+    char where[80];
+    cfx_socket_addr_format(&ctx->listen_addr, where, sizeof(where));
+    snprintf(ctx->listen_text, sizeof(ctx->listen_text), "%s (%s)", where, ifname);
+    return cfxSuccess;
+}
+
+/* Per-communicator state: a listener, a progress thread and its wake-up fd.
+ * Blocks briefly. */
+static cfxResult_t sock_init(const struct cfx_transport_env *env, void **ctx_p)
+{
+    cfxResult_t res;
+    struct sock_ctx *ctx = zalloc_aligned(sizeof(*ctx));
+    if (ctx == NULL)
+        return cfx_error_set(cfxSystemError, CFX_LOG_NET, "socket transport: out of memory");
+    ctx->rank = env->rank;
+    ctx->abort_flag = env->abort_flag;
+    ctx->connect_timeout_s = env->connect_timeout_s;
+    ctx->listen_fd = ctx->wake_fd = ctx->epoll_fd = -1;
+    pthread_mutex_init(&ctx->accept_lock, NULL);
+    pthread_mutex_init(&ctx->proxy_lock, NULL);
+    int64_t per_thread = param_nsocks_perthread(), threads = param_socket_nthreads();
+    per_thread = per_thread < 1 ? 1 : per_thread > MAX_SOCKS ? MAX_SOCKS : per_thread;
+    threads = threads < 1 ? 1 : threads > MAX_SOCKS ? MAX_SOCKS : threads;
+    ctx->nsocks = per_thread * threads > MAX_SOCKS ? MAX_SOCKS : (int)(per_thread * threads);
+    int64_t spin_us = param_socket_spin_us();
+    ctx->spin_ns = spin_us < 0 ? 0 : spin_us * 1000;
+
+    ctx->pending = calloc(MAX_PENDING, sizeof(*ctx->pending));
+    if (ctx->pending == NULL) {
+        res = cfx_error_set(cfxSystemError, CFX_LOG_NET, "socket transport: out of memory");
+        goto err_fini;
+    }
+    res = listen_open(ctx, env->listen_ifaddr);
+    if (res != cfxSuccess)
+        goto err_fini;
+    ctx->wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    ctx->epoll_fd = epoll_create1(EPOLL_CLOEXEC);
+    struct epoll_event ev = {.events = EPOLLIN, .data.ptr = NULL};
+    if (ctx->wake_fd < 0 || ctx->epoll_fd < 0 ||
+        epoll_ctl(ctx->epoll_fd, EPOLL_CTL_ADD, ctx->wake_fd, &ev) != 0) {
+        res = cfx_error_set_errno(errno, CFX_LOG_NET,
+                                  "socket transport: cannot create the progress thread's wake-up "
+                                  "descriptors");
+        goto err_fini;
+    }
+    int err = pthread_create(&ctx->thread, NULL, proxy_main, ctx);
+    if (err != 0) {
+        res = cfx_error_set_errno(err, CFX_LOG_NET,
+                                  "socket transport: cannot start the progress thread");
+        goto err_fini;
+    }
+    ctx->thread_started = 1;
+    pthread_setname_np(ctx->thread, "cfx-sock-proxy");
+    CFX_INFO(CFX_LOG_NET, "socket transport: rank %d listens on %s, %d socket(s) per connection",
+             ctx->rank, ctx->listen_text, ctx->nsocks);
+    *ctx_p = ctx;
+    return cfxSuccess;
+
+err_fini:
+    sock_fini(ctx);
+    return res;
+}
+
+/* Stops and joins the progress thread, closes everything, frees; accepts
+ * NULL and half-built state. Connectors must have been closed. Never blocks
+ * on peers. */
+static void sock_fini(void *ctx_v)
+{
+    struct sock_ctx *ctx = ctx_v;
+    if (ctx == NULL)
+        return;
+    if (ctx->thread_started) {
+        atomic_store_explicit(&ctx->stop, 1, memory_order_release);
+        proxy_wake(ctx);
+        pthread_join(ctx->thread, NULL);
+    }
+    assert(ctx->active == NULL); /* close() every connector before fini(). */
+    for (int i = 0; i < ctx->n_pending; i++)
+        close_fd(&ctx->pending[i].fd);
+    close_fd(&ctx->epoll_fd);
+    close_fd(&ctx->wake_fd);
+    close_fd(&ctx->listen_fd);
+    free(ctx->pending);
+    pthread_mutex_destroy(&ctx->proxy_lock);
+    pthread_mutex_destroy(&ctx->accept_lock);
+    free(ctx);
+}
+
+/* ============================================================ connection */
+
+/* Any two ranks that can reach each other over TCP. Pure. */
+static int sock_can_connect(void *ctx, const struct cfx_transport_peer *self,
+                            const struct cfx_transport_peer *peer)
+{
+    (void)ctx;
+    (void)self;
+    (void)peer;
+    return 1;
+}
+
+/* Receiver: a fresh connection id, unique among those still awaited. */
+static cfxResult_t conn_id_pick(struct sock_ctx *ctx, uint64_t *id_p)
+{
+    for (;;) {
+        uint64_t id;
+        cfxResult_t res = cfx_host_random(&id, sizeof(id));
+        if (res != cfxSuccess)
+            return res;
+        int taken = id == 0;
+        for (struct sock_conn *sc = ctx->awaiting; sc && !taken; sc = sc->await_next)
+            taken = sc->conn_id == id;
+        if (!taken) {
+            *id_p = id;
+            return cfxSuccess;
+        }
+    }
+}
+
+/* Allocates and touches this side's FIFO; the receiver also gets a
+ * connection id and waits on the ctx's list for its sockets. Writes a
+ * struct wire_info to @p info_out. Does not block on the peer. */
+static cfxResult_t sock_setup(void *ctx_v, const struct cfx_transport_peer *peer, size_t slot_bytes,
+                              int n_steps, struct cfx_connector *conn, void *info_out)
+{
+    struct sock_ctx *ctx = ctx_v;
+    assert(n_steps >= 1 && n_steps <= CFX_MAX_STEPS && slot_bytes > 0);
+    if (slot_bytes > (SIZE_MAX - cfx_fifo_slots_offset()) / (size_t)n_steps)
+        return cfx_error_set(cfxInvalidArgument, CFX_LOG_NET,
+                             "socket transport: %d slots of %zu bytes do not fit in memory",
+                             n_steps, slot_bytes);
+    size_t bytes = cfx_fifo_slots_offset() + (size_t)n_steps * slot_bytes;
+    struct sock_conn *sc = zalloc_aligned(sizeof(*sc));
+    if (sc == NULL)
+        return cfx_error_set(cfxSystemError, CFX_LOG_NET, "socket transport: out of memory");
+    for (int s = 0; s < MAX_SOCKS; s++)
+        sc->streams[s].fd = -1;
+    if (posix_memalign(&sc->mem, 4096, bytes) != 0) {
+        free(sc);
+        return cfx_error_set(cfxSystemError, CFX_LOG_NET,
+                             "socket transport: out of memory for a %zu-byte FIFO to rank %d",
+                             bytes, peer->rank);
+    }
+    memset(sc->mem, 0, bytes); /* Touch every page now, never on the data path. */
+    sc->dir = conn->dir;
+    sc->self_rank = ctx->rank;
+    sc->peer_rank = peer->rank;
+    sc->fifo = sc->mem;
+    sc->slots = (char *)sc->mem + cfx_fifo_slots_offset();
+    sc->slot_bytes = slot_bytes;
+    sc->n_steps = n_steps;
+    atomic_store_explicit(&sc->fifo->tail, 0, memory_order_relaxed);
+    atomic_store_explicit(&sc->fifo->head, 0, memory_order_relaxed);
+
+    struct wire_info info = {.magic = INFO_MAGIC_SEND, .rank = ctx->rank};
+    if (sc->dir == CFX_CONN_RECV) {
+        pthread_mutex_lock(&ctx->accept_lock);
+        cfxResult_t res = conn_id_pick(ctx, &sc->conn_id);
+        if (res == cfxSuccess) {
+            sc->nsocks = ctx->nsocks;
+            sc->await_next = ctx->awaiting;
+            ctx->awaiting = sc;
+            sc->awaiting = 1;
+        }
+        pthread_mutex_unlock(&ctx->accept_lock);
+        if (res != cfxSuccess) {
+            free(sc->mem);
+            free(sc);
+            return res;
+        }
+        info.magic = INFO_MAGIC_RECV;
+        info.nsocks = (uint32_t)sc->nsocks;
+        info.conn_id = sc->conn_id;
+        cfx_socket_addr_to_wire(&ctx->listen_addr, &info.addr);
+    }
+    memcpy(info_out, &info, sizeof(info));
+    conn->fifo = sc->fifo;
+    conn->slots = sc->slots;
+    conn->slot_bytes = slot_bytes;
+    conn->n_steps = n_steps;
+    conn->peer_rank = peer->rank;
+    conn->priv = sc;
+    return cfxSuccess;
+}
+
+static void awaiting_remove(struct sock_ctx *ctx, struct sock_conn *sc)
+{
+    for (struct sock_conn **link = &ctx->awaiting; *link; link = &(*link)->await_next)
+        if (*link == sc) {
+            *link = sc->await_next;
+            break;
+        }
+    sc->awaiting = 0;
+}
+
+/* Close a socket that is not one of ours, saying why. */
+static void stranger_drop(struct pending *p, const char *why)
+{
+    union cfx_sockaddr from;
+    socklen_t len = sizeof(from);
+    char where[80] = "?";
+    if (getpeername(p->fd, &from.sa, &len) == 0)
+        cfx_socket_addr_format(&from, where, sizeof(where));
+    CFX_WARN(CFX_LOG_NET, "socket transport: closed a connection from %s: %s", where, why);
+    close_fd(&p->fd);
+}
+
+/* A complete hello: attach the socket to its connector, or drop it. */
+static void hello_dispatch(struct sock_ctx *ctx, struct pending *p)
+{
+    const struct wire_hello *hello = &p->hello;
+    if (hello->magic != HELLO_MAGIC) {
+        stranger_drop(p, "not a Conflux socket-transport hello");
+        return;
+    }
+    struct sock_conn *sc = ctx->awaiting;
+    while (sc && sc->conn_id != hello->conn_id)
+        sc = sc->await_next;
+    if (sc == NULL) {
+        stranger_drop(p, "unknown connection id");
+        return;
+    }
+    if (hello->rank != sc->peer_rank || hello->count != (uint32_t)sc->nsocks ||
+        hello->index >= hello->count || sc->streams[hello->index].fd >= 0) {
+        char why[160];
+        snprintf(why, sizeof(why),
+                 "bad hello for the connection from rank %d (rank %d, socket %u of %u)",
+                 sc->peer_rank, hello->rank, hello->index, hello->count);
+        stranger_drop(p, why);
+        return;
+    }
+    int one = 1;
+    setsockopt(p->fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+    sc->streams[hello->index].fd = p->fd;
+    sc->n_arrived++;
+    p->fd = -1;
+}
+
+/* Accept what waits on the listener, read hellos, attach the finished ones
+ * to their connectors (caller holds accept_lock). */
+static void accept_service(struct sock_ctx *ctx)
+{
+    int64_t now = cfx_time_now_ns();
+    for (;;) {
+        int fd = accept4(ctx->listen_fd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
+        if (fd < 0) {
+            if (errno == EINTR || errno == ECONNABORTED)
+                continue;
+            if (errno != EAGAIN && errno != EWOULDBLOCK)
+                CFX_WARN(CFX_LOG_NET, "socket transport: accept on %s failed: %s", ctx->listen_text,
+                         strerror(errno));
+            break;
+        }
+        if (ctx->n_pending == MAX_PENDING) {
+            stranger_drop(&ctx->pending[0], "too many connections owe their hello");
+            ctx->pending[0] = ctx->pending[--ctx->n_pending];
+        }
+        ctx->pending[ctx->n_pending++] = (struct pending){.fd = fd, .since_ns = now};
+    }
+    for (int i = 0; i < ctx->n_pending;) {
+        struct pending *p = &ctx->pending[i];
+        ssize_t n =
+            recv(p->fd, (char *)&p->hello + p->got, sizeof(p->hello) - p->got, MSG_DONTWAIT);
+        if (n > 0) {
+            p->got += (size_t)n;
+            if (p->got == sizeof(p->hello))
+                hello_dispatch(ctx, p);
+        } else if (n == 0) {
+            stranger_drop(p, "closed before its hello");
+        } else if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {
+            stranger_drop(p, "failed before its hello");
+        } else if (now - p->since_ns > HELLO_TIMEOUT_NS) {
+            stranger_drop(p, "no hello in time");
+        }
+        if (p->fd < 0)
+            *p = ctx->pending[--ctx->n_pending];
+        else
+            i++;
+    }
+}
+
+/* Receiver: accept until every socket of @p sc has arrived. */
+static cfxResult_t connect_recv(struct sock_ctx *ctx, struct sock_conn *sc,
+                                const struct wire_info *info)
+{
+    if (info->magic != INFO_MAGIC_SEND || info->rank != sc->peer_rank)
+        return cfx_error_set(cfxInternalError, CFX_LOG_NET,
+                             "socket transport: the connect info from rank %d is not a socket "
+                             "sender's (magic 0x%08x, rank %d)",
+                             sc->peer_rank, info->magic, info->rank);
+    cfxResult_t res = cfxSuccess;
+    int64_t deadline = cfx_time_deadline_s(ctx->connect_timeout_s);
+    pthread_mutex_lock(&ctx->accept_lock);
+    for (;;) {
+        accept_service(ctx);
+        if (sc->n_arrived == sc->nsocks)
+            break;
+        if (aborted(ctx->abort_flag)) {
+            res = cfx_error_set(cfxRemoteError, CFX_LOG_NET,
+                                "socket transport: rank %d aborted while waiting for rank %d to "
+                                "connect",
+                                ctx->rank, sc->peer_rank);
+            goto out_unlock;
+        }
+        if (cfx_time_now_ns() >= deadline) {
+            res = cfx_error_set(cfxTimeout, CFX_LOG_NET,
+                                "socket transport: rank %d did not open its connection to rank %d "
+                                "(%d of %d sockets arrived at %s within %lld s); check that rank "
+                                "%d is running and can reach this address (CFX_SOCKET_IFNAME)",
+                                sc->peer_rank, ctx->rank, sc->n_arrived, sc->nsocks,
+                                ctx->listen_text, (long long)ctx->connect_timeout_s, sc->peer_rank);
+            goto out_unlock;
+        }
+        struct pollfd fds[1 + MAX_PENDING];
+        int n_fds = 0;
+        fds[n_fds++] = (struct pollfd){.fd = ctx->listen_fd, .events = POLLIN};
+        for (int i = 0; i < ctx->n_pending; i++)
+            fds[n_fds++] = (struct pollfd){.fd = ctx->pending[i].fd, .events = POLLIN};
+        pthread_mutex_unlock(&ctx->accept_lock);
+        /* Another thread may close a pending fd meanwhile: a spurious wake at worst. */
+        poll(fds, (nfds_t)n_fds, cfx_time_left_ms(deadline, ACCEPT_SLICE_MS));
+        pthread_mutex_lock(&ctx->accept_lock);
+    }
+    awaiting_remove(ctx, sc);
+out_unlock:
+    pthread_mutex_unlock(&ctx->accept_lock);
+    return res;
+}
+
+/* Sender: open the receiver's socket count to its listener, say hello on each. */
+static cfxResult_t connect_send(struct sock_ctx *ctx, struct sock_conn *sc,
+                                const struct wire_info *info)
+{
+    union cfx_sockaddr addr;
+    if (info->magic != INFO_MAGIC_RECV || info->rank != sc->peer_rank || info->nsocks < 1 ||
+        info->nsocks > MAX_SOCKS || cfx_socket_addr_from_wire(&info->addr, &addr) != cfxSuccess)
+        return cfx_error_set(cfxInternalError, CFX_LOG_NET,
+                             "socket transport: the connect info from rank %d is not a socket "
+                             "receiver's (magic 0x%08x, rank %d, %u sockets)",
+                             sc->peer_rank, info->magic, info->rank, info->nsocks);
+    sc->nsocks = (int)info->nsocks;
+    sc->conn_id = info->conn_id;
+    char where[80], peer[120];
+    cfx_socket_addr_format(&addr, where, sizeof(where));
+    snprintf(peer, sizeof(peer), "rank %d at %s", sc->peer_rank, where);
+    int64_t deadline = cfx_time_deadline_s(ctx->connect_timeout_s);
+    for (int s = 0; s < sc->nsocks; s++) {
+        cfxResult_t res = cfx_socket_connect(&addr, deadline, ctx->abort_flag, &sc->streams[s].fd);
+        if (res == cfxTimeout)
+            return cfx_error_set(res, CFX_LOG_NET,
+                                 "socket transport: %s did not accept connection %d of %d from "
+                                 "rank %d within %lld s; check that rank %d is running and "
+                                 "reachable (CFX_SOCKET_IFNAME)",
+                                 peer, s + 1, sc->nsocks, ctx->rank,
+                                 (long long)ctx->connect_timeout_s, sc->peer_rank);
+        if (res != cfxSuccess) {
+            char cause[CFX_ERROR_MAX];
+            snprintf(cause, sizeof(cause), "%s", cfx_error_thread_last());
+            return cfx_error_set(res, CFX_LOG_NET,
+                                 "socket transport: rank %d cannot connect to %s: %s", ctx->rank,
+                                 peer, cause);
+        }
+        int one = 1;
+        setsockopt(sc->streams[s].fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+        struct wire_hello hello = {HELLO_MAGIC, ctx->rank, sc->conn_id, (uint32_t)s,
+                                   (uint32_t)sc->nsocks};
+        res = cfx_socket_send_all(sc->streams[s].fd, &hello, sizeof(hello), deadline,
+                                  ctx->abort_flag, peer);
+        if (res != cfxSuccess)
+            return res;
+    }
+    return cfxSuccess;
+}
+
+/* Finish a connector: the sender connects and says hello; the receiver
+ * accepts until all its sockets have arrived, keeping sockets of the ctx's
+ * other connectors for their own connect(). Blocks up to
+ * env.connect_timeout_s (cfxTimeout) or until the abort flag
+ * (cfxRemoteError); both name the peer. On success the progress thread owns
+ * the data path. On failure, close() the connector. */
+static cfxResult_t sock_connect(void *ctx_v, struct cfx_connector *conn, const void *peer_info)
+{
+    struct sock_ctx *ctx = ctx_v;
+    struct sock_conn *sc = conn->priv;
+    struct wire_info info;
+    memcpy(&info, peer_info, sizeof(info));
+    cfxResult_t res =
+        sc->dir == CFX_CONN_SEND ? connect_send(ctx, sc, &info) : connect_recv(ctx, sc, &info);
+    if (res != cfxSuccess)
+        return res;
+    res = proxy_add(ctx, sc);
+    if (res != cfxSuccess)
+        return res;
+    CFX_INFO(CFX_LOG_NET, "socket transport: rank %d %s rank %d connected over %d socket(s)",
+             ctx->rank, sc->dir == CFX_CONN_SEND ? "->" : "<-", sc->peer_rank, sc->nsocks);
+    return cfxSuccess;
+}
+
+/* Take the connector from the progress thread (synchronously), close its
+ * sockets, free its FIFO. Half-built connectors too. Never blocks on the
+ * peer; slots not yet on the wire are lost. */
+static void sock_close(void *ctx_v, struct cfx_connector *conn)
+{
+    struct sock_ctx *ctx = ctx_v;
+    struct sock_conn *sc = conn->priv;
+    if (sc == NULL)
+        return;
+    if (sc->registered)
+        proxy_remove(ctx, sc);
+    pthread_mutex_lock(&ctx->accept_lock);
+    if (sc->awaiting)
+        awaiting_remove(ctx, sc);
+    pthread_mutex_unlock(&ctx->accept_lock);
+    for (int s = 0; s < MAX_SOCKS; s++)
+        close_fd(&sc->streams[s].fd);
+    free(sc->mem);
+    free(sc);
+    conn->priv = NULL;
+    conn->fifo = NULL;
+    conn->slots = NULL;
+}
+
+/* ============================================================ data path */
+
+/* After a post (sender) or release (receiver): wake the progress thread if,
+ * and only if, it said it sleeps. Never blocks; no syscall while it spins. */
+static void sock_kick(void *ctx_v, struct cfx_connector *conn)
+{
+    (void)conn;
+    struct sock_ctx *ctx = ctx_v;
+    /* Order the caller's tail/head store before reading `sleeping` (pairs
+     * with the fence in proxy_sleep). */
+    atomic_thread_fence(memory_order_seq_cst);
+    if (atomic_load_explicit(&ctx->sleeping, memory_order_relaxed) &&
+        atomic_exchange_explicit(&ctx->sleeping, 0, memory_order_relaxed))
+        proxy_wake(ctx);
+}
+
+/* cfxSuccess while healthy (one atomic load). Once the progress thread
+ * failed the connector: its result (cfxRemoteError when the peer closed,
+ * reset or broke the stream; cfxInvalidUsage for an oversized post), with
+ * the sentence naming the peer recorded again in the caller's thread. */
+static cfxResult_t sock_check(void *ctx_v, struct cfx_connector *conn)
+{
+    (void)ctx_v;
+    struct sock_conn *sc = conn->priv;
+    assert(sc != NULL);
+    if (!atomic_load_explicit(&sc->failed, memory_order_acquire))
+        return cfxSuccess;
+    return cfx_error_set(sc->failed_res, CFX_LOG_NET, "%s", sc->error);
+}
+
+const struct cfx_transport cfx_socket_transport = {
+    .version = CFX_TRANSPORT_VERSION,
+    .name = "socket",
+    .flags = CFX_TRANSPORT_FLAG_PROGRESS,
+    /* lifecycle */
+    .init = sock_init,
+    .fini = sock_fini,
+    /* connection */
+    .can_connect = sock_can_connect,
+    .setup = sock_setup,
+    .connect = sock_connect,
+    .close = sock_close,
+    /* data path */
+    .kick = sock_kick,
+    .check = sock_check,
+};
