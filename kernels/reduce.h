@@ -42,6 +42,12 @@ int cfx_reduce_isa_supported(enum cfx_reduce_isa isa);
 const char *cfx_reduce_isa_name(enum cfx_reduce_isa isa);
 enum cfx_reduce_isa cfx_reduce_isa_selected(void);
 
+/**
+ * Whether @p isa has a kernel of its own for (type, op); where it has not,
+ * cfx_reduce_host_isa runs the portable kernel. Always 1 for the portable path.
+ */
+int cfx_reduce_isa_has_kernel(enum cfx_reduce_isa isa, cfxDataType_t type, cfxRedOp_t op);
+
 /** cfx_reduce_host on a chosen path (for tests and benchmarks); the path must be supported. */
 void cfx_reduce_host_isa(enum cfx_reduce_isa isa, void *dst, const void *src_a,
                          const void *src_b, size_t count, cfxDataType_t type, cfxRedOp_t op);

@@ -16,8 +16,7 @@
 #include "conflux.h"
 
 /** dst[i] = a[i] op b[i]; any alignment; dst may equal a and/or b exactly. */
-typedef void (*cfx_reduce_kernel_fn)(void *dst, const void *src_a, const void *src_b,
-                                     size_t count);
+typedef void (*cfx_reduce_kernel_fn)(void *dst, const void *src_a, const void *src_b, size_t count);
 
 /** Columns of a kernel table. */
 enum cfx_reduce_op_col {

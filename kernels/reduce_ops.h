@@ -43,22 +43,22 @@
  * X(type enum, short name, storage type) for the 12 types, in enum order.
  * Keep in step with cfxDataType_t.
  */
-#define CFX_REDUCE_FOR_EACH_TYPE(X)                                                        \
-    X(cfxInt8, i8, int8_t)                                                                 \
-    X(cfxUint8, u8, uint8_t)                                                               \
-    X(cfxInt32, i32, int32_t)                                                              \
-    X(cfxUint32, u32, uint32_t)                                                            \
-    X(cfxInt64, i64, int64_t)                                                              \
-    X(cfxUint64, u64, uint64_t)                                                            \
-    X(cfxFloat16, f16, uint16_t)                                                           \
-    X(cfxFloat32, f32, float)                                                              \
-    X(cfxFloat64, f64, double)                                                             \
-    X(cfxBfloat16, bf16, uint16_t)                                                         \
-    X(cfxFloat8e4m3, e4m3, uint8_t)                                                        \
+#define CFX_REDUCE_FOR_EACH_TYPE(X)                                                                \
+    X(cfxInt8, i8, int8_t)                                                                         \
+    X(cfxUint8, u8, uint8_t)                                                                       \
+    X(cfxInt32, i32, int32_t)                                                                      \
+    X(cfxUint32, u32, uint32_t)                                                                    \
+    X(cfxInt64, i64, int64_t)                                                                      \
+    X(cfxUint64, u64, uint64_t)                                                                    \
+    X(cfxFloat16, f16, uint16_t)                                                                   \
+    X(cfxFloat32, f32, float)                                                                      \
+    X(cfxFloat64, f64, double)                                                                     \
+    X(cfxBfloat16, bf16, uint16_t)                                                                 \
+    X(cfxFloat8e4m3, e4m3, uint8_t)                                                                \
     X(cfxFloat8e5m2, e5m2, uint8_t)
 
 /* Canonical NaN bit patterns stored for NaN results of the narrow floats. */
-#define CFX_F16_NAN 0x7fffu
+#define CFX_F16_NAN  0x7fffu
 #define CFX_BF16_NAN 0x7fffu
 #define CFX_E4M3_NAN 0x7fu
 #define CFX_E5M2_NAN 0x7fu
@@ -102,8 +102,8 @@ CFX_HD double cfx_f64_from_bits(uint64_t u)
  * formats, subnormals included, is a normal float32, so flush-to-zero modes
  * cannot change the result.
  */
-CFX_HD float cfx_narrow_to_f32(uint32_t bits, unsigned exp_bits, unsigned man_bits,
-                               unsigned bias, int has_inf)
+CFX_HD float cfx_narrow_to_f32(uint32_t bits, unsigned exp_bits, unsigned man_bits, unsigned bias,
+                               int has_inf)
 {
     uint32_t width = 1u + exp_bits + man_bits;
     uint32_t sign = (bits >> (width - 1u)) & 1u;
@@ -221,71 +221,60 @@ CFX_HD uint8_t cfx_f32_to_e5m2(float f)
  */
 CFX_HD float cfx_max_f32(float a, float b)
 {
-    if (b != b)
-        return a;
-    if (a != a)
-        return b;
-    if (a == b)
-        return cfx_f32_from_bits(cfx_f32_bits(a) & cfx_f32_bits(b));
-    return a > b ? a : b;
+    /* Selects, not branches: the compiler can if-convert and vectorize them. */
+    float r = a > b ? a : b;
+    r = a == b ? cfx_f32_from_bits(cfx_f32_bits(a) & cfx_f32_bits(b)) : r;
+    r = a != a ? b : r;
+    return b != b ? a : r;
 }
 
 CFX_HD float cfx_min_f32(float a, float b)
 {
-    if (b != b)
-        return a;
-    if (a != a)
-        return b;
-    if (a == b)
-        return cfx_f32_from_bits(cfx_f32_bits(a) | cfx_f32_bits(b));
-    return a < b ? a : b;
+    float r = a < b ? a : b;
+    r = a == b ? cfx_f32_from_bits(cfx_f32_bits(a) | cfx_f32_bits(b)) : r;
+    r = a != a ? b : r;
+    return b != b ? a : r;
 }
 
 CFX_HD double cfx_max_f64(double a, double b)
 {
-    if (b != b)
-        return a;
-    if (a != a)
-        return b;
-    if (a == b)
-        return cfx_f64_from_bits(cfx_f64_bits(a) & cfx_f64_bits(b));
-    return a > b ? a : b;
+    double r = a > b ? a : b;
+    r = a == b ? cfx_f64_from_bits(cfx_f64_bits(a) & cfx_f64_bits(b)) : r;
+    r = a != a ? b : r;
+    return b != b ? a : r;
 }
 
 CFX_HD double cfx_min_f64(double a, double b)
 {
-    if (b != b)
-        return a;
-    if (a != a)
-        return b;
-    if (a == b)
-        return cfx_f64_from_bits(cfx_f64_bits(a) | cfx_f64_bits(b));
-    return a < b ? a : b;
+    double r = a < b ? a : b;
+    r = a == b ? cfx_f64_from_bits(cfx_f64_bits(a) | cfx_f64_bits(b)) : r;
+    r = a != a ? b : r;
+    return b != b ? a : r;
 }
 
 /* ----------------------------------------------------- integer elements */
 
 /* Sum and Prod in the unsigned type of the same width: wraps, never UB. */
-#define CFX_REDUCE_INT_OPS(name, ctype, utype, dtype)                                           \
-    CFX_HD ctype cfx_sum_##name(ctype a, ctype b)                                          \
-    {                                                                                      \
-        return (ctype)(utype)((utype)a + (utype)b);                                        \
-    }                                                                                      \
-    CFX_HD ctype cfx_prod_##name(ctype a, ctype b)                                         \
-    {                                                                                      \
-        return (ctype)(utype)((utype)a * (utype)b);                                        \
-    }                                                                                      \
-    CFX_HD ctype cfx_max_##name(ctype a, ctype b)                                          \
-    {                                                                                      \
-        return a > b ? a : b;                                                              \
-    }                                                                                      \
-    CFX_HD ctype cfx_min_##name(ctype a, ctype b)                                          \
-    {                                                                                      \
-        return a < b ? a : b;                                                              \
-    }                                                                                      \
-    CFX_HD ctype cfx_avg_finish_##name(ctype x, int nranks)                                \
-    {                                                                                      \
-        return (ctype)(x / (dtype)nranks); /* C division truncates toward zero */          \
+#define CFX_REDUCE_INT_OPS(name, ctype, utype, dtype)                                              \
+    CFX_HD ctype cfx_sum_##name(ctype a, ctype b)                                                  \
+    {                                                                                              \
+        return (ctype)(utype)((utype)a + (utype)b);                                                \
+    }                                                                                              \
+    CFX_HD ctype cfx_prod_##name(ctype a, ctype b)                                                 \
+    {                                                                                              \
+        return (ctype)(utype)((utype)a * (utype)b);                                                \
+    }                                                                                              \
+    CFX_HD ctype cfx_max_##name(ctype a, ctype b)                                                  \
+    {                                                                                              \
+        return a > b ? a : b;                                                                      \
+    }                                                                                              \
+    CFX_HD ctype cfx_min_##name(ctype a, ctype b)                                                  \
+    {                                                                                              \
+        return a < b ? a : b;                                                                      \
+    }                                                                                              \
+    CFX_HD ctype cfx_avg_finish_##name(ctype x, int nranks)                                        \
+    {                                                                                              \
+        return (ctype)(x / (dtype)nranks); /* C division truncates toward zero */                  \
     }
 
 /*
@@ -336,26 +325,26 @@ CFX_HD double cfx_avg_finish_f64(double x, int nranks)
 
 /* ------------------------------------- narrow floats, computed in float32 */
 
-#define CFX_REDUCE_NARROW_OPS(name, ctype)                                                 \
-    CFX_HD ctype cfx_sum_##name(ctype a, ctype b)                                          \
-    {                                                                                      \
-        return cfx_f32_to_##name(cfx_##name##_to_f32(a) + cfx_##name##_to_f32(b));         \
-    }                                                                                      \
-    CFX_HD ctype cfx_prod_##name(ctype a, ctype b)                                         \
-    {                                                                                      \
-        return cfx_f32_to_##name(cfx_##name##_to_f32(a) * cfx_##name##_to_f32(b));         \
-    }                                                                                      \
-    CFX_HD ctype cfx_max_##name(ctype a, ctype b)                                          \
-    {                                                                                      \
-        return cfx_f32_to_##name(cfx_max_f32(cfx_##name##_to_f32(a), cfx_##name##_to_f32(b))); \
-    }                                                                                      \
-    CFX_HD ctype cfx_min_##name(ctype a, ctype b)                                          \
-    {                                                                                      \
-        return cfx_f32_to_##name(cfx_min_f32(cfx_##name##_to_f32(a), cfx_##name##_to_f32(b))); \
-    }                                                                                      \
-    CFX_HD ctype cfx_avg_finish_##name(ctype x, int nranks)                                \
-    {                                                                                      \
-        return cfx_f32_to_##name(cfx_##name##_to_f32(x) / (float)nranks);                  \
+#define CFX_REDUCE_NARROW_OPS(name, ctype)                                                         \
+    CFX_HD ctype cfx_sum_##name(ctype a, ctype b)                                                  \
+    {                                                                                              \
+        return cfx_f32_to_##name(cfx_##name##_to_f32(a) + cfx_##name##_to_f32(b));                 \
+    }                                                                                              \
+    CFX_HD ctype cfx_prod_##name(ctype a, ctype b)                                                 \
+    {                                                                                              \
+        return cfx_f32_to_##name(cfx_##name##_to_f32(a) * cfx_##name##_to_f32(b));                 \
+    }                                                                                              \
+    CFX_HD ctype cfx_max_##name(ctype a, ctype b)                                                  \
+    {                                                                                              \
+        return cfx_f32_to_##name(cfx_max_f32(cfx_##name##_to_f32(a), cfx_##name##_to_f32(b)));     \
+    }                                                                                              \
+    CFX_HD ctype cfx_min_##name(ctype a, ctype b)                                                  \
+    {                                                                                              \
+        return cfx_f32_to_##name(cfx_min_f32(cfx_##name##_to_f32(a), cfx_##name##_to_f32(b)));     \
+    }                                                                                              \
+    CFX_HD ctype cfx_avg_finish_##name(ctype x, int nranks)                                        \
+    {                                                                                              \
+        return cfx_f32_to_##name(cfx_##name##_to_f32(x) / (float)nranks);                          \
     }
 
 CFX_REDUCE_NARROW_OPS(f16, uint16_t)
