@@ -121,12 +121,20 @@ static long slot_verify(const char *slot, uint64_t seq, size_t size, unsigned ta
     return -1;
 }
 
+/* The fingerprint slot @p seq of stream @p tag carries. */
+static struct cfx_fingerprint print_for(uint64_t seq, unsigned tag)
+{
+    return (struct cfx_fingerprint){
+        .seq = seq, .count = seq * 3 + tag, .root = (int32_t)tag, .kind = 1, .type = 7, .op = 2, .valid = 1};
+}
+
 /* Post slot @p seq of stream @p tag on @p tx. */
 static void post_one(struct cfx_connector *tx, uint64_t seq, unsigned tag)
 {
     size_t size = size_for(seq, tx->slot_bytes);
+    struct cfx_fingerprint print = print_for(seq, tag);
     slot_fill(cfx_conn_post_slot(tx), seq, size, tag);
-    cfx_conn_post(tx, size);
+    cfx_conn_post(tx, size, &print);
 }
 
 /* Take, check and release slot @p seq of stream @p tag from @p rx; 0 when it is right. */
@@ -134,13 +142,20 @@ static int take_one(struct cfx_connector *rx, uint64_t seq, unsigned tag, char *
                     size_t why_size)
 {
     size_t bytes = 0;
-    const char *slot = cfx_conn_take_slot(rx, &bytes);
+    const struct cfx_fingerprint *print;
+    const char *slot = cfx_conn_take_slot(rx, &bytes, &print);
     size_t want = size_for(seq, rx->slot_bytes);
+    struct cfx_fingerprint expected = print_for(seq, tag);
     long bad = bytes == want ? slot_verify(slot, seq, bytes, tag) : -2;
+    if (bad == -1 && memcmp(print, &expected, sizeof(expected)) != 0)
+        bad = -3;
     cfx_conn_release(rx);
     if (bad == -1)
         return 0;
-    if (bad == -2)
+    if (bad == -3)
+        snprintf(why, why_size, "slot %llu of stream %u: the fingerprint did not travel with it",
+                 (unsigned long long)seq, tag);
+    else if (bad == -2)
         snprintf(why, why_size, "slot %llu of stream %u: %zu bytes, expected %zu",
                  (unsigned long long)seq, tag, bytes, want);
     else
@@ -159,7 +174,8 @@ static cfxResult_t wait_for_failure(struct cfx_connector *conn, int drain, doubl
             return res;
         if (drain && cfx_conn_can_take(conn)) {
             size_t bytes;
-            cfx_conn_take_slot(conn, &bytes);
+            const struct cfx_fingerprint *print;
+            cfx_conn_take_slot(conn, &bytes, &print);
             cfx_conn_release(conn);
         }
         if (cfx_time_now_ns() > deadline)
@@ -393,21 +409,23 @@ Test(socket, sender_closing_mid_slot_is_a_remote_error_naming_it, .timeout = 60)
      * slot 0, slot 1 cannot get across whole. */
     const size_t slot_bytes = 32 * 1024 * 1024;
     pair_open(&p, slot_bytes, 1);
+    struct cfx_fingerprint print = print_for(0, 7);
     slot_fill(cfx_conn_post_slot(&p.tx), 0, 1000, 7);
-    cfx_conn_post(&p.tx, 1000);
+    cfx_conn_post(&p.tx, 1000, &print);
     int64_t deadline = cfx_time_now_ns() + 20 * CFX_NS_PER_SEC;
     while (!cfx_conn_can_take(&p.rx) || !cfx_conn_can_post(&p.tx)) {
         cr_assert(cfx_time_now_ns() < deadline, "the first slot never arrived");
         usleep(100);
     }
     slot_fill(cfx_conn_post_slot(&p.tx), 1, slot_bytes, 7);
-    cfx_conn_post(&p.tx, slot_bytes);
+    cfx_conn_post(&p.tx, slot_bytes, &print);
     usleep(50 * 1000);
     tp->close(p.sides[0].ctx, &p.tx);
 
     /* What arrived whole is still there... */
     size_t bytes = 0;
-    const char *slot = cfx_conn_take_slot(&p.rx, &bytes);
+    const struct cfx_fingerprint *got_print;
+    const char *slot = cfx_conn_take_slot(&p.rx, &bytes, &got_print);
     cr_assert_eq(bytes, 1000u);
     cr_assert_eq(slot_verify(slot, 0, bytes, 7), -1);
     cfx_conn_release(&p.rx);

@@ -41,13 +41,26 @@
 
 enum cfx_conn_dir { CFX_CONN_SEND = 0, CFX_CONN_RECV = 1 };
 
+/* What each slot says about the operation that posted it, so the receiver
+ * can tell that both ranks run the same operation (mismatch detection). */
+struct cfx_fingerprint {
+    uint64_t seq;   /* Per-communicator collective number, or per-peer message number. */
+    uint64_t count; /* Elements. */
+    int32_t root;   /* Root, or -1. */
+    uint8_t kind;   /* enum cfx_coll_kind of the operation (send for point to point). */
+    uint8_t type;   /* cfxDataType_t. */
+    uint8_t op;     /* cfxRedOp_t, or 0xff. */
+    uint8_t valid;  /* 1 when set. */
+};
+
 /* The FIFO control block. Lives at the start of the connector's memory; the
  * slots follow at fifo_slots_offset(). Counters only grow. */
 struct cfx_fifo {
     _Alignas(CFX_CACHE_LINE) _Atomic uint64_t tail; /* Posted by the producer. */
     _Alignas(CFX_CACHE_LINE) _Atomic uint64_t head; /* Released by the consumer. */
     _Alignas(CFX_CACHE_LINE) uint64_t sizes[CFX_MAX_STEPS]; /* Bytes in each posted slot. */
-    _Alignas(CFX_CACHE_LINE) _Atomic int closed; /* Set by a side that went away (shm). */
+    struct cfx_fingerprint prints[CFX_MAX_STEPS];           /* Who posted each slot. */
+    _Alignas(CFX_CACHE_LINE) _Atomic int closed; /* 0, or the cfxResult_t that broke a side (shm). */
     _Atomic int attached;                        /* Set by the sender once mapped (shm). */
     _Atomic int refs;                            /* Sides holding process-local memory (shm). */
 };
@@ -126,6 +139,11 @@ struct cfx_transport {
     /* After a post or release on a connector of this transport (only called
      * when CFX_TRANSPORT_FLAG_PROGRESS is set). Must not block. */
     void (*kick)(void *ctx, struct cfx_connector *conn);
+    /* This side failed with @p reason (cfxRemoteError, cfxInvalidUsage for a
+     * mismatch, cfxTimeout): make the peer's check() report it soon, so a
+     * failure spreads instead of leaving peers waiting. Keeps the memory
+     * (close still follows). Must not block. */
+    void (*poison)(void *ctx, struct cfx_connector *conn, cfxResult_t reason);
     /* cfxSuccess while the connector is healthy; cfxRemoteError (with a
      * sentence naming the peer) once its peer is gone; cfxInvalidUsage when
      * the peer broke the protocol (e.g. an oversized slot). Must not block. */
@@ -152,11 +170,14 @@ static inline char *cfx_conn_post_slot(const struct cfx_connector *conn)
     return conn->slots + (size_t)(tail % (uint64_t)conn->n_steps) * conn->slot_bytes;
 }
 
-/* Producer: publish the filled slot with @p bytes of payload. */
-static inline void cfx_conn_post(struct cfx_connector *conn, size_t bytes)
+/* Producer: publish the filled slot with @p bytes of payload, stamped with
+ * the operation's fingerprint. */
+static inline void cfx_conn_post(struct cfx_connector *conn, size_t bytes,
+                                 const struct cfx_fingerprint *print)
 {
     uint64_t tail = atomic_load_explicit(&conn->fifo->tail, memory_order_relaxed);
     conn->fifo->sizes[tail % (uint64_t)conn->n_steps] = bytes;
+    conn->fifo->prints[tail % (uint64_t)conn->n_steps] = *print;
     atomic_store_explicit(&conn->fifo->tail, tail + 1, memory_order_release);
     if (conn->transport->flags & CFX_TRANSPORT_FLAG_PROGRESS)
         conn->transport->kick(conn->transport_ctx, conn);
@@ -170,12 +191,14 @@ static inline int cfx_conn_can_take(const struct cfx_connector *conn)
     return tail > head;
 }
 
-/* Consumer: the oldest posted slot and its size. */
-static inline const char *cfx_conn_take_slot(const struct cfx_connector *conn, size_t *bytes_p)
+/* Consumer: the oldest posted slot, its size and its fingerprint. */
+static inline const char *cfx_conn_take_slot(const struct cfx_connector *conn, size_t *bytes_p,
+                                             const struct cfx_fingerprint **print_p)
 {
     uint64_t head = atomic_load_explicit(&conn->fifo->head, memory_order_relaxed);
     size_t index = (size_t)(head % (uint64_t)conn->n_steps);
     *bytes_p = conn->fifo->sizes[index];
+    *print_p = &conn->fifo->prints[index];
     return conn->slots + index * conn->slot_bytes;
 }
 

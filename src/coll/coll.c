@@ -1,4 +1,6 @@
 /* Operation dispatch: picks the schedule and runs its ready steps. */
+#include <stdio.h>
+
 #include "kernels/reduce.h"
 #include "src/coll/op.h"
 #include "src/coll/schedule.h"
@@ -45,6 +47,14 @@ void cfx_coll_prepare(struct cfx_op *op)
         op->chunk_elems = 1;
     op->step = 0;
     op->n_steps = schedule_of(op)->n_steps(op);
+    /* With mismatch checks on, even an empty operation trades one round of
+     * empty slots, so a rank that called something else is caught. */
+    if (op->n_steps == 0 && op->check_prints && schedule_of(op) != &cfx_local_copy) {
+        size_t saved = op->count;
+        op->count = 1;
+        op->n_steps = schedule_of(op)->n_steps(op);
+        op->count = saved;
+    }
     op->done = op->n_steps == 0;
     op->result = cfxSuccess;
 }
@@ -70,4 +80,41 @@ int cfx_coll_progress(struct cfx_op *op)
     if (op->step == op->n_steps)
         op->done = 1;
     return ran;
+}
+
+int cfx_coll_waiting_on(const struct cfx_op *op, int *peer_p, const char **what_p)
+{
+    if (op->done || op->step >= op->n_steps)
+        return 0;
+    struct cfx_prim_step step;
+    schedule_of(op)->describe(op, op->step, &step);
+    if ((step.flags & CFX_PRIM_RECV) && !cfx_conn_can_take(op->recv_conn)) {
+        *peer_p = op->recv_conn->peer_rank;
+        *what_p = "data from";
+        return 1;
+    }
+    if ((step.flags & CFX_PRIM_SEND) && !cfx_conn_can_post(op->send_conn)) {
+        *peer_p = op->send_conn->peer_rank;
+        *what_p = "a free slot at (rank is not consuming)";
+        return 1;
+    }
+    return 0;
+}
+
+void cfx_coll_print_format(const struct cfx_fingerprint *print, char *text, size_t size)
+{
+    static const char *types[] = {"int8", "uint8", "int32", "uint32", "int64", "uint64",
+                                  "float16", "float32", "float64", "bfloat16", "f8e4m3", "f8e5m2"};
+    static const char *ops[] = {"sum", "prod", "max", "min", "avg"};
+    if (!print->valid) {
+        snprintf(text, size, "(no operation)");
+        return;
+    }
+    char root[32] = "";
+    if (print->root >= 0)
+        snprintf(root, sizeof(root), " root %d", print->root);
+    snprintf(text, size, "%s #%llu (%s%s%s, count %llu%s)",
+             cfx_coll_name((enum cfx_coll_kind)print->kind), (unsigned long long)print->seq,
+             print->type < 12 ? types[print->type] : "?", print->op < 5 ? " " : "",
+             print->op < 5 ? ops[print->op] : "", (unsigned long long)print->count, root);
 }

@@ -39,6 +39,12 @@ struct cfx_op {
     struct cfx_connector *recv_conn; /* From the previous rank (or the peer). */
     const int *abort_flag;
     void *owner; /* The communicator (opaque below the core). */
+    /* Mismatch detection: what this op stamps on the slots it sends and
+     * expects on those it receives (kind: the sender's kind). */
+    struct cfx_fingerprint print;
+    struct cfx_fingerprint expect;
+    int check_prints; /* Compare received fingerprints (CFX_CHECK_MISMATCH). */
+    uint64_t record;  /* The owner's bookkeeping (flight recorder entry). */
     /* Progress (set by cfx_coll_prepare and cfx_coll_progress). */
     size_t elem_bytes;
     size_t chunk_elems; /* Elements per slot. */
@@ -54,6 +60,13 @@ void cfx_coll_prepare(struct cfx_op *op);
 /* Run every step that is ready; returns how many ran (0: blocked). Sets
  * op->done at the end. Never blocks, never allocates. */
 int cfx_coll_progress(struct cfx_op *op);
+
+/* Describe what a blocked op waits for: the peer and "data from" / "a free
+ * slot at". Returns 0 when the op is not blocked on a connector. */
+int cfx_coll_waiting_on(const struct cfx_op *op, int *peer_p, const char **what_p);
+
+/* "allreduce #12 float32 sum count 1024 root -1" into @p text. */
+void cfx_coll_print_format(const struct cfx_fingerprint *print, char *text, size_t size);
 
 /* Name for logs: "allreduce", ... */
 const char *cfx_coll_name(enum cfx_coll_kind kind);

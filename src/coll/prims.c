@@ -25,7 +25,18 @@ cfxResult_t cfx_prim_run(struct cfx_op *op, const struct cfx_prim_step *step)
     char *slot_out = NULL;
     if (flags & CFX_PRIM_RECV) {
         size_t got;
-        received = cfx_conn_take_slot(op->recv_conn, &got);
+        const struct cfx_fingerprint *print;
+        received = cfx_conn_take_slot(op->recv_conn, &got, &print);
+        if (op->check_prints && memcmp(print, &op->expect, sizeof(*print)) != 0) {
+            char mine[160], theirs[160];
+            cfx_coll_print_format(&op->expect, mine, sizeof(mine));
+            cfx_coll_print_format(print, theirs, sizeof(theirs));
+            return cfx_error_set(cfxInvalidUsage, CFX_LOG_COLL,
+                                 "mismatched operations: rank %d runs %s but rank %d sent data "
+                                 "of %s; every rank must call the same collectives in the same "
+                                 "order with the same count, type, op and root",
+                                 op->rank, mine, op->recv_conn->peer_rank, theirs);
+        }
         if (got != bytes)
             return cfx_error_set(cfxInternalError, CFX_LOG_COLL,
                                  "%s: rank %d received %zu bytes from rank %d where the schedule "
@@ -56,6 +67,6 @@ cfxResult_t cfx_prim_run(struct cfx_op *op, const struct cfx_prim_step *step)
     if (flags & CFX_PRIM_RECV)
         cfx_conn_release(op->recv_conn);
     if (flags & CFX_PRIM_SEND)
-        cfx_conn_post(op->send_conn, bytes);
+        cfx_conn_post(op->send_conn, bytes, &op->print);
     return cfxSuccess;
 }

@@ -28,6 +28,18 @@ struct cfx_peer_info {
     char host_id[CFX_HOST_ID_MAX];
 };
 
+/* One operation in the flight recorder. */
+enum cfx_flight_state { CFX_FLIGHT_QUEUED, CFX_FLIGHT_RUNNING, CFX_FLIGHT_DONE, CFX_FLIGHT_FAILED };
+struct cfx_flight_entry {
+    struct cfx_fingerprint print;
+    enum cfx_flight_state state;
+    cfxResult_t result;
+    int64_t start_ns;
+    int64_t end_ns;
+    uint64_t step;
+    uint64_t n_steps;
+};
+
 struct cfxComm {
     uint64_t magic; /* CFX_COMM_MAGIC while alive. */
     int rank;
@@ -50,6 +62,16 @@ struct cfxComm {
     struct cfx_connector *ring_recv;         /* From rank-1. */
     struct cfx_connector **p2p_send;         /* [nranks], NULL until first use. */
     struct cfx_connector **p2p_recv;
+    /* Mismatch detection and the flight recorder. */
+    int check_mismatch;
+    uint64_t coll_seq;       /* Collectives submitted so far. */
+    uint64_t *p2p_send_seq;  /* [nranks]: messages sent to each peer. */
+    uint64_t *p2p_recv_seq;  /* [nranks]: messages received from each peer. */
+    struct cfx_flight_entry *flight; /* Ring of flight_size entries. */
+    int flight_size;
+    uint64_t flight_count; /* Entries ever recorded. */
+    int active_calls;      /* Calls using the comm now (cfxCommAbort waits for them). */
+    struct cfxComm *registry_next;
     char name[64];
     char last_error[CFX_ERROR_MAX];
 };
@@ -82,6 +104,30 @@ cfxResult_t cfx_core_connect_batch(struct cfx_conn_request *reqs, int n_reqs);
 
 /* Close every connector and transport of a communicator. Never blocks. */
 void cfx_core_disconnect_all(struct cfxComm *comm);
+
+/* Mark every connector of @p comm failed with @p reason so peers stop waiting. */
+void cfx_core_poison_all(struct cfxComm *comm, cfxResult_t reason);
+
+/* Flight recorder (flight.c). Record returns the entry's index. */
+cfxResult_t cfx_core_flight_init(struct cfxComm *comm);
+void cfx_core_flight_fini(struct cfxComm *comm);
+uint64_t cfx_core_flight_record(struct cfxComm *comm, const struct cfx_fingerprint *print);
+void cfx_core_flight_update(struct cfxComm *comm, uint64_t index, enum cfx_flight_state state,
+                            cfxResult_t result, uint64_t step, uint64_t n_steps);
+void cfx_core_flight_dump(struct cfxComm *comm, const char *why);
+/* Live communicators, for the SIGUSR1 dump. */
+void cfx_core_registry_add(struct cfxComm *comm);
+void cfx_core_registry_remove(struct cfxComm *comm);
+
+/* A call holds the communicator while it runs (cfxCommAbort waits). */
+static inline void cfx_core_hold(struct cfxComm *comm)
+{
+    __atomic_add_fetch(&comm->active_calls, 1, __ATOMIC_ACQ_REL);
+}
+static inline void cfx_core_release(struct cfxComm *comm)
+{
+    __atomic_sub_fetch(&comm->active_calls, 1, __ATOMIC_ACQ_REL);
+}
 
 /* Print the version line at CFX_DEBUG=VERSION or above (once per process). */
 void cfx_core_print_version(void);

@@ -155,3 +155,19 @@ void cfx_core_disconnect_all(struct cfxComm *comm)
         comm->transport_ctx[t] = NULL;
     }
 }
+
+static void poison_conn(struct cfx_connector *conn, cfxResult_t reason)
+{
+    if (conn && conn->transport && conn->transport->poison)
+        conn->transport->poison(conn->transport_ctx, conn, reason);
+}
+
+void cfx_core_poison_all(struct cfxComm *comm, cfxResult_t reason)
+{
+    poison_conn(comm->ring_send, reason);
+    poison_conn(comm->ring_recv, reason);
+    for (int r = 0; comm->p2p_send && r < comm->nranks; r++) {
+        poison_conn(comm->p2p_send[r], reason);
+        poison_conn(comm->p2p_recv[r], reason);
+    }
+}

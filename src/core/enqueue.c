@@ -27,6 +27,33 @@ static cfxResult_t check_overlap(const void *send, size_t send_bytes, const void
     return cfxSuccess;
 }
 
+/* The fingerprints of an operation: what it stamps, what it expects. */
+static void fingerprint(struct cfxComm *comm, struct cfx_op *op)
+{
+    int rooted = op->kind == CFX_COLL_BROADCAST || op->kind == CFX_COLL_REDUCE;
+    int reduces = op->kind == CFX_COLL_ALLREDUCE || op->kind == CFX_COLL_REDUCE ||
+                  op->kind == CFX_COLL_REDUCESCATTER;
+    struct cfx_fingerprint print = {.count = op->count,
+                                    .root = rooted ? op->root : -1,
+                                    .kind = (uint8_t)op->kind,
+                                    .type = (uint8_t)op->type,
+                                    .op = reduces ? (uint8_t)op->op : 0xff,
+                                    .valid = 1};
+    if (op->kind == CFX_COLL_SEND || op->kind == CFX_COLL_RECV) {
+        /* Messages between two ranks are numbered per direction; a receive
+         * expects the matching send. */
+        print.root = -1;
+        print.kind = CFX_COLL_SEND;
+        print.seq = op->kind == CFX_COLL_SEND ? comm->p2p_send_seq[op->root]++
+                                              : comm->p2p_recv_seq[op->root]++;
+    } else {
+        print.seq = comm->coll_seq++;
+    }
+    op->print = print;
+    op->expect = print;
+    op->check_prints = comm->check_mismatch;
+}
+
 /* Run or queue; on failure record the sentence on the communicator. */
 static cfxResult_t submit(struct cfxComm *comm, struct cfx_op *op)
 {
@@ -38,6 +65,8 @@ static cfxResult_t submit(struct cfxComm *comm, struct cfx_op *op)
         return cfx_error_set(comm->async_error, CFX_LOG_COLL,
                              "%s: the communicator is broken by an earlier error (%s); destroy it",
                              cfx_coll_name(op->kind), cfxGetErrorString(comm->async_error));
+    fingerprint(comm, op);
+    op->record = cfx_core_flight_record(comm, &op->print);
     if (cfx_core_group_active())
         return cfx_core_group_add(op);
     return cfx_core_launch(op, 1);

@@ -115,24 +115,63 @@ static cfxResult_t connect_missing(struct cfx_op *ops, int n_ops)
     return res;
 }
 
+/* Hold (or release) every communicator of the batch once. */
+static void hold_all(struct cfx_op *ops, int n_ops, int hold)
+{
+    for (int i = 0; i < n_ops; i++) {
+        int first = 1;
+        for (int j = 0; j < i && first; j++)
+            first = ops[j].owner != ops[i].owner;
+        if (first) {
+            if (hold)
+                cfx_core_hold(ops[i].owner);
+            else
+                cfx_core_release(ops[i].owner);
+        }
+    }
+}
+
+/* After a failure: every communicator of the batch is broken, its peers are
+ * told (so they stop waiting), and its flight recorder goes to the log. */
+static void break_comms(struct cfx_op *ops, int n_ops, cfxResult_t res)
+{
+    for (int i = 0; i < n_ops; i++) {
+        struct cfxComm *comm = ops[i].owner;
+        if (comm->async_error != cfxSuccess)
+            continue;
+        cfxResult_t reason = ops[i].result != cfxSuccess ? ops[i].result : res;
+        comm->async_error = reason;
+        cfx_core_poison_all(comm, reason);
+        if (comm->flight_size > 0)
+            cfx_core_flight_dump(comm, cfxGetErrorString(reason));
+    }
+}
+
 cfxResult_t cfx_core_launch(struct cfx_op *ops, int n_ops)
 {
-    CFX_CHECK(connect_missing(ops, n_ops));
+    hold_all(ops, n_ops, 1);
+    cfxResult_t res = connect_missing(ops, n_ops);
+    if (res != cfxSuccess) {
+        hold_all(ops, n_ops, 0);
+        return res;
+    }
     for (int i = 0; i < n_ops; i++) {
         struct cfx_connector **s = send_slot(&ops[i]), **r = recv_slot(&ops[i]);
         ops[i].send_conn = s ? *s : NULL;
         ops[i].recv_conn = r ? *r : NULL;
         cfx_coll_prepare(&ops[i]);
+        cfx_core_flight_update(ops[i].owner, ops[i].record, CFX_FLIGHT_RUNNING, cfxSuccess, 0,
+                               ops[i].n_steps);
     }
-    cfxResult_t res = cfx_exec_host_run(ops, n_ops);
-    if (res != cfxSuccess) {
-        /* A broken connection breaks the communicator for later calls too. */
-        for (int i = 0; i < n_ops; i++) {
-            struct cfxComm *comm = ops[i].owner;
-            if (ops[i].result != cfxSuccess && comm->async_error == cfxSuccess)
-                comm->async_error = ops[i].result;
-        }
-    }
+    res = cfx_exec_host_run(ops, n_ops);
+    for (int i = 0; i < n_ops; i++)
+        cfx_core_flight_update(ops[i].owner, ops[i].record,
+                               ops[i].result == cfxSuccess && res == cfxSuccess ? CFX_FLIGHT_DONE
+                                                                                : CFX_FLIGHT_FAILED,
+                               ops[i].result, ops[i].step, ops[i].n_steps);
+    if (res != cfxSuccess)
+        break_comms(ops, n_ops, res);
+    hold_all(ops, n_ops, 0);
     return res;
 }
 

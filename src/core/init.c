@@ -13,9 +13,12 @@
 #include "src/util/check.h"
 #include "src/util/log.h"
 #include "src/util/param.h"
+#include "src/util/time.h"
 
 CFX_PARAM_INT(buffsize, "BUFFSIZE", 4 << 20, "Bytes of FIFO per connection (split into CFX_STEPS slots)");
 CFX_PARAM_INT(steps, "STEPS", 8, "Slots per connection FIFO");
+CFX_PARAM_INT(check_mismatch, "CHECK_MISMATCH", 1,
+              "1: every slot carries its operation's fingerprint and receivers compare them");
 
 /* Fields of @p config the caller actually has (an older header may be smaller). */
 static int config_int(const cfxConfig_t *config, size_t offset, int fallback)
@@ -37,8 +40,12 @@ static void comm_free(struct cfxComm *comm)
 {
     if (comm == NULL)
         return;
+    cfx_core_registry_remove(comm);
     cfx_core_disconnect_all(comm);
     cfx_bootstrap_destroy(comm->bootstrap);
+    cfx_core_flight_fini(comm);
+    free(comm->p2p_send_seq);
+    free(comm->p2p_recv_seq);
     free(comm->peers);
     comm->magic = CFX_COMM_DEAD;
     free(comm);
@@ -84,7 +91,10 @@ static cfxResult_t connect_ring(struct cfxComm *comm)
     CFX_CHECK(pick_geometry(comm));
     comm->p2p_send = calloc((size_t)comm->nranks, sizeof(*comm->p2p_send));
     comm->p2p_recv = calloc((size_t)comm->nranks, sizeof(*comm->p2p_recv));
-    if (comm->p2p_send == NULL || comm->p2p_recv == NULL)
+    comm->p2p_send_seq = calloc((size_t)comm->nranks, sizeof(*comm->p2p_send_seq));
+    comm->p2p_recv_seq = calloc((size_t)comm->nranks, sizeof(*comm->p2p_recv_seq));
+    if (comm->p2p_send == NULL || comm->p2p_recv == NULL || comm->p2p_send_seq == NULL ||
+        comm->p2p_recv_seq == NULL)
         return cfx_error_set(cfxSystemError, CFX_LOG_INIT, "out of memory for the peer tables");
     if (comm->nranks == 1)
         return cfxSuccess;
@@ -128,7 +138,10 @@ static cfxResult_t comm_setup(struct cfxComm *comm)
         }
     }
     CFX_CHECK(connect_ring(comm));
+    CFX_CHECK(cfx_core_flight_init(comm));
+    comm->check_mismatch = param_check_mismatch() != 0;
     comm->magic = CFX_COMM_MAGIC;
+    cfx_core_registry_add(comm);
     CFX_INFO(CFX_LOG_INIT,
              "comm %p%s%s rank %d nranks %d cudaDev %d localRank %d localRanks %d - Init COMPLETE",
              (void *)comm, comm->name[0] ? " name " : "", comm->name, comm->rank, comm->nranks,
@@ -264,9 +277,12 @@ CFX_API cfxResult_t cfxCommSplit(cfxComm_t comm, int color, int key, cfxComm_t *
                             "%s: color = %d; use a color >= 0 or CFX_SPLIT_NOCOLOR", fn, color);
         goto out;
     }
-    CFX_CHECK_GOTO(cfx_bootstrap_split(comm->bootstrap, color, key, &comm->abort_flag, &child_bs,
-                                       &child_rank, &child_nranks, &parent_ranks),
-                   res, out);
+    cfx_core_hold(comm);
+    res = cfx_bootstrap_split(comm->bootstrap, color, key, &comm->abort_flag, &child_bs,
+                              &child_rank, &child_nranks, &parent_ranks);
+    cfx_core_release(comm);
+    if (res != cfxSuccess)
+        goto out;
     comm->split_count++;
     if (color == CFX_SPLIT_NOCOLOR) {
         *newcomm = NULL;
@@ -308,7 +324,9 @@ CFX_API cfxResult_t cfxCommFinalize(cfxComm_t comm)
     /* Nothing is outstanding yet (every call completes before it returns);
      * the barrier makes sure no peer still needs us when we are destroyed. */
     comm->finalized = 1;
+    cfx_core_hold(comm);
     res = cfx_bootstrap_barrier(comm->bootstrap);
+    cfx_core_release(comm);
     if (res != cfxSuccess)
         comm->async_error = res;
 out:
@@ -334,6 +352,19 @@ CFX_API cfxResult_t cfxCommAbort(cfxComm_t comm)
     if (res != cfxSuccess)
         return cfx_core_api_exit(NULL, res);
     __atomic_store_n(&comm->abort_flag, 1, __ATOMIC_RELEASE);
+    cfx_core_poison_all(comm, cfxRemoteError);
+    /* Calls in other threads see the flag within a few milliseconds; wait for
+     * them to leave before freeing what they use. */
+    int64_t deadline = cfx_time_now_ns() + 5 * CFX_NS_PER_SEC;
+    while (__atomic_load_n(&comm->active_calls, __ATOMIC_ACQUIRE) > 0 &&
+           cfx_time_now_ns() < deadline)
+        usleep(1000);
+    if (__atomic_load_n(&comm->active_calls, __ATOMIC_ACQUIRE) > 0) {
+        CFX_WARN(CFX_LOG_INIT, "cfxCommAbort: a call on comm %p is still running after 5 s; "
+                               "leaking the communicator rather than freeing it under that call",
+                 (void *)comm);
+        return cfx_core_api_exit(NULL, cfxSuccess);
+    }
     CFX_INFO(CFX_LOG_INIT, "comm %p rank %d nranks %d - Abort COMPLETE", (void *)comm, comm->rank,
              comm->nranks);
     comm_free(comm);

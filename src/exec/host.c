@@ -2,14 +2,19 @@
 #include "src/exec/host.h"
 
 #include <sched.h>
+#include <stdio.h>
 #include <time.h>
 
 #include "src/util/error.h"
 #include "src/util/log.h"
 #include "src/util/param.h"
+#include "src/util/time.h"
 
 CFX_PARAM_INT(spin_count, "SPIN_COUNT", 2000,
               "Idle polls of a blocked operation before the executor starts yielding");
+CFX_PARAM_INT(timeout, "TIMEOUT", 600,
+              "Seconds a blocking call may go without progress before it fails with cfxTimeout; "
+              "0 waits forever");
 
 #define YIELD_ROUNDS 200     /* sched_yield() rounds before sleeping. */
 #define SLEEP_MAX_NS 200000  /* Longest nap while waiting (0.2 ms). */
@@ -69,6 +74,33 @@ static cfxResult_t check_health(struct cfx_op *op)
     return res;
 }
 
+/* No progress for CFX_TIMEOUT: name the operation and whom it waits for. */
+static cfxResult_t timed_out(struct cfx_op *ops, int n_ops, int64_t seconds)
+{
+    for (int i = 0; i < n_ops; i++) {
+        if (ops[i].done)
+            continue;
+        int peer = -1;
+        const char *what = "its turn on a connector held by an earlier operation";
+        char op_text[160];
+        cfx_coll_print_format(&ops[i].print, op_text, sizeof(op_text));
+        if (cfx_coll_waiting_on(&ops[i], &peer, &what))
+            return cfx_error_set(cfxTimeout, CFX_LOG_COLL,
+                                 "%s on rank %d made no progress for %lld s (CFX_TIMEOUT), at "
+                                 "step %llu of %llu, waiting for %s rank %d; that rank did not "
+                                 "answer: is it alive, and did it call the same operation?",
+                                 op_text, ops[i].rank, (long long)seconds,
+                                 (unsigned long long)ops[i].step,
+                                 (unsigned long long)ops[i].n_steps, what, peer);
+        return cfx_error_set(cfxTimeout, CFX_LOG_COLL,
+                             "%s on rank %d made no progress for %lld s (CFX_TIMEOUT), waiting "
+                             "for %s",
+                             op_text, ops[i].rank, (long long)seconds, what);
+    }
+    return cfx_error_set(cfxTimeout, CFX_LOG_COLL, "operations made no progress for %lld s",
+                         (long long)seconds);
+}
+
 static void fail_all(struct cfx_op *ops, int n_ops, cfxResult_t res)
 {
     for (int i = 0; i < n_ops; i++) {
@@ -83,8 +115,10 @@ static void fail_all(struct cfx_op *ops, int n_ops, cfxResult_t res)
 cfxResult_t cfx_exec_host_run(struct cfx_op *ops, int n_ops)
 {
     int64_t spins = param_spin_count();
+    int64_t timeout_s = param_timeout();
     uint64_t idle = 0;
     long nap_ns = 1000;
+    int64_t last_progress_ns = 0; /* Read the clock only once idle. */
     for (;;) {
         int pending = 0, progressed = 0;
         for (int i = 0; i < n_ops; i++) {
@@ -109,10 +143,19 @@ cfxResult_t cfx_exec_host_run(struct cfx_op *ops, int n_ops)
         if (progressed) {
             idle = 0;
             nap_ns = 1000;
+            last_progress_ns = 0;
             continue;
         }
         idle++;
         if (idle % HEALTH_EVERY == 0) {
+            int64_t now = cfx_time_now_ns();
+            if (last_progress_ns == 0)
+                last_progress_ns = now;
+            if (timeout_s > 0 && now - last_progress_ns > timeout_s * CFX_NS_PER_SEC) {
+                cfxResult_t res = timed_out(ops, n_ops, timeout_s);
+                fail_all(ops, n_ops, res);
+                return res;
+            }
             for (int i = 0; i < n_ops; i++) {
                 if (ops[i].done)
                     continue;

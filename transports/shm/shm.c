@@ -13,6 +13,7 @@
 #include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <signal.h>
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
@@ -253,8 +254,11 @@ static void shm_close(void *ctx_v, struct cfx_connector *conn)
     struct shm_conn *sc = conn->priv;
     if (sc == NULL)
         return;
-    if (conn->fifo)
-        atomic_store_explicit(&conn->fifo->closed, 1, memory_order_release);
+    if (conn->fifo) {
+        int expected = 0;
+        atomic_compare_exchange_strong_explicit(&conn->fifo->closed, &expected, cfxRemoteError,
+                                                memory_order_release, memory_order_relaxed);
+    }
     if (sc->kind == SHM_KIND_SEGMENT && sc->base) {
         munmap(sc->base, sc->bytes);
         if (sc->owner)
@@ -272,12 +276,40 @@ static void shm_close(void *ctx_v, struct cfx_connector *conn)
 
 /* ------------------------------------------------------------ data path */
 
+/* The first side to fail records why; the peer's check() reports it. */
+static void shm_poison(void *ctx_v, struct cfx_connector *conn, cfxResult_t reason)
+{
+    (void)ctx_v;
+    if (conn->fifo == NULL)
+        return;
+    int expected = 0;
+    atomic_compare_exchange_strong_explicit(&conn->fifo->closed, &expected,
+                                            reason == cfxSuccess ? cfxRemoteError : (int)reason,
+                                            memory_order_release, memory_order_relaxed);
+}
+
 static cfxResult_t shm_check(void *ctx_v, struct cfx_connector *conn)
 {
     (void)ctx_v;
-    if (atomic_load_explicit(&conn->fifo->closed, memory_order_acquire))
+    struct shm_conn *sc = conn->priv;
+    int closed = atomic_load_explicit(&conn->fifo->closed, memory_order_acquire);
+    if (closed == cfxInvalidUsage)
+        return cfx_error_set(cfxInvalidUsage, CFX_LOG_SHM,
+                             "rank %d stopped: the ranks called mismatched collectives (the first "
+                             "rank to notice says which)",
+                             conn->peer_rank);
+    if (closed == cfxTimeout)
+        return cfx_error_set(cfxTimeout, CFX_LOG_SHM,
+                             "rank %d stopped: its operation timed out (see its CFX_TIMEOUT error)",
+                             conn->peer_rank);
+    if (closed)
         return cfx_error_set(cfxRemoteError, CFX_LOG_SHM,
-                             "shm: rank %d closed its side of the connection", conn->peer_rank);
+                             "rank %d closed or failed its side of the connection", conn->peer_rank);
+    /* A process killed outright closes nothing: ask the kernel. */
+    if (sc->peer_pid != (int)getpid() && kill(sc->peer_pid, 0) != 0 && errno == ESRCH)
+        return cfx_error_set(cfxRemoteError, CFX_LOG_SHM,
+                             "rank %d (pid %d) is gone: the process exited or was killed",
+                             conn->peer_rank, sc->peer_pid);
     return cfxSuccess;
 }
 
@@ -295,5 +327,6 @@ const struct cfx_transport cfx_shm_transport = {
     .close = shm_close,
     /* data path */
     .kick = NULL,
+    .poison = shm_poison,
     .check = shm_check,
 };

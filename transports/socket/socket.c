@@ -72,6 +72,7 @@ CFX_PARAM_INT(socket_spin_us, "SOCKET_SPIN_US", 50,
 #define INFO_MAGIC_SEND 0x53584643u /* "CFXS" */
 #define HELLO_MAGIC     0x48584643u /* "CFXH" */
 #define HEADER_MAGIC    0x44584643u /* "CFXD" */
+#define POISON_MAGIC    0x50584643u /* "CFXP" */
 
 /* Connect info (both directions; the sender's carries only magic and rank). */
 struct wire_info {
@@ -95,13 +96,15 @@ struct wire_hello {
 };
 _Static_assert(sizeof(struct wire_hello) == 24, "wire_hello layout");
 
-/* Before each slot's part on socket 0. */
+/* Before each slot's part on socket 0. A header with POISON_MAGIC instead
+ * ends the stream: the sender failed, and size holds its cfxResult_t. */
 struct wire_header {
     uint32_t magic;
     uint32_t step; /* Low 32 bits of the slot's sequence number. */
     uint64_t size;
+    struct cfx_fingerprint print;
 };
-_Static_assert(sizeof(struct wire_header) == 16, "wire_header layout");
+_Static_assert(sizeof(struct wire_header) == 40, "wire_header layout");
 
 /* One socket's walk through the slots. */
 struct stream {
@@ -133,6 +136,11 @@ struct sock_conn {
     uint64_t done_step;           /* Sender: slots released; receiver: slots posted. */
     uint64_t header_count;        /* Receiver: headers read (sizes known). */
     struct wire_header header_in; /* Receiver: socket 0's header being read. */
+    /* Poison: set by the user side (poison op); the progress thread finishes
+     * what was posted, sends a poison header, and shuts the sockets down. */
+    _Atomic int poison_reason;
+    int poison_done;
+    int64_t poison_deadline_ns;
     /* Failure: written by the progress thread, then `failed` is set (release). */
     _Alignas(CFX_CACHE_LINE) _Atomic int failed;
     cfxResult_t failed_res;
@@ -318,7 +326,8 @@ static int send_progress(struct sock_conn *sc)
             size_t head_bytes = s == 0 ? sizeof(struct wire_header) : 0;
             if (st->offset < head_bytes + len) {
                 char *part = sc->slots + index * sc->slot_bytes + off;
-                struct wire_header header = {HEADER_MAGIC, (uint32_t)st->step, size};
+                struct wire_header header = {HEADER_MAGIC, (uint32_t)st->step, size,
+                                             sc->fifo->prints[index]};
                 struct iovec iov[2];
                 int n_iov = 0;
                 if (st->offset < head_bytes) {
@@ -362,6 +371,18 @@ static int send_progress(struct sock_conn *sc)
 static int header_accept(struct sock_conn *sc, struct stream *st, size_t index)
 {
     const struct wire_header *header = &sc->header_in;
+    if (header->magic == POISON_MAGIC) {
+        cfxResult_t reason = header->size == cfxInvalidUsage ? cfxInvalidUsage
+                             : header->size == cfxTimeout    ? cfxTimeout
+                                                             : cfxRemoteError;
+        conn_fail(sc, reason, 1,
+                  "rank %d stopped its stream to rank %d: its operation failed (%s)%s",
+                  sc->peer_rank, sc->self_rank, cfxGetErrorString(reason),
+                  reason == cfxInvalidUsage ? "; the ranks called mismatched collectives (see "
+                                              "the first rank that reported it)"
+                                            : "");
+        return 0;
+    }
     if (header->magic != HEADER_MAGIC || header->step != (uint32_t)st->step ||
         header->size > sc->slot_bytes) {
         conn_fail(sc, cfxRemoteError, 0,
@@ -373,6 +394,7 @@ static int header_accept(struct sock_conn *sc, struct stream *st, size_t index)
         return 0;
     }
     sc->fifo->sizes[index] = (size_t)header->size;
+    sc->fifo->prints[index] = header->print;
     sc->header_count = st->step + 1;
     return 1;
 }
@@ -466,11 +488,55 @@ static void send_probe(struct sock_conn *sc)
     }
 }
 
+#define POISON_GRACE_NS (200 * CFX_NS_PER_MS)
+
+static void shutdown_all(struct sock_conn *sc)
+{
+    for (int s = 0; s < sc->nsocks; s++)
+        if (sc->streams[s].fd >= 0)
+            shutdown(sc->streams[s].fd, SHUT_RDWR);
+}
+
+/* A poisoned connector: a sender first finishes the slots already posted
+ * (briefly), then tells the receiver why it stops; then both directions shut
+ * their sockets so the peer notices at once. */
+static int poison_progress(struct sock_conn *sc, int reason)
+{
+    if (sc->poison_done)
+        return 0;
+    int64_t now = cfx_time_now_ns();
+    if (sc->poison_deadline_ns == 0)
+        sc->poison_deadline_ns = now + POISON_GRACE_NS;
+    if (sc->dir == CFX_CONN_SEND) {
+        send_progress(sc);
+        int idle = !atomic_load_explicit(&sc->failed, memory_order_relaxed);
+        uint64_t tail = atomic_load_explicit(&sc->fifo->tail, memory_order_acquire);
+        for (int s = 0; s < sc->nsocks && idle; s++)
+            idle = sc->streams[s].offset == 0 && sc->streams[s].step == tail;
+        if (!idle && now < sc->poison_deadline_ns)
+            return 1;
+        if (idle) {
+            struct wire_header header = {.magic = POISON_MAGIC, .size = (uint64_t)reason};
+            if (send(sc->streams[0].fd, &header, sizeof(header), MSG_NOSIGNAL | MSG_DONTWAIT) < 0 &&
+                (errno == EAGAIN || errno == EWOULDBLOCK) && now < sc->poison_deadline_ns)
+                return 1;
+        }
+    }
+    shutdown_all(sc);
+    sc->poison_done = 1;
+    return 1;
+}
+
 /* One pass over every connector (caller holds proxy_lock). */
 static int proxy_pass(struct sock_ctx *ctx)
 {
     int moved = 0;
     for (struct sock_conn *sc = ctx->active; sc; sc = sc->next) {
+        int reason = atomic_load_explicit(&sc->poison_reason, memory_order_acquire);
+        if (reason != 0) {
+            moved |= poison_progress(sc, reason);
+            continue;
+        }
         if (atomic_load_explicit(&sc->failed, memory_order_relaxed))
             continue;
         moved |= sc->dir == CFX_CONN_SEND ? send_progress(sc) : recv_progress(sc);
@@ -1080,6 +1146,19 @@ static void sock_kick(void *ctx_v, struct cfx_connector *conn)
  * failed the connector: its result (cfxRemoteError when the peer closed,
  * reset or broke the stream; cfxInvalidUsage for an oversized post), with
  * the sentence naming the peer recorded again in the caller's thread. */
+static void sock_poison(void *ctx_v, struct cfx_connector *conn, cfxResult_t reason)
+{
+    struct sock_conn *sc = conn->priv;
+    if (sc == NULL)
+        return;
+    int expected = 0;
+    atomic_compare_exchange_strong_explicit(&sc->poison_reason, &expected,
+                                            reason == cfxSuccess ? cfxRemoteError : (int)reason,
+                                            memory_order_release, memory_order_relaxed);
+    atomic_store_explicit(&((struct sock_ctx *)ctx_v)->sleeping, 0, memory_order_relaxed);
+    proxy_wake(ctx_v);
+}
+
 static cfxResult_t sock_check(void *ctx_v, struct cfx_connector *conn)
 {
     (void)ctx_v;
@@ -1104,5 +1183,6 @@ const struct cfx_transport cfx_socket_transport = {
     .close = sock_close,
     /* data path */
     .kick = sock_kick,
+    .poison = sock_poison,
     .check = sock_check,
 };
