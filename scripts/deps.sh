@@ -9,6 +9,7 @@ packages=(
   libcriterion-dev                      # tests
   libhwloc-dev libibverbs-dev librdmacm-dev libxml2-dev  # topology, verbs
   iproute2                              # network namespaces in tests
+  openmpi-bin libopenmpi-dev            # examples/allreduce_mpi and its test
 )
 missing=()
 for p in "${packages[@]}"; do

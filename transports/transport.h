@@ -85,6 +85,7 @@ struct cfx_connector {
     void *transport_ctx; /* The transport's per-communicator state. */
     void *priv;          /* The transport's per-connector state. */
     void *owner;         /* The executor's claim (the operation using it). */
+    int blame_rank;      /* Set by check() on failure: the rank the failure is about. */
 };
 
 /* What a transport may know about a rank (filled by the core). */
@@ -140,13 +141,14 @@ struct cfx_transport {
      * when CFX_TRANSPORT_FLAG_PROGRESS is set). Must not block. */
     void (*kick)(void *ctx, struct cfx_connector *conn);
     /* This side failed with @p reason (cfxRemoteError, cfxInvalidUsage for a
-     * mismatch, cfxTimeout): make the peer's check() report it soon, so a
-     * failure spreads instead of leaving peers waiting. Keeps the memory
-     * (close still follows). Must not block. */
-    void (*poison)(void *ctx, struct cfx_connector *conn, cfxResult_t reason);
+     * mismatch, cfxTimeout) about rank @p blame_rank: make the peer's check()
+     * report both soon, so a failure spreads instead of leaving peers
+     * waiting. Keeps the memory (close still follows). Must not block. */
+    void (*poison)(void *ctx, struct cfx_connector *conn, cfxResult_t reason, int blame_rank);
     /* cfxSuccess while the connector is healthy; cfxRemoteError (with a
      * sentence naming the peer) once its peer is gone; cfxInvalidUsage when
-     * the peer broke the protocol (e.g. an oversized slot). Must not block. */
+     * the peer broke the protocol (e.g. an oversized slot); a poisoned peer's
+     * reason. On failure sets conn->blame_rank. Must not block. */
     cfxResult_t (*check)(void *ctx, struct cfx_connector *conn);
 };
 

@@ -57,6 +57,7 @@ void cfx_coll_prepare(struct cfx_op *op)
     }
     op->done = op->n_steps == 0;
     op->result = cfxSuccess;
+    op->blame_rank = -1;
 }
 
 int cfx_coll_progress(struct cfx_op *op)

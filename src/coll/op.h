@@ -52,6 +52,7 @@ struct cfx_op {
     uint64_t n_steps;
     int done;
     cfxResult_t result;
+    int blame_rank; /* On failure: the rank it is about (-1: this rank). */
 };
 
 /* Fill the progress fields; an operation with nothing to move is done at once. */

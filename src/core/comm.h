@@ -105,8 +105,9 @@ cfxResult_t cfx_core_connect_batch(struct cfx_conn_request *reqs, int n_reqs);
 /* Close every connector and transport of a communicator. Never blocks. */
 void cfx_core_disconnect_all(struct cfxComm *comm);
 
-/* Mark every connector of @p comm failed with @p reason so peers stop waiting. */
-void cfx_core_poison_all(struct cfxComm *comm, cfxResult_t reason);
+/* Mark every connector of @p comm failed with @p reason, about @p blame_rank
+ * (-1: this rank), so peers stop waiting and can say whom it is about. */
+void cfx_core_poison_all(struct cfxComm *comm, cfxResult_t reason, int blame_rank);
 
 /* Flight recorder (flight.c). Record returns the entry's index. */
 cfxResult_t cfx_core_flight_init(struct cfxComm *comm);

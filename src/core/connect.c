@@ -156,18 +156,20 @@ void cfx_core_disconnect_all(struct cfxComm *comm)
     }
 }
 
-static void poison_conn(struct cfx_connector *conn, cfxResult_t reason)
+static void poison_conn(struct cfx_connector *conn, cfxResult_t reason, int blame_rank)
 {
     if (conn && conn->transport && conn->transport->poison)
-        conn->transport->poison(conn->transport_ctx, conn, reason);
+        conn->transport->poison(conn->transport_ctx, conn, reason, blame_rank);
 }
 
-void cfx_core_poison_all(struct cfxComm *comm, cfxResult_t reason)
+void cfx_core_poison_all(struct cfxComm *comm, cfxResult_t reason, int blame_rank)
 {
-    poison_conn(comm->ring_send, reason);
-    poison_conn(comm->ring_recv, reason);
+    if (blame_rank < 0)
+        blame_rank = comm->rank;
+    poison_conn(comm->ring_send, reason, blame_rank);
+    poison_conn(comm->ring_recv, reason, blame_rank);
     for (int r = 0; comm->p2p_send && r < comm->nranks; r++) {
-        poison_conn(comm->p2p_send[r], reason);
-        poison_conn(comm->p2p_recv[r], reason);
+        poison_conn(comm->p2p_send[r], reason, blame_rank);
+        poison_conn(comm->p2p_recv[r], reason, blame_rank);
     }
 }

@@ -141,7 +141,7 @@ static void break_comms(struct cfx_op *ops, int n_ops, cfxResult_t res)
             continue;
         cfxResult_t reason = ops[i].result != cfxSuccess ? ops[i].result : res;
         comm->async_error = reason;
-        cfx_core_poison_all(comm, reason);
+        cfx_core_poison_all(comm, reason, ops[i].blame_rank);
         if (comm->flight_size > 0)
             cfx_core_flight_dump(comm, cfxGetErrorString(reason));
     }

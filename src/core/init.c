@@ -352,7 +352,7 @@ CFX_API cfxResult_t cfxCommAbort(cfxComm_t comm)
     if (res != cfxSuccess)
         return cfx_core_api_exit(NULL, res);
     __atomic_store_n(&comm->abort_flag, 1, __ATOMIC_RELEASE);
-    cfx_core_poison_all(comm, cfxRemoteError);
+    cfx_core_poison_all(comm, cfxRemoteError, -1);
     /* Calls in other threads see the flag within a few milliseconds; wait for
      * them to leave before freeing what they use. */
     int64_t deadline = cfx_time_now_ns() + 5 * CFX_NS_PER_SEC;

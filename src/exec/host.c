@@ -55,11 +55,14 @@ static void unclaim(struct cfx_op *op)
         op->recv_conn->owner = NULL;
 }
 
-static cfxResult_t check_connector(struct cfx_connector *conn)
+static cfxResult_t check_connector(struct cfx_op *op, struct cfx_connector *conn)
 {
     if (conn == NULL || conn->transport->check == NULL)
         return cfxSuccess;
-    return conn->transport->check(conn->transport_ctx, conn);
+    cfxResult_t res = conn->transport->check(conn->transport_ctx, conn);
+    if (res != cfxSuccess)
+        op->blame_rank = conn->blame_rank >= 0 ? conn->blame_rank : conn->peer_rank;
+    return res;
 }
 
 /* While idle: aborts and dead peers end the wait with an error. */
@@ -68,9 +71,9 @@ static cfxResult_t check_health(struct cfx_op *op)
     if (op->abort_flag && __atomic_load_n(op->abort_flag, __ATOMIC_ACQUIRE))
         return cfx_error_set(cfxRemoteError, CFX_LOG_COLL, "%s on rank %d was aborted",
                              cfx_coll_name(op->kind), op->rank);
-    cfxResult_t res = check_connector(op->send_conn);
+    cfxResult_t res = check_connector(op, op->send_conn);
     if (res == cfxSuccess)
-        res = check_connector(op->recv_conn);
+        res = check_connector(op, op->recv_conn);
     return res;
 }
 
@@ -84,7 +87,8 @@ static cfxResult_t timed_out(struct cfx_op *ops, int n_ops, int64_t seconds)
         const char *what = "its turn on a connector held by an earlier operation";
         char op_text[160];
         cfx_coll_print_format(&ops[i].print, op_text, sizeof(op_text));
-        if (cfx_coll_waiting_on(&ops[i], &peer, &what))
+        if (cfx_coll_waiting_on(&ops[i], &peer, &what)) {
+            ops[i].blame_rank = peer;
             return cfx_error_set(cfxTimeout, CFX_LOG_COLL,
                                  "%s on rank %d made no progress for %lld s (CFX_TIMEOUT), at "
                                  "step %llu of %llu, waiting for %s rank %d; that rank did not "
@@ -92,6 +96,7 @@ static cfxResult_t timed_out(struct cfx_op *ops, int n_ops, int64_t seconds)
                                  op_text, ops[i].rank, (long long)seconds,
                                  (unsigned long long)ops[i].step,
                                  (unsigned long long)ops[i].n_steps, what, peer);
+        }
         return cfx_error_set(cfxTimeout, CFX_LOG_COLL,
                              "%s on rank %d made no progress for %lld s (CFX_TIMEOUT), waiting "
                              "for %s",
@@ -104,7 +109,7 @@ static cfxResult_t timed_out(struct cfx_op *ops, int n_ops, int64_t seconds)
 static void fail_all(struct cfx_op *ops, int n_ops, cfxResult_t res)
 {
     for (int i = 0; i < n_ops; i++) {
-        if (!ops[i].done) {
+        if (!ops[i].done || ops[i].result == cfxSuccess) {
             ops[i].result = res;
             ops[i].done = 1;
         }

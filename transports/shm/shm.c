@@ -76,6 +76,11 @@ static void shm_fini(void *ctx)
     free(ctx);
 }
 
+static int ctx_self_rank(void *ctx_v)
+{
+    return ctx_v ? ((struct shm_ctx *)ctx_v)->rank : -1;
+}
+
 /* ----------------------------------------------------------- connection */
 
 static int shm_can_connect(void *ctx, const struct cfx_transport_peer *self,
@@ -255,8 +260,10 @@ static void shm_close(void *ctx_v, struct cfx_connector *conn)
     if (sc == NULL)
         return;
     if (conn->fifo) {
+        /* A side that leaves blames itself: its peer must not wait for it. */
         int expected = 0;
-        atomic_compare_exchange_strong_explicit(&conn->fifo->closed, &expected, cfxRemoteError,
+        atomic_compare_exchange_strong_explicit(&conn->fifo->closed, &expected,
+                                                cfxRemoteError | ((ctx_self_rank(ctx_v) + 1) << 8),
                                                 memory_order_release, memory_order_relaxed);
     }
     if (sc->kind == SHM_KIND_SEGMENT && sc->base) {
@@ -276,15 +283,21 @@ static void shm_close(void *ctx_v, struct cfx_connector *conn)
 
 /* ------------------------------------------------------------ data path */
 
+/* fifo->closed: 0, or the reason in the low byte and blame_rank + 1 above. */
+static int closed_code(cfxResult_t reason, int blame_rank)
+{
+    return (reason == cfxSuccess ? cfxRemoteError : (int)reason) | ((blame_rank + 1) << 8);
+}
+
 /* The first side to fail records why; the peer's check() reports it. */
-static void shm_poison(void *ctx_v, struct cfx_connector *conn, cfxResult_t reason)
+static void shm_poison(void *ctx_v, struct cfx_connector *conn, cfxResult_t reason, int blame_rank)
 {
     (void)ctx_v;
     if (conn->fifo == NULL)
         return;
     int expected = 0;
     atomic_compare_exchange_strong_explicit(&conn->fifo->closed, &expected,
-                                            reason == cfxSuccess ? cfxRemoteError : (int)reason,
+                                            closed_code(reason, blame_rank),
                                             memory_order_release, memory_order_relaxed);
 }
 
@@ -293,23 +306,31 @@ static cfxResult_t shm_check(void *ctx_v, struct cfx_connector *conn)
     (void)ctx_v;
     struct shm_conn *sc = conn->priv;
     int closed = atomic_load_explicit(&conn->fifo->closed, memory_order_acquire);
-    if (closed == cfxInvalidUsage)
-        return cfx_error_set(cfxInvalidUsage, CFX_LOG_SHM,
-                             "rank %d stopped: the ranks called mismatched collectives (the first "
-                             "rank to notice says which)",
-                             conn->peer_rank);
-    if (closed == cfxTimeout)
-        return cfx_error_set(cfxTimeout, CFX_LOG_SHM,
-                             "rank %d stopped: its operation timed out (see its CFX_TIMEOUT error)",
-                             conn->peer_rank);
-    if (closed)
+    if (closed) {
+        cfxResult_t reason = (cfxResult_t)(closed & 0xff);
+        conn->blame_rank = (closed >> 8) - 1;
+        if (reason == cfxInvalidUsage)
+            return cfx_error_set(cfxInvalidUsage, CFX_LOG_SHM,
+                                 "rank %d stopped because rank %d found mismatched collectives "
+                                 "(rank %d's error says which)",
+                                 conn->peer_rank, conn->blame_rank, conn->blame_rank);
+        if (reason == cfxTimeout)
+            return cfx_error_set(cfxTimeout, CFX_LOG_SHM,
+                                 "rank %d stopped because an operation timed out waiting for "
+                                 "rank %d",
+                                 conn->peer_rank, conn->blame_rank);
         return cfx_error_set(cfxRemoteError, CFX_LOG_SHM,
-                             "rank %d closed or failed its side of the connection", conn->peer_rank);
+                             "rank %d failed or left (reported by rank %d, its neighbour on this "
+                             "connection)",
+                             conn->blame_rank, conn->peer_rank);
+    }
     /* A process killed outright closes nothing: ask the kernel. */
-    if (sc->peer_pid != (int)getpid() && kill(sc->peer_pid, 0) != 0 && errno == ESRCH)
+    if (sc->peer_pid != (int)getpid() && kill(sc->peer_pid, 0) != 0 && errno == ESRCH) {
+        conn->blame_rank = conn->peer_rank;
         return cfx_error_set(cfxRemoteError, CFX_LOG_SHM,
                              "rank %d (pid %d) is gone: the process exited or was killed",
                              conn->peer_rank, sc->peer_pid);
+    }
     return cfxSuccess;
 }
 

@@ -139,11 +139,13 @@ struct sock_conn {
     /* Poison: set by the user side (poison op); the progress thread finishes
      * what was posted, sends a poison header, and shuts the sockets down. */
     _Atomic int poison_reason;
+    _Atomic int poison_blame;
     int poison_done;
     int64_t poison_deadline_ns;
     /* Failure: written by the progress thread, then `failed` is set (release). */
     _Alignas(CFX_CACHE_LINE) _Atomic int failed;
     cfxResult_t failed_res;
+    int blame_rank;
     char error[CFX_ERROR_MAX];
 };
 
@@ -252,6 +254,8 @@ static void conn_fail(struct sock_conn *sc, cfxResult_t res, int orderly, const 
     vsnprintf(sc->error, sizeof(sc->error), fmt, ap);
     va_end(ap);
     sc->failed_res = res;
+    if (sc->blame_rank < 0)
+        sc->blame_rank = sc->peer_rank;
     atomic_store_explicit(&sc->failed, 1, memory_order_release);
     if (orderly)
         CFX_INFO(CFX_LOG_NET, "%s", sc->error);
@@ -372,14 +376,16 @@ static int header_accept(struct sock_conn *sc, struct stream *st, size_t index)
 {
     const struct wire_header *header = &sc->header_in;
     if (header->magic == POISON_MAGIC) {
-        cfxResult_t reason = header->size == cfxInvalidUsage ? cfxInvalidUsage
-                             : header->size == cfxTimeout    ? cfxTimeout
-                                                             : cfxRemoteError;
+        uint32_t code = (uint32_t)(header->size & 0xffffffffu);
+        cfxResult_t reason = code == cfxInvalidUsage ? cfxInvalidUsage
+                             : code == cfxTimeout    ? cfxTimeout
+                                                     : cfxRemoteError;
+        sc->blame_rank = (int)(header->size >> 32) - 1;
         conn_fail(sc, reason, 1,
-                  "rank %d stopped its stream to rank %d: its operation failed (%s)%s",
-                  sc->peer_rank, sc->self_rank, cfxGetErrorString(reason),
-                  reason == cfxInvalidUsage ? "; the ranks called mismatched collectives (see "
-                                              "the first rank that reported it)"
+                  "rank %d stopped its stream to rank %d because of rank %d: %s%s",
+                  sc->peer_rank, sc->self_rank, sc->blame_rank, cfxGetErrorString(reason),
+                  reason == cfxInvalidUsage ? " (mismatched collectives; that rank's error says "
+                                              "which)"
                                             : "");
         return 0;
     }
@@ -500,7 +506,7 @@ static void shutdown_all(struct sock_conn *sc)
 /* A poisoned connector: a sender first finishes the slots already posted
  * (briefly), then tells the receiver why it stops; then both directions shut
  * their sockets so the peer notices at once. */
-static int poison_progress(struct sock_conn *sc, int reason)
+static int poison_progress(struct sock_conn *sc, int reason, int blame_rank)
 {
     if (sc->poison_done)
         return 0;
@@ -516,7 +522,9 @@ static int poison_progress(struct sock_conn *sc, int reason)
         if (!idle && now < sc->poison_deadline_ns)
             return 1;
         if (idle) {
-            struct wire_header header = {.magic = POISON_MAGIC, .size = (uint64_t)reason};
+            struct wire_header header = {
+                .magic = POISON_MAGIC,
+                .size = (uint64_t)(uint32_t)reason | ((uint64_t)(uint32_t)(blame_rank + 1) << 32)};
             if (send(sc->streams[0].fd, &header, sizeof(header), MSG_NOSIGNAL | MSG_DONTWAIT) < 0 &&
                 (errno == EAGAIN || errno == EWOULDBLOCK) && now < sc->poison_deadline_ns)
                 return 1;
@@ -534,7 +542,8 @@ static int proxy_pass(struct sock_ctx *ctx)
     for (struct sock_conn *sc = ctx->active; sc; sc = sc->next) {
         int reason = atomic_load_explicit(&sc->poison_reason, memory_order_acquire);
         if (reason != 0) {
-            moved |= poison_progress(sc, reason);
+            moved |= poison_progress(sc, reason, atomic_load_explicit(&sc->poison_blame,
+                                                                      memory_order_relaxed));
             continue;
         }
         if (atomic_load_explicit(&sc->failed, memory_order_relaxed))
@@ -851,6 +860,7 @@ static cfxResult_t sock_setup(void *ctx_v, const struct cfx_transport_peer *peer
     sc->dir = conn->dir;
     sc->self_rank = ctx->rank;
     sc->peer_rank = peer->rank;
+    sc->blame_rank = -1;
     sc->fifo = sc->mem;
     sc->slots = (char *)sc->mem + cfx_fifo_slots_offset();
     sc->slot_bytes = slot_bytes;
@@ -1146,11 +1156,12 @@ static void sock_kick(void *ctx_v, struct cfx_connector *conn)
  * failed the connector: its result (cfxRemoteError when the peer closed,
  * reset or broke the stream; cfxInvalidUsage for an oversized post), with
  * the sentence naming the peer recorded again in the caller's thread. */
-static void sock_poison(void *ctx_v, struct cfx_connector *conn, cfxResult_t reason)
+static void sock_poison(void *ctx_v, struct cfx_connector *conn, cfxResult_t reason, int blame_rank)
 {
     struct sock_conn *sc = conn->priv;
     if (sc == NULL)
         return;
+    atomic_store_explicit(&sc->poison_blame, blame_rank, memory_order_relaxed);
     int expected = 0;
     atomic_compare_exchange_strong_explicit(&sc->poison_reason, &expected,
                                             reason == cfxSuccess ? cfxRemoteError : (int)reason,
@@ -1166,6 +1177,7 @@ static cfxResult_t sock_check(void *ctx_v, struct cfx_connector *conn)
     assert(sc != NULL);
     if (!atomic_load_explicit(&sc->failed, memory_order_acquire))
         return cfxSuccess;
+    conn->blame_rank = sc->blame_rank;
     return cfx_error_set(sc->failed_res, CFX_LOG_NET, "%s", sc->error);
 }
 
