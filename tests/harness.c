@@ -223,7 +223,11 @@ int cfx_test_run(const struct cfx_test_options *opts, cfx_test_rank_fn fn, char 
                 pid_t got = waitpid(pids[r], &status, WNOHANG);
                 if (got == pids[r]) {
                     pids[r] = 0;
-                    if (WIFSIGNALED(status) || (WIFEXITED(status) && WEXITSTATUS(status) != 0 &&
+                    int expected_kill = (opts->killed_ranks & (1ull << r)) && WIFSIGNALED(status) &&
+                                        WTERMSIG(status) == SIGKILL;
+                    if (expected_kill)
+                        snprintf(area->slots[r].step, sizeof(area->slots[r].step), "killed, as planned");
+                    else if (WIFSIGNALED(status) || (WIFEXITED(status) && WEXITSTATUS(status) != 0 &&
                                                 !area->slots[r].failed)) {
                         area->slots[r].failed = 1;
                         snprintf(area->slots[r].message, sizeof(area->slots[r].message),

@@ -41,6 +41,8 @@ struct cfx_test_options {
     const cfxUniqueId *id;
     /* Ranks that must not run at all (to simulate a missing rank): bitmask. */
     unsigned long long skip_ranks;
+    /* Ranks expected to die by SIGKILL (fault tests): not a failure. */
+    unsigned long long killed_ranks;
 };
 
 /* Run @p fn on every rank; returns 1 when all ranks finished without failure,

@@ -156,11 +156,6 @@ static void peer_name(int rank, char *text, size_t size)
     snprintf(text, size, "bootstrap peer rank %d", rank);
 }
 
-static int64_t min_deadline(int64_t a, int64_t b)
-{
-    return a < b ? a : b;
-}
-
 /* Append, so messages of one (peer, tag) are matched in order. */
 static void queue_append(struct cfx_bootstrap *bs, struct unexpected_msg *msg)
 {
@@ -181,7 +176,12 @@ static cfxResult_t accept_one(struct cfx_bootstrap *bs, int64_t deadline_ns)
     if (res != cfxSuccess)
         return res;
     struct cfx_bootstrap_peer_hdr hdr;
-    int64_t frame_deadline = min_deadline(deadline_ns, cfx_time_now_ns() + cfx_bootstrap_frame_ns());
+    /* A connection that is here gets its frame time to greet, and its
+     * payload at least that long, even when the caller's deadline is "now"
+     * (try_recv). */
+    int64_t frame_deadline = cfx_time_now_ns() + cfx_bootstrap_frame_ns();
+    if (deadline_ns < frame_deadline)
+        deadline_ns = frame_deadline;
     res = cfx_socket_recv_all(fd, &hdr, sizeof(hdr), frame_deadline, bs->abort_flag,
                               "a connecting bootstrap peer");
     if (res != cfxSuccess) {
@@ -371,8 +371,24 @@ static struct unexpected_msg *take_unexpected(struct cfx_bootstrap *bs, int peer
     return NULL;
 }
 
+static cfxResult_t send_until(struct cfx_bootstrap *bs, int peer, uint32_t tag, const void *data,
+                              size_t size, int64_t deadline);
+
 cfxResult_t cfx_bootstrap_send(struct cfx_bootstrap *bs, int peer, uint32_t tag, const void *data,
                                size_t size)
+{
+    return send_until(bs, peer, tag, data, size, op_deadline());
+}
+
+cfxResult_t cfx_bootstrap_send_within(struct cfx_bootstrap *bs, int peer, uint32_t tag,
+                                      const void *data, size_t size, int timeout_ms)
+{
+    return send_until(bs, peer, tag, data, size,
+                      cfx_time_now_ns() + (int64_t)timeout_ms * CFX_NS_PER_MS);
+}
+
+static cfxResult_t send_until(struct cfx_bootstrap *bs, int peer, uint32_t tag, const void *data,
+                              size_t size, int64_t deadline)
 {
     if (peer < 0 || peer >= bs->nranks)
         return cfx_error_set(cfxInternalError, CFX_LOG_BOOTSTRAP, "bootstrap send to rank %d of %d",
@@ -386,13 +402,39 @@ cfxResult_t cfx_bootstrap_send(struct cfx_bootstrap *bs, int peer, uint32_t tag,
         queue_append(bs, msg);
         return cfxSuccess;
     }
-    int64_t deadline = op_deadline();
     int fd;
     CFX_CHECK(connect_peer(bs, peer, CFX_BOOTSTRAP_KIND_MESSAGE, tag, size, deadline, &fd));
     char name[48];
     peer_name(peer, name, sizeof(name));
     cfxResult_t res = cfx_socket_send_all(fd, data, size, deadline, bs->abort_flag, name);
     close(fd);
+    return res;
+}
+
+cfxResult_t cfx_bootstrap_try_recv(struct cfx_bootstrap *bs, int peer, uint32_t tag, void *data,
+                                   size_t size, int *got_p)
+{
+    struct unexpected_msg *msg = take_unexpected(bs, peer, tag);
+    while (msg == NULL) {
+        cfxResult_t res = accept_one(bs, cfx_time_now_ns());
+        if (res == cfxTimeout) {
+            cfx_error_thread_clear();
+            *got_p = 0;
+            return cfxSuccess;
+        }
+        CFX_CHECK(res);
+        msg = take_unexpected(bs, peer, tag);
+    }
+    cfxResult_t res = cfxSuccess;
+    if (msg->size != size)
+        res = cfx_error_set(cfxInternalError, CFX_LOG_BOOTSTRAP,
+                            "bootstrap rank %d: message (tag %u) from rank %d has %zu bytes, "
+                            "expected %zu",
+                            bs->rank, tag, peer, msg->size, size);
+    else
+        memcpy(data, msg->payload, size);
+    free(msg);
+    *got_p = res == cfxSuccess;
     return res;
 }
 

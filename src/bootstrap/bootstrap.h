@@ -56,9 +56,17 @@ cfxResult_t cfx_bootstrap_send(struct cfx_bootstrap *bs, int peer, uint32_t tag,
                                size_t size);
 cfxResult_t cfx_bootstrap_recv(struct cfx_bootstrap *bs, int peer, uint32_t tag, void *data,
                                size_t size);
+/* cfx_bootstrap_send that gives up after @p timeout_ms (a peer that may be gone). */
+cfxResult_t cfx_bootstrap_send_within(struct cfx_bootstrap *bs, int peer, uint32_t tag,
+                                      const void *data, size_t size, int timeout_ms);
 
 /* CFX_BOOTSTRAP_TIMEOUT in seconds (0 = forever): also bounds transport connects. */
 int64_t cfx_bootstrap_timeout_s(void);
+
+/* cfx_bootstrap_recv without waiting: *got_p = 1 and the data when the
+ * message is already here (or its connection is pending), else *got_p = 0. */
+cfxResult_t cfx_bootstrap_try_recv(struct cfx_bootstrap *bs, int peer, uint32_t tag, void *data,
+                                   size_t size, int *got_p);
 
 int cfx_bootstrap_rank(const struct cfx_bootstrap *bs);
 int cfx_bootstrap_nranks(const struct cfx_bootstrap *bs);

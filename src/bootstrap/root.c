@@ -115,7 +115,9 @@ static void reply_all(struct root *root, uint32_t status)
     struct cfx_bootstrap_reply reply = {
         .magic = CFX_BOOTSTRAP_MAGIC, .status = status, .nranks = root->nranks};
     int64_t deadline = cfx_time_now_ns() + 10 * CFX_NS_PER_SEC;
-    for (int r = 0; r < root->nranks; r++) {
+    /* Highest rank first: rank 0 usually runs this thread's process, and on
+     * a failed join it may return and exit before the others are answered. */
+    for (int r = root->nranks - 1; r >= 0; r--) {
         if (root->rank_fds[r] < 0)
             continue;
         char peer[32];

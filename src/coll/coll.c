@@ -83,23 +83,21 @@ int cfx_coll_progress(struct cfx_op *op)
     return ran;
 }
 
-int cfx_coll_waiting_on(const struct cfx_op *op, int *peer_p, const char **what_p)
+struct cfx_connector *cfx_coll_waiting_on(const struct cfx_op *op, const char **what_p)
 {
     if (op->done || op->step >= op->n_steps)
-        return 0;
+        return NULL;
     struct cfx_prim_step step;
     schedule_of(op)->describe(op, op->step, &step);
     if ((step.flags & CFX_PRIM_RECV) && !cfx_conn_can_take(op->recv_conn)) {
-        *peer_p = op->recv_conn->peer_rank;
         *what_p = "data from";
-        return 1;
+        return op->recv_conn;
     }
     if ((step.flags & CFX_PRIM_SEND) && !cfx_conn_can_post(op->send_conn)) {
-        *peer_p = op->send_conn->peer_rank;
-        *what_p = "a free slot at (rank is not consuming)";
-        return 1;
+        *what_p = "a free slot at";
+        return op->send_conn;
     }
-    return 0;
+    return NULL;
 }
 
 void cfx_coll_print_format(const struct cfx_fingerprint *print, char *text, size_t size)

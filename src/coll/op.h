@@ -45,6 +45,10 @@ struct cfx_op {
     struct cfx_fingerprint expect;
     int check_prints; /* Compare received fingerprints (CFX_CHECK_MISMATCH). */
     uint64_t record;  /* The owner's bookkeeping (flight recorder entry). */
+    /* Called by the executor while the op is blocked (stalled_ns since its
+     * last progress); an error fails the op. May be NULL. */
+    cfxResult_t (*on_stall)(struct cfx_op *op, int64_t stalled_ns);
+    int probe_sent; /* on_stall's own state. */
     /* Progress (set by cfx_coll_prepare and cfx_coll_progress). */
     size_t elem_bytes;
     size_t chunk_elems; /* Elements per slot. */
@@ -62,9 +66,9 @@ void cfx_coll_prepare(struct cfx_op *op);
  * op->done at the end. Never blocks, never allocates. */
 int cfx_coll_progress(struct cfx_op *op);
 
-/* Describe what a blocked op waits for: the peer and "data from" / "a free
- * slot at". Returns 0 when the op is not blocked on a connector. */
-int cfx_coll_waiting_on(const struct cfx_op *op, int *peer_p, const char **what_p);
+/* The connector a blocked op waits on, with "data from" / "a free slot at"
+ * for sentences; NULL when the op is not blocked on a connector. */
+struct cfx_connector *cfx_coll_waiting_on(const struct cfx_op *op, const char **what_p);
 
 /* "allreduce #12 float32 sum count 1024 root -1" into @p text. */
 void cfx_coll_print_format(const struct cfx_fingerprint *print, char *text, size_t size);

@@ -9,6 +9,7 @@
 #include "src/core/argcheck.h"
 #include "src/core/comm.h"
 #include "src/core/enqueue.h"
+#include "src/core/probe.h"
 #include "src/util/check.h"
 #include "src/util/log.h"
 
@@ -52,6 +53,7 @@ static void fingerprint(struct cfxComm *comm, struct cfx_op *op)
     op->print = print;
     op->expect = print;
     op->check_prints = comm->check_mismatch;
+    op->on_stall = cfx_core_probe_stall;
 }
 
 /* Run or queue; on failure record the sentence on the communicator. */

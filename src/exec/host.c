@@ -65,16 +65,16 @@ static cfxResult_t check_connector(struct cfx_op *op, struct cfx_connector *conn
     return res;
 }
 
-/* While idle: aborts and dead peers end the wait with an error. */
+/* While idle: an abort, or a failure of the connector the op waits on, ends
+ * the wait with an error. A connector the op no longer needs may fail (a
+ * faster peer finished and left) without failing the op. */
 static cfxResult_t check_health(struct cfx_op *op)
 {
     if (op->abort_flag && __atomic_load_n(op->abort_flag, __ATOMIC_ACQUIRE))
         return cfx_error_set(cfxRemoteError, CFX_LOG_COLL, "%s on rank %d was aborted",
                              cfx_coll_name(op->kind), op->rank);
-    cfxResult_t res = check_connector(op, op->send_conn);
-    if (res == cfxSuccess)
-        res = check_connector(op, op->recv_conn);
-    return res;
+    const char *what;
+    return check_connector(op, cfx_coll_waiting_on(op, &what));
 }
 
 /* No progress for CFX_TIMEOUT: name the operation and whom it waits for. */
@@ -83,11 +83,12 @@ static cfxResult_t timed_out(struct cfx_op *ops, int n_ops, int64_t seconds)
     for (int i = 0; i < n_ops; i++) {
         if (ops[i].done)
             continue;
-        int peer = -1;
         const char *what = "its turn on a connector held by an earlier operation";
         char op_text[160];
         cfx_coll_print_format(&ops[i].print, op_text, sizeof(op_text));
-        if (cfx_coll_waiting_on(&ops[i], &peer, &what)) {
+        struct cfx_connector *conn = cfx_coll_waiting_on(&ops[i], &what);
+        if (conn) {
+            int peer = conn->peer_rank;
             ops[i].blame_rank = peer;
             return cfx_error_set(cfxTimeout, CFX_LOG_COLL,
                                  "%s on rank %d made no progress for %lld s (CFX_TIMEOUT), at "
@@ -165,6 +166,8 @@ cfxResult_t cfx_exec_host_run(struct cfx_op *ops, int n_ops)
                 if (ops[i].done)
                     continue;
                 cfxResult_t res = check_health(&ops[i]);
+                if (res == cfxSuccess && ops[i].on_stall)
+                    res = ops[i].on_stall(&ops[i], now - last_progress_ns);
                 if (res != cfxSuccess) {
                     ops[i].result = res;
                     fail_all(ops, n_ops, res);

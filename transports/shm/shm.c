@@ -306,6 +306,9 @@ static cfxResult_t shm_check(void *ctx_v, struct cfx_connector *conn)
     (void)ctx_v;
     struct shm_conn *sc = conn->priv;
     int closed = atomic_load_explicit(&conn->fifo->closed, memory_order_acquire);
+    /* Slots posted before the peer left are still good: let them be taken. */
+    if (closed && conn->dir == CFX_CONN_RECV && cfx_conn_can_take(conn))
+        return cfxSuccess;
     if (closed) {
         cfxResult_t reason = (cfxResult_t)(closed & 0xff);
         conn->blame_rank = (closed >> 8) - 1;

@@ -136,6 +136,8 @@ struct sock_conn {
     uint64_t done_step;           /* Sender: slots released; receiver: slots posted. */
     uint64_t header_count;        /* Receiver: headers read (sizes known). */
     struct wire_header header_in; /* Receiver: socket 0's header being read. */
+    int poison_in;                /* Receiver: socket 0 brought a poison header. */
+    cfxResult_t poison_in_reason;
     /* Poison: set by the user side (poison op); the progress thread finishes
      * what was posted, sends a poison header, and shuts the sockets down. */
     _Atomic int poison_reason;
@@ -376,17 +378,14 @@ static int header_accept(struct sock_conn *sc, struct stream *st, size_t index)
 {
     const struct wire_header *header = &sc->header_in;
     if (header->magic == POISON_MAGIC) {
+        /* The sender failed. Slots whose headers came before this may still
+         * be arriving on the other sockets: fail once they are in. */
         uint32_t code = (uint32_t)(header->size & 0xffffffffu);
-        cfxResult_t reason = code == cfxInvalidUsage ? cfxInvalidUsage
-                             : code == cfxTimeout    ? cfxTimeout
-                                                     : cfxRemoteError;
+        sc->poison_in_reason = code == cfxInvalidUsage ? cfxInvalidUsage
+                               : code == cfxTimeout    ? cfxTimeout
+                                                       : cfxRemoteError;
         sc->blame_rank = (int)(header->size >> 32) - 1;
-        conn_fail(sc, reason, 1,
-                  "rank %d stopped its stream to rank %d because of rank %d: %s%s",
-                  sc->peer_rank, sc->self_rank, sc->blame_rank, cfxGetErrorString(reason),
-                  reason == cfxInvalidUsage ? " (mismatched collectives; that rank's error says "
-                                              "which)"
-                                            : "");
+        sc->poison_in = 1;
         return 0;
     }
     if (header->magic != HEADER_MAGIC || header->step != (uint32_t)st->step ||
@@ -415,6 +414,11 @@ static int recv_progress(struct sock_conn *sc)
     for (int s = 0; s < sc->nsocks; s++) {
         struct stream *st = &sc->streams[s];
         size_t head_bytes = s == 0 ? sizeof(struct wire_header) : 0;
+        if (s == 0 && sc->poison_in) {
+            if (st->step < low)
+                low = st->step;
+            continue; /* Nothing follows a poison header. */
+        }
         /* Socket 0 reads headers into free slots; the others follow the headers. */
         while (st->step < (s == 0 ? limit : sc->header_count)) {
             size_t index = (size_t)(st->step % (uint64_t)sc->n_steps);
@@ -432,8 +436,12 @@ static int recv_progress(struct sock_conn *sc)
                 moved = 1;
                 if (st->offset < head_bytes)
                     continue;
-                if (!header_accept(sc, st, index))
-                    return 1;
+                if (!header_accept(sc, st, index)) {
+                    if (!sc->poison_in)
+                        return 1;
+                    moved = 1;
+                    break;
+                }
             }
             size_t off, len;
             slot_part(sc->fifo->sizes[index], sc->nsocks, s, &off, &len);
@@ -464,15 +472,43 @@ static int recv_progress(struct sock_conn *sc)
         sc->done_step = low;
         atomic_store_explicit(&sc->fifo->tail, low, memory_order_release);
     }
+    if (sc->poison_in && low == sc->header_count) {
+        cfxResult_t reason = sc->poison_in_reason;
+        conn_fail(sc, reason, 1, "rank %d stopped its stream to rank %d because of rank %d: %s%s",
+                  sc->peer_rank, sc->self_rank, sc->blame_rank, cfxGetErrorString(reason),
+                  reason == cfxInvalidUsage ? " (mismatched collectives; that rank's error says "
+                                              "which)"
+                                            : "");
+        return 1;
+    }
     return moved;
 }
 
-/* Sender sockets never carry data back: readable means closed or broken. */
+/* Sender sockets carry nothing back but a receiver's poison header: readable
+ * means the receiver failed, closed, or broke. */
 static void send_probe(struct sock_conn *sc)
 {
     for (int s = 0; s < sc->nsocks; s++) {
+        struct wire_header back;
+        ssize_t n = recv(sc->streams[s].fd, &back, sizeof(back), MSG_DONTWAIT | MSG_PEEK);
+        if (n == (ssize_t)sizeof(back) && back.magic == POISON_MAGIC) {
+            uint32_t code = (uint32_t)(back.size & 0xffffffffu);
+            cfxResult_t reason = code == cfxInvalidUsage ? cfxInvalidUsage
+                                 : code == cfxTimeout    ? cfxTimeout
+                                                         : cfxRemoteError;
+            sc->blame_rank = (int)(back.size >> 32) - 1;
+            conn_fail(sc, reason, 1,
+                      "rank %d stopped receiving from rank %d because of rank %d: %s%s",
+                      sc->peer_rank, sc->self_rank, sc->blame_rank, cfxGetErrorString(reason),
+                      reason == cfxInvalidUsage ? " (mismatched collectives; that rank's error "
+                                                  "says which)"
+                                                : "");
+            return;
+        }
+        if (n > 0 && n < (ssize_t)sizeof(back) && back.magic == POISON_MAGIC)
+            continue; /* The rest of the header is on its way. */
         char byte;
-        ssize_t n = recv(sc->streams[s].fd, &byte, 1, MSG_DONTWAIT);
+        n = recv(sc->streams[s].fd, &byte, 1, MSG_DONTWAIT);
         if (n == 0) {
             conn_fail(sc, cfxRemoteError, conn_between_slots(sc),
                       "socket transport: rank %d closed its connection from rank %d (socket %d "
@@ -513,7 +549,15 @@ static int poison_progress(struct sock_conn *sc, int reason, int blame_rank)
     int64_t now = cfx_time_now_ns();
     if (sc->poison_deadline_ns == 0)
         sc->poison_deadline_ns = now + POISON_GRACE_NS;
-    if (sc->dir == CFX_CONN_SEND) {
+    struct wire_header header = {
+        .magic = POISON_MAGIC,
+        .size = (uint64_t)(uint32_t)reason | ((uint64_t)(uint32_t)(blame_rank + 1) << 32)};
+    if (sc->dir == CFX_CONN_RECV) {
+        /* Sockets carry nothing back normally; the sender's probe reads this. */
+        if (send(sc->streams[0].fd, &header, sizeof(header), MSG_NOSIGNAL | MSG_DONTWAIT) < 0 &&
+            (errno == EAGAIN || errno == EWOULDBLOCK) && now < sc->poison_deadline_ns)
+            return 1;
+    } else {
         send_progress(sc);
         int idle = !atomic_load_explicit(&sc->failed, memory_order_relaxed);
         uint64_t tail = atomic_load_explicit(&sc->fifo->tail, memory_order_acquire);
@@ -522,16 +566,13 @@ static int poison_progress(struct sock_conn *sc, int reason, int blame_rank)
         if (!idle && now < sc->poison_deadline_ns)
             return 1;
         if (idle) {
-            struct wire_header header = {
-                .magic = POISON_MAGIC,
-                .size = (uint64_t)(uint32_t)reason | ((uint64_t)(uint32_t)(blame_rank + 1) << 32)};
             if (send(sc->streams[0].fd, &header, sizeof(header), MSG_NOSIGNAL | MSG_DONTWAIT) < 0 &&
                 (errno == EAGAIN || errno == EWOULDBLOCK) && now < sc->poison_deadline_ns)
                 return 1;
         }
     }
     shutdown_all(sc);
-    sc->poison_done = 1;
+    __atomic_store_n(&sc->poison_done, 1, __ATOMIC_RELEASE);
     return 1;
 }
 
@@ -1115,14 +1156,40 @@ static cfxResult_t sock_connect(void *ctx_v, struct cfx_connector *conn, const v
 /* Take the connector from the progress thread (synchronously), close its
  * sockets, free its FIFO. Half-built connectors too. Never blocks on the
  * peer; slots not yet on the wire are lost. */
+#define CLOSE_LINGER_NS (500 * CFX_NS_PER_MS)
+
+/* Before closing, let the progress thread put what was posted (and a poison
+ * header) on the wire, briefly: a rank that finished first must not cut off
+ * a slower peer's last slots. Bounded; the peer's reading is not awaited. */
+static void linger(struct sock_ctx *ctx, struct sock_conn *sc)
+{
+    int64_t deadline = cfx_time_now_ns() + CLOSE_LINGER_NS;
+    for (;;) {
+        if (atomic_load_explicit(&sc->failed, memory_order_acquire))
+            return;
+        int poisoned = atomic_load_explicit(&sc->poison_reason, memory_order_acquire) != 0;
+        int flushed = sc->dir == CFX_CONN_RECV ||
+                      atomic_load_explicit(&sc->fifo->head, memory_order_acquire) ==
+                          atomic_load_explicit(&sc->fifo->tail, memory_order_acquire);
+        int done = poisoned ? __atomic_load_n(&sc->poison_done, __ATOMIC_ACQUIRE) : flushed;
+        if (done || cfx_time_now_ns() > deadline)
+            return;
+        atomic_store_explicit(&ctx->sleeping, 0, memory_order_relaxed);
+        proxy_wake(ctx);
+        usleep(200);
+    }
+}
+
 static void sock_close(void *ctx_v, struct cfx_connector *conn)
 {
     struct sock_ctx *ctx = ctx_v;
     struct sock_conn *sc = conn->priv;
     if (sc == NULL)
         return;
-    if (sc->registered)
+    if (sc->registered) {
+        linger(ctx, sc);
         proxy_remove(ctx, sc);
+    }
     pthread_mutex_lock(&ctx->accept_lock);
     if (sc->awaiting)
         awaiting_remove(ctx, sc);
@@ -1176,6 +1243,9 @@ static cfxResult_t sock_check(void *ctx_v, struct cfx_connector *conn)
     struct sock_conn *sc = conn->priv;
     assert(sc != NULL);
     if (!atomic_load_explicit(&sc->failed, memory_order_acquire))
+        return cfxSuccess;
+    /* Slots that arrived before the failure are still good: let them be taken. */
+    if (sc->dir == CFX_CONN_RECV && cfx_conn_can_take(conn))
         return cfxSuccess;
     conn->blame_rank = sc->blame_rank;
     return cfx_error_set(sc->failed_res, CFX_LOG_NET, "%s", sc->error);

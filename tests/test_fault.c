@@ -1,0 +1,306 @@
+/*
+ * Failures are errors with sentences, never hangs: CFX_TIMEOUT, a rank
+ * killed mid-collective, cfxCommAbort from another thread, and ranks that
+ * call mismatched collectives. Over shm and sockets, ranks as processes.
+ */
+#include <criterion/criterion.h>
+#include <criterion/parameterized.h>
+#include <dirent.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "tests/harness.h"
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+static const char *transport_names[] = {"shm", "socket"};
+
+static void use_transport(int socket)
+{
+    cfx_test_setenv("CFX_SHM_DISABLE", socket ? "1" : NULL);
+}
+
+/* ------------------------------------------------------------- timeout */
+
+static void silent_rank_two(struct cfx_test_rank *ctx)
+{
+    cfxComm_t comm;
+    RANK_CFX(ctx, cfxCommInitRank(&comm, ctx->nranks, ctx->id, ctx->rank));
+    if (ctx->rank == 2) {
+        cfx_test_step(ctx, "rank 2 stays away from the allreduce");
+        sleep(4);
+        RANK_CFX(ctx, cfxCommDestroy(comm));
+        return;
+    }
+    float data[1024] = {0};
+    cfx_test_step(ctx, "allreduce without rank 2");
+    double start = now_s();
+    cfxResult_t res = cfxAllReduce(data, data, 1024, cfxFloat32, cfxSum, comm, NULL);
+    double took = now_s() - start;
+    RANK_ASSERT(ctx, res == cfxTimeout, "allreduce returned %s: %s", cfxGetErrorString(res),
+                cfxGetLastError(comm));
+    RANK_ASSERT(ctx, took < 3.5, "the timeout took %.1f s with CFX_TIMEOUT=1", took);
+    /* Rank 0 waits for rank 2; rank 1 waits for rank 0 (or hears from it). */
+    RANK_ASSERT(ctx, strstr(cfxGetLastError(comm), ctx->rank == 0 ? "rank 2" : "rank ") != NULL,
+                "the sentence names no peer: %s", cfxGetLastError(comm));
+    if (ctx->rank == 0)
+        RANK_ASSERT(ctx, strstr(cfxGetLastError(comm), "allreduce #0") != NULL &&
+                             strstr(cfxGetLastError(comm), "CFX_TIMEOUT") != NULL,
+                    "the sentence does not name the operation: %s", cfxGetLastError(comm));
+    cfxResult_t async;
+    RANK_CFX(ctx, cfxCommGetAsyncError(comm, &async));
+    RANK_ASSERT(ctx, async == cfxTimeout, "async error %d", async);
+    start = now_s();
+    res = cfxAllReduce(data, data, 1024, cfxFloat32, cfxSum, comm, NULL);
+    RANK_ASSERT(ctx, res == cfxTimeout && now_s() - start < 0.1,
+                "a later call returned %s after %.2f s; it should fail fast", cfxGetErrorString(res),
+                now_s() - start);
+    RANK_CFX(ctx, cfxCommDestroy(comm));
+}
+
+ParameterizedTestParameters(fault, timeout_names_the_rank_that_did_not_answer)
+{
+    static int transports[] = {0, 1};
+    return cr_make_param_array(int, transports, 2);
+}
+
+ParameterizedTest(int *socket, fault, timeout_names_the_rank_that_did_not_answer, .timeout = 60)
+{
+    cr_log_info("over %s", transport_names[*socket]);
+    use_transport(*socket);
+    cfx_test_setenv("CFX_TIMEOUT", "1");
+    struct cfx_test_options opts = {.nranks = 3, .mode = CFX_TEST_PROCS, .deadline_s = 30};
+    CFX_TEST_RUN(&opts, silent_rank_two);
+}
+
+/* ------------------------------------------------------- killed rank */
+
+static void *kill_me_soon(void *arg)
+{
+    (void)arg;
+    usleep(300 * 1000);
+    kill(getpid(), SIGKILL);
+    return NULL;
+}
+
+static void allreduce_until_rank_two_dies(struct cfx_test_rank *ctx)
+{
+    cfxComm_t comm;
+    RANK_CFX(ctx, cfxCommInitRank(&comm, ctx->nranks, ctx->id, ctx->rank));
+    size_t count = 1 << 20;
+    float *data = calloc(count, sizeof(float));
+    RANK_ASSERT(ctx, data != NULL, "malloc");
+    if (ctx->rank == 2) {
+        pthread_t killer;
+        pthread_create(&killer, NULL, kill_me_soon, NULL);
+    }
+    cfxResult_t res = cfxSuccess;
+    double start = 0;
+    for (int i = 0; i < 100000 && res == cfxSuccess; i++) {
+        cfx_test_step(ctx, "allreduce %d while rank 2 dies", i);
+        start = now_s();
+        res = cfxAllReduce(data, data, count, cfxFloat32, cfxSum, comm, NULL);
+    }
+    double took = now_s() - start;
+    RANK_ASSERT(ctx, res == cfxRemoteError, "the call returned %s: %s", cfxGetErrorString(res),
+                cfxGetLastError(comm));
+    RANK_ASSERT(ctx, took < 12, "the failing call took %.1f s (CFX_TIMEOUT=10)", took);
+    RANK_ASSERT(ctx, strstr(cfxGetLastError(comm), "rank 2") != NULL,
+                "the sentence does not name rank 2: %s", cfxGetLastError(comm));
+    start = now_s();
+    res = cfxAllReduce(data, data, 16, cfxFloat32, cfxSum, comm, NULL);
+    RANK_ASSERT(ctx, res == cfxRemoteError && now_s() - start < 0.1,
+                "a later call returned %s after %.2f s", cfxGetErrorString(res), now_s() - start);
+    cfxResult_t async;
+    RANK_CFX(ctx, cfxCommGetAsyncError(comm, &async));
+    RANK_ASSERT(ctx, async == cfxRemoteError, "async error %d", async);
+    RANK_CFX(ctx, cfxCommDestroy(comm));
+    free(data);
+}
+
+/* Segments this test's processes left in /dev/shm. */
+static int leftover_segments(void)
+{
+    DIR *dir = opendir("/dev/shm");
+    if (dir == NULL)
+        return 0;
+    int found = 0;
+    for (struct dirent *e; (e = readdir(dir));)
+        if (strncmp(e->d_name, "cfx-", 4) == 0) {
+            int pid = atoi(e->d_name + 4);
+            if (pid > getpid() && pid < getpid() + 64)
+                found++;
+        }
+    closedir(dir);
+    return found;
+}
+
+ParameterizedTestParameters(fault, killed_rank_fails_every_survivor_with_its_name)
+{
+    static int transports[] = {0, 1};
+    return cr_make_param_array(int, transports, 2);
+}
+
+ParameterizedTest(int *socket, fault, killed_rank_fails_every_survivor_with_its_name, .timeout = 90)
+{
+    cr_log_info("over %s", transport_names[*socket]);
+    use_transport(*socket);
+    cfx_test_setenv("CFX_TIMEOUT", "10");
+    struct cfx_test_options opts = {
+        .nranks = 4, .mode = CFX_TEST_PROCS, .deadline_s = 60, .killed_ranks = 1ull << 2};
+    CFX_TEST_RUN(&opts, allreduce_until_rank_two_dies);
+    cr_assert_eq(leftover_segments(), 0, "shared-memory segments were left in /dev/shm");
+}
+
+/* ------------------------------------------------------------- abort */
+
+struct abort_job {
+    cfxComm_t comm;
+    double aborted_at;
+    cfxResult_t res;
+};
+
+static void *abort_later(void *arg)
+{
+    struct abort_job *job = arg;
+    usleep(300 * 1000);
+    job->aborted_at = now_s();
+    job->res = cfxCommAbort(job->comm);
+    return NULL;
+}
+
+static void abort_from_a_second_thread(struct cfx_test_rank *ctx)
+{
+    cfxComm_t comm;
+    RANK_CFX(ctx, cfxCommInitRank(&comm, ctx->nranks, ctx->id, ctx->rank));
+    if (ctx->rank == 0) {
+        cfx_test_step(ctx, "rank 0 never joins the allreduce");
+        sleep(2);
+        RANK_CFX(ctx, cfxCommDestroy(comm));
+        return;
+    }
+    struct abort_job job = {.comm = comm};
+    pthread_t thread;
+    pthread_create(&thread, NULL, abort_later, &job);
+    float data[256] = {0};
+    cfx_test_step(ctx, "allreduce that only cfxCommAbort can end");
+    cfxResult_t res = cfxAllReduce(data, data, 256, cfxFloat32, cfxSum, comm, NULL);
+    double returned_at = now_s();
+    pthread_join(thread, NULL);
+    RANK_ASSERT(ctx, res != cfxSuccess, "the allreduce succeeded without rank 0");
+    RANK_ASSERT(ctx, job.res == cfxSuccess, "cfxCommAbort returned %d", job.res);
+    RANK_ASSERT(ctx, returned_at - job.aborted_at < 1.0,
+                "the blocked call returned %.2f s after cfxCommAbort", returned_at - job.aborted_at);
+}
+
+Test(fault, abort_from_another_thread_unblocks_the_call_within_a_second, .timeout = 60)
+{
+    struct cfx_test_options opts = {.nranks = 2, .mode = CFX_TEST_PROCS, .deadline_s = 30};
+    CFX_TEST_RUN(&opts, abort_from_a_second_thread);
+}
+
+/* ---------------------------------------------------------- mismatch */
+
+enum mismatch { DIFFERENT_COLLECTIVE, DIFFERENT_COUNT, DIFFERENT_TYPE, DIFFERENT_OP,
+                DIFFERENT_ROOT, ZERO_COUNT_ON_ONE_RANK, N_MISMATCHES };
+static const char *mismatch_names[] = {"collective", "count", "type", "op", "root", "zero count"};
+
+struct mismatch_case {
+    enum mismatch kind;
+    int socket;
+};
+
+static void mismatched_call(struct cfx_test_rank *ctx)
+{
+    const struct mismatch_case *mc = ctx->arg;
+    cfxComm_t comm;
+    RANK_CFX(ctx, cfxCommInitRank(&comm, ctx->nranks, ctx->id, ctx->rank));
+    float data[4096], out[4096];
+    for (int i = 0; i < 4096; i++)
+        data[i] = 1.0f;
+    /* One good allreduce first: the mismatch is the second operation. */
+    RANK_CFX(ctx, cfxAllReduce(data, out, 4096, cfxFloat32, cfxSum, comm, NULL));
+    int odd = ctx->rank == 1;
+    cfx_test_step(ctx, "mismatched %s", mismatch_names[mc->kind]);
+    double start = now_s();
+    cfxResult_t res;
+    switch (mc->kind) {
+    case DIFFERENT_COLLECTIVE:
+        res = odd ? cfxBroadcast(data, out, 4096, cfxFloat32, 0, comm, NULL)
+                  : cfxAllReduce(data, out, 4096, cfxFloat32, cfxSum, comm, NULL);
+        break;
+    case DIFFERENT_COUNT:
+        res = cfxAllReduce(data, out, odd ? 4000 : 4096, cfxFloat32, cfxSum, comm, NULL);
+        break;
+    case DIFFERENT_TYPE:
+        res = cfxAllReduce(data, out, 4096, odd ? cfxInt32 : cfxFloat32, cfxSum, comm, NULL);
+        break;
+    case DIFFERENT_OP:
+        res = cfxAllReduce(data, out, 4096, cfxFloat32, odd ? cfxMax : cfxSum, comm, NULL);
+        break;
+    case DIFFERENT_ROOT:
+        res = cfxReduce(data, out, 4096, cfxFloat32, cfxSum, odd ? 1 : 0, comm, NULL);
+        break;
+    default:
+        res = cfxAllReduce(data, out, odd ? 0 : 4096, cfxFloat32, cfxSum, comm, NULL);
+        break;
+    }
+    double took = now_s() - start;
+    RANK_ASSERT(ctx, res == cfxInvalidUsage, "mismatched %s returned %s: %s",
+                mismatch_names[mc->kind], cfxGetErrorString(res), cfxGetLastError(comm));
+    RANK_ASSERT(ctx, took < 3, "caught only after %.1f s", took);
+    RANK_ASSERT(ctx, strstr(cfxGetLastError(comm), "mismatched") != NULL, "sentence: %s",
+                cfxGetLastError(comm));
+    RANK_CFX(ctx, cfxCommDestroy(comm));
+}
+
+#define N_MISMATCH_CASES (N_MISMATCHES * 2)
+static struct mismatch_case mismatch_cases[N_MISMATCH_CASES];
+
+ParameterizedTestParameters(mismatch, mismatched_calls_all_return_invalid_usage)
+{
+    for (int k = 0; k < N_MISMATCHES; k++)
+        for (int t = 0; t < 2; t++)
+            mismatch_cases[k * 2 + t] = (struct mismatch_case){.kind = (enum mismatch)k, .socket = t};
+    return cr_make_param_array(struct mismatch_case, mismatch_cases, N_MISMATCH_CASES);
+}
+
+ParameterizedTest(struct mismatch_case *mc, mismatch, mismatched_calls_all_return_invalid_usage,
+                  .timeout = 60)
+{
+    cr_log_info("different %s over %s", mismatch_names[mc->kind], transport_names[mc->socket]);
+    use_transport(mc->socket);
+    cfx_test_setenv("CFX_TIMEOUT", "20");
+    struct cfx_test_options opts = {.nranks = 3, .mode = CFX_TEST_PROCS, .deadline_s = 30, .arg = mc};
+    CFX_TEST_RUN(&opts, mismatched_call);
+}
+
+/* With the check off, matching calls still work (and count 0 is free). */
+static void matching_calls_without_checks(struct cfx_test_rank *ctx)
+{
+    cfxComm_t comm;
+    RANK_CFX(ctx, cfxCommInitRank(&comm, ctx->nranks, ctx->id, ctx->rank));
+    int v = ctx->rank + 1, sum = 0;
+    RANK_CFX(ctx, cfxAllReduce(&v, &sum, 1, cfxInt32, cfxSum, comm, NULL));
+    RANK_ASSERT(ctx, sum == ctx->nranks * (ctx->nranks + 1) / 2, "sum %d", sum);
+    RANK_CFX(ctx, cfxAllReduce(&v, &sum, 0, cfxInt32, cfxSum, comm, NULL));
+    RANK_CFX(ctx, cfxCommFinalize(comm));
+    RANK_CFX(ctx, cfxCommDestroy(comm));
+}
+
+Test(mismatch, checks_can_be_turned_off, .timeout = 60)
+{
+    cfx_test_setenv("CFX_CHECK_MISMATCH", "0");
+    struct cfx_test_options opts = {.nranks = 3, .mode = CFX_TEST_PROCS, .deadline_s = 30};
+    CFX_TEST_RUN(&opts, matching_calls_without_checks);
+}

@@ -1,0 +1,414 @@
+/*
+ * One rank's run of conflux-perf, the loop nccl-tests runs:
+ *   allocate the send and receive buffers once, at the largest size, and
+ *   touch them; for each type, op and root: warm up (-w calls at the largest
+ *   size, then at the smallest); then for each size, out of place and in
+ *   place: one untimed call, -n timed iterations of -m calls each with no
+ *   barrier in between (host calls complete before they return, so the wall
+ *   time of the loop is the time of the calls), the mean per call combined
+ *   across ranks as -a says, then -c checked calls.
+ * Like nccl-tests, iteration i works at offset (i mod steps) * size inside the
+ * buffers, so small sizes do not run from one hot cache line.
+ * Rules: every rank runs the same sequence of Conflux calls (the timing and
+ * error totals are Conflux collectives too); only rank 0 prints.
+ */
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "perf.h"
+
+#define CHECK_SEED_TIMED 99 /* inputs of the timed calls, when checking */
+
+struct bench {
+    const struct perf_options *opt;
+    const struct perf_coll *coll;
+    cfxComm_t comm;
+    int rank;
+    int nranks;
+    char *send_buf;
+    char *recv_buf;
+    size_t buf_bytes;
+    struct perf_report *rep; /* rank 0 only */
+    long long errors;        /* this rank's checks with wrong elements */
+    double busbw_sum;
+    int busbw_count;
+    uint32_t check_seed;
+};
+
+/* The buffers of one size. */
+struct sizing {
+    struct perf_counts counts;
+    size_t elem_bytes;
+    size_t total_bytes; /* the larger of send and receive: the printed size */
+    size_t steps;       /* distinct offsets in the buffers */
+};
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static void report_failure(const struct bench *b, const char *call, cfxResult_t res)
+{
+    fprintf(stderr, "conflux-perf: rank %d: %s failed: %s: %s\n", b->rank, call,
+            cfxGetErrorString(res), cfxGetLastError(b->comm));
+}
+
+/* Return -1 from the enclosing function when a Conflux call fails. */
+#define BENCH_CALL(b, name, call)                                                                  \
+    do {                                                                                           \
+        cfxResult_t res_ = (call);                                                                 \
+        if (res_ != cfxSuccess) {                                                                  \
+            report_failure((b), (name), res_);                                                     \
+            return -1;                                                                             \
+        }                                                                                          \
+    } while (0)
+
+static void sizing_init(const struct bench *b, size_t bytes, cfxDataType_t type, struct sizing *sz)
+{
+    sz->elem_bytes = perf_type_size(type);
+    b->coll->counts(bytes / sz->elem_bytes, b->nranks, &sz->counts);
+    size_t elems = sz->counts.send > sz->counts.recv ? sz->counts.send : sz->counts.recv;
+    sz->total_bytes = elems * sz->elem_bytes;
+    sz->steps = sz->total_bytes ? b->buf_bytes / sz->total_bytes : 1;
+    if (sz->steps == 0)
+        sz->steps = 1;
+}
+
+/* The send and receive pointers of iteration `iter`. */
+static void call_buffers(const struct bench *b, const struct sizing *sz, int inplace, long iter,
+                         char **send_p, char **recv_p)
+{
+    size_t shift = sz->total_bytes * ((size_t)iter % sz->steps);
+    size_t rank = (size_t)b->rank;
+    char *recv = b->recv_buf + shift;
+    *send_p = inplace ? recv + sz->counts.send_inplace_offset * sz->elem_bytes * rank
+                      : b->send_buf + shift;
+    *recv_p = inplace ? recv + sz->counts.recv_inplace_offset * sz->elem_bytes * rank : recv;
+}
+
+static cfxResult_t start_call(const struct bench *b, const struct sizing *sz, cfxDataType_t type,
+                              cfxRedOp_t op, int root, int inplace, long iter)
+{
+    char *send, *recv;
+    call_buffers(b, sz, inplace, iter, &send, &recv);
+    return b->coll->run(send, recv, sz->counts.param, type, op, root, b->comm);
+}
+
+/* ------------------------------------------------------------ check */
+
+/* Inputs for the call at offset 0, outputs set to 0xff. */
+static void prepare_data(const struct bench *b, const struct sizing *sz,
+                         const struct perf_values *values, int root, int inplace)
+{
+    char *send, *recv;
+    call_buffers(b, sz, inplace, 0, &send, &recv);
+    memset(inplace ? b->recv_buf : recv, 0xff,
+           inplace ? sz->total_bytes : sz->counts.recv * sz->elem_bytes);
+    if (b->coll->kind != PERF_BROADCAST || b->rank == root)
+        perf_values_fill(values, send, sz->counts.send,
+                         b->coll->kind == PERF_BROADCAST ? root : b->rank, 0);
+}
+
+/* Wrong elements of this rank's output of the call at offset 0. */
+static size_t verify_data(const struct bench *b, const struct sizing *sz,
+                          const struct perf_values *values, int root, int inplace)
+{
+    char *send, *recv;
+    call_buffers(b, sz, inplace, 0, &send, &recv);
+    size_t block = sz->counts.param, n = (size_t)b->nranks, wrong = 0;
+    switch (b->coll->kind) {
+    case PERF_ALLREDUCE: return perf_values_verify(values, recv, block, 0, -1);
+    case PERF_REDUCE: return b->rank == root ? perf_values_verify(values, recv, block, 0, -1) : 0;
+    case PERF_REDUCESCATTER:
+        return perf_values_verify(values, recv, block, block * (size_t)b->rank, -1);
+    case PERF_BROADCAST: return perf_values_verify(values, recv, block, 0, root);
+    case PERF_SENDRECV:
+        return perf_values_verify(values, recv, block, 0, (b->rank - 1 + b->nranks) % b->nranks);
+    case PERF_ALLGATHER:
+        for (size_t j = 0; j < n; j++)
+            wrong +=
+                perf_values_verify(values, recv + j * block * sz->elem_bytes, block, 0, (int)j);
+        return wrong;
+    }
+    return 0;
+}
+
+/* -c checked calls; *wrong_p is the total over ranks of the last one. */
+static int run_checks(struct bench *b, const struct sizing *sz, cfxDataType_t type, cfxRedOp_t op,
+                      int root, int inplace, long long *wrong_p)
+{
+    long long wrong = 0;
+    for (int c = 0; c < b->opt->check_iters; c++) {
+        struct perf_values values;
+        perf_values_init(&values, b->coll, type, op, b->nranks, ++b->check_seed);
+        prepare_data(b, sz, &values, root, inplace);
+        BENCH_CALL(b, b->coll->name, start_call(b, sz, type, op, root, inplace, 0));
+        long long local = (long long)verify_data(b, sz, &values, root, inplace);
+        if (local > 0)
+            b->errors++;
+        wrong = local;
+        BENCH_CALL(b, "cfxAllReduce (wrong count)",
+                   cfxAllReduce(&wrong, &wrong, 1, cfxInt64, cfxSum, b->comm, NULL));
+        if (wrong > 0)
+            break;
+    }
+    *wrong_p = wrong;
+    return 0;
+}
+
+/* ------------------------------------------------------------ timing */
+
+/* Combine this rank's seconds per call across ranks, as -a says. */
+static int combine_time(struct bench *b, double *seconds)
+{
+    static const cfxRedOp_t ops[] = {cfxSum, cfxSum, cfxMin, cfxMax};
+    if (b->opt->average == 0) {
+        BENCH_CALL(b, "cfxBroadcast (time)",
+                   cfxBroadcast(seconds, seconds, 1, cfxFloat64, 0, b->comm, NULL));
+        return 0;
+    }
+    BENCH_CALL(b, "cfxAllReduce (time)",
+               cfxAllReduce(seconds, seconds, 1, cfxFloat64, ops[b->opt->average], b->comm, NULL));
+    if (b->opt->average == 1)
+        *seconds /= b->nranks;
+    return 0;
+}
+
+static int time_one(struct bench *b, const struct sizing *sz, cfxDataType_t type, cfxRedOp_t op,
+                    int root, int inplace, struct perf_result *res)
+{
+    const struct perf_options *opt = b->opt;
+    const char *name = b->coll->name;
+    if (opt->check_iters > 0) {
+        struct perf_values values;
+        perf_values_init(&values, b->coll, type, op, b->nranks, CHECK_SEED_TIMED);
+        prepare_data(b, sz, &values, root, inplace);
+    }
+    BENCH_CALL(b, name, start_call(b, sz, type, op, root, inplace, 0));
+
+    double start = now_s();
+    for (long iter = 0; iter < opt->iters; iter++) {
+        if (opt->agg_iters > 1)
+            BENCH_CALL(b, "cfxGroupStart", cfxGroupStart());
+        for (long a = 0; a < opt->agg_iters; a++)
+            BENCH_CALL(b, name,
+                       start_call(b, sz, type, op, root, inplace, iter * opt->agg_iters + a));
+        if (opt->agg_iters > 1)
+            BENCH_CALL(b, "cfxGroupEnd", cfxGroupEnd());
+    }
+    double seconds = (now_s() - start) / ((double)opt->iters * opt->agg_iters);
+    if (combine_time(b, &seconds) != 0)
+        return -1;
+
+    res->bytes = sz->total_bytes;
+    res->count = sz->counts.param;
+    res->inplace = inplace;
+    res->time_us = seconds * 1e6;
+    res->algbw = (double)sz->total_bytes / 1e9 / seconds;
+    res->busbw = res->algbw * b->coll->bus_factor(b->nranks);
+    res->wrong = -1;
+    if (opt->check_iters > 0 && !(inplace && (b->coll->flags & PERF_COLL_NO_INPLACE_CHECK)))
+        if (run_checks(b, sz, type, op, root, inplace, &res->wrong) != 0)
+            return -1;
+    b->busbw_sum += res->busbw;
+    b->busbw_count++;
+    return 0;
+}
+
+static int warmup(struct bench *b, size_t bytes, cfxDataType_t type, cfxRedOp_t op, int root)
+{
+    struct sizing sz;
+    sizing_init(b, bytes, type, &sz);
+    for (long iter = 0; iter < b->opt->warmup_iters; iter++)
+        BENCH_CALL(b, b->coll->name, start_call(b, &sz, type, op, root, 0, iter));
+    return 0;
+}
+
+/* The sweep over sizes for one type, op and root. */
+static int sweep(struct bench *b, cfxDataType_t type, cfxRedOp_t op, const char *op_name, int root)
+{
+    const struct perf_options *opt = b->opt;
+    int call_root = root < 0 ? 0 : root;
+    if (warmup(b, opt->max_bytes, type, op, call_root) != 0 ||
+        warmup(b, opt->min_bytes, type, op, call_root) != 0)
+        return -1;
+    for (size_t bytes = opt->min_bytes; bytes <= opt->max_bytes;) {
+        struct sizing sz;
+        sizing_init(b, bytes, type, &sz);
+        perf_report_row_start(b->rep, sz.total_bytes, sz.counts.param, type, op_name, root);
+        for (int inplace = 0; inplace <= 1; inplace++) {
+            struct perf_result res;
+            if (time_one(b, &sz, type, op, call_root, inplace, &res) != 0)
+                return -1;
+            perf_report_result(b->rep, type, op_name, root, &res);
+        }
+        perf_report_row_end(b->rep);
+        size_t next = opt->step_factor > 1 ? bytes * opt->step_factor : bytes + opt->step_bytes;
+        if (next <= bytes)
+            break; /* 0 * factor, or overflow */
+        bytes = next;
+    }
+    return 0;
+}
+
+/* ------------------------------------------------------------ setup */
+
+/* "#  Rank ..." lines for every rank, gathered with cfxAllGather. */
+struct rank_line {
+    int32_t rank;
+    int32_t pid;
+    char host[56];
+};
+
+static int gather_rank_lines(struct bench *b, char **text_p)
+{
+    struct rank_line mine = {.rank = b->rank, .pid = (int32_t)getpid()};
+    gethostname(mine.host, sizeof(mine.host) - 1);
+    struct rank_line *all = calloc((size_t)b->nranks, sizeof(*all));
+    size_t text_bytes = (size_t)b->nranks * 160 + 1;
+    char *text = malloc(text_bytes);
+    if (all == NULL || text == NULL) {
+        fprintf(stderr, "conflux-perf: rank %d: out of memory\n", b->rank);
+        free(all);
+        free(text);
+        return -1;
+    }
+    cfxResult_t res = cfxAllGather(&mine, all, sizeof(mine), cfxUint8, b->comm, NULL);
+    if (res != cfxSuccess) {
+        report_failure(b, "cfxAllGather (rank lines)", res);
+        free(all);
+        free(text);
+        return -1;
+    }
+    size_t used = 0;
+    text[0] = '\0';
+    for (int r = 0; r < b->nranks && used < text_bytes; r++)
+        used += (size_t)snprintf(text + used, text_bytes - used,
+                                 "#  Rank %2d Group  0 Pid %6d on %10s device -1 [cpu] host "
+                                 "memory\n",
+                                 (int)all[r].rank, (int)all[r].pid, all[r].host);
+    free(all);
+    *text_p = text;
+    return 0;
+}
+
+/* Single-threaded memcpy between the two touched buffers; GB/s (1e9). */
+static double measure_memcpy(char *dst, const char *src, size_t bytes)
+{
+    void *(*volatile copy)(void *, const void *, size_t) = memcpy; /* not optimised away */
+    copy(dst, src, bytes);
+    int reps = 0;
+    double start = now_s(), elapsed;
+    do {
+        copy(dst, src, bytes);
+        reps++;
+        elapsed = now_s() - start;
+    } while (reps < 3 || (elapsed < 0.2 && reps < 10000));
+    return (double)bytes * reps / elapsed / 1e9;
+}
+
+static int alloc_buffers(struct bench *b)
+{
+    size_t page = 4096;
+    b->buf_bytes = b->opt->max_bytes;
+    size_t alloc_bytes = (b->buf_bytes + page - 1) / page * page;
+    if (alloc_bytes == 0)
+        alloc_bytes = page;
+    b->send_buf = aligned_alloc(page, alloc_bytes);
+    b->recv_buf = aligned_alloc(page, alloc_bytes);
+    if (b->send_buf == NULL || b->recv_buf == NULL) {
+        fprintf(stderr, "conflux-perf: rank %d: cannot allocate 2 x %zu bytes\n", b->rank,
+                alloc_bytes);
+        return -1;
+    }
+    memset(b->send_buf, 0, alloc_bytes); /* touch every page now, not in the timed loop */
+    memset(b->recv_buf, 0, alloc_bytes);
+    return 0;
+}
+
+static int run_all(struct bench *b)
+{
+    const struct perf_options *opt = b->opt;
+    const struct perf_coll *coll = b->coll;
+    char *rank_lines = NULL;
+    if (gather_rank_lines(b, &rank_lines) != 0)
+        return -1;
+    perf_report_header(b->rep, rank_lines);
+    free(rank_lines);
+
+    int type_first = opt->type == PERF_ALL ? 0 : opt->type;
+    int type_last = opt->type == PERF_ALL ? cfxNumTypes - 1 : opt->type;
+    int has_op = (coll->flags & PERF_COLL_HAS_OP) != 0;
+    int op_first = !has_op ? cfxSum : opt->op == PERF_ALL ? 0 : opt->op;
+    int op_last = !has_op ? cfxSum : opt->op == PERF_ALL ? cfxNumOps - 1 : opt->op;
+    int has_root = (coll->flags & PERF_COLL_HAS_ROOT) != 0;
+    int root_first = !has_root ? -1 : opt->root == PERF_ALL ? 0 : opt->root;
+    int root_last = !has_root ? -1 : opt->root == PERF_ALL ? b->nranks - 1 : opt->root;
+    for (int t = type_first; t <= type_last; t++)
+        for (int o = op_first; o <= op_last; o++)
+            for (int r = root_first; r <= root_last; r++)
+                if (sweep(b, (cfxDataType_t)t, (cfxRedOp_t)o,
+                          has_op ? perf_op_name((cfxRedOp_t)o) : "none", r) != 0)
+                    return -1;
+    return 0;
+}
+
+int perf_bench_run(const struct perf_options *opt, cfxUniqueId id, int rank, int nranks,
+                   const char *launch)
+{
+    struct bench b = {.opt = opt, .coll = opt->coll, .rank = rank, .nranks = nranks};
+    int status = -1;
+    if (opt->root != PERF_ALL && opt->root >= nranks && (opt->coll->flags & PERF_COLL_HAS_ROOT)) {
+        if (rank == 0)
+            fprintf(stderr, "conflux-perf: -r %d: there are only %d ranks\n", opt->root, nranks);
+        return PERF_EXIT_USAGE;
+    }
+    if (alloc_buffers(&b) != 0)
+        goto out_free;
+    cfxResult_t res = cfxCommInitRank(&b.comm, nranks, id, rank);
+    if (res != cfxSuccess) {
+        fprintf(stderr, "conflux-perf: rank %d: cfxCommInitRank failed: %s: %s\n", rank,
+                cfxGetErrorString(res), cfxGetLastError(NULL));
+        goto out_free;
+    }
+    if (rank == 0)
+        b.rep = perf_report_open(opt, nranks, launch);
+    if (run_all(&b) != 0)
+        goto out_abort;
+
+    long long errors = b.errors;
+    res = cfxAllReduce(&errors, &errors, 1, cfxInt64, cfxSum, b.comm, NULL);
+    if (res != cfxSuccess) {
+        report_failure(&b, "cfxAllReduce (error count)", res);
+        goto out_abort;
+    }
+    status = errors ? PERF_EXIT_FAILED : PERF_EXIT_OK;
+    if (rank == 0) {
+        /* The other ranks wait in cfxCommFinalize, idle, while rank 0 copies. */
+        double gbps = opt->max_bytes ? measure_memcpy(b.recv_buf, b.send_buf, opt->max_bytes) : 0;
+        double avg = b.busbw_count ? b.busbw_sum / b.busbw_count : 0.0;
+        if (perf_report_close(b.rep, gbps, opt->max_bytes, errors, avg) != 0)
+            status = PERF_EXIT_FAILED;
+        b.rep = NULL;
+    }
+    res = cfxCommFinalize(b.comm);
+    if (res != cfxSuccess) {
+        report_failure(&b, "cfxCommFinalize", res);
+        status = -1;
+    }
+    cfxCommDestroy(b.comm);
+    goto out_free;
+
+out_abort:
+    perf_report_abandon(b.rep);
+    cfxCommAbort(b.comm);
+out_free:
+    free(b.send_buf);
+    free(b.recv_buf);
+    return status;
+}

@@ -1,0 +1,274 @@
+/*
+ * Where the ranks come from, first match wins:
+ *   --np N          this process forks N ranks (processes) on this host; rank
+ *                   0 makes the unique id and passes it through a pipe, as
+ *                   examples/hello_comm.c does. CFX_SOCKET_IFNAME defaults to lo.
+ *   RANK, WORLD_SIZE (torchrun style): CFX_COMM_ID = MASTER_ADDR:MASTER_PORT,
+ *                   so every rank derives the same id and rank 0 listens there.
+ *   mpirun          OMPI_COMM_WORLD_RANK/SIZE or PMI_RANK/PMI_SIZE are set:
+ *                   with CFX_COMM_ID set, as above; else, when built with MPI,
+ *                   MPI_Bcast of rank 0's id; else an error saying what to set.
+ *   otherwise       one rank.
+ * Each returns the process's exit code (perf.h PERF_EXIT_*).
+ */
+#include <errno.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "perf.h"
+
+#define FORK_GRACE_S 20 /* after one rank fails, how long the others get to exit */
+
+static int exit_code(int bench_status)
+{
+    return bench_status < 0 ? PERF_EXIT_FAILED : bench_status;
+}
+
+static int get_unique_id(int rank, cfxUniqueId *id_p)
+{
+    cfxResult_t res = cfxGetUniqueId(id_p);
+    if (res != cfxSuccess) {
+        fprintf(stderr, "conflux-perf: rank %d: cfxGetUniqueId failed: %s: %s\n", rank,
+                cfxGetErrorString(res), cfxGetLastError(NULL));
+        return -1;
+    }
+    return 0;
+}
+
+/* A whole decimal number in [min, max]. */
+static int parse_env_int(const char *name, long min, long max, int *value_p)
+{
+    const char *text = getenv(name);
+    char *end = NULL;
+    if (text == NULL || text[0] == '\0')
+        return -1;
+    errno = 0;
+    long value = strtol(text, &end, 10);
+    if (*end != '\0' || errno != 0 || value < min || value > max)
+        return -1;
+    *value_p = (int)value;
+    return 0;
+}
+
+/* ------------------------------------------------------------ --np */
+
+static int read_full(int fd, void *buf, size_t bytes)
+{
+    char *at = buf;
+    while (bytes > 0) {
+        ssize_t n = read(fd, at, bytes);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n <= 0)
+            return -1;
+        at += n;
+        bytes -= (size_t)n;
+    }
+    return 0;
+}
+
+static int fork_rank(const struct perf_options *opt, int rank, const int id_pipe[2])
+{
+    cfxUniqueId id;
+    char launch[64];
+    snprintf(launch, sizeof(launch), "fork (--np %d, one process per rank)", opt->np);
+    if (rank == 0) {
+        close(id_pipe[0]);
+        if (get_unique_id(0, &id) != 0)
+            return PERF_EXIT_FAILED; /* exiting closes the pipe: the others read EOF */
+        for (int r = 1; r < opt->np; r++)
+            if (write(id_pipe[1], &id, sizeof(id)) != (ssize_t)sizeof(id)) {
+                fprintf(stderr, "conflux-perf: rank 0: cannot pass the unique id on\n");
+                return PERF_EXIT_FAILED;
+            }
+        close(id_pipe[1]);
+    } else {
+        int got = read_full(id_pipe[0], &id, sizeof(id));
+        close(id_pipe[0]);
+        if (got != 0) {
+            fprintf(stderr, "conflux-perf: rank %d: rank 0 sent no unique id\n", rank);
+            return PERF_EXIT_FAILED;
+        }
+    }
+    return exit_code(perf_bench_run(opt, id, rank, opt->np, launch));
+}
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+/* Wait for every rank; once one fails, the rest get FORK_GRACE_S to notice. */
+static int wait_ranks(pid_t *pids, int np)
+{
+    int remaining = np, result = PERF_EXIT_OK;
+    double deadline = 0;
+    while (remaining > 0) {
+        int wstatus;
+        pid_t pid = waitpid(-1, &wstatus, WNOHANG);
+        if (pid < 0 && errno == EINTR)
+            continue;
+        if (pid < 0)
+            break;
+        if (pid == 0) {
+            if (deadline > 0 && now_s() > deadline) {
+                for (int r = 0; r < np; r++)
+                    if (pids[r] > 0) {
+                        fprintf(stderr,
+                                "conflux-perf: rank %d still running %d s after a "
+                                "failure; killing it\n",
+                                r, FORK_GRACE_S);
+                        kill(pids[r], SIGKILL);
+                    }
+                deadline = 0;
+            }
+            usleep(20000);
+            continue;
+        }
+        int rank = 0;
+        while (rank < np && pids[rank] != pid)
+            rank++;
+        if (rank == np)
+            continue;
+        pids[rank] = 0;
+        remaining--;
+        int code = WIFEXITED(wstatus) ? WEXITSTATUS(wstatus) : 128 + WTERMSIG(wstatus);
+        if (WIFSIGNALED(wstatus))
+            fprintf(stderr, "conflux-perf: rank %d died of signal %d\n", rank, WTERMSIG(wstatus));
+        if (code != 0) {
+            if (result == PERF_EXIT_OK)
+                result = code == PERF_EXIT_USAGE ? PERF_EXIT_USAGE : PERF_EXIT_FAILED;
+            if (deadline == 0)
+                deadline = now_s() + FORK_GRACE_S;
+        }
+    }
+    return result;
+}
+
+static int launch_fork(const struct perf_options *opt)
+{
+    /* One host: keep the bootstrap on loopback unless told otherwise. */
+    setenv("CFX_SOCKET_IFNAME", "lo", 0);
+    int id_pipe[2];
+    pid_t *pids = calloc((size_t)opt->np, sizeof(*pids));
+    if (pids == NULL || pipe(id_pipe) != 0) {
+        fprintf(stderr, "conflux-perf: cannot set up %d ranks\n", opt->np);
+        free(pids);
+        return PERF_EXIT_FAILED;
+    }
+    fflush(stdout);
+    fflush(stderr);
+    int result = PERF_EXIT_OK;
+    for (int r = 0; r < opt->np; r++) {
+        pid_t pid = fork();
+        if (pid == 0) {
+            if (r != 0)
+                close(id_pipe[1]); /* only rank 0 writes: its exit means EOF */
+            int code = fork_rank(opt, r, id_pipe);
+            fflush(stdout);
+            fflush(stderr);
+            _exit(code);
+        }
+        if (pid < 0) {
+            perror("conflux-perf: fork");
+            for (int k = 0; k < r; k++)
+                kill(pids[k], SIGKILL);
+            result = PERF_EXIT_FAILED;
+            break;
+        }
+        pids[r] = pid;
+    }
+    close(id_pipe[0]);
+    close(id_pipe[1]);
+    int waited = wait_ranks(pids, opt->np);
+    free(pids);
+    return result != PERF_EXIT_OK ? result : waited;
+}
+
+/* ------------------------------------------------------------ RANK, WORLD_SIZE */
+
+static int launch_env(const struct perf_options *opt)
+{
+    int rank, nranks, port;
+    if (parse_env_int("WORLD_SIZE", 1, 1 << 20, &nranks) != 0 ||
+        parse_env_int("RANK", 0, nranks - 1, &rank) != 0) {
+        fprintf(stderr, "conflux-perf: RANK and WORLD_SIZE must be numbers, 0 <= RANK < "
+                        "WORLD_SIZE\n");
+        return PERF_EXIT_USAGE;
+    }
+    const char *addr = getenv("MASTER_ADDR");
+    if (addr != NULL && addr[0] != '\0' && parse_env_int("MASTER_PORT", 1, 65535, &port) == 0) {
+        char comm_id[300];
+        int v6 = strchr(addr, ':') != NULL && addr[0] != '[';
+        snprintf(comm_id, sizeof(comm_id), v6 ? "[%s]:%d" : "%s:%d", addr, port);
+        setenv("CFX_COMM_ID", comm_id, 1);
+    } else if (getenv("CFX_COMM_ID") == NULL) {
+        fprintf(stderr, "conflux-perf: with RANK and WORLD_SIZE, set MASTER_ADDR (rank 0's "
+                        "address) and MASTER_PORT (a free port there), or CFX_COMM_ID=host:port\n");
+        return PERF_EXIT_USAGE;
+    }
+    cfxUniqueId id;
+    if (get_unique_id(rank, &id) != 0)
+        return PERF_EXIT_FAILED;
+    char launch[400];
+    snprintf(launch, sizeof(launch), "RANK/WORLD_SIZE, CFX_COMM_ID=%s", getenv("CFX_COMM_ID"));
+    return exit_code(perf_bench_run(opt, id, rank, nranks, launch));
+}
+
+/* ------------------------------------------------------------ mpirun */
+
+static int launch_mpi(const struct perf_options *opt)
+{
+    int rank, nranks;
+    const char *rank_var = getenv("OMPI_COMM_WORLD_RANK") ? "OMPI_COMM_WORLD_RANK" : "PMI_RANK";
+    const char *size_var = getenv("OMPI_COMM_WORLD_SIZE") ? "OMPI_COMM_WORLD_SIZE" : "PMI_SIZE";
+    cfxUniqueId id;
+    if (getenv("CFX_COMM_ID") != NULL) {
+        if (parse_env_int(size_var, 1, 1 << 20, &nranks) != 0 ||
+            parse_env_int(rank_var, 0, nranks - 1, &rank) != 0) {
+            fprintf(stderr, "conflux-perf: %s and %s are not a rank and a size\n", rank_var,
+                    size_var);
+            return PERF_EXIT_USAGE;
+        }
+        if (get_unique_id(rank, &id) != 0)
+            return PERF_EXIT_FAILED;
+        char launch[400];
+        snprintf(launch, sizeof(launch), "mpirun, CFX_COMM_ID=%s", getenv("CFX_COMM_ID"));
+        return exit_code(perf_bench_run(opt, id, rank, nranks, launch));
+    }
+    if (!perf_mpi_available()) {
+        fprintf(stderr, "conflux-perf: started by mpirun, but built without MPI: set "
+                        "CFX_COMM_ID=host:port on every rank (an address of rank 0's host and "
+                        "a free port), e.g. mpirun -x CFX_COMM_ID=127.0.0.1:29500 ...\n");
+        return PERF_EXIT_USAGE;
+    }
+    if (perf_mpi_share_id(&rank, &nranks, &id) != 0) {
+        perf_mpi_finish(1);
+        return PERF_EXIT_FAILED;
+    }
+    int status = perf_bench_run(opt, id, rank, nranks, "mpirun, unique id by MPI_Bcast");
+    perf_mpi_finish(status >= 0); /* a failed call: MPI_Abort stops the other ranks */
+    return exit_code(status);
+}
+
+/* ------------------------------------------------------------ choose */
+
+int perf_launch(const struct perf_options *opt)
+{
+    if (opt->np > 0)
+        return launch_fork(opt);
+    if (getenv("RANK") != NULL || getenv("WORLD_SIZE") != NULL)
+        return launch_env(opt);
+    if (getenv("OMPI_COMM_WORLD_SIZE") != NULL || getenv("PMI_SIZE") != NULL)
+        return launch_mpi(opt);
+    cfxUniqueId id;
+    if (get_unique_id(0, &id) != 0)
+        return PERF_EXIT_FAILED;
+    return exit_code(perf_bench_run(opt, id, 0, 1, "one process (no --np, RANK or mpirun)"));
+}
