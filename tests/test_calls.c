@@ -1,0 +1,176 @@
+/*
+ * The collective entry points' promises that a single process can show:
+ * argument checks with sentences, group rules, and one thread driving every
+ * communicator of cfxCommInitAll through a group.
+ */
+#include <criterion/criterion.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "tests/harness.h"
+
+#define ASSERT_SENTENCE(comm, word)                                                        \
+    cr_assert(strstr(cfxGetLastError(comm), (word)) != NULL,                               \
+              "cfxGetLastError does not mention \"%s\": \"%s\"", (word), cfxGetLastError(comm))
+
+static cfxComm_t solo(void)
+{
+    cfxComm_t comm;
+    cr_assert_eq(cfxCommInitAll(&comm, 1, NULL), cfxSuccess, "%s", cfxGetLastError(NULL));
+    return comm;
+}
+
+Test(calls, null_communicator_is_an_invalid_argument_in_every_collective)
+{
+    float x = 0;
+    cr_assert_eq(cfxAllReduce(&x, &x, 1, cfxFloat32, cfxSum, NULL, NULL), cfxInvalidArgument);
+    ASSERT_SENTENCE(NULL, "cfxAllReduce: comm is NULL");
+    cr_assert_eq(cfxBroadcast(&x, &x, 1, cfxFloat32, 0, NULL, NULL), cfxInvalidArgument);
+    cr_assert_eq(cfxBcast(&x, 1, cfxFloat32, 0, NULL, NULL), cfxInvalidArgument);
+    cr_assert_eq(cfxReduce(&x, &x, 1, cfxFloat32, cfxSum, 0, NULL, NULL), cfxInvalidArgument);
+    cr_assert_eq(cfxAllGather(&x, &x, 1, cfxFloat32, NULL, NULL), cfxInvalidArgument);
+    cr_assert_eq(cfxReduceScatter(&x, &x, 1, cfxFloat32, cfxSum, NULL, NULL), cfxInvalidArgument);
+    cr_assert_eq(cfxSend(&x, 1, cfxFloat32, 0, NULL, NULL), cfxInvalidArgument);
+    cr_assert_eq(cfxRecv(&x, 1, cfxFloat32, 0, NULL, NULL), cfxInvalidArgument);
+    ASSERT_SENTENCE(NULL, "cfxRecv: comm is NULL");
+}
+
+Test(calls, bad_types_ops_roots_and_peers_are_invalid_arguments)
+{
+    cfxComm_t comm = solo();
+    float x[4] = {0};
+    cr_assert_eq(cfxAllReduce(x, x, 1, (cfxDataType_t)12, cfxSum, comm, NULL), cfxInvalidArgument);
+    ASSERT_SENTENCE(comm, "datatype 12");
+    cr_assert_eq(cfxAllReduce(x, x, 1, cfxFloat32, (cfxRedOp_t)9, comm, NULL), cfxInvalidArgument);
+    ASSERT_SENTENCE(comm, "op 9");
+    cr_assert_eq(cfxReduce(x, x, 1, cfxFloat32, cfxSum, 1, comm, NULL), cfxInvalidArgument);
+    ASSERT_SENTENCE(comm, "root = 1");
+    cr_assert_eq(cfxBroadcast(x, x, 1, cfxFloat32, -1, comm, NULL), cfxInvalidArgument);
+    cr_assert_eq(cfxSend(x, 1, cfxFloat32, 3, comm, NULL), cfxInvalidArgument);
+    ASSERT_SENTENCE(comm, "peer = 3");
+    cr_assert_eq(cfxRecv(x, 1, cfxFloat32, -2, comm, NULL), cfxInvalidArgument);
+    cr_assert_eq(cfxCommDestroy(comm), cfxSuccess);
+}
+
+Test(calls, null_buffers_with_a_count_and_overflowing_counts_are_invalid_arguments)
+{
+    cfxComm_t comm = solo();
+    float x[4] = {0};
+    cr_assert_eq(cfxAllReduce(NULL, x, 4, cfxFloat32, cfxSum, comm, NULL), cfxInvalidArgument);
+    ASSERT_SENTENCE(comm, "sendbuff is NULL but count is 4");
+    cr_assert_eq(cfxAllGather(x, NULL, 1, cfxFloat32, comm, NULL), cfxInvalidArgument);
+    ASSERT_SENTENCE(comm, "recvbuff is NULL");
+    cr_assert_eq(cfxAllReduce(x, x, SIZE_MAX / 2, cfxFloat64, cfxSum, comm, NULL), cfxInvalidArgument);
+    ASSERT_SENTENCE(comm, "overflows");
+    /* Count 0 is a successful no-op, even with NULL buffers. */
+    cr_assert_eq(cfxAllReduce(NULL, NULL, 0, cfxFloat32, cfxSum, comm, NULL), cfxSuccess);
+    cr_assert_eq(cfxCommDestroy(comm), cfxSuccess);
+}
+
+Test(calls, partially_overlapping_buffers_are_refused_and_in_place_is_accepted)
+{
+    cfxComm_t comm = solo();
+    float x[8] = {1, 2, 3, 4, 5, 6, 7, 8};
+    cr_assert_eq(cfxAllReduce(x, x + 1, 4, cfxFloat32, cfxSum, comm, NULL), cfxInvalidArgument);
+    ASSERT_SENTENCE(comm, "overlap");
+    cr_assert_eq(cfxAllReduce(x, x, 4, cfxFloat32, cfxSum, comm, NULL), cfxSuccess);
+    cr_assert_eq(x[0], 1.0f);
+    cr_assert_eq(cfxCommDestroy(comm), cfxSuccess);
+}
+
+Test(calls, a_stream_without_a_usable_gpu_is_refused)
+{
+    cfxComm_t comm = solo();
+    float x = 0;
+    cfxResult_t res = cfxAllReduce(&x, &x, 1, cfxFloat32, cfxSum, comm, (cfxStream_t)0x1);
+    cr_assert_eq(res, cfxInvalidArgument);
+    ASSERT_SENTENCE(comm, "stream");
+    cr_assert_eq(cfxCommDestroy(comm), cfxSuccess);
+}
+
+Test(calls, finalized_communicators_refuse_collectives)
+{
+    cfxComm_t comm = solo();
+    float x = 0;
+    cr_assert_eq(cfxCommFinalize(comm), cfxSuccess);
+    cr_assert_eq(cfxAllReduce(&x, &x, 1, cfxFloat32, cfxSum, comm, NULL), cfxInvalidUsage);
+    ASSERT_SENTENCE(comm, "finalized");
+    cr_assert_eq(cfxCommDestroy(comm), cfxSuccess);
+}
+
+Test(groups, group_end_without_start_is_invalid_usage)
+{
+    cr_assert_eq(cfxGroupEnd(), cfxInvalidUsage);
+    ASSERT_SENTENCE(NULL, "without cfxGroupStart");
+}
+
+Test(groups, a_send_to_self_outside_a_group_is_invalid_usage)
+{
+    cfxComm_t comm = solo();
+    float x = 0;
+    cr_assert_eq(cfxSend(&x, 1, cfxFloat32, 0, comm, NULL), cfxInvalidUsage);
+    ASSERT_SENTENCE(comm, "inside a group");
+    /* Inside a group with its match it works. */
+    float y = 5, z = 0;
+    cr_assert_eq(cfxGroupStart(), cfxSuccess);
+    cr_assert_eq(cfxSend(&y, 1, cfxFloat32, 0, comm, NULL), cfxSuccess);
+    cr_assert_eq(cfxRecv(&z, 1, cfxFloat32, 0, comm, NULL), cfxSuccess);
+    cr_assert_eq(cfxGroupEnd(), cfxSuccess, "%s", cfxGetLastError(NULL));
+    cr_assert_eq(z, 5.0f);
+    cr_assert_eq(cfxCommDestroy(comm), cfxSuccess);
+}
+
+Test(groups, a_refused_call_inside_a_group_fails_the_group_and_runs_nothing)
+{
+    cfxComm_t comm = solo();
+    float x = 3, y = 0;
+    cr_assert_eq(cfxGroupStart(), cfxSuccess);
+    cr_assert_eq(cfxAllReduce(&x, &y, 1, cfxFloat32, cfxSum, comm, NULL), cfxSuccess);
+    cr_assert_eq(cfxAllReduce(&x, &y, 1, (cfxDataType_t)77, cfxSum, comm, NULL), cfxInvalidArgument);
+    cr_assert_eq(cfxGroupEnd(), cfxInvalidArgument);
+    ASSERT_SENTENCE(NULL, "none ran");
+    cr_assert_eq(y, 0.0f, "an operation of a failed group ran");
+    /* The next group is clean. */
+    cr_assert_eq(cfxGroupStart(), cfxSuccess);
+    cr_assert_eq(cfxAllReduce(&x, &y, 1, cfxFloat32, cfxSum, comm, NULL), cfxSuccess);
+    cr_assert_eq(cfxGroupEnd(), cfxSuccess);
+    cr_assert_eq(y, 3.0f);
+    cr_assert_eq(cfxCommDestroy(comm), cfxSuccess);
+}
+
+/* One thread drives all ranks of cfxCommInitAll: nested groups, sends and
+ * receives in opposite orders, and allreduces, all started at the outer end. */
+Test(groups, one_thread_drives_every_rank_of_init_all_in_nested_groups, .timeout = 60)
+{
+    enum { N = 4, COUNT = 300000 };
+    cfxComm_t comms[N];
+    cr_assert_eq(cfxCommInitAll(comms, N, NULL), cfxSuccess, "%s", cfxGetLastError(NULL));
+    static float in[N][COUNT], out[N][COUNT], ring[N][COUNT];
+    for (int r = 0; r < N; r++)
+        for (int i = 0; i < COUNT; i++)
+            in[r][i] = (float)(r + i % 7);
+    cr_assert_eq(cfxGroupStart(), cfxSuccess);
+    for (int r = 0; r < N; r++) {
+        cr_assert_eq(cfxGroupStart(), cfxSuccess);
+        /* Even ranks post the receive first, odd ranks the send. */
+        int next = (r + 1) % N, prev = (r + N - 1) % N;
+        if (r % 2 == 0) {
+            cr_assert_eq(cfxRecv(ring[r], COUNT, cfxFloat32, prev, comms[r], NULL), cfxSuccess);
+            cr_assert_eq(cfxSend(in[r], COUNT, cfxFloat32, next, comms[r], NULL), cfxSuccess);
+        } else {
+            cr_assert_eq(cfxSend(in[r], COUNT, cfxFloat32, next, comms[r], NULL), cfxSuccess);
+            cr_assert_eq(cfxRecv(ring[r], COUNT, cfxFloat32, prev, comms[r], NULL), cfxSuccess);
+        }
+        cr_assert_eq(cfxAllReduce(in[r], out[r], COUNT, cfxFloat32, cfxSum, comms[r], NULL), cfxSuccess);
+        cr_assert_eq(cfxGroupEnd(), cfxSuccess, "the inner end must not start anything");
+    }
+    cr_assert_eq(cfxGroupEnd(), cfxSuccess, "%s", cfxGetLastError(NULL));
+    for (int r = 0; r < N; r++)
+        for (int i = 0; i < COUNT; i++) {
+            cr_assert_eq(ring[r][i], in[(r + N - 1) % N][i], "rank %d element %d from prev", r, i);
+            float expect = (float)(0 + 1 + 2 + 3 + 4 * (i % 7));
+            cr_assert_eq(out[r][i], expect, "rank %d element %d of the allreduce", r, i);
+        }
+    for (int r = 0; r < N; r++)
+        cr_assert_eq(cfxCommDestroy(comms[r]), cfxSuccess);
+}
