@@ -39,9 +39,10 @@ void cfx_coll_prepare(struct cfx_op *op)
 {
     op->elem_bytes = cfx_type_size(op->type);
     /* A slot holds whole elements; one rank copies in a single step. */
-    size_t slot_bytes = op->send_conn ? op->send_conn->slot_bytes
-                        : op->recv_conn ? op->recv_conn->slot_bytes
-                                        : op->count * op->elem_bytes;
+    size_t slot_bytes = op->count * op->elem_bytes;
+    for (int i = 0; i < op->n_conns; i++)
+        if (op->conns[i])
+            slot_bytes = op->conns[i]->slot_bytes;
     op->chunk_elems = slot_bytes / op->elem_bytes;
     if (op->chunk_elems == 0)
         op->chunk_elems = 1;
@@ -65,9 +66,9 @@ int cfx_coll_progress(struct cfx_op *op)
     const struct cfx_schedule *schedule = schedule_of(op);
     int ran = 0;
     while (op->step < op->n_steps) {
-        struct cfx_prim_step step;
+        struct cfx_prim_step step = {.recv = op->recv_conn, .send = op->send_conn};
         schedule->describe(op, op->step, &step);
-        if (!cfx_prim_ready(op, &step))
+        if (!cfx_prim_ready(&step))
             break;
         cfxResult_t res = cfx_prim_run(op, &step);
         if (res != cfxSuccess) {
@@ -87,15 +88,15 @@ struct cfx_connector *cfx_coll_waiting_on(const struct cfx_op *op, const char **
 {
     if (op->done || op->step >= op->n_steps)
         return NULL;
-    struct cfx_prim_step step;
+    struct cfx_prim_step step = {.recv = op->recv_conn, .send = op->send_conn};
     schedule_of(op)->describe(op, op->step, &step);
-    if ((step.flags & CFX_PRIM_RECV) && !cfx_conn_can_take(op->recv_conn)) {
+    if ((step.flags & CFX_PRIM_RECV) && !cfx_conn_can_take(step.recv)) {
         *what_p = "data from";
-        return op->recv_conn;
+        return step.recv;
     }
-    if ((step.flags & CFX_PRIM_SEND) && !cfx_conn_can_post(op->send_conn)) {
+    if ((step.flags & CFX_PRIM_SEND) && !cfx_conn_can_post(step.send)) {
         *what_p = "a free slot at";
-        return op->send_conn;
+        return step.send;
     }
     return NULL;
 }

@@ -24,6 +24,8 @@ enum cfx_coll_kind {
     CFX_COLL_RECV,
 };
 
+#define CFX_OP_MAX_CONNS 8
+
 struct cfx_op {
     /* What (set by the caller). */
     enum cfx_coll_kind kind;
@@ -37,6 +39,9 @@ struct cfx_op {
     int nranks;
     struct cfx_connector *send_conn; /* To the next rank (or the peer). */
     struct cfx_connector *recv_conn; /* From the previous rank (or the peer). */
+    /* Every connector the op uses (claimed in issue order by the executor). */
+    struct cfx_connector *conns[CFX_OP_MAX_CONNS];
+    int n_conns;
     const int *abort_flag;
     void *owner; /* The communicator (opaque below the core). */
     /* Mismatch detection: what this op stamps on the slots it sends and

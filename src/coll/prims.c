@@ -7,11 +7,11 @@
 #include "src/util/error.h"
 #include "src/util/log.h"
 
-int cfx_prim_ready(const struct cfx_op *op, const struct cfx_prim_step *step)
+int cfx_prim_ready(const struct cfx_prim_step *step)
 {
-    if ((step->flags & CFX_PRIM_RECV) && !cfx_conn_can_take(op->recv_conn))
+    if ((step->flags & CFX_PRIM_RECV) && !cfx_conn_can_take(step->recv))
         return 0;
-    if ((step->flags & CFX_PRIM_SEND) && !cfx_conn_can_post(op->send_conn))
+    if ((step->flags & CFX_PRIM_SEND) && !cfx_conn_can_post(step->send))
         return 0;
     return 1;
 }
@@ -26,7 +26,7 @@ cfxResult_t cfx_prim_run(struct cfx_op *op, const struct cfx_prim_step *step)
     if (flags & CFX_PRIM_RECV) {
         size_t got;
         const struct cfx_fingerprint *print;
-        received = cfx_conn_take_slot(op->recv_conn, &got, &print);
+        received = cfx_conn_take_slot(step->recv, &got, &print);
         if (op->check_prints && memcmp(print, &op->expect, sizeof(*print)) != 0) {
             char mine[160], theirs[160];
             cfx_coll_print_format(&op->expect, mine, sizeof(mine));
@@ -35,17 +35,17 @@ cfxResult_t cfx_prim_run(struct cfx_op *op, const struct cfx_prim_step *step)
                                  "mismatched operations: rank %d runs %s but rank %d sent data "
                                  "of %s; every rank must call the same collectives in the same "
                                  "order with the same count, type, op and root",
-                                 op->rank, mine, op->recv_conn->peer_rank, theirs);
+                                 op->rank, mine, step->recv->peer_rank, theirs);
         }
         if (got != bytes)
             return cfx_error_set(cfxInternalError, CFX_LOG_COLL,
                                  "%s: rank %d received %zu bytes from rank %d where the schedule "
                                  "expects %zu; the ranks disagree on the operation",
-                                 cfx_coll_name(op->kind), op->rank, got, op->recv_conn->peer_rank,
+                                 cfx_coll_name(op->kind), op->rank, got, step->recv->peer_rank,
                                  bytes);
     }
     if (flags & CFX_PRIM_SEND)
-        slot_out = cfx_conn_post_slot(op->send_conn);
+        slot_out = cfx_conn_post_slot(step->send);
 
     /* The value this step produces: received (op) input, or one of them. */
     const char *value = received ? received : step->input;
@@ -65,8 +65,8 @@ cfxResult_t cfx_prim_run(struct cfx_op *op, const struct cfx_prim_step *step)
             memcpy(slot_out, value, bytes);
     }
     if (flags & CFX_PRIM_RECV)
-        cfx_conn_release(op->recv_conn);
+        cfx_conn_release(step->recv);
     if (flags & CFX_PRIM_SEND)
-        cfx_conn_post(op->send_conn, bytes, &op->print);
+        cfx_conn_post(step->send, bytes, &op->print);
     return cfxSuccess;
 }

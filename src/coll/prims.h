@@ -28,9 +28,11 @@ struct cfx_prim_step {
     const char *input; /* Local contribution (SEND without RECV, or REDUCE). */
     char *output;      /* Where OUT writes. */
     size_t n_elems;
+    struct cfx_connector *recv; /* RECV: where from (default: op->recv_conn). */
+    struct cfx_connector *send; /* SEND: where to (default: op->send_conn). */
 };
 
-int cfx_prim_ready(const struct cfx_op *op, const struct cfx_prim_step *step);
+int cfx_prim_ready(const struct cfx_prim_step *step);
 
 /* Runs a ready step. cfxInternalError if a received slot's size disagrees
  * with the schedule (the ranks disagree on the operation). */

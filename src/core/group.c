@@ -159,6 +159,11 @@ cfxResult_t cfx_core_launch(struct cfx_op *ops, int n_ops)
         struct cfx_connector **s = send_slot(&ops[i]), **r = recv_slot(&ops[i]);
         ops[i].send_conn = s ? *s : NULL;
         ops[i].recv_conn = r ? *r : NULL;
+        ops[i].n_conns = 0;
+        if (ops[i].send_conn)
+            ops[i].conns[ops[i].n_conns++] = ops[i].send_conn;
+        if (ops[i].recv_conn)
+            ops[i].conns[ops[i].n_conns++] = ops[i].recv_conn;
         cfx_coll_prepare(&ops[i]);
         cfx_core_flight_update(ops[i].owner, ops[i].record, CFX_FLIGHT_RUNNING, cfxSuccess, 0,
                                ops[i].n_steps);

@@ -33,10 +33,9 @@ static inline void cpu_relax(void)
  * issue order, so operations sharing a connector run in that order. */
 static int claim(struct cfx_op *op)
 {
-    struct cfx_connector *conns[2] = {op->send_conn, op->recv_conn};
     int held = 1;
-    for (int i = 0; i < 2; i++) {
-        struct cfx_connector *conn = conns[i];
+    for (int i = 0; i < op->n_conns; i++) {
+        struct cfx_connector *conn = op->conns[i];
         if (conn == NULL || conn->owner == op)
             continue;
         if (conn->owner == NULL)
@@ -49,10 +48,9 @@ static int claim(struct cfx_op *op)
 
 static void unclaim(struct cfx_op *op)
 {
-    if (op->send_conn && op->send_conn->owner == op)
-        op->send_conn->owner = NULL;
-    if (op->recv_conn && op->recv_conn->owner == op)
-        op->recv_conn->owner = NULL;
+    for (int i = 0; i < op->n_conns; i++)
+        if (op->conns[i] && op->conns[i]->owner == op)
+            op->conns[i]->owner = NULL;
 }
 
 static cfxResult_t check_connector(struct cfx_op *op, struct cfx_connector *conn)
