@@ -4,6 +4,10 @@
  * 8 ranks as processes and as threads. Results are checked element by element
  * against tests/coll_check.h, which computes them independently.
  *
+ * Allreduce also runs forced onto the planner's two trees (CFX_ALGO=allreduce:tree),
+ * once on one host (chains) and once with every process claiming its own
+ * host (binary trees across "hosts", over sockets).
+ *
  * Trimmed to fit CI: the 1M+3-element count runs for a few (type, op) pairs
  * per collective rather than all of them, and reduce/broadcast try every
  * root for small counts but only the first and last root for large ones.
@@ -18,10 +22,12 @@
 #include "tests/harness.h"
 
 enum transport { SHM = 0, SOCKET = 1 };
-enum coll { ALLREDUCE, REDUCE, BROADCAST, ALLGATHER, REDUCESCATTER, SENDRECV, N_COLLS };
+enum coll { ALLREDUCE, REDUCE, BROADCAST, ALLGATHER, REDUCESCATTER, SENDRECV,
+            ALLREDUCE_TREE, ALLREDUCE_TREE_HOSTS, N_COLLS };
 
 static const char *coll_names[] = {"allreduce", "reduce", "broadcast", "allgather",
-                                   "reducescatter", "sendrecv"};
+                                   "reducescatter", "sendrecv", "allreduce on the trees",
+                                   "allreduce on the trees, one host per rank"};
 static const char *type_names[] = {"int8", "uint8", "int32", "uint32", "int64", "uint64",
                                    "float16", "float32", "float64", "bfloat16", "e4m3", "e5m2"};
 static const char *op_names[] = {"sum", "prod", "max", "min", "avg"};
@@ -295,13 +301,21 @@ static void run_sendrecv(struct cfx_test_rank *ctx, cfxComm_t comm, struct ctx_b
 }
 
 typedef void (*coll_fn)(struct cfx_test_rank *, cfxComm_t, struct ctx_bufs *);
-static const coll_fn coll_fns[] = {run_allreduce, run_reduce, run_broadcast,
-                                   run_allgather, run_reducescatter, run_sendrecv};
+static const coll_fn coll_fns[] = {run_allreduce,     run_reduce,   run_broadcast,
+                                   run_allgather,     run_reducescatter, run_sendrecv,
+                                   run_allreduce,     run_allreduce};
 
 static void conformance_rank(struct cfx_test_rank *ctx)
 {
     const struct suite_case *sc = ctx->arg;
     struct ctx_bufs b;
+    if (sc->coll == ALLREDUCE_TREE_HOSTS) {
+        /* Every process claims its own host: sockets between all ranks, and
+         * the planner builds real binary trees across "hosts". */
+        char host[32];
+        snprintf(host, sizeof(host), "simulated-host-%d", ctx->rank);
+        cfx_test_setenv("CFX_HOSTID", host);
+    }
     RANK_ASSERT(ctx, bufs_init(&b, ctx->nranks), "out of memory");
     cfxComm_t comm;
     RANK_CFX(ctx, cfxCommInitRank(&comm, ctx->nranks, ctx->id, ctx->rank));
@@ -324,11 +338,16 @@ ParameterizedTestParameters(conformance, collective)
     for (int tr = 0; tr < 2; tr++)
         for (int ri = 0; ri < 5; ri++)
             for (int m = 0; m < 2; m++)
-                for (int c = 0; c < N_COLLS; c++)
+                for (int c = 0; c < N_COLLS; c++) {
+                    /* One host per rank needs processes (threads share CFX_HOSTID),
+                     * and it is sockets whatever the transport setting: once. */
+                    if (c == ALLREDUCE_TREE_HOSTS && (m == CFX_TEST_THREADS || tr == SOCKET))
+                        continue;
                     all_cases[k++] = (struct suite_case){
                         .transport = (enum transport)tr, .nranks = ranks[ri],
                         .mode = (enum cfx_test_mode)m, .coll = (enum coll)c};
-    return cr_make_param_array(struct suite_case, all_cases, N_CASES);
+                }
+    return cr_make_param_array(struct suite_case, all_cases, (size_t)k);
 }
 
 ParameterizedTest(struct suite_case *sc, conformance, collective, .timeout = 900)
@@ -337,6 +356,8 @@ ParameterizedTest(struct suite_case *sc, conformance, collective, .timeout = 900
                 sc->transport == SHM ? "shm" : "socket", sc->nranks,
                 sc->mode == CFX_TEST_PROCS ? "processes" : "threads");
     cfx_test_setenv("CFX_SHM_DISABLE", sc->transport == SOCKET ? "1" : NULL);
+    int on_trees = sc->coll == ALLREDUCE_TREE || sc->coll == ALLREDUCE_TREE_HOSTS;
+    cfx_test_setenv("CFX_ALGO", on_trees ? "allreduce:tree" : NULL);
     struct cfx_test_options opts = {
         .nranks = sc->nranks, .mode = sc->mode, .deadline_s = 600, .arg = sc};
     CFX_TEST_RUN(&opts, conformance_rank);

@@ -10,7 +10,7 @@ static const struct cfx_schedule *schedule_of(const struct cfx_op *op)
     if (op->nranks == 1 && op->kind != CFX_COLL_SEND && op->kind != CFX_COLL_RECV)
         return &cfx_local_copy;
     switch (op->kind) {
-    case CFX_COLL_ALLREDUCE: return &cfx_ring_allreduce;
+    case CFX_COLL_ALLREDUCE: return op->tree ? &cfx_tree_allreduce : &cfx_ring_allreduce;
     case CFX_COLL_BROADCAST: return &cfx_chain_broadcast;
     case CFX_COLL_REDUCE: return &cfx_chain_reduce;
     case CFX_COLL_ALLGATHER: return &cfx_ring_allgather;

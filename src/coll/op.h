@@ -14,6 +14,19 @@
 #include "conflux.h"
 #include "transports/transport.h"
 
+#define CFX_TREE_MAX_CHILDREN 3
+
+/* A rank's place in one tree, with the connectors of each edge. */
+struct cfx_tree_links {
+    int parent;                /* -1 at the root. */
+    int n_children;
+    int children[CFX_TREE_MAX_CHILDREN];
+    struct cfx_connector *to_parent;   /* Up: partial results. */
+    struct cfx_connector *from_parent; /* Down: final results. */
+    struct cfx_connector *to_child[CFX_TREE_MAX_CHILDREN];
+    struct cfx_connector *from_child[CFX_TREE_MAX_CHILDREN];
+};
+
 enum cfx_coll_kind {
     CFX_COLL_ALLREDUCE,
     CFX_COLL_BROADCAST,
@@ -39,6 +52,8 @@ struct cfx_op {
     int nranks;
     struct cfx_connector *send_conn; /* To the next rank (or the peer). */
     struct cfx_connector *recv_conn; /* From the previous rank (or the peer). */
+    /* Tree allreduce: this rank's links in the tree carrying this op (NULL: ring). */
+    const struct cfx_tree_links *tree;
     /* Every connector the op uses (claimed in issue order by the executor). */
     struct cfx_connector *conns[CFX_OP_MAX_CONNS];
     int n_conns;

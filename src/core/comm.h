@@ -11,6 +11,7 @@
 #include "src/bootstrap/bootstrap.h"
 #include "src/util/error.h"
 #include "src/util/host.h"
+#include "src/coll/op.h"
 #include "transports/transport.h"
 
 #define CFX_MAX_TRANSPORTS 8
@@ -71,6 +72,10 @@ struct cfxComm {
     int flight_size;
     uint64_t flight_count; /* Entries ever recorded. */
     int active_calls;      /* Calls using the comm now (cfxCommAbort waits for them). */
+    /* Algorithm choice (algo.c): the plan, and this rank's links in its two trees. */
+    struct cfx_plan *plan;
+    struct cfx_tree_links trees[2];
+    int trees_connected;
     struct cfxComm *registry_next;
     char name[64];
     char last_error[CFX_ERROR_MAX];
@@ -95,6 +100,8 @@ struct cfx_conn_request {
 
 #define CFX_CONN_KIND_RING 1
 #define CFX_CONN_KIND_P2P 2
+#define CFX_CONN_KIND_TREE_UP(t) (3 + 2 * (t))
+#define CFX_CONN_KIND_TREE_DOWN(t) (4 + 2 * (t))
 
 /* Build every requested connector (of one or several communicators): set up
  * and exchange connect info over each communicator's bootstrap, then connect
@@ -104,6 +111,18 @@ cfxResult_t cfx_core_connect_batch(struct cfx_conn_request *reqs, int n_reqs);
 
 /* Close every connector and transport of a communicator. Never blocks. */
 void cfx_core_disconnect_all(struct cfxComm *comm);
+
+/* Algorithm choice (algo.c). Build the plan at init (never fails: without a
+ * plan every collective uses the ring); free it with the communicator. */
+void cfx_core_algo_init(struct cfxComm *comm);
+void cfx_core_algo_fini(struct cfxComm *comm);
+/* Whether this allreduce of @p bytes runs on the trees. */
+int cfx_core_algo_use_tree(struct cfxComm *comm, size_t bytes);
+/* Requests for the tree connectors not built yet; returns how many were
+ * written (at most 2 * 2 * (1 + CFX_TREE_MAX_CHILDREN)). */
+int cfx_core_algo_tree_requests(struct cfxComm *comm, struct cfx_conn_request *reqs);
+/* Fill an op's tree links and connector list for tree @p t. */
+void cfx_core_algo_tree_op(struct cfxComm *comm, int t, struct cfx_op *op);
 
 /* Mark every connector of @p comm failed with @p reason, about @p blame_rank
  * (-1: this rank), so peers stop waiting and can say whom it is about. */

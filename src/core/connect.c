@@ -137,11 +137,35 @@ fail:
     return res;
 }
 
+/* Every tree connector slot of @p comm, for teardown and poisoning. */
+static int tree_conns(struct cfxComm *comm, struct cfx_connector ***slots)
+{
+    int n = 0;
+    for (int t = 0; t < 2; t++) {
+        struct cfx_tree_links *links = &comm->trees[t];
+        slots[n++] = &links->to_parent;
+        slots[n++] = &links->from_parent;
+        for (int c = 0; c < CFX_TREE_MAX_CHILDREN; c++) {
+            slots[n++] = &links->to_child[c];
+            slots[n++] = &links->from_child[c];
+        }
+    }
+    return n;
+}
+
+#define MAX_TREE_SLOTS (2 * (2 + 2 * CFX_TREE_MAX_CHILDREN))
+
 void cfx_core_disconnect_all(struct cfxComm *comm)
 {
     close_conn(comm->ring_send);
     close_conn(comm->ring_recv);
     comm->ring_send = comm->ring_recv = NULL;
+    struct cfx_connector **slots[MAX_TREE_SLOTS];
+    int n = tree_conns(comm, slots);
+    for (int i = 0; i < n; i++) {
+        close_conn(*slots[i]);
+        *slots[i] = NULL;
+    }
     for (int r = 0; comm->p2p_send && r < comm->nranks; r++) {
         close_conn(comm->p2p_send[r]);
         close_conn(comm->p2p_recv[r]);
@@ -168,6 +192,10 @@ void cfx_core_poison_all(struct cfxComm *comm, cfxResult_t reason, int blame_ran
         blame_rank = comm->rank;
     poison_conn(comm->ring_send, reason, blame_rank);
     poison_conn(comm->ring_recv, reason, blame_rank);
+    struct cfx_connector **slots[MAX_TREE_SLOTS];
+    int n = tree_conns(comm, slots);
+    for (int i = 0; i < n; i++)
+        poison_conn(*slots[i], reason, blame_rank);
     for (int r = 0; comm->p2p_send && r < comm->nranks; r++) {
         poison_conn(comm->p2p_send[r], reason, blame_rank);
         poison_conn(comm->p2p_recv[r], reason, blame_rank);

@@ -69,9 +69,30 @@ static cfxResult_t submit(struct cfxComm *comm, struct cfx_op *op)
                              cfx_coll_name(op->kind), cfxGetErrorString(comm->async_error));
     fingerprint(comm, op);
     op->record = cfx_core_flight_record(comm, &op->print);
-    if (cfx_core_group_active())
-        return cfx_core_group_add(op);
-    return cfx_core_launch(op, 1);
+    struct cfx_op halves[2];
+    int n_ops = 1;
+    struct cfx_op *ops = op;
+    if (op->kind == CFX_COLL_ALLREDUCE &&
+        cfx_core_algo_use_tree(comm, op->count * cfx_type_size(op->type))) {
+        /* Two complementary trees, half of the data each. */
+        size_t first = op->count / 2, elem = cfx_type_size(op->type);
+        halves[0] = *op;
+        halves[1] = *op;
+        halves[0].count = first;
+        halves[1].count = op->count - first;
+        halves[1].sendbuff = op->sendbuff ? (const char *)op->sendbuff + first * elem : NULL;
+        halves[1].recvbuff = op->recvbuff ? (char *)op->recvbuff + first * elem : NULL;
+        halves[0].tree = &comm->trees[0];
+        halves[1].tree = &comm->trees[1];
+        ops = halves;
+        n_ops = 2;
+    }
+    if (cfx_core_group_active()) {
+        for (int i = 0; i < n_ops; i++)
+            CFX_CHECK(cfx_core_group_add(&ops[i]));
+        return cfxSuccess;
+    }
+    return cfx_core_launch(ops, n_ops);
 }
 
 /* Shared checks of every entry point; on failure inside a group the group fails too. */

@@ -79,10 +79,17 @@ static int already_requested(const struct cfx_conn_request *reqs, int n, struct 
     return 0;
 }
 
-/* Build the point-to-point connectors these operations need (first use only). */
+#define TREE_REQUESTS (2 * 2 * (1 + CFX_TREE_MAX_CHILDREN))
+
+/* Build the point-to-point and tree connectors these operations need (first use only). */
 static cfxResult_t connect_missing(struct cfx_op *ops, int n_ops)
 {
     int missing = 0;
+    for (int i = 0; i < n_ops; i++) {
+        struct cfxComm *comm = ops[i].owner;
+        if (ops[i].tree && !comm->trees_connected)
+            missing += TREE_REQUESTS;
+    }
     for (int i = 0; i < n_ops; i++) {
         if (ops[i].kind != CFX_COLL_SEND && ops[i].kind != CFX_COLL_RECV)
             continue;
@@ -96,6 +103,13 @@ static cfxResult_t connect_missing(struct cfx_op *ops, int n_ops)
     if (reqs == NULL)
         return cfx_error_set(cfxSystemError, CFX_LOG_P2P, "out of memory while connecting peers");
     int n = 0;
+    for (int i = 0; i < n_ops; i++) {
+        struct cfxComm *comm = ops[i].owner;
+        if (ops[i].tree && !comm->trees_connected) {
+            n += cfx_core_algo_tree_requests(comm, reqs + n);
+            comm->trees_connected = 1; /* Requested once per batch. */
+        }
+    }
     for (int i = 0; i < n_ops; i++) {
         struct cfx_op *op = &ops[i];
         if (op->kind != CFX_COLL_SEND && op->kind != CFX_COLL_RECV)
@@ -111,6 +125,9 @@ static cfxResult_t connect_missing(struct cfx_op *ops, int n_ops)
                                               .out_p = slot};
     }
     cfxResult_t res = cfx_core_connect_batch(reqs, n);
+    if (res != cfxSuccess)
+        for (int i = 0; i < n_ops; i++)
+            ((struct cfxComm *)ops[i].owner)->trees_connected = 0;
     free(reqs);
     return res;
 }
@@ -156,6 +173,13 @@ cfxResult_t cfx_core_launch(struct cfx_op *ops, int n_ops)
         return res;
     }
     for (int i = 0; i < n_ops; i++) {
+        if (ops[i].tree) {
+            cfx_core_algo_tree_op(ops[i].owner, (int)(ops[i].tree - ((struct cfxComm *)ops[i].owner)->trees), &ops[i]);
+            cfx_coll_prepare(&ops[i]);
+            cfx_core_flight_update(ops[i].owner, ops[i].record, CFX_FLIGHT_RUNNING, cfxSuccess, 0,
+                                   ops[i].n_steps);
+            continue;
+        }
         struct cfx_connector **s = send_slot(&ops[i]), **r = recv_slot(&ops[i]);
         ops[i].send_conn = s ? *s : NULL;
         ops[i].recv_conn = r ? *r : NULL;

@@ -42,6 +42,7 @@ static void comm_free(struct cfxComm *comm)
         return;
     cfx_core_registry_remove(comm);
     cfx_core_disconnect_all(comm);
+    cfx_core_algo_fini(comm);
     cfx_bootstrap_destroy(comm->bootstrap);
     cfx_core_flight_fini(comm);
     free(comm->p2p_send_seq);
@@ -138,6 +139,7 @@ static cfxResult_t comm_setup(struct cfxComm *comm)
         }
     }
     CFX_CHECK(connect_ring(comm));
+    cfx_core_algo_init(comm);
     CFX_CHECK(cfx_core_flight_init(comm));
     comm->check_mismatch = param_check_mismatch() != 0;
     comm->magic = CFX_COMM_MAGIC;

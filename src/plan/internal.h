@@ -20,21 +20,23 @@
 #define CFX_EFF_NET 0.94
 /* What one channel can move (one GPU thread block), GB/s. */
 #define CFX_GPU_CHANNEL_MAX_BW 40.0
-/* What one host rank moves in total (one CPU thread copying or reducing
- * between shared-memory slots), GB/s. */
-#define CFX_HOST_RANK_MAX_BW 6.0
+/* What one host rank moves in total (one CPU thread copying between
+ * shared-memory slots), and how fast it reduces, GB/s. Fitted to the host
+ * data path's measured 2-rank allreduce (docs/tuning.md). */
+#define CFX_HOST_RANK_MAX_BW 3.0
+#define CFX_HOST_REDUCE_BW   4.0
 
 struct plan_pattern {
     const struct cfx_topo_system *sys;
-    int m;         /* Local ranks. */
-    int *units;    /* [m]: topology node (GPU, or CPU for host ranks) of each local rank. */
-    int multi;     /* Searched for several hosts (paths between NICs) or one (cycles). */
+    int m;      /* Local ranks. */
+    int *units; /* [m]: topology node (GPU, or CPU for host ranks) of each local rank. */
+    int multi;  /* Searched for several hosts (paths between NICs) or one (cycles). */
     int n_channels;
-    int *order;               /* [n_channels * m]: local indices in ring order. */
-    int *net;                 /* [n_channels]: NET node used (-1: one host). */
-    unsigned char *hop_type;  /* [n_channels * m]: path type order[i] -> order[i+1]
-                               * (last: the wrap on one host, NET across hosts). */
-    double *channel_bw;       /* [n_channels] */
+    int *order;              /* [n_channels * m]: local indices in ring order. */
+    int *net;                /* [n_channels]: NET node used (-1: one host). */
+    unsigned char *hop_type; /* [n_channels * m]: path type order[i] -> order[i+1]
+                              * (last: the wrap on one host, NET across hosts). */
+    double *channel_bw;      /* [n_channels] */
     double total_bw, intra_bw, net_bw;
     enum cfx_topo_link_type intra_class;
     int rdma;
@@ -47,8 +49,7 @@ void cfx_plan_pattern_free(struct plan_pattern *pat);
 /* Build plan->trees from plan->node_order and each host's chain for each
  * tree (chains[t][node]: node_nranks[node] ranks, head first); also sets
  * the model's tree factors. */
-cfxResult_t cfx_plan_trees_build(struct cfx_plan *plan, const int *node_nranks,
-                                 int **chains[2]);
+cfxResult_t cfx_plan_trees_build(struct cfx_plan *plan, const int *node_nranks, int **chains[2]);
 
 /* Fill plan->model's constants (bandwidths are set by the builder). */
 void cfx_plan_model_init(struct cfx_plan *plan);

@@ -1,8 +1,12 @@
 /*
- * The cost model: time(collective, algorithm, protocol, bytes) =
- *   latency (a base cost plus one hop latency per step on the critical path)
- * + bytes x (bytes each rank's busiest link carries per byte of data)
- *         / (bandwidth of the rings or trees, GB/s, times the protocol's share).
+ * The cost model, alpha-beta-gamma: time(collective, algorithm, protocol, bytes) =
+ *   alpha: latency (a base cost plus one hop latency per step on the
+ *          critical path, per link class and protocol)
+ * + beta:  bytes x (bytes the busiest link carries per byte of data)
+ *          / (bandwidth of the rings or trees, GB/s, times the protocol's share)
+ * + gamma: bytes x (bytes the busiest rank reduces per byte of data)
+ *          / (reduction bandwidth; host ranks only: GPUs reduce inside their
+ *          copies at memory speed, far above any link).
  *
  * The bandwidths come from the rings the search built on the hosts' links
  * (plan->model.ring_bw, intra_bw, net_bw); the per-hop latencies from the
@@ -36,10 +40,11 @@ static const double gpu_hop_us[CFX_LINK_TYPES][CFX_PROTO_COUNT] = {
 static const double gpu_net_hop_us[2][CFX_PROTO_COUNT] = {{20.0, 24.0, 30.0}, {3.0, 5.0, 10.0}};
 
 /* Host ranks (Simple only): a call through the host executor, a slot
- * hand-off through shared memory, and the network. */
-#define HOST_BASE_US     3.0
-#define HOST_LOC_HOP_US  1.0
-#define HOST_SYS_HOP_US  1.5
+ * hand-off through shared memory (fitted: 2.2 us for a 2-rank allreduce),
+ * and the network. */
+#define HOST_BASE_US     1.0
+#define HOST_LOC_HOP_US  0.6
+#define HOST_SYS_HOP_US  1.0
 #define HOST_NET_SOCK_US 30.0
 #define HOST_NET_RDMA_US 8.0
 
@@ -51,12 +56,25 @@ void cfx_plan_model_init(struct cfx_plan *plan)
             md->base_us[a][p] = md->host_ranks ? HOST_BASE_US : gpu_base_us[a][p];
     for (int p = 0; p < CFX_PROTO_COUNT; p++) {
         if (md->host_ranks) {
-            md->intra_hop_us[p] = md->intra_class >= CFX_LINK_SYS ? HOST_SYS_HOP_US : HOST_LOC_HOP_US;
+            md->intra_hop_us[p] =
+                md->intra_class >= CFX_LINK_SYS ? HOST_SYS_HOP_US : HOST_LOC_HOP_US;
             md->net_hop_us[p] = md->rdma ? HOST_NET_RDMA_US : HOST_NET_SOCK_US;
+            md->reduce_bw = CFX_HOST_REDUCE_BW;
         } else {
             md->intra_hop_us[p] = gpu_hop_us[md->intra_class][p];
             md->net_hop_us[p] = gpu_net_hop_us[md->rdma ? 1 : 0][p];
         }
+    }
+}
+
+/* Bytes each rank reduces per byte of data on a ring (gamma's share). */
+static double ring_reduce_factor(enum cfx_coll_kind coll, int n)
+{
+    switch (coll) {
+    case CFX_COLL_ALLREDUCE:
+    case CFX_COLL_REDUCESCATTER: return (double)(n - 1) / n;
+    case CFX_COLL_REDUCE: return 1.0;
+    default: return 0.0;
     }
 }
 
@@ -103,8 +121,9 @@ static double ring_time(const struct cfx_plan_model *md, enum cfx_coll_kind coll
     double lat = md->base_us[CFX_ALGO_RING][proto] + (steps - inter) * md->intra_hop_us[proto] +
                  inter * md->net_hop_us[proto];
     double bw = md->ring_bw * proto_share[proto];
+    double reduce = md->reduce_bw > 0 ? ring_reduce_factor(coll, md->n_ranks) / md->reduce_bw : 0;
     *lat_p = lat;
-    return lat + bytes * bus_factor(coll, md->n_ranks) / (bw * 1e3);
+    return lat + bytes * (bus_factor(coll, md->n_ranks) / bw + reduce) / 1e3;
 }
 
 static double tree_time(const struct cfx_plan_model *md, enum cfx_coll_kind coll,
@@ -113,8 +132,8 @@ static double tree_time(const struct cfx_plan_model *md, enum cfx_coll_kind coll
     if (coll != CFX_COLL_ALLREDUCE && coll != CFX_COLL_BROADCAST && coll != CFX_COLL_REDUCE)
         return INFINITY;
     int allreduce = coll == CFX_COLL_ALLREDUCE;
-    double chain = (md->max_local - 1) * md->intra_hop_us[proto] +
-                   md->tree_net_depth * md->net_hop_us[proto];
+    double chain =
+        (md->max_local - 1) * md->intra_hop_us[proto] + md->tree_net_depth * md->net_hop_us[proto];
     double lat = md->base_us[CFX_ALGO_TREE][proto] + (allreduce ? 2 : 1) * chain;
     /* Bytes on the busiest NIC and on the busiest link inside a host, per
      * byte of data: the chain sends everything up and everything down. */
@@ -123,8 +142,11 @@ static double tree_time(const struct cfx_plan_model *md, enum cfx_coll_kind coll
         per_byte = md->tree_net_factor[allreduce ? 0 : 1] / md->net_bw;
     if (md->max_local > 1 && isfinite(md->intra_bw) && md->intra_bw > 0)
         per_byte = fmax(per_byte, (allreduce ? 2.0 : 1.0) / md->intra_bw);
+    double reduce = md->reduce_bw > 0 && coll != CFX_COLL_BROADCAST
+                        ? md->tree_reduce_factor / md->reduce_bw
+                        : 0;
     *lat_p = lat;
-    return lat + bytes * per_byte / (proto_share[proto] * TREE_EFFICIENCY * 1e3);
+    return lat + bytes * (per_byte / (proto_share[proto] * TREE_EFFICIENCY) + reduce) / 1e3;
 }
 
 /* Time in us of one candidate, and its latency part; INFINITY if it cannot run. */

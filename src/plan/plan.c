@@ -18,9 +18,9 @@ CFX_PARAM_INT(max_nchannels, "MAX_NCHANNELS", CFX_PLAN_MAX_CHANNELS,
 struct builder {
     const struct cfx_plan_input *in;
     struct cfx_plan *plan;
-    int *unit;        /* [n_ranks]: topology node each rank runs on. */
-    int *node_start;  /* [n_nodes + 1]: CSR of ranks per host, in rank order. */
-    int *node_ranks;  /* [n_ranks] */
+    int *unit;         /* [n_ranks]: topology node each rank runs on. */
+    int *node_start;   /* [n_nodes + 1]: CSR of ranks per host, in rank order. */
+    int *node_ranks;   /* [n_ranks] */
     int *node_pattern; /* [n_nodes] */
     int n_patterns;
     struct plan_pattern *patterns; /* [n_nodes] at most. */
@@ -198,8 +198,10 @@ static cfxResult_t make_rings(struct builder *b)
     plan->channel_bw = malloc((size_t)nch * sizeof(double));
     if (!plan->rings || !plan->ring_pos || !plan->ring_hops || !plan->ring_nets ||
         !plan->channel_bw)
-        return cfx_error_set(cfxSystemError, CFX_LOG_GRAPH, "out of memory for %d rings of %d "
-                             "ranks", nch, n);
+        return cfx_error_set(cfxSystemError, CFX_LOG_GRAPH,
+                             "out of memory for %d rings of %d "
+                             "ranks",
+                             nch, n);
     for (int c = 0; c < nch; c++) {
         size_t pos = (size_t)c * (size_t)n;
         plan->channel_bw[c] = INFINITY;
@@ -234,7 +236,8 @@ static cfxResult_t make_trees(struct builder *b)
     int n_nodes = plan->n_nodes;
     cfxResult_t res = cfxSuccess;
     int *node_nranks = malloc((size_t)n_nodes * sizeof(int));
-    int **chains[2] = {calloc((size_t)n_nodes, sizeof(int *)), calloc((size_t)n_nodes, sizeof(int *))};
+    int **chains[2] = {calloc((size_t)n_nodes, sizeof(int *)),
+                       calloc((size_t)n_nodes, sizeof(int *))};
     int *pool = malloc(2 * (size_t)plan->n_ranks * sizeof(int));
     if (!node_nranks || !chains[0] || !chains[1] || !pool) {
         res = cfx_error_set(cfxSystemError, CFX_LOG_GRAPH, "out of memory for trees");
@@ -340,8 +343,8 @@ static cfxResult_t check_input(const struct cfx_plan_input *in)
     if (in->locs == NULL &&
         (in->ranks_per_node < 1 || (long long)in->ranks_per_node * in->n_nodes != in->n_ranks))
         return cfx_error_set(cfxInvalidArgument, CFX_LOG_GRAPH,
-                             "%d ranks do not fill %d hosts of %d ranks", in->n_ranks,
-                             in->n_nodes, in->ranks_per_node);
+                             "%d ranks do not fill %d hosts of %d ranks", in->n_ranks, in->n_nodes,
+                             in->ranks_per_node);
     return cfxSuccess;
 }
 

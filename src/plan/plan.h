@@ -45,11 +45,7 @@
 
 /* Algorithms. Append only: a new one (direct one-shot/two-shot inside a
  * host) adds its name in tuning.c and its time in model.c. */
-enum cfx_plan_algo {
-    CFX_ALGO_RING = 0,
-    CFX_ALGO_TREE = 1,
-    CFX_ALGO_COUNT
-};
+enum cfx_plan_algo { CFX_ALGO_RING = 0, CFX_ALGO_TREE = 1, CFX_ALGO_COUNT };
 
 /* Protocols, NCCL's: LL (8-byte flag+data lines, lowest latency), LL128
  * (128-byte lines, NVLink), SIMPLE (bulk copies with a flag per slot; the
@@ -91,32 +87,35 @@ struct cfx_plan_input {
 };
 
 struct cfx_plan_tree {
-    int root;       /* The rank at the top (-1 when the plan has no ranks). */
-    int *parent;    /* [n_ranks]; -1 at the root. */
+    int root;    /* The rank at the top (-1 when the plan has no ranks). */
+    int *parent; /* [n_ranks]; -1 at the root. */
     int (*children)[CFX_PLAN_TREE_MAX_CHILDREN]; /* [n_ranks]; -1 after the last. */
-    int depth;      /* Edges from the root to the deepest rank. */
-    int net_depth;  /* The same counting only hops between hosts. */
+    int depth;                                   /* Edges from the root to the deepest rank. */
+    int net_depth;                               /* The same counting only hops between hosts. */
 };
 
 struct cfx_plan_choice {
     enum cfx_plan_algo algo;
     enum cfx_plan_proto proto;
-    int n_channels;        /* Rings (or tree pairs) to spread the data over. */
-    double predicted_us;   /* Model time of the whole call. */
-    double busbw_gbs;      /* nccl-tests' bus bandwidth at that time (0 for 0 bytes). */
+    int n_channels;      /* Rings (or tree pairs) to spread the data over. */
+    double predicted_us; /* Model time of the whole call. */
+    double busbw_gbs;    /* nccl-tests' bus bandwidth at that time (0 for 0 bytes). */
 };
 
 /* The cost model's inputs, derived from the rings and trees (model.c). */
 struct cfx_plan_model {
-    int host_ranks;           /* 1: CPU ranks, SIMPLE only. */
+    int host_ranks;                  /* 1: CPU ranks, SIMPLE only. */
     int n_nodes, n_ranks, max_local; /* max_local: most ranks on one host. */
-    double ring_bw;           /* GB/s: sum over channels, effective (what busbw tends to). */
-    double intra_bw;          /* Same with only the hops inside hosts. */
-    double net_bw;            /* Same with only the NIC hops (0: one host). */
+    double ring_bw;                  /* GB/s: sum over channels, effective (what busbw tends to). */
+    double intra_bw;                 /* Same with only the hops inside hosts. */
+    double net_bw;                   /* Same with only the NIC hops (0: one host). */
     enum cfx_topo_link_type intra_class; /* Slowest link class of the hops inside hosts. */
-    int rdma;                 /* Hosts are joined by RDMA NICs (else sockets). */
-    double tree_net_factor[2]; /* Bytes per NIC per byte of data: [0] allreduce, [1] bcast/reduce. */
-    int tree_net_depth;       /* Deepest of the two trees, hops between hosts. */
+    int rdma;                            /* Hosts are joined by RDMA NICs (else sockets). */
+    /* Bytes on the busiest NIC per byte of data: [0] allreduce, [1] broadcast/reduce. */
+    double tree_net_factor[2];
+    int tree_net_depth;        /* Deepest of the two trees, hops between hosts. */
+    double tree_reduce_factor; /* Bytes the busiest tree rank reduces per byte of data. */
+    double reduce_bw;          /* GB/s a rank reduces at (gamma); 0: free (GPU, fused in copies). */
     double base_us[CFX_ALGO_COUNT][CFX_PROTO_COUNT];
     double intra_hop_us[CFX_PROTO_COUNT];
     double net_hop_us[CFX_PROTO_COUNT];
@@ -128,13 +127,14 @@ struct cfx_plan {
     int n_ranks;
     int n_nodes;
     int n_channels;
-    int *rings;               /* [n_channels * n_ranks]: ranks in ring order. */
-    int *ring_pos;            /* [n_channels * n_ranks]: position of each rank in each ring. */
-    unsigned char *ring_hops; /* [n_channels * n_ranks]: enum cfx_topo_path_type from position i to i+1. */
-    int *ring_nets;           /* [n_channels * n_nodes]: NET dev each ring uses on each host (-1: none). */
-    double *channel_bw;       /* [n_channels]: GB/s each ring was given by the search. */
+    int *rings;    /* [n_channels * n_ranks]: ranks in ring order. */
+    int *ring_pos; /* [n_channels * n_ranks]: position of each rank in each ring. */
+    /* [n_channels * n_ranks]: enum cfx_topo_path_type of the hop from position i to i+1. */
+    unsigned char *ring_hops;
+    int *ring_nets; /* [n_channels * n_nodes]: NET dev each ring uses on each host (-1: none). */
+    double *channel_bw; /* [n_channels]: GB/s each ring was given by the search. */
     struct cfx_plan_tree trees[2];
-    int *node_order;          /* [n_nodes]: hosts in ring order. */
+    int *node_order; /* [n_nodes]: hosts in ring order. */
     struct cfx_plan_model model;
     /* Explanations already logged: bit b of explained[coll] = size bucket 2^b. */
     _Atomic uint64_t explained[CFX_PLAN_COLLS];
@@ -181,7 +181,7 @@ double cfx_plan_busbw(enum cfx_coll_kind coll, int n_ranks, size_t bytes, double
  *  @p local_nranks host ranks: consecutive blocks per NUMA domain. */
 int cfx_plan_default_cpu(const struct cfx_topo_system *sys, int local_rank, int local_nranks);
 
-const char *cfx_plan_algo_name(enum cfx_plan_algo algo);   /* "ring", "tree" */
+const char *cfx_plan_algo_name(enum cfx_plan_algo algo);    /* "ring", "tree" */
 const char *cfx_plan_proto_name(enum cfx_plan_proto proto); /* "LL", "LL128", "Simple" */
 
 /* Ring neighbours of @p rank in channel @p c. */

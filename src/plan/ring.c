@@ -6,8 +6,8 @@
  * before it already use (every directed link's effective capacity is shared
  * equally by the hops crossing it); among equals, the one whose slowest hop
  * class is nearest (NVL before PCI before SYS), with the fewest such hops,
- * then the first in rank order. A channel is kept only if it raises the
- * total bandwidth by more than 1%.
+ * then the first in rank order. Channels are added up to the maximum and
+ * the plan keeps the fewest whose total is within 1% of the best total.
  *
  * On one host a channel is a cycle starting at local rank 0. Across hosts it
  * is a path: it picks the least used NET, leaves from the rank nearest that
@@ -20,7 +20,6 @@
  * number of steps (not a time), so every rank finds the same rings.
  */
 #include <math.h>
-#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -55,7 +54,7 @@ struct search {
     int *load;      /* [n_dlinks]: hops of kept channels on each link. */
     int *extra;     /* [n_dlinks]: hops of the channel being searched. */
     /* Hop between two topology nodes, cached by (node, node). */
-    struct hop *hops;   /* [n_nodes * n_nodes], n_links < 0: not computed. */
+    struct hop *hops; /* [n_nodes * n_nodes], n_links < 0: not computed. */
     int *link_pool;
     int pool_used, pool_cap;
     /* Depth-first state. */

@@ -85,8 +85,7 @@ static int position_depth(const int *parent, int *depth, int p)
     return d;
 }
 
-cfxResult_t cfx_plan_trees_build(struct cfx_plan *plan, const int *node_nranks,
-                                 int **chains[2])
+cfxResult_t cfx_plan_trees_build(struct cfx_plan *plan, const int *node_nranks, int **chains[2])
 {
     int n = plan->n_nodes;
     int *par[2] = {calloc((size_t)n, sizeof(int)), calloc((size_t)n, sizeof(int))};
@@ -162,11 +161,22 @@ cfxResult_t cfx_plan_trees_build(struct cfx_plan *plan, const int *node_nranks,
         if (busiest > f_bcast)
             f_bcast = busiest;
     }
+    /* Bytes the busiest rank reduces per byte of data: S/2 per child per tree. */
+    double f_reduce = 0;
+    for (int r = 0; r < plan->n_ranks; r++) {
+        int children = 0;
+        for (int t = 0; t < 2; t++)
+            for (int k = 0; k < CFX_PLAN_TREE_MAX_CHILDREN; k++)
+                children += plan->trees[t].children[r][k] >= 0;
+        if (0.5 * children > f_reduce)
+            f_reduce = 0.5 * children;
+    }
+    plan->model.tree_reduce_factor = f_reduce;
     plan->model.tree_net_factor[0] = f_allreduce;
     plan->model.tree_net_factor[1] = f_bcast;
-    plan->model.tree_net_depth =
-        plan->trees[0].net_depth > plan->trees[1].net_depth ? plan->trees[0].net_depth
-                                                            : plan->trees[1].net_depth;
+    plan->model.tree_net_depth = plan->trees[0].net_depth > plan->trees[1].net_depth
+                                     ? plan->trees[0].net_depth
+                                     : plan->trees[1].net_depth;
 out:
     free(par[0]);
     free(par[1]);

@@ -39,7 +39,7 @@ static const char *const coll_keys[CFX_PLAN_COLLS] = {"allreduce", "broadcast", 
                                                       "allgather", "reducescatter"};
 /* NCCL names Conflux accepts and has no implementation of. */
 static const char *const nccl_only_names[] = {"collnetdirect", "collnetchain", "collnet",
-                                              "nvls", "nvlstree", "pat"};
+                                              "nvls",          "nvlstree",     "pat"};
 
 const char *cfx_plan_algo_name(enum cfx_plan_algo algo)
 {
@@ -94,8 +94,10 @@ static void parse_list(const char *var, const char *text, const char *const *nam
                 if (strcasecmp(key, coll_keys[c]) == 0)
                     coll = c;
             if (coll < 0) {
-                CFX_WARN(CFX_LOG_ENV | CFX_LOG_TUNING, "%s=\"%s\": no collective \"%s\"; "
-                         "section ignored", var, text, key);
+                CFX_WARN(CFX_LOG_ENV | CFX_LOG_TUNING,
+                         "%s=\"%s\": no collective \"%s\"; "
+                         "section ignored",
+                         var, text, key);
                 continue;
             }
             first = last = coll;
@@ -148,8 +150,7 @@ void cfx_plan_tuning_init(struct cfx_plan *plan)
                     on = 0;
                 }
                 /* LL128 by default only where every hop inside hosts is NVLink. */
-                if (p == CFX_PROTO_LL128 && proto_mask[c][p] == 1 &&
-                    md->intra_class > CFX_LINK_NVL)
+                if (p == CFX_PROTO_LL128 && proto_mask[c][p] == 1 && md->intra_class > CFX_LINK_NVL)
                     on = 0;
                 md->enabled[c][a][p] = (unsigned char)on;
             }
@@ -178,19 +179,19 @@ static void explain(struct cfx_plan *plan, enum cfx_coll_kind coll, size_t bytes
     others[0] = '\0';
     for (int a = 0; a < CFX_ALGO_COUNT; a++)
         for (int p = 0; p < CFX_PROTO_COUNT; p++) {
-            if (a == (int)choice->algo && p == (int)choice->proto)
+            if ((a == (int)choice->algo && p == (int)choice->proto) ||
+                (plan->model.host_ranks && p != CFX_PROTO_SIMPLE))
                 continue;
             double t = cfx_plan_model_time(plan, coll, a, p, bytes, NULL);
-            const char *why = NULL;
-            if (!isfinite(t))
-                why = plan->model.host_ranks && p != CFX_PROTO_SIMPLE ? "host ranks: Simple only"
-                                                                       : "cannot run it";
-            else if (!plan->model.enabled[coll][a][p])
-                why = "disabled (CFX_ALGO/CFX_PROTO or LL128 off without NVLink)";
             int n;
-            if (why)
-                n = snprintf(others + used, sizeof(others) - used, "%s %s/%s %s", used ? ";" : "",
-                             algo_names[a], proto_names[p], why);
+            if (!isfinite(t))
+                n = snprintf(others + used, sizeof(others) - used, "%s %s/%s cannot run %s",
+                             used ? ";" : "", algo_names[a], proto_names[p], cfx_coll_name(coll));
+            else if (!plan->model.enabled[coll][a][p])
+                n = snprintf(others + used, sizeof(others) - used,
+                             "%s %s/%s %.1f us but disabled (CFX_ALGO/CFX_PROTO, or LL128 "
+                             "without NVLink)",
+                             used ? ";" : "", algo_names[a], proto_names[p], t);
             else
                 n = snprintf(others + used, sizeof(others) - used, "%s %s/%s %.1f us",
                              used ? ";" : "", algo_names[a], proto_names[p], t);
@@ -202,12 +203,12 @@ static void explain(struct cfx_plan *plan, enum cfx_coll_kind coll, size_t bytes
     const char *bound = lat >= 0.5 * choice->predicted_us ? "latency-bound" : "bandwidth-bound";
     CFX_INFO(CFX_LOG_TUNING,
              "%s %zu B (2^%d bucket) on %d ranks, %d hosts: %s/%s %.1f us (latency %.1f us, %s, "
-             "busbw %.1f GB/s, %d channels)%s; others:%s",
+             "busbw %.1f GB/s, %d channels)%s; others:%s%s",
              cfx_coll_name(coll), bytes, bucket, plan->n_ranks, plan->n_nodes,
-             algo_names[choice->algo], proto_names[choice->proto], choice->predicted_us, lat,
-             bound, choice->busbw_gbs, choice->n_channels,
-             fallback ? " [CFX_ALGO/CFX_PROTO left nothing that runs this collective]" : "",
-             others);
+             algo_names[choice->algo], proto_names[choice->proto], choice->predicted_us, lat, bound,
+             choice->busbw_gbs, choice->n_channels,
+             fallback ? " [CFX_ALGO/CFX_PROTO left nothing that runs this collective]" : "", others,
+             plan->model.host_ranks ? " (host ranks: Simple only)" : "");
 }
 
 cfxResult_t cfx_plan_choose(struct cfx_plan *plan, enum cfx_coll_kind coll, size_t bytes,

@@ -15,41 +15,6 @@
 #define CLASS_NVSWITCH   0x068000u /* "Other bridge": how NVSwitches present. */
 #define BW_EPSILON       1e-9
 
-static const char *const node_names[CFX_TOPO_NODE_TYPES] = {"GPU", "PCI", "NVS",
-                                                            "CPU", "NIC", "NET"};
-static const char *const link_names[CFX_LINK_TYPES] = {"LOC", "NVL", "PCI", "SYS", "NET"};
-static const char *const path_names[CFX_PATH_TYPES] = {"LOC", "NVL", "NVB", "PIX", "PXB",
-                                                       "PHB", "SYS", "NET", "DIS"};
-
-const char *cfx_topo_node_type_name(enum cfx_topo_node_type type)
-{
-    return (unsigned)type < CFX_TOPO_NODE_TYPES ? node_names[type] : "?";
-}
-
-const char *cfx_topo_link_type_name(enum cfx_topo_link_type type)
-{
-    return (unsigned)type < CFX_LINK_TYPES ? link_names[type] : "?";
-}
-
-const char *cfx_topo_path_type_name(enum cfx_topo_path_type type)
-{
-    return (unsigned)type < CFX_PATH_TYPES ? path_names[type] : "?";
-}
-
-enum cfx_topo_link_type cfx_topo_path_link_class(enum cfx_topo_path_type type)
-{
-    switch (type) {
-    case CFX_PATH_LOC: return CFX_LINK_LOC;
-    case CFX_PATH_NVL:
-    case CFX_PATH_NVB: return CFX_LINK_NVL;
-    case CFX_PATH_PIX:
-    case CFX_PATH_PXB:
-    case CFX_PATH_PHB: return CFX_LINK_PCI;
-    case CFX_PATH_SYS: return CFX_LINK_SYS;
-    default: return CFX_LINK_NET;
-    }
-}
-
 /* ------------------------------------------------------------ building */
 
 struct cfx_topo_system *cfx_topo_new(const char *source)
@@ -217,7 +182,8 @@ static cfxResult_t add_link(struct cfx_topo_system *sys, int from, int to,
             return cfxSuccess;
         }
     }
-    struct cfx_topo_link *links = realloc(node->links, (size_t)(node->n_links + 1) * sizeof(*links));
+    struct cfx_topo_link *links =
+        realloc(node->links, (size_t)(node->n_links + 1) * sizeof(*links));
     if (links == NULL)
         return cfx_error_set(cfxSystemError, CFX_LOG_GRAPH, "out of memory for topology links");
     node->links = links;
@@ -515,13 +481,59 @@ static cfxResult_t check_unique(const struct cfx_topo_system *sys, const char *w
     return cfxSuccess;
 }
 
+static void visit(const struct cfx_topo_system *sys, int node, int *order, int *n)
+{
+    order[(*n)++] = node;
+    for (int c = node + 1; c < sys->n_nodes; c++)
+        if (sys->nodes[c].parent == node)
+            visit(sys, c, order, n);
+}
+
+/* Nodes in the order a file lists them (each CPU, then its tree depth
+ * first), whoever built the system: so a dump loads back identical. */
+static cfxResult_t canonical_order(struct cfx_topo_system *sys, const char *where)
+{
+    int n = sys->n_nodes, count = 0;
+    int *order = malloc((size_t)n * sizeof(int));
+    int *where_now = malloc((size_t)n * sizeof(int));
+    struct cfx_topo_node *nodes = malloc((size_t)n * sizeof(*nodes));
+    cfxResult_t res = cfxSuccess;
+    if (order == NULL || where_now == NULL || nodes == NULL) {
+        res = cfx_error_set(cfxSystemError, CFX_LOG_GRAPH, "out of memory for a topology");
+        goto out;
+    }
+    for (int i = 0; i < n; i++)
+        if (sys->nodes[i].type == CFX_TOPO_CPU && sys->nodes[i].parent < 0)
+            visit(sys, i, order, &count);
+    if (count != n) {
+        res = cfx_error_set(cfxInvalidArgument, CFX_LOG_GRAPH, "%s: %d devices hang from no CPU",
+                            where, n - count);
+        goto out;
+    }
+    for (int i = 0; i < n; i++)
+        where_now[order[i]] = i;
+    for (int i = 0; i < n; i++) {
+        nodes[i] = sys->nodes[order[i]];
+        if (nodes[i].parent >= 0)
+            nodes[i].parent = where_now[nodes[i].parent];
+    }
+    memcpy(sys->nodes, nodes, (size_t)n * sizeof(*nodes));
+out:
+    free(order);
+    free(where_now);
+    free(nodes);
+    return res;
+}
+
 cfxResult_t cfx_topo_finish(struct cfx_topo_system *sys, const char *where)
 {
     if (sys->n_nodes == 0 || sys->nodes[0].type != CFX_TOPO_CPU)
         return cfx_error_set(cfxInvalidArgument, CFX_LOG_GRAPH,
                              "%s: the topology has no <cpu>; every device must hang from one",
                              where);
-    cfxResult_t res = check_unique(sys, where);
+    cfxResult_t res = canonical_order(sys, where);
+    if (res == cfxSuccess)
+        res = check_unique(sys, where);
     if (res == cfxSuccess)
         res = make_links(sys);
     if (res != cfxSuccess)
@@ -546,77 +558,4 @@ void cfx_topo_free(struct cfx_topo_system *sys)
     free(sys->nodes);
     free(sys->paths);
     free(sys);
-}
-
-/* ------------------------------------------------------------ printing */
-
-static void node_label(const struct cfx_topo_system *sys, int n, char *text, size_t size)
-{
-    const struct cfx_topo_node *node = &sys->nodes[n];
-    switch (node->type) {
-    case CFX_TOPO_GPU:
-        snprintf(text, size, "GPU/%d", node->gpu.dev);
-        break;
-    case CFX_TOPO_CPU:
-        snprintf(text, size, "CPU/%d", node->cpu.numa_id);
-        break;
-    case CFX_TOPO_NET:
-        snprintf(text, size, "NET/%d", node->net.dev);
-        break;
-    case CFX_TOPO_NVS:
-        snprintf(text, size, "NVS/0");
-        break;
-    default:
-        snprintf(text, size, "%s/%s", node_names[node->type], node->busid[0] ? node->busid : "-");
-        break;
-    }
-}
-
-void cfx_topo_print(const struct cfx_topo_system *sys, FILE *out)
-{
-    char summary[256];
-    cfx_topo_summary(sys, summary, sizeof(summary));
-    fprintf(out, "topology (%s): %s\n", sys->source, summary);
-    for (int n = 0; n < sys->n_nodes; n++) {
-        const struct cfx_topo_node *node = &sys->nodes[n];
-        char label[64];
-        node_label(sys, n, label, sizeof(label));
-        fprintf(out, "  %-22s", label);
-        if (node->type == CFX_TOPO_GPU)
-            fprintf(out, " sm%d %s", node->gpu.sm, node->busid);
-        else if (node->type == CFX_TOPO_NET)
-            fprintf(out, " %s port %d %d Gb/s", node->net.name, node->net.port,
-                    node->net.speed_mbps / 1000);
-        else if (node->type == CFX_TOPO_CPU)
-            fprintf(out, " %s %s", node->cpu.arch[0] ? node->cpu.arch : "?",
-                    node->cpu.vendor[0] ? node->cpu.vendor : "?");
-        fprintf(out, "\n");
-        for (int l = 0; l < node->n_links; l++) {
-            char peer[64];
-            node_label(sys, node->links[l].remote, peer, sizeof(peer));
-            fprintf(out, "      -> %-20s %s %.1f GB/s\n", peer, link_names[node->links[l].type],
-                    node->links[l].bw);
-        }
-    }
-}
-
-void cfx_topo_summary(const struct cfx_topo_system *sys, char *text, size_t size)
-{
-    int sm = 0, net_gbps = 0;
-    for (int n = 0; n < sys->n_nodes; n++) {
-        if (sys->nodes[n].type == CFX_TOPO_GPU && sys->nodes[n].gpu.sm > sm)
-            sm = sys->nodes[n].gpu.sm;
-        if (sys->nodes[n].type == CFX_TOPO_NET && sys->nodes[n].net.speed_mbps / 1000 > net_gbps)
-            net_gbps = sys->nodes[n].net.speed_mbps / 1000;
-    }
-    int used = snprintf(text, size, "%d CPU%s, %d GPU%s", sys->count[CFX_TOPO_CPU],
-                        sys->count[CFX_TOPO_CPU] == 1 ? "" : "s", sys->count[CFX_TOPO_GPU],
-                        sys->count[CFX_TOPO_GPU] == 1 ? "" : "s");
-    if (sys->count[CFX_TOPO_GPU] && sm && used > 0 && (size_t)used < size)
-        used += snprintf(text + used, size - (size_t)used, " (sm%d)", sm);
-    if (sys->count[CFX_TOPO_NVS] && used > 0 && (size_t)used < size)
-        used += snprintf(text + used, size - (size_t)used, ", NVSwitch");
-    if (used > 0 && (size_t)used < size)
-        snprintf(text + used, size - (size_t)used, ", %d NIC port%s (up to %d Gb/s)",
-                 sys->count[CFX_TOPO_NET], sys->count[CFX_TOPO_NET] == 1 ? "" : "s", net_gbps);
 }

@@ -38,11 +38,11 @@ enum cfx_topo_node_type {
 
 /* Link types, from fastest to slowest. Append only. */
 enum cfx_topo_link_type {
-    CFX_LINK_LOC = 0, /* Inside one device (NIC to its port). */
+    CFX_LINK_LOC = 0, /* Inside one device. */
     CFX_LINK_NVL = 1, /* NVLink, to a GPU or to the NVSwitch fabric. */
     CFX_LINK_PCI = 2, /* PCIe, device to switch or switch to CPU root port. */
     CFX_LINK_SYS = 3, /* Between CPU sockets / NUMA domains (UPI, xGMI, ...). */
-    CFX_LINK_NET = 4, /* The network (only between hosts, in plans). */
+    CFX_LINK_NET = 4, /* A NIC to its port: the wire (a path class of LOC inside a host). */
     CFX_LINK_TYPES
 };
 
@@ -135,9 +135,9 @@ struct cfx_topo_system {
 
 struct cfx_topo_path {
     enum cfx_topo_path_type type;
-    double bw;    /* Bottleneck bandwidth, GB/s. */
-    int hops;     /* Links crossed (0 for a node to itself). */
-    int prev;     /* Node before the destination on the path (-1: none). */
+    double bw;     /* Bottleneck bandwidth, GB/s. */
+    int hops;      /* Links crossed (0 for a node to itself). */
+    int prev;      /* Node before the destination on the path (-1: none). */
     int prev_link; /* Index of the link prev -> destination in prev's links. */
 };
 
@@ -180,8 +180,8 @@ void cfx_topo_free(struct cfx_topo_system *sys);
 /* ------------------------------------------------------------ queries */
 
 /** The path from node @p from to node @p to (both valid indices). */
-static inline const struct cfx_topo_path *cfx_topo_path(const struct cfx_topo_system *sys,
-                                                        int from, int to)
+static inline const struct cfx_topo_path *cfx_topo_path(const struct cfx_topo_system *sys, int from,
+                                                        int to)
 {
     return &sys->paths[(size_t)from * (size_t)sys->n_nodes + (size_t)to];
 }

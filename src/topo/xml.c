@@ -20,6 +20,7 @@
 #include <inttypes.h>
 #include <libxml/parser.h>
 #include <libxml/tree.h>
+#include <libxml/xmlversion.h>
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
@@ -37,6 +38,30 @@ struct xml_loader {
 };
 
 static pthread_once_t xml_once = PTHREAD_ONCE_INIT;
+
+/* The first error libxml2 reports: later ones are usually consequences. */
+struct first_error {
+    int seen;
+    int line;
+    char message[256];
+};
+
+#if LIBXML_VERSION >= 21200
+static void keep_first_error(void *user, const xmlError *err)
+#else
+static void keep_first_error(void *user, xmlError *err)
+#endif
+{
+    xmlParserCtxt *ctxt = user;
+    struct first_error *first = ctxt ? ctxt->_private : NULL;
+    if (first == NULL || first->seen || err == NULL || err->level < XML_ERR_ERROR)
+        return;
+    first->seen = 1;
+    first->line = err->line;
+    snprintf(first->message, sizeof(first->message), "%s",
+             err->message ? err->message : "not well-formed XML");
+    first->message[strcspn(first->message, "\n")] = '\0';
+}
 
 static void xml_init(void)
 {
@@ -73,8 +98,8 @@ static int attr_text(const xmlNode *el, const char *name, char *out, size_t size
 static cfxResult_t bad_attr(const struct xml_loader *ld, const xmlNode *el, const char *attr,
                             const char *value, const char *why)
 {
-    return cfx_error_set(cfxInvalidArgument, CFX_LOG_GRAPH, "%s:%ld: <%s %s=\"%s\">: %s",
-                         ld->name, xmlGetLineNo(el), (const char *)el->name, attr, value, why);
+    return cfx_error_set(cfxInvalidArgument, CFX_LOG_GRAPH, "%s:%ld: <%s %s=\"%s\">: %s", ld->name,
+                         xmlGetLineNo(el), (const char *)el->name, attr, value, why);
 }
 
 /* Integer attribute (decimal or 0x hex); @p def when absent. */
@@ -187,8 +212,8 @@ static cfxResult_t load_nic(struct xml_loader *ld, const xmlNode *el, int nic)
         }
     }
     if (n_nets == 0)
-        CFX_INFO(CFX_LOG_GRAPH, "%s:%ld: <nic> without <net>: a NIC with no usable port",
-                 ld->name, xmlGetLineNo(el));
+        CFX_INFO(CFX_LOG_GRAPH, "%s:%ld: <nic> without <net>: a NIC with no usable port", ld->name,
+                 xmlGetLineNo(el));
     return cfxSuccess;
 }
 
@@ -216,8 +241,8 @@ static cfxResult_t load_gpu(struct xml_loader *ld, const xmlNode *el, int gpu)
         long long count;
         unsigned long long tclass;
         if (!attr_text(c, "target", target, sizeof(target)) || target[0] == '\0')
-            return cfx_error_set(cfxInvalidArgument, CFX_LOG_GRAPH, "%s:%ld: <nvlink> has no target",
-                                 ld->name, xmlGetLineNo(c));
+            return cfx_error_set(cfxInvalidArgument, CFX_LOG_GRAPH,
+                                 "%s:%ld: <nvlink> has no target", ld->name, xmlGetLineNo(c));
         uint64_t id;
         if (cfx_topo_busid_parse(target, &id) != 0)
             return bad_attr(ld, c, "target", target, "not a PCI bus id");
@@ -319,8 +344,8 @@ static cfxResult_t load_pci(struct xml_loader *ld, const xmlNode *el, int parent
     if (type == CFX_TOPO_NIC && sub)
         return load_nic(ld, sub, n);
     /* Described by its class only: one port at the speed of its PCI link. */
-    CFX_INFO(CFX_LOG_GRAPH, "%s:%ld: %s %s described by PCI class only", ld->name,
-             xmlGetLineNo(el), type == CFX_TOPO_GPU ? "GPU" : "NIC", ld->sys->nodes[n].busid);
+    CFX_INFO(CFX_LOG_GRAPH, "%s:%ld: %s %s described by PCI class only", ld->name, xmlGetLineNo(el),
+             type == CFX_TOPO_GPU ? "GPU" : "NIC", ld->sys->nodes[n].busid);
     if (type == CFX_TOPO_NIC) {
         int net = cfx_topo_add_node(ld->sys, CFX_TOPO_NET, n);
         if (net < 0)
@@ -389,10 +414,9 @@ static cfxResult_t load_doc(struct xml_loader *ld, xmlDoc *doc)
 {
     const xmlNode *root = xmlDocGetRootElement(doc);
     if (root == NULL || !is_element(root, "system"))
-        return cfx_error_set(cfxInvalidArgument, CFX_LOG_GRAPH,
-                             "%s:%ld: the root element is <%s>, not <system>", ld->name,
-                             root ? xmlGetLineNo(root) : 1L,
-                             root ? (const char *)root->name : "nothing");
+        return cfx_error_set(
+            cfxInvalidArgument, CFX_LOG_GRAPH, "%s:%ld: the root element is <%s>, not <system>",
+            ld->name, root ? xmlGetLineNo(root) : 1L, root ? (const char *)root->name : "nothing");
     char version[16];
     if (attr_text(root, "version", version, sizeof(version)) && strcmp(version, "1") != 0)
         CFX_WARN(CFX_LOG_GRAPH, "%s: topology version %s; reading it as version 1", ld->name,
@@ -421,20 +445,24 @@ cfxResult_t cfx_topo_load_xml_buffer(const char *text, size_t size, const char *
     if (ctxt == NULL)
         return cfx_error_set(cfxSystemError, CFX_LOG_GRAPH, "%s: out of memory for the parser",
                              name);
+    struct first_error first = {.seen = 0};
+    ctxt->_private = &first;
+    ctxt->sax->serror = keep_first_error; /* Also keeps libxml2 from printing. */
     doc = xmlCtxtReadMemory(ctxt, text, (int)size, name, NULL,
                             XML_PARSE_NONET | XML_PARSE_NOERROR | XML_PARSE_NOWARNING |
                                 XML_PARSE_BIG_LINES);
-    if (doc == NULL) {
-        const xmlError *err = xmlCtxtGetLastError(ctxt);
-        char message[256] = "not well-formed XML";
-        if (err && err->message) {
-            snprintf(message, sizeof(message), "%s", err->message);
-            message[strcspn(message, "\n")] = '\0';
+    if (doc == NULL || first.seen) {
+        if (!first.seen) {
+            const xmlError *err = xmlCtxtGetLastError(ctxt);
+            first.line = err ? err->line : 0;
+            snprintf(first.message, sizeof(first.message), "%s",
+                     err && err->message ? err->message : "not well-formed XML");
+            first.message[strcspn(first.message, "\n")] = '\0';
         }
-        res = cfx_error_set(cfxInvalidArgument, CFX_LOG_GRAPH,
-                            "%s:%d: not a valid topology file: %s", name, err ? err->line : 0,
-                            message);
-        goto out_ctxt;
+        res =
+            cfx_error_set(cfxInvalidArgument, CFX_LOG_GRAPH, "%s:%d: not a valid topology file: %s",
+                          name, first.line, first.message);
+        goto out_doc;
     }
     ld.sys = cfx_topo_new(name);
     if (ld.sys == NULL) {
@@ -448,8 +476,8 @@ cfxResult_t cfx_topo_load_xml_buffer(const char *text, size_t size, const char *
     }
     cfx_topo_free(ld.sys);
 out_doc:
-    xmlFreeDoc(doc);
-out_ctxt:
+    if (doc)
+        xmlFreeDoc(doc);
     xmlFreeParserCtxt(ctxt);
     return res;
 }
@@ -641,8 +669,7 @@ cfxResult_t cfx_topo_dump_xml_file(const struct cfx_topo_system *sys, FILE *out)
     }
     fprintf(out, "</system>\n");
     if (ferror(out))
-        return cfx_error_set_errno(errno ? errno : EIO, CFX_LOG_GRAPH,
-                                   "cannot write the topology");
+        return cfx_error_set_errno(errno ? errno : EIO, CFX_LOG_GRAPH, "cannot write the topology");
     return cfxSuccess;
 }
 

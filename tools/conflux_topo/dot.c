@@ -8,9 +8,9 @@
 
 #include "topo_tool.h"
 
-#define DOT_RINGS 4
+#define DOT_RINGS 2
 
-static const char *const ring_colors[DOT_RINGS] = {"#d62728", "#1f77b4", "#2ca02c", "#9467bd"};
+static const char *const ring_colors[DOT_RINGS] = {"#d62728", "#1f77b4"};
 
 static const char *fill_of(enum cfx_topo_node_type type)
 {
@@ -41,8 +41,7 @@ static int unit_of(const struct topo_report *rep, int r)
     int local = r % rep->ranks_per_node;
     if (sys->count[CFX_TOPO_GPU])
         return cfx_topo_find_gpu(sys, local);
-    return cfx_topo_nth(sys, CFX_TOPO_CPU,
-                        cfx_plan_default_cpu(sys, local, rep->ranks_per_node));
+    return cfx_topo_nth(sys, CFX_TOPO_CPU, cfx_plan_default_cpu(sys, local, rep->ranks_per_node));
 }
 
 int topo_report_dot(const struct topo_report *rep, const char *path)
@@ -54,8 +53,9 @@ int topo_report_dot(const struct topo_report *rep, const char *path)
     const struct cfx_plan *plan = rep->plan;
     int n = plan->n_ranks;
     int host0 = plan->node_order[0];
-    fprintf(out, "digraph conflux {\n  graph [fontname=\"Helvetica\", rankdir=TB, label=\"%s: "
-                 "host %d of %d, %d ranks per host, rings 0-%d of %d\"];\n",
+    fprintf(out,
+            "digraph conflux {\n  graph [fontname=\"Helvetica\", rankdir=TB, label=\"%s: "
+            "host %d of %d, %d ranks per host, rings 0-%d of %d\"];\n",
             sys->source, host0, plan->n_nodes, rep->ranks_per_node,
             (plan->n_channels < DOT_RINGS ? plan->n_channels : DOT_RINGS) - 1, plan->n_channels);
     fprintf(out, "  node [shape=box, style=filled, fontname=\"Helvetica\", fontsize=10];\n");
@@ -102,7 +102,8 @@ int topo_report_dot(const struct topo_report *rep, const char *path)
         const int *ring = &plan->rings[(size_t)c * n];
         for (int i = 0; i < n; i++) {
             int a = ring[i], b = ring[(i + 1) % n];
-            int a_here = a / rep->ranks_per_node == host0, b_here = b / rep->ranks_per_node == host0;
+            int a_here = a / rep->ranks_per_node == host0,
+                b_here = b / rep->ranks_per_node == host0;
             int net = plan->ring_nets[(size_t)c * plan->n_nodes + host0];
             int net_node = net >= 0 ? cfx_topo_nth(sys, CFX_TOPO_NET, net) : -1;
             const char *attrs = "penwidth=2, constraint=false, fontsize=8";

@@ -82,8 +82,9 @@ int main(int argc, char **argv)
         return 1;
     }
     if (ranks_per_node == 0)
-        ranks_per_node = sys->count[CFX_TOPO_GPU] ? sys->count[CFX_TOPO_GPU]
-                                                  : 2 * (sys->count[CFX_TOPO_CPU] ? sys->count[CFX_TOPO_CPU] : 1);
+        ranks_per_node = sys->count[CFX_TOPO_GPU]
+                             ? sys->count[CFX_TOPO_GPU]
+                             : 2 * (sys->count[CFX_TOPO_CPU] ? sys->count[CFX_TOPO_CPU] : 1);
     if (sys->count[CFX_TOPO_GPU] && ranks_per_node > sys->count[CFX_TOPO_GPU]) {
         fprintf(stderr, "%s: %d ranks per node, but the host has %d GPUs\n", argv[0],
                 ranks_per_node, sys->count[CFX_TOPO_GPU]);

@@ -41,8 +41,12 @@ static void print_tree_of(const struct cfx_topo_system *sys, int parent, int dep
             for (int l = 0; l < node->n_links; l++)
                 if (node->links[l].type == CFX_LINK_NVL)
                     nvl += node->links[l].bw;
-            fprintf(out, "GPU %d  %s sm%d, PCI %.1f GB/s, NVLink %.1f GB/s\n", node->gpu.dev,
-                    node->busid[0] ? node->busid : "-", node->gpu.sm, node->up_bw, nvl);
+            fprintf(out, "GPU %d  %s sm%d, PCI %.1f GB/s, ", node->gpu.dev,
+                    node->busid[0] ? node->busid : "-", node->gpu.sm, node->up_bw);
+            if (nvl > 0)
+                fprintf(out, "NVLink %.1f GB/s\n", nvl);
+            else
+                fprintf(out, "no NVLink\n");
             break;
         }
         case CFX_TOPO_NIC:
@@ -139,7 +143,7 @@ static void print_choices(struct cfx_plan *plan, FILE *out)
 {
     fprintf(out, "  %9s", "size");
     for (size_t k = 0; k < N_TABLE_COLLS; k++)
-        fprintf(out, " | %-33s", cfx_coll_name(table_colls[k]));
+        fprintf(out, " | %-37s", cfx_coll_name(table_colls[k]));
     fprintf(out, "\n");
     for (size_t bytes = TOPO_MIN_BYTES; bytes <= TOPO_MAX_BYTES; bytes *= 8) {
         char size[32];
@@ -205,8 +209,9 @@ void topo_report_json(const struct topo_report *rep, FILE *out)
     for (const char *c = summary; *c; c++)
         if (*c != '"' && *c != '\\')
             fputc(*c, out);
-    fprintf(out, "\",\"nodes\":%d,\"ranks\":%d,\"ranks_per_node\":%d,\"host_ranks\":%s,"
-                 "\"channels\":%d,\n",
+    fprintf(out,
+            "\",\"nodes\":%d,\"ranks\":%d,\"ranks_per_node\":%d,\"host_ranks\":%s,"
+            "\"channels\":%d,\n",
             plan->n_nodes, n, rep->ranks_per_node, plan->model.host_ranks ? "true" : "false",
             plan->n_channels);
     fprintf(out, "\"rings\":[");
@@ -219,7 +224,8 @@ void topo_report_json(const struct topo_report *rep, FILE *out)
         fprintf(out, "%s\n[", c ? "," : "");
         for (int i = 0; i < n; i++)
             fprintf(out, "%s\"%s\"", i ? "," : "",
-                    cfx_topo_link_type_name(cfx_topo_path_link_class(plan->ring_hops[(size_t)c * n + i])));
+                    cfx_topo_link_type_name(
+                        cfx_topo_path_link_class(plan->ring_hops[(size_t)c * n + i])));
         fprintf(out, "]");
     }
     fprintf(out, "],\n\"ring_paths\":[");
@@ -235,8 +241,8 @@ void topo_report_json(const struct topo_report *rep, FILE *out)
         fprintf(out, "%s%.3f", c ? "," : "", plan->channel_bw[c]);
     fprintf(out, "],\n\"trees\":[");
     for (int t = 0; t < 2; t++) {
-        fprintf(out, "%s\n{\"root\":%d,\"depth\":%d,\"parent\":", t ? "," : "",
-                plan->trees[t].root, plan->trees[t].depth);
+        fprintf(out, "%s\n{\"root\":%d,\"depth\":%d,\"parent\":", t ? "," : "", plan->trees[t].root,
+                plan->trees[t].depth);
         json_int_array(out, plan->trees[t].parent, n);
         fprintf(out, "}");
     }

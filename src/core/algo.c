@@ -1,0 +1,145 @@
+/*
+ * Algorithm choice: at init each communicator asks the planner (src/plan)
+ * for rings, two complementary trees and a cost model, from the host
+ * topology (src/topo, detected once per process, or CFX_TOPO_FILE) and where
+ * each rank runs; every call then asks it ring or tree. The host data path
+ * runs allreduce on either; broadcast, reduce, allgather and reduce-scatter
+ * always use the ring (chain) schedules. Tree connectors are built at the
+ * first tree call.
+ */
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "src/core/comm.h"
+#include "src/plan/plan.h"
+#include "src/topo/topo.h"
+#include "src/util/log.h"
+
+static pthread_once_t topo_once = PTHREAD_ONCE_INIT;
+static struct cfx_topo_system *host_topo; /* Kept for the life of the process. */
+
+static void detect_once(void)
+{
+    if (cfx_topo_detect(&host_topo) != cfxSuccess) {
+        CFX_INFO(CFX_LOG_GRAPH, "topology detection failed (%s); collectives use the ring",
+                 cfx_error_thread_last());
+        cfx_error_thread_clear();
+        host_topo = NULL;
+    }
+}
+
+void cfx_core_algo_init(struct cfxComm *comm)
+{
+    for (int t = 0; t < 2; t++)
+        comm->trees[t] = (struct cfx_tree_links){.parent = -1};
+    if (comm->nranks < 2)
+        return;
+    pthread_once(&topo_once, detect_once);
+    if (host_topo == NULL)
+        return;
+    /* Hosts in order of their first rank; every rank derives the same list. */
+    struct cfx_plan_rank_loc *locs = calloc((size_t)comm->nranks, sizeof(*locs));
+    if (locs == NULL)
+        return;
+    int n_nodes = 0, max_local = 0;
+    for (int r = 0; r < comm->nranks; r++) {
+        int node = -1, local = 0;
+        for (int q = 0; q < r && node < 0; q++)
+            if (comm->peers[q].host_hash == comm->peers[r].host_hash)
+                node = locs[q].node;
+        for (int q = 0; q < r; q++)
+            local += comm->peers[q].host_hash == comm->peers[r].host_hash;
+        if (node < 0)
+            node = n_nodes++;
+        if (local + 1 > max_local)
+            max_local = local + 1;
+        locs[r] = (struct cfx_plan_rank_loc){.node = node, .gpu = comm->peers[r].cuda_dev, .cpu = -1};
+    }
+    struct cfx_plan_input in = {.n_ranks = comm->nranks,
+                                .n_nodes = n_nodes,
+                                .system = host_topo,
+                                .locs = locs,
+                                .ranks_per_node = max_local};
+    if (cfx_plan_build(&in, &comm->plan) != cfxSuccess) {
+        CFX_INFO(CFX_LOG_TUNING, "no plan (%s); collectives use the ring", cfx_error_thread_last());
+        cfx_error_thread_clear();
+        comm->plan = NULL;
+    }
+    free(locs);
+    if (comm->plan == NULL)
+        return;
+    for (int t = 0; t < 2; t++) {
+        const struct cfx_plan_tree *tree = &comm->plan->trees[t];
+        struct cfx_tree_links *links = &comm->trees[t];
+        links->parent = tree->parent[comm->rank];
+        for (int c = 0; c < CFX_PLAN_TREE_MAX_CHILDREN && c < CFX_TREE_MAX_CHILDREN; c++)
+            if (tree->children[comm->rank][c] >= 0)
+                links->children[links->n_children++] = tree->children[comm->rank][c];
+    }
+}
+
+void cfx_core_algo_fini(struct cfxComm *comm)
+{
+    cfx_plan_free(comm->plan);
+    comm->plan = NULL;
+}
+
+int cfx_core_algo_use_tree(struct cfxComm *comm, size_t bytes)
+{
+    if (comm->plan == NULL || comm->nranks < 2)
+        return 0;
+    struct cfx_plan_choice choice;
+    if (cfx_plan_choose(comm->plan, CFX_COLL_ALLREDUCE, bytes, &choice) != cfxSuccess) {
+        cfx_error_thread_clear();
+        return 0;
+    }
+    return choice.algo == CFX_ALGO_TREE;
+}
+
+static void request(struct cfx_conn_request *reqs, int *n, struct cfxComm *comm, int peer,
+                    enum cfx_conn_dir dir, int kind, struct cfx_connector **out_p)
+{
+    if (*out_p != NULL)
+        return;
+    reqs[(*n)++] = (struct cfx_conn_request){
+        .comm = comm, .peer = peer, .dir = dir, .kind = kind, .out_p = out_p};
+}
+
+int cfx_core_algo_tree_requests(struct cfxComm *comm, struct cfx_conn_request *reqs)
+{
+    int n = 0;
+    for (int t = 0; t < 2; t++) {
+        struct cfx_tree_links *links = &comm->trees[t];
+        if (links->parent >= 0) {
+            request(reqs, &n, comm, links->parent, CFX_CONN_SEND, CFX_CONN_KIND_TREE_UP(t),
+                    &links->to_parent);
+            request(reqs, &n, comm, links->parent, CFX_CONN_RECV, CFX_CONN_KIND_TREE_DOWN(t),
+                    &links->from_parent);
+        }
+        for (int c = 0; c < links->n_children; c++) {
+            request(reqs, &n, comm, links->children[c], CFX_CONN_RECV, CFX_CONN_KIND_TREE_UP(t),
+                    &links->from_child[c]);
+            request(reqs, &n, comm, links->children[c], CFX_CONN_SEND, CFX_CONN_KIND_TREE_DOWN(t),
+                    &links->to_child[c]);
+        }
+    }
+    return n;
+}
+
+void cfx_core_algo_tree_op(struct cfxComm *comm, int t, struct cfx_op *op)
+{
+    struct cfx_tree_links *links = &comm->trees[t];
+    op->tree = links;
+    op->send_conn = op->recv_conn = NULL;
+    op->n_conns = 0;
+    struct cfx_connector *all[2 + 2 * CFX_TREE_MAX_CHILDREN] = {links->to_parent, links->from_parent};
+    int n = 2;
+    for (int c = 0; c < links->n_children; c++) {
+        all[n++] = links->from_child[c];
+        all[n++] = links->to_child[c];
+    }
+    for (int i = 0; i < n && op->n_conns < CFX_OP_MAX_CONNS; i++)
+        if (all[i])
+            op->conns[op->n_conns++] = all[i];
+}

@@ -1,0 +1,378 @@
+/*
+ * Devices for detection (see detect.h): GPUs from the CUDA runtime with
+ * their NVLinks from NVML (dlopen'ed, no build dependency), NICs from
+ * libibverbs and from /sys/class/net, and the sysfs helpers both use.
+ */
+#include <ctype.h>
+#include <dirent.h>
+#include <dlfcn.h>
+#include <endian.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "src/topo/detect.h"
+#include "src/util/error.h"
+#include "src/util/log.h"
+
+#if CFX_HAVE_VERBS
+#include <infiniband/verbs.h>
+#endif
+#if CFX_HAVE_CUDA
+#include <cuda_runtime_api.h>
+#endif
+
+#define DEFAULT_MBPS   10000 /* A network interface that does not report its speed. */
+#define NVML_MAX_LINKS 18
+
+/* ------------------------------------------------------------ sysfs */
+
+/* Copy @p src into @p dst of @p size bytes, cut if needed. */
+void cfx_topo_text_copy(char *dst, size_t size, const char *src)
+{
+    size_t n = strlen(src);
+    if (n >= size)
+        n = size - 1;
+    memcpy(dst, src, n);
+    dst[n] = '\0';
+}
+
+int cfx_topo_sysfs_read(const char *path, char *out, size_t size)
+{
+    FILE *f = fopen(path, "r");
+    if (f == NULL)
+        return -1;
+    int ok = fgets(out, (int)size, f) != NULL;
+    fclose(f);
+    if (!ok)
+        return -1;
+    out[strcspn(out, "\n")] = '\0';
+    return 0;
+}
+
+int cfx_topo_sysfs_pci_attr(const char *busid, const char *attr, char *out, size_t size)
+{
+    char path[PATH_MAX];
+    snprintf(path, sizeof(path), "/sys/bus/pci/devices/%s/%s", busid, attr);
+    return cfx_topo_sysfs_read(path, out, size);
+}
+
+int cfx_topo_sysfs_is_busid(const char *text)
+{
+    unsigned d, b, s, f;
+    char tail;
+    return sscanf(text, "%x:%x:%x.%x%c", &d, &b, &s, &f, &tail) == 4;
+}
+
+/* The last PCI function in a sysfs path ("/sys/devices/pci0000:00/0000:00:03.0/virtio2"). */
+int cfx_topo_sysfs_busid(const char *real, char *busid, size_t size)
+{
+    char copy[PATH_MAX];
+    snprintf(copy, sizeof(copy), "%s", real);
+    int found = 0;
+    char *save = NULL;
+    for (char *part = strtok_r(copy, "/", &save); part; part = strtok_r(NULL, "/", &save)) {
+        if (cfx_topo_sysfs_is_busid(part)) {
+            cfx_topo_busid_normalize(part, busid, size);
+            found = 1;
+        }
+    }
+    return found ? 0 : -1;
+}
+
+void cfx_topo_sysfs_pci_fill(struct cfx_topo_node *node, const char *busid)
+{
+    char text[64];
+    if (cfx_topo_sysfs_pci_attr(busid, "class", text, sizeof(text)) == 0)
+        node->pci_class = (uint32_t)strtoul(text, NULL, 16);
+    cfx_topo_sysfs_pci_attr(busid, "vendor", node->vendor, sizeof(node->vendor));
+    cfx_topo_sysfs_pci_attr(busid, "device", node->device, sizeof(node->device));
+    cfx_topo_sysfs_pci_attr(busid, "subsystem_vendor", node->subsys_vendor,
+                            sizeof(node->subsys_vendor));
+    cfx_topo_sysfs_pci_attr(busid, "subsystem_device", node->subsys_device,
+                            sizeof(node->subsys_device));
+    /* The maximum: GPUs train their links down when idle. */
+    if (cfx_topo_sysfs_pci_attr(busid, "max_link_speed", text, sizeof(text)) == 0 &&
+        strstr(text, "GT/s"))
+        cfx_topo_text_copy(node->link_speed, sizeof(node->link_speed), text);
+    if (cfx_topo_sysfs_pci_attr(busid, "max_link_width", text, sizeof(text)) == 0)
+        node->link_width = atoi(text);
+}
+
+/* ------------------------------------------------------------ GPUs */
+
+#if CFX_HAVE_CUDA
+/* The part of NVML's interface used here (NVML's own header is not needed). */
+typedef struct nvml_device *nvml_device_t;
+struct nvml_pci_info {
+    char bus_id_legacy[16];
+    unsigned int domain, bus, device, pci_device_id, pci_subsystem_id;
+    char bus_id[32];
+};
+struct nvml_api {
+    int (*init)(void);
+    int (*shutdown)(void);
+    int (*by_busid)(const char *, nvml_device_t *);
+    int (*link_state)(nvml_device_t, unsigned int, int *);
+    int (*remote_pci)(nvml_device_t, unsigned int, struct nvml_pci_info *);
+};
+
+static int nvml_open(struct nvml_api *api, char *note, size_t size)
+{
+    void *lib = dlopen("libnvidia-ml.so.1", RTLD_NOW | RTLD_LOCAL);
+    if (lib == NULL) {
+        snprintf(note, size, "NVML not loadable (libnvidia-ml.so.1): NVLinks unknown");
+        return -1;
+    }
+    *(void **)&api->init = dlsym(lib, "nvmlInit_v2");
+    *(void **)&api->shutdown = dlsym(lib, "nvmlShutdown");
+    *(void **)&api->by_busid = dlsym(lib, "nvmlDeviceGetHandleByPciBusId_v2");
+    *(void **)&api->link_state = dlsym(lib, "nvmlDeviceGetNvLinkState");
+    *(void **)&api->remote_pci = dlsym(lib, "nvmlDeviceGetNvLinkRemotePciInfo_v2");
+    if (!api->init || !api->shutdown || !api->by_busid || !api->link_state || !api->remote_pci) {
+        snprintf(note, size, "NVML lacks NVLink queries: NVLinks unknown");
+        return -1;
+    }
+    if (api->init() != 0) {
+        snprintf(note, size, "nvmlInit failed: NVLinks unknown");
+        return -1;
+    }
+    return 0; /* The library stays loaded, as NCCL keeps it. */
+}
+
+/* NVLinks of each GPU, grouped by remote device. */
+cfxResult_t cfx_topo_detect_nvlinks(struct detection *det)
+{
+    struct nvml_api api;
+    if (nvml_open(&api, det->nvml_note, sizeof(det->nvml_note)) != 0)
+        return cfxSuccess;
+    cfxResult_t res = cfxSuccess;
+    for (int n = 0; n < det->sys->n_nodes && res == cfxSuccess; n++) {
+        if (det->sys->nodes[n].type != CFX_TOPO_GPU)
+            continue;
+        nvml_device_t dev;
+        if (api.by_busid(det->sys->nodes[n].busid, &dev) != 0)
+            continue;
+        char targets[NVML_MAX_LINKS][CFX_TOPO_BUSID_MAX];
+        int counts[NVML_MAX_LINKS], n_targets = 0;
+        for (unsigned l = 0; l < NVML_MAX_LINKS; l++) {
+            int active = 0;
+            struct nvml_pci_info pci;
+            if (api.link_state(dev, l, &active) != 0 || !active)
+                continue;
+            if (api.remote_pci(dev, l, &pci) != 0)
+                continue;
+            char busid[CFX_TOPO_BUSID_MAX];
+            cfx_topo_busid_normalize(pci.bus_id_legacy[0] ? pci.bus_id_legacy : pci.bus_id, busid,
+                                     sizeof(busid));
+            int t = 0;
+            while (t < n_targets && strcmp(targets[t], busid) != 0)
+                t++;
+            if (t == n_targets) {
+                snprintf(targets[t], sizeof(targets[t]), "%s", busid);
+                counts[n_targets++] = 0;
+            }
+            counts[t]++;
+        }
+        for (int t = 0; t < n_targets && res == cfxSuccess; t++) {
+            char text[32];
+            uint32_t tclass = 0x068000; /* Not visible: an NVSwitch (as NCCL assumes). */
+            uint64_t id;
+            if (cfx_topo_sysfs_pci_attr(targets[t], "class", text, sizeof(text)) == 0)
+                tclass = (uint32_t)strtoul(text, NULL, 16);
+            else if (cfx_topo_busid_parse(targets[t], &id) == 0)
+                for (int g = 0; g < det->sys->n_nodes; g++)
+                    if (det->sys->nodes[g].type == CFX_TOPO_GPU && det->sys->nodes[g].id == id)
+                        tclass = 0x030200;
+            res = cfx_topo_gpu_add_nvlink(det->sys, n, targets[t], counts[t], tclass);
+        }
+    }
+    api.shutdown();
+    return res;
+}
+#endif
+
+void cfx_topo_detect_gpus(struct detection *det)
+{
+#if CFX_HAVE_CUDA
+    int count = 0;
+    cudaError_t err = cudaGetDeviceCount(&count);
+    if (err != cudaSuccess || count == 0) {
+        snprintf(det->no_gpu_reason, sizeof(det->no_gpu_reason), "CUDA runtime: %s",
+                 err != cudaSuccess ? cudaGetErrorString(err) : "no device");
+        (void)cudaGetLastError();
+        return;
+    }
+    for (int d = 0; d < count && det->n_devs < CFX_TOPO_MAX_DEVICES; d++) {
+        struct found_dev *dev = &det->devs[det->n_devs];
+        memset(dev, 0, sizeof(*dev));
+        char busid[64];
+        int major = 0, minor = 0;
+        if (cudaDeviceGetPCIBusId(busid, sizeof(busid), d) != cudaSuccess) {
+            (void)cudaGetLastError();
+            continue;
+        }
+        cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, d);
+        cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, d);
+        dev->type = CFX_TOPO_GPU;
+        cfx_topo_busid_normalize(busid, dev->busid, sizeof(dev->busid));
+        cfx_topo_busid_parse(dev->busid, &dev->id);
+        dev->cuda_dev = d;
+        dev->sm = major * 10 + minor;
+        det->n_devs++;
+    }
+#else
+    snprintf(det->no_gpu_reason, sizeof(det->no_gpu_reason), "this build has no CUDA");
+#endif
+}
+
+/* ------------------------------------------------------------ NICs */
+
+static struct found_dev *nic_for_busid(struct detection *det, const char *busid)
+{
+    for (int i = 0; i < det->n_devs; i++)
+        if (det->devs[i].type == CFX_TOPO_NIC && busid[0] && strcmp(det->devs[i].busid, busid) == 0)
+            return &det->devs[i];
+    if (det->n_devs == CFX_TOPO_MAX_DEVICES)
+        return NULL;
+    struct found_dev *dev = &det->devs[det->n_devs++];
+    memset(dev, 0, sizeof(*dev));
+    dev->type = CFX_TOPO_NIC;
+    snprintf(dev->busid, sizeof(dev->busid), "%s", busid);
+    if (busid[0])
+        cfx_topo_busid_parse(busid, &dev->id);
+    return dev;
+}
+
+#if CFX_HAVE_VERBS
+static int ib_speed_mbps(int active_speed, int active_width)
+{
+    int lane;
+    switch (active_speed) {
+    case 1: lane = 2500; break;
+    case 2: lane = 5000; break;
+    case 4:
+    case 8: lane = 10000; break;
+    case 16: lane = 14000; break;
+    case 32: lane = 25000; break;
+    case 64: lane = 50000; break;
+    case 128: lane = 100000; break;
+    case 256: lane = 200000; break;
+    default: lane = 10000; break;
+    }
+    int width;
+    switch (active_width) {
+    case 1: width = 1; break;
+    case 2: width = 4; break;
+    case 4: width = 8; break;
+    case 8: width = 12; break;
+    case 16: width = 2; break;
+    default: width = 1; break;
+    }
+    return lane * width;
+}
+
+static void detect_verbs(struct detection *det)
+{
+    if (access("/sys/class/infiniband", F_OK) != 0)
+        return; /* No RDMA devices; also keeps libibverbs from warning. */
+    int count = 0;
+    struct ibv_device **list = ibv_get_device_list(&count);
+    if (list == NULL)
+        return;
+    for (int i = 0; i < count; i++) {
+        const char *name = ibv_get_device_name(list[i]);
+        char path[PATH_MAX], real[PATH_MAX], busid[CFX_TOPO_BUSID_MAX] = "";
+        snprintf(path, sizeof(path), "/sys/class/infiniband/%s/device", name);
+        if (realpath(path, real) == NULL || cfx_topo_sysfs_busid(real, busid, sizeof(busid)) != 0)
+            busid[0] = '\0';
+        struct ibv_context *ctx = ibv_open_device(list[i]);
+        if (ctx == NULL)
+            continue;
+        struct ibv_device_attr attr;
+        if (ibv_query_device(ctx, &attr) == 0) {
+            for (int p = 1; p <= attr.phys_port_cnt; p++) {
+                struct ibv_port_attr port;
+                if (ibv_query_port(ctx, (uint8_t)p, &port) != 0 || port.state != IBV_PORT_ACTIVE)
+                    continue;
+                struct found_dev *nic = nic_for_busid(det, busid);
+                if (nic == NULL || nic->n_nets == CFX_TOPO_MAX_PORTS)
+                    continue;
+                struct found_net *net = &nic->nets[nic->n_nets++];
+                memset(net, 0, sizeof(*net));
+                snprintf(net->name, sizeof(net->name), "%s", name);
+                net->port = p;
+                net->speed_mbps = ib_speed_mbps(port.active_speed, port.active_width);
+                net->speed_known = 1;
+                net->guid = be64toh(attr.node_guid);
+                net->maxconn = attr.max_qp;
+                net->gdr = access("/sys/kernel/mm/memory_peers/nv_mem/version", F_OK) == 0 ||
+                           access("/sys/module/nvidia_peermem/version", F_OK) == 0;
+            }
+        }
+        ibv_close_device(ctx);
+    }
+    ibv_free_device_list(list);
+}
+#endif
+
+/* Physical network interfaces that are up, other than those of RDMA NICs. */
+static void detect_netdevs(struct detection *det)
+{
+    DIR *dir = opendir("/sys/class/net");
+    if (dir == NULL)
+        return;
+    char names[64][CFX_TOPO_NAME_MAX];
+    int n = 0;
+    for (struct dirent *e; (e = readdir(dir)) != NULL && n < 64;)
+        if (e->d_name[0] != '.' && strcmp(e->d_name, "lo") != 0)
+            cfx_topo_text_copy(names[n++], CFX_TOPO_NAME_MAX, e->d_name);
+    closedir(dir);
+    for (int i = 1; i < n; i++) /* Sorted, for a stable order. */
+        for (int j = i; j > 0 && strcmp(names[j - 1], names[j]) > 0; j--) {
+            char t[CFX_TOPO_NAME_MAX];
+            memcpy(t, names[j], sizeof(t));
+            memcpy(names[j], names[j - 1], sizeof(t));
+            memcpy(names[j - 1], t, sizeof(t));
+        }
+    for (int i = 0; i < n; i++) {
+        char path[PATH_MAX], real[PATH_MAX], text[64], busid[CFX_TOPO_BUSID_MAX];
+        snprintf(path, sizeof(path), "/sys/class/net/%.64s/device", names[i]);
+        if (realpath(path, real) == NULL || strstr(real, "/virtual/"))
+            continue; /* Virtual: bridges, veth, ifb, docker. */
+        snprintf(path, sizeof(path), "/sys/class/net/%.64s/operstate", names[i]);
+        if (cfx_topo_sysfs_read(path, text, sizeof(text)) != 0 || strcmp(text, "up") != 0)
+            continue;
+        if (cfx_topo_sysfs_busid(real, busid, sizeof(busid)) != 0)
+            busid[0] = '\0';
+        int taken = 0; /* An RDMA NIC already stands for this function. */
+        for (int d = 0; d < det->n_devs; d++)
+            if (det->devs[d].type == CFX_TOPO_NIC && busid[0] &&
+                strcmp(det->devs[d].busid, busid) == 0 && det->devs[d].n_nets > 0)
+                taken = 1;
+        if (taken)
+            continue;
+        struct found_dev *nic = nic_for_busid(det, busid);
+        if (nic == NULL || nic->n_nets == CFX_TOPO_MAX_PORTS)
+            continue;
+        struct found_net *net = &nic->nets[nic->n_nets++];
+        memset(net, 0, sizeof(*net));
+        cfx_topo_text_copy(net->name, sizeof(net->name), names[i]);
+        net->port = 1;
+        net->maxconn = 65536;
+        snprintf(path, sizeof(path), "/sys/class/net/%.64s/speed", names[i]);
+        int speed = cfx_topo_sysfs_read(path, text, sizeof(text)) == 0 ? atoi(text) : -1;
+        net->speed_known = speed > 0;
+        net->speed_mbps = speed > 0 ? speed : DEFAULT_MBPS;
+    }
+}
+
+void cfx_topo_detect_nics(struct detection *det)
+{
+#if CFX_HAVE_VERBS
+    detect_verbs(det);
+#endif
+    detect_netdevs(det);
+}
