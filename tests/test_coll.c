@@ -4,7 +4,7 @@
  * 8 ranks as processes and as threads. Results are checked element by element
  * against tests/coll_check.h, which computes them independently.
  *
- * Allreduce also runs forced onto the planner's two trees (CFX_ALGO=allreduce:tree),
+ * Allreduce, reduce and broadcast also run forced onto the planner's two trees (CFX_ALGO=tree),
  * once on one host (chains) and once with every process claiming its own
  * host (binary trees across "hosts", over sockets).
  *
@@ -23,11 +23,24 @@
 
 enum transport { SHM = 0, SOCKET = 1 };
 enum coll { ALLREDUCE, REDUCE, BROADCAST, ALLGATHER, REDUCESCATTER, SENDRECV,
-            ALLREDUCE_TREE, ALLREDUCE_TREE_HOSTS, N_COLLS };
+            ALLREDUCE_TREE, REDUCE_TREE, BROADCAST_TREE,
+            ALLREDUCE_TREE_HOSTS, REDUCE_TREE_HOSTS, BROADCAST_TREE_HOSTS, N_COLLS };
 
-static const char *coll_names[] = {"allreduce", "reduce", "broadcast", "allgather",
-                                   "reducescatter", "sendrecv", "allreduce on the trees",
-                                   "allreduce on the trees, one host per rank"};
+static const char *coll_names[] = {
+    "allreduce", "reduce", "broadcast", "allgather", "reducescatter", "sendrecv",
+    "allreduce on the trees", "reduce on the trees", "broadcast on the trees",
+    "allreduce on the trees, one host per rank", "reduce on the trees, one host per rank",
+    "broadcast on the trees, one host per rank"};
+
+static int on_trees(enum coll c)
+{
+    return c >= ALLREDUCE_TREE;
+}
+
+static int one_host_per_rank(enum coll c)
+{
+    return c >= ALLREDUCE_TREE_HOSTS;
+}
 static const char *type_names[] = {"int8", "uint8", "int32", "uint32", "int64", "uint64",
                                    "float16", "float32", "float64", "bfloat16", "e4m3", "e5m2"};
 static const char *op_names[] = {"sum", "prod", "max", "min", "avg"};
@@ -301,15 +314,16 @@ static void run_sendrecv(struct cfx_test_rank *ctx, cfxComm_t comm, struct ctx_b
 }
 
 typedef void (*coll_fn)(struct cfx_test_rank *, cfxComm_t, struct ctx_bufs *);
-static const coll_fn coll_fns[] = {run_allreduce,     run_reduce,   run_broadcast,
-                                   run_allgather,     run_reducescatter, run_sendrecv,
-                                   run_allreduce,     run_allreduce};
+static const coll_fn coll_fns[] = {run_allreduce, run_reduce,        run_broadcast,
+                                   run_allgather, run_reducescatter, run_sendrecv,
+                                   run_allreduce, run_reduce,        run_broadcast,
+                                   run_allreduce, run_reduce,        run_broadcast};
 
 static void conformance_rank(struct cfx_test_rank *ctx)
 {
     const struct suite_case *sc = ctx->arg;
     struct ctx_bufs b;
-    if (sc->coll == ALLREDUCE_TREE_HOSTS) {
+    if (one_host_per_rank(sc->coll)) {
         /* Every process claims its own host: sockets between all ranks, and
          * the planner builds real binary trees across "hosts". */
         char host[32];
@@ -341,7 +355,7 @@ ParameterizedTestParameters(conformance, collective)
                 for (int c = 0; c < N_COLLS; c++) {
                     /* One host per rank needs processes (threads share CFX_HOSTID),
                      * and it is sockets whatever the transport setting: once. */
-                    if (c == ALLREDUCE_TREE_HOSTS && (m == CFX_TEST_THREADS || tr == SOCKET))
+                    if (one_host_per_rank((enum coll)c) && (m == CFX_TEST_THREADS || tr == SOCKET))
                         continue;
                     all_cases[k++] = (struct suite_case){
                         .transport = (enum transport)tr, .nranks = ranks[ri],
@@ -356,8 +370,7 @@ ParameterizedTest(struct suite_case *sc, conformance, collective, .timeout = 900
                 sc->transport == SHM ? "shm" : "socket", sc->nranks,
                 sc->mode == CFX_TEST_PROCS ? "processes" : "threads");
     cfx_test_setenv("CFX_SHM_DISABLE", sc->transport == SOCKET ? "1" : NULL);
-    int on_trees = sc->coll == ALLREDUCE_TREE || sc->coll == ALLREDUCE_TREE_HOSTS;
-    cfx_test_setenv("CFX_ALGO", on_trees ? "allreduce:tree" : NULL);
+    cfx_test_setenv("CFX_ALGO", on_trees(sc->coll) ? "tree" : NULL);
     struct cfx_test_options opts = {
         .nranks = sc->nranks, .mode = sc->mode, .deadline_s = 600, .arg = sc};
     CFX_TEST_RUN(&opts, conformance_rank);

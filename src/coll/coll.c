@@ -9,8 +9,10 @@ static const struct cfx_schedule *schedule_of(const struct cfx_op *op)
 {
     if (op->nranks == 1 && op->kind != CFX_COLL_SEND && op->kind != CFX_COLL_RECV)
         return &cfx_local_copy;
+    if (op->tree)
+        return &cfx_tree_schedule;
     switch (op->kind) {
-    case CFX_COLL_ALLREDUCE: return op->tree ? &cfx_tree_allreduce : &cfx_ring_allreduce;
+    case CFX_COLL_ALLREDUCE: return &cfx_ring_allreduce;
     case CFX_COLL_BROADCAST: return &cfx_chain_broadcast;
     case CFX_COLL_REDUCE: return &cfx_chain_reduce;
     case CFX_COLL_ALLGATHER: return &cfx_ring_allgather;
@@ -94,6 +96,11 @@ struct cfx_connector *cfx_coll_waiting_on(const struct cfx_op *op, const char **
         *what_p = "data from";
         return step.recv;
     }
+    for (int i = 0; (step.flags & CFX_PRIM_RECV) && i < step.n_recv_more; i++)
+        if (!cfx_conn_can_take(step.recv_more[i])) {
+            *what_p = "data from";
+            return step.recv_more[i];
+        }
     if ((step.flags & CFX_PRIM_SEND) && !cfx_conn_can_post(step.send)) {
         *what_p = "a free slot at";
         return step.send;

@@ -37,7 +37,7 @@ enum cfx_coll_kind {
     CFX_COLL_RECV,
 };
 
-#define CFX_OP_MAX_CONNS 8
+#define CFX_OP_MAX_CONNS 12
 
 struct cfx_op {
     /* What (set by the caller). */

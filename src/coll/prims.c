@@ -9,11 +9,41 @@
 
 int cfx_prim_ready(const struct cfx_prim_step *step)
 {
-    if ((step->flags & CFX_PRIM_RECV) && !cfx_conn_can_take(step->recv))
-        return 0;
+    if (step->flags & CFX_PRIM_RECV) {
+        if (!cfx_conn_can_take(step->recv))
+            return 0;
+        for (int i = 0; i < step->n_recv_more; i++)
+            if (!cfx_conn_can_take(step->recv_more[i]))
+                return 0;
+    }
     if ((step->flags & CFX_PRIM_SEND) && !cfx_conn_can_post(step->send))
         return 0;
     return 1;
+}
+
+/* The oldest slot of @p conn, checked against what the op expects. */
+static cfxResult_t take(struct cfx_op *op, struct cfx_connector *conn, size_t bytes,
+                        const char **slot_p)
+{
+    size_t got;
+    const struct cfx_fingerprint *print;
+    *slot_p = cfx_conn_take_slot(conn, &got, &print);
+    if (op->check_prints && memcmp(print, &op->expect, sizeof(*print)) != 0) {
+        char mine[160], theirs[160];
+        cfx_coll_print_format(&op->expect, mine, sizeof(mine));
+        cfx_coll_print_format(print, theirs, sizeof(theirs));
+        return cfx_error_set(cfxInvalidUsage, CFX_LOG_COLL,
+                             "mismatched operations: rank %d runs %s but rank %d sent data of "
+                             "%s; every rank must call the same collectives in the same order "
+                             "with the same count, type, op and root",
+                             op->rank, mine, conn->peer_rank, theirs);
+    }
+    if (got != bytes)
+        return cfx_error_set(cfxInternalError, CFX_LOG_COLL,
+                             "%s: rank %d received %zu bytes from rank %d where the schedule "
+                             "expects %zu; the ranks disagree on the operation",
+                             cfx_coll_name(op->kind), op->rank, got, conn->peer_rank, bytes);
+    return cfxSuccess;
 }
 
 cfxResult_t cfx_prim_run(struct cfx_op *op, const struct cfx_prim_step *step)
@@ -22,50 +52,42 @@ cfxResult_t cfx_prim_run(struct cfx_op *op, const struct cfx_prim_step *step)
     size_t n = step->n_elems;
     size_t bytes = n * op->elem_bytes;
     const char *received = NULL;
+    const char *more[CFX_PRIM_MAX_RECV - 1];
     char *slot_out = NULL;
     if (flags & CFX_PRIM_RECV) {
-        size_t got;
-        const struct cfx_fingerprint *print;
-        received = cfx_conn_take_slot(step->recv, &got, &print);
-        if (op->check_prints && memcmp(print, &op->expect, sizeof(*print)) != 0) {
-            char mine[160], theirs[160];
-            cfx_coll_print_format(&op->expect, mine, sizeof(mine));
-            cfx_coll_print_format(print, theirs, sizeof(theirs));
-            return cfx_error_set(cfxInvalidUsage, CFX_LOG_COLL,
-                                 "mismatched operations: rank %d runs %s but rank %d sent data "
-                                 "of %s; every rank must call the same collectives in the same "
-                                 "order with the same count, type, op and root",
-                                 op->rank, mine, step->recv->peer_rank, theirs);
-        }
-        if (got != bytes)
-            return cfx_error_set(cfxInternalError, CFX_LOG_COLL,
-                                 "%s: rank %d received %zu bytes from rank %d where the schedule "
-                                 "expects %zu; the ranks disagree on the operation",
-                                 cfx_coll_name(op->kind), op->rank, got, step->recv->peer_rank,
-                                 bytes);
+        cfxResult_t res = take(op, step->recv, bytes, &received);
+        for (int i = 0; res == cfxSuccess && i < step->n_recv_more; i++)
+            res = take(op, step->recv_more[i], bytes, &more[i]);
+        if (res != cfxSuccess)
+            return res;
     }
     if (flags & CFX_PRIM_SEND)
         slot_out = cfx_conn_post_slot(step->send);
 
-    /* The value this step produces: received (op) input, or one of them. */
+    /* The value this step produces: received (op) input [(op) more], or one of them. */
     const char *value = received ? received : step->input;
+    char *sum = NULL; /* Where a reduction lands. */
+    if (flags & CFX_PRIM_REDUCE) {
+        sum = (flags & CFX_PRIM_OUT) ? step->output : slot_out;
+        cfx_reduce_host(sum, received, step->input, n, op->type, op->op);
+        for (int i = 0; i < step->n_recv_more; i++)
+            cfx_reduce_host(sum, sum, more[i], n, op->type, op->op);
+        value = sum;
+    }
     if (flags & CFX_PRIM_OUT) {
-        if (flags & CFX_PRIM_REDUCE)
-            cfx_reduce_host(step->output, received, step->input, n, op->type, op->op);
-        else if (step->output != value && bytes)
+        if (step->output != value && bytes)
             memcpy(step->output, value, bytes);
         if (flags & CFX_PRIM_AVG)
             cfx_reduce_avg_finish(step->output, step->output, n, op->type, op->nranks);
         value = step->output;
     }
-    if (flags & CFX_PRIM_SEND) {
-        if ((flags & CFX_PRIM_REDUCE) && !(flags & CFX_PRIM_OUT))
-            cfx_reduce_host(slot_out, received, step->input, n, op->type, op->op);
-        else if (bytes)
-            memcpy(slot_out, value, bytes);
-    }
-    if (flags & CFX_PRIM_RECV)
+    if ((flags & CFX_PRIM_SEND) && value != slot_out && bytes)
+        memcpy(slot_out, value, bytes);
+    if (flags & CFX_PRIM_RECV) {
         cfx_conn_release(step->recv);
+        for (int i = 0; i < step->n_recv_more; i++)
+            cfx_conn_release(step->recv_more[i]);
+    }
     if (flags & CFX_PRIM_SEND)
         cfx_conn_post(step->send, bytes, &op->print);
     return cfxSuccess;

@@ -23,6 +23,8 @@
 #define CFX_PRIM_OUT 0x8u
 #define CFX_PRIM_AVG 0x10u /* With OUT: divide the result by nranks. */
 
+#define CFX_PRIM_MAX_RECV 3
+
 struct cfx_prim_step {
     unsigned flags;
     const char *input; /* Local contribution (SEND without RECV, or REDUCE). */
@@ -30,6 +32,10 @@ struct cfx_prim_step {
     size_t n_elems;
     struct cfx_connector *recv; /* RECV: where from (default: op->recv_conn). */
     struct cfx_connector *send; /* SEND: where to (default: op->send_conn). */
+    /* RECV | REDUCE only: more connectors whose slots join the reduction
+     * (a tree node with several children). */
+    struct cfx_connector *recv_more[CFX_PRIM_MAX_RECV - 1];
+    int n_recv_more;
 };
 
 int cfx_prim_ready(const struct cfx_prim_step *step);

@@ -14,7 +14,7 @@ struct cfx_schedule {
 };
 
 extern const struct cfx_schedule cfx_ring_allreduce;
-extern const struct cfx_schedule cfx_tree_allreduce;
+extern const struct cfx_schedule cfx_tree_schedule; /* Allreduce, broadcast, reduce. */
 extern const struct cfx_schedule cfx_ring_allgather;
 extern const struct cfx_schedule cfx_ring_reducescatter;
 extern const struct cfx_schedule cfx_chain_broadcast;

@@ -1,31 +1,28 @@
 /*
- * Tree allreduce: reduce up the tree, then broadcast down, one chunk per
- * slot. The core splits a call over the plan's two complementary trees (each
- * carries half of the data, as NCCL's double binary tree does) and runs both
- * halves together. Per chunk, a rank with m children runs:
- *   up:   m steps recv-reduce (into the output, which accumulates), the
- *         last one also sending the partial result to the parent (a leaf
- *         just sends its input); at the root the last step is final (and
- *         divides for cfxAvg)
- *   down: the root sends the result to each child; others receive it from
- *         the parent (forwarding to the first child in the same step) and
- *         send it on to the other children.
- * The whole up phase runs before the down phase, so in-place buffers are
- * safe: a rank's input is read only while going up.
+ * Tree schedules: allreduce, broadcast and reduce over one of the plan's two
+ * complementary trees. The core splits a call in two halves, one per tree
+ * (NCCL's double binary tree), and runs both together. One chunk per slot;
+ * every rank runs two phases, each over all chunks:
+ *
+ *   allreduce  up:   leaves send their input to the parent; inner ranks
+ *                    receive every child's slot, reduce them with their
+ *                    input and send the sum up (one step); the tree root
+ *                    writes the result (and divides for cfxAvg)
+ *              down: the tree root sends the result to each child; others
+ *                    receive it from the parent, forwarding to the first
+ *                    child in the same step, then send it to the others
+ *   broadcast  fwd:  the call's root, when it is not the tree root, sends
+ *                    its data to the tree root (over a dedicated connector)
+ *              down: as for allreduce
+ *   reduce     up:   as for allreduce, but the tree root sends the sum to the
+ *                    call's root when that is another rank
+ *              back: the call's root receives it (and divides for cfxAvg)
+ *
+ * A rank's input is only read in the first phase and its output written in
+ * the second (or by the tree root at the end of the first), so in-place
+ * buffers are safe.
  */
 #include "src/coll/schedule.h"
-
-static int up_steps(const struct cfx_tree_links *t)
-{
-    return t->n_children > 0 ? t->n_children : 1;
-}
-
-static int down_steps(const struct cfx_tree_links *t)
-{
-    if (t->parent < 0)
-        return t->n_children;
-    return t->n_children > 0 ? t->n_children : 1;
-}
 
 /* Chunks of the op; an empty op (a mismatch-check handshake) still has one. */
 static uint64_t n_chunks(const struct cfx_op *op)
@@ -34,52 +31,88 @@ static uint64_t n_chunks(const struct cfx_op *op)
     return chunks > 0 ? chunks : 1;
 }
 
-static uint64_t tree_steps(const struct cfx_op *op)
+static int is_tree_root(const struct cfx_op *op)
 {
-    uint64_t chunks = cfx_coll_chunk_steps(op);
-    return chunks * (uint64_t)(up_steps(op->tree) + down_steps(op->tree));
+    return op->tree->parent < 0;
 }
 
-static void tree_describe(const struct cfx_op *op, uint64_t index, struct cfx_prim_step *step)
+/* Steps per chunk in each phase, for this rank. */
+static void phase_steps(const struct cfx_op *op, int *first_p, int *second_p)
 {
     const struct cfx_tree_links *t = op->tree;
-    uint64_t chunks = n_chunks(op);
-    uint64_t up_total = chunks * (uint64_t)up_steps(t);
-    int going_up = index < up_total;
-    uint64_t local = going_up ? index : index - up_total;
-    int per_chunk = going_up ? up_steps(t) : down_steps(t);
-    uint64_t chunk = local / (uint64_t)per_chunk;
-    int k = (int)(local % (uint64_t)per_chunk);
-    size_t offset, len;
-    cfx_coll_chunk_of(op, chunk, &offset, &len);
-    const char *in = cfx_coll_at(op->sendbuff, offset, op->elem_bytes);
-    char *out = cfx_coll_at(op->recvbuff, offset, op->elem_bytes);
-    step->n_elems = len;
+    int down = is_tree_root(op) ? t->n_children : (t->n_children > 0 ? t->n_children : 1);
+    switch (op->kind) {
+    case CFX_COLL_BROADCAST:
+        /* The relay runs between the call's root and the tree root, when they differ. */
+        *first_p = (op->rank == op->root) != is_tree_root(op) &&
+                           (op->rank == op->root || is_tree_root(op))
+                       ? 1
+                       : 0;
+        *second_p = down;
+        break;
+    case CFX_COLL_REDUCE:
+        *first_p = 1;
+        *second_p = op->rank == op->root && !is_tree_root(op) ? 1 : 0;
+        break;
+    default:
+        *first_p = 1;
+        *second_p = down;
+        break;
+    }
+}
+
+static uint64_t tree_steps(const struct cfx_op *op)
+{
+    if (cfx_coll_chunk_steps(op) == 0)
+        return 0; /* Empty: no steps (the core asks again with a handshake). */
+    int first, second;
+    phase_steps(op, &first, &second);
+    return n_chunks(op) * (uint64_t)(first + second);
+}
+
+/* Up: children's slots reduced with the input, sent up (or kept at the top). */
+static void describe_up(const struct cfx_op *op, const char *in, char *out,
+                        struct cfx_prim_step *step)
+{
+    const struct cfx_tree_links *t = op->tree;
+    step->input = in;
     step->output = out;
-    if (going_up) {
-        if (t->n_children == 0) {
-            step->flags = CFX_PRIM_SEND;
-            step->input = in;
-            step->send = t->to_parent;
-            return;
-        }
-        step->flags = CFX_PRIM_RECV | CFX_PRIM_REDUCE | CFX_PRIM_OUT;
-        step->recv = t->from_child[k];
-        step->input = k == 0 ? in : out;
-        if (k == t->n_children - 1) {
-            if (t->parent >= 0) {
-                step->flags |= CFX_PRIM_SEND;
-                step->send = t->to_parent;
-            } else if (op->op == cfxAvg) {
-                step->flags |= CFX_PRIM_AVG;
-            }
-        }
+    if (t->n_children == 0) {
+        step->flags = CFX_PRIM_SEND;
+        step->send = t->to_parent;
         return;
     }
-    if (t->parent < 0) {
+    step->flags = CFX_PRIM_RECV | CFX_PRIM_REDUCE;
+    step->recv = t->from_child[0];
+    step->n_recv_more = t->n_children - 1;
+    for (int c = 1; c < t->n_children; c++)
+        step->recv_more[c - 1] = t->from_child[c];
+    if (!is_tree_root(op)) {
+        step->flags |= CFX_PRIM_SEND;
+        step->send = t->to_parent;
+    } else if (op->kind == CFX_COLL_REDUCE && op->root != op->rank) {
+        step->flags |= CFX_PRIM_SEND;
+        step->send = op->send_conn; /* To the call's root. */
+    } else {
+        step->flags |= CFX_PRIM_OUT | (op->op == cfxAvg ? CFX_PRIM_AVG : 0);
+    }
+}
+
+/* Down: the result from the parent (or, at the top, the rank's own) to the children. */
+static void describe_down(const struct cfx_op *op, int k, const char *in, char *out,
+                          struct cfx_prim_step *step)
+{
+    const struct cfx_tree_links *t = op->tree;
+    step->output = out;
+    if (is_tree_root(op)) {
         step->flags = CFX_PRIM_SEND;
-        step->input = out;
         step->send = t->to_child[k];
+        step->input = out;
+        /* A broadcast from the tree root starts from its input. */
+        if (k == 0 && op->kind == CFX_COLL_BROADCAST && op->root == op->rank) {
+            step->flags |= CFX_PRIM_OUT;
+            step->input = in;
+        }
         return;
     }
     if (k == 0) {
@@ -97,7 +130,52 @@ static void tree_describe(const struct cfx_op *op, uint64_t index, struct cfx_pr
     step->send = t->to_child[k];
 }
 
-const struct cfx_schedule cfx_tree_allreduce = {
+static void tree_describe(const struct cfx_op *op, uint64_t index, struct cfx_prim_step *step)
+{
+    int first, second;
+    phase_steps(op, &first, &second);
+    uint64_t chunks = n_chunks(op);
+    uint64_t first_total = chunks * (uint64_t)first;
+    int in_first = index < first_total;
+    uint64_t local = in_first ? index : index - first_total;
+    int per_chunk = in_first ? first : second;
+    uint64_t chunk = local / (uint64_t)per_chunk;
+    int k = (int)(local % (uint64_t)per_chunk);
+    size_t offset, len;
+    cfx_coll_chunk_of(op, chunk, &offset, &len);
+    const char *in = cfx_coll_at(op->sendbuff, offset, op->elem_bytes);
+    char *out = cfx_coll_at(op->recvbuff, offset, op->elem_bytes);
+    step->n_elems = len;
+    step->n_recv_more = 0;
+    if (op->kind == CFX_COLL_BROADCAST && in_first) {
+        /* Relay from the call's root to the tree root. */
+        step->output = out;
+        if (op->rank == op->root) {
+            step->flags = CFX_PRIM_SEND | CFX_PRIM_OUT;
+            step->input = in;
+            step->send = op->send_conn;
+        } else {
+            step->flags = CFX_PRIM_RECV | CFX_PRIM_OUT;
+            step->input = NULL;
+            step->recv = op->recv_conn;
+        }
+        return;
+    }
+    if (op->kind == CFX_COLL_REDUCE && !in_first) {
+        /* The call's root receives the result from the tree root. */
+        step->flags = CFX_PRIM_RECV | CFX_PRIM_OUT | (op->op == cfxAvg ? CFX_PRIM_AVG : 0);
+        step->input = NULL;
+        step->output = out;
+        step->recv = op->recv_conn;
+        return;
+    }
+    if (in_first)
+        describe_up(op, in, out, step);
+    else
+        describe_down(op, k, in, out, step);
+}
+
+const struct cfx_schedule cfx_tree_schedule = {
     .n_steps = tree_steps,
     .describe = tree_describe,
 };

@@ -35,6 +35,12 @@ void cfx_core_algo_init(struct cfxComm *comm)
         comm->trees[t] = (struct cfx_tree_links){.parent = -1};
     if (comm->nranks < 2)
         return;
+    for (int t = 0; t < 2; t++) {
+        comm->relay_send[t] = calloc((size_t)comm->nranks, sizeof(struct cfx_connector *));
+        comm->relay_recv[t] = calloc((size_t)comm->nranks, sizeof(struct cfx_connector *));
+        if (comm->relay_send[t] == NULL || comm->relay_recv[t] == NULL)
+            return; /* No plan: ring only. */
+    }
     pthread_once(&topo_once, detect_once);
     if (host_topo == NULL)
         return;
@@ -83,14 +89,21 @@ void cfx_core_algo_fini(struct cfxComm *comm)
 {
     cfx_plan_free(comm->plan);
     comm->plan = NULL;
+    for (int t = 0; t < 2; t++) {
+        free(comm->relay_send[t]);
+        free(comm->relay_recv[t]);
+        comm->relay_send[t] = comm->relay_recv[t] = NULL;
+    }
 }
 
-int cfx_core_algo_use_tree(struct cfxComm *comm, size_t bytes)
+int cfx_core_algo_use_tree(struct cfxComm *comm, enum cfx_coll_kind kind, size_t bytes)
 {
     if (comm->plan == NULL || comm->nranks < 2)
         return 0;
+    if (kind != CFX_COLL_ALLREDUCE && kind != CFX_COLL_BROADCAST && kind != CFX_COLL_REDUCE)
+        return 0;
     struct cfx_plan_choice choice;
-    if (cfx_plan_choose(comm->plan, CFX_COLL_ALLREDUCE, bytes, &choice) != cfxSuccess) {
+    if (cfx_plan_choose(comm->plan, kind, bytes, &choice) != cfxSuccess) {
         cfx_error_thread_clear();
         return 0;
     }
@@ -106,10 +119,17 @@ static void request(struct cfx_conn_request *reqs, int *n, struct cfxComm *comm,
         .comm = comm, .peer = peer, .dir = dir, .kind = kind, .out_p = out_p};
 }
 
-int cfx_core_algo_tree_requests(struct cfxComm *comm, struct cfx_conn_request *reqs)
+/* The rank at the top of tree @p t. */
+static int tree_root(struct cfxComm *comm, int t)
+{
+    return comm->plan->trees[t].root;
+}
+
+int cfx_core_algo_tree_requests(struct cfxComm *comm, int t, int root,
+                                struct cfx_conn_request *reqs)
 {
     int n = 0;
-    for (int t = 0; t < 2; t++) {
+    {
         struct cfx_tree_links *links = &comm->trees[t];
         if (links->parent >= 0) {
             request(reqs, &n, comm, links->parent, CFX_CONN_SEND, CFX_CONN_KIND_TREE_UP(t),
@@ -124,6 +144,20 @@ int cfx_core_algo_tree_requests(struct cfxComm *comm, struct cfx_conn_request *r
                     &links->to_child[c]);
         }
     }
+    int top = tree_root(comm, t);
+    if (root >= 0 && root != top) {
+        if (comm->rank == root) {
+            request(reqs, &n, comm, top, CFX_CONN_SEND, CFX_CONN_KIND_RELAY_UP(t),
+                    &comm->relay_send[t][top]);
+            request(reqs, &n, comm, top, CFX_CONN_RECV, CFX_CONN_KIND_RELAY_DOWN(t),
+                    &comm->relay_recv[t][top]);
+        } else if (comm->rank == top) {
+            request(reqs, &n, comm, root, CFX_CONN_RECV, CFX_CONN_KIND_RELAY_UP(t),
+                    &comm->relay_recv[t][root]);
+            request(reqs, &n, comm, root, CFX_CONN_SEND, CFX_CONN_KIND_RELAY_DOWN(t),
+                    &comm->relay_send[t][root]);
+        }
+    }
     return n;
 }
 
@@ -132,9 +166,20 @@ void cfx_core_algo_tree_op(struct cfxComm *comm, int t, struct cfx_op *op)
     struct cfx_tree_links *links = &comm->trees[t];
     op->tree = links;
     op->send_conn = op->recv_conn = NULL;
+    int rooted = op->kind == CFX_COLL_BROADCAST || op->kind == CFX_COLL_REDUCE;
+    int top = tree_root(comm, t);
+    if (rooted && op->root != top) {
+        /* The relay: at the call's root towards the tree root, and back. */
+        int peer = comm->rank == op->root ? top : comm->rank == top ? op->root : -1;
+        if (peer >= 0) {
+            op->send_conn = comm->relay_send[t][peer];
+            op->recv_conn = comm->relay_recv[t][peer];
+        }
+    }
     op->n_conns = 0;
-    struct cfx_connector *all[2 + 2 * CFX_TREE_MAX_CHILDREN] = {links->to_parent, links->from_parent};
-    int n = 2;
+    struct cfx_connector *all[4 + 2 * CFX_TREE_MAX_CHILDREN] = {
+        links->to_parent, links->from_parent, op->send_conn, op->recv_conn};
+    int n = 4;
     for (int c = 0; c < links->n_children; c++) {
         all[n++] = links->from_child[c];
         all[n++] = links->to_child[c];

@@ -75,7 +75,9 @@ struct cfxComm {
     /* Algorithm choice (algo.c): the plan, and this rank's links in its two trees. */
     struct cfx_plan *plan;
     struct cfx_tree_links trees[2];
-    int trees_connected;
+    /* Relays between a rooted call's root and a tree's root: [tree][peer]. */
+    struct cfx_connector **relay_send[2];
+    struct cfx_connector **relay_recv[2];
     struct cfxComm *registry_next;
     char name[64];
     char last_error[CFX_ERROR_MAX];
@@ -102,6 +104,8 @@ struct cfx_conn_request {
 #define CFX_CONN_KIND_P2P 2
 #define CFX_CONN_KIND_TREE_UP(t) (3 + 2 * (t))
 #define CFX_CONN_KIND_TREE_DOWN(t) (4 + 2 * (t))
+#define CFX_CONN_KIND_RELAY_UP(t) (7 + 2 * (t))   /* Call root -> tree root. */
+#define CFX_CONN_KIND_RELAY_DOWN(t) (8 + 2 * (t)) /* Tree root -> call root. */
 
 /* Build every requested connector (of one or several communicators): set up
  * and exchange connect info over each communicator's bootstrap, then connect
@@ -116,11 +120,14 @@ void cfx_core_disconnect_all(struct cfxComm *comm);
  * plan every collective uses the ring); free it with the communicator. */
 void cfx_core_algo_init(struct cfxComm *comm);
 void cfx_core_algo_fini(struct cfxComm *comm);
-/* Whether this allreduce of @p bytes runs on the trees. */
-int cfx_core_algo_use_tree(struct cfxComm *comm, size_t bytes);
-/* Requests for the tree connectors not built yet; returns how many were
- * written (at most 2 * 2 * (1 + CFX_TREE_MAX_CHILDREN)). */
-int cfx_core_algo_tree_requests(struct cfxComm *comm, struct cfx_conn_request *reqs);
+/* Whether this call of @p bytes runs on the trees (allreduce, broadcast, reduce). */
+int cfx_core_algo_use_tree(struct cfxComm *comm, enum cfx_coll_kind kind, size_t bytes);
+/* Requests for the connectors a tree op of tree @p t rooted at @p root
+ * (-1: none) still lacks; returns how many were written, at most
+ * CFX_CORE_TREE_REQUESTS. */
+#define CFX_CORE_TREE_REQUESTS (2 * (1 + CFX_TREE_MAX_CHILDREN) + 2)
+int cfx_core_algo_tree_requests(struct cfxComm *comm, int t, int root,
+                                struct cfx_conn_request *reqs);
 /* Fill an op's tree links and connector list for tree @p t. */
 void cfx_core_algo_tree_op(struct cfxComm *comm, int t, struct cfx_op *op);
 

@@ -166,6 +166,12 @@ void cfx_core_disconnect_all(struct cfxComm *comm)
         close_conn(*slots[i]);
         *slots[i] = NULL;
     }
+    for (int t = 0; t < 2; t++)
+        for (int r = 0; comm->relay_send[t] && r < comm->nranks; r++) {
+            close_conn(comm->relay_send[t][r]);
+            close_conn(comm->relay_recv[t][r]);
+            comm->relay_send[t][r] = comm->relay_recv[t][r] = NULL;
+        }
     for (int r = 0; comm->p2p_send && r < comm->nranks; r++) {
         close_conn(comm->p2p_send[r]);
         close_conn(comm->p2p_recv[r]);
@@ -196,6 +202,11 @@ void cfx_core_poison_all(struct cfxComm *comm, cfxResult_t reason, int blame_ran
     int n = tree_conns(comm, slots);
     for (int i = 0; i < n; i++)
         poison_conn(*slots[i], reason, blame_rank);
+    for (int t = 0; t < 2; t++)
+        for (int r = 0; comm->relay_send[t] && r < comm->nranks; r++) {
+            poison_conn(comm->relay_send[t][r], reason, blame_rank);
+            poison_conn(comm->relay_recv[t][r], reason, blame_rank);
+        }
     for (int r = 0; comm->p2p_send && r < comm->nranks; r++) {
         poison_conn(comm->p2p_send[r], reason, blame_rank);
         poison_conn(comm->p2p_recv[r], reason, blame_rank);

@@ -72,8 +72,7 @@ static cfxResult_t submit(struct cfxComm *comm, struct cfx_op *op)
     struct cfx_op halves[2];
     int n_ops = 1;
     struct cfx_op *ops = op;
-    if (op->kind == CFX_COLL_ALLREDUCE &&
-        cfx_core_algo_use_tree(comm, op->count * cfx_type_size(op->type))) {
+    if (cfx_core_algo_use_tree(comm, op->kind, op->count * cfx_type_size(op->type))) {
         /* Two complementary trees, half of the data each. */
         size_t first = op->count / 2, elem = cfx_type_size(op->type);
         halves[0] = *op;

@@ -79,17 +79,26 @@ static int already_requested(const struct cfx_conn_request *reqs, int n, struct 
     return 0;
 }
 
-#define TREE_REQUESTS (2 * 2 * (1 + CFX_TREE_MAX_CHILDREN))
+/* The tree an op runs on (0 or 1). */
+static int tree_index(const struct cfx_op *op)
+{
+    return (int)(op->tree - ((struct cfxComm *)op->owner)->trees);
+}
+
+static int root_of(const struct cfx_op *op)
+{
+    return op->kind == CFX_COLL_BROADCAST || op->kind == CFX_COLL_REDUCE ? op->root : -1;
+}
 
 /* Build the point-to-point and tree connectors these operations need (first use only). */
 static cfxResult_t connect_missing(struct cfx_op *ops, int n_ops)
 {
     int missing = 0;
-    for (int i = 0; i < n_ops; i++) {
-        struct cfxComm *comm = ops[i].owner;
-        if (ops[i].tree && !comm->trees_connected)
-            missing += TREE_REQUESTS;
-    }
+    struct cfx_conn_request probe[CFX_CORE_TREE_REQUESTS];
+    for (int i = 0; i < n_ops; i++)
+        if (ops[i].tree)
+            missing += cfx_core_algo_tree_requests(ops[i].owner, tree_index(&ops[i]),
+                                                   root_of(&ops[i]), probe);
     for (int i = 0; i < n_ops; i++) {
         if (ops[i].kind != CFX_COLL_SEND && ops[i].kind != CFX_COLL_RECV)
             continue;
@@ -104,11 +113,14 @@ static cfxResult_t connect_missing(struct cfx_op *ops, int n_ops)
         return cfx_error_set(cfxSystemError, CFX_LOG_P2P, "out of memory while connecting peers");
     int n = 0;
     for (int i = 0; i < n_ops; i++) {
-        struct cfxComm *comm = ops[i].owner;
-        if (ops[i].tree && !comm->trees_connected) {
-            n += cfx_core_algo_tree_requests(comm, reqs + n);
-            comm->trees_connected = 1; /* Requested once per batch. */
-        }
+        if (!ops[i].tree)
+            continue;
+        struct cfx_conn_request mine[CFX_CORE_TREE_REQUESTS];
+        int k = cfx_core_algo_tree_requests(ops[i].owner, tree_index(&ops[i]), root_of(&ops[i]),
+                                            mine);
+        for (int j = 0; j < k; j++)
+            if (!already_requested(reqs, n, mine[j].out_p))
+                reqs[n++] = mine[j];
     }
     for (int i = 0; i < n_ops; i++) {
         struct cfx_op *op = &ops[i];
@@ -125,9 +137,6 @@ static cfxResult_t connect_missing(struct cfx_op *ops, int n_ops)
                                               .out_p = slot};
     }
     cfxResult_t res = cfx_core_connect_batch(reqs, n);
-    if (res != cfxSuccess)
-        for (int i = 0; i < n_ops; i++)
-            ((struct cfxComm *)ops[i].owner)->trees_connected = 0;
     free(reqs);
     return res;
 }
@@ -174,7 +183,7 @@ cfxResult_t cfx_core_launch(struct cfx_op *ops, int n_ops)
     }
     for (int i = 0; i < n_ops; i++) {
         if (ops[i].tree) {
-            cfx_core_algo_tree_op(ops[i].owner, (int)(ops[i].tree - ((struct cfxComm *)ops[i].owner)->trees), &ops[i]);
+            cfx_core_algo_tree_op(ops[i].owner, tree_index(&ops[i]), &ops[i]);
             cfx_coll_prepare(&ops[i]);
             cfx_core_flight_update(ops[i].owner, ops[i].record, CFX_FLIGHT_RUNNING, cfxSuccess, 0,
                                    ops[i].n_steps);
