@@ -69,6 +69,7 @@ struct cfx_op {
      * last progress); an error fails the op. May be NULL. */
     cfxResult_t (*on_stall)(struct cfx_op *op, int64_t stalled_ns);
     int probe_sent; /* on_stall's own state. */
+    int spin_limit; /* Idle polls before yielding (the owner knows if cores are scarce). */
     /* Progress (set by cfx_coll_prepare and cfx_coll_progress). */
     size_t elem_bytes;
     size_t chunk_elems; /* Elements per slot. */

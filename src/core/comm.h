@@ -65,6 +65,7 @@ struct cfxComm {
     struct cfx_connector **p2p_recv;
     /* Mismatch detection and the flight recorder. */
     int check_mismatch;
+    int spin_limit; /* Idle polls before yielding: fewer when ranks outnumber cores. */
     uint64_t coll_seq;       /* Collectives submitted so far. */
     uint64_t *p2p_send_seq;  /* [nranks]: messages sent to each peer. */
     uint64_t *p2p_recv_seq;  /* [nranks]: messages received from each peer. */

@@ -54,6 +54,7 @@ static void fingerprint(struct cfxComm *comm, struct cfx_op *op)
     op->expect = print;
     op->check_prints = comm->check_mismatch;
     op->on_stall = cfx_core_probe_stall;
+    op->spin_limit = comm->spin_limit;
 }
 
 /* Run or queue; on failure record the sentence on the communicator. */

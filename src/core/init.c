@@ -3,6 +3,7 @@
  * finalize, destroy, abort.
  */
 #include <pthread.h>
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -17,6 +18,9 @@
 
 CFX_PARAM_INT(buffsize, "BUFFSIZE", 4 << 20, "Bytes of FIFO per connection (split into CFX_STEPS slots)");
 CFX_PARAM_INT(steps, "STEPS", 8, "Slots per connection FIFO");
+CFX_PARAM_INT(spin_count, "SPIN_COUNT", -1,
+              "Idle polls of a blocked call before it yields the core; -1: 2000, or 20 when "
+              "this host's ranks outnumber the cores this process may run on");
 CFX_PARAM_INT(check_mismatch, "CHECK_MISMATCH", 1,
               "1: every slot carries its operation's fingerprint and receivers compare them");
 
@@ -142,6 +146,12 @@ static cfxResult_t comm_setup(struct cfxComm *comm)
     cfx_core_algo_init(comm);
     CFX_CHECK(cfx_core_flight_init(comm));
     comm->check_mismatch = param_check_mismatch() != 0;
+    comm->spin_limit = (int)param_spin_count();
+    if (comm->spin_limit < 0) {
+        cpu_set_t cpus;
+        int n_cpus = sched_getaffinity(0, sizeof(cpus), &cpus) == 0 ? CPU_COUNT(&cpus) : 1;
+        comm->spin_limit = comm->local_nranks > n_cpus ? 20 : 2000;
+    }
     comm->magic = CFX_COMM_MAGIC;
     cfx_core_registry_add(comm);
     CFX_INFO(CFX_LOG_INIT,

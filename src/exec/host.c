@@ -10,8 +10,6 @@
 #include "src/util/param.h"
 #include "src/util/time.h"
 
-CFX_PARAM_INT(spin_count, "SPIN_COUNT", 2000,
-              "Idle polls of a blocked operation before the executor starts yielding");
 CFX_PARAM_INT(timeout, "TIMEOUT", 600,
               "Seconds a blocking call may go without progress before it fails with cfxTimeout; "
               "0 waits forever");
@@ -118,7 +116,14 @@ static void fail_all(struct cfx_op *ops, int n_ops, cfxResult_t res)
 
 cfxResult_t cfx_exec_host_run(struct cfx_op *ops, int n_ops)
 {
-    int64_t spins = param_spin_count();
+    /* Spin budget adapts per thread: waits that spinning did not end (the
+     * peer was not running: more ranks than free cores) halve it, waits it
+     * ended double it back up to the owner's limit. */
+    static _Thread_local int64_t adaptive = -1;
+    int64_t limit = n_ops > 0 ? ops[0].spin_limit : 0;
+    if (adaptive < 0 || adaptive > limit)
+        adaptive = limit;
+    int64_t spins = adaptive;
     int64_t timeout_s = param_timeout();
     uint64_t idle = 0;
     long nap_ns = 1000;
@@ -145,6 +150,13 @@ cfxResult_t cfx_exec_host_run(struct cfx_op *ops, int n_ops)
         if (pending == 0)
             return cfxSuccess;
         if (progressed) {
+            if (idle > 0) {
+                if ((int64_t)idle >= spins && spins > 16)
+                    spins /= 2;
+                else if ((int64_t)idle < spins / 2 && spins < limit)
+                    spins = spins * 2 < limit ? spins * 2 : limit;
+                adaptive = spins;
+            }
             idle = 0;
             nap_ns = 1000;
             last_progress_ns = 0;
