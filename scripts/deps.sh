@@ -10,6 +10,7 @@ packages=(
   libhwloc-dev libibverbs-dev librdmacm-dev libxml2-dev  # topology, verbs
   iproute2                              # network namespaces in tests
   openmpi-bin libopenmpi-dev            # examples/allreduce_mpi and its test
+  clang libclang-rt-14-dev              # fuzz/ (libFuzzer, sanitizer runtimes for clang)
 )
 missing=()
 for p in "${packages[@]}"; do

@@ -23,9 +23,6 @@ CFX_PARAM_INT(bootstrap_frame_ms, "BOOTSTRAP_FRAME_TIMEOUT_MS", 2000,
 CFX_PARAM_STR(comm_id, "COMM_ID", NULL,
               "host:port of the root listener; makes every rank produce the same unique id");
 
-/* Largest bootstrap message accepted from a peer; setup data only. */
-#define MAX_MESSAGE_BYTES ((uint64_t)1 << 30)
-
 _Static_assert(sizeof(struct cfx_bootstrap_id) <= CFX_UNIQUE_ID_BYTES, "id too large");
 
 struct unexpected_msg {
@@ -190,20 +187,8 @@ static cfxResult_t accept_one(struct cfx_bootstrap *bs, int64_t deadline_ns)
         close(fd);
         return cfxSuccess;
     }
-    const char *why = NULL;
-    if (hdr.magic != CFX_BOOTSTRAP_MAGIC)
-        why = "bad magic";
-    else if (hdr.secret != bs->secret)
-        why = "wrong secret";
-    else if (hdr.src_rank < 0 || hdr.src_rank >= bs->nranks)
-        why = "source rank out of range";
-    else if (hdr.kind == CFX_BOOTSTRAP_KIND_RING &&
-             (hdr.src_rank != (bs->rank + bs->nranks - 1) % bs->nranks || bs->ring_recv_fd >= 0))
-        why = "ring connection from an unexpected rank";
-    else if (hdr.kind == CFX_BOOTSTRAP_KIND_MESSAGE && hdr.size > MAX_MESSAGE_BYTES)
-        why = "message larger than the bootstrap accepts";
-    else if (hdr.kind != CFX_BOOTSTRAP_KIND_RING && hdr.kind != CFX_BOOTSTRAP_KIND_MESSAGE)
-        why = "unknown kind";
+    const char *why =
+        cfx_bootstrap_peer_hdr_refusal(&hdr, bs->secret, bs->rank, bs->nranks, bs->ring_recv_fd >= 0);
     if (why) {
         CFX_WARN(CFX_LOG_BOOTSTRAP, "bootstrap rank %d: closed a connection: %s", bs->rank, why);
         close(fd);
@@ -563,9 +548,11 @@ static cfxResult_t join_root(struct cfx_bootstrap *bs, const struct cfx_bootstra
         goto out;
     }
     CFX_CHECK_GOTO(res, res, out);
-    if (reply.magic != CFX_BOOTSTRAP_MAGIC || reply.nranks != bs->nranks) {
+    const char *why = cfx_bootstrap_reply_refusal(&reply, bs->nranks);
+    if (why != NULL) {
         res = cfx_error_set(cfxRemoteError, CFX_LOG_BOOTSTRAP,
-                            "bootstrap rank %d: malformed answer from %s", bs->rank, root_name);
+                            "bootstrap rank %d: malformed answer from %s (%s)", bs->rank, root_name,
+                            why);
         goto out;
     }
     CFX_CHECK_GOTO(cfx_socket_recv_all(fd, bs->table, sizeof(*bs->table) * (size_t)bs->nranks,

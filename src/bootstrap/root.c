@@ -54,14 +54,13 @@ static void admit(struct root *root, int index)
 {
     struct pending_conn *conn = &root->pending[index];
     const struct cfx_bootstrap_hello *hello = &conn->hello;
-    if (hello->secret != root->secret)
-        return drop_pending(root, index, "wrong secret (not a rank of this communicator)");
-    if (hello->nranks < 1 || hello->nranks > CFX_BOOTSTRAP_MAX_RANKS)
-        return drop_pending(root, index, "rank count out of range");
-    if (hello->rank < 0 || hello->rank >= hello->nranks)
-        return drop_pending(root, index, "rank out of range");
-    if (hello->listen_addr.family != AF_INET && hello->listen_addr.family != AF_INET6)
-        return drop_pending(root, index, "listener address of an unknown family");
+    const char *why = cfx_bootstrap_hello_refusal(hello, root->secret, root->nranks);
+    if (why != NULL) {
+        if (root->nranks != 0 && hello->nranks != root->nranks)
+            CFX_WARN(CFX_LOG_BOOTSTRAP, "bootstrap root: rank %d says nranks=%d, others said %d",
+                     hello->rank, hello->nranks, root->nranks);
+        return drop_pending(root, index, why);
+    }
     if (root->nranks == 0) {
         root->rank_fds = malloc(sizeof(int) * (size_t)hello->nranks);
         root->table = calloc((size_t)hello->nranks, sizeof(*root->table));
@@ -76,10 +75,6 @@ static void admit(struct root *root, int index)
             root->rank_fds[r] = -1;
         root->nranks = hello->nranks;
         root->deadline_ns = cfx_time_deadline_s(cfx_bootstrap_timeout_s());
-    } else if (hello->nranks != root->nranks) {
-        CFX_WARN(CFX_LOG_BOOTSTRAP, "bootstrap root: rank %d says nranks=%d, others said %d",
-                 hello->rank, hello->nranks, root->nranks);
-        return drop_pending(root, index, "nranks disagrees with the other ranks");
     }
     if (root->rank_fds[hello->rank] >= 0)
         return drop_pending(root, index, "a second connection claimed an already joined rank");

@@ -63,6 +63,69 @@ struct cfx_bootstrap_peer_hdr {
     uint64_t size;
 };
 
+/* Largest bootstrap message accepted from a peer; setup data only. */
+#define CFX_BOOTSTRAP_MAX_MESSAGE_BYTES ((uint64_t)1 << 30)
+
+/*
+ * Checks of frames that arrive from outside the process. Each is pure (the
+ * fuzzer in fuzz/fuzz_bootstrap.c calls them with any bytes) and returns why
+ * the frame is refused, or NULL to accept it.
+ */
+
+/* The root, given a complete hello; @p nranks_known is the count earlier
+ * ranks gave (0 before the first). A duplicate rank is the caller's check. */
+static inline const char *cfx_bootstrap_hello_refusal(const struct cfx_bootstrap_hello *hello,
+                                                      uint64_t secret, int nranks_known)
+{
+    if (hello->magic != CFX_BOOTSTRAP_MAGIC)
+        return "bad magic (not a Conflux rank)";
+    if (hello->secret != secret)
+        return "wrong secret (not a rank of this communicator)";
+    if (hello->nranks < 1 || hello->nranks > CFX_BOOTSTRAP_MAX_RANKS)
+        return "rank count out of range";
+    if (hello->rank < 0 || hello->rank >= hello->nranks)
+        return "rank out of range";
+    if (hello->listen_addr.family != AF_INET && hello->listen_addr.family != AF_INET6)
+        return "listener address of an unknown family";
+    if (nranks_known != 0 && hello->nranks != nranks_known)
+        return "nranks disagrees with the other ranks";
+    return NULL;
+}
+
+/* A rank, given the header of a connection to its listener. @p ring_connected:
+ * the ring link from the previous rank already exists. */
+static inline const char *cfx_bootstrap_peer_hdr_refusal(const struct cfx_bootstrap_peer_hdr *hdr,
+                                                         uint64_t secret, int rank, int nranks,
+                                                         int ring_connected)
+{
+    if (hdr->magic != CFX_BOOTSTRAP_MAGIC)
+        return "bad magic";
+    if (hdr->secret != secret)
+        return "wrong secret";
+    if (hdr->src_rank < 0 || hdr->src_rank >= nranks)
+        return "source rank out of range";
+    if (hdr->kind == CFX_BOOTSTRAP_KIND_RING &&
+        (hdr->src_rank != (rank + nranks - 1) % nranks || ring_connected))
+        return "ring connection from an unexpected rank";
+    if (hdr->kind == CFX_BOOTSTRAP_KIND_MESSAGE && hdr->size > CFX_BOOTSTRAP_MAX_MESSAGE_BYTES)
+        return "message larger than the bootstrap accepts";
+    if (hdr->kind != CFX_BOOTSTRAP_KIND_RING && hdr->kind != CFX_BOOTSTRAP_KIND_MESSAGE)
+        return "unknown kind";
+    return NULL;
+}
+
+/* A rank, given the root's answer to its hello (the table of @p nranks
+ * addresses follows it). */
+static inline const char *cfx_bootstrap_reply_refusal(const struct cfx_bootstrap_reply *reply,
+                                                      int nranks)
+{
+    if (reply->magic != CFX_BOOTSTRAP_MAGIC)
+        return "bad magic";
+    if (reply->nranks != nranks)
+        return "a table for another rank count";
+    return NULL;
+}
+
 /* How long a connecting peer may take to send its greeting, in ns. */
 int64_t cfx_bootstrap_frame_ns(void);
 

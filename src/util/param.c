@@ -32,6 +32,52 @@ static char *trim(char *text)
     return text;
 }
 
+int cfx_param_conf_read(FILE *f, char **names, char **values, int max, int *bad_line_p)
+{
+    char line[CFX_CONF_LINE_MAX];
+    int line_no = 0, count = 0;
+    *bad_line_p = 0;
+    while (count < max && fgets(line, sizeof(line), f)) {
+        line_no++;
+        size_t len = strlen(line);
+        if (len == sizeof(line) - 1 && line[len - 1] != '\n' && !feof(f)) {
+            /* Too long: skip the rest, rather than read it as lines of its own. */
+            int c;
+            while ((c = fgetc(f)) != EOF && c != '\n')
+                ;
+            if (*bad_line_p == 0)
+                *bad_line_p = line_no;
+            continue;
+        }
+        char *text = trim(line);
+        if (text[0] == '\0' || text[0] == '#')
+            continue;
+        char *eq = strchr(text, '=');
+        if (eq == NULL) {
+            if (*bad_line_p == 0)
+                *bad_line_p = line_no;
+            continue;
+        }
+        *eq = '\0';
+        char *name = trim(text);
+        char *value = trim(eq + 1);
+        if (name[0] == '\0') {
+            if (*bad_line_p == 0)
+                *bad_line_p = line_no;
+            continue;
+        }
+        names[count] = strdup(name);
+        values[count] = strdup(value);
+        if (names[count] && values[count]) {
+            count++;
+        } else {
+            free(names[count]);
+            free(values[count]);
+        }
+    }
+    return count;
+}
+
 /* Called with param_lock held. Silent: malformed lines are reported later. */
 static void conf_load_locked(void)
 {
@@ -45,32 +91,7 @@ static void conf_load_locked(void)
     FILE *f = fopen(path, "r");
     if (f == NULL)
         return;
-    char line[1024];
-    int line_no = 0;
-    while (fgets(line, sizeof(line), f) && conf_count < CONF_MAX_ENTRIES) {
-        line_no++;
-        char *text = trim(line);
-        if (text[0] == '\0' || text[0] == '#')
-            continue;
-        char *eq = strchr(text, '=');
-        if (eq == NULL) {
-            if (conf_bad_line == 0)
-                conf_bad_line = line_no;
-            continue;
-        }
-        *eq = '\0';
-        char *name = trim(text);
-        char *value = trim(eq + 1);
-        if (name[0] == '\0') {
-            if (conf_bad_line == 0)
-                conf_bad_line = line_no;
-            continue;
-        }
-        conf_names[conf_count] = strdup(name);
-        conf_values[conf_count] = strdup(value);
-        if (conf_names[conf_count] && conf_values[conf_count])
-            conf_count++;
-    }
+    conf_count = cfx_param_conf_read(f, conf_names, conf_values, CONF_MAX_ENTRIES, &conf_bad_line);
     fclose(f);
 }
 
@@ -115,7 +136,7 @@ static void report_conf_once(void)
 int64_t cfx_param_get_int(struct cfx_param *param)
 {
     if (__atomic_load_n(&param->loaded, __ATOMIC_ACQUIRE))
-        return param->value_int;
+        return __atomic_load_n(&param->value_int, __ATOMIC_RELAXED);
     const char *source;
     const char *text = lookup(param->name, &source);
     int64_t value = param->default_int;
@@ -132,7 +153,8 @@ int64_t cfx_param_get_int(struct cfx_param *param)
             CFX_INFO(CFX_LOG_ENV, "%s set by %s to %lld", param->name, source, parsed);
         }
     }
-    param->value_int = value;
+    /* Threads may fill the cache at once (with the same value): atomics. */
+    __atomic_store_n(&param->value_int, value, __ATOMIC_RELAXED);
     __atomic_store_n(&param->loaded, 1, __ATOMIC_RELEASE);
     return value;
 }
@@ -140,7 +162,7 @@ int64_t cfx_param_get_int(struct cfx_param *param)
 const char *cfx_param_get_str(struct cfx_param *param)
 {
     if (__atomic_load_n(&param->loaded, __ATOMIC_ACQUIRE))
-        return param->value_str;
+        return __atomic_load_n(&param->value_str, __ATOMIC_RELAXED);
     const char *source;
     const char *text = lookup(param->name, &source);
     report_conf_once();
@@ -148,9 +170,10 @@ const char *cfx_param_get_str(struct cfx_param *param)
         CFX_INFO(CFX_LOG_ENV, "%s set by %s to \"%s\"", param->name, source, text);
     /* Environment strings live as long as the process (unless the program
      * changes them); configuration values live until cfx_param_reset_all. */
-    param->value_str = text ? text : param->default_str;
+    const char *value = text ? text : param->default_str;
+    __atomic_store_n(&param->value_str, value, __ATOMIC_RELAXED);
     __atomic_store_n(&param->loaded, 1, __ATOMIC_RELEASE);
-    return param->value_str;
+    return value;
 }
 
 void cfx_param_print_all(FILE *out)

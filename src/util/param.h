@@ -34,6 +34,17 @@ const char *cfx_param_get_str(struct cfx_param *param);
  * or NULL. Never logs (the logger itself uses it). */
 const char *cfx_param_raw(const char *name);
 
+/* Longest configuration-file line, newline included; longer lines are malformed. */
+#define CFX_CONF_LINE_MAX 1024
+
+/* Read "NAME=value" lines from @p f into @p names / @p values (at most @p max;
+ * trimmed copies the caller frees). Blank lines and lines starting with '#'
+ * are skipped; a line without '=', with an empty name, or longer than
+ * CFX_CONF_LINE_MAX is malformed and skipped, and *bad_line_p gets the first
+ * such line's number (0: none). Returns the number of entries. Touches
+ * nothing else (the fuzzer, fuzz/fuzz_conf.c, calls it on any bytes). */
+int cfx_param_conf_read(FILE *f, char **names, char **values, int max, int *bad_line_p);
+
 /* Print every parameter: name, value, source, default, description. */
 void cfx_param_print_all(FILE *out);
 

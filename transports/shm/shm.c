@@ -24,25 +24,14 @@
 #include "src/util/log.h"
 #include "src/util/param.h"
 #include "src/util/time.h"
+#include "transports/shm/wire.h"
 
 CFX_PARAM_INT(shm_disable, "SHM_DISABLE", 0,
               "1: never use shared memory between ranks of one host (sockets instead)");
 
-enum shm_kind { SHM_KIND_NONE = 0, SHM_KIND_SEGMENT = 1, SHM_KIND_LOCAL = 2 };
-
-/* Connect info: the receiver tells the sender where its FIFO is. */
-struct shm_info {
-    uint32_t kind;
-    uint32_t reserved;
-    uint64_t bytes;
-    uint64_t local_addr; /* SHM_KIND_LOCAL: the FIFO's address in this process. */
-    char name[64];       /* SHM_KIND_SEGMENT: the segment's name. */
-};
-_Static_assert(sizeof(struct shm_info) <= CFX_CONNECT_INFO_BYTES, "info too large");
-
 /* Per-connector state. */
 struct shm_conn {
-    enum shm_kind kind;
+    enum cfx_shm_kind kind;
     void *base;
     size_t bytes;
     int owner; /* The receiver owns (frees or unmaps) the memory. */
@@ -133,7 +122,7 @@ static cfxResult_t create_segment(struct shm_conn *sc, int peer_rank)
     }
     memset(base, 0, sc->bytes); /* Touch every page now, never on the data path. */
     sc->base = base;
-    sc->kind = SHM_KIND_SEGMENT;
+    sc->kind = CFX_SHM_KIND_SEGMENT;
     return cfxSuccess;
 }
 
@@ -146,7 +135,7 @@ static cfxResult_t shm_setup(void *ctx_v, const struct cfx_transport_peer *peer,
         return cfx_error_set(cfxSystemError, CFX_LOG_SHM, "shm: out of memory");
     conn->priv = sc;
     sc->peer_pid = peer->pid;
-    struct shm_info info = {.kind = SHM_KIND_NONE};
+    struct cfx_shm_info info = {.kind = CFX_SHM_KIND_NONE};
     if (conn->dir == CFX_CONN_RECV) {
         sc->owner = 1;
         sc->bytes = fifo_bytes(slot_bytes, n_steps);
@@ -160,7 +149,7 @@ static cfxResult_t shm_setup(void *ctx_v, const struct cfx_transport_peer *peer,
             /* Freed by whichever side closes last. */
             atomic_store_explicit(&((struct cfx_fifo *)base)->refs, 1, memory_order_relaxed);
             sc->base = base;
-            sc->kind = SHM_KIND_LOCAL;
+            sc->kind = CFX_SHM_KIND_LOCAL;
             info.local_addr = (uint64_t)(uintptr_t)base;
         } else {
             cfxResult_t res = create_segment(sc, peer->rank);
@@ -182,13 +171,18 @@ static cfxResult_t shm_setup(void *ctx_v, const struct cfx_transport_peer *peer,
 
 /* Sender: map the receiver's FIFO, then say so (the receiver unlinks). */
 static cfxResult_t connect_send(struct cfx_connector *conn, struct shm_conn *sc,
-                                const struct shm_info *info)
+                                const struct cfx_shm_info *info)
 {
-    if (info->kind == SHM_KIND_LOCAL) {
-        sc->kind = SHM_KIND_LOCAL;
+    const char *why = cfx_shm_info_refusal(info, fifo_bytes(conn->slot_bytes, conn->n_steps),
+                                           sc->peer_pid == (int)getpid());
+    if (why != NULL)
+        return cfx_error_set(cfxInternalError, CFX_LOG_SHM,
+                             "shm: rank %d described its FIFO with %s", conn->peer_rank, why);
+    if (info->kind == CFX_SHM_KIND_LOCAL) {
+        sc->kind = CFX_SHM_KIND_LOCAL;
         sc->base = (void *)(uintptr_t)info->local_addr;
         atomic_fetch_add_explicit(&((struct cfx_fifo *)sc->base)->refs, 1, memory_order_acq_rel);
-    } else if (info->kind == SHM_KIND_SEGMENT) {
+    } else if (info->kind == CFX_SHM_KIND_SEGMENT) {
         char name[sizeof(info->name)];
         memcpy(name, info->name, sizeof(name));
         name[sizeof(name) - 1] = '\0';
@@ -211,7 +205,7 @@ static cfxResult_t connect_send(struct cfx_connector *conn, struct shm_conn *sc,
         if (base == MAP_FAILED)
             return cfx_error_set_errno(err, CFX_LOG_SHM, "shm: cannot map rank %d's segment %s",
                                        conn->peer_rank, name);
-        sc->kind = SHM_KIND_SEGMENT;
+        sc->kind = CFX_SHM_KIND_SEGMENT;
         sc->base = base;
         sc->bytes = info->bytes;
         /* Both sides have it mapped: the name can go. */
@@ -229,7 +223,7 @@ static cfxResult_t shm_connect(void *ctx_v, struct cfx_connector *conn, const vo
 {
     struct shm_conn *sc = conn->priv;
     if (conn->dir == CFX_CONN_SEND) {
-        struct shm_info info;
+        struct cfx_shm_info info;
         memcpy(&info, peer_info, sizeof(info));
         return connect_send(conn, sc, &info);
     }
@@ -248,7 +242,7 @@ static cfxResult_t shm_connect(void *ctx_v, struct cfx_connector *conn, const vo
                                  conn->peer_rank);
         usleep(100);
     }
-    if (sc->kind == SHM_KIND_SEGMENT)
+    if (sc->kind == CFX_SHM_KIND_SEGMENT)
         shm_unlink(sc->name);
     return cfxSuccess;
 }
@@ -266,11 +260,11 @@ static void shm_close(void *ctx_v, struct cfx_connector *conn)
                                                 cfxRemoteError | ((ctx_self_rank(ctx_v) + 1) << 8),
                                                 memory_order_release, memory_order_relaxed);
     }
-    if (sc->kind == SHM_KIND_SEGMENT && sc->base) {
+    if (sc->kind == CFX_SHM_KIND_SEGMENT && sc->base) {
         munmap(sc->base, sc->bytes);
         if (sc->owner)
             shm_unlink(sc->name);
-    } else if (sc->kind == SHM_KIND_LOCAL && sc->base) {
+    } else if (sc->kind == CFX_SHM_KIND_LOCAL && sc->base) {
         struct cfx_fifo *fifo = sc->base;
         if (atomic_fetch_sub_explicit(&fifo->refs, 1, memory_order_acq_rel) == 1)
             free(sc->base);

@@ -50,6 +50,7 @@
 #include "src/util/param.h"
 #include "src/util/socket.h"
 #include "src/util/time.h"
+#include "transports/socket/wire.h"
 
 CFX_PARAM_INT(nsocks_perthread, "NSOCKS_PERTHREAD", 2,
               "Socket transport: sockets per connection per helper thread (NCCL meaning)");
@@ -60,51 +61,13 @@ CFX_PARAM_INT(socket_spin_us, "SOCKET_SPIN_US", 50,
               "Socket transport: microseconds the progress thread spins when idle before it "
               "sleeps");
 
-#define MAX_SOCKS        16          /* Clamp of NSOCKS_PERTHREAD x SOCKET_NTHREADS. */
+#define MAX_SOCKS        CFX_SOCK_MAX_SOCKS /* Clamp of NSOCKS_PERTHREAD x SOCKET_NTHREADS. */
 #define MIN_PART_BYTES   (64 * 1024) /* Smallest stripe; smaller slots use socket 0 only. */
 #define SLEEP_MS         20          /* Longest sleep of an idle progress thread. */
 #define ACCEPT_SLICE_MS  50          /* Longest wait of connect() between checks. */
 #define HELLO_TIMEOUT_NS (10 * CFX_NS_PER_SEC) /* A socket silent this long is a stranger. */
 #define MAX_PENDING      256                   /* Accepted sockets still owing their hello. */
 #define MAX_EVENTS       64
-
-#define INFO_MAGIC_RECV 0x52584643u /* "CFXR" */
-#define INFO_MAGIC_SEND 0x53584643u /* "CFXS" */
-#define HELLO_MAGIC     0x48584643u /* "CFXH" */
-#define HEADER_MAGIC    0x44584643u /* "CFXD" */
-#define POISON_MAGIC    0x50584643u /* "CFXP" */
-
-/* Connect info (both directions; the sender's carries only magic and rank). */
-struct wire_info {
-    uint32_t magic;
-    uint32_t nsocks;
-    uint64_t conn_id;
-    int32_t rank;
-    uint32_t reserved;
-    struct cfx_sockaddr_wire addr;
-};
-_Static_assert(sizeof(struct wire_info) == 48, "wire_info layout");
-_Static_assert(sizeof(struct wire_info) <= CFX_CONNECT_INFO_BYTES, "info too large");
-
-/* First bytes on every socket of a connection, sender -> receiver. */
-struct wire_hello {
-    uint32_t magic;
-    int32_t rank; /* The sender's rank. */
-    uint64_t conn_id;
-    uint32_t index;
-    uint32_t count;
-};
-_Static_assert(sizeof(struct wire_hello) == 24, "wire_hello layout");
-
-/* Before each slot's part on socket 0. A header with POISON_MAGIC instead
- * ends the stream: the sender failed, and size holds its cfxResult_t. */
-struct wire_header {
-    uint32_t magic;
-    uint32_t step; /* Low 32 bits of the slot's sequence number. */
-    uint64_t size;
-    struct cfx_fingerprint print;
-};
-_Static_assert(sizeof(struct wire_header) == 40, "wire_header layout");
 
 /* One socket's walk through the slots. */
 struct stream {
@@ -135,7 +98,7 @@ struct sock_conn {
     struct sock_conn *next, *prev;
     uint64_t done_step;           /* Sender: slots released; receiver: slots posted. */
     uint64_t header_count;        /* Receiver: headers read (sizes known). */
-    struct wire_header header_in; /* Receiver: socket 0's header being read. */
+    struct cfx_sock_header header_in; /* Receiver: socket 0's header being read. */
     int poison_in;                /* Receiver: socket 0 brought a poison header. */
     cfxResult_t poison_in_reason;
     /* Poison: set by the user side (poison op); the progress thread finishes
@@ -156,7 +119,7 @@ struct pending {
     int fd;
     size_t got;
     int64_t since_ns;
-    struct wire_hello hello;
+    struct cfx_sock_hello hello;
 };
 
 /* Per-communicator state. */
@@ -329,11 +292,11 @@ static int send_progress(struct sock_conn *sc)
             }
             size_t off, len;
             slot_part(size, sc->nsocks, s, &off, &len);
-            size_t head_bytes = s == 0 ? sizeof(struct wire_header) : 0;
+            size_t head_bytes = s == 0 ? sizeof(struct cfx_sock_header) : 0;
             if (st->offset < head_bytes + len) {
                 char *part = sc->slots + index * sc->slot_bytes + off;
-                struct wire_header header = {HEADER_MAGIC, (uint32_t)st->step, size,
-                                             sc->fifo->prints[index]};
+                struct cfx_sock_header header = {CFX_SOCK_HEADER_MAGIC, (uint32_t)st->step,
+                                                 size, sc->fifo->prints[index]};
                 struct iovec iov[2];
                 int n_iov = 0;
                 if (st->offset < head_bytes) {
@@ -376,25 +339,21 @@ static int send_progress(struct sock_conn *sc)
 /* Receiver socket 0: the header of slot st->step is complete; check it. */
 static int header_accept(struct sock_conn *sc, struct stream *st, size_t index)
 {
-    const struct wire_header *header = &sc->header_in;
-    if (header->magic == POISON_MAGIC) {
+    const struct cfx_sock_header *header = &sc->header_in;
+    const char *why = cfx_sock_header_refusal(header, st->step, sc->slot_bytes);
+    if (why == NULL && header->magic == CFX_SOCK_POISON_MAGIC) {
         /* The sender failed. Slots whose headers came before this may still
          * be arriving on the other sockets: fail once they are in. */
-        uint32_t code = (uint32_t)(header->size & 0xffffffffu);
-        sc->poison_in_reason = code == cfxInvalidUsage ? cfxInvalidUsage
-                               : code == cfxTimeout    ? cfxTimeout
-                                                       : cfxRemoteError;
-        sc->blame_rank = (int)(header->size >> 32) - 1;
+        sc->poison_in_reason = cfx_sock_poison_decode(header, &sc->blame_rank);
         sc->poison_in = 1;
         return 0;
     }
-    if (header->magic != HEADER_MAGIC || header->step != (uint32_t)st->step ||
-        header->size > sc->slot_bytes) {
+    if (why != NULL) {
         conn_fail(sc, cfxRemoteError, 0,
                   "socket transport: rank %d sent a malformed slot header to rank %d (slot %llu: "
-                  "magic 0x%08x, step %u, %llu bytes for %zu-byte slots); the peer runs another "
-                  "build or the stream is corrupt",
-                  sc->peer_rank, sc->self_rank, (unsigned long long)st->step, header->magic,
+                  "%s; magic 0x%08x, step %u, %llu bytes for %zu-byte slots); the peer runs "
+                  "another build or the stream is corrupt",
+                  sc->peer_rank, sc->self_rank, (unsigned long long)st->step, why, header->magic,
                   header->step, (unsigned long long)header->size, sc->slot_bytes);
         return 0;
     }
@@ -413,7 +372,7 @@ static int recv_progress(struct sock_conn *sc)
     int moved = 0;
     for (int s = 0; s < sc->nsocks; s++) {
         struct stream *st = &sc->streams[s];
-        size_t head_bytes = s == 0 ? sizeof(struct wire_header) : 0;
+        size_t head_bytes = s == 0 ? sizeof(struct cfx_sock_header) : 0;
         if (s == 0 && sc->poison_in) {
             if (st->step < low)
                 low = st->step;
@@ -489,14 +448,10 @@ static int recv_progress(struct sock_conn *sc)
 static void send_probe(struct sock_conn *sc)
 {
     for (int s = 0; s < sc->nsocks; s++) {
-        struct wire_header back;
+        struct cfx_sock_header back;
         ssize_t n = recv(sc->streams[s].fd, &back, sizeof(back), MSG_DONTWAIT | MSG_PEEK);
-        if (n == (ssize_t)sizeof(back) && back.magic == POISON_MAGIC) {
-            uint32_t code = (uint32_t)(back.size & 0xffffffffu);
-            cfxResult_t reason = code == cfxInvalidUsage ? cfxInvalidUsage
-                                 : code == cfxTimeout    ? cfxTimeout
-                                                         : cfxRemoteError;
-            sc->blame_rank = (int)(back.size >> 32) - 1;
+        if (n == (ssize_t)sizeof(back) && back.magic == CFX_SOCK_POISON_MAGIC) {
+            cfxResult_t reason = cfx_sock_poison_decode(&back, &sc->blame_rank);
             conn_fail(sc, reason, 1,
                       "rank %d stopped receiving from rank %d because of rank %d: %s%s",
                       sc->peer_rank, sc->self_rank, sc->blame_rank, cfxGetErrorString(reason),
@@ -505,7 +460,7 @@ static void send_probe(struct sock_conn *sc)
                                                 : "");
             return;
         }
-        if (n > 0 && n < (ssize_t)sizeof(back) && back.magic == POISON_MAGIC)
+        if (n > 0 && n < (ssize_t)sizeof(back) && back.magic == CFX_SOCK_POISON_MAGIC)
             continue; /* The rest of the header is on its way. */
         char byte;
         n = recv(sc->streams[s].fd, &byte, 1, MSG_DONTWAIT);
@@ -549,8 +504,8 @@ static int poison_progress(struct sock_conn *sc, int reason, int blame_rank)
     int64_t now = cfx_time_now_ns();
     if (sc->poison_deadline_ns == 0)
         sc->poison_deadline_ns = now + POISON_GRACE_NS;
-    struct wire_header header = {
-        .magic = POISON_MAGIC,
+    struct cfx_sock_header header = {
+        .magic = CFX_SOCK_POISON_MAGIC,
         .size = (uint64_t)(uint32_t)reason | ((uint64_t)(uint32_t)(blame_rank + 1) << 32)};
     if (sc->dir == CFX_CONN_RECV) {
         /* Sockets carry nothing back normally; the sender's probe reads this. */
@@ -875,7 +830,7 @@ static cfxResult_t conn_id_pick(struct sock_ctx *ctx, uint64_t *id_p)
 
 /* Allocates and touches this side's FIFO; the receiver also gets a
  * connection id and waits on the ctx's list for its sockets. Writes a
- * struct wire_info to @p info_out. Does not block on the peer. */
+ * struct cfx_sock_info to @p info_out. Does not block on the peer. */
 static cfxResult_t sock_setup(void *ctx_v, const struct cfx_transport_peer *peer, size_t slot_bytes,
                               int n_steps, struct cfx_connector *conn, void *info_out)
 {
@@ -909,7 +864,7 @@ static cfxResult_t sock_setup(void *ctx_v, const struct cfx_transport_peer *peer
     atomic_store_explicit(&sc->fifo->tail, 0, memory_order_relaxed);
     atomic_store_explicit(&sc->fifo->head, 0, memory_order_relaxed);
 
-    struct wire_info info = {.magic = INFO_MAGIC_SEND, .rank = ctx->rank};
+    struct cfx_sock_info info = {.magic = CFX_SOCK_INFO_MAGIC_SEND, .rank = ctx->rank};
     if (sc->dir == CFX_CONN_RECV) {
         pthread_mutex_lock(&ctx->accept_lock);
         cfxResult_t res = conn_id_pick(ctx, &sc->conn_id);
@@ -925,7 +880,7 @@ static cfxResult_t sock_setup(void *ctx_v, const struct cfx_transport_peer *peer
             free(sc);
             return res;
         }
-        info.magic = INFO_MAGIC_RECV;
+        info.magic = CFX_SOCK_INFO_MAGIC_RECV;
         info.nsocks = (uint32_t)sc->nsocks;
         info.conn_id = sc->conn_id;
         cfx_socket_addr_to_wire(&ctx->listen_addr, &info.addr);
@@ -965,9 +920,9 @@ static void stranger_drop(struct pending *p, const char *why)
 /* A complete hello: attach the socket to its connector, or drop it. */
 static void hello_dispatch(struct sock_ctx *ctx, struct pending *p)
 {
-    const struct wire_hello *hello = &p->hello;
-    if (hello->magic != HELLO_MAGIC) {
-        stranger_drop(p, "not a Conflux socket-transport hello");
+    const struct cfx_sock_hello *hello = &p->hello;
+    if (hello->magic != CFX_SOCK_HELLO_MAGIC) {
+        stranger_drop(p, cfx_sock_hello_refusal(hello, -1, 0));
         return;
     }
     struct sock_conn *sc = ctx->awaiting;
@@ -977,12 +932,13 @@ static void hello_dispatch(struct sock_ctx *ctx, struct pending *p)
         stranger_drop(p, "unknown connection id");
         return;
     }
-    if (hello->rank != sc->peer_rank || hello->count != (uint32_t)sc->nsocks ||
-        hello->index >= hello->count || sc->streams[hello->index].fd >= 0) {
-        char why[160];
+    const char *refusal = cfx_sock_hello_refusal(hello, sc->peer_rank, sc->nsocks);
+    if (refusal != NULL || sc->streams[hello->index].fd >= 0) {
+        char why[200];
         snprintf(why, sizeof(why),
-                 "bad hello for the connection from rank %d (rank %d, socket %u of %u)",
-                 sc->peer_rank, hello->rank, hello->index, hello->count);
+                 "bad hello for the connection from rank %d (%s: rank %d, socket %u of %u)",
+                 sc->peer_rank, refusal ? refusal : "a second socket with that index",
+                 hello->rank, hello->index, hello->count);
         stranger_drop(p, why);
         return;
     }
@@ -1038,13 +994,14 @@ static void accept_service(struct sock_ctx *ctx)
 
 /* Receiver: accept until every socket of @p sc has arrived. */
 static cfxResult_t connect_recv(struct sock_ctx *ctx, struct sock_conn *sc,
-                                const struct wire_info *info)
+                                const struct cfx_sock_info *info)
 {
-    if (info->magic != INFO_MAGIC_SEND || info->rank != sc->peer_rank)
+    const char *why = cfx_sock_info_refusal(info, CFX_CONN_RECV, sc->peer_rank);
+    if (why != NULL)
         return cfx_error_set(cfxInternalError, CFX_LOG_NET,
                              "socket transport: the connect info from rank %d is not a socket "
-                             "sender's (magic 0x%08x, rank %d)",
-                             sc->peer_rank, info->magic, info->rank);
+                             "sender's (%s: magic 0x%08x, rank %d)",
+                             sc->peer_rank, why, info->magic, info->rank);
     cfxResult_t res = cfxSuccess;
     int64_t deadline = cfx_time_deadline_s(ctx->connect_timeout_s);
     pthread_mutex_lock(&ctx->accept_lock);
@@ -1086,15 +1043,16 @@ out_unlock:
 
 /* Sender: open the receiver's socket count to its listener, say hello on each. */
 static cfxResult_t connect_send(struct sock_ctx *ctx, struct sock_conn *sc,
-                                const struct wire_info *info)
+                                const struct cfx_sock_info *info)
 {
     union cfx_sockaddr addr;
-    if (info->magic != INFO_MAGIC_RECV || info->rank != sc->peer_rank || info->nsocks < 1 ||
-        info->nsocks > MAX_SOCKS || cfx_socket_addr_from_wire(&info->addr, &addr) != cfxSuccess)
+    const char *why = cfx_sock_info_refusal(info, CFX_CONN_SEND, sc->peer_rank);
+    if (why != NULL || cfx_socket_addr_from_wire(&info->addr, &addr) != cfxSuccess)
         return cfx_error_set(cfxInternalError, CFX_LOG_NET,
                              "socket transport: the connect info from rank %d is not a socket "
-                             "receiver's (magic 0x%08x, rank %d, %u sockets)",
-                             sc->peer_rank, info->magic, info->rank, info->nsocks);
+                             "receiver's (%s: magic 0x%08x, rank %d, %u sockets)",
+                             sc->peer_rank, why ? why : "bad address", info->magic, info->rank,
+                             info->nsocks);
     sc->nsocks = (int)info->nsocks;
     sc->conn_id = info->conn_id;
     char where[80], peer[120];
@@ -1119,8 +1077,8 @@ static cfxResult_t connect_send(struct sock_ctx *ctx, struct sock_conn *sc,
         }
         int one = 1;
         setsockopt(sc->streams[s].fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
-        struct wire_hello hello = {HELLO_MAGIC, ctx->rank, sc->conn_id, (uint32_t)s,
-                                   (uint32_t)sc->nsocks};
+        struct cfx_sock_hello hello = {CFX_SOCK_HELLO_MAGIC, ctx->rank, sc->conn_id,
+                                       (uint32_t)s, (uint32_t)sc->nsocks};
         res = cfx_socket_send_all(sc->streams[s].fd, &hello, sizeof(hello), deadline,
                                   ctx->abort_flag, peer);
         if (res != cfxSuccess)
@@ -1139,7 +1097,7 @@ static cfxResult_t sock_connect(void *ctx_v, struct cfx_connector *conn, const v
 {
     struct sock_ctx *ctx = ctx_v;
     struct sock_conn *sc = conn->priv;
-    struct wire_info info;
+    struct cfx_sock_info info;
     memcpy(&info, peer_info, sizeof(info));
     cfxResult_t res =
         sc->dir == CFX_CONN_SEND ? connect_send(ctx, sc, &info) : connect_recv(ctx, sc, &info);

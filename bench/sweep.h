@@ -1,0 +1,89 @@
+/*
+ * What the comparison benchmarks (mpi_allreduce_bench, gloo_allreduce_bench)
+ * share: conflux-perf's size and iteration flags with conflux-perf's meanings,
+ * the size sweep, the timing rule, exact float32 test data and the output
+ * table. bench/compare.sh reads their rows next to conflux-perf's.
+ *
+ * Rules, the same as conflux-perf's out-of-place column (docs/performance.md):
+ *   - float32 sum allreduce; count = bytes / 4 and the printed size is
+ *     count * 4;
+ *   - buffers allocated once at the largest size and touched before timing;
+ *   - warmup: -w calls at the largest size, then -w at the smallest;
+ *   - per size: one untimed call, then -n timed calls with no barrier between
+ *     them; call k works at offset (k mod steps) * size, steps = max / size;
+ *   - time per call = wall time / n, then the mean over ranks;
+ *   - algbw = size / time (1 GB = 1e9 B), busbw = algbw * 2(n-1)/n;
+ *   - -c N: N checked calls per size after the timed ones, at offset 0.
+ *
+ * Output: '#' header lines, then one row per size:
+ *   size count time_us algbw busbw
+ * then "# Out of bounds values : N OK|FAILED" and "# Avg bus bandwidth : X".
+ * Usable from C and C++.
+ */
+#ifndef CFX_BENCH_SWEEP_H
+#define CFX_BENCH_SWEEP_H
+
+#include <stddef.h>
+#include <stdio.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Exit codes: as conflux-perf's. */
+#define SWEEP_EXIT_OK     0
+#define SWEEP_EXIT_FAILED 1
+#define SWEEP_EXIT_USAGE  2
+
+struct sweep_options {
+    size_t min_bytes;   /* -b */
+    size_t max_bytes;   /* -e */
+    size_t step_factor; /* -f; 1: add step_bytes instead */
+    size_t step_bytes;  /* -i */
+    long iters;         /* -n */
+    long warmup_iters;  /* -w */
+    long check_iters;   /* -c */
+};
+
+/*
+ * Parse argv. Returns SWEEP_EXIT_OK with *opt_p set (and *help_p set to 1, the
+ * usage printed to stdout, for -h), or SWEEP_EXIT_USAGE after printing the
+ * problem and the usage to stderr. `launch_help` is a paragraph on where ranks
+ * come from, printed at the end of the usage.
+ */
+int sweep_options_parse(int argc, char **argv, const char *prog, const char *launch_help,
+                        struct sweep_options *opt_p, int *help_p);
+
+/* The size after `bytes`, or 0 when the sweep is over (nccl-tests' rule). */
+size_t sweep_next_bytes(const struct sweep_options *opt, size_t bytes);
+
+/* Seconds on CLOCK_MONOTONIC. */
+double sweep_now_s(void);
+
+/* Bytes to allocate for each of the send and receive buffers (page multiple, > 0). */
+size_t sweep_buffer_bytes(const struct sweep_options *opt);
+
+/* Number of distinct offsets for calls of `bytes` in buffers of max_bytes. */
+size_t sweep_steps(const struct sweep_options *opt, size_t bytes);
+
+/* Rank `rank`'s input: small integers, so any order of summation is exact. */
+void sweep_fill(float *send, size_t count, int rank);
+
+/* Elements of `recv` that differ from the exact sum over `nranks` ranks. */
+size_t sweep_verify(const float *recv, size_t count, int nranks);
+
+/* Header lines; `title` is the first line, after "# ". */
+void sweep_print_header(FILE *out, const char *title, const struct sweep_options *opt,
+                        int nranks);
+
+/* One row; `seconds` is the mean time per call over the ranks. Returns busbw. */
+double sweep_print_row(FILE *out, size_t bytes, double seconds, int nranks);
+
+/* The footer. */
+void sweep_print_footer(FILE *out, long long wrong, double avg_busbw);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* CFX_BENCH_SWEEP_H */
