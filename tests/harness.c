@@ -129,6 +129,8 @@ static int obtain_id(struct rank_job *job, double deadline)
 static void run_rank(struct rank_job *job, double deadline)
 {
     my_slot = &area->slots[job->ctx.rank];
+    if (job->opts->before_rank)
+        job->opts->before_rank(&job->ctx);
     if (obtain_id(job, deadline)) {
         cfx_test_step(&job->ctx, "running");
         job->fn(&job->ctx);

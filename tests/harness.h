@@ -41,6 +41,9 @@ struct cfx_test_options {
     const cfxUniqueId *id;
     /* Ranks that must not run at all (to simulate a missing rank): bitmask. */
     unsigned long long skip_ranks;
+    /* Called in each rank before anything else (processes: in the child,
+     * before any Conflux thread exists), e.g. to set per-rank variables. */
+    void (*before_rank)(struct cfx_test_rank *ctx);
     /* Ranks expected to die by SIGKILL (fault tests): not a failure. */
     unsigned long long killed_ranks;
 };

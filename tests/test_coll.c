@@ -319,17 +319,20 @@ static const coll_fn coll_fns[] = {run_allreduce, run_reduce,        run_broadca
                                    run_allreduce, run_reduce,        run_broadcast,
                                    run_allreduce, run_reduce,        run_broadcast};
 
+/* Every process claims its own host: sockets between all ranks, and the
+ * planner builds real binary trees across "hosts". Runs before the rank makes
+ * or uses anything of Conflux's (no thread may read the environment yet). */
+static void claim_own_host(struct cfx_test_rank *ctx)
+{
+    char host[32];
+    snprintf(host, sizeof(host), "simulated-host-%d", ctx->rank);
+    cfx_test_setenv("CFX_HOSTID", host);
+}
+
 static void conformance_rank(struct cfx_test_rank *ctx)
 {
     const struct suite_case *sc = ctx->arg;
     struct ctx_bufs b;
-    if (one_host_per_rank(sc->coll)) {
-        /* Every process claims its own host: sockets between all ranks, and
-         * the planner builds real binary trees across "hosts". */
-        char host[32];
-        snprintf(host, sizeof(host), "simulated-host-%d", ctx->rank);
-        cfx_test_setenv("CFX_HOSTID", host);
-    }
     RANK_ASSERT(ctx, bufs_init(&b, ctx->nranks), "out of memory");
     cfxComm_t comm;
     RANK_CFX(ctx, cfxCommInitRank(&comm, ctx->nranks, ctx->id, ctx->rank));
@@ -372,6 +375,7 @@ ParameterizedTest(struct suite_case *sc, conformance, collective, .timeout = 900
     cfx_test_setenv("CFX_SHM_DISABLE", sc->transport == SOCKET ? "1" : NULL);
     cfx_test_setenv("CFX_ALGO", on_trees(sc->coll) ? "tree" : NULL);
     struct cfx_test_options opts = {
-        .nranks = sc->nranks, .mode = sc->mode, .deadline_s = 600, .arg = sc};
+        .nranks = sc->nranks, .mode = sc->mode, .deadline_s = 600, .arg = sc,
+        .before_rank = one_host_per_rank(sc->coll) ? claim_own_host : NULL};
     CFX_TEST_RUN(&opts, conformance_rank);
 }

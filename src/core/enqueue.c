@@ -13,6 +13,9 @@
 #include "src/util/check.h"
 #include "src/util/log.h"
 
+/* Whether this thread's current call holds its communicator. */
+static _Thread_local int cfx_core_held_by_me;
+
 /* NCCL's in-place rules allow exact aliasing only: refuse partial overlap. */
 static cfxResult_t check_overlap(const void *send, size_t send_bytes, const void *recv,
                                  size_t recv_bytes, const void *in_place_send, const char *fn)
@@ -95,18 +98,28 @@ static cfxResult_t submit(struct cfxComm *comm, struct cfx_op *op)
     return cfx_core_launch(ops, n_ops);
 }
 
-/* Shared checks of every entry point; on failure inside a group the group fails too. */
+/* Shared end of every entry point; on failure inside a group the group fails
+ * too. A call holds its communicator (check_common) until it has written the
+ * error sentence, so cfxCommAbort in another thread waits for it. */
 static cfxResult_t finish(struct cfxComm *comm, cfxResult_t res)
 {
     if (res != cfxSuccess && cfx_core_group_active())
         cfx_core_group_fail(res);
-    return cfx_core_api_exit(comm, res);
+    int held = comm != NULL && comm->magic == CFX_COMM_MAGIC && cfx_core_held_by_me;
+    res = cfx_core_api_exit(comm, res);
+    if (held) {
+        cfx_core_held_by_me = 0;
+        cfx_core_release(comm);
+    }
+    return res;
 }
 
 static cfxResult_t check_common(struct cfxComm *comm, cfxDataType_t type, cfxStream_t stream,
                                 const void *a, const void *b, const char *fn)
 {
     CFX_CHECK(cfx_argcheck_comm_usable(comm, fn));
+    cfx_core_hold(comm);
+    cfx_core_held_by_me = 1;
     CFX_CHECK(cfx_argcheck_type(type, fn));
     return cfx_host_stream_prepare(stream, a, b, fn);
 }
