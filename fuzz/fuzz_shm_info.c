@@ -1,6 +1,7 @@
 /*
  * The shm transport's connect info (transports/shm/wire.h): what a sender
- * accepts before it opens a segment by name or takes a FIFO address.
+ * accepts before it opens a peer's descriptor through /proc or takes a FIFO
+ * address.
  */
 #include "fuzz/fuzz.h"
 #include "transports/shm/wire.h"
@@ -10,22 +11,20 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     struct fuzz_input in = {data, size};
     uint8_t flags = fuzz_u8(&in);
     uint64_t expect_bytes = (uint64_t)fuzz_u32(&in) << (flags >> 4);
+    int expect_pid = (int)(fuzz_u32(&in) & 0x7fffffff);
     int same_process = flags & 1;
     unsigned char blob[CFX_CONNECT_INFO_BYTES];
     fuzz_take(&in, blob, sizeof(blob));
     struct cfx_shm_info info;
     memcpy(&info, blob, sizeof(info));
-    if (cfx_shm_info_refusal(&info, expect_bytes, same_process) != NULL)
+    if (cfx_shm_info_refusal(&info, expect_bytes, expect_pid, same_process) != NULL)
         return 0;
     FUZZ_CHECK(info.bytes == expect_bytes);
     if (info.kind == CFX_SHM_KIND_LOCAL) {
         FUZZ_CHECK(same_process && info.local_addr != 0 && info.local_addr % 4096 == 0);
         return 0;
     }
-    FUZZ_CHECK(info.kind == CFX_SHM_KIND_SEGMENT);
-    size_t len = strnlen(info.name, sizeof(info.name));
-    FUZZ_CHECK(len < sizeof(info.name));
-    FUZZ_CHECK(len > 5 && strncmp(info.name, "/cfx-", 5) == 0);
-    FUZZ_CHECK(strchr(info.name + 1, '/') == NULL);
+    FUZZ_CHECK(info.kind == CFX_SHM_KIND_MEMFD);
+    FUZZ_CHECK(!same_process && info.pid > 0 && info.pid == expect_pid && info.fd >= 0);
     return 0;
 }

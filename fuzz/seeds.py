@@ -60,18 +60,19 @@ def socket_wire():
 
 
 def shm_info():
-    def info(kind, nbytes, addr, name):
-        return struct.pack("<IIQQ", kind, 0, nbytes, addr) + name.ljust(64, b"\0")
-    expect = 4096 * 2
+    def info(kind, nbytes, addr, pid, fd):
+        return struct.pack("<IIQQii", kind, 0, nbytes, addr, pid, fd)
+    expect, pid = 4096 * 2, 1234
     flags_proc, flags_thread = 0x00, 0x01
-    put("fuzz_shm_info", "segment", bytes([flags_proc]) + struct.pack("<I", expect)
-        + info(1, expect, 0, b"/cfx-1234-00112233aabbccdd").ljust(256, b"\0"))
-    put("fuzz_shm_info", "segment_with_path", bytes([flags_proc]) + struct.pack("<I", expect)
-        + info(1, expect, 0, b"/cfx-../../etc/passwd").ljust(256, b"\0"))
-    put("fuzz_shm_info", "local", bytes([flags_thread]) + struct.pack("<I", expect)
-        + info(2, expect, 0x7f0000001000, b"").ljust(256, b"\0"))
-    put("fuzz_shm_info", "local_from_elsewhere", bytes([flags_proc]) + struct.pack("<I", expect)
-        + info(2, expect, 0xdeadbeef, b"").ljust(256, b"\0"))
+    head = lambda flags: bytes([flags]) + struct.pack("<II", expect, pid)
+    put("fuzz_shm_info", "memfd", head(flags_proc)
+        + info(1, expect, 0, pid, 7).ljust(256, b"\0"))
+    put("fuzz_shm_info", "memfd_of_another_process", head(flags_proc)
+        + info(1, expect, 0, 1, 7).ljust(256, b"\0"))
+    put("fuzz_shm_info", "local", head(flags_thread)
+        + info(2, expect, 0x7f0000001000, 0, -1).ljust(256, b"\0"))
+    put("fuzz_shm_info", "local_from_elsewhere", head(flags_proc)
+        + info(2, expect, 0xdeadbeef, 0, -1).ljust(256, b"\0"))
 
 
 if __name__ == "__main__":

@@ -35,7 +35,8 @@ static int count_entries(const char *path)
     return n;
 }
 
-/* Segments named for a process that no longer exists ("cfx-<pid>-..."),
+/* Segments named for a process that no longer exists ("cfx-<pid>-...", the
+ * names the shm transport used before its FIFOs became memfds),
  * as a space-separated list in @p names; returns how many. */
 static int orphan_segments(char *names, size_t size)
 {
@@ -262,24 +263,22 @@ static void kill_rank_one(const char *fault)
     cr_assert_leq(after, before, "segments of dead processes left in /dev/shm: %s", names);
 }
 
-/* The name went to the sender, which maps the segment and unlinks it. */
+/* The sender has the receiver's descriptor number but no name to leave behind. */
 Test(hygiene, sigkill_at_connect_leaves_nothing_in_dev_shm, .timeout = 90)
 {
     kill_rank_one("kill:rank=1:at=connect");
 }
 
-/* Mid-collective: every name was unlinked when the connection was made. */
+/* Mid-collective: the FIFOs exist only as mappings, which die with the process. */
 Test(hygiene, sigkill_mid_collective_leaves_nothing_in_dev_shm, .timeout = 90)
 {
     kill_rank_one("kill:rank=1:after=3");
 }
 
-/* Between creating its segment and sending the name: nobody else knows the
- * name, so nobody unlinks it. Disabled until transports/shm/shm.c closes
- * this window (an unnamed memfd passed by /proc/<pid>/fd, or survivors and
- * the next init removing segments of dead pids); it fails today. */
-Test(hygiene, sigkill_between_segment_and_name_leaves_nothing_in_dev_shm, .timeout = 90,
-     .disabled = true)
+/* Between creating its FIFO and sending where it is: no peer knows of it
+ * yet. The FIFO has no name (a memfd), so the kernel frees it with the
+ * process. */
+Test(hygiene, sigkill_between_segment_and_name_leaves_nothing_in_dev_shm, .timeout = 90)
 {
     kill_rank_one("kill:rank=1:at=setup");
 }

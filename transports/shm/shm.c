@@ -1,11 +1,16 @@
 /*
- * The shared-memory transport. The receiver owns the FIFO: a POSIX shared
- * segment (ranks in different processes of one host) or plain memory (ranks
- * that are threads of one process), allocated and pre-faulted in setup. The
- * sender maps the very same FIFO, so a posted slot is already where the
- * receiver reads it: no copy and no progress thread. The segment's name is
- * unlinked as soon as both sides have mapped it, so a killed process leaves
- * nothing in /dev/shm once connect has returned.
+ * The shared-memory transport. The receiver owns the FIFO: an anonymous
+ * shared file (memfd; ranks in different processes of one host) or plain
+ * memory (ranks that are threads of one process), allocated and pre-faulted
+ * in setup. The sender maps the very same FIFO, so a posted slot is already
+ * where the receiver reads it: no copy and no progress thread.
+ *
+ * A memfd has no name anywhere: the sender opens the receiver's descriptor
+ * through /proc/<pid>/fd/<fd> (the kernel allows it to a process of the same
+ * user, or with CAP_SYS_PTRACE), and the receiver keeps that descriptor open
+ * only until the sender has mapped the FIFO. The memory lives exactly as
+ * long as a mapping or a descriptor of it, so a process killed at any moment
+ * leaves nothing behind, in /dev/shm or elsewhere.
  */
 #include "transports/shm/shm.h"
 
@@ -34,8 +39,7 @@ struct shm_conn {
     enum cfx_shm_kind kind;
     void *base;
     size_t bytes;
-    int owner; /* The receiver owns (frees or unmaps) the memory. */
-    char name[64];
+    int memfd; /* Receiver, CFX_SHM_KIND_MEMFD: open until the sender has mapped it; else -1. */
     int peer_pid;
 };
 
@@ -92,38 +96,48 @@ static void attach_fifo(struct cfx_connector *conn, void *base, size_t slot_byte
     conn->n_steps = n_steps;
 }
 
-/* Receiver: a fresh, zeroed, pre-faulted FIFO in a named segment. */
-static cfxResult_t create_segment(struct shm_conn *sc, int peer_rank)
+/* Receiver: a fresh, zeroed, pre-faulted FIFO in a memfd whose size is
+ * sealed, so the sender can trust that it never shrinks under its mapping. */
+static cfxResult_t create_memfd(struct shm_conn *sc, int peer_rank)
 {
-    uint64_t nonce;
-    cfxResult_t res = cfx_host_random(&nonce, sizeof(nonce));
-    if (res != cfxSuccess)
-        return res;
-    snprintf(sc->name, sizeof(sc->name), "/cfx-%d-%016llx", (int)getpid(),
-             (unsigned long long)nonce);
-    int fd = shm_open(sc->name, O_CREAT | O_EXCL | O_RDWR, 0600);
+    int fd = memfd_create("cfx-fifo", MFD_CLOEXEC | MFD_ALLOW_SEALING);
     if (fd < 0)
         return cfx_error_set_errno(errno, CFX_LOG_SHM,
-                                   "shm: cannot create segment %s for rank %d (is /dev/shm full?)",
-                                   sc->name, peer_rank);
+                                   "shm: cannot create the shared FIFO for rank %d", peer_rank);
+    cfxResult_t res = cfxSuccess;
     if (ftruncate(fd, (off_t)sc->bytes) != 0) {
-        int err = errno;
-        close(fd);
-        shm_unlink(sc->name);
-        return cfx_error_set_errno(err, CFX_LOG_SHM, "shm: cannot size segment %s to %zu bytes",
-                                   sc->name, sc->bytes);
+        res = cfx_error_set_errno(errno, CFX_LOG_SHM,
+                                  "shm: cannot size the shared FIFO for rank %d to %zu bytes (is "
+                                  "memory or the memfd limit exhausted?)",
+                                  peer_rank, sc->bytes);
+        goto err_close;
+    }
+    if (fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0) {
+        res = cfx_error_set_errno(errno, CFX_LOG_SHM, "shm: cannot seal the shared FIFO for rank %d",
+                                  peer_rank);
+        goto err_close;
     }
     void *base = mmap(NULL, sc->bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
-    int err = errno;
-    close(fd);
     if (base == MAP_FAILED) {
-        shm_unlink(sc->name);
-        return cfx_error_set_errno(err, CFX_LOG_SHM, "shm: cannot map segment %s", sc->name);
+        res = cfx_error_set_errno(errno, CFX_LOG_SHM, "shm: cannot map the shared FIFO for rank %d",
+                                  peer_rank);
+        goto err_close;
     }
     memset(base, 0, sc->bytes); /* Touch every page now, never on the data path. */
     sc->base = base;
-    sc->kind = CFX_SHM_KIND_SEGMENT;
+    sc->memfd = fd;
+    sc->kind = CFX_SHM_KIND_MEMFD;
     return cfxSuccess;
+err_close:
+    close(fd);
+    return res;
+}
+
+static void close_memfd(struct shm_conn *sc)
+{
+    if (sc->memfd >= 0)
+        close(sc->memfd);
+    sc->memfd = -1;
 }
 
 static cfxResult_t shm_setup(void *ctx_v, const struct cfx_transport_peer *peer, size_t slot_bytes,
@@ -135,9 +149,9 @@ static cfxResult_t shm_setup(void *ctx_v, const struct cfx_transport_peer *peer,
         return cfx_error_set(cfxSystemError, CFX_LOG_SHM, "shm: out of memory");
     conn->priv = sc;
     sc->peer_pid = peer->pid;
+    sc->memfd = -1;
     struct cfx_shm_info info = {.kind = CFX_SHM_KIND_NONE};
     if (conn->dir == CFX_CONN_RECV) {
-        sc->owner = 1;
         sc->bytes = fifo_bytes(slot_bytes, n_steps);
         if (peer->pid == (int)getpid()) {
             /* Threads of one process: plain page-aligned memory. */
@@ -152,10 +166,11 @@ static cfxResult_t shm_setup(void *ctx_v, const struct cfx_transport_peer *peer,
             sc->kind = CFX_SHM_KIND_LOCAL;
             info.local_addr = (uint64_t)(uintptr_t)base;
         } else {
-            cfxResult_t res = create_segment(sc, peer->rank);
+            cfxResult_t res = create_memfd(sc, peer->rank);
             if (res != cfxSuccess)
                 return res;
-            snprintf(info.name, sizeof(info.name), "%s", sc->name);
+            info.pid = (int32_t)getpid();
+            info.fd = sc->memfd;
         }
         info.kind = sc->kind;
         info.bytes = sc->bytes;
@@ -169,12 +184,53 @@ static cfxResult_t shm_setup(void *ctx_v, const struct cfx_transport_peer *peer,
     return cfxSuccess;
 }
 
-/* Sender: map the receiver's FIFO, then say so (the receiver unlinks). */
+/* Sender: open the receiver's memfd through /proc and map it. Only a
+ * sealed file of exactly the FIFO's size is accepted: whatever the
+ * descriptor turns out to be, a mapping of it cannot fault later. */
+static cfxResult_t map_peer_memfd(struct cfx_connector *conn, struct shm_conn *sc,
+                                  const struct cfx_shm_info *info)
+{
+    char path[64];
+    snprintf(path, sizeof(path), "/proc/%d/fd/%d", (int)info->pid, (int)info->fd);
+    int fd = open(path, O_RDWR | O_CLOEXEC);
+    if (fd < 0)
+        return cfx_error_set_errno(errno, CFX_LOG_SHM,
+                                   "shm: cannot open rank %d's shared FIFO (%s); ranks of one "
+                                   "host must run as the same user in one PID namespace, else "
+                                   "set CFX_SHM_DISABLE=1",
+                                   conn->peer_rank, path);
+    cfxResult_t res = cfxSuccess;
+    struct stat st;
+    int seals = fcntl(fd, F_GET_SEALS);
+    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || (uint64_t)st.st_size != info->bytes ||
+        seals < 0 || (seals & (F_SEAL_SHRINK | F_SEAL_SEAL)) != (F_SEAL_SHRINK | F_SEAL_SEAL)) {
+        res = cfx_error_set(cfxInternalError, CFX_LOG_SHM,
+                            "shm: %s is not the sealed %llu-byte FIFO rank %d described", path,
+                            (unsigned long long)info->bytes, conn->peer_rank);
+        goto out_close;
+    }
+    void *base = mmap(NULL, info->bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
+    if (base == MAP_FAILED) {
+        res = cfx_error_set_errno(errno, CFX_LOG_SHM, "shm: cannot map rank %d's shared FIFO",
+                                  conn->peer_rank);
+        goto out_close;
+    }
+    sc->kind = CFX_SHM_KIND_MEMFD;
+    sc->base = base;
+    sc->bytes = info->bytes;
+out_close:
+    close(fd); /* The mapping keeps the memory. */
+    return res;
+}
+
+/* Sender: map the receiver's FIFO, then say so (the receiver then lets go of
+ * its descriptor). */
 static cfxResult_t connect_send(struct cfx_connector *conn, struct shm_conn *sc,
                                 const struct cfx_shm_info *info)
 {
-    const char *why = cfx_shm_info_refusal(info, fifo_bytes(conn->slot_bytes, conn->n_steps),
-                                           sc->peer_pid == (int)getpid());
+    const char *why =
+        cfx_shm_info_refusal(info, fifo_bytes(conn->slot_bytes, conn->n_steps), sc->peer_pid,
+                             sc->peer_pid == (int)getpid());
     if (why != NULL)
         return cfx_error_set(cfxInternalError, CFX_LOG_SHM,
                              "shm: rank %d described its FIFO with %s", conn->peer_rank, why);
@@ -182,37 +238,10 @@ static cfxResult_t connect_send(struct cfx_connector *conn, struct shm_conn *sc,
         sc->kind = CFX_SHM_KIND_LOCAL;
         sc->base = (void *)(uintptr_t)info->local_addr;
         atomic_fetch_add_explicit(&((struct cfx_fifo *)sc->base)->refs, 1, memory_order_acq_rel);
-    } else if (info->kind == CFX_SHM_KIND_SEGMENT) {
-        char name[sizeof(info->name)];
-        memcpy(name, info->name, sizeof(name));
-        name[sizeof(name) - 1] = '\0';
-        int fd = shm_open(name, O_RDWR, 0600);
-        if (fd < 0)
-            return cfx_error_set_errno(errno, CFX_LOG_SHM,
-                                       "shm: cannot open rank %d's segment %s", conn->peer_rank,
-                                       name);
-        struct stat st;
-        if (fstat(fd, &st) != 0 || (uint64_t)st.st_size != info->bytes ||
-            info->bytes != fifo_bytes(conn->slot_bytes, conn->n_steps)) {
-            close(fd);
-            return cfx_error_set(cfxInternalError, CFX_LOG_SHM,
-                                 "shm: rank %d's segment %s has an unexpected size", conn->peer_rank,
-                                 name);
-        }
-        void *base = mmap(NULL, info->bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
-        int err = errno;
-        close(fd);
-        if (base == MAP_FAILED)
-            return cfx_error_set_errno(err, CFX_LOG_SHM, "shm: cannot map rank %d's segment %s",
-                                       conn->peer_rank, name);
-        sc->kind = CFX_SHM_KIND_SEGMENT;
-        sc->base = base;
-        sc->bytes = info->bytes;
-        /* Both sides have it mapped: the name can go. */
-        shm_unlink(name);
     } else {
-        return cfx_error_set(cfxInternalError, CFX_LOG_SHM,
-                             "shm: rank %d sent no FIFO description", conn->peer_rank);
+        cfxResult_t res = map_peer_memfd(conn, sc, info);
+        if (res != cfxSuccess)
+            return res;
     }
     attach_fifo(conn, sc->base, conn->slot_bytes, conn->n_steps);
     atomic_store_explicit(&conn->fifo->attached, 1, memory_order_release);
@@ -227,8 +256,8 @@ static cfxResult_t shm_connect(void *ctx_v, struct cfx_connector *conn, const vo
         memcpy(&info, peer_info, sizeof(info));
         return connect_send(conn, sc, &info);
     }
-    /* Receiver: wait until the sender has mapped the FIFO, then make sure the
-     * name is gone (the sender unlinks it too; ENOENT is the normal case). */
+    /* Receiver: wait until the sender has mapped the FIFO; then the
+     * descriptor it opened is no longer needed. */
     struct shm_ctx *ctx = ctx_v;
     int64_t deadline = cfx_time_deadline_s(ctx->connect_timeout_s);
     while (!atomic_load_explicit(&conn->fifo->attached, memory_order_acquire)) {
@@ -242,8 +271,7 @@ static cfxResult_t shm_connect(void *ctx_v, struct cfx_connector *conn, const vo
                                  conn->peer_rank);
         usleep(100);
     }
-    if (sc->kind == CFX_SHM_KIND_SEGMENT)
-        shm_unlink(sc->name);
+    close_memfd(sc);
     return cfxSuccess;
 }
 
@@ -260,10 +288,9 @@ static void shm_close(void *ctx_v, struct cfx_connector *conn)
                                                 cfxRemoteError | ((ctx_self_rank(ctx_v) + 1) << 8),
                                                 memory_order_release, memory_order_relaxed);
     }
-    if (sc->kind == CFX_SHM_KIND_SEGMENT && sc->base) {
+    close_memfd(sc);
+    if (sc->kind == CFX_SHM_KIND_MEMFD && sc->base) {
         munmap(sc->base, sc->bytes);
-        if (sc->owner)
-            shm_unlink(sc->name);
     } else if (sc->kind == CFX_SHM_KIND_LOCAL && sc->base) {
         struct cfx_fifo *fifo = sc->base;
         if (atomic_fetch_sub_explicit(&fifo->refs, 1, memory_order_acq_rel) == 1)
