@@ -3,8 +3,10 @@
  * operations are queued (in a per-thread array that only grows when a group
  * is larger than any before it); at the outermost cfxGroupEnd, or at once for
  * a call outside a group, the missing point-to-point connections are built
- * and the host executor runs the operations together.
+ * and the host executor runs the operations together. The array is freed
+ * when its thread exits (a pthread key's destructor).
  */
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -22,6 +24,16 @@ static _Thread_local int group_capacity;
 static _Thread_local cfxResult_t group_error;
 static _Thread_local char group_error_text[CFX_ERROR_MAX];
 
+/* Holds this thread's group_ops, so that the array goes with the thread. */
+static pthread_key_t group_ops_key;
+static pthread_once_t group_ops_key_once = PTHREAD_ONCE_INIT;
+static int group_ops_key_made;
+
+static void make_group_ops_key(void)
+{
+    group_ops_key_made = pthread_key_create(&group_ops_key, free) == 0;
+}
+
 int cfx_core_group_active(void)
 {
     return group_depth > 0;
@@ -31,11 +43,16 @@ cfxResult_t cfx_core_group_add(const struct cfx_op *op)
 {
     if (group_count == group_capacity) {
         int capacity = group_capacity ? group_capacity * 2 : 64;
+        pthread_once(&group_ops_key_once, make_group_ops_key);
+        if (!group_ops_key_made)
+            return cfx_error_set(cfxSystemError, CFX_LOG_COLL,
+                                 "cannot create the per-thread group key (too many pthread keys)");
         struct cfx_op *grown = realloc(group_ops, sizeof(*grown) * (size_t)capacity);
         if (grown == NULL)
             return cfx_error_set(cfxSystemError, CFX_LOG_COLL,
                                  "out of memory for a group of %d operations", capacity);
         group_ops = grown;
+        pthread_setspecific(group_ops_key, grown);
         group_capacity = capacity;
     }
     group_ops[group_count++] = *op;
