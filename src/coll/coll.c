@@ -11,6 +11,8 @@ static const struct cfx_schedule *schedule_of(const struct cfx_op *op)
         return &cfx_local_copy;
     if (op->tree)
         return &cfx_tree_schedule;
+    if (op->direct)
+        return &cfx_direct_allreduce;
     switch (op->kind) {
     case CFX_COLL_ALLREDUCE: return &cfx_ring_allreduce;
     case CFX_COLL_BROADCAST: return &cfx_chain_broadcast;

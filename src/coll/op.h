@@ -16,6 +16,13 @@
 
 #define CFX_TREE_MAX_CHILDREN 3
 
+/* Most ranks the direct (one-shot) allreduce runs on: each rank holds a
+ * connector to and from every other rank, and reduces all inputs in one step. */
+#define CFX_DIRECT_MAX_RANKS 8
+/* Slot size of the direct connectors (at most the communicator's slot size):
+ * the algorithm is for small messages; larger ones go in several chunks. */
+#define CFX_DIRECT_SLOT_BYTES ((size_t)64 << 10)
+
 /* A rank's place in one tree, with the connectors of each edge. */
 struct cfx_tree_links {
     int parent;                /* -1 at the root. */
@@ -25,6 +32,13 @@ struct cfx_tree_links {
     struct cfx_connector *from_parent; /* Down: final results. */
     struct cfx_connector *to_child[CFX_TREE_MAX_CHILDREN];
     struct cfx_connector *from_child[CFX_TREE_MAX_CHILDREN];
+};
+
+/* A rank's connectors to and from every other rank, for the direct
+ * allreduce (indexed by peer rank; NULL at this rank's own index). */
+struct cfx_direct_links {
+    struct cfx_connector *to[CFX_DIRECT_MAX_RANKS];
+    struct cfx_connector *from[CFX_DIRECT_MAX_RANKS];
 };
 
 enum cfx_coll_kind {
@@ -37,7 +51,7 @@ enum cfx_coll_kind {
     CFX_COLL_RECV,
 };
 
-#define CFX_OP_MAX_CONNS 12
+#define CFX_OP_MAX_CONNS (2 * CFX_DIRECT_MAX_RANKS)
 
 struct cfx_op {
     /* What (set by the caller). */
@@ -54,6 +68,8 @@ struct cfx_op {
     struct cfx_connector *recv_conn; /* From the previous rank (or the peer). */
     /* Tree allreduce: this rank's links in the tree carrying this op (NULL: ring). */
     const struct cfx_tree_links *tree;
+    /* Direct allreduce: this rank's all-pairs connectors (NULL: not direct). */
+    const struct cfx_direct_links *direct;
     /* Every connector the op uses (claimed in issue order by the executor). */
     struct cfx_connector *conns[CFX_OP_MAX_CONNS];
     int n_conns;

@@ -46,6 +46,36 @@ static cfxResult_t take(struct cfx_op *op, struct cfx_connector *conn, size_t by
     return cfxSuccess;
 }
 
+/* Elements folded at a time through a stack buffer when the fold would
+ * overwrite an in-place input before reading it. */
+#define FOLD_BLOCK_BYTES 4096
+
+/* out = operands[0] (op) operands[1] (op) ... (op) operands[n_operands-1],
+ * strictly left to right. operands[input_pos] may be out itself (in place). */
+static void fold_ordered(const struct cfx_op *op, char *out, const char *const *operands,
+                         int n_operands, int input_pos, size_t n_elems)
+{
+    if (n_elems == 0)
+        return;
+    if (out != operands[input_pos] || input_pos < 2) {
+        /* The input is read by the first reduction, or is not the output. */
+        cfx_reduce_host(out, operands[0], operands[1], n_elems, op->type, op->op);
+        for (int k = 2; k < n_operands; k++)
+            cfx_reduce_host(out, out, operands[k], n_elems, op->type, op->op);
+        return;
+    }
+    _Alignas(CFX_CACHE_LINE) char acc[FOLD_BLOCK_BYTES];
+    size_t per = FOLD_BLOCK_BYTES / op->elem_bytes;
+    for (size_t done = 0; done < n_elems; done += per) {
+        size_t len = n_elems - done < per ? n_elems - done : per;
+        size_t at = done * op->elem_bytes;
+        cfx_reduce_host(acc, operands[0] + at, operands[1] + at, len, op->type, op->op);
+        for (int k = 2; k < n_operands; k++)
+            cfx_reduce_host(acc, acc, operands[k] + at, len, op->type, op->op);
+        memcpy(out + at, acc, len * op->elem_bytes);
+    }
+}
+
 cfxResult_t cfx_prim_run(struct cfx_op *op, const struct cfx_prim_step *step)
 {
     unsigned flags = step->flags;
@@ -69,9 +99,22 @@ cfxResult_t cfx_prim_run(struct cfx_op *op, const struct cfx_prim_step *step)
     char *sum = NULL; /* Where a reduction lands. */
     if (flags & CFX_PRIM_REDUCE) {
         sum = (flags & CFX_PRIM_OUT) ? step->output : slot_out;
-        cfx_reduce_host(sum, received, step->input, n, op->type, op->op);
-        for (int i = 0; i < step->n_recv_more; i++)
-            cfx_reduce_host(sum, sum, more[i], n, op->type, op->op);
+        if (flags & CFX_PRIM_ORDERED) {
+            const char *operands[CFX_PRIM_MAX_RECV + 1];
+            int n_operands = 0;
+            for (int i = 0; i <= step->n_recv_more; i++) {
+                if (i == step->input_pos)
+                    operands[n_operands++] = step->input;
+                operands[n_operands++] = i == 0 ? received : more[i - 1];
+            }
+            if (step->input_pos == step->n_recv_more + 1)
+                operands[n_operands++] = step->input;
+            fold_ordered(op, sum, operands, n_operands, step->input_pos, n);
+        } else {
+            cfx_reduce_host(sum, received, step->input, n, op->type, op->op);
+            for (int i = 0; i < step->n_recv_more; i++)
+                cfx_reduce_host(sum, sum, more[i], n, op->type, op->op);
+        }
         value = sum;
     }
     if (flags & CFX_PRIM_OUT) {

@@ -22,8 +22,13 @@
 #define CFX_PRIM_REDUCE 0x4u
 #define CFX_PRIM_OUT 0x8u
 #define CFX_PRIM_AVG 0x10u /* With OUT: divide the result by nranks. */
+/* With RECV | REDUCE | OUT: fold the operands strictly left to right in the
+ * order recv, recv_more[0], ..., with the local input inserted at position
+ * input_pos, so ranks that list the same operands get bitwise identical
+ * results. Without it the input comes second and the order is not promised. */
+#define CFX_PRIM_ORDERED 0x20u
 
-#define CFX_PRIM_MAX_RECV 3
+#define CFX_PRIM_MAX_RECV (CFX_DIRECT_MAX_RANKS - 1)
 
 struct cfx_prim_step {
     unsigned flags;
@@ -36,6 +41,7 @@ struct cfx_prim_step {
      * (a tree node with several children). */
     struct cfx_connector *recv_more[CFX_PRIM_MAX_RECV - 1];
     int n_recv_more;
+    int input_pos; /* CFX_PRIM_ORDERED: where the input joins the fold (0..n_recv_more+1). */
 };
 
 int cfx_prim_ready(const struct cfx_prim_step *step);

@@ -15,6 +15,7 @@ struct cfx_schedule {
 
 extern const struct cfx_schedule cfx_ring_allreduce;
 extern const struct cfx_schedule cfx_tree_schedule; /* Allreduce, broadcast, reduce. */
+extern const struct cfx_schedule cfx_direct_allreduce;
 extern const struct cfx_schedule cfx_ring_allgather;
 extern const struct cfx_schedule cfx_ring_reducescatter;
 extern const struct cfx_schedule cfx_chain_broadcast;
