@@ -8,6 +8,9 @@
  *          / (reduction bandwidth; host ranks only: GPUs reduce inside their
  *          copies at memory speed, far above any link).
  *
+ * Algorithms: ring, tree (double binary tree, chains inside hosts) and, for
+ * host ranks, the direct one-shot allreduce.
+ *
  * The bandwidths come from the rings the search built on the hosts' links
  * (plan->model.ring_bw, intra_bw, net_bw); the per-hop latencies from the
  * slowest link class inside hosts and from the network (RDMA or sockets).
@@ -25,8 +28,9 @@ static const double proto_share[CFX_PROTO_COUNT] = {0.25, 0.92, 1.0};
 
 /* GPU latencies, us. Base: launching and finishing one call. */
 static const double gpu_base_us[CFX_ALGO_COUNT][CFX_PROTO_COUNT] = {
-    {5.0, 6.0, 8.0}, /* ring */
-    {6.0, 7.0, 10.0} /* tree */
+    {5.0, 6.0, 8.0},  /* ring */
+    {6.0, 7.0, 10.0}, /* tree */
+    {5.0, 6.0, 8.0}   /* direct (not built for GPU ranks: never picked) */
 };
 /* Per step on a hop of each link class inside a host (LOC: same device). */
 static const double gpu_hop_us[CFX_LINK_TYPES][CFX_PROTO_COUNT] = {
@@ -47,6 +51,9 @@ static const double gpu_net_hop_us[2][CFX_PROTO_COUNT] = {{20.0, 24.0, 30.0}, {3
 #define HOST_SYS_HOP_US  1.0
 #define HOST_NET_SOCK_US 30.0
 #define HOST_NET_RDMA_US 8.0
+/* Direct allreduce, per peer beyond the first: one more slot posted and
+ * taken, and one more reduction call (fitted with the latency above). */
+#define HOST_DIRECT_PEER_US 0.15
 
 void cfx_plan_model_init(struct cfx_plan *plan)
 {
@@ -149,6 +156,28 @@ static double tree_time(const struct cfx_plan_model *md, enum cfx_coll_kind coll
     return lat + bytes * (per_byte / (proto_share[proto] * TREE_EFFICIENCY) + reduce) / 1e3;
 }
 
+/* The one-shot allreduce (src/coll/direct.c): one hand-off for the first
+ * slot, one more per further chunk; each rank sends (n-1) x bytes and
+ * reduces (n-1) x bytes. Host ranks only, allreduce only, at most
+ * CFX_DIRECT_MAX_RANKS. */
+static double direct_time(const struct cfx_plan_model *md, enum cfx_coll_kind coll,
+                          enum cfx_plan_proto proto, double bytes, double *lat_p)
+{
+    if (coll != CFX_COLL_ALLREDUCE || !md->host_ranks || md->n_ranks > CFX_DIRECT_MAX_RANKS)
+        return INFINITY;
+    double n = md->n_ranks;
+    double hop = md->n_nodes > 1 ? md->net_hop_us[proto] : md->intra_hop_us[proto];
+    double chunks = ceil(bytes / (double)CFX_DIRECT_SLOT_BYTES);
+    if (chunks < 1)
+        chunks = 1;
+    double lat = md->base_us[CFX_ALGO_DIRECT][proto] + chunks * hop +
+                 (n - 2) * HOST_DIRECT_PEER_US;
+    double bw = md->ring_bw * proto_share[proto];
+    double reduce = md->reduce_bw > 0 ? (n - 1) / md->reduce_bw : 0;
+    *lat_p = lat;
+    return lat + bytes * ((n - 1) / bw + reduce) / 1e3;
+}
+
 /* Time in us of one candidate, and its latency part; INFINITY if it cannot run. */
 double cfx_plan_model_time(const struct cfx_plan *plan, enum cfx_coll_kind coll,
                            enum cfx_plan_algo algo, enum cfx_plan_proto proto, size_t bytes,
@@ -170,6 +199,8 @@ double cfx_plan_model_time(const struct cfx_plan *plan, enum cfx_coll_kind coll,
         t = ring_time(md, coll, proto, (double)bytes, &lat);
     else if (algo == CFX_ALGO_TREE)
         t = tree_time(md, coll, proto, (double)bytes, &lat);
+    else if (algo == CFX_ALGO_DIRECT)
+        t = direct_time(md, coll, proto, (double)bytes, &lat);
 out:
     if (lat_p)
         *lat_p = lat;

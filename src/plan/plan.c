@@ -321,12 +321,15 @@ static void log_plan(const struct cfx_plan *plan)
     CFX_INFO(CFX_LOG_TUNING,
              "model: %s ranks, %d ranks on %d hosts, %d channels; ring %.1f GB/s (inside hosts "
              "%.1f, NICs %.1f), slowest class inside hosts %s, hop %.1f us, network %s hop %.1f "
-             "us; tree NIC factors %.2f/%.2f, depth %d",
+             "us; tree NIC factors %.2f/%.2f, depth %d; direct %s",
              md->host_ranks ? "host" : "GPU", plan->n_ranks, plan->n_nodes, plan->n_channels,
              md->ring_bw, md->intra_bw, md->net_bw, cfx_topo_link_type_name(md->intra_class),
              md->intra_hop_us[CFX_PROTO_SIMPLE], md->rdma ? "RDMA" : "socket",
              md->net_hop_us[CFX_PROTO_SIMPLE], md->tree_net_factor[0], md->tree_net_factor[1],
-             md->tree_net_depth);
+             md->tree_net_depth,
+             md->host_ranks && plan->n_ranks <= CFX_DIRECT_MAX_RANKS
+                 ? "allreduce (one hop)"
+                 : md->host_ranks ? "off (too many ranks)" : "off (GPU ranks)");
 }
 
 static cfxResult_t check_input(const struct cfx_plan_input *in)

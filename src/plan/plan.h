@@ -43,9 +43,11 @@
 #include "src/coll/op.h"
 #include "src/topo/topo.h"
 
-/* Algorithms. Append only: a new one (direct one-shot/two-shot inside a
- * host) adds its name in tuning.c and its time in model.c. */
-enum cfx_plan_algo { CFX_ALGO_RING = 0, CFX_ALGO_TREE = 1, CFX_ALGO_COUNT };
+/* Algorithms. Append only: a new one adds its name in tuning.c and its
+ * time in model.c. DIRECT is the one-shot allreduce (every rank sends its
+ * input to every other and reduces all of them; host ranks, at most
+ * CFX_DIRECT_MAX_RANKS). */
+enum cfx_plan_algo { CFX_ALGO_RING = 0, CFX_ALGO_TREE = 1, CFX_ALGO_DIRECT = 2, CFX_ALGO_COUNT };
 
 /* Protocols, NCCL's: LL (8-byte flag+data lines, lowest latency), LL128
  * (128-byte lines, NVLink), SIMPLE (bulk copies with a flag per slot; the
@@ -181,7 +183,7 @@ double cfx_plan_busbw(enum cfx_coll_kind coll, int n_ranks, size_t bytes, double
  *  @p local_nranks host ranks: consecutive blocks per NUMA domain. */
 int cfx_plan_default_cpu(const struct cfx_topo_system *sys, int local_rank, int local_nranks);
 
-const char *cfx_plan_algo_name(enum cfx_plan_algo algo);    /* "ring", "tree" */
+const char *cfx_plan_algo_name(enum cfx_plan_algo algo);    /* "ring", "tree", "direct" */
 const char *cfx_plan_proto_name(enum cfx_plan_proto proto); /* "LL", "LL128", "Simple" */
 
 /* Ring neighbours of @p rank in channel @p c. */

@@ -7,6 +7,7 @@
  *
  *   CFX_ALGO=ring                         ring for everything
  *   CFX_ALGO=^tree                        anything but tree
+ *   CFX_ALGO=allreduce:direct             the one-shot allreduce at every size
  *   CFX_ALGO="allreduce:tree;broadcast:ring"
  *   CFX_PROTO="LL,Simple;allreduce:^LL"
  *
@@ -27,13 +28,13 @@
 #include "src/util/param.h"
 
 CFX_PARAM_STR(algo, "ALGO", NULL,
-              "Algorithms the planner may use (NCCL syntax: ring, tree, ^tree, "
+              "Algorithms the planner may use (NCCL syntax: ring, tree, direct, ^tree, "
               "allreduce:tree;broadcast:ring)");
 CFX_PARAM_STR(proto, "PROTO", NULL,
               "Protocols the planner may use (NCCL syntax: LL, LL128, Simple, ^LL128, "
               "allreduce:^LL)");
 
-static const char *const algo_names[CFX_ALGO_COUNT] = {"ring", "tree"};
+static const char *const algo_names[CFX_ALGO_COUNT] = {"ring", "tree", "direct"};
 static const char *const proto_names[CFX_PROTO_COUNT] = {"LL", "LL128", "Simple"};
 static const char *const coll_keys[CFX_PLAN_COLLS] = {"allreduce", "broadcast", "reduce",
                                                       "allgather", "reducescatter"};
@@ -174,7 +175,7 @@ static void explain(struct cfx_plan *plan, enum cfx_coll_kind coll, size_t bytes
     uint64_t bit = UINT64_C(1) << bucket;
     if (atomic_fetch_or(&plan->explained[coll], bit) & bit)
         return;
-    char others[768];
+    char others[1024];
     size_t used = 0;
     others[0] = '\0';
     for (int a = 0; a < CFX_ALGO_COUNT; a++)
