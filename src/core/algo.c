@@ -2,10 +2,11 @@
  * Algorithm choice: at init each communicator asks the planner (src/plan)
  * for rings, two complementary trees and a cost model, from the host
  * topology (src/topo, detected once per process, or CFX_TOPO_FILE) and where
- * each rank runs; every call then asks it ring or tree. The host data path
- * runs allreduce on either; broadcast, reduce, allgather and reduce-scatter
- * always use the ring (chain) schedules. Tree connectors are built at the
- * first tree call.
+ * each rank runs; every call then asks it ring, tree or direct. Allreduce
+ * runs on any of the three, broadcast and reduce on the ring (chain) or the
+ * trees, allgather and reduce-scatter on the ring. Tree connectors are built
+ * at the first tree call, the direct all-pairs connectors at the first direct
+ * call; both are kept for the life of the communicator.
  */
 #include <pthread.h>
 #include <stdlib.h>
@@ -96,18 +97,25 @@ void cfx_core_algo_fini(struct cfxComm *comm)
     }
 }
 
-int cfx_core_algo_use_tree(struct cfxComm *comm, enum cfx_coll_kind kind, size_t bytes)
+enum cfx_core_algo cfx_core_algo_choose(struct cfxComm *comm, enum cfx_coll_kind kind,
+                                        size_t bytes)
 {
     if (comm->plan == NULL || comm->nranks < 2)
-        return 0;
+        return CFX_CORE_ALGO_RING;
     if (kind != CFX_COLL_ALLREDUCE && kind != CFX_COLL_BROADCAST && kind != CFX_COLL_REDUCE)
-        return 0;
+        return CFX_CORE_ALGO_RING;
     struct cfx_plan_choice choice;
     if (cfx_plan_choose(comm->plan, kind, bytes, &choice) != cfxSuccess) {
         cfx_error_thread_clear();
-        return 0;
+        return CFX_CORE_ALGO_RING;
     }
-    return choice.algo == CFX_ALGO_TREE;
+    if (choice.algo == CFX_ALGO_TREE)
+        return CFX_CORE_ALGO_TREE;
+    /* The model offers direct for allreduce on at most CFX_DIRECT_MAX_RANKS only. */
+    if (choice.algo == CFX_ALGO_DIRECT && kind == CFX_COLL_ALLREDUCE &&
+        comm->nranks <= CFX_DIRECT_MAX_RANKS)
+        return CFX_CORE_ALGO_DIRECT;
+    return CFX_CORE_ALGO_RING;
 }
 
 static void request(struct cfx_conn_request *reqs, int *n, struct cfxComm *comm, int peer,
@@ -117,6 +125,42 @@ static void request(struct cfx_conn_request *reqs, int *n, struct cfxComm *comm,
         return;
     reqs[(*n)++] = (struct cfx_conn_request){
         .comm = comm, .peer = peer, .dir = dir, .kind = kind, .out_p = out_p};
+}
+
+int cfx_core_algo_direct_requests(struct cfxComm *comm, struct cfx_conn_request *reqs)
+{
+    int n = 0;
+    if (comm->nranks > CFX_DIRECT_MAX_RANKS)
+        return 0;
+    /* Small slots: the direct allreduce is for small messages, and a rank
+     * holds 2(n-1) of these FIFOs. */
+    size_t slot = comm->slot_bytes < CFX_DIRECT_SLOT_BYTES ? comm->slot_bytes
+                                                            : CFX_DIRECT_SLOT_BYTES;
+    for (int peer = 0; peer < comm->nranks; peer++) {
+        if (peer == comm->rank)
+            continue;
+        int first = n;
+        request(reqs, &n, comm, peer, CFX_CONN_SEND, CFX_CONN_KIND_DIRECT,
+                &comm->direct.to[peer]);
+        request(reqs, &n, comm, peer, CFX_CONN_RECV, CFX_CONN_KIND_DIRECT,
+                &comm->direct.from[peer]);
+        for (int i = first; i < n; i++)
+            reqs[i].slot_bytes = slot;
+    }
+    return n;
+}
+
+void cfx_core_algo_direct_op(struct cfxComm *comm, struct cfx_op *op)
+{
+    op->direct = &comm->direct;
+    op->send_conn = op->recv_conn = NULL;
+    op->n_conns = 0;
+    for (int peer = 0; peer < comm->nranks && peer < CFX_DIRECT_MAX_RANKS; peer++) {
+        if (peer == comm->rank)
+            continue;
+        op->conns[op->n_conns++] = comm->direct.to[peer];
+        op->conns[op->n_conns++] = comm->direct.from[peer];
+    }
 }
 
 /* The rank at the top of tree @p t. */

@@ -79,6 +79,8 @@ struct cfxComm {
     /* Relays between a rooted call's root and a tree's root: [tree][peer]. */
     struct cfx_connector **relay_send[2];
     struct cfx_connector **relay_recv[2];
+    /* Direct allreduce: connectors to and from every peer, built at the first direct call. */
+    struct cfx_direct_links direct;
     struct cfxComm *registry_next;
     char name[64];
     char last_error[CFX_ERROR_MAX];
@@ -96,6 +98,7 @@ struct cfx_conn_request {
     enum cfx_conn_dir dir;
     int kind;                     /* CFX_CONN_KIND_*: keeps bootstrap tags apart. */
     struct cfx_connector **out_p; /* Where the finished connector goes. */
+    size_t slot_bytes;            /* FIFO slot size; 0: the communicator's. */
     /* Filled while connecting. */
     struct cfx_connector *conn;
     int transport;
@@ -107,6 +110,7 @@ struct cfx_conn_request {
 #define CFX_CONN_KIND_TREE_DOWN(t) (4 + 2 * (t))
 #define CFX_CONN_KIND_RELAY_UP(t) (7 + 2 * (t))   /* Call root -> tree root. */
 #define CFX_CONN_KIND_RELAY_DOWN(t) (8 + 2 * (t)) /* Tree root -> call root. */
+#define CFX_CONN_KIND_DIRECT 11                   /* All pairs, direct allreduce. */
 
 /* Build every requested connector (of one or several communicators): set up
  * and exchange connect info over each communicator's bootstrap, then connect
@@ -121,8 +125,11 @@ void cfx_core_disconnect_all(struct cfxComm *comm);
  * plan every collective uses the ring); free it with the communicator. */
 void cfx_core_algo_init(struct cfxComm *comm);
 void cfx_core_algo_fini(struct cfxComm *comm);
-/* Whether this call of @p bytes runs on the trees (allreduce, broadcast, reduce). */
-int cfx_core_algo_use_tree(struct cfxComm *comm, enum cfx_coll_kind kind, size_t bytes);
+/* The schedule a call of @p bytes runs on: the trees (allreduce, broadcast,
+ * reduce), the direct one-shot allreduce, or the ring (everything else). */
+enum cfx_core_algo { CFX_CORE_ALGO_RING, CFX_CORE_ALGO_TREE, CFX_CORE_ALGO_DIRECT };
+enum cfx_core_algo cfx_core_algo_choose(struct cfxComm *comm, enum cfx_coll_kind kind,
+                                        size_t bytes);
 /* Requests for the connectors a tree op of tree @p t rooted at @p root
  * (-1: none) still lacks; returns how many were written, at most
  * CFX_CORE_TREE_REQUESTS. */
@@ -131,6 +138,12 @@ int cfx_core_algo_tree_requests(struct cfxComm *comm, int t, int root,
                                 struct cfx_conn_request *reqs);
 /* Fill an op's tree links and connector list for tree @p t. */
 void cfx_core_algo_tree_op(struct cfxComm *comm, int t, struct cfx_op *op);
+/* Requests for the direct connectors (to and from every peer) @p comm still
+ * lacks; returns how many were written, at most CFX_CORE_DIRECT_REQUESTS. */
+#define CFX_CORE_DIRECT_REQUESTS (2 * (CFX_DIRECT_MAX_RANKS - 1))
+int cfx_core_algo_direct_requests(struct cfxComm *comm, struct cfx_conn_request *reqs);
+/* Fill a direct op's links and connector list. */
+void cfx_core_algo_direct_op(struct cfxComm *comm, struct cfx_op *op);
 
 /* Mark every connector of @p comm failed with @p reason, about @p blame_rank
  * (-1: this rank), so peers stop waiting and can say whom it is about. */

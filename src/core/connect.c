@@ -2,8 +2,8 @@
  * Connection setup: picks a transport for each pair of ranks (the first in
  * priority order whose can_connect accepts), lets both sides set up, trades
  * their connect info over the bootstrap, and connects. Runs at init (the
- * ring) and at the first use of a peer (point to point); never on the data
- * path of an established connection.
+ * ring) and at the first use of a peer (point to point) or of an algorithm
+ * (tree, direct); never on the data path of an established connection.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -24,6 +24,22 @@ struct conn_msg {
 static uint32_t conn_tag(int kind, enum cfx_conn_dir dir)
 {
     return 0x434e0000u | ((uint32_t)kind << 8) | (uint32_t)dir;
+}
+
+/* The slot size of a requested connector. */
+static size_t slot_bytes_of(const struct cfx_conn_request *req)
+{
+    return req->slot_bytes ? req->slot_bytes : req->comm->slot_bytes;
+}
+
+static const char *kind_name(int kind)
+{
+    switch (kind) {
+    case CFX_CONN_KIND_RING: return "ring";
+    case CFX_CONN_KIND_P2P: return "p2p";
+    case CFX_CONN_KIND_DIRECT: return "direct";
+    default: return kind >= CFX_CONN_KIND_RELAY_UP(0) ? "relay" : "tree";
+    }
 }
 
 static struct cfx_transport_peer peer_of(const struct cfxComm *comm, int rank)
@@ -78,9 +94,10 @@ static cfxResult_t setup_one(struct cfx_conn_request *req)
     conn->transport = tr;
     conn->transport_ctx = comm->transport_ctx[req->transport];
     req->conn = conn;
-    struct conn_msg msg = {.transport = (uint32_t)req->transport, .slot_bytes = comm->slot_bytes};
+    struct conn_msg msg = {.transport = (uint32_t)req->transport, .slot_bytes = slot_bytes_of(req)};
     struct cfx_transport_peer peer = peer_of(comm, req->peer);
-    CFX_CHECK(tr->setup(conn->transport_ctx, &peer, comm->slot_bytes, comm->n_steps, conn, msg.info));
+    CFX_CHECK(tr->setup(conn->transport_ctx, &peer, slot_bytes_of(req), comm->n_steps, conn,
+                        msg.info));
     return cfx_bootstrap_send(comm->bootstrap, req->peer, conn_tag(req->kind, req->dir), &msg,
                               sizeof(msg));
 }
@@ -89,14 +106,15 @@ static cfxResult_t setup_one(struct cfx_conn_request *req)
 static cfxResult_t connect_one(struct cfx_conn_request *req, const struct conn_msg *peer_msg)
 {
     struct cfxComm *comm = req->comm;
-    if (peer_msg->transport != (uint32_t)req->transport || peer_msg->slot_bytes != comm->slot_bytes)
+    if (peer_msg->transport != (uint32_t)req->transport ||
+        peer_msg->slot_bytes != slot_bytes_of(req))
         return cfx_error_set(cfxInternalError, CFX_LOG_INIT,
                              "rank %d and rank %d chose different transports (%u, %d) or buffer "
                              "sizes (%llu, %zu); set CFX_BUFFSIZE/CFX_SHM_DISABLE alike on all ranks",
                              comm->rank, req->peer, peer_msg->transport, req->transport,
-                             (unsigned long long)peer_msg->slot_bytes, comm->slot_bytes);
+                             (unsigned long long)peer_msg->slot_bytes, slot_bytes_of(req));
     CFX_CHECK(req->conn->transport->connect(req->conn->transport_ctx, req->conn, peer_msg->info));
-    CFX_INFO(CFX_LOG_INIT, "connection %s rank %d %s rank %d via %s", req->kind == CFX_CONN_KIND_RING ? "ring" : "p2p",
+    CFX_INFO(CFX_LOG_INIT, "connection %s rank %d %s rank %d via %s", kind_name(req->kind),
              comm->rank, req->dir == CFX_CONN_SEND ? "->" : "<-", req->peer,
              req->conn->transport->name);
     return cfxSuccess;
@@ -172,6 +190,11 @@ void cfx_core_disconnect_all(struct cfxComm *comm)
             close_conn(comm->relay_recv[t][r]);
             comm->relay_send[t][r] = comm->relay_recv[t][r] = NULL;
         }
+    for (int r = 0; r < CFX_DIRECT_MAX_RANKS; r++) {
+        close_conn(comm->direct.to[r]);
+        close_conn(comm->direct.from[r]);
+        comm->direct.to[r] = comm->direct.from[r] = NULL;
+    }
     for (int r = 0; comm->p2p_send && r < comm->nranks; r++) {
         close_conn(comm->p2p_send[r]);
         close_conn(comm->p2p_recv[r]);
@@ -207,6 +230,10 @@ void cfx_core_poison_all(struct cfxComm *comm, cfxResult_t reason, int blame_ran
             poison_conn(comm->relay_send[t][r], reason, blame_rank);
             poison_conn(comm->relay_recv[t][r], reason, blame_rank);
         }
+    for (int r = 0; r < CFX_DIRECT_MAX_RANKS; r++) {
+        poison_conn(comm->direct.to[r], reason, blame_rank);
+        poison_conn(comm->direct.from[r], reason, blame_rank);
+    }
     for (int r = 0; comm->p2p_send && r < comm->nranks; r++) {
         poison_conn(comm->p2p_send[r], reason, blame_rank);
         poison_conn(comm->p2p_recv[r], reason, blame_rank);

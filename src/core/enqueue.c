@@ -76,7 +76,11 @@ static cfxResult_t submit(struct cfxComm *comm, struct cfx_op *op)
     struct cfx_op halves[2];
     int n_ops = 1;
     struct cfx_op *ops = op;
-    if (cfx_core_algo_use_tree(comm, op->kind, op->count * cfx_type_size(op->type))) {
+    enum cfx_core_algo algo =
+        cfx_core_algo_choose(comm, op->kind, op->count * cfx_type_size(op->type));
+    if (algo == CFX_CORE_ALGO_DIRECT)
+        op->direct = &comm->direct; /* Its connectors are filled in at launch. */
+    if (algo == CFX_CORE_ALGO_TREE) {
         /* Two complementary trees, half of the data each. */
         size_t first = op->count / 2, elem = cfx_type_size(op->type);
         halves[0] = *op;

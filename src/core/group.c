@@ -107,15 +107,18 @@ static int root_of(const struct cfx_op *op)
     return op->kind == CFX_COLL_BROADCAST || op->kind == CFX_COLL_REDUCE ? op->root : -1;
 }
 
-/* Build the point-to-point and tree connectors these operations need (first use only). */
+/* Build the point-to-point, tree and direct connectors these operations need
+ * (first use only). */
 static cfxResult_t connect_missing(struct cfx_op *ops, int n_ops)
 {
     int missing = 0;
-    struct cfx_conn_request probe[CFX_CORE_TREE_REQUESTS];
+    struct cfx_conn_request probe[CFX_CORE_TREE_REQUESTS + CFX_CORE_DIRECT_REQUESTS];
     for (int i = 0; i < n_ops; i++)
         if (ops[i].tree)
             missing += cfx_core_algo_tree_requests(ops[i].owner, tree_index(&ops[i]),
                                                    root_of(&ops[i]), probe);
+        else if (ops[i].direct)
+            missing += cfx_core_algo_direct_requests(ops[i].owner, probe);
     for (int i = 0; i < n_ops; i++) {
         if (ops[i].kind != CFX_COLL_SEND && ops[i].kind != CFX_COLL_RECV)
             continue;
@@ -130,11 +133,12 @@ static cfxResult_t connect_missing(struct cfx_op *ops, int n_ops)
         return cfx_error_set(cfxSystemError, CFX_LOG_P2P, "out of memory while connecting peers");
     int n = 0;
     for (int i = 0; i < n_ops; i++) {
-        if (!ops[i].tree)
+        if (!ops[i].tree && !ops[i].direct)
             continue;
-        struct cfx_conn_request mine[CFX_CORE_TREE_REQUESTS];
-        int k = cfx_core_algo_tree_requests(ops[i].owner, tree_index(&ops[i]), root_of(&ops[i]),
-                                            mine);
+        struct cfx_conn_request mine[CFX_CORE_TREE_REQUESTS + CFX_CORE_DIRECT_REQUESTS];
+        int k = ops[i].tree ? cfx_core_algo_tree_requests(ops[i].owner, tree_index(&ops[i]),
+                                                          root_of(&ops[i]), mine)
+                            : cfx_core_algo_direct_requests(ops[i].owner, mine);
         for (int j = 0; j < k; j++)
             if (!already_requested(reqs, n, mine[j].out_p))
                 reqs[n++] = mine[j];
@@ -199,8 +203,11 @@ cfxResult_t cfx_core_launch(struct cfx_op *ops, int n_ops)
         return res;
     }
     for (int i = 0; i < n_ops; i++) {
-        if (ops[i].tree) {
-            cfx_core_algo_tree_op(ops[i].owner, tree_index(&ops[i]), &ops[i]);
+        if (ops[i].tree || ops[i].direct) {
+            if (ops[i].tree)
+                cfx_core_algo_tree_op(ops[i].owner, tree_index(&ops[i]), &ops[i]);
+            else
+                cfx_core_algo_direct_op(ops[i].owner, &ops[i]);
             cfx_coll_prepare(&ops[i]);
             cfx_core_flight_update(ops[i].owner, ops[i].record, CFX_FLIGHT_RUNNING, cfxSuccess, 0,
                                    ops[i].n_steps);
