@@ -2,6 +2,7 @@
  * Failures are errors with sentences, never hangs: CFX_TIMEOUT, a rank
  * killed mid-collective, cfxCommAbort from another thread, and ranks that
  * call mismatched collectives. Over shm and sockets, ranks as processes.
+ * The flight recorder's SIGUSR1 dump says which rank is where.
  */
 #include <criterion/criterion.h>
 #include <criterion/parameterized.h>
@@ -207,6 +208,109 @@ Test(fault, abort_from_another_thread_unblocks_the_call_within_a_second, .timeou
 {
     struct cfx_test_options opts = {.nranks = 2, .mode = CFX_TEST_PROCS, .deadline_s = 30};
     CFX_TEST_RUN(&opts, abort_from_a_second_thread);
+}
+
+/* ---------------------------------------------------- flight recorder */
+
+static int count_in_file(const char *path, const char *needle)
+{
+    FILE *f = fopen(path, "r");
+    if (f == NULL)
+        return 0;
+    int n = 0;
+    char line[1024];
+    while (fgets(line, sizeof(line), f))
+        n += strstr(line, needle) != NULL;
+    fclose(f);
+    return n;
+}
+
+/* Rank 2 asks for a dump (SIGUSR1) while ranks 0 and 1 wait for it inside
+ * their second allreduce; once the dump is written it joins them. */
+static void dump_while_two_ranks_wait(struct cfx_test_rank *ctx)
+{
+    const char *log_path = ctx->arg;
+    cfxComm_t comm;
+    RANK_CFX(ctx, cfxCommInitRank(&comm, ctx->nranks, ctx->id, ctx->rank));
+    float data[1024] = {0};
+    RANK_CFX(ctx, cfxAllReduce(data, data, 1024, cfxFloat32, cfxSum, comm, NULL));
+    if (ctx->rank == 2) {
+        cfx_test_step(ctx, "SIGUSR1 while ranks 0 and 1 wait in an allreduce");
+        usleep(200 * 1000);
+        kill(getpid(), SIGUSR1);
+        /* Ranks 0 and 1 remember two operations, rank 2 one. */
+        double deadline = now_s() + 10;
+        while (count_in_file(log_path, " ms ago") < 5 && now_s() < deadline)
+            usleep(10 * 1000);
+    }
+    cfx_test_step(ctx, "second allreduce");
+    RANK_CFX(ctx, cfxAllReduce(data, data, 1024, cfxFloat32, cfxSum, comm, NULL));
+    RANK_CFX(ctx, cfxCommDestroy(comm));
+}
+
+/* Each dump line carries its communicator's rank, and each operation its
+ * age ("started X ms ago") followed by a duration only when it ended. */
+Test(flight, sigusr1_dump_names_each_rank_and_the_age_of_each_operation, .timeout = 60)
+{
+    char log_path[64];
+    snprintf(log_path, sizeof(log_path), "/tmp/cfx-flight-test.%d.log", (int)getpid());
+    unlink(log_path);
+    cfx_test_setenv("CFX_DUMP_ON_SIGNAL", "1");
+    cfx_test_setenv("CFX_DEBUG_FILE", log_path);
+    struct cfx_test_options opts = {
+        .nranks = 3, .mode = CFX_TEST_THREADS, .deadline_s = 40, .arg = log_path};
+    CFX_TEST_RUN(&opts, dump_while_two_ranks_wait);
+
+    FILE *f = fopen(log_path, "r");
+    cr_assert(f != NULL, "no log file %s", log_path);
+    char line[1024];
+    int headers = 0, ops = 0, running = 0, dump_rank = -1;
+    while (fgets(line, sizeof(line), f)) {
+        line[strcspn(line, "\n")] = '\0';
+        const char *bracket = strstr(line, " [");
+        cr_assert(bracket != NULL, "a log line without a rank: %s", line);
+        int line_rank = atoi(bracket + 2);
+        const char *header = strstr(line, "flight recorder of comm ");
+        if (header != NULL) {
+            int rank = -1, nranks = 0;
+            const char *of = strstr(header, " rank ");
+            cr_assert(of && sscanf(of, " rank %d of %d", &rank, &nranks) == 2, "header: %s", line);
+            cr_assert(strstr(line, "(SIGUSR1)") != NULL, "not a SIGUSR1 dump: %s", line);
+            cr_assert_eq(line_rank, rank, "the dump of rank %d is logged as rank [%d]: %s", rank,
+                         line_rank, line);
+            cr_assert_eq(nranks, 3, "%s", line);
+            dump_rank = rank;
+            headers++;
+            continue;
+        }
+        const char *started = strstr(line, ", started ");
+        if (started == NULL)
+            continue;
+        cr_assert_eq(line_rank, dump_rank, "an operation of rank %d's dump is logged as [%d]: %s",
+                     dump_rank, line_rank, line);
+        double age_ms = -1;
+        int end = 0;
+        cr_assert(sscanf(started, ", started %lf ms ago%n", &age_ms, &end) == 1 && end > 0,
+                  "no age: %s", line);
+        cr_assert_geq(age_ms, 0.0, "negative age: %s", line);
+        const char *rest = started + end;
+        if (strstr(line, ": running,") != NULL) {
+            running++;
+            cr_assert_str_empty(rest, "a running operation has no duration yet: %s", line);
+        } else {
+            double took_ms = -1;
+            cr_assert(sscanf(rest, ", took %lf ms", &took_ms) == 1 && took_ms >= 0 &&
+                          took_ms <= age_ms,
+                      "an ended operation without a sensible duration: %s", line);
+        }
+        ops++;
+    }
+    fclose(f);
+    unlink(log_path);
+    cr_assert_eq(headers, 3, "%d dumps for 3 communicators", headers);
+    cr_assert_eq(ops, 5, "%d operations in the dumps (2 + 2 + 1 expected)", ops);
+    cr_assert_eq(running, 2, "%d running operations in the dumps (ranks 0 and 1 expected)",
+                 running);
 }
 
 /* ---------------------------------------------------------- mismatch */

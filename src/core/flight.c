@@ -89,8 +89,11 @@ static void dump_line(const char *fmt, ...)
     cfx_log(CFX_LOG_WARN, CFX_LOG_COLL, __FILE__, __LINE__, "%s", text);
 }
 
+/* Writes the recorder of @p comm; its lines carry the communicator's rank
+ * whichever thread writes them (the SIGUSR1 thread has none of its own). */
 void cfx_core_flight_dump(struct cfxComm *comm, const char *why)
 {
+    int thread_rank = cfx_log_set_rank(comm->rank);
     uint64_t count = comm->flight_count;
     uint64_t shown = count < (uint64_t)comm->flight_size ? count : (uint64_t)comm->flight_size;
     dump_line("flight recorder of comm %p rank %d of %d (%s): last %llu of %llu operations",
@@ -102,14 +105,17 @@ void cfx_core_flight_dump(struct cfxComm *comm, const char *why)
         char what[160];
         cfx_coll_print_format(&e->print, what, sizeof(what));
         double age_ms = (double)(now - e->start_ns) / 1e6;
-        double took_ms = e->end_ns ? (double)(e->end_ns - e->start_ns) / 1e6 : -1;
-        dump_line("  %s: %s, step %llu/%llu, started %.3f ms ago%s%.3f%s%s%s", what,
+        /* Only an operation that ended has a duration. */
+        char took[48] = "";
+        if (e->end_ns != 0)
+            snprintf(took, sizeof(took), ", took %.3f ms", (double)(e->end_ns - e->start_ns) / 1e6);
+        dump_line("  %s: %s, step %llu/%llu, started %.3f ms ago%s%s%s", what,
                   state_names[e->state], (unsigned long long)e->step,
-                  (unsigned long long)e->n_steps, age_ms, took_ms >= 0 ? ", took " : "",
-                  took_ms >= 0 ? took_ms : 0.0, took_ms >= 0 ? " ms" : "",
+                  (unsigned long long)e->n_steps, age_ms, took,
                   e->state == CFX_FLIGHT_FAILED ? ", " : "",
                   e->state == CFX_FLIGHT_FAILED ? cfxGetErrorString(e->result) : "");
     }
+    cfx_log_set_rank(thread_rank);
 }
 
 /* ------------------------------------------------ SIGUSR1 and the registry */

@@ -127,9 +127,11 @@ void cfx_log_reset(void)
     pthread_mutex_unlock(&log_lock);
 }
 
-void cfx_log_set_rank(int rank)
+int cfx_log_set_rank(int rank)
 {
+    int before = log_rank;
     log_rank = rank;
+    return before;
 }
 
 void cfx_log(enum cfx_log_level level, unsigned subsys, const char *file, int line,

@@ -40,8 +40,8 @@ void cfx_log_init(void);
 void cfx_log(enum cfx_log_level level, unsigned subsys, const char *file, int line,
              const char *fmt, ...) __attribute__((format(printf, 5, 6)));
 
-/* Rank shown in this thread's log lines (-1: none). */
-void cfx_log_set_rank(int rank);
+/* Rank shown in this thread's log lines (-1: none); returns the one before. */
+int cfx_log_set_rank(int rank);
 
 /* Reset the cached configuration so the next line re-reads the environment (tests). */
 void cfx_log_reset(void);
