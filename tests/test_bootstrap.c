@@ -94,6 +94,11 @@ static void exchange(struct cfx_test_rank *ctx)
         RANK_ASSERT(ctx, strstr(cfxGetLastError(NULL), "expected 8") != NULL, "sentence: %s",
                     cfxGetLastError(NULL));
     }
+    /* Messages are setup data: a larger one is refused before it leaves. */
+    static char too_big[CFX_BOOTSTRAP_MAX_MESSAGE_BYTES + 1];
+    cfx_test_step(ctx, "oversized send");
+    res = cfx_bootstrap_send(bs, next, 4, too_big, sizeof(too_big));
+    RANK_ASSERT(ctx, res == cfxInternalError, "an oversized send returned %d", res);
     cfx_test_step(ctx, "final barrier");
     RANK_ASSERT(ctx, cfx_bootstrap_barrier(bs) == cfxSuccess, "%s", cfxGetLastError(NULL));
     cfx_bootstrap_destroy(bs);
@@ -238,4 +243,33 @@ Test(bootstrap_root, rank_out_of_range_is_closed_and_ranks_join, .timeout = 60)
 Test(bootstrap_root, slow_sender_is_closed_and_ranks_join, .timeout = 60)
 {
     stranger_then_ranks(SLOW_SENDER, "slow sender");
+}
+
+/* ------------------------------------------------- a rank's listener */
+
+/* A peer that knows the secret still cannot make a rank allocate more than
+ * the largest setup message: the header is refused before any allocation. */
+Test(bootstrap_peer, message_header_larger_than_a_setup_message_is_refused)
+{
+    const uint64_t secret = 0x1122334455667788ull;
+    struct cfx_bootstrap_peer_hdr hdr = {.magic = CFX_BOOTSTRAP_MAGIC,
+                                         .secret = secret,
+                                         .kind = CFX_BOOTSTRAP_KIND_MESSAGE,
+                                         .src_rank = 1,
+                                         .tag = 7};
+    cr_assert_leq(CFX_BOOTSTRAP_MAX_MESSAGE_BYTES, 64 * 1024,
+                  "the bound must be that of a setup message, not of bulk data");
+    const uint64_t accepted[] = {0, 300, CFX_BOOTSTRAP_MAX_MESSAGE_BYTES};
+    for (size_t i = 0; i < sizeof(accepted) / sizeof(accepted[0]); i++) {
+        hdr.size = accepted[i];
+        cr_assert_null(cfx_bootstrap_peer_hdr_refusal(&hdr, secret, 0, 2, 0),
+                       "a %llu-byte message was refused", (unsigned long long)hdr.size);
+    }
+    const uint64_t refused[] = {CFX_BOOTSTRAP_MAX_MESSAGE_BYTES + 1, 1 << 20, 1ull << 30,
+                                UINT64_MAX};
+    for (size_t i = 0; i < sizeof(refused) / sizeof(refused[0]); i++) {
+        hdr.size = refused[i];
+        cr_assert_not_null(cfx_bootstrap_peer_hdr_refusal(&hdr, secret, 0, 2, 0),
+                           "a %llu-byte message was accepted", (unsigned long long)hdr.size);
+    }
 }

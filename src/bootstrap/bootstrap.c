@@ -378,6 +378,11 @@ static cfxResult_t send_until(struct cfx_bootstrap *bs, int peer, uint32_t tag, 
     if (peer < 0 || peer >= bs->nranks)
         return cfx_error_set(cfxInternalError, CFX_LOG_BOOTSTRAP, "bootstrap send to rank %d of %d",
                              peer, bs->nranks);
+    if (size > CFX_BOOTSTRAP_MAX_MESSAGE_BYTES)
+        return cfx_error_set(cfxInternalError, CFX_LOG_BOOTSTRAP,
+                             "bootstrap send of %zu bytes to rank %d: messages carry at most %llu "
+                             "(setup data only)",
+                             size, peer, (unsigned long long)CFX_BOOTSTRAP_MAX_MESSAGE_BYTES);
     if (peer == bs->rank) {
         struct unexpected_msg *msg = malloc(sizeof(*msg) + size);
         if (msg == NULL)

@@ -51,7 +51,15 @@ cfxResult_t cfx_bootstrap_allgather(struct cfx_bootstrap *bs, void *data, size_t
 /* Returns once every rank has entered. */
 cfxResult_t cfx_bootstrap_barrier(struct cfx_bootstrap *bs);
 
-/* Point-to-point messages matched by (peer, tag); sizes must agree. */
+/* Largest point-to-point message: setup data only (connect info, mismatch
+ * probes: a few hundred bytes). A receiver buffers a message that arrives
+ * before it is asked for, so it refuses any larger header before allocating
+ * anything; bulk exchanges go through cfx_bootstrap_allgather, which
+ * receives into the caller's buffer. */
+#define CFX_BOOTSTRAP_MAX_MESSAGE_BYTES ((uint64_t)4096)
+
+/* Point-to-point messages matched by (peer, tag); sizes must agree and be at
+ * most CFX_BOOTSTRAP_MAX_MESSAGE_BYTES (a larger send is cfxInternalError). */
 cfxResult_t cfx_bootstrap_send(struct cfx_bootstrap *bs, int peer, uint32_t tag, const void *data,
                                size_t size);
 cfxResult_t cfx_bootstrap_recv(struct cfx_bootstrap *bs, int peer, uint32_t tag, void *data,

@@ -63,9 +63,6 @@ struct cfx_bootstrap_peer_hdr {
     uint64_t size;
 };
 
-/* Largest bootstrap message accepted from a peer; setup data only. */
-#define CFX_BOOTSTRAP_MAX_MESSAGE_BYTES ((uint64_t)1 << 30)
-
 /*
  * Checks of frames that arrive from outside the process. Each is pure (the
  * fuzzer in fuzz/fuzz_bootstrap.c calls them with any bytes) and returns why
