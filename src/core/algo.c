@@ -5,9 +5,12 @@
  * each rank runs; every call then asks it ring, tree or direct. Allreduce
  * runs on any of the three, broadcast and reduce on the ring (chain) or the
  * trees, allgather and reduce-scatter on the ring. Tree connectors are built
- * at the first tree call, the direct all-pairs connectors at the first direct
- * call; both are kept for the life of the communicator.
+ * at the first tree call; the direct all-pairs connectors at init, when the
+ * plan may pick the direct allreduce (a rank that connected at its first
+ * direct call would wait forever for peers that run a mismatched ring call).
+ * All are kept for the life of the communicator.
  */
+#include <math.h>
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
@@ -148,6 +151,18 @@ int cfx_core_algo_direct_requests(struct cfxComm *comm, struct cfx_conn_request 
             reqs[i].slot_bytes = slot;
     }
     return n;
+}
+
+cfxResult_t cfx_core_algo_connect(struct cfxComm *comm)
+{
+    if (comm->plan == NULL || comm->nranks < 2 || comm->nranks > CFX_DIRECT_MAX_RANKS ||
+        !comm->plan->model.enabled[CFX_COLL_ALLREDUCE][CFX_ALGO_DIRECT][CFX_PROTO_SIMPLE] ||
+        !isfinite(cfx_plan_predict_us(comm->plan, CFX_COLL_ALLREDUCE, CFX_ALGO_DIRECT,
+                                      CFX_PROTO_SIMPLE, 0)))
+        return cfxSuccess;
+    struct cfx_conn_request reqs[CFX_CORE_DIRECT_REQUESTS];
+    int n = cfx_core_algo_direct_requests(comm, reqs);
+    return cfx_core_connect_batch(reqs, n);
 }
 
 void cfx_core_algo_direct_op(struct cfxComm *comm, struct cfx_op *op)

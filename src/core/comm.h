@@ -79,7 +79,8 @@ struct cfxComm {
     /* Relays between a rooted call's root and a tree's root: [tree][peer]. */
     struct cfx_connector **relay_send[2];
     struct cfx_connector **relay_recv[2];
-    /* Direct allreduce: connectors to and from every peer, built at the first direct call. */
+    /* Direct allreduce: connectors to and from every peer, built at init
+     * (cfx_core_algo_connect) when the plan may use them. */
     struct cfx_direct_links direct;
     struct cfxComm *registry_next;
     char name[64];
@@ -142,6 +143,9 @@ void cfx_core_algo_tree_op(struct cfxComm *comm, int t, struct cfx_op *op);
  * lacks; returns how many were written, at most CFX_CORE_DIRECT_REQUESTS. */
 #define CFX_CORE_DIRECT_REQUESTS (2 * (CFX_DIRECT_MAX_RANKS - 1))
 int cfx_core_algo_direct_requests(struct cfxComm *comm, struct cfx_conn_request *reqs);
+/* At init, after cfx_core_algo_init: build the direct connectors when the
+ * plan may pick the direct allreduce (every rank decides alike). */
+cfxResult_t cfx_core_algo_connect(struct cfxComm *comm);
 /* Fill a direct op's links and connector list. */
 void cfx_core_algo_direct_op(struct cfxComm *comm, struct cfx_op *op);
 
