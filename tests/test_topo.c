@@ -242,6 +242,63 @@ Test(topo, every_fixture_round_trips_through_the_writer)
     }
 }
 
+/* <pci> nestings a fuzzer or a hand-edited file produces: what the first load
+ * makes of each, and a dump of it that reads back as the same text. */
+struct odd_pci {
+    const char *what;
+    const char *body; /* Inside <cpu numaid="0">. */
+    int n_pci, n_gpu, n_nic;
+};
+
+static const struct odd_pci odd_pcis[] = {
+    {"an empty bridge is a switch", "<pci busid=\"0000:10:00.0\" class=\"0x060400\"/>", 1, 0, 0},
+    {"a classless <pci> holding only an unknown device is skipped",
+     "<pci busid=\"0000:10:00.0\"><pci busid=\"0000:11:00.0\" class=\"0x010802\"/></pci>", 0, 0,
+     0},
+    {"a display-class <pci> holding only an unknown device is a GPU",
+     "<pci busid=\"0000:20:00.0\" class=\"0x030000\">"
+     "<pci busid=\"0000:21:00.0\" class=\"0x010802\"/></pci>",
+     0, 1, 0},
+    {"a display-class <pci> holding an empty bridge is a switch",
+     "<pci busid=\"0000:20:00.0\" class=\"0x030000\">"
+     "<pci busid=\"0000:21:00.0\" class=\"0x060400\"/></pci>",
+     2, 0, 0},
+    {"a network-class <pci> holding a GPU by class is a switch",
+     "<pci busid=\"0000:30:00.0\" class=\"0x020000\">"
+     "<pci busid=\"0000:31:00.0\" class=\"0x030200\"/></pci>",
+     1, 1, 0},
+    {"a switch of unknown class holding a NIC keeps both",
+     "<pci busid=\"0000:40:00.0\" class=\"0x0b4000\">"
+     "<pci busid=\"0000:41:00.0\" class=\"0x020000\"/>"
+     "<pci busid=\"0000:42:00.0\" class=\"0x010802\"/></pci>",
+     1, 0, 1},
+};
+
+Test(topo, odd_pci_nestings_load_once_and_dump_stably)
+{
+    for (size_t i = 0; i < sizeof(odd_pcis) / sizeof(odd_pcis[0]); i++) {
+        const struct odd_pci *c = &odd_pcis[i];
+        char text[1024];
+        snprintf(text, sizeof(text), "<system version=\"1\"><cpu numaid=\"0\">%s</cpu></system>",
+                 c->body);
+        struct cfx_topo_system *first = load_text(text, cfxSuccess);
+        cr_expect_eq(first->count[CFX_TOPO_PCI], c->n_pci, "%s: switches", c->what);
+        cr_expect_eq(first->count[CFX_TOPO_GPU], c->n_gpu, "%s: GPUs", c->what);
+        cr_expect_eq(first->count[CFX_TOPO_NIC], c->n_nic, "%s: NICs", c->what);
+        char *text1 = dump_to_text(first);
+        struct cfx_topo_system *second = load_text(text1, cfxSuccess);
+        for (int t = 0; t < CFX_TOPO_NODE_TYPES; t++)
+            cr_expect_eq(second->count[t], first->count[t], "%s: type %d after a reload\n%s",
+                         c->what, t, text1);
+        char *text2 = dump_to_text(second);
+        cr_expect_str_eq(text1, text2, "%s: a second dump differs", c->what);
+        free(text1);
+        free(text2);
+        cfx_topo_free(first);
+        cfx_topo_free(second);
+    }
+}
+
 Test(topo, topo_file_replaces_detection_and_dump_file_receives_it)
 {
     char dump[64];

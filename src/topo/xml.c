@@ -15,6 +15,13 @@
  * Partial files, as cloud vendors ship them for NCCL to complete, describe
  * devices by PCI class only: a leaf <pci> of class 0x03xxxx becomes a GPU
  * and one of class 0x02xxxx a NIC whose line rate is taken from its PCI link.
+ *
+ * What a <pci> is: a GPU when it holds <gpu>, a NIC when it holds <nic>, a
+ * switch when its class is a PCI bridge (0x0604xx) or when it holds a <pci>
+ * that loads; else a GPU or NIC by class, as above; else it is skipped. A
+ * child that is skipped does not make its parent a switch, so everything
+ * this file writes reads back as the same node: a dump loads into a system
+ * whose own dump is the same text (fuzz/fuzz_topo_xml.c checks it).
  */
 #include <errno.h>
 #include <inttypes.h>
@@ -310,22 +317,42 @@ static cfxResult_t read_pci_attrs(struct xml_loader *ld, const xmlNode *el, int 
     return cfxSuccess;
 }
 
+/* The node type a <pci> element loads as; CFX_TOPO_NODE_TYPES when it is
+ * skipped. A class that is not hexadecimal is left for read_pci_attrs to
+ * report (the element counts as having no class here). */
+static enum cfx_topo_node_type pci_type(const xmlNode *el)
+{
+    if (has_child(el, "gpu"))
+        return CFX_TOPO_GPU;
+    if (has_child(el, "nic"))
+        return CFX_TOPO_NIC;
+    unsigned long long pci_class = 0;
+    char text[64];
+    if (attr_text(el, "class", text, sizeof(text)) && text[0] != '\0') {
+        char *end = NULL;
+        errno = 0;
+        pci_class = strtoull(text, &end, 16);
+        if (errno || end == text || *end)
+            pci_class = 0;
+    }
+    if ((pci_class >> 8) == 0x0604)
+        return CFX_TOPO_PCI;
+    for (const xmlNode *c = el->children; c; c = c->next)
+        if (is_element(c, "pci") && pci_type(c) != CFX_TOPO_NODE_TYPES)
+            return CFX_TOPO_PCI;
+    if ((pci_class >> 16) == 0x03)
+        return CFX_TOPO_GPU; /* Partial file: a display/3D controller. */
+    if ((pci_class >> 16) == 0x02)
+        return CFX_TOPO_NIC; /* Partial file: a network controller. */
+    return CFX_TOPO_NODE_TYPES;
+}
+
 static cfxResult_t load_pci(struct xml_loader *ld, const xmlNode *el, int parent)
 {
-    enum cfx_topo_node_type type;
     unsigned long long pci_class = 0;
     CFX_CHECK(attr_hex(ld, el, "class", &pci_class));
-    if (has_child(el, "gpu"))
-        type = CFX_TOPO_GPU;
-    else if (has_child(el, "nic"))
-        type = CFX_TOPO_NIC;
-    else if (has_child(el, "pci") || (pci_class >> 8) == 0x0604)
-        type = CFX_TOPO_PCI;
-    else if ((pci_class >> 16) == 0x03)
-        type = CFX_TOPO_GPU; /* Partial file: a display/3D controller. */
-    else if ((pci_class >> 16) == 0x02)
-        type = CFX_TOPO_NIC; /* Partial file: a network controller. */
-    else {
+    enum cfx_topo_node_type type = pci_type(el);
+    if (type == CFX_TOPO_NODE_TYPES) {
         ignore_unknown(ld, el);
         return cfxSuccess;
     }
