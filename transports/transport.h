@@ -150,6 +150,17 @@ struct cfx_transport {
      * the peer broke the protocol (e.g. an oversized slot); a poisoned peer's
      * reason. On failure sets conn->blame_rank. Must not block. */
     cfxResult_t (*check)(void *ctx, struct cfx_connector *conn);
+    /* Optional (may be NULL): move this connector's bytes from the caller's
+     * thread, as the transport's own progress thread would, while the caller
+     * waits on it. Returns nonzero when anything moved. Must not block; a
+     * transport busy elsewhere may do nothing. */
+    int (*progress)(void *ctx, struct cfx_connector *conn);
+    /* Optional (may be NULL): block until one of @p conns (all of this
+     * transport and context) can move bytes, then move them; at most
+     * @p timeout_ns. For transports whose data arrives through the kernel,
+     * where spinning on system calls costs more than sleeping in one.
+     * Returns nonzero when anything moved. */
+    int (*wait)(void *ctx, struct cfx_connector *const *conns, int n_conns, int64_t timeout_ns);
 };
 
 /* Transports in priority order, NULL-terminated (transports/registry.c). */

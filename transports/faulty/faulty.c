@@ -375,6 +375,20 @@ static void faulty_kick(void *ctx_v, struct cfx_connector *conn)
         fc->inner.transport->kick(fc->inner.transport_ctx, &fc->inner);
 }
 
+/* The executor waits here: let the inner transport move bytes, then pump. */
+static int faulty_progress(void *ctx_v, struct cfx_connector *conn)
+{
+    struct faulty_conn *fc = conn->priv;
+    if (fc == NULL || !fc->inner_open)
+        return 0;
+    int moved = 0;
+    if (fc->inner.transport->progress)
+        moved = fc->inner.transport->progress(fc->inner.transport_ctx, &fc->inner);
+    if (conn->dir == CFX_CONN_RECV)
+        moved |= pump(ctx_v, fc) > 0;
+    return moved;
+}
+
 static void faulty_poison(void *ctx_v, struct cfx_connector *conn, cfxResult_t reason,
                           int blame_rank)
 {
@@ -423,4 +437,5 @@ const struct cfx_transport cfx_faulty_transport = {
     .kick = faulty_kick,
     .poison = faulty_poison,
     .check = faulty_check,
+    .progress = faulty_progress,
 };

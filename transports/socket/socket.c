@@ -57,7 +57,7 @@ CFX_PARAM_INT(nsocks_perthread, "NSOCKS_PERTHREAD", 2,
 CFX_PARAM_INT(socket_nthreads, "SOCKET_NTHREADS", 1,
               "Socket transport: helper threads per connection; sockets = NSOCKS_PERTHREAD x "
               "SOCKET_NTHREADS (one progress thread serves them all)");
-CFX_PARAM_INT(socket_spin_us, "SOCKET_SPIN_US", 50,
+CFX_PARAM_INT(socket_spin_us, "SOCKET_SPIN_US", 0,
               "Socket transport: microseconds the progress thread spins when idle before it "
               "sleeps");
 
@@ -68,6 +68,8 @@ CFX_PARAM_INT(socket_spin_us, "SOCKET_SPIN_US", 50,
 #define HELLO_TIMEOUT_NS (10 * CFX_NS_PER_SEC) /* A socket silent this long is a stranger. */
 #define MAX_PENDING      256                   /* Accepted sockets still owing their hello. */
 #define MAX_EVENTS       64
+#define DRIVE_LEASE_NS   (200 * 1000) /* See proxy_sleep. */
+#define WAIT_MAX_FDS     64
 
 /* One socket's walk through the slots. */
 struct stream {
@@ -107,6 +109,11 @@ struct sock_conn {
     _Atomic int poison_blame;
     int poison_done;
     int64_t poison_deadline_ns;
+    /* Who moves bytes: the progress thread or a user thread waiting on the
+     * connector, whichever comes first (conn_drive). */
+    _Alignas(CFX_CACHE_LINE) _Atomic int busy; /* A thread is moving bytes. */
+    _Atomic int wanted;                        /* A pass is owed (by the busy thread). */
+    _Atomic int probe_owed; /* Sender: a socket turned readable (the peer wrote back). */
     /* Failure: written by the progress thread, then `failed` is set (release). */
     _Alignas(CFX_CACHE_LINE) _Atomic int failed;
     cfxResult_t failed_res;
@@ -145,6 +152,7 @@ struct sock_ctx {
     int thread_started;
     int wake_fd;
     int epoll_fd;
+    _Alignas(CFX_CACHE_LINE) _Atomic int64_t drive_ns; /* When a user thread last moved bytes. */
     _Alignas(CFX_CACHE_LINE) _Atomic int sleeping;
     _Atomic int lock_waiters;
     _Atomic int stop;
@@ -531,21 +539,52 @@ static int poison_progress(struct sock_conn *sc, int reason, int blame_rank)
     return 1;
 }
 
+/* One connector's work: its poison, or its bytes. */
+static int conn_pass(struct sock_conn *sc)
+{
+    int reason = atomic_load_explicit(&sc->poison_reason, memory_order_acquire);
+    if (reason != 0)
+        return poison_progress(sc, reason,
+                               atomic_load_explicit(&sc->poison_blame, memory_order_relaxed));
+    if (atomic_load_explicit(&sc->failed, memory_order_relaxed))
+        return 0;
+    if (sc->dir == CFX_CONN_RECV)
+        return recv_progress(sc);
+    if (atomic_exchange_explicit(&sc->probe_owed, 0, memory_order_relaxed)) {
+        send_probe(sc);
+        if (atomic_load_explicit(&sc->failed, memory_order_relaxed))
+            return 1;
+    }
+    return send_progress(sc);
+}
+
+/* Move a connector's bytes from whichever thread asks: the progress thread,
+ * or a user thread after a post or release or while it waits. The first to
+ * take `busy` works; one that finds it taken leaves `wanted` set, and the
+ * busy thread makes one more pass for it before it lets go. So no thread
+ * ever blocks on another (no mutex, no futex), and no request is lost: the
+ * holder looks at `wanted` again after it drops `busy`. Returns whether this
+ * thread moved anything (0 when it left the work to the holder). */
+static int conn_drive(struct sock_conn *sc)
+{
+    int moved = 0;
+    atomic_store_explicit(&sc->wanted, 1, memory_order_seq_cst);
+    while (atomic_load_explicit(&sc->wanted, memory_order_seq_cst)) {
+        if (atomic_exchange_explicit(&sc->busy, 1, memory_order_acquire))
+            return moved; /* The holder will see `wanted`. */
+        while (atomic_exchange_explicit(&sc->wanted, 0, memory_order_seq_cst))
+            moved |= conn_pass(sc);
+        atomic_store_explicit(&sc->busy, 0, memory_order_seq_cst);
+    }
+    return moved;
+}
+
 /* One pass over every connector (caller holds proxy_lock). */
 static int proxy_pass(struct sock_ctx *ctx)
 {
     int moved = 0;
-    for (struct sock_conn *sc = ctx->active; sc; sc = sc->next) {
-        int reason = atomic_load_explicit(&sc->poison_reason, memory_order_acquire);
-        if (reason != 0) {
-            moved |= poison_progress(sc, reason, atomic_load_explicit(&sc->poison_blame,
-                                                                      memory_order_relaxed));
-            continue;
-        }
-        if (atomic_load_explicit(&sc->failed, memory_order_relaxed))
-            continue;
-        moved |= sc->dir == CFX_CONN_SEND ? send_progress(sc) : recv_progress(sc);
-    }
+    for (struct sock_conn *sc = ctx->active; sc; sc = sc->next)
+        moved |= conn_drive(sc);
     return moved;
 }
 
@@ -576,7 +615,20 @@ static void proxy_sleep(struct sock_ctx *ctx)
         atomic_store_explicit(&ctx->sleeping, 0, memory_order_relaxed);
         return;
     }
-    int n = epoll_wait(ctx->epoll_fd, events, MAX_EVENTS, SLEEP_MS);
+    int n;
+    int64_t since = cfx_time_now_ns() - atomic_load_explicit(&ctx->drive_ns, memory_order_relaxed);
+    if (since < DRIVE_LEASE_NS) {
+        /* A user thread moves bytes itself: an arrival must not wake this
+         * thread too (two cores, two ranks: it would preempt a rank). Nap
+         * on the eventfd alone, then take the queued events in one go. */
+        struct pollfd wake = {.fd = ctx->wake_fd, .events = POLLIN};
+        int64_t left = DRIVE_LEASE_NS - since;
+        struct timespec nap = {(time_t)(left / CFX_NS_PER_SEC), (long)(left % CFX_NS_PER_SEC)};
+        ppoll(&wake, 1, &nap, NULL);
+        n = epoll_wait(ctx->epoll_fd, events, MAX_EVENTS, 0);
+    } else {
+        n = epoll_wait(ctx->epoll_fd, events, MAX_EVENTS, SLEEP_MS);
+    }
     atomic_store_explicit(&ctx->sleeping, 0, memory_order_relaxed);
     if (n <= 0)
         return;
@@ -593,9 +645,11 @@ static void proxy_sleep(struct sock_ctx *ctx)
         /* A connector that left since the wait may be gone: skip all events then. */
         if (generation != ctx->generation)
             continue;
-        if (sc->dir == CFX_CONN_SEND && !atomic_load_explicit(&sc->failed, memory_order_relaxed) &&
-            (events[i].events & (EPOLLIN | EPOLLRDHUP | EPOLLHUP | EPOLLERR)))
-            send_probe(sc);
+        if (sc->dir == CFX_CONN_SEND &&
+            (events[i].events & (EPOLLIN | EPOLLRDHUP | EPOLLHUP | EPOLLERR))) {
+            atomic_store_explicit(&sc->probe_owed, 1, memory_order_relaxed);
+            conn_drive(sc);
+        }
     }
     pthread_mutex_unlock(&ctx->proxy_lock);
 }
@@ -1163,12 +1217,78 @@ static void sock_close(void *ctx_v, struct cfx_connector *conn)
 
 /* ============================================================ data path */
 
-/* After a post (sender) or release (receiver): wake the progress thread if,
- * and only if, it said it sleeps. Never blocks; no syscall while it spins. */
+/* The executor waits on this connector: do the progress thread's work
+ * here, which saves a thread hand-off per slot each way. */
+static int sock_progress(void *ctx_v, struct cfx_connector *conn)
+{
+    struct sock_conn *sc = conn->priv;
+    if (sc == NULL || !sc->registered)
+        return 0;
+    atomic_store_explicit(&((struct sock_ctx *)ctx_v)->drive_ns, cfx_time_now_ns(),
+                          memory_order_relaxed);
+    return conn_drive(sc);
+}
+
+/* The executor has nothing to do until these connectors move: sleep in
+ * the kernel on their sockets (receivers with room for data: readable;
+ * senders with bytes still to send: writable), then move what came. On
+ * loopback and veth a rank that spins on recv() delays its own packets
+ * (round trips several times slower than sleeping in poll() here), so this
+ * is how a socket rank waits. The progress thread keeps off meanwhile. */
+static int sock_wait(void *ctx_v, struct cfx_connector *const *conns, int n_conns,
+                     int64_t timeout_ns)
+{
+    struct sock_ctx *ctx = ctx_v;
+    struct pollfd fds[WAIT_MAX_FDS];
+    int nfds = 0;
+    for (int c = 0; c < n_conns; c++) {
+        struct sock_conn *sc = conns[c]->priv;
+        if (sc == NULL || !sc->registered)
+            continue;
+        if (atomic_load_explicit(&sc->failed, memory_order_acquire) ||
+            atomic_load_explicit(&sc->poison_reason, memory_order_relaxed))
+            return 1; /* Let the caller see it. */
+        short events = 0;
+        uint64_t tail = atomic_load_explicit(&sc->fifo->tail, memory_order_acquire);
+        uint64_t head = atomic_load_explicit(&sc->fifo->head, memory_order_acquire);
+        if (sc->dir == CFX_CONN_RECV && tail - head < (uint64_t)sc->n_steps)
+            events = POLLIN;
+        else if (sc->dir == CFX_CONN_SEND && head != tail)
+            events = POLLOUT;
+        for (int s = 0; events && s < sc->nsocks && nfds < WAIT_MAX_FDS; s++)
+            fds[nfds++] = (struct pollfd){.fd = sc->streams[s].fd, .events = events};
+    }
+    /* The lease covers the sleep: the progress thread naps on its eventfd. */
+    atomic_store_explicit(&ctx->drive_ns, cfx_time_now_ns() + timeout_ns, memory_order_relaxed);
+    if (nfds > 0) {
+        struct timespec limit = {(time_t)(timeout_ns / CFX_NS_PER_SEC),
+                                 (long)(timeout_ns % CFX_NS_PER_SEC)};
+        ppoll(fds, (nfds_t)nfds, &limit, NULL);
+    }
+    atomic_store_explicit(&ctx->drive_ns, cfx_time_now_ns(), memory_order_relaxed);
+    int moved = 0;
+    for (int c = 0; c < n_conns; c++) {
+        struct sock_conn *sc = conns[c]->priv;
+        if (sc != NULL && sc->registered)
+            moved |= conn_drive(sc);
+    }
+    return moved;
+}
+
+/* After a post (sender) or release (receiver): move the bytes at once from
+ * this thread (or leave them to the thread moving them now). Whatever that
+ * leaves undone (a full socket buffer, data not yet arrived) raises an edge
+ * on the progress thread's epoll set later, so no wake is needed. Never
+ * blocks. */
 static void sock_kick(void *ctx_v, struct cfx_connector *conn)
 {
-    (void)conn;
     struct sock_ctx *ctx = ctx_v;
+    struct sock_conn *sc = conn->priv;
+    if (sc != NULL && sc->registered) {
+        atomic_store_explicit(&ctx->drive_ns, cfx_time_now_ns(), memory_order_relaxed);
+        conn_drive(sc);
+        return;
+    }
     /* Order the caller's tail/head store before reading `sleeping` (pairs
      * with the fence in proxy_sleep). */
     atomic_thread_fence(memory_order_seq_cst);
@@ -1225,4 +1345,6 @@ const struct cfx_transport cfx_socket_transport = {
     .kick = sock_kick,
     .poison = sock_poison,
     .check = sock_check,
+    .progress = sock_progress,
+    .wait = sock_wait,
 };
