@@ -76,6 +76,7 @@ struct stream {
     int fd;
     uint64_t step; /* Next slot this socket works on. */
     size_t offset; /* Bytes of that slot's frame (header on socket 0, then the part) done. */
+    int eof;       /* Receiver socket 0: the peer closed it between slots. */
 };
 
 /* Per-connector state. */
@@ -381,20 +382,23 @@ static int recv_progress(struct sock_conn *sc)
     for (int s = 0; s < sc->nsocks; s++) {
         struct stream *st = &sc->streams[s];
         size_t head_bytes = s == 0 ? sizeof(struct cfx_sock_header) : 0;
-        if (s == 0 && sc->poison_in) {
-            if (st->step < low)
-                low = st->step;
-            continue; /* Nothing follows a poison header. */
-        }
+        if (s == 0 && (sc->poison_in || st->eof))
+            continue; /* Nothing follows a poison header or the end. */
         /* Socket 0 reads headers into free slots; the others follow the headers. */
         while (st->step < (s == 0 ? limit : sc->header_count)) {
             size_t index = (size_t)(st->step % (uint64_t)sc->n_steps);
             if (st->offset < head_bytes) {
                 ssize_t n = recv(st->fd, (char *)&sc->header_in + st->offset,
                                  head_bytes - st->offset, MSG_DONTWAIT);
+                if (n == 0 && st->offset == 0) {
+                    /* The peer closed between slots: the other sockets may
+                     * still hold parts of slots already announced. */
+                    st->eof = 1;
+                    break;
+                }
                 enum io_verdict verdict = io_check(sc, s, n);
                 if (verdict == IO_FAILED)
-                    return 1;
+                    goto publish;
                 if (verdict == IO_BLOCKED)
                     break;
                 if (verdict == IO_RETRY)
@@ -405,7 +409,7 @@ static int recv_progress(struct sock_conn *sc)
                     continue;
                 if (!header_accept(sc, st, index)) {
                     if (!sc->poison_in)
-                        return 1;
+                        goto publish;
                     moved = 1;
                     break;
                 }
@@ -418,7 +422,7 @@ static int recv_progress(struct sock_conn *sc)
                 ssize_t n = recv(st->fd, part + done, len - done, MSG_DONTWAIT);
                 enum io_verdict verdict = io_check(sc, s, n);
                 if (verdict == IO_FAILED)
-                    return 1;
+                    goto publish;
                 if (verdict == IO_BLOCKED)
                     break;
                 if (verdict == IO_RETRY)
@@ -432,12 +436,25 @@ static int recv_progress(struct sock_conn *sc)
             st->offset = 0;
             moved = 1;
         }
-        if (st->step < low)
-            low = st->step;
     }
+publish:
+    /* Also after a failure: slots every socket finished before it are whole
+     * and must reach the user (a peer that sent, then closed, is no error). */
+    for (int s = 0; s < sc->nsocks; s++)
+        if (sc->streams[s].step < low)
+            low = sc->streams[s].step;
     if (low > sc->done_step) {
         sc->done_step = low;
         atomic_store_explicit(&sc->fifo->tail, low, memory_order_release);
+    }
+    if (atomic_load_explicit(&sc->failed, memory_order_relaxed))
+        return 1;
+    if (sc->streams[0].eof && low == sc->header_count) {
+        conn_fail(sc, cfxRemoteError, 1,
+                  "socket transport: rank %d closed its connection to rank %d before slot %llu; "
+                  "check whether rank %d exited or failed",
+                  sc->peer_rank, sc->self_rank, (unsigned long long)sc->done_step, sc->peer_rank);
+        return 1;
     }
     if (sc->poison_in && low == sc->header_count) {
         cfxResult_t reason = sc->poison_in_reason;
