@@ -3,8 +3,9 @@
  * rank once, stay on NVLink inside NVSwitch hosts, cross between hosts once
  * per host boundary and leave each host from the rank nearest their NIC; the
  * double binary trees are valid, complementary and shallow; the choice moves
- * from latency-bound trees to rings as sizes grow; the model meets public
- * NCCL figures within 25%; CFX_ALGO/CFX_PROTO and the TUNING log work.
+ * from latency-bound trees to rings as sizes grow, and for host ranks from
+ * the direct allreduce to the ring; the model meets public NCCL figures
+ * within 25%; CFX_ALGO/CFX_PROTO and the TUNING log work.
  */
 #include <criterion/criterion.h>
 #include <libgen.h>
@@ -422,7 +423,8 @@ Test(plan, model_meets_public_nccl_figures_within_25_percent)
 }
 
 /* The host data path's own measurement (docs/performance.md: 2 ranks, shm,
- * one NUMA domain): 2.2 us for 8 bytes, 1.6-2.5 GB/s from 64 KiB up. */
+ * one NUMA domain): 2.2 us for 8 bytes on the ring, 1.6-2.5 GB/s from 64 KiB
+ * up; and the direct/ring crossover measured for docs/tuning.md. */
 Test(plan, model_for_host_ranks_meets_the_measured_shm_allreduce)
 {
     const char *text = "<system version=\"1\"><cpu numaid=\"0\" arch=\"x86_64\" "
@@ -430,9 +432,16 @@ Test(plan, model_for_host_ranks_meets_the_measured_shm_allreduce)
     struct cfx_topo_system *sys = NULL;
     cr_assert_eq(cfx_topo_load_xml_buffer(text, strlen(text), "vm", &sys), cfxSuccess);
     struct cfx_plan *plan = plan_for(sys, 1, 2);
+    /* The ring's own 8-byte time (the planner gives 8 bytes to direct). */
+    double ring_us =
+        cfx_plan_predict_us(plan, CFX_COLL_ALLREDUCE, CFX_ALGO_RING, CFX_PROTO_SIMPLE, 8);
+    cr_expect(fabs(ring_us / 2.2 - 1) <= 0.25, "8 B: %.2f us vs 2.2", ring_us);
+    /* Direct beats the ring up to 32 KiB and loses from 128 KiB (docs/tuning.md). */
     struct cfx_plan_choice ch;
-    cfx_plan_choose(plan, CFX_COLL_ALLREDUCE, 8, &ch);
-    cr_expect(fabs(ch.predicted_us / 2.2 - 1) <= 0.25, "8 B: %.2f us vs 2.2", ch.predicted_us);
+    cfx_plan_choose(plan, CFX_COLL_ALLREDUCE, (size_t)32 << 10, &ch);
+    cr_expect_eq(ch.algo, CFX_ALGO_DIRECT, "32 KiB: %s", cfx_plan_algo_name(ch.algo));
+    cfx_plan_choose(plan, CFX_COLL_ALLREDUCE, (size_t)128 << 10, &ch);
+    cr_expect_eq(ch.algo, CFX_ALGO_RING, "128 KiB: %s", cfx_plan_algo_name(ch.algo));
     for (size_t bytes = (size_t)64 << 10; bytes <= (size_t)128 << 20; bytes *= 8) {
         double bw = busbw_at(plan, bytes);
         cr_expect(bw >= 1.6 * 0.75 && bw <= 2.5 * 1.25, "%zu B: %.2f GB/s vs 1.6-2.5", bytes, bw);
@@ -533,6 +542,85 @@ Test(plan, cfx_proto_takes_nccl_syntax)
     plan = plan_for(sys, 1, 4);
     cr_expect(plan->model.enabled[CFX_COLL_ALLREDUCE][CFX_ALGO_RING][CFX_PROTO_LL128]);
     cfx_plan_free(plan);
+    cfx_topo_free(sys);
+}
+
+/* The direct (one-shot) allreduce: host ranks on one host take it for small
+ * messages and the ring for large ones, and the choice never goes back;
+ * more than CFX_DIRECT_MAX_RANKS ranks and GPU ranks never take it. */
+Test(plan, host_ranks_take_direct_for_small_allreduces_and_the_ring_for_large)
+{
+    const char *text = "<system version=\"1\"><cpu numaid=\"0\" arch=\"x86_64\" "
+                       "vendor=\"AuthenticAMD\" familyid=\"25\" modelid=\"1\"/></system>\n";
+    struct cfx_topo_system *sys = NULL;
+    cr_assert_eq(cfx_topo_load_xml_buffer(text, strlen(text), "vm", &sys), cfxSuccess);
+    for (int n = 2; n <= 16; n++) {
+        struct cfx_plan *plan = plan_for(sys, 1, n);
+        struct cfx_plan_choice ch;
+        int ring_from = -1;
+        for (int b = 0; b <= 30; b++) {
+            cr_assert_eq(cfx_plan_choose(plan, CFX_COLL_ALLREDUCE, (size_t)1 << b, &ch),
+                         cfxSuccess);
+            if (n > CFX_DIRECT_MAX_RANKS) {
+                cr_expect_neq(ch.algo, CFX_ALGO_DIRECT, "%d ranks, 2^%d B: direct", n, b);
+                continue;
+            }
+            if (b <= 10)
+                cr_expect_eq(ch.algo, CFX_ALGO_DIRECT, "%d ranks, 2^%d B: %s", n, b,
+                             cfx_plan_algo_name(ch.algo));
+            if (b >= 20)
+                cr_expect_eq(ch.algo, CFX_ALGO_RING, "%d ranks, 2^%d B: %s", n, b,
+                             cfx_plan_algo_name(ch.algo));
+            if (ch.algo != CFX_ALGO_DIRECT && ring_from < 0)
+                ring_from = b;
+            if (ring_from >= 0)
+                cr_expect_neq(ch.algo, CFX_ALGO_DIRECT, "%d ranks: direct at 2^%d B after "
+                              "%s at 2^%d", n, b, cfx_plan_algo_name(ch.algo), ring_from);
+        }
+        /* Only allreduce has a direct schedule. */
+        cfx_plan_choose(plan, CFX_COLL_BROADCAST, 8, &ch);
+        cr_expect_neq(ch.algo, CFX_ALGO_DIRECT, "%d ranks: direct broadcast", n);
+        cfx_plan_free(plan);
+    }
+    cfx_topo_free(sys);
+    struct cfx_topo_system *gpus = load("dgx-a100.xml");
+    struct cfx_plan *plan = plan_for(gpus, 1, 8);
+    cr_expect(!isfinite(cfx_plan_predict_us(plan, CFX_COLL_ALLREDUCE, CFX_ALGO_DIRECT,
+                                            CFX_PROTO_LL, 8)),
+              "GPU ranks have no direct schedule");
+    cfx_plan_free(plan);
+    cfx_topo_free(gpus);
+}
+
+Test(plan, cfx_algo_names_direct)
+{
+    const char *text = "<system version=\"1\"><cpu numaid=\"0\" arch=\"x86_64\" "
+                       "vendor=\"AuthenticAMD\" familyid=\"25\" modelid=\"1\"/></system>\n";
+    struct cfx_topo_system *sys = NULL;
+    cr_assert_eq(cfx_topo_load_xml_buffer(text, strlen(text), "vm", &sys), cfxSuccess);
+    const size_t small = 8, large = (size_t)64 << 20;
+    struct {
+        const char *setting;
+        enum cfx_plan_algo allreduce_small, allreduce_large;
+    } rows[] = {
+        {"direct", CFX_ALGO_DIRECT, CFX_ALGO_DIRECT},
+        {"Direct", CFX_ALGO_DIRECT, CFX_ALGO_DIRECT},
+        {"allreduce:direct", CFX_ALGO_DIRECT, CFX_ALGO_DIRECT},
+        {"^direct", CFX_ALGO_RING, CFX_ALGO_RING},
+        {"ring,direct", CFX_ALGO_DIRECT, CFX_ALGO_RING},
+        {"ring", CFX_ALGO_RING, CFX_ALGO_RING},
+        {"direct;allreduce:^direct", CFX_ALGO_RING, CFX_ALGO_RING},
+    };
+    for (size_t i = 0; i < sizeof(rows) / sizeof(rows[0]); i++) {
+        cfx_test_setenv("CFX_ALGO", rows[i].setting);
+        struct cfx_plan *plan = plan_for(sys, 1, 4);
+        expect_algo(plan, CFX_COLL_ALLREDUCE, small, rows[i].allreduce_small, rows[i].setting);
+        expect_algo(plan, CFX_COLL_ALLREDUCE, large, rows[i].allreduce_large, rows[i].setting);
+        /* Nothing else has a direct schedule: the model's best runs instead. */
+        expect_algo(plan, CFX_COLL_BROADCAST, small, CFX_ALGO_RING, rows[i].setting);
+        cfx_plan_free(plan);
+    }
+    cfx_test_setenv("CFX_ALGO", NULL);
     cfx_topo_free(sys);
 }
 

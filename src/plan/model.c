@@ -52,8 +52,12 @@ static const double gpu_net_hop_us[2][CFX_PROTO_COUNT] = {{20.0, 24.0, 30.0}, {3
 #define HOST_NET_SOCK_US 30.0
 #define HOST_NET_RDMA_US 8.0
 /* Direct allreduce, per peer beyond the first: one more slot posted and
- * taken, and one more reduction call (fitted with the latency above). */
-#define HOST_DIRECT_PEER_US 0.15
+ * taken, and one more reduction call. Its reductions read slots that just
+ * arrived and are still in cache, so they run faster than the ring's
+ * streaming ones (CFX_HOST_REDUCE_BW): fitted so that on 2 ranks over shared
+ * memory direct and ring cross near 64 KiB, as measured (docs/tuning.md). */
+#define HOST_DIRECT_PEER_US   0.15
+#define HOST_DIRECT_REDUCE_BW 7.5
 
 void cfx_plan_model_init(struct cfx_plan *plan)
 {
@@ -173,7 +177,7 @@ static double direct_time(const struct cfx_plan_model *md, enum cfx_coll_kind co
     double lat = md->base_us[CFX_ALGO_DIRECT][proto] + chunks * hop +
                  (n - 2) * HOST_DIRECT_PEER_US;
     double bw = md->ring_bw * proto_share[proto];
-    double reduce = md->reduce_bw > 0 ? (n - 1) / md->reduce_bw : 0;
+    double reduce = md->reduce_bw > 0 ? (n - 1) / HOST_DIRECT_REDUCE_BW : 0;
     *lat_p = lat;
     return lat + bytes * ((n - 1) / bw + reduce) / 1e3;
 }

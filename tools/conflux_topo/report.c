@@ -156,7 +156,7 @@ static void print_choices(struct cfx_plan *plan, FILE *out)
             char what[24];
             snprintf(what, sizeof(what), "%s/%s", cfx_plan_algo_name(ch.algo),
                      cfx_plan_proto_name(ch.proto));
-            fprintf(out, " | %-11s %10.1f us %6.1f GB/s", what, ch.predicted_us, ch.busbw_gbs);
+            fprintf(out, " | %-13s %8.1f us %6.1f GB/s", what, ch.predicted_us, ch.busbw_gbs);
         }
         fprintf(out, "\n");
     }
