@@ -8,6 +8,13 @@
  * once on one host (chains) and once with every process claiming its own
  * host (binary trees across "hosts", over sockets).
  *
+ * Allreduce also runs forced onto each single algorithm (CFX_ALGO=direct,
+ * CFX_ALGO=ring) at every count, since the planner gives small counts to the
+ * direct one-shot schedule and large ones to the ring. The direct cases also
+ * check that every rank folds the inputs in rank order (bit for bit, with
+ * inexact floats), that direct calls run inside groups with other calls, and
+ * that the all-pairs connectors are built once and then reused.
+ *
  * Trimmed to fit CI: the 1M+3-element count runs for a few (type, op) pairs
  * per collective rather than all of them, and reduce/broadcast try every
  * root for small counts but only the first and last root for large ones.
@@ -18,6 +25,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "src/core/comm.h"
 #include "tests/coll_check.h"
 #include "tests/harness.h"
 
@@ -378,4 +386,187 @@ ParameterizedTest(struct suite_case *sc, conformance, collective, .timeout = 900
         .nranks = sc->nranks, .mode = sc->mode, .deadline_s = 600, .arg = sc,
         .before_rank = one_host_per_rank(sc->coll) ? claim_own_host : NULL};
     CFX_TEST_RUN(&opts, conformance_rank);
+}
+
+/* ------------------------------------------------- one algorithm at every count */
+
+struct algo_case {
+    enum transport transport;
+    int nranks;
+    enum cfx_test_mode mode;
+    int direct; /* CFX_ALGO=direct, else CFX_ALGO=ring (a flag: parameters hold no pointers). */
+};
+
+/* Inexact float inputs: the result depends on the order of the fold. */
+static double inexact_input(int rank, size_t i)
+{
+    double v = 0.1 + rank * 1.37 + (double)i * 0.013;
+    return (rank + i) % 3 == 0 ? -v : v;
+}
+
+/* Direct allreduce of float32 and float64 values whose sum rounds: every
+ * rank must hold x0 + x1 + ... + x(n-1) folded left to right, bit for bit,
+ * in and out of place, in one slot and over several. */
+static void run_rank_order_fold(struct cfx_test_rank *ctx, cfxComm_t comm, struct ctx_bufs *b)
+{
+    int n = ctx->nranks, r = ctx->rank;
+    static const size_t counts[] = {1, 1027, 40000};
+    for (size_t c = 0; c < sizeof(counts) / sizeof(counts[0]); c++)
+        for (int dbl = 0; dbl < 2; dbl++)
+            for (int in_place = 0; in_place < 2; in_place++) {
+                size_t count = counts[c];
+                char desc[128];
+                snprintf(desc, sizeof(desc), "rank-order fold %s count %zu %s",
+                         dbl ? "float64" : "float32", count, in_place ? "in place" : "out of place");
+                cfx_test_step(ctx, "%s", desc);
+                for (size_t i = 0; i < count; i++) {
+                    if (dbl)
+                        ((double *)b->send)[i] = inexact_input(r, i);
+                    else
+                        ((float *)b->send)[i] = (float)inexact_input(r, i);
+                }
+                char *out = in_place ? b->send : b->recv;
+                CALL(ctx, desc,
+                     cfxAllReduce(b->send, out, count, dbl ? cfxFloat64 : cfxFloat32, cfxSum,
+                                  comm, NULL));
+                for (size_t i = 0; i < count; i++) {
+                    if (dbl) {
+                        double acc = inexact_input(0, i), got;
+                        for (int q = 1; q < n; q++)
+                            acc = acc + inexact_input(q, i);
+                        memcpy(&got, out + i * 8, 8);
+                        RANK_ASSERT(ctx, memcmp(&acc, &got, 8) == 0,
+                                    "%s: element %zu is %.17g, the rank-order fold gives %.17g",
+                                    desc, i, got, acc);
+                    } else {
+                        float acc = (float)inexact_input(0, i), got;
+                        for (int q = 1; q < n; q++)
+                            acc = acc + (float)inexact_input(q, i);
+                        memcpy(&got, out + i * 4, 4);
+                        RANK_ASSERT(ctx, memcmp(&acc, &got, 4) == 0,
+                                    "%s: element %zu is %.9g, the rank-order fold gives %.9g",
+                                    desc, i, (double)got, (double)acc);
+                    }
+                }
+            }
+}
+
+/* Several direct allreduces (one of them in place, one empty) and a ring of
+ * sends and receives in one group. */
+static void run_direct_in_group(struct cfx_test_rank *ctx, cfxComm_t comm, struct ctx_bufs *b)
+{
+    int n = ctx->nranks, r = ctx->rank;
+    const char *desc = "group of direct allreduces and send/recv";
+    cfx_test_step(ctx, "%s", desc);
+    int32_t *a = (int32_t *)b->send, *a_out = (int32_t *)b->recv;
+    int32_t *c = a + 64, *d = a + 128, *token_out = a + 192, *token_in = a + 193;
+    for (int i = 0; i < 64; i++) {
+        a[i] = r + i;
+        c[i] = r * 2;
+        d[i] = 1;
+    }
+    *token_out = 1000 + r;
+    *token_in = -1;
+    int next = (r + 1) % n, prev = (r + n - 1) % n;
+    CALL(ctx, desc, cfxGroupStart());
+    CALL(ctx, desc, cfxAllReduce(a, a_out, 64, cfxInt32, cfxSum, comm, NULL));
+    if (n > 1) {
+        CALL(ctx, desc, cfxSend(token_out, 1, cfxInt32, next, comm, NULL));
+        CALL(ctx, desc, cfxRecv(token_in, 1, cfxInt32, prev, comm, NULL));
+    }
+    CALL(ctx, desc, cfxAllReduce(c, c, 64, cfxInt32, cfxMax, comm, NULL));
+    CALL(ctx, desc, cfxAllReduce(d, d, 0, cfxInt32, cfxSum, comm, NULL));
+    CALL(ctx, desc, cfxGroupEnd());
+    for (int i = 0; i < 64; i++) {
+        RANK_ASSERT(ctx, a_out[i] == n * (n - 1) / 2 + n * i, "%s: sum[%d] = %d", desc, i,
+                    a_out[i]);
+        RANK_ASSERT(ctx, c[i] == (n - 1) * 2, "%s: max[%d] = %d", desc, i, c[i]);
+        RANK_ASSERT(ctx, d[i] == 1, "%s: an empty allreduce wrote its buffer", desc);
+    }
+    RANK_ASSERT(ctx, n == 1 || *token_in == 1000 + prev, "%s: received %d from rank %d", desc,
+                *token_in, prev);
+}
+
+static void algo_rank(struct cfx_test_rank *ctx)
+{
+    const struct algo_case *ac = ctx->arg;
+    int direct = ac->direct;
+    struct ctx_bufs b;
+    RANK_ASSERT(ctx, bufs_init(&b, ctx->nranks), "out of memory");
+    cfxComm_t comm;
+    RANK_CFX(ctx, cfxCommInitRank(&comm, ctx->nranks, ctx->id, ctx->rank));
+    struct cfx_direct_links first = {{NULL}, {NULL}};
+    if (direct) {
+        run_direct_in_group(ctx, comm, &b);
+        first = comm->direct;
+        for (int q = 0; q < ctx->nranks && !ctx->slot_failed; q++)
+            RANK_ASSERT(ctx, (q == ctx->rank) == (first.to[q] == NULL && first.from[q] == NULL),
+                        "after the first direct call rank %d has %s connectors with rank %d",
+                        ctx->rank, first.to[q] ? "" : "no", q);
+    }
+    if (!ctx->slot_failed)
+        run_allreduce(ctx, comm, &b);
+    if (direct && !ctx->slot_failed)
+        run_rank_order_fold(ctx, comm, &b);
+    if (direct && !ctx->slot_failed)
+        RANK_ASSERT(ctx, memcmp(&first, &comm->direct, sizeof(first)) == 0,
+                    "the direct connectors were rebuilt after the first call");
+    if (!ctx->slot_failed) {
+        RANK_CFX(ctx, cfxCommFinalize(comm));
+    }
+    cfxCommDestroy(comm);
+    free(b.send);
+    free(b.recv);
+}
+
+#define N_ALGO_CASES (2 * 6 * 2)
+static struct algo_case direct_cases[N_ALGO_CASES], ring_cases[N_ALGO_CASES];
+
+static size_t algo_cases(struct algo_case *cases, int direct)
+{
+    static const int ranks[] = {1, 2, 3, 4, 5, 8};
+    size_t k = 0;
+    for (int tr = 0; tr < 2; tr++)
+        for (int ri = 0; ri < 6; ri++)
+            for (int m = 0; m < 2; m++)
+                cases[k++] = (struct algo_case){.transport = (enum transport)tr,
+                                                .nranks = ranks[ri],
+                                                .mode = (enum cfx_test_mode)m,
+                                                .direct = direct};
+    return k;
+}
+
+static void run_algo_case(const struct algo_case *ac)
+{
+    const char *algo = ac->direct ? "direct" : "ring";
+    cr_log_info("allreduce with CFX_ALGO=%s over %s, %d ranks as %s", algo,
+                ac->transport == SHM ? "shm" : "socket", ac->nranks,
+                ac->mode == CFX_TEST_PROCS ? "processes" : "threads");
+    cfx_test_setenv("CFX_SHM_DISABLE", ac->transport == SOCKET ? "1" : NULL);
+    cfx_test_setenv("CFX_ALGO", algo);
+    struct cfx_test_options opts = {
+        .nranks = ac->nranks, .mode = ac->mode, .deadline_s = 600, .arg = (void *)ac};
+    CFX_TEST_RUN(&opts, algo_rank);
+}
+
+ParameterizedTestParameters(direct, allreduce)
+{
+    size_t k = algo_cases(direct_cases, 1);
+    return cr_make_param_array(struct algo_case, direct_cases, k);
+}
+
+ParameterizedTest(struct algo_case *ac, direct, allreduce, .timeout = 900)
+{
+    run_algo_case(ac);
+}
+
+ParameterizedTestParameters(ring, allreduce)
+{
+    size_t k = algo_cases(ring_cases, 0);
+    return cr_make_param_array(struct algo_case, ring_cases, k);
+}
+
+ParameterizedTest(struct algo_case *ac, ring, allreduce, .timeout = 900)
+{
+    run_algo_case(ac);
 }
