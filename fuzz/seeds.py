@@ -51,7 +51,7 @@ def socket_wire():
     put("fuzz_socket_wire", "hellos", b"\1" + struct.pack("<IB", 3, 3)
         + hello(3, 1, 4) + hello(3, 1, 4) + hello(2, 0, 4) + hello(3, 9, 4) + hello(3, 0, 4)
         + hello(3, 3, 4) + hello(3, 2, 4))
-    print_ = struct.pack("<QQiBBBB", 5, 1024, -1, 0, 7, 0, 1)
+    print_ = struct.pack("<QQiBBBBII", 5, 1024, -1, 0, 7, 0, 1, 0, 0)
     header = lambda step, size, magic=0x44584643: struct.pack("<IIQ", magic, step, size) + print_
     put("fuzz_socket_wire", "headers", b"\2" + struct.pack("<II", 524288 - 1, 0)
         + header(0, 4096) + header(1, 524288) + header(2, 0) + header(3, 1 << 33))

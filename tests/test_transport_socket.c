@@ -146,6 +146,7 @@ static int take_one(struct cfx_connector *rx, uint64_t seq, unsigned tag, char *
     const char *slot = cfx_conn_take_slot(rx, &bytes, &print);
     size_t want = size_for(seq, rx->slot_bytes);
     struct cfx_fingerprint expected = print_for(seq, tag);
+    expected.slot = (uint32_t)seq; /* cfx_conn_post numbers the slots; seq counts them. */
     long bad = bytes == want ? slot_verify(slot, seq, bytes, tag) : -2;
     if (bad == -1 && memcmp(print, &expected, sizeof(expected)) != 0)
         bad = -3;

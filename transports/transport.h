@@ -51,6 +51,9 @@ struct cfx_fingerprint {
     uint8_t type;   /* cfxDataType_t. */
     uint8_t op;     /* cfxRedOp_t, or 0xff. */
     uint8_t valid;  /* 1 when set. */
+    uint32_t slot;  /* The connector's slot number (low 32 bits), set by cfx_conn_post: the
+                     * receiver expects its own count, so a lost slot is seen at once. */
+    uint32_t zero;  /* No padding: fingerprints are compared with memcmp. */
 };
 
 /* The FIFO control block. Lives at the start of the connector's memory; the
@@ -191,6 +194,7 @@ static inline void cfx_conn_post(struct cfx_connector *conn, size_t bytes,
     uint64_t tail = atomic_load_explicit(&conn->fifo->tail, memory_order_relaxed);
     conn->fifo->sizes[tail % (uint64_t)conn->n_steps] = bytes;
     conn->fifo->prints[tail % (uint64_t)conn->n_steps] = *print;
+    conn->fifo->prints[tail % (uint64_t)conn->n_steps].slot = (uint32_t)tail;
     atomic_store_explicit(&conn->fifo->tail, tail + 1, memory_order_release);
     if (conn->transport->flags & CFX_TRANSPORT_FLAG_PROGRESS)
         conn->transport->kick(conn->transport_ctx, conn);

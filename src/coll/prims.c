@@ -1,6 +1,7 @@
 /* Primitives: see prims.h. */
 #include "src/coll/prims.h"
 
+#include <stddef.h>
 #include <string.h>
 
 #include "kernels/reduce.h"
@@ -27,8 +28,19 @@ static cfxResult_t take(struct cfx_op *op, struct cfx_connector *conn, size_t by
 {
     size_t got;
     const struct cfx_fingerprint *print;
+    /* The sender numbered the slot with its count of posts; ours of takes must agree. */
+    uint32_t number = (uint32_t)atomic_load_explicit(&conn->fifo->head, memory_order_relaxed);
     *slot_p = cfx_conn_take_slot(conn, &got, &print);
-    if (op->check_prints && memcmp(print, &op->expect, sizeof(*print)) != 0) {
+    struct cfx_fingerprint expect = op->expect;
+    expect.slot = number;
+    if (op->check_prints && print->slot != number &&
+        memcmp(print, &expect, offsetof(struct cfx_fingerprint, slot)) == 0)
+        return cfx_error_set(cfxInternalError, CFX_LOG_COLL,
+                             "%s on rank %d: slot %u from rank %d arrived where slot %u was "
+                             "expected; a slot was lost or repeated on the way",
+                             cfx_coll_name(op->kind), op->rank, print->slot, conn->peer_rank,
+                             number);
+    if (op->check_prints && memcmp(print, &expect, sizeof(*print)) != 0) {
         char mine[160], theirs[160];
         cfx_coll_print_format(&op->expect, mine, sizeof(mine));
         cfx_coll_print_format(print, theirs, sizeof(theirs));

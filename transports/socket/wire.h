@@ -55,7 +55,7 @@ struct cfx_sock_header {
     uint64_t size;
     struct cfx_fingerprint print;
 };
-_Static_assert(sizeof(struct cfx_sock_header) == 40, "cfx_sock_header layout");
+_Static_assert(sizeof(struct cfx_sock_header) == 48, "cfx_sock_header layout");
 
 /* The connect info a side of direction @p dir got from rank @p peer_rank:
  * a sender needs a receiver's (with a socket count it can open and an
