@@ -215,8 +215,9 @@ static void comm_id_init(struct cfx_test_rank *ctx)
 static void comm_id_run(enum cfx_test_mode mode, int nranks)
 {
     char addr[64];
-    /* A port in the dynamic range, different per test process to avoid clashes. */
-    snprintf(addr, sizeof(addr), "127.0.0.1:%d", 20000 + (int)(getpid() % 20000));
+    /* A port below Linux's ephemeral range (32768 up), so no outgoing
+     * connection of another test holds it; different per test process. */
+    snprintf(addr, sizeof(addr), "127.0.0.1:%d", 20000 + (int)(getpid() % 12000));
     cfx_test_setenv("CFX_COMM_ID", addr);
     struct cfx_test_options opts = {
         .nranks = nranks, .mode = mode, .id_mode = CFX_TEST_ID_ENV, .deadline_s = 30};

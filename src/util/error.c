@@ -24,10 +24,13 @@ static void record(unsigned subsys, const char *text)
 
 cfxResult_t cfx_error_set(cfxResult_t res, unsigned subsys, const char *fmt, ...)
 {
+    /* Formatted aside first: a caller may pass cfx_error_thread_last() as an argument. */
+    char text[sizeof(thread_last)];
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(thread_last, sizeof(thread_last), fmt, ap);
+    vsnprintf(text, sizeof(text), fmt, ap);
     va_end(ap);
+    memcpy(thread_last, text, sizeof(text));
     record(subsys, thread_last);
     return res;
 }
