@@ -17,11 +17,15 @@
  * own, so several slots are in flight at once; a slot is released (sender)
  * or posted (receiver) when every socket is past it.
  *
- * Threads: the progress thread holds proxy_lock for each pass over the
- * connectors; register/unregister take it too, so once close() returns the
- * thread no longer touches the connector. Idle, the thread spins for
- * CFX_SOCKET_SPIN_US, then sleeps in epoll_wait (edge-triggered sockets plus
- * an eventfd that kick() writes only when the thread announced it sleeps).
+ * Threads: bytes move in passes over a connector, made by whichever thread
+ * asks first (conn_drive: lock-free, a pass owed to a busy connector is made
+ * by its holder): the user thread in kick() after a post or release and in
+ * progress()/wait() while the executor waits, or the progress thread for
+ * what nobody else moves. The progress thread sleeps in epoll_wait
+ * (edge-triggered sockets plus an eventfd); while user threads move bytes
+ * themselves it naps on the eventfd alone. It holds proxy_lock while it walks
+ * the connector list; register/unregister take it too, so once close()
+ * returns the thread no longer touches the connector.
  * Wire fields are in host order, as in the bootstrap: the magics catch a peer
  * of another build or byte order. docs/transports.md describes it all.
  */
