@@ -123,14 +123,15 @@ static int drive(struct cfx_op *ops, int n_ops)
 }
 
 /* Idle, and every pending operation waits on a connector whose transport
- * can sleep in the kernel (sockets): sleep there, on all of the first such
- * operation's connectors of that transport, at most @p timeout_ns. Returns
- * -1 when some operation waits on memory instead (spin for it), else
- * whether anything moved. */
+ * can sleep in the kernel (sockets): sleep there, on the pending operations'
+ * connectors of the first one's transport and context, at most
+ * @p timeout_ns. Returns -1 when some operation waits on memory instead
+ * (spin for it), else whether anything moved. */
+#define BLOCK_MAX_CONNS 64
+
 static int block(struct cfx_op *ops, int n_ops, int64_t timeout_ns)
 {
     struct cfx_connector *first = NULL;
-    struct cfx_op *first_op = NULL;
     for (int i = 0; i < n_ops; i++) {
         if (ops[i].done)
             continue;
@@ -138,20 +139,20 @@ static int block(struct cfx_op *ops, int n_ops, int64_t timeout_ns)
         struct cfx_connector *conn = cfx_coll_waiting_on(&ops[i], &what);
         if (conn == NULL || conn->transport->wait == NULL)
             return -1;
-        if (first == NULL) {
+        if (first == NULL)
             first = conn;
-            first_op = &ops[i];
-        }
     }
     if (first == NULL)
         return -1;
-    struct cfx_connector *same[CFX_OP_MAX_CONNS];
+    struct cfx_connector *same[BLOCK_MAX_CONNS];
     int n = 0;
-    for (int c = 0; c < first_op->n_conns; c++) {
-        struct cfx_connector *conn = first_op->conns[c];
-        if (conn && conn->transport == first->transport &&
-            conn->transport_ctx == first->transport_ctx)
-            same[n++] = conn;
+    for (int i = 0; i < n_ops; i++) {
+        for (int c = 0; !ops[i].done && c < ops[i].n_conns && n < BLOCK_MAX_CONNS; c++) {
+            struct cfx_connector *conn = ops[i].conns[c];
+            if (conn && conn->transport == first->transport &&
+                conn->transport_ctx == first->transport_ctx)
+                same[n++] = conn;
+        }
     }
     return first->transport->wait(first->transport_ctx, same, n, timeout_ns);
 }
