@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # Conflux side by side with Open MPI and Gloo: 2 ranks, float32 sum allreduce,
 # nccl-tests' bus bandwidth, in the settings below, then a ratio table per
-# setting (bench/compare_report.py).
+# setting (bench/compare_report.py). --colls adds broadcast and allgather
+# (conflux-perf broadcast|allgather against MPI_Bcast|MPI_Allgather, the same
+# sizes and busbw formulas; Gloo times allreduce only): a table per setting
+# and collective.
 #
 #   bench/compare.sh [--quick] [options]          (run it from anywhere, as root)
 #
@@ -17,12 +20,14 @@
 #            2-rank allreduce loads the link (a line above the table).
 #   veth10g  the same link shaped on both ends with tc tbf (--shape).
 #   oversub  8 ranks on this host against 2, conflux-perf at --oversub-bytes
-#            (default 128M): does it complete, and at what bus bandwidth.
+#            (default 128M): does it complete, and at what bus bandwidth
+#            (allreduce only, whatever --colls says).
 #
-# Each comparison is interleaved: for each repeat, Conflux, then Open MPI,
-# then Gloo (and iperf3 first on the veth link), so background load falls on
-# all of them alike; the tables show the median over repeats of each size's
-# time and busbw (--stat best: the best repeat). Every program runs under `timeout`. Logs of every run stay in --out.
+# Each comparison is interleaved: for each repeat and collective, Conflux,
+# then Open MPI, then Gloo (and iperf3 first on the veth link), so background
+# load falls on all of them alike; the tables show the median over repeats of
+# each size's time and busbw (--stat best: the best repeat). Every program
+# runs under `timeout`. Logs of every run stay in --out.
 #
 # Open MPI across namespaces: mpirun runs in the first namespace with its
 # PMIx server listening on that namespace's veth address
@@ -38,7 +43,7 @@
 #
 # Installs what it needs from Debian when missing (scripts/deps.sh, then
 # g++, libgloo-dev, iperf3, python3) unless --no-install, and builds
-# conflux-perf, mpi_allreduce_bench and gloo_allreduce_bench in --build.
+# conflux-perf, mpi_coll_bench and gloo_allreduce_bench in --build.
 # The namespace settings need root; without it they are skipped (said so).
 set -u
 
@@ -54,6 +59,7 @@ warmup=5
 check=1
 repeat=3
 settings=shm,tcp,veth,veth10g,oversub
+colls=allreduce
 build_dir=$root_dir/build
 jobs=$(nproc 2>/dev/null || echo 2)
 out_dir=""
@@ -88,6 +94,8 @@ usage: $0 [--quick] [options]
   --repeat N          interleaved repeats of each comparison (default $repeat)
   --settings LIST     comma-separated, from shm,tcp,veth,veth10g,oversub
                       (default $settings)
+  --colls LIST        comma-separated, from allreduce,broadcast,allgather
+                      (default $colls); Gloo and oversub: allreduce only
   --shape TBF         tc tbf parameters of veth10g (default "$shape")
   --iperf-seconds N   length of each iperf3 run (default $iperf_seconds)
   --oversub-bytes S   allreduce size of the oversub setting (default $oversub_bytes)
@@ -128,6 +136,7 @@ while [ $# -gt 0 ]; do
     -c | --check) need "$1" $#; check=$2; shift 2 ;;
     --repeat) need "$1" $#; repeat=$2; shift 2 ;;
     --settings) need "$1" $#; settings=$2; shift 2 ;;
+    --colls) need "$1" $#; colls=$2; shift 2 ;;
     --shape) need "$1" $#; shape=$2; shift 2 ;;
     --iperf-seconds) need "$1" $#; iperf_seconds=$2; shift 2 ;;
     --oversub-bytes) need "$1" $#; oversub_bytes=$2; shift 2 ;;
@@ -159,7 +168,19 @@ IFS=, read -r -a setting_list <<<"$settings"
 for s in "${setting_list[@]}"; do
   case $s in shm | tcp | veth | veth10g | oversub) ;; *) echo "$0: unknown setting '$s'" >&2; usage ;; esac
 done
+IFS=, read -r -a coll_list <<<"$colls"
+[ ${#coll_list[@]} -gt 0 ] || { echo "$0: --colls is empty" >&2; usage; }
+for c in "${coll_list[@]}"; do
+  case $c in
+    allreduce | broadcast | allgather) ;;
+    *) echo "$0: unknown collective '$c'" >&2; usage ;;
+  esac
+done
 want() { [[ ",$settings," == *",$1,"* ]]; }
+wants_allreduce() { [[ ",$colls," == *",allreduce,"* ]]; }
+# log_name LIB COLL: a run's log file name before .<repeat>: allreduce keeps
+# the plain LIB (conflux, ompi, gloo), the others are LIB.COLL.
+log_name() { if [ "$2" = allreduce ]; then echo "$1"; else echo "$1.$2"; fi; }
 
 is_root=0
 [ "$(id -u)" -eq 0 ] && is_root=1
@@ -206,7 +227,7 @@ command -v python3 >/dev/null || { warn "needs python3 for the tables"; exit 1; 
 
 # ------------------------------------------------------------------ build
 perf=$build_dir/tools/conflux-perf
-mpi_bench=$build_dir/bench/mpi_allreduce_bench
+mpi_bench=$build_dir/bench/mpi_coll_bench
 gloo_bench=$build_dir/bench/gloo_allreduce_bench
 if [ "$build" -eq 1 ]; then
   log "building in $build_dir"
@@ -217,7 +238,7 @@ if [ "$build" -eq 1 ]; then
   fi || { warn "cmake configure failed"; exit 1; }
   cmake --build "$build_dir" -j"$jobs" --target conflux-perf >/dev/null ||
     { warn "building conflux-perf failed"; exit 1; }
-  for t in mpi_allreduce_bench gloo_allreduce_bench; do
+  for t in mpi_coll_bench gloo_allreduce_bench; do
     cmake --build "$build_dir" -j"$jobs" --target "$t" >/dev/null 2>&1 ||
       warn "$t not built (its library was not found); its column stays empty"
   done
@@ -326,6 +347,7 @@ calm_wait() {
   echo "cpu: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2-)"
   echo "conflux: $(git -C "$root_dir" describe --always --dirty 2>/dev/null || echo unknown)"
   echo "sweep: ${common[*]}  repeat: $repeat  mpirun --bind-to $mpi_bind"
+  [ "$colls" = allreduce ] || echo "collectives: $colls"
   [ -z "$note" ] || echo "note: $note"
 } >"$out_dir/run-info.txt"
 
@@ -333,29 +355,27 @@ setting_shm_tcp() { # shm|tcp
   local s=$1 dir=$out_dir/$1 r
   mkdir -p "$dir"
   loadavg >"$dir/load-start"
+  local cfx_shm=() btl=(--mca btl "self,vader") c cf om
+  if [ "$s" = tcp ]; then
+    cfx_shm=(CFX_SHM_DISABLE=1)
+    btl=(--mca btl "self,tcp" --mca btl_tcp_if_include lo)
+  fi
   for ((r = 1; r <= repeat; r++)); do
     log "$s: repeat $r of $repeat"
-    if [ "$s" = shm ]; then
-      calm_wait "$dir/conflux.$r"
-      run_logged "$dir/conflux.$r" env "${cfx_env[@]}" CFX_SOCKET_IFNAME=lo \
-        "${tmo[@]}" "$perf" allreduce --np 2 "${common[@]}"
+    for c in "${coll_list[@]}"; do
+      cf=$dir/$(log_name conflux "$c").$r
+      calm_wait "$cf"
+      run_logged "$cf" env "${cfx_env[@]}" CFX_SOCKET_IFNAME=lo "${cfx_shm[@]}" \
+        "${tmo[@]}" "$perf" "$c" --np 2 "${common[@]}"
       if [ "$have_mpi" -eq 1 ]; then
-        calm_wait "$dir/ompi.$r"
-        run_logged "$dir/ompi.$r" "${tmo[@]}" "${mpirun_base[@]}" -np 2 \
-          --mca btl self,vader "$mpi_bench" "${common[@]}"
+        om=$dir/$(log_name ompi "$c").$r
+        calm_wait "$om"
+        run_logged "$om" "${tmo[@]}" "${mpirun_base[@]}" -np 2 "${btl[@]}" \
+          "$mpi_bench" -C "$c" "${common[@]}"
       fi
-    else
-      calm_wait "$dir/conflux.$r"
-      run_logged "$dir/conflux.$r" env "${cfx_env[@]}" CFX_SOCKET_IFNAME=lo CFX_SHM_DISABLE=1 \
-        "${tmo[@]}" "$perf" allreduce --np 2 "${common[@]}"
-      if [ "$have_mpi" -eq 1 ]; then
-        calm_wait "$dir/ompi.$r"
-        run_logged "$dir/ompi.$r" "${tmo[@]}" "${mpirun_base[@]}" -np 2 \
-          --mca btl self,tcp --mca btl_tcp_if_include lo "$mpi_bench" "${common[@]}"
-      fi
-    fi
+    done
     # Gloo has no shared memory: one set of loopback runs serves both tables.
-    if [ "$have_gloo" -eq 1 ]; then
+    if [ "$have_gloo" -eq 1 ] && wants_allreduce; then
       local other=tcp
       [ "$s" = tcp ] && other=shm
       if [ -f "$out_dir/$other/gloo.$r" ] && want "$other"; then
@@ -397,35 +417,36 @@ iperf_run() {
   wait "$pid" 2>/dev/null
 }
 
-cfx_veth_rank() { # RANK: one Conflux rank in its namespace, rank 0 listening on its veth
+cfx_veth_rank() { # RANK COLL: one Conflux rank in its namespace, rank 0 listening on its veth
   local ns=$ns_a veth=$veth_a
   [ "$1" -eq 1 ] && ns=$ns_b veth=$veth_b
   ip netns exec "$ns" env "${cfx_env[@]}" RANK="$1" WORLD_SIZE=2 MASTER_ADDR=$addr_a \
     MASTER_PORT=$port CFX_SOCKET_IFNAME="=$veth" CFX_HOSTID="cfx-compare-$1-$$" \
-    "${tmo[@]}" "$perf" allreduce "${common[@]}"
+    "${tmo[@]}" "$perf" "$2" "${common[@]}"
 }
 
-veth_conflux() { # FILE
+veth_conflux() { # FILE COLL
   local pid
   calm_wait "$1"
   port=$((port + 1))
-  cfx_veth_rank 1 >/dev/null 2>"$1.rank1.err" &
+  cfx_veth_rank 1 "$2" >/dev/null 2>"$1.rank1.err" &
   pid=$!
   pids+=("$pid")
-  run_logged "$1" cfx_veth_rank 0
+  run_logged "$1" cfx_veth_rank 0 "$2"
   wait "$pid" || warn "conflux rank 1 exited $?; see $1.rank1.err"
 }
 
-veth_ompi() { # FILE: mpirun in the first namespace, rank 1 entered into the second
+veth_ompi() { # FILE COLL: mpirun in the first namespace, rank 1 entered into the second
   calm_wait "$1"
   run_logged "$1" ip netns exec "$ns_a" env PMIX_MCA_ptl_tcp_remote_connections=1 \
     PMIX_MCA_ptl_tcp_if_include="$veth_a" "${tmo[@]}" \
     "${mpirun_base[@]}" --mca btl self,tcp --mca btl_tcp_if_include "$subnet" \
-    -np 1 "$mpi_bench" "${common[@]}" : -np 1 ip netns exec "$ns_b" "$mpi_bench" "${common[@]}"
+    -np 1 "$mpi_bench" -C "$2" "${common[@]}" : \
+    -np 1 ip netns exec "$ns_b" "$mpi_bench" -C "$2" "${common[@]}"
 }
 
 setting_veth() { # veth|veth10g
-  local s=$1 dir=$out_dir/$1 r
+  local s=$1 dir=$out_dir/$1 r c
   if [ "$is_root" -ne 1 ]; then
     warn "SKIP $s: network namespaces need root"
     return
@@ -451,9 +472,13 @@ setting_veth() { # veth|veth10g
       iperf_run "$dir/iperf.$r"
       iperf_run "$dir/iperfbidir.$r" --bidir
     fi
-    veth_conflux "$dir/conflux.$r"
-    [ "$have_mpi" -eq 1 ] && [ "$mpi_veth" -eq 1 ] && veth_ompi "$dir/ompi.$r"
-    [ "$have_gloo" -eq 1 ] && gloo_pair "$dir/gloo.$r" "$ns_a" "$veth_a" "$ns_b" "$veth_b"
+    for c in "${coll_list[@]}"; do
+      veth_conflux "$dir/$(log_name conflux "$c").$r" "$c"
+      [ "$have_mpi" -eq 1 ] && [ "$mpi_veth" -eq 1 ] &&
+        veth_ompi "$dir/$(log_name ompi "$c").$r" "$c"
+    done
+    [ "$have_gloo" -eq 1 ] && wants_allreduce &&
+      gloo_pair "$dir/gloo.$r" "$ns_a" "$veth_a" "$ns_b" "$veth_b"
   done
   loadavg >"$dir/load-end"
 }

@@ -1,13 +1,16 @@
 #!/usr/bin/env python3
-"""The tables of bench/compare.sh: per setting, each size's busbw for Conflux,
-Open MPI and Gloo, their ratios, the 8-byte latency, the iperf3 and memcpy
-reference lines, the oversubscription figure, and issue 5's targets.
+"""The tables of bench/compare.sh: per setting and collective, each size's busbw
+for Conflux, Open MPI and Gloo (allreduce only), their ratios, the 8-byte
+latency, the iperf3 and memcpy reference lines, the oversubscription figure,
+and issue 5's targets.
 
     bench/compare_report.py OUT_DIR SETTINGS OVERSUB_RANKS median|best
 
 OUT_DIR holds one folder per setting with the logs compare.sh wrote: LIB.N is
-the stdout of repeat N of LIB (conflux, ompi, gloo, iperf, iperfbidir, npK),
-LIB.N.calm the --calm count before it. Standard library only.
+the stdout of repeat N of LIB (conflux, ompi, gloo, iperf, iperfbidir, npK)
+for allreduce, LIB.COLL.N that of another collective (conflux.broadcast.1,
+ompi.allgather.2), LIB.N.calm the --calm count before it. A table is printed
+for each collective that has logs. Standard library only.
 """
 import json
 import os
@@ -22,8 +25,16 @@ out, settings, oversub_ranks, stat = (sys.argv[1], sys.argv[2].split(","), int(s
 pick_low = statistics.median if stat == "median" else min    # times
 pick_high = statistics.median if stat == "median" else max   # bandwidths
 GB = 1e9
+COLLS = ("allreduce", "broadcast", "allgather")  # table order
+# busbw / algbw at 2 ranks, nccl-tests' factors: 2(n-1)/n, 1, (n-1)/n.
+BUS_FACTOR = {"allreduce": 1.0, "broadcast": 1.0, "allgather": 0.5}
 problems = []  # runs left out, for the summary
 targets = []   # issue 5's targets: "met" or "MISSED" lines
+
+
+def log_name(lib, coll):
+    """The log name of `lib`'s runs of `coll`, before .<repeat> (compare.sh's log_name)."""
+    return lib if coll == "allreduce" else f"{lib}.{coll}"
 
 
 def run_files(setting, lib):
@@ -50,7 +61,7 @@ def rows(path):
         try:
             if len(f) >= 13:   # conflux-perf: size count type redop root time algbw busbw ...
                 result[int(f[0])] = (float(f[5]), float(f[7]))
-            elif len(f) == 5:  # mpi_/gloo_allreduce_bench: size count time algbw busbw
+            elif len(f) == 5:  # mpi_coll_bench, gloo_allreduce_bench: size count time algbw busbw
                 result[int(f[0])] = (float(f[2]), float(f[4]))
         except ValueError:
             pass
@@ -65,20 +76,22 @@ def runs(setting, lib):
     return [r for r in map(rows, run_files(setting, lib)) if r]
 
 
-def size_table(rs):
+def size_table(rs, coll="allreduce"):
     """{size: (time_us over the runs, busbw from it, runs)}. Two ranks, so busbw = algbw =
-    size / time; computed from the time, which the tables print with more digits."""
+    size / time times BUS_FACTOR[coll]; computed from the time, which the tables print with
+    more digits."""
     sizes = sorted({s for r in rs for s in r})
     table = {}
     for sz in sizes:
         t = pick_low([r[sz][0] for r in rs if sz in r])
-        table[sz] = (t, sz / (t * 1e3) if t > 0 else None, sum(1 for r in rs if sz in r))
+        table[sz] = (t, sz / (t * 1e3) * BUS_FACTOR[coll] if t > 0 else None,
+                     sum(1 for r in rs if sz in r))
     return table
 
 
-def memcpy_gbps(setting):
+def memcpy_gbps(setting, coll="allreduce"):
     vals = []
-    for p in run_files(setting, "conflux"):
+    for p in run_files(setting, log_name("conflux", coll)):
         for line in open(p):
             if line.startswith("# memcpy bandwidth:"):
                 vals.append(float(line.split(":")[1].split()[0]))
@@ -125,6 +138,11 @@ def fmt(x, spec="7.2f"):
 def ratio(a, b):
     return a / b if a is not None and b else None
 
+MPI_CALL = {"allreduce": "MPI_Allreduce", "broadcast": "MPI_Bcast (root 0)",
+            "allgather": "MPI_Allgather"}
+BUS_FORMULA = {"allreduce": "algbw * 2(n-1)/n", "broadcast": "algbw",
+               "allgather": "algbw * (n-1)/n, size = the total output"}
+
 titles = {
     "shm": "one host, shared memory (Open MPI vader; Gloo: TCP on lo, it has no shm)",
     "tcp": "one host, loopback TCP (Conflux CFX_SHM_DISABLE=1; Open MPI tcp on lo; Gloo tcp on lo)",
@@ -132,14 +150,30 @@ titles = {
     "veth10g": "two namespaces, veth shaped with tc tbf on both ends",
 }
 
-def setting_table(s):
-    """The table of one 2-rank setting, and its targets."""
-    t = {lib: size_table(runs(s, lib)) for lib in ("conflux", "ompi", "gloo")}
-    n_runs = {lib: len(run_files(s, lib)) for lib in t}
+def has_runs(s, coll):
+    """Whether setting `s` holds logs of `coll`."""
+    return any(run_files(s, log_name(lib, coll)) for lib in ("conflux", "ompi", "gloo"))
+
+
+def setting_table(s, coll="allreduce"):
+    """The table of one 2-rank setting and collective, and its targets. Gloo's columns are
+    there for allreduce only (gloo_allreduce_bench times nothing else)."""
+    libs = ("conflux", "ompi", "gloo") if coll == "allreduce" else ("conflux", "ompi")
+    t = {lib: size_table(runs(s, log_name(lib, coll)), coll) for lib in libs}
+    t.setdefault("gloo", {})
+    n_runs = {lib: len(run_files(s, log_name(lib, coll))) for lib in libs}
     load = [open(f"{out}/{s}/load-{w}").read().strip() for w in ("start", "end")]
-    print(f"\n## {s}: {titles[s]}")
-    print(f"# runs: Conflux {n_runs['conflux']}, Open MPI {n_runs['ompi']}, "
-          f"Gloo {n_runs['gloo']}; load average {load[0]} at the start, {load[1]} at the end")
+    gloo = "gloo" in libs
+    name = s if coll == "allreduce" else f"{s} {coll}"  # allreduce: the headings as before
+    print(f"\n## {name}: {titles[s]}")
+    if gloo:
+        print(f"# runs: Conflux {n_runs['conflux']}, Open MPI {n_runs['ompi']}, "
+              f"Gloo {n_runs['gloo']}; load average {load[0]} at the start, {load[1]} at the end")
+    else:
+        print(f"# {coll}: conflux-perf {coll} against {MPI_CALL[coll]}; busbw = "
+              f"{BUS_FORMULA[coll]}; no Gloo columns (gloo_allreduce_bench times allreduce only)")
+        print(f"# runs: Conflux {n_runs['conflux']}, Open MPI {n_runs['ompi']}; "
+              f"load average {load[0]} at the start, {load[1]} at the end (the whole setting)")
     if calm_line(s):
         print(calm_line(s))
     if os.path.exists(f"{out}/{s}/qdisc"):
@@ -153,18 +187,20 @@ def setting_table(s):
         if fwd is not None and rev is not None:
             print(f"# iperf3 --bidir: {fwd:.2f} and {rev:.2f} GB/s, both ways at once "
                   f"({stat} of {n_bidir}); Conflux/ceiling below uses the one-way figure")
-    mc = memcpy_gbps(s)
+    mc = memcpy_gbps(s, coll)
     if mc is not None:
         print(f"# memcpy bandwidth: {mc:.2f} GB/s (conflux-perf, {stat} of the repeats)")
-    print(f"#{'size':>9} {'Conflux':>8} {'OMPI':>8} {'Gloo':>8} {'Cfx/OMPI':>9} {'Cfx/Gloo':>9}"
+    print(f"#{'size':>9} {'Conflux':>8} {'OMPI':>8}" + (f" {'Gloo':>8}" if gloo else "")
+          + f" {'Cfx/OMPI':>9}" + (f" {'Cfx/Gloo':>9}" if gloo else "")
           + ("  Cfx/iperf3" if ceiling else ""))
-    print(f"#{'(B)':>9} {'busbw':>8} {'busbw':>8} {'busbw':>8}")
+    print(f"#{'(B)':>9} {'busbw':>8} {'busbw':>8}" + (f" {'busbw':>8}" if gloo else ""))
     sizes = sorted(set(t["conflux"]) | set(t["ompi"]) | set(t["gloo"]))
     bw = {lib: {sz: v[1] for sz, v in t[lib].items()} for lib in t}
     for sz in sizes:
         c, o, g = (bw[lib].get(sz) for lib in ("conflux", "ompi", "gloo"))
-        line = (f"{human(sz):>10} {fmt(c, '8.3f')} {fmt(o, '8.3f')} {fmt(g, '8.3f')} "
-                f"{fmt(ratio(c, o), '9.2f')} {fmt(ratio(c, g), '9.2f')}")
+        line = (f"{human(sz):>10} {fmt(c, '8.3f')} {fmt(o, '8.3f')}"
+                + (f" {fmt(g, '8.3f')}" if gloo else "") + f" {fmt(ratio(c, o), '9.2f')}"
+                + (f" {fmt(ratio(c, g), '9.2f')}" if gloo else ""))
         if ceiling:
             line += f" {fmt(ratio(c, ceiling), '10.2f')}"
         print(line)
@@ -172,15 +208,28 @@ def setting_table(s):
     if small is not None:
         lat = {lib: t[lib][small][0] if small in t[lib] else None for lib in t}
         print(f"# {small}-byte latency (us): Conflux {fmt(lat['conflux'], '.2f')}, "
-              f"Open MPI {fmt(lat['ompi'], '.2f')}, Gloo {fmt(lat['gloo'], '.2f')}")
+              f"Open MPI {fmt(lat['ompi'], '.2f')}"
+              + (f", Gloo {fmt(lat['gloo'], '.2f')}" if gloo else ""))
     # Issue 5's targets, from these figures.
     def check(name, ok, detail):
-        targets.append(f"{'met   ' if ok else 'MISSED'} {s}: {name}: {detail}")
+        targets.append(f"{'met   ' if ok else 'MISSED'} {name_target}: {name}: {detail}")
+
+    name_target = s if coll == "allreduce" else f"{s} {coll}"
 
     def worst(pairs):
         r = [(sz, c / o) for sz, c, o in pairs if c is not None and o]
         return min(r, key=lambda x: x[1]) if r else None
 
+    if coll != "allreduce":
+        # Broadcast and allgather: >= Open MPI's MPI_Bcast/MPI_Allgather at >= 1 MiB, on one
+        # host (shared memory and loopback TCP).
+        if s in ("shm", "tcp") and t["ompi"]:
+            w = worst([(sz, bw["conflux"].get(sz), bw["ompi"].get(sz))
+                       for sz in sizes if sz >= 1 << 20])
+            if w:
+                check(f"busbw >= Open MPI's {MPI_CALL[coll]} at every size >= 1M", w[1] >= 1.0,
+                      f"lowest Conflux/OMPI {w[1]:.2f} at {human(w[0])}")
+        return
     if s in ("shm", "tcp") and t["ompi"]:
         lo = 0 if s == "shm" else 64 << 10
         w = worst([(sz, bw["conflux"].get(sz), bw["ompi"].get(sz)) for sz in sizes if sz >= lo])
@@ -240,7 +289,11 @@ def main():
     print(f"statistic over repeats: {stat} (of each size's time and bandwidth)")
     for s in settings:
         if s != "oversub" and os.path.isdir(f"{out}/{s}"):
-            setting_table(s)
+            for coll in COLLS:
+                if coll == "allreduce" and not any(has_runs(s, c) for c in COLLS):
+                    setting_table(s)  # an empty table, as before: says the setting ran nothing
+                elif has_runs(s, coll):
+                    setting_table(s, coll)
     if "oversub" in settings and os.path.isdir(f"{out}/oversub"):
         oversub_table()
     if problems:

@@ -70,11 +70,19 @@ void allreduce(const gloo_bench &b, float *send, float *recv, size_t count)
     gloo::allreduce(opts);
 }
 
-void allreduce_at(const gloo_bench &b, size_t bytes, long iter)
+void allreduce_at(const gloo_bench &b, const sweep_sizing &sz, long iter)
 {
-    size_t shift = bytes * (static_cast<size_t>(iter) % sweep_steps(b.opt, bytes));
+    size_t shift = sz.total_bytes * (static_cast<size_t>(iter) % sz.steps);
     allreduce(b, reinterpret_cast<float *>(b.send_buf + shift),
-              reinterpret_cast<float *>(b.recv_buf + shift), bytes / sizeof(float));
+              reinterpret_cast<float *>(b.recv_buf + shift), sz.count);
+}
+
+void warmup(const gloo_bench &b, size_t bytes)
+{
+    sweep_sizing sz;
+    sweep_sizing_init(b.opt, bytes, b.nranks, &sz);
+    for (long iter = 0; iter < b.opt->warmup_iters; iter++)
+        allreduce_at(b, sz, iter);
 }
 
 // A sum over ranks of bookkeeping values (times, error counts).
@@ -93,23 +101,23 @@ template <typename T> T sum_over_ranks(const gloo_bench &b, T value)
 void time_size(gloo_bench &b, size_t bytes)
 {
     const sweep_options *opt = b.opt;
-    allreduce_at(b, bytes, 0);
+    sweep_sizing sz;
+    sweep_sizing_init(opt, bytes, b.nranks, &sz);
+    allreduce_at(b, sz, 0);
     double start = sweep_now_s();
     for (long iter = 0; iter < opt->iters; iter++)
-        allreduce_at(b, bytes, iter);
+        allreduce_at(b, sz, iter);
     double seconds = (sweep_now_s() - start) / static_cast<double>(opt->iters);
     seconds = sum_over_ranks(b, seconds) / b.nranks;
     if (b.rank == 0) {
-        b.busbw_sum += sweep_print_row(stdout, bytes, seconds, b.nranks);
+        b.busbw_sum += sweep_print_row(stdout, opt, &sz, seconds, b.nranks);
         b.busbw_count++;
     }
-    size_t count = bytes / sizeof(float);
     for (long c = 0; c < opt->check_iters; c++) {
-        std::memset(b.recv_buf, 0xff, bytes);
-        allreduce_at(b, bytes, 0);
-        b.wrong +=
-            static_cast<long long>(sweep_verify(reinterpret_cast<float *>(b.recv_buf), count,
-                                                b.nranks));
+        std::memset(b.recv_buf, 0xff, sz.total_bytes);
+        allreduce_at(b, sz, 0);
+        b.wrong += static_cast<long long>(
+            sweep_verify(reinterpret_cast<float *>(b.recv_buf), sz.count, b.nranks));
     }
 }
 
@@ -123,13 +131,11 @@ void run(gloo_bench &b)
                       GLOO_VERSION_MAJOR, GLOO_VERSION_MINOR, GLOO_VERSION_PATCH);
         sweep_print_header(stdout, title, opt, b.nranks);
     }
-    for (long iter = 0; iter < opt->warmup_iters; iter++)
-        allreduce_at(b, opt->max_bytes / sizeof(float) * sizeof(float), iter);
-    for (long iter = 0; iter < opt->warmup_iters; iter++)
-        allreduce_at(b, opt->min_bytes / sizeof(float) * sizeof(float), iter);
+    warmup(b, opt->max_bytes);
+    warmup(b, opt->min_bytes);
     size_t bytes = opt->min_bytes;
     do {
-        time_size(b, bytes / sizeof(float) * sizeof(float));
+        time_size(b, bytes);
     } while ((bytes = sweep_next_bytes(opt, bytes)) != 0);
 }
 
@@ -150,8 +156,8 @@ int main(int argc, char **argv)
 {
     sweep_options opt;
     int help = 0;
-    int status =
-        sweep_options_parse(argc, argv, "gloo_allreduce_bench", launch_help, &opt, &help);
+    int status = sweep_options_parse(argc, argv, "gloo_allreduce_bench", launch_help,
+                                     SWEEP_COLL_BIT(SWEEP_ALLREDUCE), &opt, &help);
     if (status != SWEEP_EXIT_OK || help)
         return status;
 
