@@ -5,6 +5,7 @@
 #include <criterion/criterion.h>
 #include <criterion/parameterized.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
@@ -290,4 +291,63 @@ Test(init_all, devlist_without_gpu_is_refused_with_a_sentence, .timeout = 60)
     cr_assert_eq(res, cfxInvalidArgument);
     cr_assert(strstr(cfxGetLastError(NULL), "CUDA device") != NULL, "sentence: %s",
               cfxGetLastError(NULL));
+}
+
+/* ---------------------------------------------------- plans ranks agree on */
+
+/* Each rank plans from its own host's topology. Here they differ: rank 0's
+ * host has a network port (so it plans, and would take the direct allreduce
+ * for small sizes, whose connectors are built at init), the others' have
+ * none (no plan across hosts: the ring). Without agreement rank 0 waited at
+ * init for connectors the others never built. Now every rank sees the
+ * difference and uses the ring, and the allreduce is exact. */
+static char g_bare_topo[64];
+
+static void claim_host_and_topology(struct cfx_test_rank *ctx)
+{
+    char host[32], src[1024], path[1100];
+    snprintf(host, sizeof(host), "plan-agree-host-%d", ctx->rank);
+    cfx_test_setenv("CFX_HOSTID", host);
+    snprintf(src, sizeof(src), "%s", __FILE__);
+    char *slash = strrchr(src, '/');
+    if (slash)
+        *slash = '\0';
+    snprintf(path, sizeof(path), "%s/topo/cpu-2socket.xml", src);
+    cfx_test_setenv("CFX_TOPO_FILE", ctx->rank == 0 ? path : g_bare_topo);
+}
+
+static void allreduce_across_disagreeing_plans(struct cfx_test_rank *ctx)
+{
+    cfxComm_t comm;
+    cfx_test_step(ctx, "init with a topology unlike the other ranks'");
+    RANK_CFX(ctx, cfxCommInitRank(&comm, ctx->nranks, ctx->id, ctx->rank));
+    float in[8], out[8];
+    for (int i = 0; i < 8; i++)
+        in[i] = (float)(ctx->rank + 1 + i);
+    cfx_test_step(ctx, "small allreduce");
+    RANK_CFX(ctx, cfxAllReduce(in, out, 8, cfxFloat32, cfxSum, comm, NULL));
+    int n = ctx->nranks;
+    for (int i = 0; i < 8; i++)
+        RANK_ASSERT(ctx, out[i] == (float)(n * (n + 1) / 2 + n * i), "out[%d] = %g", i,
+                    (double)out[i]);
+    RANK_CFX(ctx, cfxCommDestroy(comm));
+}
+
+Test(plan_agreement, ranks_whose_topologies_differ_all_use_the_ring, .timeout = 60)
+{
+    snprintf(g_bare_topo, sizeof(g_bare_topo), "/tmp/cfx-bare-topo-XXXXXX");
+    int fd = mkstemp(g_bare_topo);
+    cr_assert(fd >= 0);
+    const char *xml = "<system version=\"1\">\n"
+                      "  <cpu numaid=\"0\" affinity=\"ffffffff\" arch=\"x86_64\" "
+                      "vendor=\"AuthenticAMD\" familyid=\"25\" modelid=\"1\"/>\n"
+                      "</system>\n";
+    cr_assert_eq(write(fd, xml, strlen(xml)), (ssize_t)strlen(xml));
+    close(fd);
+    struct cfx_test_options opts = {.nranks = 3,
+                                    .mode = CFX_TEST_PROCS,
+                                    .deadline_s = 30,
+                                    .before_rank = claim_host_and_topology};
+    CFX_TEST_RUN(&opts, allreduce_across_disagreeing_plans);
+    unlink(g_bare_topo);
 }

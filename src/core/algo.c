@@ -15,6 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "src/bootstrap/bootstrap.h"
 #include "src/core/comm.h"
 #include "src/plan/plan.h"
 #include "src/topo/topo.h"
@@ -33,12 +34,50 @@ static void detect_once(void)
     }
 }
 
-void cfx_core_algo_init(struct cfxComm *comm)
+static void plan_build(struct cfxComm *comm);
+
+/* Every rank planned from its own host's topology (alike in a homogeneous
+ * job). Where they differ (hosts of other kinds, a CFX_TOPO_FILE on some
+ * ranks only, an interface still coming up during detection) the ranks would
+ * pick different schedules and wait for each other forever: compare the
+ * plans' signatures, and on any difference all ranks drop the plan. */
+static cfxResult_t plan_agree(struct cfxComm *comm)
+{
+    uint64_t *sigs = calloc((size_t)comm->nranks, sizeof(*sigs));
+    if (sigs == NULL)
+        return cfx_error_set(cfxSystemError, CFX_LOG_INIT,
+                             "out of memory comparing the plans of %d ranks", comm->nranks);
+    sigs[comm->rank] = comm->plan ? cfx_plan_signature(comm->plan) : 0;
+    cfxResult_t res = cfx_bootstrap_allgather(comm->bootstrap, sigs, sizeof(*sigs));
+    int other = -1;
+    for (int r = 0; res == cfxSuccess && r < comm->nranks && other < 0; r++)
+        if (sigs[r] != sigs[comm->rank])
+            other = r;
+    if (other >= 0) {
+        CFX_WARN(CFX_LOG_TUNING,
+                 "rank %d planned %s and rank %d %s (their hosts' topologies differ as "
+                 "detected, or CFX_TOPO_FILE/CFX_ALGO/CFX_PROTO differ); every rank uses the "
+                 "ring",
+                 comm->rank, comm->plan ? "differently" : "nothing", other,
+                 sigs[other] ? "a plan" : "nothing");
+        cfx_core_algo_fini_plan(comm);
+    }
+    free(sigs);
+    return res;
+}
+
+cfxResult_t cfx_core_algo_init(struct cfxComm *comm)
 {
     for (int t = 0; t < 2; t++)
         comm->trees[t] = (struct cfx_tree_links){.parent = -1};
     if (comm->nranks < 2)
-        return;
+        return cfxSuccess;
+    plan_build(comm);
+    return plan_agree(comm);
+}
+
+static void plan_build(struct cfxComm *comm)
+{
     for (int t = 0; t < 2; t++) {
         comm->relay_send[t] = calloc((size_t)comm->nranks, sizeof(struct cfx_connector *));
         comm->relay_recv[t] = calloc((size_t)comm->nranks, sizeof(struct cfx_connector *));
@@ -87,6 +126,14 @@ void cfx_core_algo_init(struct cfxComm *comm)
             if (tree->children[comm->rank][c] >= 0)
                 links->children[links->n_children++] = tree->children[comm->rank][c];
     }
+}
+
+void cfx_core_algo_fini_plan(struct cfxComm *comm)
+{
+    cfx_plan_free(comm->plan);
+    comm->plan = NULL;
+    for (int t = 0; t < 2; t++)
+        comm->trees[t] = (struct cfx_tree_links){.parent = -1};
 }
 
 void cfx_core_algo_fini(struct cfxComm *comm)

@@ -122,9 +122,12 @@ cfxResult_t cfx_core_connect_batch(struct cfx_conn_request *reqs, int n_reqs);
 /* Close every connector and transport of a communicator. Never blocks. */
 void cfx_core_disconnect_all(struct cfxComm *comm);
 
-/* Algorithm choice (algo.c). Build the plan at init (never fails: without a
- * plan every collective uses the ring); free it with the communicator. */
-void cfx_core_algo_init(struct cfxComm *comm);
+/* Algorithm choice (algo.c). Build the plan at init and make sure every
+ * rank has the same one (without a plan, or when the ranks' plans differ,
+ * every collective uses the ring); fails only when the bootstrap does. Free
+ * it with the communicator (fini), or drop just the plan (fini_plan). */
+cfxResult_t cfx_core_algo_init(struct cfxComm *comm);
+void cfx_core_algo_fini_plan(struct cfxComm *comm);
 void cfx_core_algo_fini(struct cfxComm *comm);
 /* The schedule a call of @p bytes runs on: the trees (allreduce, broadcast,
  * reduce), the direct one-shot allreduce, or the ring (everything else). */

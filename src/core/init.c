@@ -143,7 +143,7 @@ static cfxResult_t comm_setup(struct cfxComm *comm)
         }
     }
     CFX_CHECK(connect_ring(comm));
-    cfx_core_algo_init(comm);
+    CFX_CHECK(cfx_core_algo_init(comm));
     CFX_CHECK(cfx_core_algo_connect(comm));
     CFX_CHECK(cfx_core_flight_init(comm));
     comm->check_mismatch = param_check_mismatch() != 0;

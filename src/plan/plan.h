@@ -170,6 +170,12 @@ void cfx_plan_free(struct cfx_plan *plan);
 cfxResult_t cfx_plan_choose(struct cfx_plan *plan, enum cfx_coll_kind coll, size_t bytes,
                             struct cfx_plan_choice *out);
 
+/** A hash of every decision the plan makes: its rings, trees, and the
+ *  algorithm and protocol cfx_plan_choose picks for each collective at every
+ *  power-of-two size up to 1 TiB. Ranks whose signatures differ would run
+ *  different schedules. Pure (logs nothing). */
+uint64_t cfx_plan_signature(const struct cfx_plan *plan);
+
 /** Model time of one (algorithm, protocol) in microseconds; INFINITY when it
  *  cannot run that collective (tree allgather) or the plan lacks it. Ignores
  *  CFX_ALGO/CFX_PROTO. */

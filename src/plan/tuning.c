@@ -212,16 +212,14 @@ static void explain(struct cfx_plan *plan, enum cfx_coll_kind coll, size_t bytes
              plan->model.host_ranks ? " (host ranks: Simple only)" : "");
 }
 
-cfxResult_t cfx_plan_choose(struct cfx_plan *plan, enum cfx_coll_kind coll, size_t bytes,
-                            struct cfx_plan_choice *out)
+/* The fastest (algorithm, protocol) the settings allow; *fallback_p when they
+ * allow none that runs @p coll, and the fastest of all was taken. Pure. */
+static double pick(const struct cfx_plan *plan, enum cfx_coll_kind coll, size_t bytes, int *algo_p,
+                   int *proto_p, int *fallback_p)
 {
-    if ((unsigned)coll >= CFX_PLAN_COLLS)
-        return cfx_error_set(cfxInvalidArgument, CFX_LOG_TUNING,
-                             "the planner chooses only for collectives, not %s",
-                             cfx_coll_name(coll));
-    int fallback = 0;
     int best_a = -1, best_p = -1;
     double best = INFINITY;
+    *fallback_p = 0;
     for (int pass = 0; pass < 2 && best_a < 0; pass++) {
         for (int a = 0; a < CFX_ALGO_COUNT; a++)
             for (int p = 0; p < CFX_PROTO_COUNT; p++) {
@@ -235,8 +233,53 @@ cfxResult_t cfx_plan_choose(struct cfx_plan *plan, enum cfx_coll_kind coll, size
                 }
             }
         if (best_a < 0)
-            fallback = 1;
+            *fallback_p = 1;
     }
+    *algo_p = best_a;
+    *proto_p = best_p;
+    return best;
+}
+
+uint64_t cfx_plan_signature(const struct cfx_plan *plan)
+{
+    uint64_t h = UINT64_C(14695981039346656037); /* FNV-1a over the decisions. */
+#define MIX(v)                                                                                     \
+    do {                                                                                           \
+        h ^= (uint64_t)(v);                                                                        \
+        h *= UINT64_C(1099511628211);                                                              \
+    } while (0)
+    MIX(plan->n_ranks);
+    MIX(plan->n_nodes);
+    MIX(plan->n_channels);
+    for (int c = 0; c < CFX_PLAN_COLLS; c++)
+        for (int k = 0; k <= 40; k++) {
+            int a, p, fallback;
+            pick(plan, (enum cfx_coll_kind)c, (size_t)1 << k, &a, &p, &fallback);
+            MIX(a);
+            MIX(p);
+        }
+    for (int t = 0; t < 2; t++)
+        for (int r = 0; r < plan->n_ranks; r++) {
+            MIX(plan->trees[t].parent[r]);
+            for (int i = 0; i < CFX_PLAN_TREE_MAX_CHILDREN; i++)
+                MIX(plan->trees[t].children[r][i]);
+        }
+    for (int i = 0; i < plan->n_channels * plan->n_ranks; i++)
+        MIX(plan->rings[i]);
+#undef MIX
+    return h;
+}
+
+cfxResult_t cfx_plan_choose(struct cfx_plan *plan, enum cfx_coll_kind coll, size_t bytes,
+                            struct cfx_plan_choice *out)
+{
+    if ((unsigned)coll >= CFX_PLAN_COLLS)
+        return cfx_error_set(cfxInvalidArgument, CFX_LOG_TUNING,
+                             "the planner chooses only for collectives, not %s",
+                             cfx_coll_name(coll));
+    int fallback = 0;
+    int best_a, best_p;
+    double best = pick(plan, coll, bytes, &best_a, &best_p, &fallback);
     if (best_a < 0) { /* Cannot happen: the ring always runs. */
         best_a = CFX_ALGO_RING;
         best_p = CFX_PROTO_SIMPLE;
