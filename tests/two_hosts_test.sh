@@ -112,4 +112,13 @@ crossing=$(cat "$workdir"/rank*.err |
   grep -o "connection [a-z0-9]* rank [0-9]* [<>-]* rank [0-9]* via socket" |
   awk -v half=$((nranks / 2)) '{ if (($4 < half) != ($7 < half)) n++ } END { print n + 0 }')
 ((crossing > 0)) || fail "the INIT log shows no connection via socket between the namespaces"
-echo "PASS: 4 ranks on two hosts allreduced correctly; $crossing cross-host connection ends via socket"
+echo "== again with CFX_DEBUG=INFO CFX_DEBUG_SUBSYS=TUNING"
+# A namespace sees only its veth: the topology takes it as the host's network
+# port, so the planner plans across the hosts (no "no plan"), alike on all ranks.
+run_ranks 29502 CFX_DEBUG=INFO CFX_DEBUG_SUBSYS=TUNING
+for ((r = 0; r < nranks; r++)); do
+  grep -q "TUNING model: host ranks, $nranks ranks on 2 hosts" "$workdir/rank$r.err" ||
+    fail "rank $r did not plan across the two hosts: $(grep -m2 TUNING "$workdir/rank$r.err")"
+done
+echo "PASS: 4 ranks on two hosts allreduced correctly; $crossing cross-host connection ends via socket; every rank planned across the hosts"
+

@@ -318,7 +318,35 @@ static void detect_verbs(struct detection *det)
 }
 #endif
 
-/* Physical network interfaces that are up, other than those of RDMA NICs. */
+/* Add interface @p name (sysfs device path @p real, or "" for a virtual one)
+ * as a port of its NIC, unless an RDMA NIC already stands for it. */
+static void add_netdev(struct detection *det, const char *name, const char *real)
+{
+    char path[PATH_MAX], text[64], busid[CFX_TOPO_BUSID_MAX];
+    if (real[0] == '\0' || cfx_topo_sysfs_busid(real, busid, sizeof(busid)) != 0)
+        busid[0] = '\0';
+    for (int d = 0; d < det->n_devs; d++)
+        if (det->devs[d].type == CFX_TOPO_NIC && busid[0] &&
+            strcmp(det->devs[d].busid, busid) == 0 && det->devs[d].n_nets > 0)
+            return;
+    struct found_dev *nic = nic_for_busid(det, busid);
+    if (nic == NULL || nic->n_nets == CFX_TOPO_MAX_PORTS)
+        return;
+    struct found_net *net = &nic->nets[nic->n_nets++];
+    memset(net, 0, sizeof(*net));
+    cfx_topo_text_copy(net->name, sizeof(net->name), name);
+    net->port = 1;
+    net->maxconn = 65536;
+    snprintf(path, sizeof(path), "/sys/class/net/%.64s/speed", name);
+    int speed = cfx_topo_sysfs_read(path, text, sizeof(text)) == 0 ? atoi(text) : -1;
+    net->speed_known = speed > 0;
+    net->speed_mbps = speed > 0 ? speed : DEFAULT_MBPS;
+}
+
+/* Network interfaces that are up, other than loopback and those of RDMA
+ * NICs: the physical ones; or, when there is none, the virtual ones (a
+ * container or network namespace sees only a veth, and its ranks still talk
+ * over it: without a port the planner could not plan across hosts). */
 static void detect_netdevs(struct detection *det)
 {
     DIR *dir = opendir("/sys/class/net");
@@ -337,36 +365,29 @@ static void detect_netdevs(struct detection *det)
             memcpy(names[j], names[j - 1], sizeof(t));
             memcpy(names[j - 1], t, sizeof(t));
         }
+    int is_virtual[64] = {0}, n_physical = 0;
     for (int i = 0; i < n; i++) {
-        char path[PATH_MAX], real[PATH_MAX], text[64], busid[CFX_TOPO_BUSID_MAX];
+        char path[PATH_MAX], real[PATH_MAX], text[64];
+        /* The carrier, not operstate: the kernel updates operstate up to a
+         * second after a link comes up (linkwatch), and a job started right
+         * after its interfaces would see some hosts' ports and not others'.
+         * Reading carrier fails while the interface is administratively down. */
+        snprintf(path, sizeof(path), "/sys/class/net/%.64s/carrier", names[i]);
+        if (cfx_topo_sysfs_read(path, text, sizeof(text)) != 0 || strcmp(text, "1") != 0) {
+            is_virtual[i] = -1; /* Down: neither. */
+            continue;
+        }
         snprintf(path, sizeof(path), "/sys/class/net/%.64s/device", names[i]);
-        if (realpath(path, real) == NULL || strstr(real, "/virtual/"))
-            continue; /* Virtual: bridges, veth, ifb, docker. */
-        snprintf(path, sizeof(path), "/sys/class/net/%.64s/operstate", names[i]);
-        if (cfx_topo_sysfs_read(path, text, sizeof(text)) != 0 || strcmp(text, "up") != 0)
+        if (realpath(path, real) == NULL || strstr(real, "/virtual/")) {
+            is_virtual[i] = 1; /* Bridges, veth, ifb, docker. */
             continue;
-        if (cfx_topo_sysfs_busid(real, busid, sizeof(busid)) != 0)
-            busid[0] = '\0';
-        int taken = 0; /* An RDMA NIC already stands for this function. */
-        for (int d = 0; d < det->n_devs; d++)
-            if (det->devs[d].type == CFX_TOPO_NIC && busid[0] &&
-                strcmp(det->devs[d].busid, busid) == 0 && det->devs[d].n_nets > 0)
-                taken = 1;
-        if (taken)
-            continue;
-        struct found_dev *nic = nic_for_busid(det, busid);
-        if (nic == NULL || nic->n_nets == CFX_TOPO_MAX_PORTS)
-            continue;
-        struct found_net *net = &nic->nets[nic->n_nets++];
-        memset(net, 0, sizeof(*net));
-        cfx_topo_text_copy(net->name, sizeof(net->name), names[i]);
-        net->port = 1;
-        net->maxconn = 65536;
-        snprintf(path, sizeof(path), "/sys/class/net/%.64s/speed", names[i]);
-        int speed = cfx_topo_sysfs_read(path, text, sizeof(text)) == 0 ? atoi(text) : -1;
-        net->speed_known = speed > 0;
-        net->speed_mbps = speed > 0 ? speed : DEFAULT_MBPS;
+        }
+        add_netdev(det, names[i], real);
+        n_physical++;
     }
+    for (int i = 0; n_physical == 0 && i < n; i++)
+        if (is_virtual[i] == 1)
+            add_netdev(det, names[i], "");
 }
 
 void cfx_topo_detect_nics(struct detection *det)
