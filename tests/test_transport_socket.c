@@ -133,7 +133,7 @@ static void post_one(struct cfx_connector *tx, uint64_t seq, unsigned tag)
 {
     size_t size = size_for(seq, tx->slot_bytes);
     struct cfx_fingerprint print = print_for(seq, tag);
-    slot_fill(cfx_conn_post_slot(tx), seq, size, tag);
+    slot_fill(cfx_conn_post_slot(tx, size), seq, size, tag);
     cfx_conn_post(tx, size, &print);
 }
 
@@ -411,14 +411,14 @@ Test(socket, sender_closing_mid_slot_is_a_remote_error_naming_it, .timeout = 60)
     const size_t slot_bytes = 32 * 1024 * 1024;
     pair_open(&p, slot_bytes, 1);
     struct cfx_fingerprint print = print_for(0, 7);
-    slot_fill(cfx_conn_post_slot(&p.tx), 0, 1000, 7);
+    slot_fill(cfx_conn_post_slot(&p.tx, 1000), 0, 1000, 7);
     cfx_conn_post(&p.tx, 1000, &print);
     int64_t deadline = cfx_time_now_ns() + 20 * CFX_NS_PER_SEC;
     while (!cfx_conn_can_take(&p.rx) || !cfx_conn_can_post(&p.tx)) {
         cr_assert(cfx_time_now_ns() < deadline, "the first slot never arrived");
         usleep(100);
     }
-    slot_fill(cfx_conn_post_slot(&p.tx), 1, slot_bytes, 7);
+    slot_fill(cfx_conn_post_slot(&p.tx, slot_bytes), 1, slot_bytes, 7);
     cfx_conn_post(&p.tx, slot_bytes, &print);
     usleep(50 * 1000);
     tp->close(p.sides[0].ctx, &p.tx);
@@ -457,7 +457,7 @@ Test(socket, sender_that_posts_then_closes_delivers_every_slot, .timeout = 120)
             uint64_t seq = (uint64_t)(round * n_steps + k);
             size_t size = k % 2 ? slot_bytes : size_for(seq, slot_bytes);
             struct cfx_fingerprint print = print_for(seq, 3);
-            slot_fill(cfx_conn_post_slot(&p.tx), seq, size, 3);
+            slot_fill(cfx_conn_post_slot(&p.tx, size), seq, size, 3);
             cfx_conn_post(&p.tx, size, &print);
         }
         tp->close(p.sides[0].ctx, &p.tx);

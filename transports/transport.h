@@ -56,13 +56,27 @@ struct cfx_fingerprint {
     uint32_t zero;  /* No padding: fingerprints are compared with memcmp. */
 };
 
+/* Payloads up to this size travel inside the slot's info line. */
+#define CFX_SLOT_INLINE_BYTES 24
+
+/* What the consumer reads of a slot besides its data: one cache line, with
+ * a small payload inside it, so a small slot costs the consumer two cache
+ * lines (the tail's and this one) and its producer no store to the slot. */
+struct cfx_slot_info {
+    _Alignas(CFX_CACHE_LINE) uint32_t size; /* Bytes in the slot. */
+    _Atomic uint32_t seq; /* Slot number + 1 (low 32 bits) once posted, stored last (release):
+                           * the consumer polls this line, not the tail's. */
+    struct cfx_fingerprint print;                        /* Who posted it. */
+    _Alignas(8) char inline_data[CFX_SLOT_INLINE_BYTES]; /* The payload, when that small. */
+};
+_Static_assert(sizeof(struct cfx_slot_info) == CFX_CACHE_LINE, "slot info is one cache line");
+
 /* The FIFO control block. Lives at the start of the connector's memory; the
  * slots follow at fifo_slots_offset(). Counters only grow. */
 struct cfx_fifo {
     _Alignas(CFX_CACHE_LINE) _Atomic uint64_t tail; /* Posted by the producer. */
     _Alignas(CFX_CACHE_LINE) _Atomic uint64_t head; /* Released by the consumer. */
-    _Alignas(CFX_CACHE_LINE) uint64_t sizes[CFX_MAX_STEPS]; /* Bytes in each posted slot. */
-    struct cfx_fingerprint prints[CFX_MAX_STEPS];           /* Who posted each slot. */
+    struct cfx_slot_info info[CFX_MAX_STEPS]; /* Each posted slot's size and fingerprint. */
     _Alignas(CFX_CACHE_LINE) _Atomic int closed; /* 0, or the cfxResult_t that broke a side (shm). */
     _Atomic int attached;                        /* Set by the sender once mapped (shm). */
     _Atomic int refs;                            /* Sides holding process-local memory (shm). */
@@ -88,6 +102,7 @@ struct cfx_connector {
     void *transport_ctx; /* The transport's per-communicator state. */
     void *priv;          /* The transport's per-connector state. */
     void *owner;         /* The executor's claim (the operation using it). */
+    uint64_t head_seen;  /* Producer: the consumer's head when last read (cfx_conn_can_post). */
     int blame_rank;      /* Set by check() on failure: the rank the failure is about. */
 };
 
@@ -171,41 +186,67 @@ extern const struct cfx_transport *const cfx_transports[];
 
 /* ------------------------------------------------------------ FIFO access */
 
-/* Producer: a slot is free to fill. */
-static inline int cfx_conn_can_post(const struct cfx_connector *conn)
+/* Producer: a slot is free to fill. The consumer's head is read only when
+ * the last value seen says the FIFO is full (its line need not cross cores
+ * on every post). */
+static inline int cfx_conn_can_post(struct cfx_connector *conn)
 {
     uint64_t tail = atomic_load_explicit(&conn->fifo->tail, memory_order_relaxed);
-    uint64_t head = atomic_load_explicit(&conn->fifo->head, memory_order_acquire);
-    return tail - head < (uint64_t)conn->n_steps;
+    if (tail - conn->head_seen < (uint64_t)conn->n_steps)
+        return 1;
+    conn->head_seen = atomic_load_explicit(&conn->fifo->head, memory_order_acquire);
+    return tail - conn->head_seen < (uint64_t)conn->n_steps;
 }
 
-/* Producer: the slot to fill next. */
-static inline char *cfx_conn_post_slot(const struct cfx_connector *conn)
+/* Mark slot @p number of a FIFO posted (its info and data written before). */
+static inline void cfx_fifo_mark_posted(struct cfx_fifo *fifo, int n_steps, uint64_t number)
+{
+    atomic_store_explicit(&fifo->info[number % (uint64_t)n_steps].seq, (uint32_t)(number + 1),
+                          memory_order_release);
+}
+
+/* Where slot @p index of a FIFO keeps a payload of @p bytes: inside its info
+ * line when small enough, else in the slot. Producer, consumer and
+ * transports all ask here. */
+static inline char *cfx_fifo_data(struct cfx_fifo *fifo, char *slots, size_t slot_bytes,
+                                  size_t index, size_t bytes)
+{
+    if (bytes <= CFX_SLOT_INLINE_BYTES)
+        return fifo->info[index].inline_data;
+    return slots + index * slot_bytes;
+}
+
+/* Producer: where to write the next slot's @p bytes of payload. */
+static inline char *cfx_conn_post_slot(const struct cfx_connector *conn, size_t bytes)
 {
     uint64_t tail = atomic_load_explicit(&conn->fifo->tail, memory_order_relaxed);
-    return conn->slots + (size_t)(tail % (uint64_t)conn->n_steps) * conn->slot_bytes;
+    return cfx_fifo_data(conn->fifo, conn->slots, conn->slot_bytes,
+                         (size_t)(tail % (uint64_t)conn->n_steps), bytes);
 }
 
-/* Producer: publish the filled slot with @p bytes of payload, stamped with
- * the operation's fingerprint. */
+/* Producer: publish the filled slot with @p bytes of payload (written where
+ * cfx_conn_post_slot(conn, bytes) said), stamped with the operation's
+ * fingerprint. */
 static inline void cfx_conn_post(struct cfx_connector *conn, size_t bytes,
                                  const struct cfx_fingerprint *print)
 {
     uint64_t tail = atomic_load_explicit(&conn->fifo->tail, memory_order_relaxed);
-    conn->fifo->sizes[tail % (uint64_t)conn->n_steps] = bytes;
-    conn->fifo->prints[tail % (uint64_t)conn->n_steps] = *print;
-    conn->fifo->prints[tail % (uint64_t)conn->n_steps].slot = (uint32_t)tail;
+    struct cfx_slot_info *info = &conn->fifo->info[tail % (uint64_t)conn->n_steps];
+    info->size = (uint32_t)bytes;
+    info->print = *print;
+    info->print.slot = (uint32_t)tail;
+    cfx_fifo_mark_posted(conn->fifo, conn->n_steps, tail);
     atomic_store_explicit(&conn->fifo->tail, tail + 1, memory_order_release);
     if (conn->transport->flags & CFX_TRANSPORT_FLAG_PROGRESS)
         conn->transport->kick(conn->transport_ctx, conn);
 }
 
-/* Consumer: a posted slot is waiting. */
+/* Consumer: a posted slot is waiting (one load of the slot's info line). */
 static inline int cfx_conn_can_take(const struct cfx_connector *conn)
 {
     uint64_t head = atomic_load_explicit(&conn->fifo->head, memory_order_relaxed);
-    uint64_t tail = atomic_load_explicit(&conn->fifo->tail, memory_order_acquire);
-    return tail > head;
+    return atomic_load_explicit(&conn->fifo->info[head % (uint64_t)conn->n_steps].seq,
+                                memory_order_acquire) == (uint32_t)(head + 1);
 }
 
 /* Consumer: the oldest posted slot, its size and its fingerprint. */
@@ -214,9 +255,10 @@ static inline const char *cfx_conn_take_slot(const struct cfx_connector *conn, s
 {
     uint64_t head = atomic_load_explicit(&conn->fifo->head, memory_order_relaxed);
     size_t index = (size_t)(head % (uint64_t)conn->n_steps);
-    *bytes_p = conn->fifo->sizes[index];
-    *print_p = &conn->fifo->prints[index];
-    return conn->slots + index * conn->slot_bytes;
+    size_t bytes = conn->fifo->info[index].size;
+    *bytes_p = bytes;
+    *print_p = &conn->fifo->info[index].print;
+    return cfx_fifo_data(conn->fifo, conn->slots, conn->slot_bytes, index, bytes);
 }
 
 /* Consumer: hand the slot back. */

@@ -104,7 +104,7 @@ cfxResult_t cfx_prim_run(struct cfx_op *op, const struct cfx_prim_step *step)
             return res;
     }
     if (flags & CFX_PRIM_SEND)
-        slot_out = cfx_conn_post_slot(step->send);
+        slot_out = cfx_conn_post_slot(step->send, bytes);
 
     /* The value this step produces: received (op) input [(op) more], or one of them. */
     const char *value = received ? received : step->input;

@@ -78,10 +78,10 @@ static cfxResult_t comm_alloc(int rank, int nranks, const cfxConfig_t *config,
 static cfxResult_t pick_geometry(struct cfxComm *comm)
 {
     int64_t steps = param_steps(), bytes = param_buffsize();
-    if (steps < 1 || steps > CFX_MAX_STEPS || bytes < steps * 64 || bytes > ((int64_t)1 << 32))
+    if (steps < 1 || steps > CFX_MAX_STEPS || bytes < steps * 64 || bytes >= ((int64_t)1 << 32))
         return cfx_error_set(cfxInvalidArgument, CFX_LOG_INIT,
                              "CFX_STEPS=%lld and CFX_BUFFSIZE=%lld are out of range (1..%d slots, "
-                             "at least 64 bytes each, at most 4 GiB)",
+                             "at least 64 bytes each, less than 4 GiB)",
                              (long long)steps, (long long)bytes, CFX_MAX_STEPS);
     size_t slot = (size_t)(bytes / steps);
     slot = slot >= 4096 ? slot & ~(size_t)4095 : slot & ~(size_t)63;

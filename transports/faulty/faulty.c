@@ -338,13 +338,13 @@ static int pump(struct faulty_ctx *ctx, struct faulty_conn *fc)
         }
         uint64_t tail = atomic_load_explicit(&outer->fifo->tail, memory_order_relaxed);
         size_t index = (size_t)(tail % (uint64_t)outer->n_steps);
-        char *dst = outer->slots + index * outer->slot_bytes;
         size_t out_bytes = bytes <= outer->slot_bytes ? bytes : outer->slot_bytes;
         struct cfx_fingerprint out_print = *print;
-        memcpy(dst, src, out_bytes);
         if (kind == CFX_FAULT_TRUNCATE)
             out_bytes = rule->keep >= 0 && (uint64_t)rule->keep < out_bytes ? (size_t)rule->keep
                                                                             : out_bytes / 2;
+        char *dst = cfx_fifo_data(outer->fifo, outer->slots, outer->slot_bytes, index, out_bytes);
+        memcpy(dst, src, out_bytes);
         if (kind == CFX_FAULT_CORRUPT && rule->what == CFX_FAULT_DATA && out_bytes > 0)
             dst[rule->offset % out_bytes] ^= (char)0xff;
         if (kind == CFX_FAULT_CORRUPT && rule->what == CFX_FAULT_PRINT)
@@ -353,9 +353,10 @@ static int pump(struct faulty_ctx *ctx, struct faulty_conn *fc)
             CFX_INFO(CFX_LOG_NET, "fault injector: rank %d: %s slot %llu from rank %d",
                      ctx->env.rank, cfx_fault_kind_name(kind),
                      (unsigned long long)fc->slots_seen - 1, outer->peer_rank);
-        outer->fifo->sizes[index] = out_bytes;
-        outer->fifo->prints[index] = out_print;
+        outer->fifo->info[index].size = (uint32_t)out_bytes;
+        outer->fifo->info[index].print = out_print;
         /* Not cfx_conn_post(): its kick would come back here. */
+        cfx_fifo_mark_posted(outer->fifo, outer->n_steps, tail);
         atomic_store_explicit(&outer->fifo->tail, tail + 1, memory_order_release);
         cfx_conn_release(&fc->inner);
     }

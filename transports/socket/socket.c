@@ -295,7 +295,7 @@ static int send_progress(struct sock_conn *sc)
         struct stream *st = &sc->streams[s];
         while (st->step < tail) {
             size_t index = (size_t)(st->step % (uint64_t)sc->n_steps);
-            size_t size = sc->fifo->sizes[index];
+            size_t size = sc->fifo->info[index].size;
             if (size > sc->slot_bytes) {
                 conn_fail(sc, cfxInvalidUsage, 0,
                           "socket transport: a slot of %zu bytes was posted to rank %d on a "
@@ -307,9 +307,10 @@ static int send_progress(struct sock_conn *sc)
             slot_part(size, sc->nsocks, s, &off, &len);
             size_t head_bytes = s == 0 ? sizeof(struct cfx_sock_header) : 0;
             if (st->offset < head_bytes + len) {
-                char *part = sc->slots + index * sc->slot_bytes + off;
+                char *part =
+                    cfx_fifo_data(sc->fifo, sc->slots, sc->slot_bytes, index, size) + off;
                 struct cfx_sock_header header = {CFX_SOCK_HEADER_MAGIC, (uint32_t)st->step,
-                                                 size, sc->fifo->prints[index]};
+                                                 size, sc->fifo->info[index].print};
                 struct iovec iov[2];
                 int n_iov = 0;
                 if (st->offset < head_bytes) {
@@ -370,8 +371,8 @@ static int header_accept(struct sock_conn *sc, struct stream *st, size_t index)
                   header->step, (unsigned long long)header->size, sc->slot_bytes);
         return 0;
     }
-    sc->fifo->sizes[index] = (size_t)header->size;
-    sc->fifo->prints[index] = header->print;
+    sc->fifo->info[index].size = (uint32_t)header->size;
+    sc->fifo->info[index].print = header->print;
     sc->header_count = st->step + 1;
     return 1;
 }
@@ -419,10 +420,12 @@ static int recv_progress(struct sock_conn *sc)
                 }
             }
             size_t off, len;
-            slot_part(sc->fifo->sizes[index], sc->nsocks, s, &off, &len);
+            slot_part(sc->fifo->info[index].size, sc->nsocks, s, &off, &len);
             size_t done = st->offset - head_bytes;
             if (done < len) {
-                char *part = sc->slots + index * sc->slot_bytes + off;
+                char *part = cfx_fifo_data(sc->fifo, sc->slots, sc->slot_bytes, index,
+                                           sc->fifo->info[index].size) +
+                             off;
                 ssize_t n = recv(st->fd, part + done, len - done, MSG_DONTWAIT);
                 enum io_verdict verdict = io_check(sc, s, n);
                 if (verdict == IO_FAILED)
@@ -448,6 +451,8 @@ publish:
         if (sc->streams[s].step < low)
             low = sc->streams[s].step;
     if (low > sc->done_step) {
+        for (uint64_t number = sc->done_step; number < low; number++)
+            cfx_fifo_mark_posted(sc->fifo, sc->n_steps, number);
         sc->done_step = low;
         atomic_store_explicit(&sc->fifo->tail, low, memory_order_release);
     }
