@@ -155,6 +155,12 @@ def has_runs(s, coll):
     return any(run_files(s, log_name(lib, coll)) for lib in ("conflux", "ompi", "gloo"))
 
 
+def lowest_from(busbw, sizes, threshold):
+    """(size, busbw) of the lowest busbw at sizes >= threshold, or None."""
+    big = [(sz, busbw[sz]) for sz in sizes if sz >= threshold and sz in busbw]
+    return min(big, key=lambda x: x[1]) if big else None
+
+
 def setting_table(s, coll="allreduce"):
     """The table of one 2-rank setting and collective, and its targets. Gloo's columns are
     there for allreduce only (gloo_allreduce_bench times nothing else)."""
@@ -238,9 +244,8 @@ def setting_table(s, coll="allreduce"):
                   f"lowest Conflux/OMPI {w[1]:.2f} at {human(w[0])}")
     if s == "shm":
         if mc:
-            big = [(sz, bw["conflux"][sz]) for sz in sizes if sz >= 32 << 20 and sz in bw["conflux"]]
-            if big:
-                low = min(big, key=lambda x: x[1])
+            low = lowest_from(bw["conflux"], sizes, 32 << 20)
+            if low:
                 check("busbw >= 0.4 x memcpy at >= 32M", low[1] >= 0.4 * mc,
                       f"lowest {low[1]:.2f} GB/s at {human(low[0])} = {low[1] / mc:.2f} x memcpy {mc:.2f}")
         if small is not None and lat["conflux"] is not None and lat["ompi"] is not None:
@@ -248,9 +253,8 @@ def setting_table(s, coll="allreduce"):
                   f"{lat['conflux']:.2f} us vs {lat['ompi']:.2f} us")
     if s == "veth10g":
         if ceiling:
-            big = [(sz, bw["conflux"][sz]) for sz in sizes if sz >= 8 << 20 and sz in bw["conflux"]]
-            if big:
-                low = min(big, key=lambda x: x[1])
+            low = lowest_from(bw["conflux"], sizes, 8 << 20)
+            if low:
                 check("busbw >= 0.9 x iperf3 at >= 8M", low[1] >= 0.9 * ceiling,
                       f"lowest {low[1]:.2f} GB/s at {human(low[0])} = {low[1] / ceiling:.2f} x iperf3 {ceiling:.2f}")
         if small is not None and lat["conflux"] is not None and lat["gloo"] is not None:

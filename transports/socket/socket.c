@@ -1308,19 +1308,7 @@ static int sock_wait(void *ctx_v, struct cfx_connector *const *conns, int n_conn
  * blocks. */
 static void sock_kick(void *ctx_v, struct cfx_connector *conn)
 {
-    struct sock_ctx *ctx = ctx_v;
-    struct sock_conn *sc = conn->priv;
-    if (sc != NULL && sc->registered) {
-        atomic_store_explicit(&ctx->drive_ns, cfx_time_now_ns(), memory_order_relaxed);
-        conn_drive(sc);
-        return;
-    }
-    /* Order the caller's tail/head store before reading `sleeping` (pairs
-     * with the fence in proxy_sleep). */
-    atomic_thread_fence(memory_order_seq_cst);
-    if (atomic_load_explicit(&ctx->sleeping, memory_order_relaxed) &&
-        atomic_exchange_explicit(&ctx->sleeping, 0, memory_order_relaxed))
-        proxy_wake(ctx);
+    sock_progress(ctx_v, conn);
 }
 
 /* cfxSuccess while healthy (one atomic load). Once the progress thread
