@@ -14,6 +14,7 @@
 
 #include "src/bootstrap/bootstrap.h"
 #include "src/bootstrap/wire.h"
+#include "src/util/error.h"
 #include "tests/harness.h"
 
 struct shape {
@@ -91,8 +92,8 @@ static void exchange(struct cfx_test_rank *ctx)
         long long wide = 0;
         res = cfx_bootstrap_recv(bs, prev, 3, &wide, sizeof(wide));
         RANK_ASSERT(ctx, res == cfxInternalError, "mismatched size returned %d", res);
-        RANK_ASSERT(ctx, strstr(cfxGetLastError(NULL), "expected 8") != NULL, "sentence: %s",
-                    cfxGetLastError(NULL));
+        RANK_ASSERT(ctx, strstr(cfx_error_thread_last(), "expected 8") != NULL, "sentence: %s",
+                    cfx_error_thread_last());
     }
     /* Messages are setup data: a larger one is refused before it leaves. */
     static char too_big[CFX_BOOTSTRAP_MAX_MESSAGE_BYTES + 1];
