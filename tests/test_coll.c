@@ -15,6 +15,10 @@
  * inexact floats), that direct calls run inside groups with other calls, and
  * that the all-pairs connectors are built once and then reused.
  *
+ * Allgather also runs with the single-copy path forced on at every count
+ * (CFX_SINGLE_COPY_MIN_BYTES=1: ranks read each other's buffers), which must
+ * be on over shared memory and off over sockets, and with it turned off.
+ *
  * Trimmed to fit CI: the 1M+3-element count runs for a few (type, op) pairs
  * per collective rather than all of them, and reduce/broadcast try every
  * root for small counts but only the first and last root for large ones.
@@ -569,4 +573,70 @@ ParameterizedTestParameters(ring, allreduce)
 ParameterizedTest(struct algo_case *ac, ring, allreduce, .timeout = 900)
 {
     run_algo_case(ac);
+}
+
+/* ------------------------------------------------ single-copy allgather */
+
+struct single_copy_case {
+    enum transport transport;
+    int nranks;
+    enum cfx_test_mode mode;
+    int off; /* CFX_SINGLE_COPY=0. */
+};
+
+static void single_copy_rank(struct cfx_test_rank *ctx)
+{
+    const struct single_copy_case *sc = ctx->arg;
+    struct ctx_bufs b;
+    RANK_ASSERT(ctx, bufs_init(&b, ctx->nranks), "out of memory");
+    cfxComm_t comm;
+    RANK_CFX(ctx, cfxCommInitRank(&comm, ctx->nranks, ctx->id, ctx->rank));
+    int expect = sc->transport == SHM && !sc->off && ctx->nranks > 1;
+    RANK_ASSERT(ctx, comm->single_copy == expect,
+                "single copy is %s over %s with CFX_SINGLE_COPY=%d on %d ranks",
+                comm->single_copy ? "on" : "off", sc->transport == SHM ? "shm" : "sockets",
+                !sc->off, ctx->nranks);
+    RANK_ASSERT(ctx, !expect || comm->single_copy_min == 1, "threshold %zu, not 1",
+                comm->single_copy_min);
+    if (!ctx->slot_failed)
+        run_allgather(ctx, comm, &b);
+    if (!ctx->slot_failed) {
+        RANK_CFX(ctx, cfxCommFinalize(comm));
+    }
+    cfxCommDestroy(comm);
+    free(b.send);
+    free(b.recv);
+}
+
+#define N_SINGLE_COPY_CASES (4 * 2 + 2 + 2)
+static struct single_copy_case single_copy_cases[N_SINGLE_COPY_CASES];
+
+ParameterizedTestParameters(single_copy, allgather)
+{
+    static const int ranks[] = {2, 3, 4, 8};
+    size_t k = 0;
+    for (int ri = 0; ri < 4; ri++)
+        for (int m = 0; m < 2; m++)
+            single_copy_cases[k++] = (struct single_copy_case){
+                .transport = SHM, .nranks = ranks[ri], .mode = (enum cfx_test_mode)m};
+    for (int m = 0; m < 2; m++) {
+        single_copy_cases[k++] = (struct single_copy_case){
+            .transport = SOCKET, .nranks = 3, .mode = (enum cfx_test_mode)m};
+        single_copy_cases[k++] = (struct single_copy_case){
+            .transport = SHM, .nranks = 3, .mode = (enum cfx_test_mode)m, .off = 1};
+    }
+    return cr_make_param_array(struct single_copy_case, single_copy_cases, k);
+}
+
+ParameterizedTest(struct single_copy_case *sc, single_copy, allgather, .timeout = 900)
+{
+    cr_log_info("allgather with CFX_SINGLE_COPY=%d from 1 byte over %s, %d ranks as %s",
+                !sc->off, sc->transport == SHM ? "shm" : "socket", sc->nranks,
+                sc->mode == CFX_TEST_PROCS ? "processes" : "threads");
+    cfx_test_setenv("CFX_SHM_DISABLE", sc->transport == SOCKET ? "1" : NULL);
+    cfx_test_setenv("CFX_SINGLE_COPY", sc->off ? "0" : "1");
+    cfx_test_setenv("CFX_SINGLE_COPY_MIN_BYTES", "1");
+    struct cfx_test_options opts = {
+        .nranks = sc->nranks, .mode = sc->mode, .deadline_s = 600, .arg = (void *)sc};
+    CFX_TEST_RUN(&opts, single_copy_rank);
 }

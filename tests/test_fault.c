@@ -15,6 +15,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "src/core/comm.h"
 #include "tests/harness.h"
 
 static double now_s(void)
@@ -94,12 +95,19 @@ static void *kill_me_soon(void *arg)
     return NULL;
 }
 
+/* Case 2 of the killed-rank test: shm, with allgathers on the single-copy
+ * path (survivors read the dying rank's memory, or wait for it to read
+ * theirs). */
+#define KILLED_IN_SINGLE_COPY 2
+
 static void allreduce_until_rank_two_dies(struct cfx_test_rank *ctx)
 {
+    int single_copy = *(const int *)ctx->arg == KILLED_IN_SINGLE_COPY;
     cfxComm_t comm;
     RANK_CFX(ctx, cfxCommInitRank(&comm, ctx->nranks, ctx->id, ctx->rank));
+    RANK_ASSERT(ctx, !single_copy || comm->single_copy, "single copy is off over shm");
     size_t count = 1 << 20;
-    float *data = calloc(count, sizeof(float));
+    float *data = calloc(count * (size_t)ctx->nranks, sizeof(float));
     RANK_ASSERT(ctx, data != NULL, "malloc");
     if (ctx->rank == 2) {
         pthread_t killer;
@@ -108,9 +116,11 @@ static void allreduce_until_rank_two_dies(struct cfx_test_rank *ctx)
     cfxResult_t res = cfxSuccess;
     double start = 0;
     for (int i = 0; i < 100000 && res == cfxSuccess; i++) {
-        cfx_test_step(ctx, "allreduce %d while rank 2 dies", i);
+        cfx_test_step(ctx, "%s %d while rank 2 dies", single_copy ? "allgather" : "allreduce", i);
         start = now_s();
-        res = cfxAllReduce(data, data, count, cfxFloat32, cfxSum, comm, NULL);
+        res = single_copy ? cfxAllGather(data + count * (size_t)ctx->rank, data, count,
+                                         cfxFloat32, comm, NULL)
+                          : cfxAllReduce(data, data, count, cfxFloat32, cfxSum, comm, NULL);
     }
     double took = now_s() - start;
     RANK_ASSERT(ctx, res == cfxRemoteError, "the call returned %s: %s", cfxGetErrorString(res),
@@ -148,17 +158,20 @@ static int leftover_segments(void)
 
 ParameterizedTestParameters(fault, killed_rank_fails_every_survivor_with_its_name)
 {
-    static int transports[] = {0, 1};
-    return cr_make_param_array(int, transports, 2);
+    static int transports[] = {0, 1, KILLED_IN_SINGLE_COPY};
+    return cr_make_param_array(int, transports, 3);
 }
 
 ParameterizedTest(int *socket, fault, killed_rank_fails_every_survivor_with_its_name, .timeout = 90)
 {
-    cr_log_info("over %s", transport_names[*socket]);
-    use_transport(*socket);
+    int single_copy = *socket == KILLED_IN_SINGLE_COPY;
+    cr_log_info("over %s%s", transport_names[single_copy ? 0 : *socket],
+                single_copy ? ", allgathers on the single-copy path" : "");
+    use_transport(single_copy ? 0 : *socket);
     cfx_test_setenv("CFX_TIMEOUT", "10");
     struct cfx_test_options opts = {
-        .nranks = 4, .mode = CFX_TEST_PROCS, .deadline_s = 60, .killed_ranks = 1ull << 2};
+        .nranks = 4, .mode = CFX_TEST_PROCS, .deadline_s = 60, .killed_ranks = 1ull << 2,
+        .arg = socket};
     CFX_TEST_RUN(&opts, allreduce_until_rank_two_dies);
     cr_assert_eq(leftover_segments(), 0, "shared-memory segments were left in /dev/shm");
 }

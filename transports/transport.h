@@ -104,6 +104,9 @@ struct cfx_connector {
     void *owner;         /* The executor's claim (the operation using it). */
     uint64_t head_seen;  /* Producer: the consumer's head when last read (cfx_conn_can_post). */
     int blame_rank;      /* Set by check() on failure: the rank the failure is about. */
+    /* Receive side: read_peer() works on this connector (its transport
+     * offers it and connect() read the peer's memory once successfully). */
+    int peer_readable;
 };
 
 /* What a transport may know about a rank (filled by the core). */
@@ -179,6 +182,14 @@ struct cfx_transport {
      * where spinning on system calls costs more than sleeping in one.
      * Returns nonzero when anything moved. */
     int (*wait)(void *ctx, struct cfx_connector *const *conns, int n_conns, int64_t timeout_ns);
+    /* Optional (may be NULL): on a receive connector with peer_readable
+     * set, copy @p bytes from address @p remote of the peer's memory (an
+     * address the peer announced in a slot) into @p dst: the single-copy
+     * path, where data skips the FIFO. Blocks only for the copy itself.
+     * cfxRemoteError once the peer is gone; cfxInternalError when @p remote
+     * is not readable memory of the peer. */
+    cfxResult_t (*read_peer)(void *ctx, struct cfx_connector *conn, void *dst, uint64_t remote,
+                             size_t bytes);
 };
 
 /* Transports in priority order, NULL-terminated (transports/registry.c). */
@@ -268,6 +279,14 @@ static inline void cfx_conn_release(struct cfx_connector *conn)
     atomic_store_explicit(&conn->fifo->head, head + 1, memory_order_release);
     if (conn->transport->flags & CFX_TRANSPORT_FLAG_PROGRESS)
         conn->transport->kick(conn->transport_ctx, conn);
+}
+
+/* Consumer (peer_readable connectors only): copy @p bytes at the peer's
+ * address @p remote into @p dst. */
+static inline cfxResult_t cfx_conn_read_peer(struct cfx_connector *conn, void *dst,
+                                             uint64_t remote, size_t bytes)
+{
+    return conn->transport->read_peer(conn->transport_ctx, conn, dst, remote, bytes);
 }
 
 #endif /* CFX_TRANSPORTS_TRANSPORT_H */

@@ -13,6 +13,8 @@ static const struct cfx_schedule *schedule_of(const struct cfx_op *op)
         return &cfx_tree_schedule;
     if (op->direct)
         return &cfx_direct_allreduce;
+    if (op->pull)
+        return &cfx_single_copy;
     switch (op->kind) {
     case CFX_COLL_ALLREDUCE: return &cfx_ring_allreduce;
     case CFX_COLL_BROADCAST: return &cfx_chain_broadcast;
@@ -47,6 +49,8 @@ void cfx_coll_prepare(struct cfx_op *op)
     for (int i = 0; i < op->n_conns; i++)
         if (op->conns[i])
             slot_bytes = op->conns[i]->slot_bytes;
+    if (op->pull)
+        slot_bytes = CFX_PULL_CHUNK_BYTES; /* The data does not go through the slots. */
     op->chunk_elems = slot_bytes / op->elem_bytes;
     if (op->chunk_elems == 0)
         op->chunk_elems = 1;

@@ -70,6 +70,10 @@ struct cfx_op {
     const struct cfx_tree_links *tree;
     /* Direct allreduce: this rank's all-pairs connectors (NULL: not direct). */
     const struct cfx_direct_links *direct;
+    /* Allgather on the ring, single copy: slots carry addresses and each
+     * rank reads the data from its predecessor's buffer (only where every
+     * ring_recv is peer_readable; src/coll/pull.c). */
+    int pull;
     /* Every connector the op uses (claimed in issue order by the executor). */
     struct cfx_connector *conns[CFX_OP_MAX_CONNS];
     int n_conns;

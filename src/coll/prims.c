@@ -88,9 +88,44 @@ static void fold_ordered(const struct cfx_op *op, char *out, const char *const *
     }
 }
 
+/* A single-copy step: the data moves by read_peer, slots carry addresses. */
+static cfxResult_t run_single_copy(struct cfx_op *op, const struct cfx_prim_step *step)
+{
+    unsigned flags = step->flags;
+    size_t bytes = step->n_elems * op->elem_bytes;
+    const char *value = step->input;
+    if (flags & CFX_PRIM_RECV) {
+        const char *slot;
+        uint64_t remote;
+        cfxResult_t res = take(op, step->recv, sizeof(remote), &slot);
+        if (res != cfxSuccess)
+            return res;
+        memcpy(&remote, slot, sizeof(remote));
+        cfx_conn_release(step->recv);
+        if (bytes && (res = cfx_conn_read_peer(step->recv, step->output, remote, bytes)) !=
+                         cfxSuccess) {
+            struct cfx_connector *from = step->recv;
+            op->blame_rank = from->blame_rank >= 0 ? from->blame_rank : from->peer_rank;
+            return res;
+        }
+        value = step->output;
+    }
+    if (flags & CFX_PRIM_SEND) {
+        uint64_t addr = (uint64_t)(uintptr_t)value;
+        memcpy(cfx_conn_post_slot(step->send, sizeof(addr)), &addr, sizeof(addr));
+        cfx_conn_post(step->send, sizeof(addr), &op->print);
+    }
+    /* After the announcement, so the peer reads while this rank copies. */
+    if ((flags & CFX_PRIM_OUT) && step->output != value && bytes)
+        memcpy(step->output, value, bytes);
+    return cfxSuccess;
+}
+
 cfxResult_t cfx_prim_run(struct cfx_op *op, const struct cfx_prim_step *step)
 {
     unsigned flags = step->flags;
+    if (flags & (CFX_PRIM_PULL | CFX_PRIM_ADDR))
+        return run_single_copy(op, step);
     size_t n = step->n_elems;
     size_t bytes = n * op->elem_bytes;
     const char *received = NULL;

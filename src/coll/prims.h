@@ -11,6 +11,10 @@
  *   recv-reduce-copy-send   RECV | REDUCE | OUT | SEND
  *   recv-copy-send          RECV | OUT | SEND
  *   copy-send               SEND | OUT          (input -> slot and output)
+ * and, for the single-copy schedules, with slots that carry addresses:
+ *   pull                    RECV | PULL | OUT   (peer's buffer -> output)
+ *   pull-announce           RECV | PULL | OUT | SEND | ADDR
+ *   announce                SEND | ADDR [| OUT] (input's address -> slot)
  */
 #ifndef CFX_COLL_PRIMS_H
 #define CFX_COLL_PRIMS_H
@@ -27,6 +31,15 @@
  * input_pos, so ranks that list the same operands get bitwise identical
  * results. Without it the input comes second and the order is not promised. */
 #define CFX_PRIM_ORDERED 0x20u
+/* Single copy (a receive connector with peer_readable set). With RECV | OUT:
+ * the slot holds the address of the step's data in the sender's memory;
+ * read it from there into output. */
+#define CFX_PRIM_PULL 0x40u
+/* With SEND: post the address where the peer can read this step's data (the
+ * output just pulled with RECV | PULL, else the input) instead of the data.
+ * That buffer must stay unchanged until the peer has read it: the schedule
+ * ends with a round that tells every rank its readers are done. */
+#define CFX_PRIM_ADDR 0x80u
 
 #define CFX_PRIM_MAX_RECV (CFX_DIRECT_MAX_RANKS - 1)
 

@@ -23,6 +23,10 @@ extern const struct cfx_schedule cfx_chain_reduce;
 extern const struct cfx_schedule cfx_p2p_send;
 extern const struct cfx_schedule cfx_p2p_recv;
 extern const struct cfx_schedule cfx_local_copy; /* One rank: output = input. */
+extern const struct cfx_schedule cfx_single_copy; /* Allgather: pull.c. */
+
+/* Bytes a single-copy step reads at once (a chunk of the pipeline). */
+#define CFX_PULL_CHUNK_BYTES ((size_t)1 << 20)
 
 /* Chunked schedules (one step per chunk of op->chunk_elems). */
 uint64_t cfx_coll_chunk_steps(const struct cfx_op *op);

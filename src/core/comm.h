@@ -61,6 +61,12 @@ struct cfxComm {
     void *transport_ctx[CFX_MAX_TRANSPORTS]; /* Per transport, made on first use. */
     struct cfx_connector *ring_send;         /* To rank+1. */
     struct cfx_connector *ring_recv;         /* From rank-1. */
+    /* Allgathers of at least single_copy_min bytes (per rank) read
+     * straight from the peer's buffer (src/coll/pull.c): every
+     * rank's ring_recv is peer_readable and CFX_SINGLE_COPY is on (agreed at
+     * init: all ranks or none). */
+    int single_copy;
+    size_t single_copy_min;
     struct cfx_connector **p2p_send;         /* [nranks], NULL until first use. */
     struct cfx_connector **p2p_recv;
     /* Mismatch detection and the flight recorder. */

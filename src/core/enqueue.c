@@ -76,8 +76,13 @@ static cfxResult_t submit(struct cfxComm *comm, struct cfx_op *op)
     struct cfx_op halves[2];
     int n_ops = 1;
     struct cfx_op *ops = op;
-    enum cfx_core_algo algo =
-        cfx_core_algo_choose(comm, op->kind, op->count * cfx_type_size(op->type));
+    size_t bytes = op->count * cfx_type_size(op->type);
+    enum cfx_core_algo algo = cfx_core_algo_choose(comm, op->kind, bytes);
+    /* Large allgathers between ranks that read each other's memory: one
+     * copy per byte and rank fewer (src/coll/pull.c). */
+    if (comm->single_copy && op->kind == CFX_COLL_ALLGATHER && bytes > 0 &&
+        bytes >= comm->single_copy_min)
+        op->pull = 1;
     if (algo == CFX_CORE_ALGO_DIRECT)
         op->direct = &comm->direct; /* Its connectors are filled in at launch. */
     if (algo == CFX_CORE_ALGO_TREE) {

@@ -23,6 +23,12 @@ CFX_PARAM_INT(spin_count, "SPIN_COUNT", -1,
               "this host's ranks outnumber the cores this process may run on");
 CFX_PARAM_INT(check_mismatch, "CHECK_MISMATCH", 1,
               "1: every slot carries its operation's fingerprint and receivers compare them");
+CFX_PARAM_INT(single_copy, "SINGLE_COPY", 1,
+              "1: ranks of one host read large allgathers straight from each other's buffers "
+              "(one copy, process_vm_readv) where the kernel allows it; 0: always through the "
+              "FIFO");
+CFX_PARAM_INT(single_copy_min, "SINGLE_COPY_MIN_BYTES", 256 << 10,
+              "Smallest allgather (bytes per rank) that takes the single-copy path");
 
 /* Fields of @p config the caller actually has (an older header may be smaller). */
 static int config_int(const cfxConfig_t *config, size_t offset, int fallback)
@@ -118,6 +124,52 @@ static cfxResult_t connect_ring(struct cfxComm *comm)
     return cfx_core_connect_batch(reqs, 2);
 }
 
+/* Whether allgathers may take the single-copy path: each
+ * rank reads from its ring predecessor, so every rank's ring_recv must read
+ * its peer's memory. The ranks would run different schedules if they
+ * decided alone: they share what each can do and its threshold, and all take
+ * the path only if all can, from the largest threshold up. */
+static cfxResult_t agree_single_copy(struct cfxComm *comm)
+{
+    if (comm->nranks < 2)
+        return cfxSuccess;
+    struct offer {
+        uint64_t able;
+        uint64_t min_bytes;
+    } *offers = calloc((size_t)comm->nranks, sizeof(*offers));
+    if (offers == NULL)
+        return cfx_error_set(cfxSystemError, CFX_LOG_INIT, "out of memory for %d ranks' offers",
+                             comm->nranks);
+    struct cfx_connector *recv = comm->ring_recv;
+    int64_t min_bytes = param_single_copy_min();
+    offers[comm->rank] = (struct offer){
+        .able = param_single_copy() != 0 && recv->peer_readable && recv->transport->read_peer,
+        .min_bytes = min_bytes < 0 ? 0 : (uint64_t)min_bytes};
+    cfxResult_t res = cfx_bootstrap_allgather(comm->bootstrap, offers, sizeof(*offers));
+    int unable = -1;
+    uint64_t min_all = 0;
+    for (int r = 0; res == cfxSuccess && r < comm->nranks; r++) {
+        if (!offers[r].able && unable < 0)
+            unable = r;
+        if (offers[r].min_bytes > min_all)
+            min_all = offers[r].min_bytes;
+    }
+    free(offers);
+    if (res != cfxSuccess)
+        return res;
+    comm->single_copy = unable < 0;
+    comm->single_copy_min = (size_t)min_all;
+    if (unable < 0)
+        CFX_INFO(CFX_LOG_INIT, "single-copy allgather from %zu bytes per rank",
+                 comm->single_copy_min);
+    else
+        CFX_INFO(CFX_LOG_INIT,
+                 "no single-copy path: rank %d cannot read its ring neighbour's memory (another "
+                 "host, CFX_SINGLE_COPY=0, or the kernel refuses)",
+                 unable);
+    return cfxSuccess;
+}
+
 /* Everything after the bootstrap exists: learn who the peers are. */
 static cfxResult_t comm_setup(struct cfxComm *comm)
 {
@@ -143,6 +195,7 @@ static cfxResult_t comm_setup(struct cfxComm *comm)
         }
     }
     CFX_CHECK(connect_ring(comm));
+    CFX_CHECK(agree_single_copy(comm));
     CFX_CHECK(cfx_core_algo_init(comm));
     CFX_CHECK(cfx_core_algo_connect(comm));
     CFX_CHECK(cfx_core_flight_init(comm));

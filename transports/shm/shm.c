@@ -11,6 +11,14 @@
  * only until the sender has mapped the FIFO. The memory lives exactly as
  * long as a mapping or a descriptor of it, so a process killed at any moment
  * leaves nothing behind, in /dev/shm or elsewhere.
+ *
+ * Single copy: a receiver may also read its sender's memory directly
+ * (read_peer: process_vm_readv, or a plain copy between threads of one
+ * process), so a large allgather copies each byte once, from the sender's
+ * user buffer into the receiver's, instead of through a slot. At
+ * connect the receiver reads a known word of the sender's once; only if that
+ * works (the kernel allows it: same user, dumpable, and no Yama ptrace
+ * restriction in the way) is the connector marked peer_readable.
  */
 #include "transports/shm/shm.h"
 
@@ -22,6 +30,7 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/uio.h>
 #include <unistd.h>
 
 #include "src/util/error.h"
@@ -46,6 +55,7 @@ struct shm_conn {
 /* Per-communicator state. */
 struct shm_ctx {
     int rank;
+    uint64_t probe; /* The word receivers read once to test read_peer. */
     int64_t connect_timeout_s;
     const int *abort_flag;
 };
@@ -60,6 +70,7 @@ static cfxResult_t shm_init(const struct cfx_transport_env *env, void **ctx_p)
     ctx->rank = env->rank;
     ctx->connect_timeout_s = env->connect_timeout_s;
     ctx->abort_flag = env->abort_flag;
+    ctx->probe = 0x436f6e666c757800ull ^ ((uint64_t)getpid() << 8) ^ (uint64_t)(uintptr_t)ctx;
     *ctx_p = ctx;
     return cfxSuccess;
 }
@@ -143,7 +154,6 @@ static void close_memfd(struct shm_conn *sc)
 static cfxResult_t shm_setup(void *ctx_v, const struct cfx_transport_peer *peer, size_t slot_bytes,
                              int n_steps, struct cfx_connector *conn, void *info_out)
 {
-    (void)ctx_v;
     struct shm_conn *sc = calloc(1, sizeof(*sc));
     if (sc == NULL)
         return cfx_error_set(cfxSystemError, CFX_LOG_SHM, "shm: out of memory");
@@ -179,6 +189,9 @@ static cfxResult_t shm_setup(void *ctx_v, const struct cfx_transport_peer *peer,
         /* The sender learns the geometry from its own request. */
         conn->slot_bytes = slot_bytes;
         conn->n_steps = n_steps;
+        struct shm_ctx *ctx = ctx_v;
+        info.probe_addr = (uint64_t)(uintptr_t)&ctx->probe;
+        info.probe_value = ctx->probe;
     }
     memcpy(info_out, &info, sizeof(info));
     return cfxSuccess;
@@ -248,14 +261,79 @@ static cfxResult_t connect_send(struct cfx_connector *conn, struct shm_conn *sc,
     return cfxSuccess;
 }
 
+static cfxResult_t broken(struct cfx_connector *conn, struct shm_conn *sc, int closed);
+
+/* Copy @p bytes at @p remote in the peer's memory into @p dst. A peer that
+ * failed may have let go of the buffer it announced: then its failure is
+ * the error, not the address. */
+static cfxResult_t read_peer(struct cfx_connector *conn, struct shm_conn *sc, void *dst,
+                             uint64_t remote, size_t bytes)
+{
+    if (sc->kind == CFX_SHM_KIND_LOCAL) {
+        memcpy(dst, (const void *)(uintptr_t)remote, bytes); /* A thread of this process. */
+        return cfxSuccess;
+    }
+    size_t done = 0;
+    while (done < bytes) {
+        struct iovec local = {.iov_base = (char *)dst + done, .iov_len = bytes - done};
+        struct iovec far = {.iov_base = (void *)(uintptr_t)(remote + done),
+                            .iov_len = bytes - done};
+        ssize_t got = process_vm_readv(sc->peer_pid, &local, 1, &far, 1, 0);
+        if (got > 0) {
+            done += (size_t)got;
+            continue;
+        }
+        int err = got < 0 ? errno : 0;
+        if (err == EINTR)
+            continue;
+        cfxResult_t why = broken(conn, sc, atomic_load_explicit(&conn->fifo->closed,
+                                                                 memory_order_acquire));
+        if (why != cfxSuccess)
+            return why;
+        conn->blame_rank = conn->peer_rank;
+        return cfx_error_set(cfxInternalError, CFX_LOG_SHM,
+                             "shm: cannot read %zu bytes at 0x%llx of rank %d's memory (%s); the "
+                             "address it announced is not readable",
+                             bytes - done, (unsigned long long)(remote + done), conn->peer_rank,
+                             err ? strerror(err) : "nothing read");
+    }
+    return cfxSuccess;
+}
+
+static cfxResult_t shm_read_peer(void *ctx_v, struct cfx_connector *conn, void *dst,
+                                 uint64_t remote, size_t bytes)
+{
+    (void)ctx_v;
+    return read_peer(conn, conn->priv, dst, remote, bytes);
+}
+
+/* Receiver: whether it may read the sender's memory (one trial read of the
+ * word the sender named). Failing is not an error: the FIFO still works. */
+static int peer_readable(struct cfx_connector *conn, struct shm_conn *sc,
+                         const struct cfx_shm_info *info)
+{
+    uint64_t word = ~info->probe_value;
+    if (info->probe_addr == 0)
+        return 0;
+    if (sc->kind == CFX_SHM_KIND_LOCAL)
+        return 1; /* Threads of one process read each other's memory. */
+    struct iovec local = {.iov_base = &word, .iov_len = sizeof(word)};
+    struct iovec far = {.iov_base = (void *)(uintptr_t)info->probe_addr, .iov_len = sizeof(word)};
+    ssize_t got = process_vm_readv(sc->peer_pid, &local, 1, &far, 1, 0);
+    int ok = got == (ssize_t)sizeof(word) && word == info->probe_value;
+    CFX_INFO(CFX_LOG_SHM, "shm: single-copy reads of rank %d's memory %s%s%s", conn->peer_rank,
+             ok ? "work" : "are not possible (", ok ? "" : (got < 0 ? strerror(errno) : "wrong word"),
+             ok ? "" : "); large allgathers go through the FIFO");
+    return ok;
+}
+
 static cfxResult_t shm_connect(void *ctx_v, struct cfx_connector *conn, const void *peer_info)
 {
     struct shm_conn *sc = conn->priv;
-    if (conn->dir == CFX_CONN_SEND) {
-        struct cfx_shm_info info;
-        memcpy(&info, peer_info, sizeof(info));
+    struct cfx_shm_info info;
+    memcpy(&info, peer_info, sizeof(info));
+    if (conn->dir == CFX_CONN_SEND)
         return connect_send(conn, sc, &info);
-    }
     /* Receiver: wait until the sender has mapped the FIFO; then the
      * descriptor it opened is no longer needed. */
     struct shm_ctx *ctx = ctx_v;
@@ -272,6 +350,7 @@ static cfxResult_t shm_connect(void *ctx_v, struct cfx_connector *conn, const vo
         usleep(100);
     }
     close_memfd(sc);
+    conn->peer_readable = peer_readable(conn, sc, &info);
     return cfxSuccess;
 }
 
@@ -322,14 +401,10 @@ static void shm_poison(void *ctx_v, struct cfx_connector *conn, cfxResult_t reas
                                             memory_order_release, memory_order_relaxed);
 }
 
-static cfxResult_t shm_check(void *ctx_v, struct cfx_connector *conn)
+/* Why the connector is broken (a side closed or poisoned it, or the peer
+ * process is gone), or cfxSuccess; @p closed: fifo->closed. */
+static cfxResult_t broken(struct cfx_connector *conn, struct shm_conn *sc, int closed)
 {
-    (void)ctx_v;
-    struct shm_conn *sc = conn->priv;
-    int closed = atomic_load_explicit(&conn->fifo->closed, memory_order_acquire);
-    /* Slots posted before the peer left are still good: let them be taken. */
-    if (closed && conn->dir == CFX_CONN_RECV && cfx_conn_can_take(conn))
-        return cfxSuccess;
     if (closed) {
         cfxResult_t reason = (cfxResult_t)(closed & 0xff);
         conn->blame_rank = (closed >> 8) - 1;
@@ -358,6 +433,16 @@ static cfxResult_t shm_check(void *ctx_v, struct cfx_connector *conn)
     return cfxSuccess;
 }
 
+static cfxResult_t shm_check(void *ctx_v, struct cfx_connector *conn)
+{
+    (void)ctx_v;
+    int closed = atomic_load_explicit(&conn->fifo->closed, memory_order_acquire);
+    /* Slots posted before the peer left are still good: let them be taken. */
+    if (closed && conn->dir == CFX_CONN_RECV && cfx_conn_can_take(conn))
+        return cfxSuccess;
+    return broken(conn, conn->priv, closed);
+}
+
 const struct cfx_transport cfx_shm_transport = {
     .version = CFX_TRANSPORT_VERSION,
     .name = "shm",
@@ -374,4 +459,5 @@ const struct cfx_transport cfx_shm_transport = {
     .kick = NULL,
     .poison = shm_poison,
     .check = shm_check,
+    .read_peer = shm_read_peer,
 };

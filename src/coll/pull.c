@@ -1,0 +1,58 @@
+/*
+ * Single-copy schedules between ranks that read each other's memory (shm
+ * connectors with peer_readable; see transports/shm/shm.c). Each is a
+ * schedule of the FIFO path step for step, but a slot carries the address of
+ * a chunk instead of the chunk: the receiver copies it straight from its
+ * predecessor's buffer into its own output, and announces that copy to its
+ * successor in turn. Each byte is copied once per receiving rank, instead of
+ * into a slot and out again.
+ *
+ * Only the ring allgather uses it. A read of another process's memory
+ * (process_vm_readv) runs at 0.4-0.6 x memcpy on the machines measured (the
+ * kernel pins every page it copies), so it wins only where it saves a copy
+ * on the busiest rank: allgather saves one on every rank (3 copies per byte
+ * to 2), but broadcast's receivers copy once either way, and the FIFO's two
+ * copies run at memcpy speed on two cores at once (docs/performance.md).
+ *
+ * A rank's buffers are read by its successor after the rank returned from
+ * its last data step, so the schedule ends with a ring of empty slots: each
+ * rank sends one once its own reads are done and passes on what it
+ * receives; after n-1 of them it knows every rank is done with its buffers,
+ * its successor included, and may return.
+ *   data steps (the base schedule's, flags turned):
+ *     send -> send|addr, recv -> recv|pull
+ *   then n steps: send, (recv|send) n-2 times, recv (all empty).
+ */
+#include "src/coll/schedule.h"
+
+static const struct cfx_schedule *const base = &cfx_ring_allgather;
+
+static uint64_t pull_steps(const struct cfx_op *op)
+{
+    return base->n_steps(op) + (uint64_t)op->nranks;
+}
+
+static void pull_describe(const struct cfx_op *op, uint64_t index, struct cfx_prim_step *step)
+{
+    uint64_t data = base->n_steps(op);
+    if (index < data) {
+        base->describe(op, index, step);
+        if (step->flags & CFX_PRIM_RECV)
+            step->flags |= CFX_PRIM_PULL;
+        if (step->flags & CFX_PRIM_SEND)
+            step->flags |= CFX_PRIM_ADDR;
+        return;
+    }
+    uint64_t k = index - data;
+    step->flags = k == 0 ? CFX_PRIM_SEND
+                         : (k == (uint64_t)op->nranks - 1 ? CFX_PRIM_RECV
+                                                          : CFX_PRIM_RECV | CFX_PRIM_SEND);
+    step->input = NULL;
+    step->output = NULL;
+    step->n_elems = 0;
+}
+
+const struct cfx_schedule cfx_single_copy = {
+    .n_steps = pull_steps,
+    .describe = pull_describe,
+};
