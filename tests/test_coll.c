@@ -250,6 +250,21 @@ static void run_broadcast(struct cfx_test_rank *ctx, cfxComm_t comm, struct ctx_
                 }
             }
         }
+    /* Large enough for the root's non-temporal output stores, with buffers
+     * off every alignment the stores need. */
+    size_t count = ((size_t)8 << 20) + 11;
+    char *send = b->send + 5, *recv = b->recv + 3;
+    const char *desc = "broadcast int8, 8 MiB + 11, unaligned buffers, out of place";
+    cfx_test_step(ctx, "%s", desc);
+    for (size_t i = 0; i < count; i++)
+        send[i] = (char)pattern(r, i, 99);
+    memset(b->recv, 0xee, count + 16);
+    CALL(ctx, desc, cfxBroadcast(send, recv, count, cfxInt8, n - 1, comm, NULL));
+    for (size_t i = 0; i < count; i++)
+        RANK_ASSERT(ctx, (unsigned char)recv[i] == pattern(n - 1, i, 99), "%s: byte %zu wrong",
+                    desc, i);
+    RANK_ASSERT(ctx, (unsigned char)b->recv[2] == 0xee && (unsigned char)recv[count] == 0xee,
+                "%s: wrote outside the buffer", desc);
 }
 
 static void run_allgather(struct cfx_test_rank *ctx, cfxComm_t comm, struct ctx_bufs *b)

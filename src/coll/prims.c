@@ -3,6 +3,9 @@
 
 #include <stddef.h>
 #include <string.h>
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
 
 #include "kernels/reduce.h"
 #include "src/util/error.h"
@@ -88,6 +91,54 @@ static void fold_ordered(const struct cfx_op *op, char *out, const char *const *
     }
 }
 
+/* Operations at least this large write their output with non-temporal
+ * stores in copy_twice: it is read again only after the call, most of it
+ * from memory anyway, and such stores skip reading each line before writing
+ * it. */
+#define NT_OUTPUT_MIN_BYTES ((size_t)8 << 20)
+
+/* dst_a = dst_b = src, reading src once: a step that writes both its output
+ * (dst_a) and a slot (dst_b) would otherwise read its value twice, and
+ * these copies run at memory speed. The blocks go through registers (the
+ * fixed-size copies become vector moves); with @p stream, dst_a's aligned
+ * blocks are written with non-temporal stores. */
+static void copy_twice(char *restrict dst_a, char *restrict dst_b, const char *restrict src,
+                       size_t bytes, int stream)
+{
+    enum { BLOCK = 128 };
+    size_t at = 0;
+#if defined(__SSE2__)
+    if (stream) {
+        /* Plain copies up to dst_a's first 16-byte boundary. */
+        size_t head = (size_t)(-(uintptr_t)dst_a & 15);
+        if (head > bytes)
+            head = bytes;
+        memcpy(dst_a, src, head);
+        memcpy(dst_b, src, head);
+        for (at = head; at + BLOCK <= bytes; at += BLOCK) {
+            __m128i v[BLOCK / 16];
+            memcpy(v, src + at, BLOCK);
+            memcpy(dst_b + at, v, BLOCK);
+            for (int i = 0; i < BLOCK / 16; i++)
+                _mm_stream_si128((__m128i *)(dst_a + at) + i, v[i]);
+        }
+        _mm_sfence();
+    }
+#else
+    (void)stream;
+#endif
+    for (; at + BLOCK <= bytes; at += BLOCK) {
+        char block[BLOCK];
+        memcpy(block, src + at, BLOCK);
+        memcpy(dst_a + at, block, BLOCK);
+        memcpy(dst_b + at, block, BLOCK);
+    }
+    if (at < bytes) {
+        memcpy(dst_a + at, src + at, bytes - at);
+        memcpy(dst_b + at, src + at, bytes - at);
+    }
+}
+
 /* A single-copy step: the data moves by read_peer, slots carry addresses. */
 static cfxResult_t run_single_copy(struct cfx_op *op, const struct cfx_prim_step *step)
 {
@@ -164,15 +215,24 @@ cfxResult_t cfx_prim_run(struct cfx_op *op, const struct cfx_prim_step *step)
         }
         value = sum;
     }
-    if (flags & CFX_PRIM_OUT) {
-        if (step->output != value && bytes)
-            memcpy(step->output, value, bytes);
-        if (flags & CFX_PRIM_AVG)
-            cfx_reduce_avg_finish(step->output, step->output, n, op->type, op->nranks);
-        value = step->output;
+    if ((flags & (CFX_PRIM_OUT | CFX_PRIM_SEND | CFX_PRIM_REDUCE | CFX_PRIM_AVG)) ==
+            (CFX_PRIM_OUT | CFX_PRIM_SEND) &&
+        step->output != value && bytes) {
+        /* copy-send, recv-copy-send: one pass over the value (the input or a
+         * received slot) for both copies. */
+        copy_twice(step->output, slot_out, value, bytes,
+                   op->count * op->elem_bytes >= NT_OUTPUT_MIN_BYTES);
+    } else {
+        if (flags & CFX_PRIM_OUT) {
+            if (step->output != value && bytes)
+                memcpy(step->output, value, bytes);
+            if (flags & CFX_PRIM_AVG)
+                cfx_reduce_avg_finish(step->output, step->output, n, op->type, op->nranks);
+            value = step->output;
+        }
+        if ((flags & CFX_PRIM_SEND) && value != slot_out && bytes)
+            memcpy(slot_out, value, bytes);
     }
-    if ((flags & CFX_PRIM_SEND) && value != slot_out && bytes)
-        memcpy(slot_out, value, bytes);
     if (flags & CFX_PRIM_RECV) {
         cfx_conn_release(step->recv);
         for (int i = 0; i < step->n_recv_more; i++)
