@@ -27,7 +27,7 @@ CFX_PARAM_INT(single_copy, "SINGLE_COPY", 1,
               "1: ranks of one host read large allgathers straight from each other's buffers "
               "(one copy, process_vm_readv) where the kernel allows it; 0: always through the "
               "FIFO");
-CFX_PARAM_INT(single_copy_min, "SINGLE_COPY_MIN_BYTES", 256 << 10,
+CFX_PARAM_INT(single_copy_min, "SINGLE_COPY_MIN_BYTES", 1 << 20,
               "Smallest allgather (bytes per rank) that takes the single-copy path");
 
 /* Fields of @p config the caller actually has (an older header may be smaller). */
