@@ -30,16 +30,21 @@ static void collectives(struct cfx_test_rank *ctx)
     RANK_CFX(ctx, cfxCommInitRank(&comm, ctx->nranks, ctx->id, ctx->rank));
     int n = ctx->nranks;
     size_t count = (1u << 17) + 5;
-    int32_t *in = malloc(count * sizeof(int32_t) * (size_t)n);
-    int32_t *out = malloc(count * sizeof(int32_t) * (size_t)n);
+    size_t big = (1u << 18) + 5; /* Over 1 MiB per rank: the single-copy allgather. */
+    int32_t *in = malloc(big * sizeof(int32_t) * (size_t)n);
+    int32_t *out = malloc(big * sizeof(int32_t) * (size_t)n);
     RANK_ASSERT(ctx, in && out, "malloc");
-    for (size_t i = 0; i < count * (size_t)n; i++)
+    for (size_t i = 0; i < big * (size_t)n; i++)
         in[i] = (int32_t)(i % 7) + ctx->rank;
     RANK_CFX(ctx, cfxAllReduce(in, out, count, cfxInt32, cfxSum, comm, NULL));
     for (size_t i = 0; i < count; i++)
         RANK_ASSERT(ctx, out[i] == (int32_t)(i % 7) * n + n * (n - 1) / 2, "allreduce[%zu]", i);
     RANK_CFX(ctx, cfxBroadcast(in, out, count, cfxInt32, 1 % n, comm, NULL));
     RANK_CFX(ctx, cfxAllGather(in, out, count, cfxInt32, comm, NULL));
+    RANK_CFX(ctx, cfxAllGather(in, out, big, cfxInt32, comm, NULL));
+    for (size_t i = 0; i < big * (size_t)n; i++)
+        RANK_ASSERT(ctx, out[i] == (int32_t)((i % big) % 7) + (int32_t)(i / big),
+                    "allgather[%zu] = %d", i, out[i]);
     RANK_CFX(ctx, cfxReduceScatter(in, out, count, cfxInt32, cfxSum, comm, NULL));
     RANK_CFX(ctx, cfxReduce(in, out, count, cfxInt32, cfxMax, 0, comm, NULL));
     RANK_CFX(ctx, cfxGroupStart());
