@@ -19,6 +19,10 @@
 #define CFX_COMM_MAGIC UINT64_C(0x434658434f4d4d31) /* "CFXCOMM1" */
 #define CFX_COMM_DEAD UINT64_C(0xdeadc0ffeedeadc0)
 
+/* Collectives whose algorithm the plan chooses per call: allreduce,
+ * broadcast and reduce (the first values of enum cfx_coll_kind). */
+#define CFX_CORE_ALGO_KINDS 3
+
 /* What every rank tells the others at init. Fixed size: it is all-gathered. */
 struct cfx_peer_info {
     int32_t rank;
@@ -75,6 +79,9 @@ struct cfxComm {
     int active_calls;      /* Calls using the comm now (cfxCommAbort waits for them). */
     /* Algorithm choice (algo.c): the plan, and this rank's links in its two trees. */
     struct cfx_plan *plan;
+    /* The last choice of each collective the plan chooses for (allreduce,
+     * broadcast, reduce): (bytes + 1) << 2 | algorithm, 0 when none. */
+    _Atomic uint64_t algo_last[CFX_CORE_ALGO_KINDS];
     struct cfx_tree_links trees[2];
     /* Relays between a rooted call's root and a tree's root: [tree][peer]. */
     struct cfx_connector **relay_send[2];
@@ -130,7 +137,9 @@ cfxResult_t cfx_core_algo_init(struct cfxComm *comm);
 void cfx_core_algo_fini_plan(struct cfxComm *comm);
 void cfx_core_algo_fini(struct cfxComm *comm);
 /* The schedule a call of @p bytes runs on: the trees (allreduce, broadcast,
- * reduce), the direct one-shot allreduce, or the ring (everything else). */
+ * reduce), the direct one-shot allreduce, or the ring (everything else).
+ * A call of the same collective and size as the one before reuses its
+ * choice without asking the planner. Never blocks, never allocates. */
 enum cfx_core_algo { CFX_CORE_ALGO_RING, CFX_CORE_ALGO_TREE, CFX_CORE_ALGO_DIRECT };
 enum cfx_core_algo cfx_core_algo_choose(struct cfxComm *comm, enum cfx_coll_kind kind,
                                         size_t bytes);
