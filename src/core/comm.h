@@ -11,6 +11,7 @@
 #include "src/bootstrap/bootstrap.h"
 #include "src/util/error.h"
 #include "src/util/host.h"
+#include "src/util/time.h"
 #include "src/coll/op.h"
 #include "transports/transport.h"
 
@@ -39,8 +40,8 @@ struct cfx_flight_entry {
     struct cfx_fingerprint print;
     enum cfx_flight_state state;
     cfxResult_t result;
-    int64_t start_ns;
-    int64_t end_ns;
+    uint64_t start_ticks; /* cfx_time_ticks of the communicator's flight_origin. */
+    uint64_t end_ticks;   /* 0 until the operation ends. */
     uint64_t step;
     uint64_t n_steps;
 };
@@ -73,8 +74,10 @@ struct cfxComm {
     uint64_t coll_seq;       /* Collectives submitted so far. */
     uint64_t *p2p_send_seq;  /* [nranks]: messages sent to each peer. */
     uint64_t *p2p_recv_seq;  /* [nranks]: messages received from each peer. */
-    struct cfx_flight_entry *flight; /* Ring of flight_size entries. */
-    int flight_size;
+    struct cfx_flight_entry *flight; /* Ring of flight_mask + 1 (a power of two) entries. */
+    int flight_size;                 /* Entries shown (CFX_FLIGHT_RECORDER); 0: off. */
+    uint64_t flight_mask;
+    struct cfx_time_ticks_origin flight_origin; /* Converts the entries' ticks. */
     uint64_t flight_count; /* Entries ever recorded. */
     int active_calls;      /* Calls using the comm now (cfxCommAbort waits for them). */
     /* Algorithm choice (algo.c): the plan, and this rank's links in its two trees. */
