@@ -32,6 +32,8 @@ static inline void cpu_relax(void)
  * issue order, so operations sharing a connector run in that order. */
 static int claim(struct cfx_op *op)
 {
+    if (op->claimed)
+        return 1;
     int held = 1;
     for (int i = 0; i < op->n_conns; i++) {
         struct cfx_connector *conn = op->conns[i];
@@ -42,11 +44,13 @@ static int claim(struct cfx_op *op)
         else
             held = 0;
     }
+    op->claimed = held;
     return held;
 }
 
 static void unclaim(struct cfx_op *op)
 {
+    op->claimed = 0;
     for (int i = 0; i < op->n_conns; i++)
         if (op->conns[i] && op->conns[i]->owner == op)
             op->conns[i]->owner = NULL;
