@@ -114,7 +114,7 @@ static cfxResult_t submit(struct cfxComm *comm, struct cfx_op *op)
             CFX_CHECK(cfx_core_group_add(&ops[i]));
         return cfxSuccess;
     }
-    return cfx_core_launch(ops, n_ops);
+    return cfx_core_launch(ops, n_ops); /* check_common holds the communicator. */
 }
 
 /* Shared end of every entry point; on failure inside a group the group fails
