@@ -73,7 +73,15 @@ int cfx_coll_progress(struct cfx_op *op)
     while (op->step < op->n_steps) {
         struct cfx_prim_step *step = &op->next;
         if (op->next_index != op->step) {
-            *step = (struct cfx_prim_step){.recv = op->recv_conn, .send = op->send_conn};
+            /* Field by field: recv_more is read only up to n_recv_more. */
+            step->flags = 0;
+            step->input = NULL;
+            step->output = NULL;
+            step->n_elems = 0;
+            step->recv = op->recv_conn;
+            step->send = op->send_conn;
+            step->n_recv_more = 0;
+            step->input_pos = 0;
             schedule_of(op)->describe(op, op->step, step);
             op->next_index = op->step;
         }

@@ -10,7 +10,6 @@
 
 #include <stddef.h>
 #include <stdint.h>
-#include <string.h>
 
 #include "conflux.h"
 #include "transports/transport.h"
@@ -121,11 +120,45 @@ struct cfx_op {
     struct cfx_prim_step next;
 };
 
-/* Zero every field of @p op but the arrays at its end: what a new call
- * starts from (the whole op is several cache lines; the call path is short). */
+/* Zero every field of @p op but the arrays at its end (which are written
+ * before they are read): what a new call starts from. Field by field, not
+ * memset: a constant memset of this size compiles to rep stos on x86-64,
+ * whose start-up alone cost ~6% of a tiny allreduce. Keep in step with the
+ * struct. */
 static inline void cfx_op_clear(struct cfx_op *op)
 {
-    memset(op, 0, offsetof(struct cfx_op, conns));
+    op->kind = CFX_COLL_ALLREDUCE;
+    op->sendbuff = NULL;
+    op->recvbuff = NULL;
+    op->count = 0;
+    op->type = (cfxDataType_t)0;
+    op->op = (cfxRedOp_t)0;
+    op->root = 0;
+    op->rank = 0;
+    op->nranks = 0;
+    op->send_conn = NULL;
+    op->recv_conn = NULL;
+    op->tree = NULL;
+    op->direct = NULL;
+    op->n_conns = 0;
+    op->abort_flag = NULL;
+    op->owner = NULL;
+    op->print = (struct cfx_fingerprint){0};
+    op->expect = (struct cfx_fingerprint){0};
+    op->check_prints = 0;
+    op->record = 0;
+    op->on_stall = NULL;
+    op->probe_sent = 0;
+    op->spin_limit = 0;
+    op->elem_bytes = 0;
+    op->chunk_elems = 0;
+    op->step = 0;
+    op->n_steps = 0;
+    op->next_index = 0;
+    op->claimed = 0;
+    op->done = 0;
+    op->result = cfxSuccess;
+    op->blame_rank = 0;
 }
 
 /* Fill the progress fields; an operation with nothing to move is done at once. */
