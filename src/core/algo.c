@@ -208,7 +208,7 @@ static void request(struct cfx_conn_request *reqs, int *n, struct cfxComm *comm,
 int cfx_core_algo_direct_requests(struct cfxComm *comm, struct cfx_conn_request *reqs)
 {
     int n = 0;
-    if (comm->nranks > CFX_DIRECT_MAX_RANKS)
+    if (comm->nranks > CFX_DIRECT_MAX_RANKS || comm->direct_complete)
         return 0;
     /* Small slots: the direct allreduce is for small messages, and a rank
      * holds 2(n-1) of these FIFOs. */
@@ -225,6 +225,8 @@ int cfx_core_algo_direct_requests(struct cfxComm *comm, struct cfx_conn_request 
         for (int i = first; i < n; i++)
             reqs[i].slot_bytes = slot;
     }
+    /* Connectors stay until the communicator goes: no need to look again. */
+    comm->direct_complete = n == 0;
     return n;
 }
 

@@ -92,6 +92,7 @@ struct cfxComm {
     /* Direct allreduce: connectors to and from every peer, built at init
      * (cfx_core_algo_connect) when the plan may use them. */
     struct cfx_direct_links direct;
+    int direct_complete; /* Every connector of direct is built. */
     struct cfxComm *registry_next;
     char name[64];
     char last_error[CFX_ERROR_MAX];
