@@ -10,6 +10,8 @@
 
 uint64_t cfx_coll_chunk_steps(const struct cfx_op *op)
 {
+    if (op->count <= op->chunk_elems) /* Small calls: no division. */
+        return op->count > 0;
     return cfx_div_up(op->count, op->chunk_elems);
 }
 

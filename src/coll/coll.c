@@ -64,6 +64,8 @@ void cfx_coll_prepare(struct cfx_op *op)
         op->n_steps = schedule_of(op)->n_steps(op);
         op->count = saved;
     }
+    op->next_index = UINT64_MAX;
+    op->claimed = 0;
     op->done = op->n_steps == 0;
     op->result = cfxSuccess;
     op->blame_rank = -1;
@@ -71,14 +73,25 @@ void cfx_coll_prepare(struct cfx_op *op)
 
 int cfx_coll_progress(struct cfx_op *op)
 {
-    const struct cfx_schedule *schedule = schedule_of(op);
     int ran = 0;
     while (op->step < op->n_steps) {
-        struct cfx_prim_step step = {.recv = op->recv_conn, .send = op->send_conn};
-        schedule->describe(op, op->step, &step);
-        if (!cfx_prim_ready(&step))
+        struct cfx_prim_step *step = &op->next;
+        if (op->next_index != op->step) {
+            /* Field by field: recv_more is read only up to n_recv_more. */
+            step->flags = 0;
+            step->input = NULL;
+            step->output = NULL;
+            step->n_elems = 0;
+            step->recv = op->recv_conn;
+            step->send = op->send_conn;
+            step->n_recv_more = 0;
+            step->input_pos = 0;
+            schedule_of(op)->describe(op, op->step, step);
+            op->next_index = op->step;
+        }
+        if (!cfx_prim_ready(step))
             break;
-        cfxResult_t res = cfx_prim_run(op, &step);
+        cfxResult_t res = cfx_prim_run(op, step);
         if (res != cfxSuccess) {
             op->result = res;
             op->done = 1;

@@ -43,7 +43,9 @@ static void describe_send(const struct cfx_op *op, uint64_t chunk, int k,
 {
     size_t offset, len;
     cfx_coll_chunk_of(op, chunk, &offset, &len);
-    int peer = cfx_mod(op->rank + 1 + k, op->nranks);
+    int peer = op->rank + 1 + k; /* Below 2n: no division needed. */
+    if (peer >= op->nranks)
+        peer -= op->nranks;
     step->flags = CFX_PRIM_SEND;
     step->input = cfx_coll_at(op->sendbuff, offset, op->elem_bytes);
     step->output = NULL;

@@ -53,6 +53,23 @@ enum cfx_coll_kind {
 
 #define CFX_OP_MAX_CONNS (2 * CFX_DIRECT_MAX_RANKS)
 
+#define CFX_PRIM_MAX_RECV (CFX_DIRECT_MAX_RANKS - 1)
+
+/* One step of a schedule: what it moves where (flags: CFX_PRIM_*, prims.h). */
+struct cfx_prim_step {
+    unsigned flags;
+    const char *input; /* Local contribution (SEND without RECV, or REDUCE). */
+    char *output;      /* Where OUT writes. */
+    size_t n_elems;
+    struct cfx_connector *recv; /* RECV: where from (default: op->recv_conn). */
+    struct cfx_connector *send; /* SEND: where to (default: op->send_conn). */
+    /* RECV | REDUCE only: more connectors whose slots join the reduction
+     * (a tree node with several children). */
+    struct cfx_connector *recv_more[CFX_PRIM_MAX_RECV - 1];
+    int n_recv_more;
+    int input_pos; /* CFX_PRIM_ORDERED: where the input joins the fold (0..n_recv_more+1). */
+};
+
 struct cfx_op {
     /* What (set by the caller). */
     enum cfx_coll_kind kind;
@@ -74,9 +91,7 @@ struct cfx_op {
      * rank reads the data from its predecessor's buffer (only where every
      * ring_recv is peer_readable; src/coll/pull.c). */
     int pull;
-    /* Every connector the op uses (claimed in issue order by the executor). */
-    struct cfx_connector *conns[CFX_OP_MAX_CONNS];
-    int n_conns;
+    int n_conns; /* Entries of conns (below). */
     const int *abort_flag;
     void *owner; /* The communicator (opaque below the core). */
     /* Mismatch detection: what this op stamps on the slots it sends and
@@ -95,10 +110,61 @@ struct cfx_op {
     size_t chunk_elems; /* Elements per slot. */
     uint64_t step;
     uint64_t n_steps;
+    uint64_t next_index; /* The step described in next; UINT64_MAX: none yet. */
+    int claimed;         /* The executor's: the op holds all its connectors. */
     int done;
     cfxResult_t result;
     int blame_rank; /* On failure: the rank it is about (-1: this rank). */
+    /* Arrays, last: each is written before it is read (n_conns and
+     * next_index say what is valid), so cfx_op_clear leaves them alone. */
+    /* Every connector the op uses (claimed in issue order by the executor). */
+    struct cfx_connector *conns[CFX_OP_MAX_CONNS];
+    /* The step at index next_index as the schedule described it: an op
+     * that waits polls its FIFOs without describing the step again. */
+    struct cfx_prim_step next;
 };
+
+/* Zero every field of @p op but the arrays at its end (which are written
+ * before they are read): what a new call starts from. Field by field, not
+ * memset: a constant memset of this size compiles to rep stos on x86-64,
+ * whose start-up alone cost ~6% of a tiny allreduce. Keep in step with the
+ * struct. */
+static inline void cfx_op_clear(struct cfx_op *op)
+{
+    op->kind = CFX_COLL_ALLREDUCE;
+    op->sendbuff = NULL;
+    op->recvbuff = NULL;
+    op->count = 0;
+    op->type = (cfxDataType_t)0;
+    op->op = (cfxRedOp_t)0;
+    op->root = 0;
+    op->rank = 0;
+    op->nranks = 0;
+    op->send_conn = NULL;
+    op->recv_conn = NULL;
+    op->tree = NULL;
+    op->direct = NULL;
+    op->pull = 0;
+    op->n_conns = 0;
+    op->abort_flag = NULL;
+    op->owner = NULL;
+    op->print = (struct cfx_fingerprint){0};
+    op->expect = (struct cfx_fingerprint){0};
+    op->check_prints = 0;
+    op->record = 0;
+    op->on_stall = NULL;
+    op->probe_sent = 0;
+    op->spin_limit = 0;
+    op->elem_bytes = 0;
+    op->chunk_elems = 0;
+    op->step = 0;
+    op->n_steps = 0;
+    op->next_index = 0;
+    op->claimed = 0;
+    op->done = 0;
+    op->result = cfxSuccess;
+    op->blame_rank = 0;
+}
 
 /* Fill the progress fields; an operation with nothing to move is done at once. */
 void cfx_coll_prepare(struct cfx_op *op);

@@ -11,20 +11,6 @@
 #include "src/util/error.h"
 #include "src/util/log.h"
 
-int cfx_prim_ready(const struct cfx_prim_step *step)
-{
-    if (step->flags & CFX_PRIM_RECV) {
-        if (!cfx_conn_can_take(step->recv))
-            return 0;
-        for (int i = 0; i < step->n_recv_more; i++)
-            if (!cfx_conn_can_take(step->recv_more[i]))
-                return 0;
-    }
-    if ((step->flags & CFX_PRIM_SEND) && !cfx_conn_can_post(step->send))
-        return 0;
-    return 1;
-}
-
 /* The oldest slot of @p conn, checked against what the op expects. */
 static cfxResult_t take(struct cfx_op *op, struct cfx_connector *conn, size_t bytes,
                         const char **slot_p)

@@ -41,23 +41,23 @@
  * ends with a round that tells every rank its readers are done. */
 #define CFX_PRIM_ADDR 0x80u
 
-#define CFX_PRIM_MAX_RECV (CFX_DIRECT_MAX_RANKS - 1)
+/* struct cfx_prim_step (op.h): one step, as a schedule describes it. */
 
-struct cfx_prim_step {
-    unsigned flags;
-    const char *input; /* Local contribution (SEND without RECV, or REDUCE). */
-    char *output;      /* Where OUT writes. */
-    size_t n_elems;
-    struct cfx_connector *recv; /* RECV: where from (default: op->recv_conn). */
-    struct cfx_connector *send; /* SEND: where to (default: op->send_conn). */
-    /* RECV | REDUCE only: more connectors whose slots join the reduction
-     * (a tree node with several children). */
-    struct cfx_connector *recv_more[CFX_PRIM_MAX_RECV - 1];
-    int n_recv_more;
-    int input_pos; /* CFX_PRIM_ORDERED: where the input joins the fold (0..n_recv_more+1). */
-};
-
-int cfx_prim_ready(const struct cfx_prim_step *step);
+/* Whether the step's FIFOs allow it to run now. Loads only; an executor
+ * polls it while the op waits. */
+static inline int cfx_prim_ready(const struct cfx_prim_step *step)
+{
+    if (step->flags & CFX_PRIM_RECV) {
+        if (!cfx_conn_can_take(step->recv))
+            return 0;
+        for (int i = 0; i < step->n_recv_more; i++)
+            if (!cfx_conn_can_take(step->recv_more[i]))
+                return 0;
+    }
+    if ((step->flags & CFX_PRIM_SEND) && !cfx_conn_can_post(step->send))
+        return 0;
+    return 1;
+}
 
 /* Runs a ready step. cfxInternalError if a received slot's size disagrees
  * with the schedule (the ranks disagree on the operation). */

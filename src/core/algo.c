@@ -12,6 +12,7 @@
  */
 #include <math.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -132,6 +133,8 @@ void cfx_core_algo_fini_plan(struct cfxComm *comm)
 {
     cfx_plan_free(comm->plan);
     comm->plan = NULL;
+    for (int k = 0; k < CFX_CORE_ALGO_KINDS; k++)
+        atomic_store_explicit(&comm->algo_last[k], 0, memory_order_relaxed);
     for (int t = 0; t < 2; t++)
         comm->trees[t] = (struct cfx_tree_links){.parent = -1};
 }
@@ -147,13 +150,9 @@ void cfx_core_algo_fini(struct cfxComm *comm)
     }
 }
 
-enum cfx_core_algo cfx_core_algo_choose(struct cfxComm *comm, enum cfx_coll_kind kind,
-                                        size_t bytes)
+/* What the planner picks for @p kind at @p bytes. */
+static enum cfx_core_algo plan_choice(struct cfxComm *comm, enum cfx_coll_kind kind, size_t bytes)
 {
-    if (comm->plan == NULL || comm->nranks < 2)
-        return CFX_CORE_ALGO_RING;
-    if (kind != CFX_COLL_ALLREDUCE && kind != CFX_COLL_BROADCAST && kind != CFX_COLL_REDUCE)
-        return CFX_CORE_ALGO_RING;
     struct cfx_plan_choice choice;
     if (cfx_plan_choose(comm->plan, kind, bytes, &choice) != cfxSuccess) {
         cfx_error_thread_clear();
@@ -168,6 +167,35 @@ enum cfx_core_algo cfx_core_algo_choose(struct cfxComm *comm, enum cfx_coll_kind
     return CFX_CORE_ALGO_RING;
 }
 
+/* Largest size the last-choice word holds beside its two bits of algorithm. */
+#define CHOICE_MAX_BYTES (UINT64_MAX >> 3)
+_Static_assert(CFX_CORE_ALGO_DIRECT <= 3, "an algorithm fits in two bits");
+_Static_assert(CFX_COLL_ALLREDUCE < CFX_CORE_ALGO_KINDS &&
+                   CFX_COLL_BROADCAST < CFX_CORE_ALGO_KINDS &&
+                   CFX_COLL_REDUCE < CFX_CORE_ALGO_KINDS,
+               "one last choice per collective the plan chooses for");
+
+enum cfx_core_algo cfx_core_algo_choose(struct cfxComm *comm, enum cfx_coll_kind kind, size_t bytes)
+{
+    if (comm->plan == NULL || comm->nranks < 2)
+        return CFX_CORE_ALGO_RING;
+    if (kind != CFX_COLL_ALLREDUCE && kind != CFX_COLL_BROADCAST && kind != CFX_COLL_REDUCE)
+        return CFX_CORE_ALGO_RING;
+    /* Loops call one size over and over. The planner's answer depends only
+     * on the collective and the size (the plan is immutable), and the
+     * explanation it logs comes with the first call of a size bucket, which
+     * the remembered call already made: reuse the answer. One word, so
+     * threads sharing the communicator read whole entries. */
+    uint64_t key = (uint64_t)bytes < CHOICE_MAX_BYTES ? ((uint64_t)bytes + 1) << 2 : 0;
+    uint64_t last = atomic_load_explicit(&comm->algo_last[kind], memory_order_relaxed);
+    if (key != 0 && (last & ~(uint64_t)3) == key)
+        return (enum cfx_core_algo)(last & 3);
+    enum cfx_core_algo algo = plan_choice(comm, kind, bytes);
+    if (key != 0)
+        atomic_store_explicit(&comm->algo_last[kind], key | (uint64_t)algo, memory_order_relaxed);
+    return algo;
+}
+
 static void request(struct cfx_conn_request *reqs, int *n, struct cfxComm *comm, int peer,
                     enum cfx_conn_dir dir, int kind, struct cfx_connector **out_p)
 {
@@ -180,7 +208,7 @@ static void request(struct cfx_conn_request *reqs, int *n, struct cfxComm *comm,
 int cfx_core_algo_direct_requests(struct cfxComm *comm, struct cfx_conn_request *reqs)
 {
     int n = 0;
-    if (comm->nranks > CFX_DIRECT_MAX_RANKS)
+    if (comm->nranks > CFX_DIRECT_MAX_RANKS || comm->direct_complete)
         return 0;
     /* Small slots: the direct allreduce is for small messages, and a rank
      * holds 2(n-1) of these FIFOs. */
@@ -197,6 +225,8 @@ int cfx_core_algo_direct_requests(struct cfxComm *comm, struct cfx_conn_request 
         for (int i = first; i < n; i++)
             reqs[i].slot_bytes = slot;
     }
+    /* Connectors stay until the communicator goes: no need to look again. */
+    comm->direct_complete = n == 0;
     return n;
 }
 

@@ -81,7 +81,9 @@ cfxResult_t cfx_argcheck_count(size_t count, cfxDataType_t type, size_t multiple
     size_t elem = cfx_type_size(type);
     if (multiple == 0)
         multiple = 1;
-    if (elem == 0 || count > SIZE_MAX / elem / multiple || count * elem * multiple > PTRDIFF_MAX)
+    size_t bytes; /* Overflow checks without divisions (this runs on every call). */
+    if (elem == 0 || __builtin_mul_overflow(count, elem, &bytes) ||
+        __builtin_mul_overflow(bytes, multiple, &bytes) || bytes > PTRDIFF_MAX)
         return cfx_error_set(cfxInvalidArgument, CFX_LOG_COLL,
                              "%s: count = %zu elements of %zu bytes (x%zu) overflows the address "
                              "space",

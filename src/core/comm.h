@@ -11,6 +11,7 @@
 #include "src/bootstrap/bootstrap.h"
 #include "src/util/error.h"
 #include "src/util/host.h"
+#include "src/util/time.h"
 #include "src/coll/op.h"
 #include "transports/transport.h"
 
@@ -18,6 +19,10 @@
 
 #define CFX_COMM_MAGIC UINT64_C(0x434658434f4d4d31) /* "CFXCOMM1" */
 #define CFX_COMM_DEAD UINT64_C(0xdeadc0ffeedeadc0)
+
+/* Collectives whose algorithm the plan chooses per call: allreduce,
+ * broadcast and reduce (the first values of enum cfx_coll_kind). */
+#define CFX_CORE_ALGO_KINDS 3
 
 /* What every rank tells the others at init. Fixed size: it is all-gathered. */
 struct cfx_peer_info {
@@ -35,8 +40,8 @@ struct cfx_flight_entry {
     struct cfx_fingerprint print;
     enum cfx_flight_state state;
     cfxResult_t result;
-    int64_t start_ns;
-    int64_t end_ns;
+    uint64_t start_ticks; /* cfx_time_ticks of the communicator's flight_origin. */
+    uint64_t end_ticks;   /* 0 until the operation ends. */
     uint64_t step;
     uint64_t n_steps;
 };
@@ -75,12 +80,17 @@ struct cfxComm {
     uint64_t coll_seq;       /* Collectives submitted so far. */
     uint64_t *p2p_send_seq;  /* [nranks]: messages sent to each peer. */
     uint64_t *p2p_recv_seq;  /* [nranks]: messages received from each peer. */
-    struct cfx_flight_entry *flight; /* Ring of flight_size entries. */
-    int flight_size;
+    struct cfx_flight_entry *flight; /* Ring of flight_mask + 1 (a power of two) entries. */
+    int flight_size;                 /* Entries shown (CFX_FLIGHT_RECORDER); 0: off. */
+    uint64_t flight_mask;
+    struct cfx_time_ticks_origin flight_origin; /* Converts the entries' ticks. */
     uint64_t flight_count; /* Entries ever recorded. */
     int active_calls;      /* Calls using the comm now (cfxCommAbort waits for them). */
     /* Algorithm choice (algo.c): the plan, and this rank's links in its two trees. */
     struct cfx_plan *plan;
+    /* The last choice of each collective the plan chooses for (allreduce,
+     * broadcast, reduce): (bytes + 1) << 2 | algorithm, 0 when none. */
+    _Atomic uint64_t algo_last[CFX_CORE_ALGO_KINDS];
     struct cfx_tree_links trees[2];
     /* Relays between a rooted call's root and a tree's root: [tree][peer]. */
     struct cfx_connector **relay_send[2];
@@ -88,6 +98,7 @@ struct cfxComm {
     /* Direct allreduce: connectors to and from every peer, built at init
      * (cfx_core_algo_connect) when the plan may use them. */
     struct cfx_direct_links direct;
+    int direct_complete; /* Every connector of direct is built. */
     struct cfxComm *registry_next;
     char name[64];
     char last_error[CFX_ERROR_MAX];
@@ -136,7 +147,9 @@ cfxResult_t cfx_core_algo_init(struct cfxComm *comm);
 void cfx_core_algo_fini_plan(struct cfxComm *comm);
 void cfx_core_algo_fini(struct cfxComm *comm);
 /* The schedule a call of @p bytes runs on: the trees (allreduce, broadcast,
- * reduce), the direct one-shot allreduce, or the ring (everything else). */
+ * reduce), the direct one-shot allreduce, or the ring (everything else).
+ * A call of the same collective and size as the one before reuses its
+ * choice without asking the planner. Never blocks, never allocates. */
 enum cfx_core_algo { CFX_CORE_ALGO_RING, CFX_CORE_ALGO_TREE, CFX_CORE_ALGO_DIRECT };
 enum cfx_core_algo cfx_core_algo_choose(struct cfxComm *comm, enum cfx_coll_kind kind,
                                         size_t bytes);

@@ -31,6 +31,21 @@ static cfxResult_t check_overlap(const void *send, size_t send_bytes, const void
     return cfxSuccess;
 }
 
+/* The operation of a call: its arguments, every other field zero (but
+ * the op's arrays, which are written before they are read). */
+static void op_start(struct cfx_op *op, enum cfx_coll_kind kind, const void *sendbuff,
+                     void *recvbuff, size_t count, cfxDataType_t type, cfxRedOp_t redop, int root)
+{
+    cfx_op_clear(op);
+    op->kind = kind;
+    op->sendbuff = sendbuff;
+    op->recvbuff = recvbuff;
+    op->count = count;
+    op->type = type;
+    op->op = redop;
+    op->root = root;
+}
+
 /* The fingerprints of an operation: what it stamps, what it expects. */
 static void fingerprint(struct cfxComm *comm, struct cfx_op *op)
 {
@@ -104,7 +119,7 @@ static cfxResult_t submit(struct cfxComm *comm, struct cfx_op *op)
             CFX_CHECK(cfx_core_group_add(&ops[i]));
         return cfxSuccess;
     }
-    return cfx_core_launch(ops, n_ops);
+    return cfx_core_launch(ops, n_ops); /* check_common holds the communicator. */
 }
 
 /* Shared end of every entry point; on failure inside a group the group fails
@@ -147,8 +162,8 @@ CFX_API cfxResult_t cfxAllReduce(const void *sendbuff, void *recvbuff, size_t co
     CFX_CHECK_GOTO(cfx_argcheck_buffer(recvbuff, count, fn, "recvbuff"), res, out);
     size_t bytes = count * cfx_type_size(datatype);
     CFX_CHECK_GOTO(check_overlap(sendbuff, bytes, recvbuff, bytes, recvbuff, fn), res, out);
-    struct cfx_op o = {.kind = CFX_COLL_ALLREDUCE, .sendbuff = sendbuff, .recvbuff = recvbuff,
-                       .count = count, .type = datatype, .op = op};
+    struct cfx_op o;
+    op_start(&o, CFX_COLL_ALLREDUCE, sendbuff, recvbuff, count, datatype, op, 0);
     res = submit(comm, &o);
 out:
     return finish(comm, res);
@@ -171,12 +186,9 @@ CFX_API cfxResult_t cfxBroadcast(const void *sendbuff, void *recvbuff, size_t co
     size_t bytes = count * cfx_type_size(datatype);
     if (comm->rank == root)
         CFX_CHECK_GOTO(check_overlap(sendbuff, bytes, recvbuff, bytes, recvbuff, fn), res, out);
-    struct cfx_op o = {.kind = CFX_COLL_BROADCAST,
-                       .sendbuff = comm->rank == root ? sendbuff : NULL,
-                       .recvbuff = recvbuff,
-                       .count = count,
-                       .type = datatype,
-                       .root = root};
+    struct cfx_op o;
+    op_start(&o, CFX_COLL_BROADCAST, comm->rank == root ? sendbuff : NULL, recvbuff, count,
+             datatype, cfxSum, root);
     res = submit(comm, &o);
 out:
     return finish(comm, res);
@@ -206,13 +218,9 @@ CFX_API cfxResult_t cfxReduce(const void *sendbuff, void *recvbuff, size_t count
         size_t bytes = count * cfx_type_size(datatype);
         CFX_CHECK_GOTO(check_overlap(sendbuff, bytes, recvbuff, bytes, recvbuff, fn), res, out);
     }
-    struct cfx_op o = {.kind = CFX_COLL_REDUCE,
-                       .sendbuff = sendbuff,
-                       .recvbuff = comm->rank == root ? recvbuff : NULL,
-                       .count = count,
-                       .type = datatype,
-                       .op = op,
-                       .root = root};
+    struct cfx_op o;
+    op_start(&o, CFX_COLL_REDUCE, sendbuff, comm->rank == root ? recvbuff : NULL, count, datatype,
+             op, root);
     res = submit(comm, &o);
 out:
     return finish(comm, res);
@@ -233,8 +241,8 @@ CFX_API cfxResult_t cfxAllGather(const void *sendbuff, void *recvbuff, size_t se
     CFX_CHECK_GOTO(check_overlap(sendbuff, block, recvbuff, block * (size_t)comm->nranks,
                                  in_place, fn),
                    res, out);
-    struct cfx_op o = {.kind = CFX_COLL_ALLGATHER, .sendbuff = sendbuff, .recvbuff = recvbuff,
-                       .count = sendcount, .type = datatype};
+    struct cfx_op o;
+    op_start(&o, CFX_COLL_ALLGATHER, sendbuff, recvbuff, sendcount, datatype, cfxSum, 0);
     res = submit(comm, &o);
 out:
     return finish(comm, res);
@@ -258,8 +266,8 @@ CFX_API cfxResult_t cfxReduceScatter(const void *sendbuff, void *recvbuff, size_
         CFX_CHECK_GOTO(check_overlap(sendbuff, block * (size_t)comm->nranks, recvbuff, block,
                                      NULL, fn),
                        res, out);
-    struct cfx_op o = {.kind = CFX_COLL_REDUCESCATTER, .sendbuff = sendbuff, .recvbuff = recvbuff,
-                       .count = recvcount, .type = datatype, .op = op};
+    struct cfx_op o;
+    op_start(&o, CFX_COLL_REDUCESCATTER, sendbuff, recvbuff, recvcount, datatype, op, 0);
     res = submit(comm, &o);
 out:
     return finish(comm, res);
@@ -288,8 +296,8 @@ static cfxResult_t point_to_point(enum cfx_coll_kind kind, const void *sendbuff,
     CFX_CHECK_GOTO(cfx_argcheck_buffer(kind == CFX_COLL_SEND ? sendbuff : recvbuff, count, fn,
                                        kind == CFX_COLL_SEND ? "sendbuff" : "recvbuff"),
                    res, out);
-    struct cfx_op o = {.kind = kind, .sendbuff = sendbuff, .recvbuff = recvbuff, .count = count,
-                       .type = datatype, .root = peer};
+    struct cfx_op o;
+    op_start(&o, kind, sendbuff, recvbuff, count, datatype, cfxSum, peer);
     res = submit(comm, &o);
 out:
     return finish(comm, res);

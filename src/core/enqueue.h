@@ -9,7 +9,8 @@ int cfx_core_group_active(void);
 cfxResult_t cfx_core_group_add(const struct cfx_op *op);
 /* Remember that a call inside the group was refused (cfxGroupEnd reports it). */
 void cfx_core_group_fail(cfxResult_t res);
-/* Connect what is missing, then run the operations to completion. */
+/* Connect what is missing, then run the operations to completion. The
+ * caller holds every communicator of the batch (cfx_core_hold) throughout. */
 cfxResult_t cfx_core_launch(struct cfx_op *ops, int n_ops);
 
 #endif /* CFX_CORE_ENQUEUE_H */

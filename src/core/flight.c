@@ -37,10 +37,17 @@ cfxResult_t cfx_core_flight_init(struct cfxComm *comm)
         return cfxSuccess;
     if (size > 1 << 16)
         size = 1 << 16;
-    comm->flight = calloc((size_t)size, sizeof(*comm->flight));
+    /* Room for a power of two entries, so that an index finds its entry
+     * with a mask on every call; the dump shows the last `size`. */
+    uint64_t room = 1;
+    while (room < (uint64_t)size)
+        room *= 2;
+    comm->flight = calloc((size_t)room, sizeof(*comm->flight));
     if (comm->flight == NULL)
         return cfx_error_set(cfxSystemError, CFX_LOG_INIT, "out of memory for the flight recorder");
     comm->flight_size = (int)size;
+    comm->flight_mask = room - 1;
+    cfx_time_ticks_origin_init(&comm->flight_origin);
     return cfxSuccess;
 }
 
@@ -49,6 +56,7 @@ void cfx_core_flight_fini(struct cfxComm *comm)
     free(comm->flight);
     comm->flight = NULL;
     comm->flight_size = 0;
+    comm->flight_mask = 0;
 }
 
 uint64_t cfx_core_flight_record(struct cfxComm *comm, const struct cfx_fingerprint *print)
@@ -56,24 +64,25 @@ uint64_t cfx_core_flight_record(struct cfxComm *comm, const struct cfx_fingerpri
     uint64_t index = comm->flight_count++;
     if (comm->flight_size == 0)
         return index;
-    struct cfx_flight_entry *e = &comm->flight[index % (uint64_t)comm->flight_size];
-    *e = (struct cfx_flight_entry){.print = *print, .state = CFX_FLIGHT_QUEUED,
-                                   .start_ns = cfx_time_now_ns()};
+    struct cfx_flight_entry *e = &comm->flight[index & comm->flight_mask];
+    *e = (struct cfx_flight_entry){.print = *print,
+                                   .state = CFX_FLIGHT_QUEUED,
+                                   .start_ticks = cfx_time_ticks(&comm->flight_origin)};
     return index;
 }
 
 void cfx_core_flight_update(struct cfxComm *comm, uint64_t index, enum cfx_flight_state state,
                             cfxResult_t result, uint64_t step, uint64_t n_steps)
 {
-    if (comm->flight_size == 0 || index + (uint64_t)comm->flight_size < comm->flight_count)
+    if (comm->flight_size == 0 || index + comm->flight_mask + 1 < comm->flight_count)
         return; /* Overwritten by newer operations. */
-    struct cfx_flight_entry *e = &comm->flight[index % (uint64_t)comm->flight_size];
+    struct cfx_flight_entry *e = &comm->flight[index & comm->flight_mask];
     e->state = state;
     e->result = result;
     e->step = step;
     e->n_steps = n_steps;
     if (state == CFX_FLIGHT_DONE || state == CFX_FLIGHT_FAILED)
-        e->end_ns = cfx_time_now_ns();
+        e->end_ticks = cfx_time_ticks(&comm->flight_origin);
 }
 
 static void dump_line(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
@@ -99,16 +108,18 @@ void cfx_core_flight_dump(struct cfxComm *comm, const char *why)
     dump_line("flight recorder of comm %p rank %d of %d (%s): last %llu of %llu operations",
               (void *)comm, comm->rank, comm->nranks, why, (unsigned long long)shown,
               (unsigned long long)count);
-    int64_t now = cfx_time_now_ns();
+    double ms_per_tick = cfx_time_ns_per_tick(&comm->flight_origin) / 1e6;
+    uint64_t now = cfx_time_ticks(&comm->flight_origin);
     for (uint64_t i = count - shown; i < count; i++) {
-        const struct cfx_flight_entry *e = &comm->flight[i % (uint64_t)comm->flight_size];
+        const struct cfx_flight_entry *e = &comm->flight[i & comm->flight_mask];
         char what[160];
         cfx_coll_print_format(&e->print, what, sizeof(what));
-        double age_ms = (double)(now - e->start_ns) / 1e6;
+        double age_ms = (double)(int64_t)(now - e->start_ticks) * ms_per_tick;
         /* Only an operation that ended has a duration. */
         char took[48] = "";
-        if (e->end_ns != 0)
-            snprintf(took, sizeof(took), ", took %.3f ms", (double)(e->end_ns - e->start_ns) / 1e6);
+        if (e->end_ticks != 0)
+            snprintf(took, sizeof(took), ", took %.3f ms",
+                     (double)(int64_t)(e->end_ticks - e->start_ticks) * ms_per_tick);
         dump_line("  %s: %s, step %llu/%llu, started %.3f ms ago%s%s%s", what,
                   state_names[e->state], (unsigned long long)e->step,
                   (unsigned long long)e->n_steps, age_ms, took,

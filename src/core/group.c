@@ -196,12 +196,9 @@ static void break_comms(struct cfx_op *ops, int n_ops, cfxResult_t res)
 
 cfxResult_t cfx_core_launch(struct cfx_op *ops, int n_ops)
 {
-    hold_all(ops, n_ops, 1);
     cfxResult_t res = connect_missing(ops, n_ops);
-    if (res != cfxSuccess) {
-        hold_all(ops, n_ops, 0);
+    if (res != cfxSuccess)
         return res;
-    }
     for (int i = 0; i < n_ops; i++) {
         if (ops[i].tree || ops[i].direct) {
             if (ops[i].tree)
@@ -233,7 +230,6 @@ cfxResult_t cfx_core_launch(struct cfx_op *ops, int n_ops)
                                ops[i].result, ops[i].step, ops[i].n_steps);
     if (res != cfxSuccess)
         break_comms(ops, n_ops, res);
-    hold_all(ops, n_ops, 0);
     return res;
 }
 
@@ -262,7 +258,9 @@ CFX_API cfxResult_t cfxGroupEnd(void)
                             "cfxGroupEnd: a call in the group failed, so none ran: %s",
                             group_error_text);
     } else if (n_ops > 0) {
+        hold_all(group_ops, n_ops, 1);
         res = cfx_core_launch(group_ops, n_ops);
+        hold_all(group_ops, n_ops, 0);
     }
     if (res != cfxSuccess)
         for (int i = 0; i < n_ops; i++)

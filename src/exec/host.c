@@ -32,6 +32,8 @@ static inline void cpu_relax(void)
  * issue order, so operations sharing a connector run in that order. */
 static int claim(struct cfx_op *op)
 {
+    if (op->claimed)
+        return 1;
     int held = 1;
     for (int i = 0; i < op->n_conns; i++) {
         struct cfx_connector *conn = op->conns[i];
@@ -42,11 +44,13 @@ static int claim(struct cfx_op *op)
         else
             held = 0;
     }
+    op->claimed = held;
     return held;
 }
 
 static void unclaim(struct cfx_op *op)
 {
+    op->claimed = 0;
     for (int i = 0; i < op->n_conns; i++)
         if (op->conns[i] && op->conns[i]->owner == op)
             op->conns[i]->owner = NULL;
@@ -178,7 +182,7 @@ cfxResult_t cfx_exec_host_run(struct cfx_op *ops, int n_ops)
     if (adaptive < 0 || adaptive > limit)
         adaptive = limit;
     int64_t spins = adaptive;
-    int64_t timeout_s = param_timeout();
+    int64_t timeout_s = -1; /* Read at the first health check: most calls never idle that long. */
     uint64_t idle = 0;
     long nap_ns = 1000;
     int64_t last_progress_ns = 0; /* Read the clock only once idle. */
@@ -225,6 +229,8 @@ cfxResult_t cfx_exec_host_run(struct cfx_op *ops, int n_ops)
             int64_t now = cfx_time_now_ns();
             if (last_progress_ns == 0)
                 last_progress_ns = now;
+            if (timeout_s < 0)
+                timeout_s = param_timeout();
             if (timeout_s > 0 && now - last_progress_ns > timeout_s * CFX_NS_PER_SEC) {
                 cfxResult_t res = timed_out(ops, n_ops, timeout_s);
                 fail_all(ops, n_ops, res);
