@@ -291,6 +291,10 @@ static cfxResult_t read_peer(struct cfx_connector *conn, struct shm_conn *sc, vo
         if (why != cfxSuccess)
             return why;
         conn->blame_rank = conn->peer_rank;
+        if (err == ESRCH) /* Killed and not yet reaped: kill(pid, 0) still finds it. */
+            return cfx_error_set(cfxRemoteError, CFX_LOG_SHM,
+                                 "rank %d (pid %d) is gone: the process exited or was killed",
+                                 conn->peer_rank, sc->peer_pid);
         return cfx_error_set(cfxInternalError, CFX_LOG_SHM,
                              "shm: cannot read %zu bytes at 0x%llx of rank %d's memory (%s); the "
                              "address it announced is not readable",
