@@ -17,7 +17,8 @@
  *
  * Allgather also runs with the single-copy path forced on at every count
  * (CFX_SINGLE_COPY_MIN_BYTES=1: ranks read each other's buffers), which must
- * be on over shared memory and off over sockets, and with it turned off.
+ * be on over shared memory and off over sockets, and with it turned off, also
+ * when only one rank turns it off (the ranks agree: all or none).
  *
  * Trimmed to fit CI: the 1M+3-element count runs for a few (type, op) pairs
  * per collective rather than all of them, and reduce/broadcast try every
@@ -596,8 +597,15 @@ struct single_copy_case {
     enum transport transport;
     int nranks;
     enum cfx_test_mode mode;
-    int off; /* CFX_SINGLE_COPY=0. */
+    int off; /* CFX_SINGLE_COPY=0: 1 on every rank, 2 on the last rank only. */
 };
+
+/* Runs before the rank reads any parameter: the last rank alone refuses. */
+static void last_rank_refuses_single_copy(struct cfx_test_rank *ctx)
+{
+    if (ctx->rank == ctx->nranks - 1)
+        cfx_test_setenv("CFX_SINGLE_COPY", "0");
+}
 
 static void single_copy_rank(struct cfx_test_rank *ctx)
 {
@@ -608,9 +616,9 @@ static void single_copy_rank(struct cfx_test_rank *ctx)
     RANK_CFX(ctx, cfxCommInitRank(&comm, ctx->nranks, ctx->id, ctx->rank));
     int expect = sc->transport == SHM && !sc->off && ctx->nranks > 1;
     RANK_ASSERT(ctx, comm->single_copy == expect,
-                "single copy is %s over %s with CFX_SINGLE_COPY=%d on %d ranks",
+                "single copy is %s over %s with CFX_SINGLE_COPY=%s on %d ranks",
                 comm->single_copy ? "on" : "off", sc->transport == SHM ? "shm" : "sockets",
-                !sc->off, ctx->nranks);
+                sc->off == 2 ? "0 on the last rank only" : (sc->off ? "0" : "1"), ctx->nranks);
     RANK_ASSERT(ctx, !expect || comm->single_copy_min == 1, "threshold %zu, not 1",
                 comm->single_copy_min);
     if (!ctx->slot_failed)
@@ -623,7 +631,7 @@ static void single_copy_rank(struct cfx_test_rank *ctx)
     free(b.recv);
 }
 
-#define N_SINGLE_COPY_CASES (4 * 2 + 2 + 2)
+#define N_SINGLE_COPY_CASES (4 * 2 + 2 + 2 + 1)
 static struct single_copy_case single_copy_cases[N_SINGLE_COPY_CASES];
 
 ParameterizedTestParameters(single_copy, allgather)
@@ -640,18 +648,23 @@ ParameterizedTestParameters(single_copy, allgather)
         single_copy_cases[k++] = (struct single_copy_case){
             .transport = SHM, .nranks = 3, .mode = (enum cfx_test_mode)m, .off = 1};
     }
+    /* Processes: each has an environment of its own. */
+    single_copy_cases[k++] = (struct single_copy_case){
+        .transport = SHM, .nranks = 3, .mode = CFX_TEST_PROCS, .off = 2};
     return cr_make_param_array(struct single_copy_case, single_copy_cases, k);
 }
 
 ParameterizedTest(struct single_copy_case *sc, single_copy, allgather, .timeout = 900)
 {
-    cr_log_info("allgather with CFX_SINGLE_COPY=%d from 1 byte over %s, %d ranks as %s",
-                !sc->off, sc->transport == SHM ? "shm" : "socket", sc->nranks,
+    cr_log_info("allgather with CFX_SINGLE_COPY=%s from 1 byte over %s, %d ranks as %s",
+                sc->off == 2 ? "0 on the last rank only" : (sc->off ? "0" : "1"),
+                sc->transport == SHM ? "shm" : "socket", sc->nranks,
                 sc->mode == CFX_TEST_PROCS ? "processes" : "threads");
     cfx_test_setenv("CFX_SHM_DISABLE", sc->transport == SOCKET ? "1" : NULL);
-    cfx_test_setenv("CFX_SINGLE_COPY", sc->off ? "0" : "1");
+    cfx_test_setenv("CFX_SINGLE_COPY", sc->off == 1 ? "0" : "1");
     cfx_test_setenv("CFX_SINGLE_COPY_MIN_BYTES", "1");
     struct cfx_test_options opts = {
-        .nranks = sc->nranks, .mode = sc->mode, .deadline_s = 600, .arg = (void *)sc};
+        .nranks = sc->nranks, .mode = sc->mode, .deadline_s = 600, .arg = (void *)sc,
+        .before_rank = sc->off == 2 ? last_rank_refuses_single_copy : NULL};
     CFX_TEST_RUN(&opts, single_copy_rank);
 }
