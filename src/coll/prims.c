@@ -139,8 +139,8 @@ static cfxResult_t run_single_copy(struct cfx_op *op, const struct cfx_prim_step
             return res;
         memcpy(&remote, slot, sizeof(remote));
         cfx_conn_release(step->recv);
-        if (bytes && (res = cfx_conn_read_peer(step->recv, step->output, remote, bytes)) !=
-                         cfxSuccess) {
+        if (bytes &&
+            (res = cfx_conn_read_peer(step->recv, step->output, remote, bytes)) != cfxSuccess) {
             struct cfx_connector *from = step->recv;
             op->blame_rank = from->blame_rank >= 0 ? from->blame_rank : from->peer_rank;
             return res;

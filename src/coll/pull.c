@@ -44,9 +44,9 @@ static void pull_describe(const struct cfx_op *op, uint64_t index, struct cfx_pr
         return;
     }
     uint64_t k = index - data;
-    step->flags = k == 0 ? CFX_PRIM_SEND
-                         : (k == (uint64_t)op->nranks - 1 ? CFX_PRIM_RECV
-                                                          : CFX_PRIM_RECV | CFX_PRIM_SEND);
+    step->flags =
+        k == 0 ? CFX_PRIM_SEND
+               : (k == (uint64_t)op->nranks - 1 ? CFX_PRIM_RECV : CFX_PRIM_RECV | CFX_PRIM_SEND);
     step->input = NULL;
     step->output = NULL;
     step->n_elems = 0;
