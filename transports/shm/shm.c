@@ -261,56 +261,6 @@ static cfxResult_t connect_send(struct cfx_connector *conn, struct shm_conn *sc,
     return cfxSuccess;
 }
 
-static cfxResult_t broken(struct cfx_connector *conn, struct shm_conn *sc, int closed);
-
-/* Copy @p bytes at @p remote in the peer's memory into @p dst. A peer that
- * failed may have let go of the buffer it announced: then its failure is
- * the error, not the address. */
-static cfxResult_t read_peer(struct cfx_connector *conn, struct shm_conn *sc, void *dst,
-                             uint64_t remote, size_t bytes)
-{
-    if (sc->kind == CFX_SHM_KIND_LOCAL) {
-        memcpy(dst, (const void *)(uintptr_t)remote, bytes); /* A thread of this process. */
-        return cfxSuccess;
-    }
-    size_t done = 0;
-    while (done < bytes) {
-        struct iovec local = {.iov_base = (char *)dst + done, .iov_len = bytes - done};
-        struct iovec far = {.iov_base = (void *)(uintptr_t)(remote + done),
-                            .iov_len = bytes - done};
-        ssize_t got = process_vm_readv(sc->peer_pid, &local, 1, &far, 1, 0);
-        if (got > 0) {
-            done += (size_t)got;
-            continue;
-        }
-        int err = got < 0 ? errno : 0;
-        if (err == EINTR)
-            continue;
-        cfxResult_t why = broken(conn, sc, atomic_load_explicit(&conn->fifo->closed,
-                                                                 memory_order_acquire));
-        if (why != cfxSuccess)
-            return why;
-        conn->blame_rank = conn->peer_rank;
-        if (err == ESRCH) /* Killed and not yet reaped: kill(pid, 0) still finds it. */
-            return cfx_error_set(cfxRemoteError, CFX_LOG_SHM,
-                                 "rank %d (pid %d) is gone: the process exited or was killed",
-                                 conn->peer_rank, sc->peer_pid);
-        return cfx_error_set(cfxInternalError, CFX_LOG_SHM,
-                             "shm: cannot read %zu bytes at 0x%llx of rank %d's memory (%s); the "
-                             "address it announced is not readable",
-                             bytes - done, (unsigned long long)(remote + done), conn->peer_rank,
-                             err ? strerror(err) : "nothing read");
-    }
-    return cfxSuccess;
-}
-
-static cfxResult_t shm_read_peer(void *ctx_v, struct cfx_connector *conn, void *dst,
-                                 uint64_t remote, size_t bytes)
-{
-    (void)ctx_v;
-    return read_peer(conn, conn->priv, dst, remote, bytes);
-}
-
 /* Receiver: whether it may read the sender's memory (one trial read of the
  * word the sender named). Failing is not an error: the FIFO still works. */
 static int peer_readable(struct cfx_connector *conn, struct shm_conn *sc,
@@ -445,6 +395,54 @@ static cfxResult_t shm_check(void *ctx_v, struct cfx_connector *conn)
     if (closed && conn->dir == CFX_CONN_RECV && cfx_conn_can_take(conn))
         return cfxSuccess;
     return broken(conn, conn->priv, closed);
+}
+
+/* Copy @p bytes at @p remote in the peer's memory into @p dst. A peer that
+ * failed may have let go of the buffer it announced: then its failure is
+ * the error, not the address. */
+static cfxResult_t read_peer(struct cfx_connector *conn, struct shm_conn *sc, void *dst,
+                             uint64_t remote, size_t bytes)
+{
+    if (sc->kind == CFX_SHM_KIND_LOCAL) {
+        memcpy(dst, (const void *)(uintptr_t)remote, bytes); /* A thread of this process. */
+        return cfxSuccess;
+    }
+    size_t done = 0;
+    while (done < bytes) {
+        struct iovec local = {.iov_base = (char *)dst + done, .iov_len = bytes - done};
+        struct iovec far = {.iov_base = (void *)(uintptr_t)(remote + done),
+                            .iov_len = bytes - done};
+        ssize_t got = process_vm_readv(sc->peer_pid, &local, 1, &far, 1, 0);
+        if (got > 0) {
+            done += (size_t)got;
+            continue;
+        }
+        int err = got < 0 ? errno : 0;
+        if (err == EINTR)
+            continue;
+        cfxResult_t why = broken(conn, sc, atomic_load_explicit(&conn->fifo->closed,
+                                                                 memory_order_acquire));
+        if (why != cfxSuccess)
+            return why;
+        conn->blame_rank = conn->peer_rank;
+        if (err == ESRCH) /* Killed and not yet reaped: kill(pid, 0) still finds it. */
+            return cfx_error_set(cfxRemoteError, CFX_LOG_SHM,
+                                 "rank %d (pid %d) is gone: the process exited or was killed",
+                                 conn->peer_rank, sc->peer_pid);
+        return cfx_error_set(cfxInternalError, CFX_LOG_SHM,
+                             "shm: cannot read %zu bytes at 0x%llx of rank %d's memory (%s); the "
+                             "address it announced is not readable",
+                             bytes - done, (unsigned long long)(remote + done), conn->peer_rank,
+                             err ? strerror(err) : "nothing read");
+    }
+    return cfxSuccess;
+}
+
+static cfxResult_t shm_read_peer(void *ctx_v, struct cfx_connector *conn, void *dst,
+                                 uint64_t remote, size_t bytes)
+{
+    (void)ctx_v;
+    return read_peer(conn, conn->priv, dst, remote, bytes);
 }
 
 const struct cfx_transport cfx_shm_transport = {
