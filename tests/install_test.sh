@@ -20,6 +20,12 @@ soname=$(objdump -p "$libdir/libconflux.so" | awk '/SONAME/ {print $2}')
 # Only the public API is exported.
 leaked=$(nm -D --defined-only "$libdir/libconflux.so" | awk '{print $3}' | grep -v '^cfx[A-Z]' | grep -v '^CONFLUX_' || true)
 [ -z "$leaked" ] || { echo "FAIL: non-API symbols exported: $leaked"; exit 1; }
+# CUDA and verbs are loaded at run time: one build runs on hosts without them.
+needed=$(objdump -p "$libdir/libconflux.so" | awk '/NEEDED/ {print $2}')
+if echo "$needed" | grep -E '^lib(cudart|cuda|ibverbs|rdmacm|nvidia-ml)\.' ; then
+  echo "FAIL: libconflux.so links the libraries above directly (load them at run time)"
+  exit 1
+fi
 
 export CFX_SOCKET_IFNAME=lo
 # 1. pkg-config

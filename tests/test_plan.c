@@ -693,3 +693,48 @@ Test(plan, sixteen_thousand_ranks_plan_in_well_under_a_second)
     cfx_plan_free(plan);
     cfx_topo_free(sys);
 }
+
+/* The ring search skips orders that only swap ranks of the same unit and
+ * stops a branch that cannot beat the best order found. A host whose ranks
+ * are all alike (one CPU: every hop the same class and bandwidth) then
+ * takes one order per channel; a two-socket host a small fraction of the
+ * step limit, where it used to run every channel to the limit (at 64 ranks
+ * per process that took 0.1 s of CPU per rank at init). */
+Test(plan, ring_search_of_a_uniform_host_stops_at_the_first_complete_order)
+{
+    char path[] = "/tmp/cfx-test-1socket-XXXXXX";
+    int fd = mkstemp(path);
+    cr_assert_geq(fd, 0);
+    static const char xml[] =
+        "<system version=\"1\">\n"
+        "  <cpu numaid=\"0\" affinity=\"ffffffff,ffffffff\" arch=\"x86_64\" vendor=\"GenuineIntel\""
+        " familyid=\"6\" modelid=\"143\"/>\n"
+        "</system>\n";
+    cr_assert_eq(write(fd, xml, sizeof(xml) - 1), (ssize_t)(sizeof(xml) - 1));
+    close(fd);
+    struct cfx_topo_system *sys = NULL;
+    cr_assert_eq(cfx_topo_load_xml(path, &sys), cfxSuccess, "%s", cfx_error_thread_last());
+    unlink(path);
+    struct cfx_plan *plan = plan_for(sys, 1, 64);
+    /* One candidate per depth: 64 steps for the order, one more at its end,
+     * for each channel count tried. */
+    cr_expect_leq(plan->search_steps, 65L * CFX_PLAN_MAX_CHANNELS, "%ld steps",
+                  plan->search_steps);
+    for (int i = 0; i < 64; i++)
+        cr_assert_eq(plan->rings[i], i, "the ring stays in rank order");
+    cfx_plan_free(plan);
+    cfx_topo_free(sys);
+}
+
+Test(plan, ring_search_of_a_two_socket_host_stays_far_below_its_step_limit)
+{
+    struct cfx_topo_system *sys = load("cpu-2socket.xml");
+    for (int nodes = 1; nodes <= 2; nodes++) {
+        struct cfx_plan *plan = plan_for(sys, nodes, 64);
+        /* The limit is 40,000 steps a channel, searched for each of up to 32. */
+        cr_expect_lt(plan->search_steps, 32L * 4000, "%d host(s) x 64 ranks: %ld search steps",
+                     nodes, plan->search_steps);
+        cfx_plan_free(plan);
+    }
+    cfx_topo_free(sys);
+}

@@ -254,7 +254,7 @@ static void *duplex_main(void *arg)
         sched_yield();
     }
     /* Everything posted is on the wire once the sender's FIFO is empty. */
-    while (atomic_load_explicit(&r->tx.fifo->head, memory_order_acquire) < n) {
+    while (cfx_load_acquire_u64(&r->tx.fifo->head) < n) {
         if (cfx_time_now_ns() > deadline) {
             snprintf(r->failure, sizeof(r->failure), "the last slots never left");
             return NULL;

@@ -1,8 +1,11 @@
 /*
  * The transport interface. A transport moves slots of a connector's FIFO
  * from one rank to another; everything above it (collectives, executors) only
- * touches FIFOs through the inline functions below, and never tests a
- * transport's name: it reads the transport's capability flags.
+ * touches FIFOs through the inline functions below (the host executor's:
+ * src/conn/fifo.h's operations plus the transport's kick), and never tests a
+ * transport's name: it reads the transport's capability flags. The FIFO's
+ * layout and operations live in src/conn/fifo.h, which compiles for kernels
+ * too.
  *
  * A connection between two ranks is a send connector on one side and a
  * receive connector on the other. Each connector presents the same shape to
@@ -24,16 +27,14 @@
 #ifndef CFX_TRANSPORTS_TRANSPORT_H
 #define CFX_TRANSPORTS_TRANSPORT_H
 
-#include <stdatomic.h>
 #include <stddef.h>
 #include <stdint.h>
 
 #include "conflux.h"
+#include "src/conn/fifo.h"
 
 #define CFX_TRANSPORT_VERSION 1
 #define CFX_CONNECT_INFO_BYTES 256
-#define CFX_MAX_STEPS 64
-#define CFX_CACHE_LINE 64
 
 /* Capability flags a transport reports. */
 #define CFX_TRANSPORT_FLAG_PEER_MAP 0x1u /* Slots are in memory both ranks map directly. */
@@ -41,58 +42,12 @@
 
 enum cfx_conn_dir { CFX_CONN_SEND = 0, CFX_CONN_RECV = 1 };
 
-/* What each slot says about the operation that posted it, so the receiver
- * can tell that both ranks run the same operation (mismatch detection). */
-struct cfx_fingerprint {
-    uint64_t seq;   /* Per-communicator collective number, or per-peer message number. */
-    uint64_t count; /* Elements. */
-    int32_t root;   /* Root, or -1. */
-    uint8_t kind;   /* enum cfx_coll_kind of the operation (send for point to point). */
-    uint8_t type;   /* cfxDataType_t. */
-    uint8_t op;     /* cfxRedOp_t, or 0xff. */
-    uint8_t valid;  /* 1 when set. */
-    uint32_t slot;  /* The connector's slot number (low 32 bits), set by cfx_conn_post: the
-                     * receiver expects its own count, so a lost slot is seen at once. */
-    uint32_t zero;  /* No padding: fingerprints are compared with memcmp. */
-};
-
-/* Payloads up to this size travel inside the slot's info line. */
-#define CFX_SLOT_INLINE_BYTES 24
-
-/* What the consumer reads of a slot besides its data: one cache line, with
- * a small payload inside it, so a small slot costs the consumer two cache
- * lines (the tail's and this one) and its producer no store to the slot. */
-struct cfx_slot_info {
-    _Alignas(CFX_CACHE_LINE) uint32_t size; /* Bytes in the slot. */
-    _Atomic uint32_t seq; /* Slot number + 1 (low 32 bits) once posted, stored last (release):
-                           * the consumer polls this line, not the tail's. */
-    struct cfx_fingerprint print;                        /* Who posted it. */
-    _Alignas(8) char inline_data[CFX_SLOT_INLINE_BYTES]; /* The payload, when that small. */
-};
-_Static_assert(sizeof(struct cfx_slot_info) == CFX_CACHE_LINE, "slot info is one cache line");
-
-/* The FIFO control block. Lives at the start of the connector's memory; the
- * slots follow at fifo_slots_offset(). Counters only grow. */
-struct cfx_fifo {
-    _Alignas(CFX_CACHE_LINE) _Atomic uint64_t tail; /* Posted by the producer. */
-    _Alignas(CFX_CACHE_LINE) _Atomic uint64_t head; /* Released by the consumer. */
-    struct cfx_slot_info info[CFX_MAX_STEPS]; /* Each posted slot's size and fingerprint. */
-    _Alignas(CFX_CACHE_LINE) _Atomic int closed; /* 0, or the cfxResult_t that broke a side (shm). */
-    _Atomic int attached;                        /* Set by the sender once mapped (shm). */
-    _Atomic int refs;                            /* Sides holding process-local memory (shm). */
-};
-
-/* Bytes from the FIFO control block to slot 0 (page aligned). */
-static inline size_t cfx_fifo_slots_offset(void)
-{
-    return (sizeof(struct cfx_fifo) + 4095) & ~(size_t)4095;
-}
-
 struct cfx_transport;
 
 /* One side of a connection, owned by the communicator. */
 struct cfx_connector {
-    struct cfx_fifo *fifo;
+    struct cfx_conn view; /* What the data path polls and fills (src/conn/fifo.h). */
+    struct cfx_fifo *fifo; /* The control block view points into (the transport's memory). */
     char *slots;
     size_t slot_bytes;
     int n_steps;
@@ -102,7 +57,6 @@ struct cfx_connector {
     void *transport_ctx; /* The transport's per-communicator state. */
     void *priv;          /* The transport's per-connector state. */
     void *owner;         /* The executor's claim (the operation using it). */
-    uint64_t head_seen;  /* Producer: the consumer's head when last read (cfx_conn_can_post). */
     int blame_rank;      /* Set by check() on failure: the rank the failure is about. */
     /* Receive side: read_peer() works on this connector (its transport
      * offers it and connect() read the peer's memory once successfully). */
@@ -195,88 +149,55 @@ struct cfx_transport {
 /* Transports in priority order, NULL-terminated (transports/registry.c). */
 extern const struct cfx_transport *const cfx_transports[];
 
+/* Set a connector's FIFO (transports, in setup): the control block, the
+ * slots after it, and the data path's view of both. */
+static inline void cfx_connector_set_fifo(struct cfx_connector *conn, struct cfx_fifo *fifo,
+                                          char *slots, size_t slot_bytes, int n_steps)
+{
+    conn->fifo = fifo;
+    conn->slots = slots;
+    conn->slot_bytes = slot_bytes;
+    conn->n_steps = n_steps;
+    cfx_fifo_view(&conn->view, fifo, slots, slot_bytes, n_steps);
+}
+
 /* ------------------------------------------------------------ FIFO access */
 
-/* Producer: a slot is free to fill. The consumer's head is read only when
- * the last value seen says the FIFO is full (its line need not cross cores
- * on every post). */
+/* The host executor's FIFO operations: src/conn/fifo.h's, then the
+ * transport's kick where its bytes move by a thread (socket). */
+
 static inline int cfx_conn_can_post(struct cfx_connector *conn)
 {
-    uint64_t tail = atomic_load_explicit(&conn->fifo->tail, memory_order_relaxed);
-    if (tail - conn->head_seen < (uint64_t)conn->n_steps)
-        return 1;
-    conn->head_seen = atomic_load_explicit(&conn->fifo->head, memory_order_acquire);
-    return tail - conn->head_seen < (uint64_t)conn->n_steps;
+    return cfx_fifo_can_post(&conn->view);
 }
 
-/* Mark slot @p number of a FIFO posted (its info and data written before). */
-static inline void cfx_fifo_mark_posted(struct cfx_fifo *fifo, int n_steps, uint64_t number)
-{
-    atomic_store_explicit(&fifo->info[number % (uint64_t)n_steps].seq, (uint32_t)(number + 1),
-                          memory_order_release);
-}
-
-/* Where slot @p index of a FIFO keeps a payload of @p bytes: inside its info
- * line when small enough, else in the slot. Producer, consumer and
- * transports all ask here. */
-static inline char *cfx_fifo_data(struct cfx_fifo *fifo, char *slots, size_t slot_bytes,
-                                  size_t index, size_t bytes)
-{
-    if (bytes <= CFX_SLOT_INLINE_BYTES)
-        return fifo->info[index].inline_data;
-    return slots + index * slot_bytes;
-}
-
-/* Producer: where to write the next slot's @p bytes of payload. */
 static inline char *cfx_conn_post_slot(const struct cfx_connector *conn, size_t bytes)
 {
-    uint64_t tail = atomic_load_explicit(&conn->fifo->tail, memory_order_relaxed);
-    return cfx_fifo_data(conn->fifo, conn->slots, conn->slot_bytes,
-                         (size_t)(tail % (uint64_t)conn->n_steps), bytes);
+    return cfx_fifo_post_slot(&conn->view, bytes);
 }
 
-/* Producer: publish the filled slot with @p bytes of payload (written where
- * cfx_conn_post_slot(conn, bytes) said), stamped with the operation's
- * fingerprint. */
 static inline void cfx_conn_post(struct cfx_connector *conn, size_t bytes,
                                  const struct cfx_fingerprint *print)
 {
-    uint64_t tail = atomic_load_explicit(&conn->fifo->tail, memory_order_relaxed);
-    struct cfx_slot_info *info = &conn->fifo->info[tail % (uint64_t)conn->n_steps];
-    info->size = (uint32_t)bytes;
-    info->print = *print;
-    info->print.slot = (uint32_t)tail;
-    cfx_fifo_mark_posted(conn->fifo, conn->n_steps, tail);
-    atomic_store_explicit(&conn->fifo->tail, tail + 1, memory_order_release);
+    cfx_fifo_post(&conn->view, bytes, print);
     if (conn->transport->flags & CFX_TRANSPORT_FLAG_PROGRESS)
         conn->transport->kick(conn->transport_ctx, conn);
 }
 
-/* Consumer: a posted slot is waiting (one load of the slot's info line). */
 static inline int cfx_conn_can_take(const struct cfx_connector *conn)
 {
-    uint64_t head = atomic_load_explicit(&conn->fifo->head, memory_order_relaxed);
-    return atomic_load_explicit(&conn->fifo->info[head % (uint64_t)conn->n_steps].seq,
-                                memory_order_acquire) == (uint32_t)(head + 1);
+    return cfx_fifo_can_take(&conn->view);
 }
 
-/* Consumer: the oldest posted slot, its size and its fingerprint. */
 static inline const char *cfx_conn_take_slot(const struct cfx_connector *conn, size_t *bytes_p,
                                              const struct cfx_fingerprint **print_p)
 {
-    uint64_t head = atomic_load_explicit(&conn->fifo->head, memory_order_relaxed);
-    size_t index = (size_t)(head % (uint64_t)conn->n_steps);
-    size_t bytes = conn->fifo->info[index].size;
-    *bytes_p = bytes;
-    *print_p = &conn->fifo->info[index].print;
-    return cfx_fifo_data(conn->fifo, conn->slots, conn->slot_bytes, index, bytes);
+    return cfx_fifo_take_slot(&conn->view, bytes_p, print_p);
 }
 
-/* Consumer: hand the slot back. */
 static inline void cfx_conn_release(struct cfx_connector *conn)
 {
-    uint64_t head = atomic_load_explicit(&conn->fifo->head, memory_order_relaxed);
-    atomic_store_explicit(&conn->fifo->head, head + 1, memory_order_release);
+    cfx_fifo_release(&conn->view);
     if (conn->transport->flags & CFX_TRANSPORT_FLAG_PROGRESS)
         conn->transport->kick(conn->transport_ctx, conn);
 }

@@ -18,7 +18,7 @@ static cfxResult_t take(struct cfx_op *op, struct cfx_connector *conn, size_t by
     size_t got;
     const struct cfx_fingerprint *print;
     /* The sender numbered the slot with its count of posts; ours of takes must agree. */
-    uint32_t number = (uint32_t)atomic_load_explicit(&conn->fifo->head, memory_order_relaxed);
+    uint32_t number = cfx_fifo_next_number(&conn->view);
     *slot_p = cfx_conn_take_slot(conn, &got, &print);
     struct cfx_fingerprint expect = op->expect;
     expect.slot = number;

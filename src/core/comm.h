@@ -5,6 +5,7 @@
 #ifndef CFX_CORE_COMM_H
 #define CFX_CORE_COMM_H
 
+#include <stdatomic.h>
 #include <stdint.h>
 
 #include "conflux.h"

@@ -40,6 +40,7 @@ struct plan_pattern {
     double total_bw, intra_bw, net_bw;
     enum cfx_topo_link_type intra_class;
     int rdma;
+    long search_steps; /* Orders the depth-first search tried, all channels. */
 };
 
 /* Search the rings of one kind of host. @p host_ranks: the units are CPUs. */

@@ -168,6 +168,7 @@ static cfxResult_t find_patterns(struct builder *b, int max_channels)
             b->pattern_hash[b->n_patterns] = h;
             found = b->n_patterns++;
             CFX_CHECK(cfx_plan_pattern_search(pat, b->plan->model.host_ranks, max_channels));
+            b->plan->search_steps += pat->search_steps;
         }
         b->node_pattern[node] = found;
     }

@@ -135,6 +135,7 @@ struct cfx_plan {
     unsigned char *ring_hops;
     int *ring_nets; /* [n_channels * n_nodes]: NET dev each ring uses on each host (-1: none). */
     double *channel_bw; /* [n_channels]: GB/s each ring was given by the search. */
+    long search_steps;  /* Orders the ring search tried, every channel of every host kind. */
     struct cfx_plan_tree trees[2];
     int *node_order; /* [n_nodes]: hosts in ring order. */
     struct cfx_plan_model model;

@@ -19,6 +19,7 @@
  * partial order that can no longer beat the best; it stops after a fixed
  * number of steps (not a time), so every rank finds the same rings.
  */
+#include <limits.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -67,6 +68,10 @@ struct search {
     int fixed_end; /* Local index that must come last (-1: none, a cycle). */
     double chan_max;
     struct score nic_score; /* Contribution of the NIC paths of this channel. */
+    int min_type;           /* Nearest class of any hop between two of the host's units. */
+    /* [n_nodes]: the call of dfs that last listed a candidate on each unit. */
+    unsigned long *unit_seen;
+    unsigned long calls;
 };
 
 static double eff(enum cfx_topo_link_type type)
@@ -162,12 +167,37 @@ static int unit(const struct search *s, int local)
     return s->pat->units[local];
 }
 
+/* The best score any completion of a partial order at @p depth (scored
+ * @p sc) could reach: no hop of the rest is nearer than s->min_type, and
+ * more hops never raise the bandwidth. Each part is at least as good as the
+ * completion's, so a bound that does not beat the best prunes the subtree
+ * (with uniform hops, such as a CPU host's, that ends the search at the
+ * first complete order instead of running it to SEARCH_STEPS). */
+static struct score completion_bound(const struct search *s, int depth, struct score sc)
+{
+    int total = s->fixed_end >= 0 ? s->m - 1 : (s->m > 1 ? s->m : 0);
+    int rest = total - (depth - 1);
+    if (rest <= 0)
+        return sc;
+    if (s->min_type > sc.worst) {
+        sc.worst = s->min_type;
+        sc.worst_count = rest;
+    } else if (s->min_type == sc.worst) {
+        sc.worst_count += rest;
+    }
+    sc.type_sum += rest * s->min_type;
+    return sc;
+}
+
 static void dfs(struct search *s, int depth, struct score sc)
 {
     if (s->steps++ > SEARCH_STEPS)
         return;
-    if (s->have_best && !better(&sc, &s->best))
-        return;
+    if (s->have_best) {
+        struct score bound = completion_bound(s, depth, sc);
+        if (!better(&bound, &s->best))
+            return;
+    }
     int last = s->order[depth - 1];
     if (depth == s->m - (s->fixed_end >= 0 ? 1 : 0)) {
         int end = s->fixed_end >= 0 ? s->fixed_end : s->order[0];
@@ -185,13 +215,18 @@ static void dfs(struct search *s, int depth, struct score sc)
         }
         return;
     }
-    /* Candidates nearest first: class, then bandwidth, then local index. */
+    /* Candidates nearest first: class, then bandwidth, then local index.
+     * Ranks on the same unit are interchangeable (a hop's class and share
+     * depend on its units only), so only the first such rank is a candidate:
+     * the orders the others would lead to score the same and come later. */
     int *cand = s->cand + (size_t)depth * (size_t)s->m;
     double *shares = s->shares + (size_t)depth * (size_t)s->m;
+    unsigned long call = ++s->calls;
     int n = 0;
     for (int v = 0; v < s->m; v++) {
-        if (s->visited[v] || v == s->fixed_end)
+        if (s->visited[v] || v == s->fixed_end || s->unit_seen[unit(s, v)] == call)
             continue;
+        s->unit_seen[unit(s, v)] = call;
         const struct hop *h = hop_between(s, unit(s, last), unit(s, v));
         double share = hop_share(s, h);
         int i = n++;
@@ -335,6 +370,11 @@ static cfxResult_t search_channels(struct search *s, int max_channels)
         res = cfx_error_set(cfxSystemError, CFX_LOG_GRAPH, "out of memory for the ring search");
         goto out;
     }
+    s->min_type = m > 1 ? INT_MAX : 0;
+    for (int a = 0; a < m; a++)
+        for (int b = 0; b < m; b++)
+            if (a != b && (int)hop_between(s, unit(s, a), unit(s, b))->type < s->min_type)
+                s->min_type = (int)hop_between(s, unit(s, a), unit(s, b))->type;
     for (int c = 0; c < max_channels; c++) {
         CFX_CHECK_GOTO(grow(pat, c + 1), res, out);
         int entry = 0, exit_rank = -1, net = -1, net_k = 0;
@@ -367,6 +407,7 @@ static cfxResult_t search_channels(struct search *s, int max_channels)
         s->have_best = 0;
         s->steps = 0;
         dfs(s, 1, start);
+        pat->search_steps += s->steps;
         if (!s->have_best) {
             res = cfx_error_set(cfxInternalError, CFX_LOG_GRAPH, "ring search found no order");
             goto out;
@@ -450,8 +491,9 @@ cfxResult_t cfx_plan_pattern_search(struct plan_pattern *pat, int host_ranks, in
     s.visited = calloc((size_t)m, sizeof(int));
     s.cand = calloc((size_t)m * (size_t)m, sizeof(int));
     s.shares = calloc((size_t)m * (size_t)m, sizeof(double));
+    s.unit_seen = calloc((size_t)n, sizeof(*s.unit_seen));
     if (!s.link_base || !s.cap || !s.load || !s.extra || !s.hops || !s.order || !s.best_order ||
-        !s.visited || !s.cand || !s.shares) {
+        !s.visited || !s.cand || !s.shares || !s.unit_seen) {
         res = cfx_error_set(cfxSystemError, CFX_LOG_GRAPH, "out of memory for the ring search");
         goto out;
     }
@@ -475,6 +517,7 @@ out:
     free(s.visited);
     free(s.cand);
     free(s.shares);
+    free(s.unit_seen);
     return res;
 }
 

@@ -7,7 +7,7 @@
  *           GPU is usable), with NVLinks from NVML, loaded at run time.
  *  NICs     libibverbs devices (active ports, speed from the port) and
  *           physical network interfaces (speed from sysfs).
- *  PCI      each device's chain of PCI switches (hwloc, else the sysfs path;
+ *  PCI      each device's chain of PCI switches (its sysfs path, as NCCL reads it;
  *           a switch's upstream port stands for the switch, as NCCL does),
  *           with link speeds and widths from sysfs.
  *
@@ -172,44 +172,14 @@ static int cpu_node_for_numa(const struct cfx_topo_system *sys, int numa)
 
 /* ------------------------------------------------------------ PCI tree */
 
-/* Bridges above @p busid, top down, and the device's NUMA domain. */
-static int pci_chain(struct detection *det, const char *busid, char chain[][CFX_TOPO_BUSID_MAX],
-                     int *numa_p)
+/* Bridges above @p busid, top down (from its sysfs path), and the device's
+ * NUMA domain. */
+static int pci_chain(const char *busid, char chain[][CFX_TOPO_BUSID_MAX], int *numa_p)
 {
     int n = 0;
     char text[32];
     *numa_p =
         cfx_topo_sysfs_pci_attr(busid, "numa_node", text, sizeof(text)) == 0 ? atoi(text) : -1;
-#if CFX_HAVE_HWLOC
-    unsigned d, b, s, f;
-    hwloc_obj_t obj = NULL;
-    if (det->hwloc_loaded && sscanf(busid, "%x:%x:%x.%x", &d, &b, &s, &f) == 4)
-        obj = hwloc_get_pcidev_by_busid(det->hwloc, d, b, s, f);
-    if (obj) {
-        char rev[MAX_CHAIN][CFX_TOPO_BUSID_MAX];
-        int depth = 0;
-        for (hwloc_obj_t up = obj->parent; up && up->type == HWLOC_OBJ_BRIDGE; up = up->parent) {
-            if (up->attr->bridge.upstream_type != HWLOC_OBJ_BRIDGE_PCI || depth == MAX_CHAIN)
-                break; /* The host bridge. */
-            snprintf(rev[depth++], CFX_TOPO_BUSID_MAX, "%04x:%02x:%02x.%x",
-                     up->attr->bridge.upstream.pci.domain, up->attr->bridge.upstream.pci.bus,
-                     up->attr->bridge.upstream.pci.dev, up->attr->bridge.upstream.pci.func);
-        }
-        for (int i = depth - 1; i >= 0; i--)
-            memcpy(chain[n++], rev[i], CFX_TOPO_BUSID_MAX);
-        if (*numa_p < 0) {
-            hwloc_obj_t anc = hwloc_get_non_io_ancestor_obj(det->hwloc, obj);
-            hwloc_obj_t numa = anc ? hwloc_get_next_obj_covering_cpuset_by_type(
-                                         det->hwloc, anc->cpuset, HWLOC_OBJ_NUMANODE, NULL)
-                                   : NULL;
-            if (numa)
-                *numa_p = (int)numa->os_index;
-        }
-        return n;
-    }
-#else
-    (void)det;
-#endif
     char path[PATH_MAX], real[PATH_MAX];
     snprintf(path, sizeof(path), "/sys/bus/pci/devices/%s", busid);
     if (realpath(path, real) == NULL)
@@ -238,7 +208,7 @@ static int place_device(struct detection *det, const char *busid)
 {
     char chain[MAX_CHAIN][CFX_TOPO_BUSID_MAX];
     int numa;
-    int n = pci_chain(det, busid, chain, &numa);
+    int n = pci_chain(busid, chain, &numa);
     int parent = cpu_node_for_numa(det->sys, numa);
     /* Keep chain[n-2], chain[n-4], ...: walk top down over those. */
     for (int i = n % 2; i < n; i += 2) {
@@ -357,7 +327,11 @@ static cfxResult_t detect_host(struct cfx_topo_system **sys_p)
     }
 #if CFX_HAVE_HWLOC
     if (hwloc_topology_init(&det->hwloc) == 0) {
-        hwloc_topology_set_io_types_filter(det->hwloc, HWLOC_TYPE_FILTER_KEEP_IMPORTANT);
+        /* CPUs and NUMA only: the PCI chain of each GPU and NIC comes from its
+         * sysfs path (pci_chain), as NCCL reads it. hwloc's own PCI discovery
+         * reads every function's config space, which costs ~2 ms a device in
+         * a VM, in every rank process (a third of a 64-rank init here). */
+        hwloc_topology_set_io_types_filter(det->hwloc, HWLOC_TYPE_FILTER_KEEP_NONE);
         det->hwloc_loaded = hwloc_topology_load(det->hwloc) == 0;
         if (!det->hwloc_loaded)
             hwloc_topology_destroy(det->hwloc);

@@ -17,9 +17,7 @@
 #include "src/util/error.h"
 #include "src/util/log.h"
 
-#if CFX_HAVE_VERBS
-#include <infiniband/verbs.h>
-#endif
+#include "src/util/verbs.h"
 #if CFX_HAVE_CUDA
 #include <cuda_runtime_api.h>
 #endif
@@ -278,24 +276,27 @@ static void detect_verbs(struct detection *det)
 {
     if (access("/sys/class/infiniband", F_OK) != 0)
         return; /* No RDMA devices; also keeps libibverbs from warning. */
+    const struct cfx_verbs_api *ibv = cfx_verbs_api(NULL); /* Logs why, when it cannot. */
+    if (ibv == NULL)
+        return;
     int count = 0;
-    struct ibv_device **list = ibv_get_device_list(&count);
+    struct ibv_device **list = ibv->get_device_list(&count);
     if (list == NULL)
         return;
     for (int i = 0; i < count; i++) {
-        const char *name = ibv_get_device_name(list[i]);
+        const char *name = ibv->get_device_name(list[i]);
         char path[PATH_MAX], real[PATH_MAX], busid[CFX_TOPO_BUSID_MAX] = "";
         snprintf(path, sizeof(path), "/sys/class/infiniband/%s/device", name);
         if (realpath(path, real) == NULL || cfx_topo_sysfs_busid(real, busid, sizeof(busid)) != 0)
             busid[0] = '\0';
-        struct ibv_context *ctx = ibv_open_device(list[i]);
+        struct ibv_context *ctx = ibv->open_device(list[i]);
         if (ctx == NULL)
             continue;
         struct ibv_device_attr attr;
-        if (ibv_query_device(ctx, &attr) == 0) {
+        if (ibv->query_device(ctx, &attr) == 0) {
             for (int p = 1; p <= attr.phys_port_cnt; p++) {
                 struct ibv_port_attr port;
-                if (ibv_query_port(ctx, (uint8_t)p, &port) != 0 || port.state != IBV_PORT_ACTIVE)
+                if (ibv->query_port(ctx, (uint8_t)p, &port) != 0 || port.state != IBV_PORT_ACTIVE)
                     continue;
                 struct found_dev *nic = nic_for_busid(det, busid);
                 if (nic == NULL || nic->n_nets == CFX_TOPO_MAX_PORTS)
@@ -312,9 +313,9 @@ static void detect_verbs(struct detection *det)
                            access("/sys/module/nvidia_peermem/version", F_OK) == 0;
             }
         }
-        ibv_close_device(ctx);
+        ibv->close_device(ctx);
     }
-    ibv_free_device_list(list);
+    ibv->free_device_list(list);
 }
 #endif
 

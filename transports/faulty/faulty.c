@@ -189,10 +189,8 @@ static cfxResult_t faulty_setup(void *ctx_v, const struct cfx_transport_peer *pe
     if (res != cfxSuccess)
         return res;
     if (conn->dir == CFX_CONN_SEND) {
-        conn->fifo = fc->inner.fifo;
-        conn->slots = fc->inner.slots;
-        conn->slot_bytes = fc->inner.slot_bytes;
-        conn->n_steps = fc->inner.n_steps;
+        cfx_connector_set_fifo(conn, fc->inner.fifo, fc->inner.slots, fc->inner.slot_bytes,
+                               fc->inner.n_steps);
         return cfxSuccess;
     }
     kill_point(ctx, conn->peer_rank, CFX_FAULT_AT_SETUP, ctx->recv_setups++);
@@ -203,10 +201,8 @@ static cfxResult_t faulty_setup(void *ctx_v, const struct cfx_transport_peer *pe
                              "fault injector: out of memory for a %zu-byte FIFO", bytes);
     }
     memset(fc->mem, 0, bytes); /* Touch every page now, never on the data path. */
-    conn->fifo = fc->mem;
-    conn->slots = (char *)fc->mem + cfx_fifo_slots_offset();
-    conn->slot_bytes = slot_bytes;
-    conn->n_steps = n_steps;
+    cfx_connector_set_fifo(conn, fc->mem, (char *)fc->mem + cfx_fifo_slots_offset(), slot_bytes,
+                           n_steps);
     return cfxSuccess;
 }
 
@@ -221,8 +217,8 @@ static cfxResult_t faulty_connect(void *ctx_v, struct cfx_connector *conn, const
         return res;
     if (conn->dir == CFX_CONN_SEND) {
         /* shm maps the receiver's FIFO only now. */
-        conn->fifo = fc->inner.fifo;
-        conn->slots = fc->inner.slots;
+        cfx_connector_set_fifo(conn, fc->inner.fifo, fc->inner.slots, fc->inner.slot_bytes,
+                               fc->inner.n_steps);
     }
     fc->connected = 1;
     CFX_INFO(CFX_LOG_INIT, "fault injector: rank %d %s rank %d over %s", ctx->env.rank,
@@ -250,6 +246,7 @@ static void faulty_close(void *ctx_v, struct cfx_connector *conn)
     conn->priv = NULL;
     conn->fifo = NULL;
     conn->slots = NULL;
+    memset(&conn->view, 0, sizeof(conn->view));
 }
 
 /* ------------------------------------------------------------ data path */
@@ -336,14 +333,14 @@ static int pump(struct faulty_ctx *ctx, struct faulty_conn *fc)
             cfx_conn_release(&fc->inner);
             continue;
         }
-        uint64_t tail = atomic_load_explicit(&outer->fifo->tail, memory_order_relaxed);
+        uint64_t tail = cfx_load_relaxed_u64(&outer->fifo->tail);
         size_t index = (size_t)(tail % (uint64_t)outer->n_steps);
         size_t out_bytes = bytes <= outer->slot_bytes ? bytes : outer->slot_bytes;
         struct cfx_fingerprint out_print = *print;
         if (kind == CFX_FAULT_TRUNCATE)
             out_bytes = rule->keep >= 0 && (uint64_t)rule->keep < out_bytes ? (size_t)rule->keep
                                                                             : out_bytes / 2;
-        char *dst = cfx_fifo_data(outer->fifo, outer->slots, outer->slot_bytes, index, out_bytes);
+        char *dst = cfx_fifo_data(outer->fifo->info, outer->slots, outer->slot_bytes, index, out_bytes);
         memcpy(dst, src, out_bytes);
         if (kind == CFX_FAULT_CORRUPT && rule->what == CFX_FAULT_DATA && out_bytes > 0)
             dst[rule->offset % out_bytes] ^= (char)0xff;
@@ -356,8 +353,8 @@ static int pump(struct faulty_ctx *ctx, struct faulty_conn *fc)
         outer->fifo->info[index].size = (uint32_t)out_bytes;
         outer->fifo->info[index].print = out_print;
         /* Not cfx_conn_post(): its kick would come back here. */
-        cfx_fifo_mark_posted(outer->fifo, outer->n_steps, tail);
-        atomic_store_explicit(&outer->fifo->tail, tail + 1, memory_order_release);
+        cfx_fifo_mark_posted(outer->fifo->info, outer->n_steps, tail);
+        cfx_store_release_u64(&outer->fifo->tail, tail + 1);
         cfx_conn_release(&fc->inner);
     }
     fc->pumping = 0;

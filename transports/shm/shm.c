@@ -101,10 +101,8 @@ static size_t fifo_bytes(size_t slot_bytes, int n_steps)
 
 static void attach_fifo(struct cfx_connector *conn, void *base, size_t slot_bytes, int n_steps)
 {
-    conn->fifo = base;
-    conn->slots = (char *)base + cfx_fifo_slots_offset();
-    conn->slot_bytes = slot_bytes;
-    conn->n_steps = n_steps;
+    cfx_connector_set_fifo(conn, base, (char *)base + cfx_fifo_slots_offset(), slot_bytes,
+                           n_steps);
 }
 
 /* Receiver: a fresh, zeroed, pre-faulted FIFO in a memfd whose size is
@@ -171,7 +169,7 @@ static cfxResult_t shm_setup(void *ctx_v, const struct cfx_transport_peer *peer,
                                      "shm: out of memory for a %zu-byte FIFO", sc->bytes);
             memset(base, 0, sc->bytes);
             /* Freed by whichever side closes last. */
-            atomic_store_explicit(&((struct cfx_fifo *)base)->refs, 1, memory_order_relaxed);
+            cfx_store_relaxed_i32(&((struct cfx_fifo *)base)->refs, 1);
             sc->base = base;
             sc->kind = CFX_SHM_KIND_LOCAL;
             info.local_addr = (uint64_t)(uintptr_t)base;
@@ -250,14 +248,14 @@ static cfxResult_t connect_send(struct cfx_connector *conn, struct shm_conn *sc,
     if (info->kind == CFX_SHM_KIND_LOCAL) {
         sc->kind = CFX_SHM_KIND_LOCAL;
         sc->base = (void *)(uintptr_t)info->local_addr;
-        atomic_fetch_add_explicit(&((struct cfx_fifo *)sc->base)->refs, 1, memory_order_acq_rel);
+        cfx_fetch_add_i32(&((struct cfx_fifo *)sc->base)->refs, 1);
     } else {
         cfxResult_t res = map_peer_memfd(conn, sc, info);
         if (res != cfxSuccess)
             return res;
     }
     attach_fifo(conn, sc->base, conn->slot_bytes, conn->n_steps);
-    atomic_store_explicit(&conn->fifo->attached, 1, memory_order_release);
+    cfx_store_release_i32(&conn->fifo->attached, 1);
     return cfxSuccess;
 }
 
@@ -292,7 +290,7 @@ static cfxResult_t shm_connect(void *ctx_v, struct cfx_connector *conn, const vo
      * descriptor it opened is no longer needed. */
     struct shm_ctx *ctx = ctx_v;
     int64_t deadline = cfx_time_deadline_s(ctx->connect_timeout_s);
-    while (!atomic_load_explicit(&conn->fifo->attached, memory_order_acquire)) {
+    while (!cfx_load_acquire_i32(&conn->fifo->attached)) {
         if (ctx->abort_flag && __atomic_load_n(ctx->abort_flag, __ATOMIC_ACQUIRE))
             return cfx_error_set(cfxRemoteError, CFX_LOG_SHM, "shm: connect to rank %d aborted",
                                  conn->peer_rank);
@@ -316,23 +314,23 @@ static void shm_close(void *ctx_v, struct cfx_connector *conn)
         return;
     if (conn->fifo) {
         /* A side that leaves blames itself: its peer must not wait for it. */
-        int expected = 0;
-        atomic_compare_exchange_strong_explicit(&conn->fifo->closed, &expected,
-                                                cfxRemoteError | ((ctx_self_rank(ctx_v) + 1) << 8),
-                                                memory_order_release, memory_order_relaxed);
+        int32_t expected = 0;
+        cfx_cas_i32(&conn->fifo->closed, &expected,
+                    cfxRemoteError | ((ctx_self_rank(ctx_v) + 1) << 8));
     }
     close_memfd(sc);
     if (sc->kind == CFX_SHM_KIND_MEMFD && sc->base) {
         munmap(sc->base, sc->bytes);
     } else if (sc->kind == CFX_SHM_KIND_LOCAL && sc->base) {
         struct cfx_fifo *fifo = sc->base;
-        if (atomic_fetch_sub_explicit(&fifo->refs, 1, memory_order_acq_rel) == 1)
+        if (cfx_fetch_add_i32(&fifo->refs, -1) == 1)
             free(sc->base);
     }
     free(sc);
     conn->priv = NULL;
     conn->fifo = NULL;
     conn->slots = NULL;
+    memset(&conn->view, 0, sizeof(conn->view));
 }
 
 /* ------------------------------------------------------------ data path */
@@ -349,10 +347,8 @@ static void shm_poison(void *ctx_v, struct cfx_connector *conn, cfxResult_t reas
     (void)ctx_v;
     if (conn->fifo == NULL)
         return;
-    int expected = 0;
-    atomic_compare_exchange_strong_explicit(&conn->fifo->closed, &expected,
-                                            closed_code(reason, blame_rank),
-                                            memory_order_release, memory_order_relaxed);
+    int32_t expected = 0;
+    cfx_cas_i32(&conn->fifo->closed, &expected, closed_code(reason, blame_rank));
 }
 
 /* Why the connector is broken (a side closed or poisoned it, or the peer
@@ -390,7 +386,7 @@ static cfxResult_t broken(struct cfx_connector *conn, struct shm_conn *sc, int c
 static cfxResult_t shm_check(void *ctx_v, struct cfx_connector *conn)
 {
     (void)ctx_v;
-    int closed = atomic_load_explicit(&conn->fifo->closed, memory_order_acquire);
+    int closed = cfx_load_acquire_i32(&conn->fifo->closed);
     /* Slots posted before the peer left are still good: let them be taken. */
     if (closed && conn->dir == CFX_CONN_RECV && cfx_conn_can_take(conn))
         return cfxSuccess;
@@ -420,8 +416,7 @@ static cfxResult_t read_peer(struct cfx_connector *conn, struct shm_conn *sc, vo
         int err = got < 0 ? errno : 0;
         if (err == EINTR)
             continue;
-        cfxResult_t why = broken(conn, sc, atomic_load_explicit(&conn->fifo->closed,
-                                                                 memory_order_acquire));
+        cfxResult_t why = broken(conn, sc, cfx_load_acquire_i32(&conn->fifo->closed));
         if (why != cfxSuccess)
             return why;
         conn->blame_rank = conn->peer_rank;

@@ -37,6 +37,7 @@
 #include <netinet/tcp.h>
 #include <poll.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <sched.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -245,7 +246,7 @@ static void conn_fail(struct sock_conn *sc, cfxResult_t res, int orderly, const 
 static int conn_between_slots(const struct sock_conn *sc)
 {
     if (sc->dir == CFX_CONN_SEND)
-        return atomic_load_explicit(&sc->fifo->tail, memory_order_acquire) == sc->done_step;
+        return cfx_load_acquire_u64(&sc->fifo->tail) == sc->done_step;
     for (int s = 0; s < sc->nsocks; s++)
         if (sc->streams[s].step != sc->header_count || sc->streams[s].offset != 0)
             return 0;
@@ -288,7 +289,7 @@ static enum io_verdict io_check(struct sock_conn *sc, int s, ssize_t n)
 /* Sender: put posted slots on the wire, release those fully sent. */
 static int send_progress(struct sock_conn *sc)
 {
-    uint64_t tail = atomic_load_explicit(&sc->fifo->tail, memory_order_acquire);
+    uint64_t tail = cfx_load_acquire_u64(&sc->fifo->tail);
     uint64_t low = UINT64_MAX;
     int moved = 0;
     for (int s = 0; s < sc->nsocks; s++) {
@@ -308,7 +309,7 @@ static int send_progress(struct sock_conn *sc)
             size_t head_bytes = s == 0 ? sizeof(struct cfx_sock_header) : 0;
             if (st->offset < head_bytes + len) {
                 char *part =
-                    cfx_fifo_data(sc->fifo, sc->slots, sc->slot_bytes, index, size) + off;
+                    cfx_fifo_data(sc->fifo->info, sc->slots, sc->slot_bytes, index, size) + off;
                 struct cfx_sock_header header = {CFX_SOCK_HEADER_MAGIC, (uint32_t)st->step,
                                                  size, sc->fifo->info[index].print};
                 struct iovec iov[2];
@@ -345,7 +346,7 @@ static int send_progress(struct sock_conn *sc)
     }
     if (low > sc->done_step) {
         sc->done_step = low;
-        atomic_store_explicit(&sc->fifo->head, low, memory_order_release);
+        cfx_store_release_u64(&sc->fifo->head, low);
     }
     return moved;
 }
@@ -380,7 +381,7 @@ static int header_accept(struct sock_conn *sc, struct stream *st, size_t index)
 /* Receiver: fill free slots from the wire, post those fully received. */
 static int recv_progress(struct sock_conn *sc)
 {
-    uint64_t head = atomic_load_explicit(&sc->fifo->head, memory_order_acquire);
+    uint64_t head = cfx_load_acquire_u64(&sc->fifo->head);
     uint64_t limit = head + (uint64_t)sc->n_steps; /* Slots below this are free or ours. */
     uint64_t low = UINT64_MAX;
     int moved = 0;
@@ -423,7 +424,7 @@ static int recv_progress(struct sock_conn *sc)
             slot_part(sc->fifo->info[index].size, sc->nsocks, s, &off, &len);
             size_t done = st->offset - head_bytes;
             if (done < len) {
-                char *part = cfx_fifo_data(sc->fifo, sc->slots, sc->slot_bytes, index,
+                char *part = cfx_fifo_data(sc->fifo->info, sc->slots, sc->slot_bytes, index,
                                            sc->fifo->info[index].size) +
                              off;
                 ssize_t n = recv(st->fd, part + done, len - done, MSG_DONTWAIT);
@@ -452,9 +453,9 @@ publish:
             low = sc->streams[s].step;
     if (low > sc->done_step) {
         for (uint64_t number = sc->done_step; number < low; number++)
-            cfx_fifo_mark_posted(sc->fifo, sc->n_steps, number);
+            cfx_fifo_mark_posted(sc->fifo->info, sc->n_steps, number);
         sc->done_step = low;
-        atomic_store_explicit(&sc->fifo->tail, low, memory_order_release);
+        cfx_store_release_u64(&sc->fifo->tail, low);
     }
     if (atomic_load_explicit(&sc->failed, memory_order_relaxed))
         return 1;
@@ -549,7 +550,7 @@ static int poison_progress(struct sock_conn *sc, int reason, int blame_rank)
     } else {
         send_progress(sc);
         int idle = !atomic_load_explicit(&sc->failed, memory_order_relaxed);
-        uint64_t tail = atomic_load_explicit(&sc->fifo->tail, memory_order_acquire);
+        uint64_t tail = cfx_load_acquire_u64(&sc->fifo->tail);
         for (int s = 0; s < sc->nsocks && idle; s++)
             idle = sc->streams[s].offset == 0 && sc->streams[s].step == tail;
         if (!idle && now < sc->poison_deadline_ns)
@@ -941,8 +942,8 @@ static cfxResult_t sock_setup(void *ctx_v, const struct cfx_transport_peer *peer
     sc->slots = (char *)sc->mem + cfx_fifo_slots_offset();
     sc->slot_bytes = slot_bytes;
     sc->n_steps = n_steps;
-    atomic_store_explicit(&sc->fifo->tail, 0, memory_order_relaxed);
-    atomic_store_explicit(&sc->fifo->head, 0, memory_order_relaxed);
+    cfx_store_relaxed_u64(&sc->fifo->tail, 0);
+    cfx_store_relaxed_u64(&sc->fifo->head, 0);
 
     struct cfx_sock_info info = {.magic = CFX_SOCK_INFO_MAGIC_SEND, .rank = ctx->rank};
     if (sc->dir == CFX_CONN_RECV) {
@@ -966,10 +967,7 @@ static cfxResult_t sock_setup(void *ctx_v, const struct cfx_transport_peer *peer
         cfx_socket_addr_to_wire(&ctx->listen_addr, &info.addr);
     }
     memcpy(info_out, &info, sizeof(info));
-    conn->fifo = sc->fifo;
-    conn->slots = sc->slots;
-    conn->slot_bytes = slot_bytes;
-    conn->n_steps = n_steps;
+    cfx_connector_set_fifo(conn, sc->fifo, sc->slots, slot_bytes, n_steps);
     conn->peer_rank = peer->rank;
     conn->priv = sc;
     return cfxSuccess;
@@ -1207,8 +1205,8 @@ static void linger(struct sock_ctx *ctx, struct sock_conn *sc)
             return;
         int poisoned = atomic_load_explicit(&sc->poison_reason, memory_order_acquire) != 0;
         int flushed = sc->dir == CFX_CONN_RECV ||
-                      atomic_load_explicit(&sc->fifo->head, memory_order_acquire) ==
-                          atomic_load_explicit(&sc->fifo->tail, memory_order_acquire);
+                      cfx_load_acquire_u64(&sc->fifo->head) ==
+                          cfx_load_acquire_u64(&sc->fifo->tail);
         int done = poisoned ? __atomic_load_n(&sc->poison_done, __ATOMIC_ACQUIRE) : flushed;
         if (done || cfx_time_now_ns() > deadline)
             return;
@@ -1239,6 +1237,7 @@ static void sock_close(void *ctx_v, struct cfx_connector *conn)
     conn->priv = NULL;
     conn->fifo = NULL;
     conn->slots = NULL;
+    memset(&conn->view, 0, sizeof(conn->view));
 }
 
 /* ============================================================ data path */
@@ -1275,8 +1274,8 @@ static int sock_wait(void *ctx_v, struct cfx_connector *const *conns, int n_conn
             atomic_load_explicit(&sc->poison_reason, memory_order_relaxed))
             return 1; /* Let the caller see it. */
         short events = 0;
-        uint64_t tail = atomic_load_explicit(&sc->fifo->tail, memory_order_acquire);
-        uint64_t head = atomic_load_explicit(&sc->fifo->head, memory_order_acquire);
+        uint64_t tail = cfx_load_acquire_u64(&sc->fifo->tail);
+        uint64_t head = cfx_load_acquire_u64(&sc->fifo->head);
         if (sc->dir == CFX_CONN_RECV && tail - head < (uint64_t)sc->n_steps)
             events = POLLIN;
         else if (sc->dir == CFX_CONN_SEND && head != tail)
