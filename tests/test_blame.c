@@ -158,3 +158,37 @@ ParameterizedTest(int *socket, blame, finalize_after_a_rank_died_blames_it_on_ev
         .nranks = 4, .mode = CFX_TEST_PROCS, .deadline_s = 60, .killed_ranks = 1ull << 2};
     CFX_TEST_RUN(&opts, finalize_after_rank_two_died);
 }
+
+/* Rank 2 of 3 never calls the allreduce (it is busy elsewhere, alive): the
+ * others time out, each waiting for a different peer, and both name rank 2.
+ * Ranks are threads of one process here. */
+static void allreduce_without_rank_two(struct cfx_test_rank *ctx)
+{
+    cfxComm_t comm;
+    RANK_CFX(ctx, cfxCommInitRank(&comm, ctx->nranks, ctx->id, ctx->rank));
+    if (ctx->rank == 2) {
+        cfx_test_step(ctx, "rank 2 stays away from the allreduce");
+        sleep(4);
+        RANK_CFX(ctx, cfxCommDestroy(comm));
+        return;
+    }
+    float data[1024] = {0};
+    cfx_test_step(ctx, "allreduce without rank 2");
+    double start = now_s();
+    cfxResult_t res = cfxAllReduce(data, data, 1024, cfxFloat32, cfxSum, comm, NULL);
+    double took = now_s() - start;
+    const char *why = cfxGetLastError(comm);
+    RANK_ASSERT(ctx, res == cfxTimeout, "allreduce returned %s: %s", cfxGetErrorString(res), why);
+    RANK_ASSERT(ctx, took < 3.5, "the report took %.1f s with CFX_TIMEOUT=1: %s", took, why);
+    RANK_ASSERT(ctx, blamed_rank(why) == 2, "rank %d blames rank %d, not rank 2: %s", ctx->rank,
+                blamed_rank(why), why);
+    RANK_CFX(ctx, cfxCommDestroy(comm));
+}
+
+Test(blame, rank_outside_the_call_is_blamed_by_every_rank_in_threads_mode, .timeout = 60)
+{
+    cfx_test_setenv("CFX_SHM_DISABLE", NULL);
+    cfx_test_setenv("CFX_TIMEOUT", "1");
+    struct cfx_test_options opts = {.nranks = 3, .mode = CFX_TEST_THREADS, .deadline_s = 30};
+    CFX_TEST_RUN(&opts, allreduce_without_rank_two);
+}
