@@ -114,7 +114,7 @@ struct cfx_op {
     int claimed;         /* The executor's: the op holds all its connectors. */
     int done;
     cfxResult_t result;
-    int blame_rank; /* On failure: the rank it is about (-1: this rank). */
+    int blame_rank; /* On failure: the peer it failed through (-1: it began here). */
     /* Arrays, last: each is written before it is read (n_conns and
      * next_index say what is valid), so cfx_op_clear leaves them alone. */
     /* Every connector the op uses (claimed in issue order by the executor). */

@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "src/core/blame.h"
 #include "src/core/comm.h"
 #include "src/core/enqueue.h"
 #include "src/exec/host.h"
@@ -179,9 +180,13 @@ static void hold_all(struct cfx_op *ops, int n_ops, int hold)
 }
 
 /* After a failure: every communicator of the batch is broken, its peers are
- * told (so they stop waiting), and its flight recorder goes to the log. */
+ * told (so they stop waiting), its flight recorder goes to the log, and its
+ * ranks agree on the rank to blame (blame.c), which the sentence names. */
 static void break_comms(struct cfx_op *ops, int n_ops, cfxResult_t res)
 {
+    char seen[CFX_ERROR_MAX];
+    snprintf(seen, sizeof(seen), "%s", cfx_error_thread_last());
+    int told = 0;
     for (int i = 0; i < n_ops; i++) {
         struct cfxComm *comm = ops[i].owner;
         if (comm->async_error != cfxSuccess)
@@ -191,6 +196,17 @@ static void break_comms(struct cfx_op *ops, int n_ops, cfxResult_t res)
         cfx_core_poison_all(comm, reason, ops[i].blame_rank);
         if (comm->flight_size > 0)
             cfx_core_flight_dump(comm, cfxGetErrorString(reason));
+        cfx_core_blame_tell(comm, reason, ops[i].blame_rank >= 0 ? ops[i].blame_rank : comm->rank);
+        ops[i].blame_rank = CFX_BLAME_UNKNOWN; /* Told: agree below, once per communicator. */
+        told++;
+    }
+    for (int i = 0; i < n_ops && told > 0; i++) {
+        if (ops[i].blame_rank != CFX_BLAME_UNKNOWN)
+            continue;
+        char op_text[160];
+        cfx_coll_print_format(&ops[i].print, op_text, sizeof(op_text));
+        struct cfxComm *comm = ops[i].owner;
+        cfx_core_blame_explain(comm, comm->async_error, op_text, seen);
     }
 }
 

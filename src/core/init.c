@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include "src/core/argcheck.h"
+#include "src/core/blame.h"
 #include "src/core/comm.h"
 #include "src/util/check.h"
 #include "src/util/log.h"
@@ -392,9 +393,15 @@ CFX_API cfxResult_t cfxCommFinalize(cfxComm_t comm)
     comm->finalized = 1;
     cfx_core_hold(comm);
     res = cfx_bootstrap_barrier(comm->bootstrap);
-    cfx_core_release(comm);
-    if (res != cfxSuccess)
+    if (res != cfxSuccess) {
+        /* The barrier does not say which peer failed: the ranks agree on it. */
+        char seen[CFX_ERROR_MAX];
+        snprintf(seen, sizeof(seen), "%s", cfx_error_thread_last());
+        cfx_core_blame_tell(comm, res, CFX_BLAME_UNKNOWN);
+        res = cfx_core_blame_explain(comm, res, fn, seen);
         comm->async_error = res;
+    }
+    cfx_core_release(comm);
 out:
     return cfx_core_api_exit(comm, res);
 }

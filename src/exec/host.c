@@ -61,8 +61,10 @@ static cfxResult_t check_connector(struct cfx_op *op, struct cfx_connector *conn
     if (conn == NULL || conn->transport->check == NULL)
         return cfxSuccess;
     cfxResult_t res = conn->transport->check(conn->transport_ctx, conn);
+    /* The peer the failure came through: the next link of the blame chain
+     * (src/core/blame.c), whatever rank the transport heard it was about. */
     if (res != cfxSuccess)
-        op->blame_rank = conn->blame_rank >= 0 ? conn->blame_rank : conn->peer_rank;
+        op->blame_rank = conn->peer_rank;
     return res;
 }
 
