@@ -93,9 +93,9 @@ int main(int argc, char **argv)
 {
     int srun = under_srun();
     const char *rank_name = srun ? "SLURM_PROCID" : "RANK";
-    const char *size_name = !srun                             ? "WORLD_SIZE"
+    const char *size_name = !srun                            ? "WORLD_SIZE"
                             : getenv("SLURM_STEP_NUM_TASKS") ? "SLURM_STEP_NUM_TASKS"
-                                                              : "SLURM_NTASKS";
+                                                             : "SLURM_NTASKS";
     const char *rank_text = getenv(rank_name), *size_text = getenv(size_name);
     const char *addr = getenv("MASTER_ADDR"), *port_text = getenv("MASTER_PORT");
     long rank_arg, nranks_arg, port, count_arg = 1 << 20;

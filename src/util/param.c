@@ -221,10 +221,7 @@ static void load(struct cfx_param *param)
         if (refused != NULL) {
             char sentence[CFX_ERROR_MAX];
             refused_sentence(param, text, source, refused, sentence, sizeof(sentence));
-            CFX_WARN(CFX_LOG_ENV,
-                     "%s; the default is used until then, and communicators "
-                     "refuse to start",
-                     sentence);
+            CFX_WARN(CFX_LOG_ENV, "%s; communicators refuse to start until it is fixed", sentence);
             valid = 0;
         } else if (param->type == CFX_PARAM_TYPE_STR) {
             /* Environment strings live as long as the process (unless the
