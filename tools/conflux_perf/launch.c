@@ -9,7 +9,8 @@
  *                   with CFX_COMM_ID set, as above; else, when built with MPI,
  *                   MPI_Bcast of rank 0's id; else an error saying what to set.
  *   srun            SLURM_PROCID and SLURM_STEP_ID are set (a task of a job
- *                   step; a batch script alone has no step id): rank
+ *                   step; a batch script alone has no step id), and no MPI
+ *                   variables, or only PMI_* in a build without MPI: rank
  *                   SLURM_PROCID of SLURM_STEP_NUM_TASKS (else SLURM_NTASKS);
  *                   the root at MASTER_ADDR:MASTER_PORT, else CFX_COMM_ID, else
  *                   SLURM_LAUNCH_NODE_IPADDR (where srun runs: in sbatch, the
@@ -326,9 +327,12 @@ int perf_launch(const struct perf_options *opt)
         return launch_fork(opt);
     if (getenv("RANK") != NULL || getenv("WORLD_SIZE") != NULL)
         return launch_env(opt);
-    if (getenv("OMPI_COMM_WORLD_SIZE") != NULL || getenv("PMI_SIZE") != NULL)
+    /* srun --mpi=pmi2 sets PMI_SIZE too: without MPI, read Slurm's variables. */
+    int srun = getenv("SLURM_PROCID") != NULL && getenv("SLURM_STEP_ID") != NULL;
+    if (getenv("OMPI_COMM_WORLD_SIZE") != NULL ||
+        (getenv("PMI_SIZE") != NULL && !(srun && !perf_mpi_available())))
         return launch_mpi(opt);
-    if (getenv("SLURM_PROCID") != NULL && getenv("SLURM_STEP_ID") != NULL)
+    if (srun)
         return launch_slurm(opt);
     cfxUniqueId id;
     if (get_unique_id(0, &id) != 0)
