@@ -1,7 +1,9 @@
 /*
  * Parameters and logging: environment over configuration file over default,
- * bad values fall back loudly, every parameter is listed, and log lines go
- * where CFX_DEBUG_FILE says with host, pid, rank and subsystem.
+ * values are decimal (sizes may take K, M, G) and within their range, a
+ * refused value fails communicator creation with a sentence naming it, every
+ * parameter is listed, and log lines go where CFX_DEBUG_FILE says with host,
+ * pid, rank and subsystem.
  */
 #include <criterion/criterion.h>
 #include <stdio.h>
@@ -14,8 +16,9 @@
 #include "src/util/socket.h"
 #include "tests/harness.h"
 
-CFX_PARAM_INT(test_number, "TEST_NUMBER", 42, "A parameter defined by the test");
+CFX_PARAM_INT(test_number, "TEST_NUMBER", 42, -1000, 1000, "A parameter defined by the test");
 CFX_PARAM_STR(test_word, "TEST_WORD", "plain", "A string parameter defined by the test");
+CFX_PARAM_SIZE(test_bytes, "TEST_BYTES", 4 << 20, 64, INT64_MAX, "A size defined by the test");
 
 static char conf_path[64];
 
@@ -44,7 +47,7 @@ Test(params, default_applies_when_nothing_is_set)
 
 Test(params, environment_sets_a_value)
 {
-    cfx_test_setenv("CFX_TEST_NUMBER", "0x10");
+    cfx_test_setenv("CFX_TEST_NUMBER", "16");
     cr_assert_eq(param_test_number(), 16);
     cfx_test_setenv("CFX_TEST_WORD", "loud");
     cr_assert_str_eq(param_test_word(), "loud");
@@ -76,7 +79,8 @@ Test(params, a_value_that_is_not_a_number_keeps_the_default_and_warns, .fini = r
     fclose(f);
     unlink(log_path);
     cr_assert(strstr(line, "CFX_TEST_NUMBER=\"12abc\"") != NULL, "log line: %s", line);
-    cr_assert(strstr(line, "not an integer") != NULL, "log line: %s", line);
+    cr_assert(strstr(line, "is not accepted: expected a decimal integer from -1000 to 1000") != NULL,
+              "log line: %s", line);
 }
 
 Test(params, malformed_configuration_lines_are_reported, .fini = remove_conf)
@@ -109,6 +113,164 @@ Test(params, every_parameter_is_listed_with_its_description)
                               "CFX_HOSTID"};
     for (size_t i = 0; i < sizeof(expected) / sizeof(expected[0]); i++)
         cr_assert(strstr(text, expected[i]) != NULL, "%s missing from:\n%s", expected[i], text);
+    free(text);
+}
+
+/* ---------------------------------------------------- accepted values */
+
+static int64_t number_for(const char *text)
+{
+    cfx_test_setenv("CFX_TEST_NUMBER", text);
+    return param_test_number();
+}
+
+static int64_t bytes_for(const char *text)
+{
+    cfx_test_setenv("CFX_TEST_BYTES", text);
+    return param_test_bytes();
+}
+
+Test(params, integers_are_decimal_only)
+{
+    cfx_test_setenv("CFX_CONF_FILE", "/nonexistent");
+    cr_assert_eq(number_for("030"), 30, "a leading zero is not octal");
+    cr_assert_eq(number_for(" -7 "), -7);
+    cr_assert_eq(number_for("+5"), 5);
+    const char *refused[] = {"0x10", "1e3", "5s", "abc", "", "-", "3.0", "99999999999999999999"};
+    for (size_t i = 0; i < sizeof(refused) / sizeof(refused[0]); i++)
+        cr_assert_eq(number_for(refused[i]), 42, "\"%s\" was not refused", refused[i]);
+    cr_assert_eq(number_for("1001"), 42, "above the range");
+    cr_assert_eq(number_for("-1001"), 42, "below the range");
+}
+
+Test(params, sizes_take_k_m_g_as_powers_of_1024)
+{
+    cfx_test_setenv("CFX_CONF_FILE", "/nonexistent");
+    cr_assert_eq(bytes_for("4096"), 4096);
+    cr_assert_eq(bytes_for("4k"), 4096);
+    cr_assert_eq(bytes_for("4M"), 4 << 20);
+    cr_assert_eq(bytes_for("4MB"), 4 << 20);
+    cr_assert_eq(bytes_for("2G"), (int64_t)2 << 30);
+    const char *refused[] = {"abc", "1e20", "4T", "4MM", "0x100", "32"};
+    for (size_t i = 0; i < sizeof(refused) / sizeof(refused[0]); i++)
+        cr_assert_eq(bytes_for(refused[i]), 4 << 20, "\"%s\" was not refused", refused[i]);
+    cr_assert_eq(bytes_for("99999999999G"), 4 << 20, "a size that does not fit in 64 bits");
+}
+
+static char topo_path[64];
+
+static const char *write_bad_topo(void)
+{
+    snprintf(topo_path, sizeof(topo_path), "/tmp/cfx-test-topo-%d.xml", (int)getpid());
+    FILE *f = fopen(topo_path, "w");
+    cr_assert_not_null(f);
+    fputs("<system version=\"1\"><cpu numaid=\"0\"><pci busid=\n", f);
+    fclose(f);
+    return topo_path;
+}
+
+/* cfxCommInitRank checks every parameter before it looks at the id (so a
+ * zero id reaches the check) and starts nothing. */
+static void expect_init_refuses(const char *name, const char *value, const char *form)
+{
+    cfx_test_setenv(name, value);
+    cfxComm_t comm = NULL;
+    cfxUniqueId id;
+    memset(&id, 0, sizeof(id));
+    cfxResult_t res = cfxCommInitRank(&comm, 1, id, 0);
+    const char *sentence = cfxGetLastError(NULL);
+    char quoted[128];
+    snprintf(quoted, sizeof(quoted), "%s=\"%s\"", name, value);
+    cr_expect_eq(res, cfxInvalidArgument, "%s: %s", quoted, sentence);
+    cr_expect(strstr(sentence, quoted) != NULL, "%s is not named in: %s", quoted, sentence);
+    cr_expect(strstr(sentence, form) != NULL, "\"%s\" is not in: %s", form, sentence);
+    cfx_test_setenv(name, NULL);
+}
+
+Test(params, timeouts_beyond_the_nanosecond_clock_fail_init)
+{
+    cfx_test_setenv("CFX_CONF_FILE", "/nonexistent");
+    expect_init_refuses("CFX_TIMEOUT", "10000000000", "from 0 to 1000000000");
+    expect_init_refuses("CFX_BOOTSTRAP_TIMEOUT", "10000000000", "from 0 to 1000000000");
+}
+
+Test(params, every_kind_of_refused_value_fails_init_naming_variable_value_and_form,
+     .fini = remove_conf)
+{
+    cfx_test_setenv("CFX_CONF_FILE", "/nonexistent");
+    expect_init_refuses("CFX_BUFFSIZE", "abc", "K, M or G");
+    expect_init_refuses("CFX_BUFFSIZE", "1e20", "from 64 to 4294967295");
+    expect_init_refuses("CFX_TIMEOUT", "5s", "decimal integer");
+    expect_init_refuses("CFX_TIMEOUT", "1e3", "decimal integer");
+    expect_init_refuses("CFX_SOCKET_FAMILY", "5", "4 (IPv4), 6 (IPv6), or 0");
+    expect_init_refuses("CFX_ALGO", "garbage", "unknown name \"garbage\"");
+    expect_init_refuses("CFX_PROTO", "allreduce:LL,bogus", "unknown name \"bogus\"");
+    expect_init_refuses("CFX_ALGO", "allgathr:ring", "no collective \"allgathr\"");
+    expect_init_refuses("CFX_TOPO_FILE", "/nonexistent/topo.xml", "No such file");
+    expect_init_refuses("CFX_TOPO_FILE", "/dev/zero", "too large");
+    expect_init_refuses("CFX_TOPO_FILE", write_bad_topo(), "NCCL topology XML");
+    unlink(topo_path);
+    expect_init_refuses("CFX_BOOTSTRAP_FRAME_TIMEOUT_MS", "0", "from 1 to");
+    expect_init_refuses("CFX_COMM_ID", "127.0.0.1:0", "port from 1 to 65535");
+    expect_init_refuses("CFX_SHM_DISABLE", "yes", "from 0 to 1");
+}
+
+Test(params, a_refused_value_from_the_configuration_file_names_the_file, .fini = remove_conf)
+{
+    write_conf("CFX_NSOCKS_PERTHREAD=0\n");
+    cfx_test_setenv("CFX_NSOCKS_PERTHREAD", NULL);
+    cfxComm_t comm = NULL;
+    cfxUniqueId id;
+    memset(&id, 0, sizeof(id));
+    cr_assert_eq(cfxCommInitRank(&comm, 1, id, 0), cfxInvalidArgument);
+    char expected[160];
+    snprintf(expected, sizeof(expected), "CFX_NSOCKS_PERTHREAD=\"0\" (%s) is not accepted",
+             conf_path);
+    cr_assert(strstr(cfxGetLastError(NULL), expected) != NULL, "%s", cfxGetLastError(NULL));
+}
+
+Test(params, the_largest_timeout_lets_calls_complete)
+{
+    cfx_test_setenv("CFX_CONF_FILE", "/nonexistent");
+    cfx_test_setenv("CFX_TIMEOUT", "1000000000");
+    cfxComm_t comm;
+    cr_assert_eq(cfxCommInitAll(&comm, 1, NULL), cfxSuccess, "%s", cfxGetLastError(NULL));
+    float value = 1.0f;
+    cr_expect_eq(cfxAllReduce(&value, &value, 1, cfxFloat32, cfxSum, comm, NULL), cfxSuccess,
+                 "%s", cfxGetLastError(NULL));
+    cfxCommDestroy(comm);
+    cfx_test_setenv("CFX_TIMEOUT", NULL);
+}
+
+Test(params, accepted_settings_pass_the_check)
+{
+    cfx_test_setenv("CFX_CONF_FILE", "/nonexistent");
+    const char *settings[][2] = {
+        {"CFX_BUFFSIZE", "4M"},          {"CFX_TIMEOUT", "030"},
+        {"CFX_SOCKET_FAMILY", "6"},      {"CFX_ALGO", "ring,nvls;allreduce:^tree"},
+        {"CFX_PROTO", "^LL128"},         {"CFX_COMM_ID", "127.0.0.1:29500"},
+        {"CFX_SPIN_COUNT", "-1"},        {"CFX_TIMEOUT", "1000000000"},
+    };
+    for (size_t i = 0; i < sizeof(settings) / sizeof(settings[0]); i++) {
+        cfx_test_setenv(settings[i][0], settings[i][1]);
+        cr_expect_eq(cfx_param_check_all(), cfxSuccess, "%s=%s: %s", settings[i][0],
+                     settings[i][1], cfxGetLastError(NULL));
+        cfx_test_setenv(settings[i][0], NULL);
+    }
+}
+
+Test(params, the_parameter_list_shows_a_refused_value_and_its_sentence)
+{
+    cfx_test_setenv("CFX_CONF_FILE", "/nonexistent");
+    cfx_test_setenv("CFX_SOCKET_FAMILY", "5");
+    char *text = NULL;
+    size_t size = 0;
+    FILE *out = open_memstream(&text, &size);
+    int n_refused = cfx_param_print_all(out);
+    fclose(out);
+    cr_expect_eq(n_refused, 1, "%s", text);
+    cr_expect(strstr(text, "REFUSED: CFX_SOCKET_FAMILY=\"5\" (environment) is not accepted") != NULL,
+              "%s", text);
     free(text);
 }
 

@@ -1,7 +1,8 @@
 /*
  * conflux-info: what this Conflux is and how it is configured.
  *   conflux-info            version and build contents
- *   conflux-info --params   every parameter: value, default, description
+ *   conflux-info --params   every parameter: value, default, description; exits 1
+ *                           when a value is refused (the sentence follows the table)
  */
 #include <stdio.h>
 #include <string.h>
@@ -16,8 +17,7 @@ int main(int argc, char **argv)
     int version = 0;
     cfxGetVersion(&version);
     if (argc > 1 && strcmp(argv[1], "--params") == 0) {
-        cfx_param_print_all(stdout);
-        return 0;
+        return cfx_param_print_all(stdout) == 0 ? 0 : 1;
     }
     if (argc > 1) {
         fprintf(stderr, "usage: %s [--params]\n", argv[0]);

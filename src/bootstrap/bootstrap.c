@@ -16,12 +16,13 @@
 #include "src/util/param.h"
 #include "src/util/time.h"
 
-CFX_PARAM_INT(bootstrap_timeout, "BOOTSTRAP_TIMEOUT", 300,
+CFX_PARAM_INT(bootstrap_timeout, "BOOTSTRAP_TIMEOUT", 300, 0, CFX_PARAM_SECONDS_MAX,
               "Seconds a bootstrap step (join, allgather, barrier, message) may take; 0 = forever");
-CFX_PARAM_INT(bootstrap_frame_ms, "BOOTSTRAP_FRAME_TIMEOUT_MS", 2000,
+CFX_PARAM_INT(bootstrap_frame_ms, "BOOTSTRAP_FRAME_TIMEOUT_MS", 2000, 1, CFX_PARAM_SECONDS_MAX,
               "Milliseconds a connecting peer has to send its whole greeting");
-CFX_PARAM_STR(comm_id, "COMM_ID", NULL,
-              "host:port of the root listener; makes every rank produce the same unique id");
+CFX_PARAM_STR_CHECKED(
+    comm_id, "COMM_ID", NULL, cfx_socket_addr_param_check,
+    "host:port of the root listener; makes every rank produce the same unique id");
 
 _Static_assert(sizeof(struct cfx_bootstrap_id) <= CFX_UNIQUE_ID_BYTES, "id too large");
 

@@ -7,6 +7,7 @@
 #include "src/core/comm.h"
 #include "src/util/check.h"
 #include "src/util/log.h"
+#include "src/util/param.h"
 
 void cfx_core_api_enter(cfxComm_t comm)
 {
@@ -50,6 +51,8 @@ CFX_API cfxResult_t cfxGetUniqueId(cfxUniqueId *uniqueId)
 {
     cfx_core_api_enter(NULL);
     cfxResult_t res = cfx_argcheck_ptr(uniqueId, "cfxGetUniqueId", "uniqueId");
+    if (res == cfxSuccess)
+        res = cfx_param_check_all();
     if (res == cfxSuccess) {
         cfx_core_print_version();
         res = cfx_bootstrap_id_create(uniqueId, 0);

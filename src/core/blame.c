@@ -29,7 +29,7 @@
 #include "src/util/param.h"
 #include "src/util/time.h"
 
-CFX_PARAM_INT(blame_window_ms, "BLAME_WINDOW_MS", 1000,
+CFX_PARAM_INT(blame_window_ms, "BLAME_WINDOW_MS", 1000, 1, 600000,
               "Milliseconds a failing rank waits for the other ranks' account of a failure "
               "before it blames the rank that stayed silent");
 

@@ -20,9 +20,9 @@
 #include "src/util/param.h"
 #include "src/util/time.h"
 
-CFX_PARAM_INT(flight_recorder, "FLIGHT_RECORDER", 64,
+CFX_PARAM_INT(flight_recorder, "FLIGHT_RECORDER", 64, 0, 1 << 16,
               "Operations each communicator remembers for the flight recorder (0: off)");
-CFX_PARAM_INT(dump_on_signal, "DUMP_ON_SIGNAL", 0,
+CFX_PARAM_INT(dump_on_signal, "DUMP_ON_SIGNAL", 0, 0, 1,
               "1: SIGUSR1 writes every communicator's flight recorder to the log");
 
 static pthread_mutex_t registry_lock = PTHREAD_MUTEX_INITIALIZER;

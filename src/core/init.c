@@ -17,19 +17,21 @@
 #include "src/util/param.h"
 #include "src/util/time.h"
 
-CFX_PARAM_INT(buffsize, "BUFFSIZE", 4 << 20, "Bytes of FIFO per connection (split into CFX_STEPS slots)");
-CFX_PARAM_INT(steps, "STEPS", 8, "Slots per connection FIFO");
-CFX_PARAM_INT(spin_count, "SPIN_COUNT", -1,
+CFX_PARAM_SIZE(buffsize, "BUFFSIZE", 4 << 20, 64, UINT32_MAX,
+               "Bytes of FIFO per connection (split into CFX_STEPS slots)");
+CFX_PARAM_INT(steps, "STEPS", 8, INT64_MIN, INT64_MAX, /* Range: pick_geometry. */
+              "Slots per connection FIFO");
+CFX_PARAM_INT(spin_count, "SPIN_COUNT", -1, -1, INT32_MAX,
               "Idle polls of a blocked call before it yields the core; -1: 2000, or 20 when "
               "this host's ranks outnumber the cores this process may run on");
-CFX_PARAM_INT(check_mismatch, "CHECK_MISMATCH", 1,
+CFX_PARAM_INT(check_mismatch, "CHECK_MISMATCH", 1, 0, 1,
               "1: every slot carries its operation's fingerprint and receivers compare them");
-CFX_PARAM_INT(single_copy, "SINGLE_COPY", 1,
+CFX_PARAM_INT(single_copy, "SINGLE_COPY", 1, 0, 1,
               "1: ranks of one host read large allgathers straight from each other's buffers "
               "(one copy, process_vm_readv) where the kernel allows it; 0: always through the "
               "FIFO");
-CFX_PARAM_INT(single_copy_min, "SINGLE_COPY_MIN_BYTES", 1 << 20,
-              "Smallest allgather (bytes per rank) that takes the single-copy path");
+CFX_PARAM_SIZE(single_copy_min, "SINGLE_COPY_MIN_BYTES", 1 << 20, 0, INT64_MAX,
+               "Smallest allgather (bytes per rank) that takes the single-copy path");
 
 /* Fields of @p config the caller actually has (an older header may be smaller). */
 static int config_int(const cfxConfig_t *config, size_t offset, int fallback)
@@ -228,6 +230,7 @@ CFX_API cfxResult_t cfxCommInitRankConfig(cfxComm_t *comm_p, int nranks, cfxUniq
     CFX_CHECK_GOTO(cfx_argcheck_ptr(comm_p, fn, "comm"), res, out);
     CFX_CHECK_GOTO(cfx_argcheck_nranks_rank(nranks, rank, fn), res, out);
     CFX_CHECK_GOTO(cfx_argcheck_config(config, fn), res, out);
+    CFX_CHECK_GOTO(cfx_param_check_all(), res, out);
     if (!cfx_bootstrap_id_valid(&commId)) {
         res = cfx_error_set(cfxInvalidArgument, CFX_LOG_INIT,
                             "%s: commId is not a Conflux unique id; make it with cfxGetUniqueId "
@@ -291,6 +294,7 @@ CFX_API cfxResult_t cfxCommInitAll(cfxComm_t *comms, int ndev, const int *devlis
         res = cfx_error_set(cfxSystemError, CFX_LOG_INIT, "%s: out of memory", fn);
         goto out;
     }
+    CFX_CHECK_GOTO(cfx_param_check_all(), res, out); /* Before a root starts for nothing. */
     cfxUniqueId id;
     CFX_CHECK_GOTO(cfx_bootstrap_id_create(&id, 1), res, out);
     res = cfxSuccess;

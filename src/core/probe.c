@@ -17,7 +17,7 @@
 #include "src/util/param.h"
 #include "src/util/time.h"
 
-CFX_PARAM_INT(mismatch_probe_ms, "MISMATCH_PROBE_MS", 1000,
+CFX_PARAM_INT(mismatch_probe_ms, "MISMATCH_PROBE_MS", 1000, 0, CFX_PARAM_SECONDS_MAX,
               "Milliseconds a collective may be stuck before its rank compares fingerprints with "
               "its neighbours over the bootstrap");
 

@@ -10,7 +10,7 @@
 #include "src/util/param.h"
 #include "src/util/time.h"
 
-CFX_PARAM_INT(timeout, "TIMEOUT", 600,
+CFX_PARAM_INT(timeout, "TIMEOUT", 600, 0, CFX_PARAM_SECONDS_MAX,
               "Seconds a blocking call may go without progress before it fails with cfxTimeout; "
               "0 waits forever");
 

@@ -12,7 +12,7 @@
 #include "src/util/log.h"
 #include "src/util/param.h"
 
-CFX_PARAM_INT(max_nchannels, "MAX_NCHANNELS", CFX_PLAN_MAX_CHANNELS,
+CFX_PARAM_INT(max_nchannels, "MAX_NCHANNELS", CFX_PLAN_MAX_CHANNELS, 1, CFX_PLAN_MAX_CHANNELS,
               "Most rings (channels) the planner builds (1..32)");
 
 struct builder {

@@ -27,13 +27,6 @@
 #include "src/util/log.h"
 #include "src/util/param.h"
 
-CFX_PARAM_STR(algo, "ALGO", NULL,
-              "Algorithms the planner may use (NCCL syntax: ring, tree, direct, ^tree, "
-              "allreduce:tree;broadcast:ring)");
-CFX_PARAM_STR(proto, "PROTO", NULL,
-              "Protocols the planner may use (NCCL syntax: LL, LL128, Simple, ^LL128, "
-              "allreduce:^LL)");
-
 static const char *const algo_names[CFX_ALGO_COUNT] = {"ring", "tree", "direct"};
 static const char *const proto_names[CFX_PROTO_COUNT] = {"LL", "LL128", "Simple"};
 static const char *const coll_keys[CFX_PLAN_COLLS] = {"allreduce", "broadcast", "reduce",
@@ -70,15 +63,18 @@ static int nccl_only(const char *word)
     return 0;
 }
 
-/* mask[coll][i]: 0 off, 1 on by default, 2 named explicitly. */
-static void parse_list(const char *var, const char *text, const char *const *names, int n_names,
-                       unsigned char mask[CFX_PLAN_COLLS][CFX_ALGO_COUNT + CFX_PROTO_COUNT])
+/* mask[coll][i]: 0 off, 1 on by default, 2 named explicitly. An unknown
+ * collective or name: with @p why, -1 and what is wrong there; without, a
+ * warning and the rest is parsed. */
+static int parse_list(const char *var, const char *text, const char *const *names, int n_names,
+                      unsigned char mask[CFX_PLAN_COLLS][CFX_ALGO_COUNT + CFX_PROTO_COUNT],
+                      char *why, size_t why_len)
 {
     for (int c = 0; c < CFX_PLAN_COLLS; c++)
         for (int i = 0; i < n_names; i++)
             mask[c][i] = 1;
     if (text == NULL || text[0] == '\0')
-        return;
+        return 0;
     char copy[512];
     snprintf(copy, sizeof(copy), "%s", text);
     char *save_section = NULL;
@@ -94,6 +90,13 @@ static void parse_list(const char *var, const char *text, const char *const *nam
             for (int c = 0; c < CFX_PLAN_COLLS; c++)
                 if (strcasecmp(key, coll_keys[c]) == 0)
                     coll = c;
+            if (coll < 0 && why) {
+                snprintf(why, why_len,
+                         "no collective \"%s\"; expected allreduce, broadcast, reduce, "
+                         "allgather or reducescatter before ':'",
+                         key);
+                return -1;
+            }
             if (coll < 0) {
                 CFX_WARN(CFX_LOG_ENV | CFX_LOG_TUNING,
                          "%s=\"%s\": no collective \"%s\"; "
@@ -118,6 +121,14 @@ static void parse_list(const char *var, const char *text, const char *const *nam
                     list[i] = exclude ? 0 : 2;
                     found = 1;
                 }
+            if (!found && !nccl_only(word) && word[0] && why) {
+                snprintf(why, why_len, "unknown name \"%s\"; expected a list of %s", word,
+                         names == algo_names ? "ring, tree, direct (NCCL syntax, see "
+                                               "docs/tuning.md)"
+                                             : "LL, LL128, Simple (NCCL syntax, see "
+                                               "docs/tuning.md)");
+                return -1;
+            }
             if (!found && nccl_only(word))
                 CFX_INFO(CFX_LOG_ENV | CFX_LOG_TUNING, "%s: %s is not built in Conflux; ignored",
                          var, word);
@@ -128,7 +139,27 @@ static void parse_list(const char *var, const char *text, const char *const *nam
         for (int c = first; c <= last; c++)
             memcpy(mask[c], list, (size_t)n_names);
     }
+    return 0;
 }
+
+static const char *check_algo(const char *text, char *buf, size_t len)
+{
+    unsigned char mask[CFX_PLAN_COLLS][CFX_ALGO_COUNT + CFX_PROTO_COUNT];
+    return parse_list("CFX_ALGO", text, algo_names, CFX_ALGO_COUNT, mask, buf, len) ? buf : NULL;
+}
+
+static const char *check_proto(const char *text, char *buf, size_t len)
+{
+    unsigned char mask[CFX_PLAN_COLLS][CFX_ALGO_COUNT + CFX_PROTO_COUNT];
+    return parse_list("CFX_PROTO", text, proto_names, CFX_PROTO_COUNT, mask, buf, len) ? buf : NULL;
+}
+
+CFX_PARAM_STR_CHECKED(algo, "ALGO", NULL, check_algo,
+                      "Algorithms the planner may use (NCCL syntax: ring, tree, direct, ^tree, "
+                      "allreduce:tree;broadcast:ring)");
+CFX_PARAM_STR_CHECKED(proto, "PROTO", NULL, check_proto,
+                      "Protocols the planner may use (NCCL syntax: LL, LL128, Simple, ^LL128, "
+                      "allreduce:^LL)");
 
 void cfx_plan_tuning_init(struct cfx_plan *plan)
 {
@@ -136,8 +167,8 @@ void cfx_plan_tuning_init(struct cfx_plan *plan)
     unsigned char algo_mask[CFX_PLAN_COLLS][CFX_ALGO_COUNT + CFX_PROTO_COUNT];
     unsigned char proto_mask[CFX_PLAN_COLLS][CFX_ALGO_COUNT + CFX_PROTO_COUNT];
     const char *algo_text = param_algo(), *proto_text = param_proto();
-    parse_list("CFX_ALGO", algo_text, algo_names, CFX_ALGO_COUNT, algo_mask);
-    parse_list("CFX_PROTO", proto_text, proto_names, CFX_PROTO_COUNT, proto_mask);
+    parse_list("CFX_ALGO", algo_text, algo_names, CFX_ALGO_COUNT, algo_mask, NULL, 0);
+    parse_list("CFX_PROTO", proto_text, proto_names, CFX_PROTO_COUNT, proto_mask, NULL, 0);
     int warned_host = 0;
     for (int c = 0; c < CFX_PLAN_COLLS; c++)
         for (int a = 0; a < CFX_ALGO_COUNT; a++)

@@ -31,8 +31,24 @@
 #include "src/util/log.h"
 #include "src/util/param.h"
 
-CFX_PARAM_STR(topo_file, "TOPO_FILE", NULL,
-              "Read the topology from this NCCL topology XML file instead of detecting it");
+/* CFX_TOPO_FILE must name a file that loads (a missing or malformed file is
+ * a mistake to report, not a reason to detect instead). */
+static const char *check_topo_file(const char *text, char *buf, size_t len)
+{
+    if (text[0] == '\0')
+        return NULL;
+    struct cfx_topo_system *sys = NULL;
+    if (cfx_topo_load_xml(text, &sys) == cfxSuccess) {
+        cfx_topo_free(sys);
+        return NULL;
+    }
+    snprintf(buf, len, "expected a readable NCCL topology XML file (%s)", cfx_error_thread_last());
+    cfx_error_thread_clear();
+    return buf;
+}
+
+CFX_PARAM_STR_CHECKED(topo_file, "TOPO_FILE", NULL, check_topo_file,
+                      "Read the topology from this NCCL topology XML file instead of detecting it");
 CFX_PARAM_STR(topo_dump_file, "TOPO_DUMP_FILE", NULL,
               "Write the topology (detected or read) to this file as NCCL topology XML");
 

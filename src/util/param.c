@@ -7,9 +7,11 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "src/util/error.h"
 #include "src/util/log.h"
 
 #define CONF_MAX_ENTRIES 256
+#define JUDGE_MAX        320 /* Room for the accepted form or a check's phrase. */
 
 extern struct cfx_param *const __start_cfx_params[] __attribute__((weak, visibility("hidden")));
 extern struct cfx_param *const __stop_cfx_params[] __attribute__((weak, visibility("hidden")));
@@ -133,67 +135,186 @@ static void report_conf_once(void)
         CFX_WARN(CFX_LOG_ENV, "%s line %d is not NAME=value; ignored", conf_path, line);
 }
 
-int64_t cfx_param_get_int(struct cfx_param *param)
+int cfx_param_parse_int(const char *text, int size, int64_t *value_p)
 {
-    if (__atomic_load_n(&param->loaded, __ATOMIC_ACQUIRE))
-        return __atomic_load_n(&param->value_int, __ATOMIC_RELAXED);
+    const char *c = text;
+    while (isspace((unsigned char)*c))
+        c++;
+    int negative = 0;
+    if (*c == '+' || *c == '-')
+        negative = *c++ == '-';
+    if (!isdigit((unsigned char)*c))
+        return -1;
+    uint64_t magnitude = 0;
+    for (; isdigit((unsigned char)*c); c++) {
+        magnitude = magnitude * 10 + (uint64_t)(*c - '0');
+        if (magnitude > (uint64_t)INT64_MAX)
+            return -1;
+    }
+    unsigned shift = 0;
+    if (size) {
+        switch (*c) {
+        case 'k':
+        case 'K': shift = 10; break;
+        case 'm':
+        case 'M': shift = 20; break;
+        case 'g':
+        case 'G': shift = 30; break;
+        default: break;
+        }
+        if (shift)
+            c++;
+        if (*c == 'b' || *c == 'B')
+            c++;
+    }
+    while (isspace((unsigned char)*c))
+        c++;
+    if (*c != '\0' || magnitude > ((uint64_t)INT64_MAX >> shift))
+        return -1;
+    int64_t value = (int64_t)(magnitude << shift);
+    *value_p = negative ? -value : value;
+    return 0;
+}
+
+/* NULL if @p text is an accepted value of @p param (*value_p: the number, for
+ * INT and SIZE); else what is accepted, in @p buf or static. */
+static const char *judge(const struct cfx_param *param, const char *text, int64_t *value_p,
+                         char *buf, size_t len)
+{
+    char trimmed[CFX_CONF_LINE_MAX];
+    snprintf(trimmed, sizeof(trimmed), "%s", text);
+    char *word = trim(trimmed);
+    if (param->type != CFX_PARAM_TYPE_STR) {
+        int64_t value = 0;
+        int size = param->type == CFX_PARAM_TYPE_SIZE;
+        if (cfx_param_parse_int(word, size, &value) != 0 || value < param->min_int ||
+            value > param->max_int) {
+            snprintf(buf, len, "expected a decimal integer from %lld to %lld%s",
+                     (long long)param->min_int, (long long)param->max_int,
+                     size ? " (bytes; K, M or G may follow: powers of 1024)" : "");
+            return buf;
+        }
+        *value_p = value;
+    }
+    return param->check ? param->check(word, buf, len) : NULL;
+}
+
+static void refused_sentence(const struct cfx_param *param, const char *text, const char *source,
+                             const char *why, char *out, size_t len)
+{
+    snprintf(out, len, "%s=\"%.64s\" (%s) is not accepted: %s", param->name, text, source, why);
+}
+
+/* Fill @p param's cache (threads may do it at once, with the same value). */
+static void load(struct cfx_param *param)
+{
     const char *source;
     const char *text = lookup(param->name, &source);
-    int64_t value = param->default_int;
     report_conf_once();
+    int64_t value_int = param->default_int;
+    const char *value_str = param->default_str;
+    int valid = 1;
     if (text != NULL) {
-        char *end = NULL;
-        errno = 0;
-        long long parsed = strtoll(text, &end, 0);
-        if (errno != 0 || end == text || *trim(end) != '\0')
-            CFX_WARN(CFX_LOG_ENV, "%s=\"%s\" (%s) is not an integer; using the default %lld",
-                     param->name, text, source, (long long)param->default_int);
-        else {
-            value = parsed;
-            CFX_INFO(CFX_LOG_ENV, "%s set by %s to %lld", param->name, source, parsed);
+        char why[JUDGE_MAX];
+        int64_t parsed = 0;
+        const char *refused = judge(param, text, &parsed, why, sizeof(why));
+        if (refused != NULL) {
+            char sentence[CFX_ERROR_MAX];
+            refused_sentence(param, text, source, refused, sentence, sizeof(sentence));
+            CFX_WARN(CFX_LOG_ENV, "%s; communicators refuse to start until it is fixed", sentence);
+            valid = 0;
+        } else if (param->type == CFX_PARAM_TYPE_STR) {
+            /* Environment strings live as long as the process (unless the
+             * program changes them); configuration values live until
+             * cfx_param_reset_all. */
+            value_str = text;
+            CFX_INFO(CFX_LOG_ENV, "%s set by %s to \"%s\"", param->name, source, text);
+        } else {
+            value_int = parsed;
+            CFX_INFO(CFX_LOG_ENV, "%s set by %s to %lld", param->name, source, (long long)parsed);
         }
     }
-    /* Threads may fill the cache at once (with the same value): atomics. */
-    __atomic_store_n(&param->value_int, value, __ATOMIC_RELAXED);
+    __atomic_store_n(&param->value_int, value_int, __ATOMIC_RELAXED);
+    __atomic_store_n(&param->value_str, value_str, __ATOMIC_RELAXED);
+    __atomic_store_n(&param->valid, valid, __ATOMIC_RELAXED);
     __atomic_store_n(&param->loaded, 1, __ATOMIC_RELEASE);
-    return value;
+}
+
+int64_t cfx_param_get_int(struct cfx_param *param)
+{
+    if (!__atomic_load_n(&param->loaded, __ATOMIC_ACQUIRE))
+        load(param);
+    return __atomic_load_n(&param->value_int, __ATOMIC_RELAXED);
 }
 
 const char *cfx_param_get_str(struct cfx_param *param)
 {
-    if (__atomic_load_n(&param->loaded, __ATOMIC_ACQUIRE))
-        return __atomic_load_n(&param->value_str, __ATOMIC_RELAXED);
-    const char *source;
-    const char *text = lookup(param->name, &source);
-    report_conf_once();
-    if (text != NULL)
-        CFX_INFO(CFX_LOG_ENV, "%s set by %s to \"%s\"", param->name, source, text);
-    /* Environment strings live as long as the process (unless the program
-     * changes them); configuration values live until cfx_param_reset_all. */
-    const char *value = text ? text : param->default_str;
-    __atomic_store_n(&param->value_str, value, __ATOMIC_RELAXED);
-    __atomic_store_n(&param->loaded, 1, __ATOMIC_RELEASE);
-    return value;
+    if (!__atomic_load_n(&param->loaded, __ATOMIC_ACQUIRE))
+        load(param);
+    return __atomic_load_n(&param->value_str, __ATOMIC_RELAXED);
 }
 
-void cfx_param_print_all(FILE *out)
+/* Loads @p param; 0 if its value is accepted, else -1 with the sentence in @p out. */
+static int check_one(struct cfx_param *param, char *out, size_t len)
+{
+    if (!__atomic_load_n(&param->loaded, __ATOMIC_ACQUIRE))
+        load(param);
+    if (__atomic_load_n(&param->valid, __ATOMIC_RELAXED))
+        return 0;
+    /* Refused: judge again for the sentence (rare; not worth a cache). */
+    const char *source;
+    const char *text = lookup(param->name, &source);
+    char why[JUDGE_MAX];
+    int64_t parsed;
+    const char *refused = text ? judge(param, text, &parsed, why, sizeof(why)) : NULL;
+    if (refused == NULL) /* Changed since it was read (tests). */
+        refused = "the value changed after it was read; restart the process";
+    refused_sentence(param, text ? text : "", source, refused, out, len);
+    return -1;
+}
+
+cfxResult_t cfx_param_check_all(void)
 {
     if (__start_cfx_params == NULL)
-        return;
+        return cfxSuccess;
+    for (struct cfx_param *const *p = __start_cfx_params; p < __stop_cfx_params; p++) {
+        char sentence[CFX_ERROR_MAX];
+        if (check_one(*p, sentence, sizeof(sentence)) != 0)
+            return cfx_error_set(cfxInvalidArgument, CFX_LOG_ENV, "%s", sentence);
+    }
+    return cfxSuccess;
+}
+
+int cfx_param_print_all(FILE *out)
+{
+    if (__start_cfx_params == NULL)
+        return 0;
+    int n_refused = 0;
     fprintf(out, "%-28s %-14s %-14s %s\n", "# name", "value", "default", "description");
     for (struct cfx_param *const *p = __start_cfx_params; p < __stop_cfx_params; p++) {
         struct cfx_param *param = *p;
-        char value[64], def[64];
-        if (param->type == CFX_PARAM_TYPE_INT) {
+        char value[64], def[64], sentence[CFX_ERROR_MAX];
+        if (check_one(param, sentence, sizeof(sentence)) != 0) {
+            snprintf(value, sizeof(value), "REFUSED");
+            n_refused++;
+        } else if (param->type != CFX_PARAM_TYPE_STR) {
             snprintf(value, sizeof(value), "%lld", (long long)cfx_param_get_int(param));
-            snprintf(def, sizeof(def), "%lld", (long long)param->default_int);
         } else {
             const char *v = cfx_param_get_str(param);
             snprintf(value, sizeof(value), "%s", v ? v : "(unset)");
-            snprintf(def, sizeof(def), "%s", param->default_str ? param->default_str : "(unset)");
         }
+        if (param->type != CFX_PARAM_TYPE_STR)
+            snprintf(def, sizeof(def), "%lld", (long long)param->default_int);
+        else
+            snprintf(def, sizeof(def), "%s", param->default_str ? param->default_str : "(unset)");
         fprintf(out, "%-28s %-14s %-14s %s\n", param->name, value, def, param->description);
     }
+    for (struct cfx_param *const *p = __start_cfx_params; p < __stop_cfx_params; p++) {
+        char sentence[CFX_ERROR_MAX];
+        if (check_one(*p, sentence, sizeof(sentence)) != 0)
+            fprintf(out, "# REFUSED: %s\n", sentence);
+    }
+    return n_refused;
 }
 
 void cfx_param_reset_all(void)

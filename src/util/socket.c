@@ -18,10 +18,36 @@
 #include "src/util/param.h"
 #include "src/util/time.h"
 
+/* CFX_SOCKET_FAMILY: the range 0..6 admits 1, 2, 3 and 5 too. */
+static const char *check_family(const char *text, char *buf, size_t len)
+{
+    (void)buf;
+    (void)len;
+    return strcmp(text, "0") == 0 || strcmp(text, "4") == 0 || strcmp(text, "6") == 0
+               ? NULL
+               : "expected 4 (IPv4), 6 (IPv6), or 0 for either";
+}
+
+const char *cfx_socket_addr_param_check(const char *text, char *buf, size_t len)
+{
+    union cfx_sockaddr addr;
+    if (cfx_socket_addr_parse(text, &addr) != cfxSuccess) {
+        snprintf(buf, len, "expected host:port or [ipv6]:port with a port from 1 to 65535 (%s)",
+                 cfx_error_thread_last());
+        cfx_error_thread_clear();
+        return buf;
+    }
+    in_port_t port = addr.sa.sa_family == AF_INET6 ? addr.sin6.sin6_port : addr.sin.sin_port;
+    if (port == 0)
+        return "expected host:port with a port from 1 to 65535; port 0 would bind a random "
+               "port that the other ranks cannot know";
+    return NULL;
+}
+
 CFX_PARAM_STR(socket_ifname, "SOCKET_IFNAME", NULL,
               "Interfaces for sockets: prefix list, ^ excludes, = exact (NCCL syntax)");
-CFX_PARAM_INT(socket_family, "SOCKET_FAMILY", 0,
-              "Address family for sockets: 4, 6, or 0 for either");
+CFX_PARAM_INT_CHECKED(socket_family, "SOCKET_FAMILY", 0, 0, 6, check_family,
+                      "Address family for sockets: 4, 6, or 0 for either");
 
 #define POLL_SLICE_MS 100
 

@@ -35,6 +35,9 @@ cfxResult_t cfx_socket_addr_from_wire(const struct cfx_sockaddr_wire *wire,
 
 /* "host:port", "[v6addr]:port" or "v6addr:port" -> address; resolves names. */
 cfxResult_t cfx_socket_addr_parse(const char *text, union cfx_sockaddr *addr_p);
+/* CFX_COMM_ID's check (a cfx_param_check_fn): an address that parses, with a
+ * port other than 0 (every rank must know where the root listens). */
+const char *cfx_socket_addr_param_check(const char *text, char *buf, size_t len);
 /* "1.2.3.4:5678" or "[::1]:5678". */
 void cfx_socket_addr_format(const union cfx_sockaddr *addr, char *text, size_t size);
 socklen_t cfx_socket_addr_len(const union cfx_sockaddr *addr);

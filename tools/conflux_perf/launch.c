@@ -8,11 +8,20 @@
  *   mpirun          OMPI_COMM_WORLD_RANK/SIZE or PMI_RANK/PMI_SIZE are set:
  *                   with CFX_COMM_ID set, as above; else, when built with MPI,
  *                   MPI_Bcast of rank 0's id; else an error saying what to set.
+ *   srun            SLURM_PROCID and SLURM_STEP_ID are set (a task of a job
+ *                   step; a batch script alone has no step id), and no MPI
+ *                   variables, or only PMI_* in a build without MPI: rank
+ *                   SLURM_PROCID of SLURM_STEP_NUM_TASKS (else SLURM_NTASKS);
+ *                   the root at MASTER_ADDR:MASTER_PORT, else CFX_COMM_ID, else
+ *                   SLURM_LAUNCH_NODE_IPADDR (where srun runs: in sbatch, the
+ *                   first node, where task 0 runs) and a port derived from
+ *                   SLURM_JOB_ID and SLURM_STEP_ID (slurm_port).
  *   otherwise       one rank.
  * Each returns the process's exit code (perf.h PERF_EXIT_*).
  */
 #include <errno.h>
 #include <signal.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/wait.h>
@@ -193,22 +202,31 @@ static int launch_fork(const struct perf_options *opt)
 
 /* ------------------------------------------------------------ RANK, WORLD_SIZE */
 
+/* CFX_COMM_ID = MASTER_ADDR:MASTER_PORT (an IPv6 address in brackets) when
+ * both are set; 0 if it was set. */
+static int comm_id_from_master(void)
+{
+    int port;
+    const char *addr = getenv("MASTER_ADDR");
+    if (addr == NULL || addr[0] == '\0' || parse_env_int("MASTER_PORT", 1, 65535, &port) != 0)
+        return -1;
+    char comm_id[300];
+    int v6 = strchr(addr, ':') != NULL && addr[0] != '[';
+    snprintf(comm_id, sizeof(comm_id), v6 ? "[%s]:%d" : "%s:%d", addr, port);
+    setenv("CFX_COMM_ID", comm_id, 1);
+    return 0;
+}
+
 static int launch_env(const struct perf_options *opt)
 {
-    int rank, nranks, port;
+    int rank, nranks;
     if (parse_env_int("WORLD_SIZE", 1, 1 << 20, &nranks) != 0 ||
         parse_env_int("RANK", 0, nranks - 1, &rank) != 0) {
         fprintf(stderr, "conflux-perf: RANK and WORLD_SIZE must be numbers, 0 <= RANK < "
                         "WORLD_SIZE\n");
         return PERF_EXIT_USAGE;
     }
-    const char *addr = getenv("MASTER_ADDR");
-    if (addr != NULL && addr[0] != '\0' && parse_env_int("MASTER_PORT", 1, 65535, &port) == 0) {
-        char comm_id[300];
-        int v6 = strchr(addr, ':') != NULL && addr[0] != '[';
-        snprintf(comm_id, sizeof(comm_id), v6 ? "[%s]:%d" : "%s:%d", addr, port);
-        setenv("CFX_COMM_ID", comm_id, 1);
-    } else if (getenv("CFX_COMM_ID") == NULL) {
+    if (comm_id_from_master() != 0 && getenv("CFX_COMM_ID") == NULL) {
         fprintf(stderr, "conflux-perf: with RANK and WORLD_SIZE, set MASTER_ADDR (rank 0's "
                         "address) and MASTER_PORT (a free port there), or CFX_COMM_ID=host:port\n");
         return PERF_EXIT_USAGE;
@@ -257,6 +275,50 @@ static int launch_mpi(const struct perf_options *opt)
     return exit_code(status);
 }
 
+/* ------------------------------------------------------------ srun */
+
+static int slurm_port(long job_id, long step_id)
+{
+    /* Every task of a step agrees; jobs and steps that share a node mostly
+     * differ; 10000..29999 stays below Linux's ephemeral ports (32768 up). */
+    unsigned long mix = (unsigned long)job_id * 31u + (unsigned long)step_id;
+    return 10000 + (int)(mix % 20000u);
+}
+
+static int launch_slurm(const struct perf_options *opt)
+{
+    int rank, nranks, job_id, step_id;
+    const char *size_var = getenv("SLURM_STEP_NUM_TASKS") ? "SLURM_STEP_NUM_TASKS" : "SLURM_NTASKS";
+    if (parse_env_int(size_var, 1, 1 << 20, &nranks) != 0 ||
+        parse_env_int("SLURM_PROCID", 0, nranks - 1, &rank) != 0) {
+        fprintf(stderr, "conflux-perf: SLURM_PROCID and %s are not a rank and a size\n", size_var);
+        return PERF_EXIT_USAGE;
+    }
+    const char *launch_ip = getenv("SLURM_LAUNCH_NODE_IPADDR");
+    if (comm_id_from_master() != 0 && getenv("CFX_COMM_ID") == NULL) {
+        if (launch_ip == NULL || launch_ip[0] == '\0' ||
+            parse_env_int("SLURM_JOB_ID", 0, INT32_MAX, &job_id) != 0 ||
+            parse_env_int("SLURM_STEP_ID", 0, INT32_MAX, &step_id) != 0) {
+            fprintf(stderr, "conflux-perf: under srun without SLURM_LAUNCH_NODE_IPADDR, "
+                            "SLURM_JOB_ID and SLURM_STEP_ID, set MASTER_ADDR (task 0's "
+                            "host) and MASTER_PORT, or CFX_COMM_ID=host:port\n");
+            return PERF_EXIT_USAGE;
+        }
+        char comm_id[300];
+        int v6 = strchr(launch_ip, ':') != NULL;
+        snprintf(comm_id, sizeof(comm_id), v6 ? "[%s]:%d" : "%s:%d", launch_ip,
+                 slurm_port(job_id, step_id));
+        setenv("CFX_COMM_ID", comm_id, 1);
+    }
+    cfxUniqueId id;
+    if (get_unique_id(rank, &id) != 0)
+        return PERF_EXIT_FAILED;
+    char launch[400];
+    snprintf(launch, sizeof(launch), "srun (SLURM_PROCID/%s), CFX_COMM_ID=%s", size_var,
+             getenv("CFX_COMM_ID"));
+    return exit_code(perf_bench_run(opt, id, rank, nranks, launch));
+}
+
 /* ------------------------------------------------------------ choose */
 
 int perf_launch(const struct perf_options *opt)
@@ -265,10 +327,15 @@ int perf_launch(const struct perf_options *opt)
         return launch_fork(opt);
     if (getenv("RANK") != NULL || getenv("WORLD_SIZE") != NULL)
         return launch_env(opt);
-    if (getenv("OMPI_COMM_WORLD_SIZE") != NULL || getenv("PMI_SIZE") != NULL)
+    /* srun --mpi=pmi2 sets PMI_SIZE too: without MPI, read Slurm's variables. */
+    int srun = getenv("SLURM_PROCID") != NULL && getenv("SLURM_STEP_ID") != NULL;
+    if (getenv("OMPI_COMM_WORLD_SIZE") != NULL ||
+        (getenv("PMI_SIZE") != NULL && !(srun && !perf_mpi_available())))
         return launch_mpi(opt);
+    if (srun)
+        return launch_slurm(opt);
     cfxUniqueId id;
     if (get_unique_id(0, &id) != 0)
         return PERF_EXIT_FAILED;
-    return exit_code(perf_bench_run(opt, id, 0, 1, "one process (no --np, RANK or mpirun)"));
+    return exit_code(perf_bench_run(opt, id, 0, 1, "one process (no --np, RANK, mpirun or srun)"));
 }

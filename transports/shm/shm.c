@@ -40,7 +40,7 @@
 #include "src/util/time.h"
 #include "transports/shm/wire.h"
 
-CFX_PARAM_INT(shm_disable, "SHM_DISABLE", 0,
+CFX_PARAM_INT(shm_disable, "SHM_DISABLE", 0, 0, 1,
               "1: never use shared memory between ranks of one host (sockets instead)");
 
 /* Per-connector state. */

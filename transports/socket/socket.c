@@ -57,12 +57,12 @@
 #include "src/util/time.h"
 #include "transports/socket/wire.h"
 
-CFX_PARAM_INT(nsocks_perthread, "NSOCKS_PERTHREAD", 2,
+CFX_PARAM_INT(nsocks_perthread, "NSOCKS_PERTHREAD", 2, 1, CFX_SOCK_MAX_SOCKS,
               "Socket transport: sockets per connection per helper thread (NCCL meaning)");
-CFX_PARAM_INT(socket_nthreads, "SOCKET_NTHREADS", 1,
+CFX_PARAM_INT(socket_nthreads, "SOCKET_NTHREADS", 1, 1, CFX_SOCK_MAX_SOCKS,
               "Socket transport: helper threads per connection; sockets = NSOCKS_PERTHREAD x "
               "SOCKET_NTHREADS (one progress thread serves them all)");
-CFX_PARAM_INT(socket_spin_us, "SOCKET_SPIN_US", 0,
+CFX_PARAM_INT(socket_spin_us, "SOCKET_SPIN_US", 0, 0, 1000000,
               "Socket transport: microseconds the progress thread spins when idle before it "
               "sleeps");
 
