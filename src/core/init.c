@@ -46,6 +46,8 @@ static void print_version_once(void)
     pthread_once(&once, cfx_core_print_version);
 }
 
+/* Free what @p comm holds; its header stays, dead (handle.c). The caller
+ * has closed it (no call can hold it), or never handed it out. */
 static void comm_free(struct cfxComm *comm)
 {
     if (comm == NULL)
@@ -58,14 +60,13 @@ static void comm_free(struct cfxComm *comm)
     free(comm->p2p_send_seq);
     free(comm->p2p_recv_seq);
     free(comm->peers);
-    comm->magic = CFX_COMM_DEAD;
-    free(comm);
+    cfx_core_handle_retire(comm);
 }
 
 static cfxResult_t comm_alloc(int rank, int nranks, const cfxConfig_t *config,
                               struct cfxComm **comm_p)
 {
-    struct cfxComm *comm = calloc(1, sizeof(*comm));
+    struct cfxComm *comm = cfx_core_handle_alloc();
     if (comm == NULL)
         return cfx_error_set(cfxSystemError, CFX_LOG_INIT, "out of memory for a communicator");
     comm->rank = rank;
@@ -206,7 +207,7 @@ static cfxResult_t comm_setup(struct cfxComm *comm)
         int n_cpus = sched_getaffinity(0, sizeof(cpus), &cpus) == 0 ? CPU_COUNT(&cpus) : 1;
         comm->spin_limit = comm->local_nranks > n_cpus ? 20 : 2000;
     }
-    comm->magic = CFX_COMM_MAGIC;
+    __atomic_store_n(&comm->magic, CFX_COMM_MAGIC, __ATOMIC_RELEASE);
     cfx_core_registry_add(comm);
     CFX_INFO(CFX_LOG_INIT,
              "comm %p%s%s rank %d nranks %d cudaDev %d localRank %d localRanks %d - Init COMPLETE",
@@ -343,7 +344,9 @@ CFX_API cfxResult_t cfxCommSplit(cfxComm_t comm, int color, int key, cfxComm_t *
                             "%s: color = %d; use a color >= 0 or CFX_SPLIT_NOCOLOR", fn, color);
         goto out;
     }
-    cfx_core_hold(comm);
+    res = cfx_core_claim(comm, fn);
+    if (res != cfxSuccess)
+        return cfx_core_api_exit(NULL, res); /* The holder's sentence stays. */
     res = cfx_bootstrap_split(comm->bootstrap, color, key, &comm->abort_flag, &child_bs,
                               &child_rank, &child_nranks, &parent_ranks);
     cfx_core_release(comm);
@@ -387,52 +390,76 @@ CFX_API cfxResult_t cfxCommFinalize(cfxComm_t comm)
     cfx_core_api_enter(comm);
     cfxResult_t res;
     CFX_CHECK_GOTO(cfx_argcheck_comm_usable(comm, fn), res, out);
+    res = cfx_core_claim(comm, fn);
+    if (res != cfxSuccess)
+        return cfx_core_api_exit(NULL, res); /* The holder's sentence stays. */
     /* Nothing is outstanding yet (every call completes before it returns);
      * the barrier makes sure no peer still needs us when we are destroyed. */
     comm->finalized = 1;
-    cfx_core_hold(comm);
     res = cfx_bootstrap_barrier(comm->bootstrap);
-    cfx_core_release(comm);
     if (res != cfxSuccess)
         comm->async_error = res;
+    res = cfx_core_api_exit(comm, res);
+    cfx_core_release(comm);
+    return res;
 out:
     return cfx_core_api_exit(comm, res);
+}
+
+/* Close @p comm for good and free it. A call another thread has in it is
+ * made to fail (as by cfxCommAbort: the abort flag, and the peers told) and
+ * waited for, up to 5 s; @p abort does that even when no call is in. Returns
+ * cfxInvalidArgument when another thread closed it first; leaks it (with a
+ * warning) when the call does not leave in time. */
+static cfxResult_t comm_close(struct cfxComm *comm, int abort, const char *fn)
+{
+    const char *what = abort ? "Abort" : "Destroy";
+    int aborted = 0;
+    int64_t deadline = cfx_time_now_ns() + 5 * CFX_NS_PER_SEC;
+    for (;;) {
+        if (abort && !aborted) {
+            __atomic_store_n(&comm->abort_flag, 1, __ATOMIC_RELEASE);
+            cfx_core_poison_all(comm, cfxRemoteError, -1);
+            aborted = 1;
+        }
+        int state = CFX_COMM_IDLE;
+        if (__atomic_compare_exchange_n(&comm->active_calls, &state, CFX_COMM_CLOSED, 0,
+                                        __ATOMIC_ACQUIRE, __ATOMIC_RELAXED))
+            break;
+        if (state == CFX_COMM_CLOSED)
+            return cfx_core_claim_refused(comm, state, fn);
+        /* Another thread is in a call: make its waits fail, then wait for it
+         * to leave before freeing what it uses. */
+        abort = 1;
+        if (cfx_time_now_ns() >= deadline) {
+            CFX_WARN(CFX_LOG_INIT,
+                     "%s: a call on comm %p is still running after 5 s; leaking the "
+                     "communicator rather than freeing it under that call",
+                     fn, (void *)comm);
+            return cfxSuccess;
+        }
+        usleep(1000);
+    }
+    CFX_INFO(CFX_LOG_INIT, "comm %p rank %d nranks %d - %s COMPLETE", (void *)comm, comm->rank,
+             comm->nranks, what);
+    comm_free(comm);
+    return cfxSuccess;
 }
 
 CFX_API cfxResult_t cfxCommDestroy(cfxComm_t comm)
 {
     cfx_core_api_enter(comm);
     cfxResult_t res = cfx_argcheck_comm(comm, "cfxCommDestroy");
-    if (res != cfxSuccess)
-        return cfx_core_api_exit(NULL, res);
-    CFX_INFO(CFX_LOG_INIT, "comm %p rank %d nranks %d - Destroy COMPLETE", (void *)comm,
-             comm->rank, comm->nranks);
-    comm_free(comm);
-    return cfx_core_api_exit(NULL, cfxSuccess);
+    if (res == cfxSuccess)
+        res = comm_close(comm, 0, "cfxCommDestroy");
+    return cfx_core_api_exit(NULL, res);
 }
 
 CFX_API cfxResult_t cfxCommAbort(cfxComm_t comm)
 {
     cfx_core_api_enter(comm);
     cfxResult_t res = cfx_argcheck_comm(comm, "cfxCommAbort");
-    if (res != cfxSuccess)
-        return cfx_core_api_exit(NULL, res);
-    __atomic_store_n(&comm->abort_flag, 1, __ATOMIC_RELEASE);
-    cfx_core_poison_all(comm, cfxRemoteError, -1);
-    /* Calls in other threads see the flag within a few milliseconds; wait for
-     * them to leave before freeing what they use. */
-    int64_t deadline = cfx_time_now_ns() + 5 * CFX_NS_PER_SEC;
-    while (__atomic_load_n(&comm->active_calls, __ATOMIC_ACQUIRE) > 0 &&
-           cfx_time_now_ns() < deadline)
-        usleep(1000);
-    if (__atomic_load_n(&comm->active_calls, __ATOMIC_ACQUIRE) > 0) {
-        CFX_WARN(CFX_LOG_INIT, "cfxCommAbort: a call on comm %p is still running after 5 s; "
-                               "leaking the communicator rather than freeing it under that call",
-                 (void *)comm);
-        return cfx_core_api_exit(NULL, cfxSuccess);
-    }
-    CFX_INFO(CFX_LOG_INIT, "comm %p rank %d nranks %d - Abort COMPLETE", (void *)comm, comm->rank,
-             comm->nranks);
-    comm_free(comm);
-    return cfx_core_api_exit(NULL, cfxSuccess);
+    if (res == cfxSuccess)
+        res = comm_close(comm, 1, "cfxCommAbort");
+    return cfx_core_api_exit(NULL, res);
 }
