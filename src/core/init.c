@@ -326,6 +326,70 @@ out:
 
 /* -------------------------------------------------------------- split */
 
+/* After the split's exchange, every rank tells the others how it ended
+ * (@p mine: its result), over the parent, so that a split that failed on
+ * one rank fails on all. On success (everyone succeeded) returns
+ * cfxSuccess; when this rank failed, its own result (its sentence stays);
+ * when another failed, that rank's result with a sentence naming it. The
+ * exchange keeps the parent in step either way; *exchanged_p says whether
+ * it happened. */
+static cfxResult_t split_verdict(struct cfxComm *comm, cfxResult_t mine, int *exchanged_p)
+{
+    const char *fn = "cfxCommSplit";
+    *exchanged_p = 0;
+    int32_t *results = calloc((size_t)comm->nranks, sizeof(*results));
+    if (results == NULL)
+        return cfx_error_set(cfxSystemError, CFX_LOG_INIT, "%s: out of memory for %d results",
+                             fn, comm->nranks);
+    results[comm->rank] = (int32_t)mine;
+    cfxResult_t res = cfx_bootstrap_allgather(comm->bootstrap, results, sizeof(*results));
+    if (res == cfxSuccess) {
+        *exchanged_p = 1;
+        res = mine;
+        for (int r = 0; r < comm->nranks && res == cfxSuccess; r++) {
+            if (results[r] == cfxSuccess)
+                continue;
+            cfxResult_t theirs = results[r] > cfxSuccess && results[r] < cfxNumResults
+                                     ? (cfxResult_t)results[r]
+                                     : cfxInternalError;
+            if (theirs == cfxInvalidArgument)
+                res = cfx_error_set(theirs, CFX_LOG_INIT,
+                                    "%s: parent rank %d refused its arguments, so no rank split "
+                                    "(see that rank's cfxGetLastError); the parent communicator "
+                                    "is unchanged",
+                                    fn, r);
+            else
+                res = cfx_error_set(theirs, CFX_LOG_INIT,
+                                    "%s: parent rank %d could not build its part of the new "
+                                    "communicator (%s), so no rank keeps one; the parent "
+                                    "communicator is unchanged",
+                                    fn, r, cfxGetErrorString(theirs));
+        }
+    }
+    free(results);
+    return res;
+}
+
+/* A split that failed out of step (its exchange over the parent did not
+ * complete here): the parent's bootstrap may be out of step with the other
+ * ranks', which fail the same way, so the parent is broken on every rank. */
+static cfxResult_t split_break_parent(struct cfxComm *comm, cfxResult_t res)
+{
+    char cause[CFX_ERROR_MAX];
+    snprintf(cause, sizeof(cause), "%s", cfx_error_thread_last());
+    if (comm->async_error == cfxSuccess)
+        comm->async_error = res;
+    return cfx_error_set(res, CFX_LOG_INIT,
+                         "cfxCommSplit failed on this rank before every rank agreed (%s); the "
+                         "parent communicator is broken on every rank: destroy it",
+                         cause);
+}
+
+/* Every rank of the parent calls cfxCommSplit, and either every rank gets
+ * its new communicator (or NULL for CFX_SPLIT_NOCOLOR) or every rank fails:
+ * a rank whose arguments are refused still takes part (as NOCOLOR) and all
+ * learn it in the verdict, with the parent usable after; a failure while the
+ * ranks exchange over the parent breaks the parent on all of them. */
 CFX_API cfxResult_t cfxCommSplit(cfxComm_t comm, int color, int key, cfxComm_t *newcomm,
                                  cfxConfig_t *config)
 {
@@ -334,51 +398,63 @@ CFX_API cfxResult_t cfxCommSplit(cfxComm_t comm, int color, int key, cfxComm_t *
     cfxResult_t res;
     struct cfxComm *child = NULL;
     struct cfx_bootstrap *child_bs = NULL;
-    int child_rank = 0, child_nranks = 0;
+    int child_rank = 0, child_nranks = 0, exchanged = 0;
     int *parent_ranks = NULL;
     CFX_CHECK_GOTO(cfx_argcheck_comm_usable(comm, fn), res, out);
-    CFX_CHECK_GOTO(cfx_argcheck_ptr(newcomm, fn, "newcomm"), res, out);
-    CFX_CHECK_GOTO(cfx_argcheck_config(config, fn), res, out);
-    if (color < 0 && color != CFX_SPLIT_NOCOLOR) {
-        res = cfx_error_set(cfxInvalidArgument, CFX_LOG_INIT,
-                            "%s: color = %d; use a color >= 0 or CFX_SPLIT_NOCOLOR", fn, color);
-        goto out;
-    }
     res = cfx_core_claim(comm, fn);
     if (res != cfxSuccess)
         return cfx_core_api_exit(NULL, res); /* The holder's sentence stays. */
-    res = cfx_bootstrap_split(comm->bootstrap, color, key, &comm->abort_flag, &child_bs,
+    cfxResult_t refused = cfx_argcheck_ptr(newcomm, fn, "newcomm");
+    if (refused == cfxSuccess)
+        refused = cfx_argcheck_config(config, fn);
+    if (refused == cfxSuccess && color < 0 && color != CFX_SPLIT_NOCOLOR)
+        refused = cfx_error_set(cfxInvalidArgument, CFX_LOG_INIT,
+                                "%s: color = %d; use a color >= 0 or CFX_SPLIT_NOCOLOR", fn,
+                                color);
+    int take_color = refused == cfxSuccess ? color : CFX_SPLIT_NOCOLOR;
+    res = cfx_bootstrap_split(comm->bootstrap, take_color, key, &comm->abort_flag, &child_bs,
                               &child_rank, &child_nranks, &parent_ranks);
-    cfx_core_release(comm);
-    if (res != cfxSuccess)
-        goto out;
+    if (res != cfxSuccess) {
+        res = split_break_parent(comm, res);
+        goto release;
+    }
     comm->split_count++;
-    if (color == CFX_SPLIT_NOCOLOR) {
-        *newcomm = NULL;
-        goto out;
+    res = refused;
+    if (res == cfxSuccess && take_color != CFX_SPLIT_NOCOLOR) {
+        CFX_CHECK_GOTO(comm_alloc(child_rank, child_nranks, config, &child), res, verdict);
+        if (config == NULL) {
+            child->blocking = comm->blocking;
+            memcpy(child->name, comm->name, sizeof(child->name));
+        }
+        child->bootstrap = child_bs;
+        child_bs = NULL;
+        cfx_log_set_rank(child_rank);
+        res = comm_setup(child);
+        cfx_log_set_rank(comm->rank);
     }
-    CFX_CHECK_GOTO(comm_alloc(child_rank, child_nranks, config, &child), res, err_bs);
-    if (config == NULL) {
-        child->blocking = comm->blocking;
-        memcpy(child->name, comm->name, sizeof(child->name));
-    }
-    child->bootstrap = child_bs;
-    child_bs = NULL;
-    cfx_log_set_rank(child_rank);
-    res = comm_setup(child);
-    cfx_log_set_rank(comm->rank);
+verdict:
+    res = split_verdict(comm, res, &exchanged);
+    if (!exchanged)
+        res = split_break_parent(comm, res);
     if (res != cfxSuccess)
         goto err_child;
+    if (take_color == CFX_SPLIT_NOCOLOR) {
+        *newcomm = NULL;
+        goto release;
+    }
     CFX_INFO(CFX_LOG_INIT, "split: parent rank %d color %d key %d -> rank %d of %d", comm->rank,
              color, key, child_rank, child_nranks);
     *newcomm = child;
-    goto out;
+    goto release;
 err_child:
     comm_free(child);
-err_bs:
     cfx_bootstrap_destroy(child_bs);
-out:
+release:
     free(parent_ranks);
+    res = cfx_core_api_exit(comm, res);
+    cfx_core_release(comm);
+    return res;
+out:
     return cfx_core_api_exit(comm, res);
 }
 
