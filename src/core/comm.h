@@ -88,6 +88,7 @@ struct cfxComm {
     /* Who uses the communicator (CFX_COMM_IDLE, _IN_CALL, _CLOSED): one call
      * at a time holds it (cfx_core_claim); destroy and abort close it. */
     int active_calls;
+    int closing; /* Set once by the first cfxCommDestroy or cfxCommAbort. */
     /* Algorithm choice (algo.c): the plan, and this rank's links in its two trees. */
     struct cfx_plan *plan;
     /* The last choice of each collective the plan chooses for (allreduce,

@@ -485,11 +485,15 @@ out:
 /* Close @p comm for good and free it. A call another thread has in it is
  * made to fail (as by cfxCommAbort: the abort flag, and the peers told) and
  * waited for, up to 5 s; @p abort does that even when no call is in. Returns
- * cfxInvalidArgument when another thread closed it first; leaks it (with a
- * warning) when the call does not leave in time. */
+ * cfxInvalidArgument when another thread closes or closed it first; leaks
+ * it (with a warning) when the call does not leave in time. */
 static cfxResult_t comm_close(struct cfxComm *comm, int abort, const char *fn)
 {
     const char *what = abort ? "Abort" : "Destroy";
+    /* One closer only: a second one (another thread, or a stale handle)
+     * must not poison or free what the first is freeing. */
+    if (__atomic_exchange_n(&comm->closing, 1, __ATOMIC_ACQ_REL))
+        return cfx_core_claim_refused(comm, CFX_COMM_CLOSED, fn);
     int aborted = 0;
     int64_t deadline = cfx_time_now_ns() + 5 * CFX_NS_PER_SEC;
     for (;;) {

@@ -192,9 +192,17 @@ static void second_thread_refused(struct cfx_test_rank *ctx)
     RANK_CFX(ctx, cfxCommDestroy(comm));
 }
 
+static void *destroy_now(void *arg)
+{
+    struct abort_job *job = arg;
+    job->res = cfxCommDestroy(job->comm);
+    return NULL;
+}
+
 /* Rank 0's allreduce waits for rank 1, which never calls it; another thread
- * of rank 0 destroys the communicator under it: the call fails, destroy
- * returns once it has left, and the handle is refused afterwards. */
+ * of rank 0 destroys the communicator under it (and a third tries too): the
+ * call fails, one destroy returns once it has left, the other is refused,
+ * and the handle is refused afterwards. */
 static int destroyed_under_call;
 
 static void destroy_under_a_call(struct cfx_test_rank *ctx)
@@ -214,11 +222,19 @@ static void destroy_under_a_call(struct cfx_test_rank *ctx)
     pthread_t first;
     RANK_ASSERT(ctx, pthread_create(&first, NULL, allreduce_job, &job) == 0, "thread");
     int entered = wait_for_call_in(comm);
+    /* Two threads destroy it at once: one does, the other is refused. */
+    struct abort_job other = {.comm = comm};
+    pthread_t second;
+    RANK_ASSERT(ctx, pthread_create(&second, NULL, destroy_now, &other) == 0, "thread");
     cfxResult_t res = cfxCommDestroy(comm);
+    pthread_join(second, NULL);
     pthread_join(first, NULL);
     __atomic_store_n(&destroyed_under_call, 1, __ATOMIC_RELEASE);
     RANK_ASSERT(ctx, entered, "the call never entered the communicator");
-    RANK_ASSERT(ctx, res == cfxSuccess, "destroy returned %s", cfxGetErrorString(res));
+    RANK_ASSERT(ctx, (res == cfxSuccess) + (other.res == cfxSuccess) == 1 &&
+                         (res == cfxInvalidArgument) + (other.res == cfxInvalidArgument) == 1,
+                "the two destroys returned %s and %s", cfxGetErrorString(res),
+                cfxGetErrorString(other.res));
     RANK_ASSERT(ctx, job.res != cfxSuccess, "the call under destroy succeeded");
     RANK_ASSERT(ctx, cfxCommDestroy(comm) == cfxInvalidArgument, "a second destroy was accepted");
 }
