@@ -339,8 +339,8 @@ static cfxResult_t split_verdict(struct cfxComm *comm, cfxResult_t mine, int *ex
     *exchanged_p = 0;
     int32_t *results = calloc((size_t)comm->nranks, sizeof(*results));
     if (results == NULL)
-        return cfx_error_set(cfxSystemError, CFX_LOG_INIT, "%s: out of memory for %d results",
-                             fn, comm->nranks);
+        return cfx_error_set(cfxSystemError, CFX_LOG_INIT, "%s: out of memory for %d results", fn,
+                             comm->nranks);
     results[comm->rank] = (int32_t)mine;
     cfxResult_t res = cfx_bootstrap_allgather(comm->bootstrap, results, sizeof(*results));
     if (res == cfxSuccess) {
@@ -409,8 +409,7 @@ CFX_API cfxResult_t cfxCommSplit(cfxComm_t comm, int color, int key, cfxComm_t *
         refused = cfx_argcheck_config(config, fn);
     if (refused == cfxSuccess && color < 0 && color != CFX_SPLIT_NOCOLOR)
         refused = cfx_error_set(cfxInvalidArgument, CFX_LOG_INIT,
-                                "%s: color = %d; use a color >= 0 or CFX_SPLIT_NOCOLOR", fn,
-                                color);
+                                "%s: color = %d; use a color >= 0 or CFX_SPLIT_NOCOLOR", fn, color);
     int take_color = refused == cfxSuccess ? color : CFX_SPLIT_NOCOLOR;
     res = cfx_bootstrap_split(comm->bootstrap, take_color, key, &comm->abort_flag, &child_bs,
                               &child_rank, &child_nranks, &parent_ranks);

@@ -231,8 +231,9 @@ static void destroy_under_a_call(struct cfx_test_rank *ctx)
     pthread_join(first, NULL);
     __atomic_store_n(&destroyed_under_call, 1, __ATOMIC_RELEASE);
     RANK_ASSERT(ctx, entered, "the call never entered the communicator");
-    RANK_ASSERT(ctx, (res == cfxSuccess) + (other.res == cfxSuccess) == 1 &&
-                         (res == cfxInvalidArgument) + (other.res == cfxInvalidArgument) == 1,
+    RANK_ASSERT(ctx,
+                (res == cfxSuccess) + (other.res == cfxSuccess) == 1 &&
+                    (res == cfxInvalidArgument) + (other.res == cfxInvalidArgument) == 1,
                 "the two destroys returned %s and %s", cfxGetErrorString(res),
                 cfxGetErrorString(other.res));
     RANK_ASSERT(ctx, job.res != cfxSuccess, "the call under destroy succeeded");
