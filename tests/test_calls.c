@@ -1,12 +1,17 @@
 /*
  * The collective entry points' promises that a single process can show:
- * argument checks with sentences, group rules, and one thread driving every
- * communicator of cfxCommInitAll through a group.
+ * argument checks with sentences, group rules, one thread driving every
+ * communicator of cfxCommInitAll through a group, one call at a time per
+ * communicator, and what destroy does to handles, calls and groups.
  */
 #include <criterion/criterion.h>
+#include <pthread.h>
+#include <sched.h>
 #include <stdint.h>
 #include <string.h>
+#include <time.h>
 
+#include "src/core/comm.h"
 #include "tests/harness.h"
 
 #define ASSERT_SENTENCE(comm, word)                                                        \
@@ -173,4 +178,188 @@ Test(groups, one_thread_drives_every_rank_of_init_all_in_nested_groups, .timeout
         }
     for (int r = 0; r < N; r++)
         cr_assert_eq(cfxCommDestroy(comms[r]), cfxSuccess);
+}
+
+/* ------------------------------------------- one call at a time, destroy */
+
+/* A call of rank 0 of a two-rank cfxCommInitAll, run in its own thread: it
+ * blocks until rank 1 joins. */
+struct blocked_call {
+    pthread_t thread;
+    cfxComm_t comm;
+    float data[4096];
+    cfxResult_t res;
+};
+
+static void *blocked_allreduce(void *arg)
+{
+    struct blocked_call *call = arg;
+    call->res = cfxAllReduce(call->data, call->data, 4096, cfxFloat32, cfxSum, call->comm, NULL);
+    return NULL;
+}
+
+/* Start @p call on @p comm and return once it is inside the communicator
+ * (it holds it), or fail the test after 10 s. */
+static void start_blocked_call(struct blocked_call *call, cfxComm_t comm)
+{
+    call->comm = comm;
+    for (int i = 0; i < 4096; i++)
+        call->data[i] = 1000.0f + (float)i;
+    cr_assert_eq(pthread_create(&call->thread, NULL, blocked_allreduce, call), 0);
+    struct timespec start, now;
+    clock_gettime(CLOCK_MONOTONIC, &start);
+    while (__atomic_load_n(&comm->active_calls, __ATOMIC_ACQUIRE) == 0) {
+        clock_gettime(CLOCK_MONOTONIC, &now);
+        cr_assert(now.tv_sec - start.tv_sec < 10, "the first call never entered the communicator");
+        sched_yield();
+    }
+}
+
+Test(calls, a_second_call_on_a_communicator_in_use_is_invalid_usage, .timeout = 60)
+{
+    cfx_test_setenv("CFX_TIMEOUT", "20");
+    cfxComm_t comms[2];
+    cr_assert_eq(cfxCommInitAll(comms, 2, NULL), cfxSuccess, "%s", cfxGetLastError(NULL));
+    /* This thread queues an operation on rank 0 in a group ... */
+    float mine[4096] = {0};
+    cr_assert_eq(cfxGroupStart(), cfxSuccess);
+    cr_assert_eq(cfxAllReduce(mine, mine, 4096, cfxFloat32, cfxSum, comms[0], NULL), cfxSuccess);
+    /* ... then another thread enters a call on rank 0 and waits for rank 1. */
+    static struct blocked_call first;
+    start_blocked_call(&first, comms[0]);
+    cr_assert_eq(cfxGroupEnd(), cfxInvalidUsage, "a group ran on a communicator in use");
+    ASSERT_SENTENCE(NULL, "one call at a time");
+    /* Every call on rank 0 is refused at once while the first one runs. */
+    cr_assert_eq(cfxAllReduce(mine, mine, 4096, cfxFloat32, cfxSum, comms[0], NULL),
+                 cfxInvalidUsage);
+    ASSERT_SENTENCE(NULL, "one call at a time");
+    cr_assert_eq(cfxBroadcast(mine, mine, 1, cfxFloat32, 0, comms[0], NULL), cfxInvalidUsage);
+    cr_assert_eq(cfxCommFinalize(comms[0]), cfxInvalidUsage);
+    cfxComm_t child = NULL;
+    cr_assert_eq(cfxCommSplit(comms[0], 0, 0, &child, NULL), cfxInvalidUsage);
+    cr_assert_null(child);
+    cr_assert_eq(cfxGroupStart(), cfxSuccess);
+    cr_assert_eq(cfxSend(mine, 1, cfxFloat32, 1, comms[0], NULL), cfxInvalidUsage);
+    cr_assert_eq(cfxGroupEnd(), cfxInvalidUsage);
+    ASSERT_SENTENCE(NULL, "none ran");
+    /* Rank 1 joins: the first call completes with the right sums. */
+    float other[4096];
+    for (int i = 0; i < 4096; i++)
+        other[i] = 2000.0f;
+    cr_assert_eq(cfxAllReduce(other, other, 4096, cfxFloat32, cfxSum, comms[1], NULL), cfxSuccess,
+                 "%s", cfxGetLastError(comms[1]));
+    pthread_join(first.thread, NULL);
+    cr_assert_eq(first.res, cfxSuccess, "%s", cfxGetLastError(comms[0]));
+    for (int i = 0; i < 4096; i++) {
+        cr_assert_eq(first.data[i], 3000.0f + (float)i, "rank 0 element %d", i);
+        cr_assert_eq(other[i], 3000.0f + (float)i, "rank 1 element %d", i);
+    }
+    /* The communicator is free again. */
+    for (int i = 0; i < 4096; i++)
+        mine[i] = 1.0f;
+    cr_assert_eq(cfxGroupStart(), cfxSuccess);
+    cr_assert_eq(cfxAllReduce(mine, mine, 4096, cfxFloat32, cfxSum, comms[0], NULL), cfxSuccess);
+    cr_assert_eq(cfxAllReduce(other, other, 4096, cfxFloat32, cfxSum, comms[1], NULL), cfxSuccess);
+    cr_assert_eq(cfxGroupEnd(), cfxSuccess, "%s", cfxGetLastError(NULL));
+    cr_assert_eq(mine[7], 1.0f + 3007.0f);
+    cr_assert_eq(cfxCommDestroy(comms[0]), cfxSuccess);
+    cr_assert_eq(cfxCommDestroy(comms[1]), cfxSuccess);
+}
+
+struct destroy_job {
+    cfxComm_t comm;
+    cfxResult_t res;
+};
+
+static void *destroy_job_run(void *arg)
+{
+    struct destroy_job *job = arg;
+    job->res = cfxCommDestroy(job->comm);
+    return NULL;
+}
+
+Test(calls, destroy_from_another_thread_fails_the_blocked_call_and_waits_for_it, .timeout = 60)
+{
+    cfx_test_setenv("CFX_TIMEOUT", "20");
+    cfxComm_t comms[2];
+    cr_assert_eq(cfxCommInitAll(comms, 2, NULL), cfxSuccess, "%s", cfxGetLastError(NULL));
+    static struct blocked_call first;
+    start_blocked_call(&first, comms[0]);
+    /* Two threads destroy it at once: one does, the other is refused. */
+    struct destroy_job second = {.comm = comms[0]};
+    pthread_t thread;
+    cr_assert_eq(pthread_create(&thread, NULL, destroy_job_run, &second), 0);
+    cfxResult_t mine = cfxCommDestroy(comms[0]);
+    pthread_join(thread, NULL);
+    cr_assert((mine == cfxSuccess && second.res == cfxInvalidArgument) ||
+                  (mine == cfxInvalidArgument && second.res == cfxSuccess),
+              "two destroys returned %s and %s", cfxGetErrorString(mine),
+              cfxGetErrorString(second.res));
+    /* Destroy returned: the call has left the communicator, with an error. */
+    pthread_join(first.thread, NULL);
+    cr_assert_eq(first.res, cfxRemoteError, "a call cut short by destroy returned %s",
+                 cfxGetErrorString(first.res));
+    float x = 0;
+    cr_assert_eq(cfxAllReduce(&x, &x, 1, cfxFloat32, cfxSum, comms[0], NULL), cfxInvalidArgument);
+    ASSERT_SENTENCE(NULL, "not a live communicator");
+    cr_assert_eq(cfxCommDestroy(comms[1]), cfxSuccess);
+}
+
+Test(calls, a_second_destroy_of_a_handle_is_an_invalid_argument)
+{
+    cfxComm_t comm = solo();
+    cr_assert_eq(cfxCommDestroy(comm), cfxSuccess);
+    cr_assert_eq(cfxCommDestroy(comm), cfxInvalidArgument);
+    ASSERT_SENTENCE(NULL, "cfxCommDestroy: comm is not a live communicator");
+    cr_assert_eq(cfxCommAbort(comm), cfxInvalidArgument);
+    int count;
+    cr_assert_eq(cfxCommCount(comm, &count), cfxInvalidArgument);
+}
+
+/* A one-rank communicator from cfxCommInitRank: fewer allocations between a
+ * destroy and the next create than cfxCommInitAll, as in a program that
+ * rebuilds its communicators. */
+static cfxComm_t solo_rank(void)
+{
+    cfxUniqueId id;
+    cfxComm_t comm = NULL;
+    cr_assert_eq(cfxGetUniqueId(&id), cfxSuccess);
+    cr_assert_eq(cfxCommInitRank(&comm, 1, id, 0), cfxSuccess, "%s", cfxGetLastError(NULL));
+    return comm;
+}
+
+Test(calls, a_stale_handle_never_reaches_a_newer_communicator)
+{
+    enum { N = 8 };
+    cfxComm_t old = solo_rank(), fresh[N];
+    cr_assert_eq(cfxCommDestroy(old), cfxSuccess);
+    for (int i = 0; i < N; i++) {
+        fresh[i] = solo_rank();
+        cr_assert_eq(cfxCommDestroy(old), cfxInvalidArgument,
+                     "the stale handle destroyed something (new communicator %d)", i);
+        float x = 2;
+        cr_assert_eq(cfxAllReduce(&x, &x, 1, cfxFloat32, cfxSum, old, NULL), cfxInvalidArgument);
+        cr_assert_eq(cfxAllReduce(&x, &x, 1, cfxFloat32, cfxSum, fresh[i], NULL), cfxSuccess, "%s",
+                     cfxGetLastError(fresh[i]));
+        if (i % 2 == 0)
+            cr_assert_eq(cfxCommDestroy(fresh[i]), cfxSuccess);
+    }
+    for (int i = 1; i < N; i += 2)
+        cr_assert_eq(cfxCommDestroy(fresh[i]), cfxSuccess);
+}
+
+Test(groups, destroying_a_communicator_with_a_queued_operation_fails_the_group)
+{
+    cfxComm_t gone = solo(), kept = solo();
+    float x = 3, y = 0, u = 4, v = 0;
+    cr_assert_eq(cfxGroupStart(), cfxSuccess);
+    cr_assert_eq(cfxAllReduce(&x, &y, 1, cfxFloat32, cfxSum, gone, NULL), cfxSuccess);
+    cr_assert_eq(cfxAllReduce(&u, &v, 1, cfxFloat32, cfxSum, kept, NULL), cfxSuccess);
+    cr_assert_eq(cfxCommDestroy(gone), cfxSuccess);
+    cr_assert_eq(cfxGroupEnd(), cfxInvalidArgument);
+    ASSERT_SENTENCE(NULL, "destroyed");
+    cr_assert_eq(y, 0.0f, "an operation of a destroyed communicator ran");
+    /* The operations of live communicators ran, so their peers are not left waiting. */
+    cr_assert_eq(v, 4.0f);
+    cr_assert_eq(cfxCommDestroy(kept), cfxSuccess);
 }

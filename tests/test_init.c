@@ -178,6 +178,41 @@ Test(split, config_is_checked_and_used, .timeout = 60)
     CFX_TEST_RUN(&opts, split_with_config);
 }
 
+/* Rank 1 passes a bad color: every rank fails at once, naming it, and the
+ * parent stays usable by all (a second split, an allreduce, finalize). */
+static void split_with_one_bad_color(struct cfx_test_rank *ctx)
+{
+    cfxComm_t comm, child = NULL;
+    RANK_CFX(ctx, cfxCommInitRank(&comm, ctx->nranks, ctx->id, ctx->rank));
+    cfx_test_step(ctx, "the split where rank 1 passes color -5");
+    cfxResult_t res = cfxCommSplit(comm, ctx->rank == 1 ? -5 : 0, 0, &child, NULL);
+    RANK_ASSERT(ctx, res == cfxInvalidArgument, "split returned %s: %s", cfxGetErrorString(res),
+                cfxGetLastError(comm));
+    RANK_ASSERT(ctx, child == NULL, "a failed split left a communicator");
+    const char *expect = ctx->rank == 1 ? "color = -5" : "rank 1";
+    RANK_ASSERT(ctx, strstr(cfxGetLastError(comm), expect) != NULL,
+                "the sentence does not mention \"%s\": %s", expect, cfxGetLastError(comm));
+    cfxResult_t async = cfxInternalError;
+    RANK_CFX(ctx, cfxCommGetAsyncError(comm, &async));
+    RANK_ASSERT(ctx, async == cfxSuccess, "the parent is broken (%d) after a refused split", async);
+    RANK_CFX(ctx, cfxCommSplit(comm, ctx->rank % 2, 0, &child, NULL));
+    int32_t value = ctx->rank, sum = 0;
+    RANK_CFX(ctx, cfxAllReduce(&value, &sum, 1, cfxInt32, cfxSum, comm, NULL));
+    RANK_ASSERT(ctx, sum == ctx->nranks * (ctx->nranks - 1) / 2, "sum %d", sum);
+    RANK_CFX(ctx, cfxCommFinalize(child));
+    RANK_CFX(ctx, cfxCommDestroy(child));
+    RANK_CFX(ctx, cfxCommFinalize(comm));
+    RANK_CFX(ctx, cfxCommDestroy(comm));
+}
+
+Test(split, a_bad_color_on_one_rank_fails_the_split_on_every_rank_and_keeps_the_parent,
+     .timeout = 60)
+{
+    cfx_test_setenv("CFX_BOOTSTRAP_TIMEOUT", "5");
+    struct cfx_test_options opts = {.nranks = 3, .mode = CFX_TEST_PROCS, .deadline_s = 40};
+    CFX_TEST_RUN(&opts, split_with_one_bad_color);
+}
+
 /* ------------------------------------------------------------ abort */
 
 static void init_then_abort(struct cfx_test_rank *ctx)

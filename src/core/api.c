@@ -12,18 +12,32 @@
 void cfx_core_api_enter(cfxComm_t comm)
 {
     cfx_error_thread_clear();
-    if (comm != NULL && comm->magic == CFX_COMM_MAGIC)
+    if (comm != NULL && cfx_core_comm_live(comm))
         cfx_log_set_rank(comm->rank);
 }
 
 cfxResult_t cfx_core_api_exit(cfxComm_t comm, cfxResult_t res)
 {
-    if (res != cfxSuccess && comm != NULL && comm->magic == CFX_COMM_MAGIC) {
+    if (res != cfxSuccess && comm != NULL && cfx_core_comm_live(comm)) {
         const char *sentence = cfx_error_thread_last();
         snprintf(comm->last_error, sizeof(comm->last_error), "%s",
                  sentence[0] ? sentence : cfxGetErrorString(res));
     }
     return res;
+}
+
+cfxResult_t cfx_core_claim_refused(struct cfxComm *comm, int state, const char *fn)
+{
+    if (state == CFX_COMM_CLOSED)
+        return cfx_error_set(cfxInvalidArgument, CFX_LOG_INIT,
+                             "%s: comm is not a live communicator (destroyed, or being destroyed "
+                             "by another thread)",
+                             fn);
+    return cfx_error_set(cfxInvalidUsage, CFX_LOG_INIT,
+                         "%s: another thread is in a call on comm %p (rank %d); one call at a "
+                         "time per communicator: serialize the threads, or give each its own "
+                         "communicator (cfxCommSplit)",
+                         fn, (void *)comm, comm->rank);
 }
 
 void cfx_core_print_version(void)
@@ -120,7 +134,7 @@ CFX_API const char *cfxGetLastError(cfxComm_t comm)
 {
     if (comm == NULL)
         return cfx_error_process_last();
-    if (comm->magic != CFX_COMM_MAGIC)
+    if (!cfx_core_comm_live(comm))
         return "cfxGetLastError: comm is not a live communicator";
     return comm->last_error;
 }

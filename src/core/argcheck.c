@@ -20,7 +20,7 @@ cfxResult_t cfx_argcheck_comm(const struct cfxComm *comm, const char *fn)
 {
     if (comm == NULL)
         return cfx_error_set(cfxInvalidArgument, CFX_LOG_INIT, "%s: comm is NULL", fn);
-    if (comm->magic != CFX_COMM_MAGIC)
+    if (!cfx_core_comm_live(comm))
         return cfx_error_set(cfxInvalidArgument, CFX_LOG_INIT,
                              "%s: comm is not a live communicator (destroyed, or never created)",
                              fn);

@@ -48,7 +48,7 @@ struct cfx_flight_entry {
 };
 
 struct cfxComm {
-    uint64_t magic; /* CFX_COMM_MAGIC while alive. */
+    uint64_t magic; /* CFX_COMM_MAGIC while alive (atomic: cfx_core_comm_live). */
     int rank;
     int nranks;
     int cuda_dev;
@@ -86,7 +86,10 @@ struct cfxComm {
     uint64_t flight_mask;
     struct cfx_time_ticks_origin flight_origin; /* Converts the entries' ticks. */
     uint64_t flight_count; /* Entries ever recorded. */
-    int active_calls;      /* Calls using the comm now (cfxCommAbort waits for them). */
+    /* Who uses the communicator (CFX_COMM_IDLE, _IN_CALL, _CLOSED): one call
+     * at a time holds it (cfx_core_claim); destroy and abort close it. */
+    int active_calls;
+    int closing; /* Set once by the first cfxCommDestroy or cfxCommAbort. */
     /* Algorithm choice (algo.c): the plan, and this rank's links in its two trees. */
     struct cfx_plan *plan;
     /* The last choice of each collective the plan chooses for (allreduce,
@@ -101,6 +104,7 @@ struct cfxComm {
     struct cfx_direct_links direct;
     int direct_complete; /* Every connector of direct is built. */
     struct cfxComm *registry_next;
+    struct cfxComm *quarantine_next; /* handle.c: destroyed headers, oldest first. */
     char name[64];
     char last_error[CFX_ERROR_MAX];
 };
@@ -187,15 +191,46 @@ void cfx_core_flight_dump(struct cfxComm *comm, const char *why);
 void cfx_core_registry_add(struct cfxComm *comm);
 void cfx_core_registry_remove(struct cfxComm *comm);
 
-/* A call holds the communicator while it runs (cfxCommAbort waits). */
-static inline void cfx_core_hold(struct cfxComm *comm)
+/* States of cfxComm.active_calls. */
+#define CFX_COMM_IDLE 0
+#define CFX_COMM_IN_CALL 1
+#define CFX_COMM_CLOSED 2 /* Being destroyed, or destroyed: never leaves this state. */
+
+/* Whether @p comm (not NULL, and a header from cfx_core_handle_alloc or
+ * garbage the caller passed) is a live communicator. */
+static inline int cfx_core_comm_live(const struct cfxComm *comm)
 {
-    __atomic_add_fetch(&comm->active_calls, 1, __ATOMIC_ACQ_REL);
+    return __atomic_load_n(&comm->magic, __ATOMIC_ACQUIRE) == CFX_COMM_MAGIC;
+}
+
+/* The refusal of a claim that found @p state: cfxInvalidUsage naming the
+ * rule (another call holds it) or cfxInvalidArgument (destroyed). */
+cfxResult_t cfx_core_claim_refused(struct cfxComm *comm, int state, const char *fn);
+
+/* One call at a time per communicator: a call (a collective, its queueing in
+ * a group, the launch of a group, split, finalize) claims a live
+ * communicator before it touches its state and releases it when done; a
+ * second claim meanwhile is refused with a sentence. One compare-and-swap,
+ * nothing more on the per-call path. Destroy and abort wait for the holder
+ * (after making its waits fail) and close the communicator for good. */
+static inline cfxResult_t cfx_core_claim(struct cfxComm *comm, const char *fn)
+{
+    int state = CFX_COMM_IDLE;
+    if (__atomic_compare_exchange_n(&comm->active_calls, &state, CFX_COMM_IN_CALL, 0,
+                                    __ATOMIC_ACQUIRE, __ATOMIC_RELAXED))
+        return cfxSuccess;
+    return cfx_core_claim_refused(comm, state, fn);
 }
 static inline void cfx_core_release(struct cfxComm *comm)
 {
-    __atomic_sub_fetch(&comm->active_calls, 1, __ATOMIC_ACQ_REL);
+    __atomic_store_n(&comm->active_calls, CFX_COMM_IDLE, __ATOMIC_RELEASE);
 }
+
+/* Headers of communicators (handle.c): alloc returns a zeroed header (NULL:
+ * out of memory); retire marks it dead and closed and keeps it readable for
+ * stale handles instead of freeing it. */
+struct cfxComm *cfx_core_handle_alloc(void);
+void cfx_core_handle_retire(struct cfxComm *comm);
 
 /* Print the version line at CFX_DEBUG=VERSION or above (once per process). */
 void cfx_core_print_version(void);

@@ -13,8 +13,10 @@
 #include "src/util/check.h"
 #include "src/util/log.h"
 
-/* Whether this thread's current call holds its communicator. */
+/* Whether this thread's current call holds its communicator, or was refused
+ * it because another thread does. */
 static _Thread_local int cfx_core_held_by_me;
+static _Thread_local int cfx_core_claim_lost;
 
 /* NCCL's in-place rules allow exact aliasing only: refuse partial overlap. */
 static cfxResult_t check_overlap(const void *send, size_t send_bytes, const void *recv,
@@ -46,7 +48,9 @@ static void op_start(struct cfx_op *op, enum cfx_coll_kind kind, const void *sen
     op->root = root;
 }
 
-/* The fingerprints of an operation: what it stamps, what it expects. */
+/* The fingerprints of an operation: what it stamps, what it expects. Its
+ * sequence number comes at launch (cfx_core_launch), so that an operation
+ * of a group that never runs does not take one. */
 static void fingerprint(struct cfxComm *comm, struct cfx_op *op)
 {
     int rooted = op->kind == CFX_COLL_BROADCAST || op->kind == CFX_COLL_REDUCE;
@@ -63,10 +67,6 @@ static void fingerprint(struct cfxComm *comm, struct cfx_op *op)
          * expects the matching send. */
         print.root = -1;
         print.kind = CFX_COLL_SEND;
-        print.seq = op->kind == CFX_COLL_SEND ? comm->p2p_send_seq[op->root]++
-                                              : comm->p2p_recv_seq[op->root]++;
-    } else {
-        print.seq = comm->coll_seq++;
     }
     op->print = print;
     op->expect = print;
@@ -87,7 +87,6 @@ static cfxResult_t submit(struct cfxComm *comm, struct cfx_op *op)
                              "%s: the communicator is broken by an earlier error (%s); destroy it",
                              cfx_coll_name(op->kind), cfxGetErrorString(comm->async_error));
     fingerprint(comm, op);
-    op->record = cfx_core_flight_record(comm, &op->print);
     struct cfx_op halves[2];
     int n_ops = 1;
     struct cfx_op *ops = op;
@@ -124,13 +123,16 @@ static cfxResult_t submit(struct cfxComm *comm, struct cfx_op *op)
 
 /* Shared end of every entry point; on failure inside a group the group fails
  * too. A call holds its communicator (check_common) until it has written the
- * error sentence, so cfxCommAbort in another thread waits for it. */
+ * error sentence, so cfxCommDestroy or cfxCommAbort in another thread waits
+ * for it. A call refused because another thread holds the communicator
+ * leaves the holder's sentence alone (cfxGetLastError(NULL) has its own). */
 static cfxResult_t finish(struct cfxComm *comm, cfxResult_t res)
 {
     if (res != cfxSuccess && cfx_core_group_active())
         cfx_core_group_fail(res);
-    int held = comm != NULL && comm->magic == CFX_COMM_MAGIC && cfx_core_held_by_me;
-    res = cfx_core_api_exit(comm, res);
+    int held = cfx_core_held_by_me;
+    res = cfx_core_api_exit(cfx_core_claim_lost ? NULL : comm, res);
+    cfx_core_claim_lost = 0;
     if (held) {
         cfx_core_held_by_me = 0;
         cfx_core_release(comm);
@@ -142,7 +144,11 @@ static cfxResult_t check_common(struct cfxComm *comm, cfxDataType_t type, cfxStr
                                 const void *a, const void *b, const char *fn)
 {
     CFX_CHECK(cfx_argcheck_comm_usable(comm, fn));
-    cfx_core_hold(comm);
+    cfxResult_t res = cfx_core_claim(comm, fn);
+    if (res != cfxSuccess) {
+        cfx_core_claim_lost = 1;
+        return res;
+    }
     cfx_core_held_by_me = 1;
     CFX_CHECK(cfx_argcheck_type(type, fn));
     return cfx_host_stream_prepare(stream, a, b, fn);

@@ -6,6 +6,7 @@
  * and the host executor runs the operations together. The array is freed
  * when its thread exits (a pthread key's destructor).
  */
+#include <assert.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -163,20 +164,60 @@ static cfxResult_t connect_missing(struct cfx_op *ops, int n_ops)
     return res;
 }
 
-/* Hold (or release) every communicator of the batch once. */
-static void hold_all(struct cfx_op *ops, int n_ops, int hold)
+/* Whether ops[i] is the first operation of its communicator in the batch. */
+static int first_of_comm(const struct cfx_op *ops, int i)
 {
+    for (int j = 0; j < i; j++)
+        if (ops[j].owner == ops[i].owner)
+            return 0;
+    return 1;
+}
+
+static void release_all(struct cfx_op *ops, int n_ops)
+{
+    for (int i = 0; i < n_ops; i++)
+        if (first_of_comm(ops, i))
+            cfx_core_release(ops[i].owner);
+}
+
+/* Claim every communicator of the group once (one call at a time per
+ * communicator). The operations of a communicator destroyed since they were
+ * queued are dropped (their header is still readable, see handle.c) and
+ * *dropped_p counts them; the rest keep their order, *n_ops_p of them. A
+ * communicator another thread is using fails the whole group: nothing is
+ * claimed on return, and *n_ops_p is 0. */
+static cfxResult_t claim_all(struct cfx_op *ops, int *n_ops_p, int *dropped_p)
+{
+    int n_ops = *n_ops_p, kept = 0;
+    struct cfxComm *gone = NULL;
     for (int i = 0; i < n_ops; i++) {
-        int first = 1;
-        for (int j = 0; j < i && first; j++)
-            first = ops[j].owner != ops[i].owner;
-        if (first) {
-            if (hold)
-                cfx_core_hold(ops[i].owner);
-            else
-                cfx_core_release(ops[i].owner);
+        struct cfxComm *comm = ops[i].owner;
+        int first = first_of_comm(ops, i);
+        if (!first) {
+            /* Claimed with its first operation, or dropped with it. */
+            if (comm != gone && cfx_core_comm_live(comm))
+                ops[kept++] = ops[i];
+            continue;
         }
+        cfxResult_t res = cfx_core_claim(comm, "cfxGroupEnd");
+        if (res == cfxSuccess && !cfx_core_comm_live(comm)) {
+            cfx_core_release(comm);
+            res = cfxInvalidArgument;
+        }
+        if (res == cfxInvalidArgument) {
+            gone = comm;
+            continue;
+        }
+        if (res != cfxSuccess) {
+            release_all(ops, kept);
+            *n_ops_p = 0; /* Their sentences belong to the thread that holds them. */
+            return res;
+        }
+        ops[kept++] = ops[i];
     }
+    *dropped_p = n_ops - kept;
+    *n_ops_p = kept;
+    return cfxSuccess;
 }
 
 /* After a failure: every communicator of the batch is broken, its peers are
@@ -210,8 +251,37 @@ static void break_comms(struct cfx_op *ops, int n_ops, cfxResult_t res)
     }
 }
 
+/* Number the operations (the collectives of a communicator; the messages
+ * between two ranks, per direction) and enter them in the flight recorder,
+ * at launch: an operation of a group that never ran took no number, so its
+ * communicator stays in step with its peers. The second half of a tree
+ * operation (on trees[1], queued right after its first half) shares the
+ * first half's number and entry. */
+static void stamp(struct cfx_op *ops, int n_ops)
+{
+    for (int i = 0; i < n_ops; i++) {
+        struct cfx_op *op = &ops[i];
+        struct cfxComm *comm = op->owner;
+        if (op->tree == &comm->trees[1]) {
+            assert(i > 0 && ops[i - 1].owner == comm && ops[i - 1].tree == &comm->trees[0]);
+            op->print.seq = ops[i - 1].print.seq;
+            op->record = ops[i - 1].record;
+        } else if (op->kind == CFX_COLL_SEND) {
+            op->print.seq = comm->p2p_send_seq[op->root]++;
+        } else if (op->kind == CFX_COLL_RECV) {
+            op->print.seq = comm->p2p_recv_seq[op->root]++;
+        } else {
+            op->print.seq = comm->coll_seq++;
+        }
+        op->expect.seq = op->print.seq;
+        if (op->tree != &comm->trees[1])
+            op->record = cfx_core_flight_record(comm, &op->print);
+    }
+}
+
 cfxResult_t cfx_core_launch(struct cfx_op *ops, int n_ops)
 {
+    stamp(ops, n_ops);
     cfxResult_t res = connect_missing(ops, n_ops);
     if (res != cfxSuccess)
         return res;
@@ -274,9 +344,18 @@ CFX_API cfxResult_t cfxGroupEnd(void)
                             "cfxGroupEnd: a call in the group failed, so none ran: %s",
                             group_error_text);
     } else if (n_ops > 0) {
-        hold_all(group_ops, n_ops, 1);
-        res = cfx_core_launch(group_ops, n_ops);
-        hold_all(group_ops, n_ops, 0);
+        int dropped = 0;
+        res = claim_all(group_ops, &n_ops, &dropped);
+        if (res == cfxSuccess && n_ops > 0) {
+            res = cfx_core_launch(group_ops, n_ops);
+            release_all(group_ops, n_ops);
+        }
+        if (res == cfxSuccess && dropped > 0)
+            res = cfx_error_set(cfxInvalidArgument, CFX_LOG_COLL,
+                                "cfxGroupEnd: %d operation(s) of the group were on a communicator "
+                                "destroyed while the group was open; they were dropped, the "
+                                "others ran",
+                                dropped);
     }
     if (res != cfxSuccess)
         for (int i = 0; i < n_ops; i++)

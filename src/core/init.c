@@ -49,6 +49,8 @@ static void print_version_once(void)
     pthread_once(&once, cfx_core_print_version);
 }
 
+/* Free what @p comm holds; its header stays, dead (handle.c). The caller
+ * has closed it (no call can hold it), or never handed it out. */
 static void comm_free(struct cfxComm *comm)
 {
     if (comm == NULL)
@@ -61,14 +63,13 @@ static void comm_free(struct cfxComm *comm)
     free(comm->p2p_send_seq);
     free(comm->p2p_recv_seq);
     free(comm->peers);
-    comm->magic = CFX_COMM_DEAD;
-    free(comm);
+    cfx_core_handle_retire(comm);
 }
 
 static cfxResult_t comm_alloc(int rank, int nranks, const cfxConfig_t *config,
                               struct cfxComm **comm_p)
 {
-    struct cfxComm *comm = calloc(1, sizeof(*comm));
+    struct cfxComm *comm = cfx_core_handle_alloc();
     if (comm == NULL)
         return cfx_error_set(cfxSystemError, CFX_LOG_INIT, "out of memory for a communicator");
     comm->rank = rank;
@@ -209,7 +210,7 @@ static cfxResult_t comm_setup(struct cfxComm *comm)
         int n_cpus = sched_getaffinity(0, sizeof(cpus), &cpus) == 0 ? CPU_COUNT(&cpus) : 1;
         comm->spin_limit = comm->local_nranks > n_cpus ? 20 : 2000;
     }
-    comm->magic = CFX_COMM_MAGIC;
+    __atomic_store_n(&comm->magic, CFX_COMM_MAGIC, __ATOMIC_RELEASE);
     cfx_core_registry_add(comm);
     CFX_INFO(CFX_LOG_INIT,
              "comm %p%s%s rank %d nranks %d cudaDev %d localRank %d localRanks %d - Init COMPLETE",
@@ -330,6 +331,70 @@ out:
 
 /* -------------------------------------------------------------- split */
 
+/* After the split's exchange, every rank tells the others how it ended
+ * (@p mine: its result), over the parent, so that a split that failed on
+ * one rank fails on all. On success (everyone succeeded) returns
+ * cfxSuccess; when this rank failed, its own result (its sentence stays);
+ * when another failed, that rank's result with a sentence naming it. The
+ * exchange keeps the parent in step either way; *exchanged_p says whether
+ * it happened. */
+static cfxResult_t split_verdict(struct cfxComm *comm, cfxResult_t mine, int *exchanged_p)
+{
+    const char *fn = "cfxCommSplit";
+    *exchanged_p = 0;
+    int32_t *results = calloc((size_t)comm->nranks, sizeof(*results));
+    if (results == NULL)
+        return cfx_error_set(cfxSystemError, CFX_LOG_INIT, "%s: out of memory for %d results", fn,
+                             comm->nranks);
+    results[comm->rank] = (int32_t)mine;
+    cfxResult_t res = cfx_bootstrap_allgather(comm->bootstrap, results, sizeof(*results));
+    if (res == cfxSuccess) {
+        *exchanged_p = 1;
+        res = mine;
+        for (int r = 0; r < comm->nranks && res == cfxSuccess; r++) {
+            if (results[r] == cfxSuccess)
+                continue;
+            cfxResult_t theirs = results[r] > cfxSuccess && results[r] < cfxNumResults
+                                     ? (cfxResult_t)results[r]
+                                     : cfxInternalError;
+            if (theirs == cfxInvalidArgument)
+                res = cfx_error_set(theirs, CFX_LOG_INIT,
+                                    "%s: parent rank %d refused its arguments, so no rank split "
+                                    "(see that rank's cfxGetLastError); the parent communicator "
+                                    "is unchanged",
+                                    fn, r);
+            else
+                res = cfx_error_set(theirs, CFX_LOG_INIT,
+                                    "%s: parent rank %d could not build its part of the new "
+                                    "communicator (%s), so no rank keeps one; the parent "
+                                    "communicator is unchanged",
+                                    fn, r, cfxGetErrorString(theirs));
+        }
+    }
+    free(results);
+    return res;
+}
+
+/* A split that failed out of step (its exchange over the parent did not
+ * complete here): the parent's bootstrap may be out of step with the other
+ * ranks', which fail the same way, so the parent is broken on every rank. */
+static cfxResult_t split_break_parent(struct cfxComm *comm, cfxResult_t res)
+{
+    char cause[CFX_ERROR_MAX];
+    snprintf(cause, sizeof(cause), "%s", cfx_error_thread_last());
+    if (comm->async_error == cfxSuccess)
+        comm->async_error = res;
+    return cfx_error_set(res, CFX_LOG_INIT,
+                         "cfxCommSplit failed on this rank before every rank agreed (%s); the "
+                         "parent communicator is broken on every rank: destroy it",
+                         cause);
+}
+
+/* Every rank of the parent calls cfxCommSplit, and either every rank gets
+ * its new communicator (or NULL for CFX_SPLIT_NOCOLOR) or every rank fails:
+ * a rank whose arguments are refused still takes part (as NOCOLOR) and all
+ * learn it in the verdict, with the parent usable after; a failure while the
+ * ranks exchange over the parent breaks the parent on all of them. */
 CFX_API cfxResult_t cfxCommSplit(cfxComm_t comm, int color, int key, cfxComm_t *newcomm,
                                  cfxConfig_t *config)
 {
@@ -338,49 +403,62 @@ CFX_API cfxResult_t cfxCommSplit(cfxComm_t comm, int color, int key, cfxComm_t *
     cfxResult_t res;
     struct cfxComm *child = NULL;
     struct cfx_bootstrap *child_bs = NULL;
-    int child_rank = 0, child_nranks = 0;
+    int child_rank = 0, child_nranks = 0, exchanged = 0;
     int *parent_ranks = NULL;
     CFX_CHECK_GOTO(cfx_argcheck_comm_usable(comm, fn), res, out);
-    CFX_CHECK_GOTO(cfx_argcheck_ptr(newcomm, fn, "newcomm"), res, out);
-    CFX_CHECK_GOTO(cfx_argcheck_config(config, fn), res, out);
-    if (color < 0 && color != CFX_SPLIT_NOCOLOR) {
-        res = cfx_error_set(cfxInvalidArgument, CFX_LOG_INIT,
-                            "%s: color = %d; use a color >= 0 or CFX_SPLIT_NOCOLOR", fn, color);
-        goto out;
-    }
-    cfx_core_hold(comm);
-    res = cfx_bootstrap_split(comm->bootstrap, color, key, &comm->abort_flag, &child_bs,
-                              &child_rank, &child_nranks, &parent_ranks);
-    cfx_core_release(comm);
+    res = cfx_core_claim(comm, fn);
     if (res != cfxSuccess)
-        goto out;
+        return cfx_core_api_exit(NULL, res); /* The holder's sentence stays. */
+    cfxResult_t refused = cfx_argcheck_ptr(newcomm, fn, "newcomm");
+    if (refused == cfxSuccess)
+        refused = cfx_argcheck_config(config, fn);
+    if (refused == cfxSuccess && color < 0 && color != CFX_SPLIT_NOCOLOR)
+        refused = cfx_error_set(cfxInvalidArgument, CFX_LOG_INIT,
+                                "%s: color = %d; use a color >= 0 or CFX_SPLIT_NOCOLOR", fn, color);
+    int take_color = refused == cfxSuccess ? color : CFX_SPLIT_NOCOLOR;
+    res = cfx_bootstrap_split(comm->bootstrap, take_color, key, &comm->abort_flag, &child_bs,
+                              &child_rank, &child_nranks, &parent_ranks);
+    if (res != cfxSuccess) {
+        res = split_break_parent(comm, res);
+        goto release;
+    }
     comm->split_count++;
-    if (color == CFX_SPLIT_NOCOLOR) {
-        *newcomm = NULL;
-        goto out;
+    res = refused;
+    if (res == cfxSuccess && take_color != CFX_SPLIT_NOCOLOR) {
+        CFX_CHECK_GOTO(comm_alloc(child_rank, child_nranks, config, &child), res, verdict);
+        if (config == NULL) {
+            child->blocking = comm->blocking;
+            memcpy(child->name, comm->name, sizeof(child->name));
+        }
+        child->bootstrap = child_bs;
+        child_bs = NULL;
+        cfx_log_set_rank(child_rank);
+        res = comm_setup(child);
+        cfx_log_set_rank(comm->rank);
     }
-    CFX_CHECK_GOTO(comm_alloc(child_rank, child_nranks, config, &child), res, err_bs);
-    if (config == NULL) {
-        child->blocking = comm->blocking;
-        memcpy(child->name, comm->name, sizeof(child->name));
-    }
-    child->bootstrap = child_bs;
-    child_bs = NULL;
-    cfx_log_set_rank(child_rank);
-    res = comm_setup(child);
-    cfx_log_set_rank(comm->rank);
+verdict:
+    res = split_verdict(comm, res, &exchanged);
+    if (!exchanged)
+        res = split_break_parent(comm, res);
     if (res != cfxSuccess)
         goto err_child;
+    if (take_color == CFX_SPLIT_NOCOLOR) {
+        *newcomm = NULL;
+        goto release;
+    }
     CFX_INFO(CFX_LOG_INIT, "split: parent rank %d color %d key %d -> rank %d of %d", comm->rank,
              color, key, child_rank, child_nranks);
     *newcomm = child;
-    goto out;
+    goto release;
 err_child:
     comm_free(child);
-err_bs:
     cfx_bootstrap_destroy(child_bs);
-out:
+release:
     free(parent_ranks);
+    res = cfx_core_api_exit(comm, res);
+    cfx_core_release(comm);
+    return res;
+out:
     return cfx_core_api_exit(comm, res);
 }
 
@@ -392,10 +470,12 @@ CFX_API cfxResult_t cfxCommFinalize(cfxComm_t comm)
     cfx_core_api_enter(comm);
     cfxResult_t res;
     CFX_CHECK_GOTO(cfx_argcheck_comm_usable(comm, fn), res, out);
+    res = cfx_core_claim(comm, fn);
+    if (res != cfxSuccess)
+        return cfx_core_api_exit(NULL, res); /* The holder's sentence stays. */
     /* Nothing is outstanding yet (every call completes before it returns);
      * the barrier makes sure no peer still needs us when we are destroyed. */
     comm->finalized = 1;
-    cfx_core_hold(comm);
     res = cfx_bootstrap_barrier(comm->bootstrap);
     if (res != cfxSuccess) {
         /* The barrier does not say which peer failed: the ranks agree on it. */
@@ -405,45 +485,71 @@ CFX_API cfxResult_t cfxCommFinalize(cfxComm_t comm)
         res = cfx_core_blame_explain(comm, res, fn, seen);
         comm->async_error = res;
     }
+    res = cfx_core_api_exit(comm, res);
     cfx_core_release(comm);
+    return res;
 out:
     return cfx_core_api_exit(comm, res);
+}
+
+/* Close @p comm for good and free it. A call another thread has in it is
+ * made to fail (as by cfxCommAbort: the abort flag, and the peers told) and
+ * waited for, up to 5 s; @p abort does that even when no call is in. Returns
+ * cfxInvalidArgument when another thread closes or closed it first; leaks
+ * it (with a warning) when the call does not leave in time. */
+static cfxResult_t comm_close(struct cfxComm *comm, int abort, const char *fn)
+{
+    const char *what = abort ? "Abort" : "Destroy";
+    /* One closer only: a second one (another thread, or a stale handle)
+     * must not poison or free what the first is freeing. */
+    if (__atomic_exchange_n(&comm->closing, 1, __ATOMIC_ACQ_REL))
+        return cfx_core_claim_refused(comm, CFX_COMM_CLOSED, fn);
+    int aborted = 0;
+    int64_t deadline = cfx_time_now_ns() + 5 * CFX_NS_PER_SEC;
+    for (;;) {
+        if (abort && !aborted) {
+            __atomic_store_n(&comm->abort_flag, 1, __ATOMIC_RELEASE);
+            cfx_core_poison_all(comm, cfxRemoteError, -1);
+            aborted = 1;
+        }
+        int state = CFX_COMM_IDLE;
+        if (__atomic_compare_exchange_n(&comm->active_calls, &state, CFX_COMM_CLOSED, 0,
+                                        __ATOMIC_ACQUIRE, __ATOMIC_RELAXED))
+            break;
+        if (state == CFX_COMM_CLOSED)
+            return cfx_core_claim_refused(comm, state, fn);
+        /* Another thread is in a call: make its waits fail, then wait for it
+         * to leave before freeing what it uses. */
+        abort = 1;
+        if (cfx_time_now_ns() >= deadline) {
+            CFX_WARN(CFX_LOG_INIT,
+                     "%s: a call on comm %p is still running after 5 s; leaking the "
+                     "communicator rather than freeing it under that call",
+                     fn, (void *)comm);
+            return cfxSuccess;
+        }
+        usleep(1000);
+    }
+    CFX_INFO(CFX_LOG_INIT, "comm %p rank %d nranks %d - %s COMPLETE", (void *)comm, comm->rank,
+             comm->nranks, what);
+    comm_free(comm);
+    return cfxSuccess;
 }
 
 CFX_API cfxResult_t cfxCommDestroy(cfxComm_t comm)
 {
     cfx_core_api_enter(comm);
     cfxResult_t res = cfx_argcheck_comm(comm, "cfxCommDestroy");
-    if (res != cfxSuccess)
-        return cfx_core_api_exit(NULL, res);
-    CFX_INFO(CFX_LOG_INIT, "comm %p rank %d nranks %d - Destroy COMPLETE", (void *)comm,
-             comm->rank, comm->nranks);
-    comm_free(comm);
-    return cfx_core_api_exit(NULL, cfxSuccess);
+    if (res == cfxSuccess)
+        res = comm_close(comm, 0, "cfxCommDestroy");
+    return cfx_core_api_exit(NULL, res);
 }
 
 CFX_API cfxResult_t cfxCommAbort(cfxComm_t comm)
 {
     cfx_core_api_enter(comm);
     cfxResult_t res = cfx_argcheck_comm(comm, "cfxCommAbort");
-    if (res != cfxSuccess)
-        return cfx_core_api_exit(NULL, res);
-    __atomic_store_n(&comm->abort_flag, 1, __ATOMIC_RELEASE);
-    cfx_core_poison_all(comm, cfxRemoteError, -1);
-    /* Calls in other threads see the flag within a few milliseconds; wait for
-     * them to leave before freeing what they use. */
-    int64_t deadline = cfx_time_now_ns() + 5 * CFX_NS_PER_SEC;
-    while (__atomic_load_n(&comm->active_calls, __ATOMIC_ACQUIRE) > 0 &&
-           cfx_time_now_ns() < deadline)
-        usleep(1000);
-    if (__atomic_load_n(&comm->active_calls, __ATOMIC_ACQUIRE) > 0) {
-        CFX_WARN(CFX_LOG_INIT, "cfxCommAbort: a call on comm %p is still running after 5 s; "
-                               "leaking the communicator rather than freeing it under that call",
-                 (void *)comm);
-        return cfx_core_api_exit(NULL, cfxSuccess);
-    }
-    CFX_INFO(CFX_LOG_INIT, "comm %p rank %d nranks %d - Abort COMPLETE", (void *)comm, comm->rank,
-             comm->nranks);
-    comm_free(comm);
-    return cfx_core_api_exit(NULL, cfxSuccess);
+    if (res == cfxSuccess)
+        res = comm_close(comm, 1, "cfxCommAbort");
+    return cfx_core_api_exit(NULL, res);
 }

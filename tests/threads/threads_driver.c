@@ -2,18 +2,21 @@
  * Ranks as threads of one process, without Criterion (which cannot start
  * under ThreadSanitizer): the scenarios where threads meet inside Conflux
  * (rank threads, the socket progress thread, the root thread, an aborting
- * thread, a failure spreading) for .ci/run's TSan stage. Also a plain ctest.
+ * thread, a failure spreading, two threads on one communicator, a destroy
+ * under a call) for .ci/run's TSan stage. Also a plain ctest.
  * Exits 0 when every scenario passed; prints the harness report otherwise.
  *
  *   threads_driver [SCENARIO...]      default: all
  */
 #include <pthread.h>
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
 
+#include "src/core/comm.h"
 #include "tests/harness.h"
 
 static double now_s(void)
@@ -113,6 +116,130 @@ static void broken_allreduce(struct cfx_test_rank *ctx)
     free(data);
 }
 
+/* Wait (yielding) until a call holds @p comm; 0 after 10 s without one. */
+static int wait_for_call_in(cfxComm_t comm)
+{
+    double start = now_s();
+    while (__atomic_load_n(&comm->active_calls, __ATOMIC_ACQUIRE) != CFX_COMM_IN_CALL) {
+        if (now_s() - start > 10)
+            return 0;
+        sched_yield();
+    }
+    return 1;
+}
+
+struct call_job {
+    cfxComm_t comm;
+    float data[4096];
+    cfxResult_t res;
+};
+
+static void *allreduce_job(void *arg)
+{
+    struct call_job *job = arg;
+    job->res = cfxAllReduce(job->data, job->data, 4096, cfxFloat32, cfxSum, job->comm, NULL);
+    return NULL;
+}
+
+/* Set by rank 0 once its second thread was refused; rank 1 waits for it
+ * before it joins the first thread's allreduce (ranks are threads here). */
+static int second_call_refused;
+
+/* Two threads of rank 0 on one communicator: the second is refused with
+ * cfxInvalidUsage while the first (waiting for rank 1) holds it, and the
+ * first gets the right sums. Then each rank alternates its two threads. */
+static void second_thread_refused(struct cfx_test_rank *ctx)
+{
+    cfxComm_t comm;
+    RANK_CFX(ctx, cfxCommInitRank(&comm, ctx->nranks, ctx->id, ctx->rank));
+    struct call_job job = {.comm = comm};
+    for (int i = 0; i < 4096; i++)
+        job.data[i] = (float)(1000 * (ctx->rank + 1) + i);
+    if (ctx->rank == 1) {
+        double start = now_s();
+        while (!__atomic_load_n(&second_call_refused, __ATOMIC_ACQUIRE)) {
+            RANK_ASSERT(ctx, now_s() - start < 20, "rank 0 never reported its refusal");
+            sched_yield();
+        }
+        allreduce_job(&job);
+    } else {
+        pthread_t first;
+        RANK_ASSERT(ctx, pthread_create(&first, NULL, allreduce_job, &job) == 0, "thread");
+        int entered = wait_for_call_in(comm);
+        float mine[4096] = {0};
+        cfxResult_t res = entered ? cfxAllReduce(mine, mine, 4096, cfxFloat32, cfxSum, comm, NULL)
+                                  : cfxInternalError;
+        __atomic_store_n(&second_call_refused, 1, __ATOMIC_RELEASE);
+        pthread_join(first, NULL);
+        RANK_ASSERT(ctx, entered, "the first call never entered the communicator");
+        RANK_ASSERT(ctx, res == cfxInvalidUsage, "the second thread's call returned %s",
+                    cfxGetErrorString(res));
+        RANK_ASSERT(ctx, strstr(cfxGetLastError(NULL), "one call at a time") != NULL,
+                    "sentence: %s", cfxGetLastError(NULL));
+    }
+    RANK_ASSERT(ctx, job.res == cfxSuccess, "the first call returned %s",
+                cfxGetErrorString(job.res));
+    for (int i = 0; i < 4096; i++)
+        RANK_ASSERT(ctx, job.data[i] == (float)(3000 + 2 * i), "b[%d] = %g", i, job.data[i]);
+    /* Threads taking turns (one at a time, ordered by join) are fine. */
+    for (int round = 0; round < 4; round++) {
+        pthread_t turn;
+        RANK_ASSERT(ctx, pthread_create(&turn, NULL, allreduce_job, &job) == 0, "thread");
+        pthread_join(turn, NULL);
+        RANK_ASSERT(ctx, job.res == cfxSuccess, "round %d: %s", round, cfxGetErrorString(job.res));
+    }
+    RANK_CFX(ctx, cfxCommFinalize(comm));
+    RANK_CFX(ctx, cfxCommDestroy(comm));
+}
+
+static void *destroy_now(void *arg)
+{
+    struct abort_job *job = arg;
+    job->res = cfxCommDestroy(job->comm);
+    return NULL;
+}
+
+/* Rank 0's allreduce waits for rank 1, which never calls it; another thread
+ * of rank 0 destroys the communicator under it (and a third tries too): the
+ * call fails, one destroy returns once it has left, the other is refused,
+ * and the handle is refused afterwards. */
+static int destroyed_under_call;
+
+static void destroy_under_a_call(struct cfx_test_rank *ctx)
+{
+    cfxComm_t comm;
+    RANK_CFX(ctx, cfxCommInitRank(&comm, ctx->nranks, ctx->id, ctx->rank));
+    if (ctx->rank == 1) {
+        double start = now_s();
+        while (!__atomic_load_n(&destroyed_under_call, __ATOMIC_ACQUIRE)) {
+            RANK_ASSERT(ctx, now_s() - start < 20, "rank 0 never destroyed its communicator");
+            sched_yield();
+        }
+        RANK_CFX(ctx, cfxCommDestroy(comm));
+        return;
+    }
+    struct call_job job = {.comm = comm};
+    pthread_t first;
+    RANK_ASSERT(ctx, pthread_create(&first, NULL, allreduce_job, &job) == 0, "thread");
+    int entered = wait_for_call_in(comm);
+    /* Two threads destroy it at once: one does, the other is refused. */
+    struct abort_job other = {.comm = comm};
+    pthread_t second;
+    RANK_ASSERT(ctx, pthread_create(&second, NULL, destroy_now, &other) == 0, "thread");
+    cfxResult_t res = cfxCommDestroy(comm);
+    pthread_join(second, NULL);
+    pthread_join(first, NULL);
+    __atomic_store_n(&destroyed_under_call, 1, __ATOMIC_RELEASE);
+    RANK_ASSERT(ctx, entered, "the call never entered the communicator");
+    RANK_ASSERT(ctx,
+                (res == cfxSuccess) + (other.res == cfxSuccess) == 1 &&
+                    (res == cfxInvalidArgument) + (other.res == cfxInvalidArgument) == 1,
+                "the two destroys returned %s and %s", cfxGetErrorString(res),
+                cfxGetErrorString(other.res));
+    RANK_ASSERT(ctx, job.res != cfxSuccess, "the call under destroy succeeded");
+    RANK_ASSERT(ctx, cfxCommDestroy(comm) == cfxInvalidArgument, "a second destroy was accepted");
+}
+
 struct scenario {
     const char *name;
     int nranks;
@@ -129,6 +256,8 @@ static const struct scenario scenarios[] = {
     {"close_socket", 3, "1", "close:rank=1:after=2", broken_allreduce},
     {"corrupt_print_socket", 3, "1", "corrupt:rank=2:after=1:what=print", broken_allreduce},
     {"truncate_shm", 3, NULL, "truncate:rank=1:after=1", broken_allreduce},
+    {"second_thread_refused_shm", 2, NULL, NULL, second_thread_refused},
+    {"destroy_under_a_call_shm", 2, NULL, NULL, destroy_under_a_call},
 };
 
 int main(int argc, char **argv)
