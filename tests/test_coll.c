@@ -668,3 +668,102 @@ ParameterizedTest(struct single_copy_case *sc, single_copy, allgather, .timeout 
         .before_rank = sc->off == 2 ? last_rank_refuses_single_copy : NULL};
     CFX_TEST_RUN(&opts, single_copy_rank);
 }
+
+/* ------------------------------------------- rooted calls away from the tree root */
+
+/* Reduce and broadcast on the trees from every root but rank 0 (the trees'
+ * roots are elsewhere for most of them, so the data goes through the relay
+ * between the call's root and a tree's root), at one slot and at many more
+ * chunks than a relay FIFO holds (> 22 MiB: the size that hung). On one host
+ * with CFX_ALGO=tree (chains), and on two hosts of ranks/2 ranks each with
+ * the planner's own choice (binary trees across the hosts). CFX_TIMEOUT is
+ * short: a hang fails in seconds, naming the step and the rank it waits for. */
+struct tree_root_case {
+    int nranks;
+    int two_hosts; /* A flag: CFX_HOSTID = h<rank / (nranks / 2)>, no CFX_ALGO. */
+};
+
+#define TREE_ROOT_SMALL ((size_t)1023)
+#define TREE_ROOT_LARGE (((size_t)3 << 20) + 5) /* float64: 24 MiB. */
+
+static double tree_root_input(int rank, size_t i)
+{
+    return (double)((i * 7 + (size_t)rank * 13) % 1009) - 500.0;
+}
+
+static void two_hosts_of_half_the_ranks(struct cfx_test_rank *ctx)
+{
+    char host[32];
+    snprintf(host, sizeof(host), "h%d", ctx->rank / (ctx->nranks / 2));
+    cfx_test_setenv("CFX_HOSTID", host);
+}
+
+static void tree_root_rank(struct cfx_test_rank *ctx)
+{
+    int n = ctx->nranks, r = ctx->rank;
+    double *send = malloc(TREE_ROOT_LARGE * sizeof(double));
+    double *recv = malloc(TREE_ROOT_LARGE * sizeof(double));
+    RANK_ASSERT(ctx, send && recv, "out of memory");
+    cfxComm_t comm;
+    RANK_CFX(ctx, cfxCommInitRank(&comm, n, ctx->id, r));
+    for (int large = 0; large < 2 && !ctx->slot_failed; large++) {
+        size_t count = large ? TREE_ROOT_LARGE : TREE_ROOT_SMALL;
+        for (size_t i = 0; i < count; i++)
+            send[i] = tree_root_input(r, i);
+        for (int root = 1; root < n && !ctx->slot_failed; root++) {
+            if (large && root != 1 && root != n - 1 && root != n / 2)
+                continue;
+            char desc[128];
+            snprintf(desc, sizeof(desc), "reduce min float64 count %zu root %d", count, root);
+            cfx_test_step(ctx, "%s", desc);
+            recv[0] = recv[count - 1] = 12345.0;
+            CALL(ctx, desc, cfxReduce(send, recv, count, cfxFloat64, cfxMin, root, comm, NULL));
+            for (size_t i = 0; r == root && i < count; i++) {
+                double want = tree_root_input(0, i);
+                for (int q = 1; q < n; q++)
+                    want = tree_root_input(q, i) < want ? tree_root_input(q, i) : want;
+                RANK_ASSERT(ctx, recv[i] == want, "%s: element %zu is %g, not %g", desc, i,
+                            recv[i], want);
+            }
+            RANK_ASSERT(ctx, r == root || recv[0] == 12345.0,
+                        "%s: a non-root's recvbuff was written", desc);
+            snprintf(desc, sizeof(desc), "broadcast float64 count %zu root %d", count, root);
+            cfx_test_step(ctx, "%s", desc);
+            for (size_t i = 0; r != root && i < count; i++)
+                recv[i] = -1.0;
+            CALL(ctx, desc, cfxBroadcast(send, recv, count, cfxFloat64, root, comm, NULL));
+            for (size_t i = 0; i < count; i++)
+                RANK_ASSERT(ctx, recv[i] == tree_root_input(root, i),
+                            "%s: element %zu is %g, not %g", desc, i, recv[i],
+                            tree_root_input(root, i));
+        }
+    }
+    if (!ctx->slot_failed) {
+        RANK_CFX(ctx, cfxCommFinalize(comm));
+    }
+    cfxCommDestroy(comm);
+    free(send);
+    free(recv);
+}
+
+ParameterizedTestParameters(tree, rooted_calls_away_from_the_tree_root)
+{
+    static struct tree_root_case cases[] = {{4, 0}, {5, 0}, {6, 0}, {4, 1}, {6, 1}};
+    return cr_make_param_array(struct tree_root_case, cases, sizeof(cases) / sizeof(cases[0]));
+}
+
+ParameterizedTest(struct tree_root_case *tc, tree, rooted_calls_away_from_the_tree_root,
+                  .timeout = 300)
+{
+    cr_log_info("reduce and broadcast from roots 1..%d, %d ranks %s", tc->nranks - 1, tc->nranks,
+                tc->two_hosts ? "on two hosts, the planner's choice" : "on one host, CFX_ALGO=tree");
+    cfx_test_setenv("CFX_SHM_DISABLE", NULL);
+    cfx_test_setenv("CFX_ALGO", tc->two_hosts ? NULL : "tree");
+    cfx_test_setenv("CFX_TIMEOUT", "5");
+    struct cfx_test_options opts = {
+        .nranks = tc->nranks, .mode = CFX_TEST_PROCS, .deadline_s = 240, .arg = tc,
+        .before_rank = tc->two_hosts ? two_hosts_of_half_the_ranks : NULL};
+    CFX_TEST_RUN(&opts, tree_root_rank);
+    cfx_test_setenv("CFX_TIMEOUT", NULL);
+    cfx_test_setenv("CFX_ALGO", NULL);
+}
