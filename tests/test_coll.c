@@ -767,3 +767,149 @@ ParameterizedTest(struct tree_root_case *tc, tree, rooted_calls_away_from_the_tr
     cfx_test_setenv("CFX_TIMEOUT", NULL);
     cfx_test_setenv("CFX_ALGO", NULL);
 }
+
+/* --------------------------------------------------- the fewest slots per FIFO */
+
+/* CFX_STEPS below 2 cannot work: a ring step receives a slot and sends one
+ * at once, so with one slot per FIFO every rank holds its only send slot
+ * while it waits for a free one downstream. Init refuses it, naming the
+ * variable, the value and the range. */
+static void one_slot_refused(struct cfx_test_rank *ctx)
+{
+    cfxComm_t comm = NULL;
+    cfx_test_step(ctx, "cfxCommInitRank with CFX_STEPS=1");
+    cfxResult_t res = cfxCommInitRank(&comm, ctx->nranks, ctx->id, ctx->rank);
+    const char *why = cfxGetLastError(NULL);
+    RANK_ASSERT(ctx, res == cfxInvalidArgument, "init with CFX_STEPS=1 returned %s: %s",
+                cfxGetErrorString(res), why);
+    RANK_ASSERT(ctx, strstr(why, "CFX_STEPS=1") != NULL && strstr(why, "2..64") != NULL,
+                "the sentence does not name CFX_STEPS, the value and the range 2..64: %s", why);
+}
+
+Test(steps, one_slot_per_fifo_is_refused_at_init_with_a_sentence, .timeout = 60)
+{
+    cfx_test_setenv("CFX_STEPS", "1");
+    cfx_test_setenv("CFX_TIMEOUT", "5");
+    struct cfx_test_options opts = {.nranks = 3, .mode = CFX_TEST_PROCS, .deadline_s = 30};
+    CFX_TEST_RUN(&opts, one_slot_refused);
+    cfx_test_setenv("CFX_TIMEOUT", NULL);
+    cfx_test_setenv("CFX_STEPS", NULL);
+}
+
+/* At CFX_STEPS=2 every schedule runs, in one slot and in many (8 KiB slots:
+ * 20000 float32 take 10 chunks): allreduce on the algorithm of the case,
+ * broadcast and reduce from every root, allgather (single copy over shm from
+ * 4 KiB per rank), reduce-scatter, and an all-to-all of sends and receives. */
+enum steps_algo { STEPS_RING, STEPS_TREE, STEPS_DIRECT, STEPS_TREE_TWO_HOSTS };
+static const char *steps_algo_names[] = {"ring", "tree", "direct", "tree"};
+
+struct steps_case {
+    enum transport transport;
+    enum steps_algo algo;
+};
+
+static void every_collective_at_two_slots(struct cfx_test_rank *ctx)
+{
+    int n = ctx->nranks, r = ctx->rank;
+    static const size_t counts[] = {1, 20000};
+    size_t most = counts[1] * (size_t)n;
+    int32_t *send = malloc(most * sizeof(int32_t)), *recv = malloc(most * sizeof(int32_t));
+    RANK_ASSERT(ctx, send && recv, "out of memory");
+    cfxComm_t comm;
+    RANK_CFX(ctx, cfxCommInitRank(&comm, n, ctx->id, r));
+    RANK_ASSERT(ctx, comm->n_steps == 2, "%d slots per FIFO, not 2", comm->n_steps);
+    for (size_t c = 0; c < 2 && !ctx->slot_failed; c++) {
+        size_t count = counts[c];
+        char desc[128];
+        for (size_t i = 0; i < most; i++)
+            send[i] = (int32_t)(r * 1000 + (int)(i % 997));
+        snprintf(desc, sizeof(desc), "allreduce count %zu", count);
+        cfx_test_step(ctx, "%s", desc);
+        CALL(ctx, desc, cfxAllReduce(send, recv, count, cfxInt32, cfxSum, comm, NULL));
+        for (size_t i = 0; i < count; i++)
+            RANK_ASSERT(ctx, recv[i] == 1000 * n * (n - 1) / 2 + n * (int)(i % 997),
+                        "%s: element %zu is %d", desc, i, recv[i]);
+        for (int root = 0; root < n; root++) {
+            snprintf(desc, sizeof(desc), "reduce count %zu root %d", count, root);
+            cfx_test_step(ctx, "%s", desc);
+            CALL(ctx, desc, cfxReduce(send, recv, count, cfxInt32, cfxSum, root, comm, NULL));
+            for (size_t i = 0; r == root && i < count; i++)
+                RANK_ASSERT(ctx, recv[i] == 1000 * n * (n - 1) / 2 + n * (int)(i % 997),
+                            "%s: element %zu is %d", desc, i, recv[i]);
+            snprintf(desc, sizeof(desc), "broadcast count %zu root %d", count, root);
+            cfx_test_step(ctx, "%s", desc);
+            CALL(ctx, desc, cfxBroadcast(send, recv, count, cfxInt32, root, comm, NULL));
+            for (size_t i = 0; i < count; i++)
+                RANK_ASSERT(ctx, recv[i] == root * 1000 + (int)(i % 997), "%s: element %zu is %d",
+                            desc, i, recv[i]);
+        }
+        snprintf(desc, sizeof(desc), "allgather count %zu", count);
+        cfx_test_step(ctx, "%s", desc);
+        CALL(ctx, desc, cfxAllGather(send, recv, count, cfxInt32, comm, NULL));
+        for (int q = 0; q < n; q++)
+            for (size_t i = 0; i < count; i++)
+                RANK_ASSERT(ctx, recv[(size_t)q * count + i] == q * 1000 + (int)(i % 997),
+                            "%s: element %zu of rank %d's block is %d", desc, i, q,
+                            recv[(size_t)q * count + i]);
+        snprintf(desc, sizeof(desc), "reducescatter count %zu", count);
+        cfx_test_step(ctx, "%s", desc);
+        CALL(ctx, desc, cfxReduceScatter(send, recv, count, cfxInt32, cfxSum, comm, NULL));
+        for (size_t i = 0; i < count; i++)
+            RANK_ASSERT(ctx,
+                        recv[i] == 1000 * n * (n - 1) / 2 +
+                                       n * (int)(((size_t)r * count + i) % 997),
+                        "%s: element %zu is %d", desc, i, recv[i]);
+        snprintf(desc, sizeof(desc), "all-to-all send/recv count %zu", count);
+        cfx_test_step(ctx, "%s", desc);
+        CALL(ctx, desc, cfxGroupStart());
+        for (int k = 0; k < n; k++) {
+            int to = (r + k) % n, from = (r - k + n) % n;
+            CALL(ctx, desc, cfxRecv(recv + (size_t)from * count, count, cfxInt32, from, comm, NULL));
+            CALL(ctx, desc, cfxSend(send, count, cfxInt32, to, comm, NULL));
+        }
+        CALL(ctx, desc, cfxGroupEnd());
+        for (int q = 0; q < n; q++)
+            for (size_t i = 0; i < count; i++)
+                RANK_ASSERT(ctx, recv[(size_t)q * count + i] == q * 1000 + (int)(i % 997),
+                            "%s: element %zu from rank %d is %d", desc, i, q,
+                            recv[(size_t)q * count + i]);
+    }
+    if (!ctx->slot_failed) {
+        RANK_CFX(ctx, cfxCommFinalize(comm));
+    }
+    cfxCommDestroy(comm);
+    free(send);
+    free(recv);
+}
+
+ParameterizedTestParameters(steps, every_algorithm_runs_at_two_slots_per_fifo)
+{
+    static struct steps_case cases[] = {
+        {SHM, STEPS_RING},      {SHM, STEPS_TREE},      {SHM, STEPS_DIRECT},
+        {SOCKET, STEPS_RING},   {SOCKET, STEPS_TREE},   {SOCKET, STEPS_DIRECT},
+        {SHM, STEPS_TREE_TWO_HOSTS}};
+    return cr_make_param_array(struct steps_case, cases, sizeof(cases) / sizeof(cases[0]));
+}
+
+ParameterizedTest(struct steps_case *sc, steps, every_algorithm_runs_at_two_slots_per_fifo,
+                  .timeout = 120)
+{
+    int two_hosts = sc->algo == STEPS_TREE_TWO_HOSTS;
+    cr_log_info("CFX_STEPS=2, CFX_ALGO=%s over %s%s", steps_algo_names[sc->algo],
+                sc->transport == SHM ? "shm" : "socket", two_hosts ? ", two hosts of 2" : "");
+    cfx_test_setenv("CFX_SHM_DISABLE", sc->transport == SOCKET ? "1" : NULL);
+    cfx_test_setenv("CFX_ALGO", steps_algo_names[sc->algo]);
+    cfx_test_setenv("CFX_STEPS", "2");
+    cfx_test_setenv("CFX_BUFFSIZE", "16384");
+    cfx_test_setenv("CFX_SINGLE_COPY_MIN_BYTES", "4096");
+    cfx_test_setenv("CFX_TIMEOUT", "5");
+    struct cfx_test_options opts = {.nranks = two_hosts ? 4 : 3, .mode = CFX_TEST_PROCS,
+                                    .deadline_s = 90, .arg = sc,
+                                    .before_rank = two_hosts ? two_hosts_of_half_the_ranks : NULL};
+    CFX_TEST_RUN(&opts, every_collective_at_two_slots);
+    cfx_test_setenv("CFX_TIMEOUT", NULL);
+    cfx_test_setenv("CFX_SINGLE_COPY_MIN_BYTES", NULL);
+    cfx_test_setenv("CFX_BUFFSIZE", NULL);
+    cfx_test_setenv("CFX_STEPS", NULL);
+    cfx_test_setenv("CFX_ALGO", NULL);
+}
