@@ -20,7 +20,8 @@ cfxResult_t cfx_core_probe_leftovers(struct cfxComm *comm, int *blame_p);
 
 /* cfxCommGetAsyncError's look around while no call uses @p comm: leftover
  * slots (above), and connectors a peer poisoned because it found a mismatch
- * or timed out (asked of the transports at most every few milliseconds). On
+ * or timed out (asked of the transports at most every few milliseconds, and
+ * no more once the communicator is finalized or a peer has left). On
  * either, breaks the communicator as a failed call would (async error,
  * poisoned connectors, the sentence in cfxGetLastError) and returns the
  * error; else the communicator's async error. */
