@@ -441,7 +441,11 @@ static const char *silent_mismatch_names[] = {
 struct silent_case {
     enum silent_mismatch kind;
     int socket;
-    int ring; /* A flag: CFX_ALGO=ring (the chain), else the planner's choice. */
+    /* 0: the planner's choice; 1: CFX_ALGO=ring (the chain); 2: CFX_ALGO=tree,
+     * after a broadcast from every root has built every relay (a first
+     * rooted tree call with mismatched roots waits in the relay's connection
+     * setup instead, until CFX_BOOTSTRAP_TIMEOUT). */
+    int algo;
     int next_call; /* A flag: a small allreduce right after, before asking for the async error. */
 };
 
@@ -455,6 +459,8 @@ static void silent_mismatch_rank(struct cfx_test_rank *ctx)
     for (int i = 0; i < 4096; i++)
         data[i] = (float)r;
     RANK_CFX(ctx, cfxAllReduce(data, out, 4096, cfxFloat32, cfxSum, comm, NULL));
+    for (int root = 0; sc->algo == 2 && root < ctx->nranks; root++)
+        RANK_CFX(ctx, cfxBroadcast(data, out, 4096, cfxFloat32, root, comm, NULL));
     cfx_test_step(ctx, "%s", silent_mismatch_names[sc->kind]);
     double start = now_s();
     cfxResult_t res;
@@ -510,7 +516,7 @@ static void silent_mismatch_rank(struct cfx_test_rank *ctx)
     RANK_CFX(ctx, cfxCommDestroy(comm));
 }
 
-#define N_SILENT_CASES (N_SILENT_MISMATCHES * 2 * 2 * 2)
+#define N_SILENT_CASES (N_SILENT_MISMATCHES * 2 * 3 * 2)
 static struct silent_case silent_cases[N_SILENT_CASES];
 
 ParameterizedTestParameters(mismatch, ranks_that_only_send_learn_of_a_mismatch_within_two_seconds)
@@ -518,11 +524,11 @@ ParameterizedTestParameters(mismatch, ranks_that_only_send_learn_of_a_mismatch_w
     int k = 0;
     for (int m = 0; m < N_SILENT_MISMATCHES; m++)
         for (int t = 0; t < 2; t++)
-            for (int ring = 0; ring < 2; ring++)
+            for (int algo = 0; algo < 3; algo++)
                 for (int next = 0; next < 2; next++)
                     silent_cases[k++] = (struct silent_case){.kind = (enum silent_mismatch)m,
                                                              .socket = t,
-                                                             .ring = ring,
+                                                             .algo = algo,
                                                              .next_call = next};
     return cr_make_param_array(struct silent_case, silent_cases, (size_t)k);
 }
@@ -530,11 +536,12 @@ ParameterizedTestParameters(mismatch, ranks_that_only_send_learn_of_a_mismatch_w
 ParameterizedTest(struct silent_case *sc, mismatch,
                   ranks_that_only_send_learn_of_a_mismatch_within_two_seconds, .timeout = 60)
 {
+    static const char *algos[] = {"the planner's choice", "CFX_ALGO=ring",
+                                  "CFX_ALGO=tree, every relay built"};
     cr_log_info("%s over %s, %s%s", silent_mismatch_names[sc->kind], transport_names[sc->socket],
-                sc->ring ? "CFX_ALGO=ring" : "the planner's choice",
-                sc->next_call ? ", then a small allreduce" : "");
+                algos[sc->algo], sc->next_call ? ", then a small allreduce" : "");
     use_transport(sc->socket);
-    cfx_test_setenv("CFX_ALGO", sc->ring ? "ring" : NULL);
+    cfx_test_setenv("CFX_ALGO", sc->algo == 1 ? "ring" : sc->algo == 2 ? "tree" : NULL);
     cfx_test_setenv("CFX_TIMEOUT", "20");
     struct cfx_test_options opts = {.nranks = 3, .mode = CFX_TEST_PROCS, .deadline_s = 30, .arg = sc};
     CFX_TEST_RUN(&opts, silent_mismatch_rank);
