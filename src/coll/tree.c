@@ -149,8 +149,8 @@ static void reduce_root_phase(const struct cfx_op *op, uint64_t index, int *in_f
                               uint64_t *chunk_p)
 {
     uint64_t chunks = n_chunks(op);
-    uint64_t lag = op->recv_conn && op->recv_conn->n_steps > 0 ? (uint64_t)op->recv_conn->n_steps
-                                                                : 1;
+    uint64_t lag =
+        op->recv_conn && op->recv_conn->n_steps > 0 ? (uint64_t)op->recv_conn->n_steps : 1;
     if (lag > chunks)
         lag = chunks;
     uint64_t pairs_end = lag + 2 * (chunks - lag);
