@@ -668,3 +668,248 @@ ParameterizedTest(struct single_copy_case *sc, single_copy, allgather, .timeout 
         .before_rank = sc->off == 2 ? last_rank_refuses_single_copy : NULL};
     CFX_TEST_RUN(&opts, single_copy_rank);
 }
+
+/* ------------------------------------------- rooted calls away from the tree root */
+
+/* Reduce and broadcast on the trees from every root but rank 0 (the trees'
+ * roots are elsewhere for most of them, so the data goes through the relay
+ * between the call's root and a tree's root), at one slot and at many more
+ * chunks than a relay FIFO holds (> 22 MiB: the size that hung). On one host
+ * with CFX_ALGO=tree (chains), and on two hosts of ranks/2 ranks each with
+ * the planner's own choice (binary trees across the hosts). CFX_TIMEOUT is
+ * short: a hang fails in seconds, naming the step and the rank it waits for. */
+struct tree_root_case {
+    int nranks;
+    int two_hosts; /* A flag: CFX_HOSTID = h<rank / (nranks / 2)>, no CFX_ALGO. */
+};
+
+#define TREE_ROOT_SMALL ((size_t)1023)
+#define TREE_ROOT_LARGE (((size_t)3 << 20) + 5) /* float64: 24 MiB. */
+
+static double tree_root_input(int rank, size_t i)
+{
+    return (double)((i * 7 + (size_t)rank * 13) % 1009) - 500.0;
+}
+
+static void two_hosts_of_half_the_ranks(struct cfx_test_rank *ctx)
+{
+    char host[32];
+    snprintf(host, sizeof(host), "h%d", ctx->rank / (ctx->nranks / 2));
+    cfx_test_setenv("CFX_HOSTID", host);
+}
+
+static void tree_root_rank(struct cfx_test_rank *ctx)
+{
+    int n = ctx->nranks, r = ctx->rank;
+    double *send = malloc(TREE_ROOT_LARGE * sizeof(double));
+    double *recv = malloc(TREE_ROOT_LARGE * sizeof(double));
+    RANK_ASSERT(ctx, send && recv, "out of memory");
+    cfxComm_t comm;
+    RANK_CFX(ctx, cfxCommInitRank(&comm, n, ctx->id, r));
+    for (int large = 0; large < 2 && !ctx->slot_failed; large++) {
+        size_t count = large ? TREE_ROOT_LARGE : TREE_ROOT_SMALL;
+        for (size_t i = 0; i < count; i++)
+            send[i] = tree_root_input(r, i);
+        for (int root = 1; root < n && !ctx->slot_failed; root++) {
+            if (large && root != 1 && root != n - 1 && root != n / 2)
+                continue;
+            char desc[128];
+            snprintf(desc, sizeof(desc), "reduce min float64 count %zu root %d", count, root);
+            cfx_test_step(ctx, "%s", desc);
+            recv[0] = recv[count - 1] = 12345.0;
+            CALL(ctx, desc, cfxReduce(send, recv, count, cfxFloat64, cfxMin, root, comm, NULL));
+            for (size_t i = 0; r == root && i < count; i++) {
+                double want = tree_root_input(0, i);
+                for (int q = 1; q < n; q++)
+                    want = tree_root_input(q, i) < want ? tree_root_input(q, i) : want;
+                RANK_ASSERT(ctx, recv[i] == want, "%s: element %zu is %g, not %g", desc, i,
+                            recv[i], want);
+            }
+            RANK_ASSERT(ctx, r == root || recv[0] == 12345.0,
+                        "%s: a non-root's recvbuff was written", desc);
+            snprintf(desc, sizeof(desc), "broadcast float64 count %zu root %d", count, root);
+            cfx_test_step(ctx, "%s", desc);
+            for (size_t i = 0; r != root && i < count; i++)
+                recv[i] = -1.0;
+            CALL(ctx, desc, cfxBroadcast(send, recv, count, cfxFloat64, root, comm, NULL));
+            for (size_t i = 0; i < count; i++)
+                RANK_ASSERT(ctx, recv[i] == tree_root_input(root, i),
+                            "%s: element %zu is %g, not %g", desc, i, recv[i],
+                            tree_root_input(root, i));
+        }
+    }
+    if (!ctx->slot_failed) {
+        RANK_CFX(ctx, cfxCommFinalize(comm));
+    }
+    cfxCommDestroy(comm);
+    free(send);
+    free(recv);
+}
+
+ParameterizedTestParameters(tree, rooted_calls_away_from_the_tree_root)
+{
+    static struct tree_root_case cases[] = {{4, 0}, {5, 0}, {6, 0}, {4, 1}, {6, 1}};
+    return cr_make_param_array(struct tree_root_case, cases, sizeof(cases) / sizeof(cases[0]));
+}
+
+ParameterizedTest(struct tree_root_case *tc, tree, rooted_calls_away_from_the_tree_root,
+                  .timeout = 300)
+{
+    cr_log_info("reduce and broadcast from roots 1..%d, %d ranks %s", tc->nranks - 1, tc->nranks,
+                tc->two_hosts ? "on two hosts, the planner's choice" : "on one host, CFX_ALGO=tree");
+    cfx_test_setenv("CFX_SHM_DISABLE", NULL);
+    cfx_test_setenv("CFX_ALGO", tc->two_hosts ? NULL : "tree");
+    cfx_test_setenv("CFX_TIMEOUT", "5");
+    struct cfx_test_options opts = {
+        .nranks = tc->nranks, .mode = CFX_TEST_PROCS, .deadline_s = 240, .arg = tc,
+        .before_rank = tc->two_hosts ? two_hosts_of_half_the_ranks : NULL};
+    CFX_TEST_RUN(&opts, tree_root_rank);
+    cfx_test_setenv("CFX_TIMEOUT", NULL);
+    cfx_test_setenv("CFX_ALGO", NULL);
+}
+
+/* --------------------------------------------------- the fewest slots per FIFO */
+
+/* CFX_STEPS below 2 cannot work: a ring step receives a slot and sends one
+ * at once, so with one slot per FIFO every rank holds its only send slot
+ * while it waits for a free one downstream. Init refuses it, naming the
+ * variable, the value and the range. */
+static void one_slot_refused(struct cfx_test_rank *ctx)
+{
+    cfxComm_t comm = NULL;
+    cfx_test_step(ctx, "cfxCommInitRank with CFX_STEPS=1");
+    cfxResult_t res = cfxCommInitRank(&comm, ctx->nranks, ctx->id, ctx->rank);
+    const char *why = cfxGetLastError(NULL);
+    RANK_ASSERT(ctx, res == cfxInvalidArgument, "init with CFX_STEPS=1 returned %s: %s",
+                cfxGetErrorString(res), why);
+    RANK_ASSERT(ctx, strstr(why, "CFX_STEPS=1") != NULL && strstr(why, "2..64") != NULL,
+                "the sentence does not name CFX_STEPS, the value and the range 2..64: %s", why);
+}
+
+Test(steps, one_slot_per_fifo_is_refused_at_init_with_a_sentence, .timeout = 60)
+{
+    cfx_test_setenv("CFX_STEPS", "1");
+    cfx_test_setenv("CFX_TIMEOUT", "5");
+    struct cfx_test_options opts = {.nranks = 3, .mode = CFX_TEST_PROCS, .deadline_s = 30};
+    CFX_TEST_RUN(&opts, one_slot_refused);
+    cfx_test_setenv("CFX_TIMEOUT", NULL);
+    cfx_test_setenv("CFX_STEPS", NULL);
+}
+
+/* At CFX_STEPS=2 every schedule runs, in one slot and in many (8 KiB slots:
+ * 20000 float32 take 10 chunks): allreduce on the algorithm of the case,
+ * broadcast and reduce from every root, allgather (single copy over shm from
+ * 4 KiB per rank), reduce-scatter, and an all-to-all of sends and receives. */
+enum steps_algo { STEPS_RING, STEPS_TREE, STEPS_DIRECT, STEPS_TREE_TWO_HOSTS };
+static const char *steps_algo_names[] = {"ring", "tree", "direct", "tree"};
+
+struct steps_case {
+    enum transport transport;
+    enum steps_algo algo;
+};
+
+static void every_collective_at_two_slots(struct cfx_test_rank *ctx)
+{
+    int n = ctx->nranks, r = ctx->rank;
+    static const size_t counts[] = {1, 20000};
+    size_t most = counts[1] * (size_t)n;
+    int32_t *send = malloc(most * sizeof(int32_t)), *recv = malloc(most * sizeof(int32_t));
+    RANK_ASSERT(ctx, send && recv, "out of memory");
+    cfxComm_t comm;
+    RANK_CFX(ctx, cfxCommInitRank(&comm, n, ctx->id, r));
+    RANK_ASSERT(ctx, comm->n_steps == 2, "%d slots per FIFO, not 2", comm->n_steps);
+    for (size_t c = 0; c < 2 && !ctx->slot_failed; c++) {
+        size_t count = counts[c];
+        char desc[128];
+        for (size_t i = 0; i < most; i++)
+            send[i] = (int32_t)(r * 1000 + (int)(i % 997));
+        snprintf(desc, sizeof(desc), "allreduce count %zu", count);
+        cfx_test_step(ctx, "%s", desc);
+        CALL(ctx, desc, cfxAllReduce(send, recv, count, cfxInt32, cfxSum, comm, NULL));
+        for (size_t i = 0; i < count; i++)
+            RANK_ASSERT(ctx, recv[i] == 1000 * n * (n - 1) / 2 + n * (int)(i % 997),
+                        "%s: element %zu is %d", desc, i, recv[i]);
+        for (int root = 0; root < n; root++) {
+            snprintf(desc, sizeof(desc), "reduce count %zu root %d", count, root);
+            cfx_test_step(ctx, "%s", desc);
+            CALL(ctx, desc, cfxReduce(send, recv, count, cfxInt32, cfxSum, root, comm, NULL));
+            for (size_t i = 0; r == root && i < count; i++)
+                RANK_ASSERT(ctx, recv[i] == 1000 * n * (n - 1) / 2 + n * (int)(i % 997),
+                            "%s: element %zu is %d", desc, i, recv[i]);
+            snprintf(desc, sizeof(desc), "broadcast count %zu root %d", count, root);
+            cfx_test_step(ctx, "%s", desc);
+            CALL(ctx, desc, cfxBroadcast(send, recv, count, cfxInt32, root, comm, NULL));
+            for (size_t i = 0; i < count; i++)
+                RANK_ASSERT(ctx, recv[i] == root * 1000 + (int)(i % 997), "%s: element %zu is %d",
+                            desc, i, recv[i]);
+        }
+        snprintf(desc, sizeof(desc), "allgather count %zu", count);
+        cfx_test_step(ctx, "%s", desc);
+        CALL(ctx, desc, cfxAllGather(send, recv, count, cfxInt32, comm, NULL));
+        for (int q = 0; q < n; q++)
+            for (size_t i = 0; i < count; i++)
+                RANK_ASSERT(ctx, recv[(size_t)q * count + i] == q * 1000 + (int)(i % 997),
+                            "%s: element %zu of rank %d's block is %d", desc, i, q,
+                            recv[(size_t)q * count + i]);
+        snprintf(desc, sizeof(desc), "reducescatter count %zu", count);
+        cfx_test_step(ctx, "%s", desc);
+        CALL(ctx, desc, cfxReduceScatter(send, recv, count, cfxInt32, cfxSum, comm, NULL));
+        for (size_t i = 0; i < count; i++)
+            RANK_ASSERT(ctx,
+                        recv[i] == 1000 * n * (n - 1) / 2 +
+                                       n * (int)(((size_t)r * count + i) % 997),
+                        "%s: element %zu is %d", desc, i, recv[i]);
+        snprintf(desc, sizeof(desc), "all-to-all send/recv count %zu", count);
+        cfx_test_step(ctx, "%s", desc);
+        CALL(ctx, desc, cfxGroupStart());
+        for (int k = 0; k < n; k++) {
+            int to = (r + k) % n, from = (r - k + n) % n;
+            CALL(ctx, desc, cfxRecv(recv + (size_t)from * count, count, cfxInt32, from, comm, NULL));
+            CALL(ctx, desc, cfxSend(send, count, cfxInt32, to, comm, NULL));
+        }
+        CALL(ctx, desc, cfxGroupEnd());
+        for (int q = 0; q < n; q++)
+            for (size_t i = 0; i < count; i++)
+                RANK_ASSERT(ctx, recv[(size_t)q * count + i] == q * 1000 + (int)(i % 997),
+                            "%s: element %zu from rank %d is %d", desc, i, q,
+                            recv[(size_t)q * count + i]);
+    }
+    if (!ctx->slot_failed) {
+        RANK_CFX(ctx, cfxCommFinalize(comm));
+    }
+    cfxCommDestroy(comm);
+    free(send);
+    free(recv);
+}
+
+ParameterizedTestParameters(steps, every_algorithm_runs_at_two_slots_per_fifo)
+{
+    static struct steps_case cases[] = {
+        {SHM, STEPS_RING},      {SHM, STEPS_TREE},      {SHM, STEPS_DIRECT},
+        {SOCKET, STEPS_RING},   {SOCKET, STEPS_TREE},   {SOCKET, STEPS_DIRECT},
+        {SHM, STEPS_TREE_TWO_HOSTS}};
+    return cr_make_param_array(struct steps_case, cases, sizeof(cases) / sizeof(cases[0]));
+}
+
+ParameterizedTest(struct steps_case *sc, steps, every_algorithm_runs_at_two_slots_per_fifo,
+                  .timeout = 120)
+{
+    int two_hosts = sc->algo == STEPS_TREE_TWO_HOSTS;
+    cr_log_info("CFX_STEPS=2, CFX_ALGO=%s over %s%s", steps_algo_names[sc->algo],
+                sc->transport == SHM ? "shm" : "socket", two_hosts ? ", two hosts of 2" : "");
+    cfx_test_setenv("CFX_SHM_DISABLE", sc->transport == SOCKET ? "1" : NULL);
+    cfx_test_setenv("CFX_ALGO", steps_algo_names[sc->algo]);
+    cfx_test_setenv("CFX_STEPS", "2");
+    cfx_test_setenv("CFX_BUFFSIZE", "16384");
+    cfx_test_setenv("CFX_SINGLE_COPY_MIN_BYTES", "4096");
+    cfx_test_setenv("CFX_TIMEOUT", "5");
+    struct cfx_test_options opts = {.nranks = two_hosts ? 4 : 3, .mode = CFX_TEST_PROCS,
+                                    .deadline_s = 90, .arg = sc,
+                                    .before_rank = two_hosts ? two_hosts_of_half_the_ranks : NULL};
+    CFX_TEST_RUN(&opts, every_collective_at_two_slots);
+    cfx_test_setenv("CFX_TIMEOUT", NULL);
+    cfx_test_setenv("CFX_SINGLE_COPY_MIN_BYTES", NULL);
+    cfx_test_setenv("CFX_BUFFSIZE", NULL);
+    cfx_test_setenv("CFX_STEPS", NULL);
+    cfx_test_setenv("CFX_ALGO", NULL);
+}

@@ -421,3 +421,129 @@ Test(mismatch, checks_can_be_turned_off, .timeout = 60)
     struct cfx_test_options opts = {.nranks = 3, .mode = CFX_TEST_PROCS, .deadline_s = 30};
     CFX_TEST_RUN(&opts, matching_calls_without_checks);
 }
+
+/* Rooted calls whose roots (or collectives) differ, where some ranks only
+ * send and so cannot know at return that nobody took their data: every rank
+ * must learn within two seconds, from the call itself or from
+ * cfxCommGetAsyncError (a receiver that finds the mismatch, or a rank that
+ * finds slots of a finished collective nobody took, breaks the communicator
+ * and poisons its connectors), and the next call must fail at once. */
+enum silent_mismatch {
+    ROOTS_0_AND_1,             /* Broadcast from root 0 on rank 0, from root 1 on the others. */
+    BROADCAST_AGAINST_REDUCE,  /* Broadcast on rank 0, reduce on the others (root 0). */
+    ROOT_1_ON_RANK_1_ONLY,     /* Broadcast from root 1 on rank 1, from root 0 on the others. */
+    N_SILENT_MISMATCHES
+};
+static const char *silent_mismatch_names[] = {
+    "broadcast from root 0 on rank 0 and root 1 elsewhere", "broadcast against reduce",
+    "broadcast from root 1 on rank 1 only"};
+
+struct silent_case {
+    enum silent_mismatch kind;
+    int socket;
+    /* 0: the planner's choice; 1: CFX_ALGO=ring (the chain); 2: CFX_ALGO=tree,
+     * after a broadcast from every root has built every relay (a first
+     * rooted tree call with mismatched roots waits in the relay's connection
+     * setup instead, until CFX_BOOTSTRAP_TIMEOUT). */
+    int algo;
+    int next_call; /* A flag: a small allreduce right after, before asking for the async error. */
+};
+
+static void silent_mismatch_rank(struct cfx_test_rank *ctx)
+{
+    const struct silent_case *sc = ctx->arg;
+    int r = ctx->rank;
+    cfxComm_t comm;
+    RANK_CFX(ctx, cfxCommInitRank(&comm, ctx->nranks, ctx->id, r));
+    float data[4096], out[4096];
+    for (int i = 0; i < 4096; i++)
+        data[i] = (float)r;
+    RANK_CFX(ctx, cfxAllReduce(data, out, 4096, cfxFloat32, cfxSum, comm, NULL));
+    for (int root = 0; sc->algo == 2 && root < ctx->nranks; root++)
+        RANK_CFX(ctx, cfxBroadcast(data, out, 4096, cfxFloat32, root, comm, NULL));
+    cfx_test_step(ctx, "%s", silent_mismatch_names[sc->kind]);
+    double start = now_s();
+    cfxResult_t res;
+    switch (sc->kind) {
+    case ROOTS_0_AND_1:
+        res = cfxBroadcast(data, out, 4096, cfxFloat32, r == 0 ? 0 : 1, comm, NULL);
+        break;
+    case BROADCAST_AGAINST_REDUCE:
+        res = r == 0 ? cfxBroadcast(data, out, 4096, cfxFloat32, 0, comm, NULL)
+                     : cfxReduce(data, out, 4096, cfxFloat32, cfxSum, 0, comm, NULL);
+        break;
+    default:
+        res = cfxBroadcast(data, out, 4096, cfxFloat32, r == 1 ? 1 : 0, comm, NULL);
+        break;
+    }
+    RANK_ASSERT(ctx, res == cfxSuccess || res == cfxInvalidUsage,
+                "the mismatched call returned %s: %s", cfxGetErrorString(res),
+                cfxGetLastError(comm));
+    RANK_ASSERT(ctx, now_s() - start < 3, "the mismatched call took %.1f s", now_s() - start);
+    /* Whichever call or query found it first says so. */
+    int said_mismatched = strstr(cfxGetLastError(comm), "mismatched") != NULL;
+    if (sc->next_call) {
+        /* It may run before the leftovers it should find have arrived; it
+         * must not hang, and what it finds breaks the communicator. */
+        cfx_test_step(ctx, "a small allreduce after the mismatch");
+        cfxResult_t then = cfxAllReduce(data, out, 1, cfxFloat32, cfxSum, comm, NULL);
+        RANK_ASSERT(ctx, then == cfxSuccess || then == cfxInvalidUsage,
+                    "the allreduce after the mismatch returned %s: %s", cfxGetErrorString(then),
+                    cfxGetLastError(comm));
+        RANK_ASSERT(ctx, now_s() - start < 3, "the allreduce after the mismatch took %.1f s",
+                    now_s() - start);
+        said_mismatched |= strstr(cfxGetLastError(comm), "mismatched") != NULL;
+    }
+    cfxResult_t async = cfxSuccess;
+    cfx_test_step(ctx, "waiting for the async error (the call returned %s)",
+                  cfxGetErrorString(res));
+    while (now_s() - start < 2.0) {
+        RANK_CFX(ctx, cfxCommGetAsyncError(comm, &async));
+        if (async != cfxSuccess)
+            break;
+        usleep(1000);
+    }
+    RANK_ASSERT(ctx, async == cfxInvalidUsage,
+                "the mismatched call returned %s and the async error is still %s after %.1f s",
+                cfxGetErrorString(res), cfxGetErrorString(async), now_s() - start);
+    said_mismatched |= strstr(cfxGetLastError(comm), "mismatched") != NULL;
+    RANK_ASSERT(ctx, said_mismatched, "no sentence said mismatched; the last: %s",
+                cfxGetLastError(comm));
+    double next = now_s();
+    res = cfxAllReduce(data, out, 1, cfxFloat32, cfxSum, comm, NULL);
+    RANK_ASSERT(ctx, res == cfxInvalidUsage && now_s() - next < 0.1,
+                "the next call returned %s after %.2f s", cfxGetErrorString(res), now_s() - next);
+    RANK_CFX(ctx, cfxCommDestroy(comm));
+}
+
+#define N_SILENT_CASES (N_SILENT_MISMATCHES * 2 * 3 * 2)
+static struct silent_case silent_cases[N_SILENT_CASES];
+
+ParameterizedTestParameters(mismatch, ranks_that_only_send_learn_of_a_mismatch_within_two_seconds)
+{
+    int k = 0;
+    for (int m = 0; m < N_SILENT_MISMATCHES; m++)
+        for (int t = 0; t < 2; t++)
+            for (int algo = 0; algo < 3; algo++)
+                for (int next = 0; next < 2; next++)
+                    silent_cases[k++] = (struct silent_case){.kind = (enum silent_mismatch)m,
+                                                             .socket = t,
+                                                             .algo = algo,
+                                                             .next_call = next};
+    return cr_make_param_array(struct silent_case, silent_cases, (size_t)k);
+}
+
+ParameterizedTest(struct silent_case *sc, mismatch,
+                  ranks_that_only_send_learn_of_a_mismatch_within_two_seconds, .timeout = 60)
+{
+    static const char *algos[] = {"the planner's choice", "CFX_ALGO=ring",
+                                  "CFX_ALGO=tree, every relay built"};
+    cr_log_info("%s over %s, %s%s", silent_mismatch_names[sc->kind], transport_names[sc->socket],
+                algos[sc->algo], sc->next_call ? ", then a small allreduce" : "");
+    use_transport(sc->socket);
+    cfx_test_setenv("CFX_ALGO", sc->algo == 1 ? "ring" : sc->algo == 2 ? "tree" : NULL);
+    cfx_test_setenv("CFX_TIMEOUT", "20");
+    struct cfx_test_options opts = {.nranks = 3, .mode = CFX_TEST_PROCS, .deadline_s = 30, .arg = sc};
+    CFX_TEST_RUN(&opts, silent_mismatch_rank);
+    cfx_test_setenv("CFX_ALGO", NULL);
+}

@@ -16,11 +16,13 @@
  *              down: as for allreduce
  *   reduce     up:   as for allreduce, but the tree root sends the sum to the
  *                    call's root when that is another rank
- *              back: the call's root receives it (and divides for cfxAvg)
+ *              back: the call's root receives it (and divides for cfxAvg),
+ *                    interleaved with its own up phase (reduce_root_phase)
  *
  * A rank's input is only read in the first phase and its output written in
- * the second (or by the tree root at the end of the first), so in-place
- * buffers are safe.
+ * the second (or by the tree root at the end of the first), and where the
+ * two phases interleave a step writes only chunks whose input was read
+ * before, so in-place buffers are safe.
  */
 #include "src/coll/schedule.h"
 
@@ -130,17 +132,57 @@ static void describe_down(const struct cfx_op *op, int k, const char *in, char *
     step->send = t->to_child[k];
 }
 
+/* The call's root of a reduce that is not the tree root: sends its chunks up
+ * and receives the results over the relay. Run one phase after the other, it
+ * would deadlock once the op has more chunks than the relay FIFO has slots:
+ * the tree root blocks on the full relay, so its subtrees stop taking slots,
+ * so this rank's up phase never ends and it never empties the relay.
+ * Interleaved instead: up(0 .. L-1), then up(c) and back(c - L) in turns,
+ * then the last L backs, with the lag L at most the relay's depth, so the
+ * tree root always has room for every chunk this rank has sent up. */
+static int reduce_root_interleaved(const struct cfx_op *op)
+{
+    return op->kind == CFX_COLL_REDUCE && op->rank == op->root && !is_tree_root(op);
+}
+
+static void reduce_root_phase(const struct cfx_op *op, uint64_t index, int *in_first_p,
+                              uint64_t *chunk_p)
+{
+    uint64_t chunks = n_chunks(op);
+    uint64_t lag =
+        op->recv_conn && op->recv_conn->n_steps > 0 ? (uint64_t)op->recv_conn->n_steps : 1;
+    if (lag > chunks)
+        lag = chunks;
+    uint64_t pairs_end = lag + 2 * (chunks - lag);
+    if (index < lag) {
+        *in_first_p = 1;
+        *chunk_p = index;
+    } else if (index < pairs_end) {
+        uint64_t j = index - lag;
+        *in_first_p = j % 2 == 0;
+        *chunk_p = lag + j / 2 - (*in_first_p ? 0 : lag);
+    } else {
+        *in_first_p = 0;
+        *chunk_p = chunks - lag + (index - pairs_end);
+    }
+}
+
 static void tree_describe(const struct cfx_op *op, uint64_t index, struct cfx_prim_step *step)
 {
-    int first, second;
+    int first, second, in_first, k;
+    uint64_t chunk;
     phase_steps(op, &first, &second);
-    uint64_t chunks = n_chunks(op);
-    uint64_t first_total = chunks * (uint64_t)first;
-    int in_first = index < first_total;
-    uint64_t local = in_first ? index : index - first_total;
-    int per_chunk = in_first ? first : second;
-    uint64_t chunk = local / (uint64_t)per_chunk;
-    int k = (int)(local % (uint64_t)per_chunk);
+    if (reduce_root_interleaved(op)) {
+        reduce_root_phase(op, index, &in_first, &chunk);
+        k = 0;
+    } else {
+        uint64_t first_total = n_chunks(op) * (uint64_t)first;
+        in_first = index < first_total;
+        uint64_t local = in_first ? index : index - first_total;
+        int per_chunk = in_first ? first : second;
+        chunk = local / (uint64_t)per_chunk;
+        k = (int)(local % (uint64_t)per_chunk);
+    }
     size_t offset, len;
     cfx_coll_chunk_of(op, chunk, &offset, &len);
     const char *in = cfx_coll_at(op->sendbuff, offset, op->elem_bytes);

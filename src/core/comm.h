@@ -79,6 +79,13 @@ struct cfxComm {
     int check_mismatch;
     int spin_limit; /* Idle polls before yielding: fewer when ranks outnumber cores. */
     uint64_t coll_seq;       /* Collectives submitted so far. */
+    /* Collectives numbered below coll_settled have finished on this rank (the
+     * last of them: settled_print): a slot of one of them still waiting in a
+     * FIFO was sent by a rank that called something else (probe.c). */
+    uint64_t coll_settled;
+    struct cfx_fingerprint settled_print;
+    int64_t async_checked_ns; /* When cfxCommGetAsyncError last asked the transports. */
+    int async_peer_left;      /* A peer left: cfxCommGetAsyncError asks them no more. */
     uint64_t *p2p_send_seq;  /* [nranks]: messages sent to each peer. */
     uint64_t *p2p_recv_seq;  /* [nranks]: messages received from each peer. */
     struct cfx_flight_entry *flight; /* Ring of flight_mask + 1 (a power of two) entries. */

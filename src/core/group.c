@@ -15,6 +15,7 @@
 #include "src/core/blame.h"
 #include "src/core/comm.h"
 #include "src/core/enqueue.h"
+#include "src/core/probe.h"
 #include "src/exec/host.h"
 #include "src/util/check.h"
 #include "src/util/log.h"
@@ -279,10 +280,48 @@ static void stamp(struct cfx_op *ops, int n_ops)
     }
 }
 
+/* Before running: slots of collectives that finished on this rank but still
+ * wait in its FIFOs mean an earlier call was mismatched (probe.c). Each
+ * communicator of the batch is looked at (consecutive ops of one only once). */
+static cfxResult_t check_leftovers(struct cfx_op *ops, int n_ops)
+{
+    for (int i = 0; i < n_ops; i++) {
+        if (i > 0 && ops[i].owner == ops[i - 1].owner)
+            continue;
+        int blame;
+        cfxResult_t res = cfx_core_probe_leftovers(ops[i].owner, &blame);
+        if (res != cfxSuccess) {
+            ops[i].result = res;
+            ops[i].blame_rank = blame;
+            for (int j = 0; j < n_ops; j++)
+                cfx_core_flight_update(ops[j].owner, ops[j].record, CFX_FLIGHT_FAILED, res, 0, 0);
+            break_comms(ops, n_ops, res);
+            return res;
+        }
+    }
+    return cfxSuccess;
+}
+
+/* After a batch ran: its collectives have finished on this rank. */
+static void settle(struct cfx_op *ops, int n_ops)
+{
+    for (int i = 0; i < n_ops; i++) {
+        struct cfxComm *comm = ops[i].owner;
+        if (ops[i].kind == CFX_COLL_SEND || ops[i].kind == CFX_COLL_RECV ||
+            ops[i].print.seq < comm->coll_settled)
+            continue;
+        comm->coll_settled = ops[i].print.seq + 1;
+        comm->settled_print = ops[i].print;
+    }
+}
+
 cfxResult_t cfx_core_launch(struct cfx_op *ops, int n_ops)
 {
     stamp(ops, n_ops);
-    cfxResult_t res = connect_missing(ops, n_ops);
+    cfxResult_t res = check_leftovers(ops, n_ops);
+    if (res != cfxSuccess)
+        return res;
+    res = connect_missing(ops, n_ops);
     if (res != cfxSuccess)
         return res;
     for (int i = 0; i < n_ops; i++) {
@@ -316,6 +355,8 @@ cfxResult_t cfx_core_launch(struct cfx_op *ops, int n_ops)
                                ops[i].result, ops[i].step, ops[i].n_steps);
     if (res != cfxSuccess)
         break_comms(ops, n_ops, res);
+    else
+        settle(ops, n_ops);
     return res;
 }
 

@@ -20,7 +20,7 @@
 CFX_PARAM_SIZE(buffsize, "BUFFSIZE", 4 << 20, 64, UINT32_MAX,
                "Bytes of FIFO per connection (split into CFX_STEPS slots)");
 CFX_PARAM_INT(steps, "STEPS", 8, INT64_MIN, INT64_MAX, /* Range: pick_geometry. */
-              "Slots per connection FIFO");
+              "Slots per connection FIFO, 2..64");
 CFX_PARAM_INT(spin_count, "SPIN_COUNT", -1, -1, INT32_MAX,
               "Idle polls of a blocked call before it yields the core; -1: 2000, or 20 when "
               "this host's ranks outnumber the cores this process may run on");
@@ -84,15 +84,26 @@ static cfxResult_t comm_alloc(int rank, int nranks, const cfxConfig_t *config,
     return cfxSuccess;
 }
 
+/* Fewest slots per FIFO that every schedule can run with. */
+#define MIN_STEPS 2
+
 /* FIFO geometry from CFX_BUFFSIZE and CFX_STEPS; every rank must agree. */
 static cfxResult_t pick_geometry(struct cfxComm *comm)
 {
     int64_t steps = param_steps(), bytes = param_buffsize();
-    if (steps < 1 || steps > CFX_MAX_STEPS || bytes < steps * 64 || bytes >= ((int64_t)1 << 32))
+    /* A ring step takes a slot and posts one in the same step: with one slot
+     * per FIFO every rank would hold its only send slot while waiting for a
+     * free one downstream, forever. */
+    if (steps < MIN_STEPS || steps > CFX_MAX_STEPS)
         return cfx_error_set(cfxInvalidArgument, CFX_LOG_INIT,
-                             "CFX_STEPS=%lld and CFX_BUFFSIZE=%lld are out of range (1..%d slots, "
-                             "at least 64 bytes each, less than 4 GiB)",
-                             (long long)steps, (long long)bytes, CFX_MAX_STEPS);
+                             "CFX_STEPS=%lld is out of range: slots per FIFO must be %d..%d (a "
+                             "ring step holds one slot while it waits for another)",
+                             (long long)steps, MIN_STEPS, CFX_MAX_STEPS);
+    if (bytes < steps * 64 || bytes >= ((int64_t)1 << 32))
+        return cfx_error_set(cfxInvalidArgument, CFX_LOG_INIT,
+                             "CFX_BUFFSIZE=%lld is out of range with CFX_STEPS=%lld: at least 64 "
+                             "bytes per slot, less than 4 GiB",
+                             (long long)bytes, (long long)steps);
     size_t slot = (size_t)(bytes / steps);
     slot = slot >= 4096 ? slot & ~(size_t)4095 : slot & ~(size_t)63;
     comm->slot_bytes = slot;

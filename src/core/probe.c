@@ -6,12 +6,25 @@
  * neighbours over the bootstrap and compares theirs: the same sequence
  * number with a different operation is a mismatch, reported at once instead
  * of at CFX_TIMEOUT. Costs nothing until a call is stuck.
+ *
+ * Others finish everywhere without a rank ever taking a mismatched slot
+ * (broadcasts from roots 0 and 1: each root only sends, and the data goes to
+ * a rank whose call receives nothing on that connector). What they leave
+ * behind is the evidence: a slot of a collective that has finished on the
+ * receiving rank, waiting in one of its FIFOs. Each launch and each
+ * cfxCommGetAsyncError look for such slots (the posted flag of each
+ * collective FIFO's next slot); the rank that finds one breaks its
+ * communicator and poisons its connectors, so the ranks that only sent learn
+ * of it from the transports (cfxCommGetAsyncError asks them) or at their
+ * next call.
  */
+#include <stdio.h>
 #include <string.h>
 
 #include "src/coll/op.h"
 #include "src/core/comm.h"
 #include "src/core/probe.h"
+#include "src/plan/plan.h"
 #include "src/util/check.h"
 #include "src/util/log.h"
 #include "src/util/param.h"
@@ -82,4 +95,140 @@ cfxResult_t cfx_core_probe_stall(struct cfx_op *op, int64_t stalled_ns)
     if (prev != next)
         CFX_CHECK(compare_with(op, comm, next));
     return cfxSuccess;
+}
+
+/* ------------------------------------------------------ after the fact */
+
+/* A slot of a finished collective waiting in @p conn: its sentence. */
+static cfxResult_t leftover_in(struct cfxComm *comm, struct cfx_connector *conn)
+{
+    if (conn == NULL || !cfx_conn_can_take(conn))
+        return cfxSuccess;
+    size_t bytes;
+    const struct cfx_fingerprint *posted;
+    (void)cfx_conn_take_slot(conn, &bytes, &posted);
+    struct cfx_fingerprint theirs = *posted;
+    if (!theirs.valid || theirs.kind == CFX_COLL_SEND || theirs.seq >= comm->coll_settled)
+        return cfxSuccess; /* Point to point, or a collective this rank has yet to run. */
+    char mine[160], other[160];
+    if (comm->settled_print.valid && comm->settled_print.seq == theirs.seq)
+        cfx_coll_print_format(&comm->settled_print, mine, sizeof(mine));
+    else
+        snprintf(mine, sizeof(mine), "collective #%llu", (unsigned long long)theirs.seq);
+    cfx_coll_print_format(&theirs, other, sizeof(other));
+    return cfx_error_set(cfxInvalidUsage, CFX_LOG_COLL,
+                         "mismatched operations: rank %d finished %s, but rank %d sent it data of "
+                         "%s that no call of rank %d took; every rank must call the same "
+                         "collectives in the same order with the same count, type, op and root",
+                         comm->rank, mine, conn->peer_rank, other, comm->rank);
+}
+
+cfxResult_t cfx_core_probe_leftovers(struct cfxComm *comm, int *blame_p)
+{
+    *blame_p = -1;
+    if (!comm->check_mismatch || comm->coll_settled == 0)
+        return cfxSuccess;
+    CFX_CHECK(leftover_in(comm, comm->ring_recv));
+    for (int peer = 0; peer < comm->nranks && peer < CFX_DIRECT_MAX_RANKS; peer++)
+        CFX_CHECK(leftover_in(comm, comm->direct.from[peer]));
+    if (comm->plan == NULL)
+        return cfxSuccess;
+    for (int t = 0; t < 2; t++) {
+        const struct cfx_tree_links *links = &comm->trees[t];
+        CFX_CHECK(leftover_in(comm, links->from_parent));
+        for (int c = 0; c < links->n_children; c++)
+            CFX_CHECK(leftover_in(comm, links->from_child[c]));
+        if (comm->relay_recv[t] == NULL)
+            continue;
+        /* Relays: a call's root has one from the tree root; the tree root
+         * one from each call root it has served. */
+        int top = comm->plan->trees[t].root;
+        if (comm->rank != top) {
+            if (top >= 0)
+                CFX_CHECK(leftover_in(comm, comm->relay_recv[t][top]));
+            continue;
+        }
+        for (int r = 0; r < comm->nranks; r++)
+            CFX_CHECK(leftover_in(comm, comm->relay_recv[t][r]));
+    }
+    return cfxSuccess;
+}
+
+/* A peer poisoned @p conn for a mismatch or a timeout: its transport's
+ * sentence. A peer that left (cfxRemoteError) is not an error of its own:
+ * after a clean cfxCommDestroy it looks the same; then the transports are
+ * not asked again (comm->async_peer_left), so a program that polls after
+ * its peers left gets one log line about it, not one per poll. */
+static cfxResult_t poisoned(struct cfxComm *comm, struct cfx_connector *conn, int *blame_p)
+{
+    if (conn == NULL || conn->transport == NULL || conn->transport->check == NULL)
+        return cfxSuccess;
+    cfxResult_t res = conn->transport->check(conn->transport_ctx, conn);
+    if (res != cfxInvalidUsage && res != cfxTimeout) {
+        if (res != cfxSuccess)
+            comm->async_peer_left = 1;
+        cfx_error_thread_clear();
+        return cfxSuccess;
+    }
+    *blame_p = conn->blame_rank >= 0 ? conn->blame_rank : conn->peer_rank;
+    return res;
+}
+
+static cfxResult_t any_poisoned(struct cfxComm *comm, int *blame_p)
+{
+    CFX_CHECK(poisoned(comm, comm->ring_send, blame_p));
+    CFX_CHECK(poisoned(comm, comm->ring_recv, blame_p));
+    for (int peer = 0; peer < CFX_DIRECT_MAX_RANKS; peer++) {
+        CFX_CHECK(poisoned(comm, comm->direct.to[peer], blame_p));
+        CFX_CHECK(poisoned(comm, comm->direct.from[peer], blame_p));
+    }
+    for (int t = 0; t < 2; t++) {
+        const struct cfx_tree_links *links = &comm->trees[t];
+        CFX_CHECK(poisoned(comm, links->to_parent, blame_p));
+        CFX_CHECK(poisoned(comm, links->from_parent, blame_p));
+        for (int c = 0; c < links->n_children; c++) {
+            CFX_CHECK(poisoned(comm, links->to_child[c], blame_p));
+            CFX_CHECK(poisoned(comm, links->from_child[c], blame_p));
+        }
+        for (int r = 0; comm->relay_send[t] && comm->relay_recv[t] && r < comm->nranks; r++) {
+            CFX_CHECK(poisoned(comm, comm->relay_send[t][r], blame_p));
+            CFX_CHECK(poisoned(comm, comm->relay_recv[t][r], blame_p));
+        }
+    }
+    for (int r = 0; comm->p2p_send && comm->p2p_recv && r < comm->nranks; r++) {
+        CFX_CHECK(poisoned(comm, comm->p2p_send[r], blame_p));
+        CFX_CHECK(poisoned(comm, comm->p2p_recv[r], blame_p));
+    }
+    return cfxSuccess;
+}
+
+/* Transport checks may cost a system call per connector (shm asks whether
+ * the peer's process lives): cfxCommGetAsyncError polled in a loop asks
+ * them at most this often. */
+#define ASYNC_CHECK_EVERY_NS (10 * CFX_NS_PER_MS)
+
+cfxResult_t cfx_core_probe_async(struct cfxComm *comm)
+{
+    if (comm->async_error != cfxSuccess || comm->nranks < 2 ||
+        __atomic_load_n(&comm->active_calls, __ATOMIC_ACQUIRE) > 0)
+        return comm->async_error; /* A call in flight finds out for itself. */
+    int blame = -1;
+    cfxResult_t res = cfx_core_probe_leftovers(comm, &blame);
+    if (res == cfxSuccess) {
+        int64_t now = cfx_time_now_ns();
+        /* After cfxCommFinalize peers may leave at any time. */
+        if (comm->finalized || comm->async_peer_left ||
+            now - comm->async_checked_ns < ASYNC_CHECK_EVERY_NS)
+            return cfxSuccess;
+        comm->async_checked_ns = now;
+        res = any_poisoned(comm, &blame);
+        if (res == cfxSuccess)
+            return cfxSuccess;
+    }
+    comm->async_error = res;
+    snprintf(comm->last_error, sizeof(comm->last_error), "%s", cfx_error_thread_last());
+    cfx_core_poison_all(comm, res, blame);
+    if (comm->flight_size > 0)
+        cfx_core_flight_dump(comm, cfxGetErrorString(res));
+    return res;
 }

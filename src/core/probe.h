@@ -7,4 +7,24 @@
 /* The executor's on_stall hook for collectives. */
 cfxResult_t cfx_core_probe_stall(struct cfx_op *op, int64_t stalled_ns);
 
+struct cfxComm;
+
+/* Before a launch (and from cfxCommGetAsyncError): cfxInvalidUsage, with a
+ * sentence, when a slot of a collective that already finished on this rank
+ * waits in one of its collective FIFOs: a peer ran another collective (a
+ * broadcast from another root, a reduce against a broadcast) and sent data
+ * this rank's call never took. @p blame_p: the rank the failure is about (-1:
+ * this rank, which found it). Loads of the FIFOs' posted flags only; never
+ * blocks, never allocates. cfxSuccess when CFX_CHECK_MISMATCH is off. */
+cfxResult_t cfx_core_probe_leftovers(struct cfxComm *comm, int *blame_p);
+
+/* cfxCommGetAsyncError's look around while no call uses @p comm: leftover
+ * slots (above), and connectors a peer poisoned because it found a mismatch
+ * or timed out (asked of the transports at most every few milliseconds, and
+ * no more once the communicator is finalized or a peer has left). On
+ * either, breaks the communicator as a failed call would (async error,
+ * poisoned connectors, the sentence in cfxGetLastError) and returns the
+ * error; else the communicator's async error. */
+cfxResult_t cfx_core_probe_async(struct cfxComm *comm);
+
 #endif /* CFX_CORE_PROBE_H */
