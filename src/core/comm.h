@@ -72,6 +72,12 @@ struct cfxComm {
      * init: all ranks or none). */
     int single_copy;
     size_t single_copy_min;
+    /* Connection setup (connect.c): peers whose pid this process could see
+     * at init (one host, one PID namespace), so that a pid gone later means
+     * a dead rank; and the deadline of the batch being connected. */
+    uint8_t *pid_watched; /* [nranks] */
+    int64_t connect_deadline_ns; /* 0: none. */
+    int connect_blame_rank;      /* Set by a failed connect_check: whom it is about. */
     struct cfx_connector **p2p_send;         /* [nranks], NULL until first use. */
     struct cfx_connector **p2p_recv;
     /* Mismatch detection and the flight recorder. */
@@ -117,6 +123,7 @@ struct cfx_conn_request {
     int kind;                     /* CFX_CONN_KIND_*: keeps bootstrap tags apart. */
     struct cfx_connector **out_p; /* Where the finished connector goes. */
     size_t slot_bytes;            /* FIFO slot size; 0: the communicator's. */
+    const struct cfx_op *op;      /* The call that needs it at first use; NULL at init. */
     /* Filled while connecting. */
     struct cfx_connector *conn;
     int transport;
@@ -135,6 +142,14 @@ struct cfx_conn_request {
  * all send sides before any receive side, so no rank waits on another that
  * waits on it. Setup-time only. On failure nothing of the batch remains. */
 cfxResult_t cfx_core_connect_batch(struct cfx_conn_request *reqs, int n_reqs);
+
+/* After the peer table is known at init: note which peers' processes this
+ * one can see, so that connection setup notices when one dies. */
+cfxResult_t cfx_core_peers_watch(struct cfxComm *comm);
+/* The first peer of @p comm whose process is known to be gone, or -1;
+ * looks again for up to @p grace_ms (a peer whose sockets closed may still
+ * be on its way out). */
+int cfx_core_peer_dead(const struct cfxComm *comm, int64_t grace_ms);
 
 /* Close every connector and transport of a communicator. Never blocks. */
 void cfx_core_disconnect_all(struct cfxComm *comm);

@@ -57,6 +57,7 @@ static void comm_free(struct cfxComm *comm)
     cfx_core_flight_fini(comm);
     free(comm->p2p_send_seq);
     free(comm->p2p_recv_seq);
+    free(comm->pid_watched);
     free(comm->peers);
     comm->magic = CFX_COMM_DEAD;
     free(comm);
@@ -170,6 +171,29 @@ static cfxResult_t agree_single_copy(struct cfxComm *comm)
     return cfxSuccess;
 }
 
+#define DEATH_GRACE_MS 500 /* A peer's sockets close before its process is seen gone. */
+
+/* A failed init while a peer's process is gone: whatever broke here (a
+ * transport, the bootstrap, a neighbour that gave up) broke because that
+ * rank died, so the sentence says so first. */
+static cfxResult_t blame_dead_peer(struct cfxComm *comm, cfxResult_t res)
+{
+    int dead = comm ? cfx_core_peer_dead(comm, res == cfxRemoteError || res == cfxTimeout
+                                                   ? DEATH_GRACE_MS
+                                                   : 0)
+                    : -1;
+    if (dead < 0)
+        return res;
+    char cause[CFX_ERROR_MAX];
+    snprintf(cause, sizeof(cause), "%s", cfx_error_thread_last());
+    if (strstr(cause, "died") != NULL || strstr(cause, "is gone") != NULL)
+        return res; /* Already says who. */
+    return cfx_error_set(cfxRemoteError, CFX_LOG_INIT,
+                         "rank %d died during communicator init (its process, pid %d, exited or "
+                         "was killed), so rank %d's init failed: %s",
+                         dead, comm->peers[dead].pid, comm->rank, cause);
+}
+
 /* Everything after the bootstrap exists: learn who the peers are. */
 static cfxResult_t comm_setup(struct cfxComm *comm)
 {
@@ -194,6 +218,7 @@ static cfxResult_t comm_setup(struct cfxComm *comm)
             comm->local_nranks++;
         }
     }
+    CFX_CHECK(cfx_core_peers_watch(comm));
     CFX_CHECK(connect_ring(comm));
     CFX_CHECK(agree_single_copy(comm));
     CFX_CHECK(cfx_core_algo_init(comm));
@@ -241,6 +266,7 @@ CFX_API cfxResult_t cfxCommInitRankConfig(cfxComm_t *comm_p, int nranks, cfxUniq
     *comm_p = comm;
     goto out;
 err_free:
+    res = blame_dead_peer(comm, res);
     comm_free(comm);
 out:
     return cfx_core_api_exit(NULL, res);
@@ -371,6 +397,7 @@ CFX_API cfxResult_t cfxCommSplit(cfxComm_t comm, int color, int key, cfxComm_t *
     *newcomm = child;
     goto out;
 err_child:
+    res = blame_dead_peer(child, res);
     comm_free(child);
 err_bs:
     cfx_bootstrap_destroy(child_bs);
