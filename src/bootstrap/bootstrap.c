@@ -520,16 +520,23 @@ static void list_missing(const struct cfx_sockaddr_wire *table, int nranks, char
         snprintf(text + used, size - used, " and %d more", more);
 }
 
-/* After the root closed our connection: whether it is gone (its listener
- * refuses a new connection) rather than refusing us. */
+/* After the root closed our connection: whether it is gone rather than
+ * refusing us. A live root accepts a new connection and waits for its
+ * hello; a dead one refuses it, or (still on its way out) resets it. */
 static int root_gone(const union cfx_sockaddr *root_addr, const int *abort_flag)
 {
     int fd = -1;
     cfxResult_t res = cfx_socket_connect(root_addr, cfx_time_now_ns() + ROOT_PROBE_NS, abort_flag,
                                          &fd);
-    cfx_socket_close(&fd);
     cfx_error_thread_clear();
-    return res == cfxTimeout;
+    if (res != cfxSuccess)
+        return res == cfxTimeout;
+    struct pollfd pfd = {.fd = fd, .events = POLLIN};
+    char byte;
+    int gone = poll(&pfd, 1, (int)(ROOT_PROBE_NS / CFX_NS_PER_MS)) > 0 &&
+               recv(fd, &byte, 1, MSG_PEEK | MSG_DONTWAIT) <= 0;
+    cfx_socket_close(&fd);
+    return gone;
 }
 
 /* Rank side of the join: greet the root, receive the address table. */
