@@ -173,15 +173,15 @@ static cfxResult_t agree_single_copy(struct cfxComm *comm)
 
 #define DEATH_GRACE_MS 500 /* A peer's sockets close before its process is seen gone. */
 
-/* A failed init while a peer's process is gone: whatever broke here (a
- * transport, the bootstrap, a neighbour that gave up) broke because that
- * rank died, so the sentence says so first. */
+/* A failed init (a peer went silent or away) while a peer's process is
+ * gone: whatever broke here (a transport, the bootstrap, a neighbour that
+ * gave up) broke because that rank died, so the sentence says so first. */
 static cfxResult_t blame_dead_peer(struct cfxComm *comm, cfxResult_t res)
 {
-    int dead = comm ? cfx_core_peer_dead(comm, res == cfxRemoteError || res == cfxTimeout
-                                                   ? DEATH_GRACE_MS
-                                                   : 0)
-                    : -1;
+    /* Only failures about a peer: a refused setting fails every rank alike. */
+    if (comm == NULL || (res != cfxRemoteError && res != cfxTimeout))
+        return res;
+    int dead = cfx_core_peer_dead(comm, DEATH_GRACE_MS);
     if (dead < 0)
         return res;
     char cause[CFX_ERROR_MAX];
