@@ -178,9 +178,14 @@ static cfxResult_t watch_peer(struct cfxComm *comm, int peer, int *blame_p)
                              "rank %d is gone (rank %d, which was connecting to it, saw it die "
                              "and gave up)",
                              blame, peer);
-    cfxResult_t reason = notice.reason == cfxTimeout ? cfxTimeout : cfxRemoteError;
-    return cfx_error_set(reason, CFX_LOG_INIT, "rank %d gave up connecting (%s on its side)",
-                         peer, cfxGetErrorString((cfxResult_t)notice.reason));
+    if (notice.reason == cfxTimeout)
+        return cfx_error_set(cfxTimeout, CFX_LOG_INIT,
+                             "rank %d gave up first: its own call timed out waiting for this "
+                             "rank, so no call there matches this one",
+                             peer);
+    return cfx_error_set(cfxRemoteError, CFX_LOG_INIT,
+                         "rank %d failed while connecting (result %d; its own error says why)",
+                         peer, (int)notice.reason);
 }
 
 /* The transports' connect_check: the peer's state and the batch's deadline. */
