@@ -492,7 +492,8 @@ static void say_done_and_wait_for_the_other(struct cfx_test_rank *ctx, struct se
 {
     char byte = 1;
     cfx_test_step(ctx, "waiting for rank %d to return from its call", 1 - ctx->rank);
-    if (write(sc->pipes[ctx->rank][1], &byte, 1) != 1 || read(sc->pipes[1 - ctx->rank][0], &byte, 1) != 1)
+    if (write(sc->pipes[ctx->rank][1], &byte, 1) != 1 ||
+        read(sc->pipes[1 - ctx->rank][0], &byte, 1) != 1)
         cfx_test_fail(ctx, __FILE__, __LINE__, "the pipe between the ranks broke");
 }
 
@@ -552,7 +553,8 @@ ParameterizedTest(int *socket, first_use, send_without_a_receive_times_out_namin
     cfx_test_setenv("CFX_TIMEOUT", "3");
     struct send_case sc = {.both_send = 0};
     cr_assert(pipe(sc.pipes[0]) == 0 && pipe(sc.pipes[1]) == 0, "pipe");
-    struct cfx_test_options opts = {.nranks = 2, .mode = CFX_TEST_PROCS, .deadline_s = 30, .arg = &sc};
+    struct cfx_test_options opts = {
+        .nranks = 2, .mode = CFX_TEST_PROCS, .deadline_s = 30, .arg = &sc};
     CFX_TEST_RUN(&opts, sends_without_receives);
     for (int r = 0; r < 2; r++) {
         close(sc.pipes[r][0]);
@@ -574,7 +576,8 @@ ParameterizedTest(int *socket, first_use, two_ranks_sending_to_each_other_outsid
     cfx_test_setenv("CFX_TIMEOUT", "3");
     struct send_case sc = {.both_send = 1};
     cr_assert(pipe(sc.pipes[0]) == 0 && pipe(sc.pipes[1]) == 0, "pipe");
-    struct cfx_test_options opts = {.nranks = 2, .mode = CFX_TEST_PROCS, .deadline_s = 30, .arg = &sc};
+    struct cfx_test_options opts = {
+        .nranks = 2, .mode = CFX_TEST_PROCS, .deadline_s = 30, .arg = &sc};
     CFX_TEST_RUN(&opts, sends_without_receives);
     for (int r = 0; r < 2; r++) {
         close(sc.pipes[r][0]);
