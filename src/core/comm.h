@@ -29,7 +29,7 @@ struct cfx_peer_info {
     int32_t rank;
     int32_t cuda_dev; /* -1: host only. */
     int32_t pid;
-    uint32_t reserved;
+    uint32_t pid_ns; /* Inode of its PID namespace (0: unknown): pids compare only within one. */
     uint64_t host_hash;
     char host_id[CFX_HOST_ID_MAX];
 };
@@ -72,9 +72,9 @@ struct cfxComm {
      * init: all ranks or none). */
     int single_copy;
     size_t single_copy_min;
-    /* Connection setup (connect.c): peers whose pid this process could see
-     * at init (one host, one PID namespace), so that a pid gone later means
-     * a dead rank; and the deadline of the batch being connected. */
+    /* Connection setup (connect.c): peers whose pid means a process here
+     * (one host, one PID namespace), so that a pid gone later means a dead
+     * rank; and the deadline of the batch being connected. */
     uint8_t *pid_watched; /* [nranks] */
     int64_t connect_deadline_ns; /* 0: none. */
     int connect_blame_rank;      /* Set by a failed connect_check: whom it is about. */
@@ -143,13 +143,18 @@ struct cfx_conn_request {
  * waits on it. Setup-time only. On failure nothing of the batch remains. */
 cfxResult_t cfx_core_connect_batch(struct cfx_conn_request *reqs, int n_reqs);
 
+/* This process's PID namespace, for cfx_peer_info.pid_ns (0: unknown). */
+uint32_t cfx_core_pid_ns(void);
 /* After the peer table is known at init: note which peers' processes this
  * one can see, so that connection setup notices when one dies. */
 cfxResult_t cfx_core_peers_watch(struct cfxComm *comm);
-/* The first peer of @p comm whose process is known to be gone, or -1;
- * looks again for up to @p grace_ms (a peer whose sockets closed may still
- * be on its way out). */
-int cfx_core_peer_dead(const struct cfxComm *comm, int64_t grace_ms);
+/* After a failure: the rank whose death caused it, or -1. A rank a peer's
+ * notice names comes first, then the first peer whose process is gone
+ * (peers that sent a notice failed knowingly and are not taken for the
+ * cause); looks again for up to @p grace_ms (a peer whose sockets closed
+ * may still be on its way out). A failed look may replace this thread's
+ * error sentence. */
+int cfx_core_peer_dead(struct cfxComm *comm, int64_t grace_ms);
 
 /* Close every connector and transport of a communicator. Never blocks. */
 void cfx_core_disconnect_all(struct cfxComm *comm);

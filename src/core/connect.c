@@ -10,6 +10,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "kernels/reduce.h"
@@ -79,6 +80,12 @@ static int process_ended(int pid)
     return paren != NULL && paren[1] == ' ' && (paren[2] == 'Z' || paren[2] == 'X');
 }
 
+uint32_t cfx_core_pid_ns(void)
+{
+    struct stat st;
+    return stat("/proc/self/ns/pid", &st) == 0 ? (uint32_t)st.st_ino : 0;
+}
+
 cfxResult_t cfx_core_peers_watch(struct cfxComm *comm)
 {
     comm->pid_watched = calloc((size_t)comm->nranks, 1);
@@ -86,9 +93,10 @@ cfxResult_t cfx_core_peers_watch(struct cfxComm *comm)
         return cfx_error_set(cfxSystemError, CFX_LOG_INIT, "out of memory for the peer table");
     const struct cfx_peer_info *me = &comm->peers[comm->rank];
     for (int r = 0; r < comm->nranks; r++)
-        /* Another PID namespace on this host shows no such process, or another one. */
+        /* In another PID namespace the same number is no process, or another one. */
         comm->pid_watched[r] = r != comm->rank && comm->peers[r].host_hash == me->host_hash &&
-                               comm->peers[r].pid != me->pid && kill(comm->peers[r].pid, 0) == 0;
+                               me->pid_ns != 0 && comm->peers[r].pid_ns == me->pid_ns &&
+                               comm->peers[r].pid != me->pid;
     return cfxSuccess;
 }
 
@@ -97,17 +105,38 @@ static int peer_gone(const struct cfxComm *comm, int peer)
     return comm->pid_watched && comm->pid_watched[peer] && process_ended(comm->peers[peer].pid);
 }
 
-int cfx_core_peer_dead(const struct cfxComm *comm, int64_t grace_ms)
+int cfx_core_peer_dead(struct cfxComm *comm, int64_t grace_ms)
 {
+    if (comm->peers == NULL || comm->bootstrap == NULL)
+        return -1;
+    /* Peers that failed because another died said so before they left
+     * (their notices): trust those first, and do not take their own exit
+     * for the cause. */
+    uint8_t *told = calloc((size_t)comm->nranks, 1);
     int64_t until = cfx_time_now_ns() + grace_ms * CFX_NS_PER_MS;
-    for (;;) {
-        for (int r = 0; comm->peers && r < comm->nranks; r++)
-            if (peer_gone(comm, r))
-                return r;
-        if (cfx_time_now_ns() >= until)
-            return -1;
+    int dead = -1;
+    while (dead < 0) {
+        for (int r = 0; r < comm->nranks && dead < 0; r++) {
+            struct conn_notice notice;
+            int got = 0;
+            if (r == comm->rank || cfx_bootstrap_try_recv(comm->bootstrap, r, NOTICE_TAG, &notice,
+                                                          sizeof(notice), &got) != cfxSuccess)
+                continue;
+            if (got && told)
+                told[r] = 1;
+            if (got && notice.blame_rank != r && notice.blame_rank >= 0 &&
+                notice.blame_rank < comm->nranks)
+                dead = notice.blame_rank;
+        }
+        for (int r = 0; r < comm->nranks && dead < 0; r++)
+            if ((told == NULL || !told[r]) && peer_gone(comm, r))
+                dead = r;
+        if (dead >= 0 || cfx_time_now_ns() >= until)
+            break;
         usleep(DEATH_POLL_US);
     }
+    free(told);
+    return dead;
 }
 
 /* ------------------------------------------------------ waiting on peers */

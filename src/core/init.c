@@ -181,13 +181,18 @@ static cfxResult_t blame_dead_peer(struct cfxComm *comm, cfxResult_t res)
     /* Only failures about a peer: a refused setting fails every rank alike. */
     if (comm == NULL || (res != cfxRemoteError && res != cfxTimeout))
         return res;
-    int dead = cfx_core_peer_dead(comm, DEATH_GRACE_MS);
-    if (dead < 0)
-        return res;
-    char cause[CFX_ERROR_MAX];
+    char cause[CFX_ERROR_MAX], died[48], gone[48];
     snprintf(cause, sizeof(cause), "%s", cfx_error_thread_last());
-    if (strstr(cause, "died") != NULL || strstr(cause, "is gone") != NULL)
-        return res; /* Already says who. */
+    int dead = cfx_core_peer_dead(comm, DEATH_GRACE_MS);
+    if (dead >= 0) {
+        snprintf(died, sizeof(died), "rank %d died", dead);
+        snprintf(gone, sizeof(gone), "rank %d is gone", dead);
+    }
+    if (dead < 0 || strstr(cause, died) != NULL || strstr(cause, gone) != NULL) {
+        if (strcmp(cause, cfx_error_thread_last()) != 0) /* A failed look replaced it. */
+            cfx_error_set(res, CFX_LOG_INIT, "%s", cause);
+        return res; /* Nothing to add. */
+    }
     return cfx_error_set(cfxRemoteError, CFX_LOG_INIT,
                          "rank %d died during communicator init (its process, pid %d, exited or "
                          "was killed), so rank %d's init failed: %s",
@@ -204,6 +209,7 @@ static cfxResult_t comm_setup(struct cfxComm *comm)
     me->rank = comm->rank;
     me->cuda_dev = comm->cuda_dev;
     me->pid = (int32_t)getpid();
+    me->pid_ns = cfx_core_pid_ns();
     cfx_host_identity(me->host_id, sizeof(me->host_id));
     me->host_hash = cfx_host_hash(me->host_id);
     CFX_CHECK(cfx_bootstrap_allgather(comm->bootstrap, comm->peers, sizeof(*comm->peers)));
