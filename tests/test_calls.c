@@ -125,6 +125,35 @@ Test(groups, a_send_to_self_outside_a_group_is_invalid_usage)
     cr_assert_eq(cfxCommDestroy(comm), cfxSuccess);
 }
 
+/* A send to this rank itself without its receive in the same group (or a
+ * receive without its send) could never complete: refused at the group's
+ * end, at once, naming the call, and the communicator still works. */
+Test(groups, a_self_send_or_receive_without_its_match_in_the_group_is_refused_at_once,
+     .timeout = 30)
+{
+    cfxComm_t comm = solo();
+    float x[16] = {0}, y[16] = {0};
+    cr_assert_eq(cfxGroupStart(), cfxSuccess);
+    cr_assert_eq(cfxSend(x, 16, cfxFloat32, 0, comm, NULL), cfxSuccess);
+    cr_assert_eq(cfxGroupEnd(), cfxInvalidUsage, "%s", cfxGetLastError(NULL));
+    ASSERT_SENTENCE(NULL, "rank 0's cfxSend to rank 0, itself (64 bytes)");
+    ASSERT_SENTENCE(NULL, "no matching cfxRecv from rank 0, itself");
+    cr_assert_eq(cfxGroupStart(), cfxSuccess);
+    cr_assert_eq(cfxRecv(y, 16, cfxFloat32, 0, comm, NULL), cfxSuccess);
+    cr_assert_eq(cfxRecv(y, 16, cfxFloat32, 0, comm, NULL), cfxSuccess);
+    cr_assert_eq(cfxSend(x, 16, cfxFloat32, 0, comm, NULL), cfxSuccess);
+    cr_assert_eq(cfxGroupEnd(), cfxInvalidUsage, "%s", cfxGetLastError(NULL));
+    ASSERT_SENTENCE(NULL, "rank 0's cfxRecv from rank 0, itself (64 bytes)");
+    /* Refused before anything ran: a matched pair still works. */
+    x[3] = 7;
+    cr_assert_eq(cfxGroupStart(), cfxSuccess);
+    cr_assert_eq(cfxSend(x, 16, cfxFloat32, 0, comm, NULL), cfxSuccess);
+    cr_assert_eq(cfxRecv(y, 16, cfxFloat32, 0, comm, NULL), cfxSuccess);
+    cr_assert_eq(cfxGroupEnd(), cfxSuccess, "%s", cfxGetLastError(NULL));
+    cr_assert_eq(y[3], 7.0f);
+    cr_assert_eq(cfxCommDestroy(comm), cfxSuccess);
+}
+
 Test(groups, a_refused_call_inside_a_group_fails_the_group_and_runs_nothing)
 {
     cfxComm_t comm = solo();

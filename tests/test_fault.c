@@ -6,12 +6,15 @@
  */
 #include <criterion/criterion.h>
 #include <criterion/parameterized.h>
+#include <arpa/inet.h>
 #include <dirent.h>
+#include <netinet/in.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -546,4 +549,278 @@ ParameterizedTest(struct silent_case *sc, mismatch,
     struct cfx_test_options opts = {.nranks = 3, .mode = CFX_TEST_PROCS, .deadline_s = 30, .arg = sc};
     CFX_TEST_RUN(&opts, silent_mismatch_rank);
     cfx_test_setenv("CFX_ALGO", NULL);
+}
+
+/* ------------------------------------------- connecting at first use */
+
+/* The first send or receive with a peer connects to it; that wait obeys
+ * CFX_TIMEOUT (3 s here), notices a dead peer, and names the call. */
+
+#define FIRST_USE_COUNT (1 << 20) /* 4 MiB of floats: more than the FIFO holds. */
+
+static int sentence_has(cfxComm_t comm, const char *words)
+{
+    return strstr(cfxGetLastError(comm), words) != NULL;
+}
+
+static void recv_from_a_rank_that_exits(struct cfx_test_rank *ctx)
+{
+    cfxComm_t comm;
+    RANK_CFX(ctx, cfxCommInitRank(&comm, ctx->nranks, ctx->id, ctx->rank));
+    if (ctx->rank == 0) {
+        cfx_test_step(ctx, "rank 0 exits after 1 s without sending");
+        sleep(1);
+        RANK_CFX(ctx, cfxCommDestroy(comm));
+        return;
+    }
+    float *data = calloc(FIRST_USE_COUNT, sizeof(float));
+    RANK_ASSERT(ctx, data != NULL, "malloc");
+    cfx_test_step(ctx, "cfxRecv from rank 0, which exits");
+    double start = now_s();
+    cfxResult_t res = cfxRecv(data, FIRST_USE_COUNT, cfxFloat32, 0, comm, NULL);
+    double took = now_s() - start;
+    free(data);
+    RANK_ASSERT(ctx, res == cfxRemoteError, "the receive returned %s: %s", cfxGetErrorString(res),
+                cfxGetLastError(comm));
+    RANK_ASSERT(ctx, took < 2.8, "the receive took %.1f s: the dead peer went unnoticed", took);
+    RANK_ASSERT(ctx,
+                sentence_has(comm, "rank 1's cfxRecv from rank 0 (4194304 bytes)") &&
+                    sentence_has(comm, "rank 0 is gone"),
+                "the sentence does not name the call and the dead rank: %s", cfxGetLastError(comm));
+    RANK_CFX(ctx, cfxCommDestroy(comm));
+}
+
+ParameterizedTestParameters(first_use, recv_from_a_rank_that_exits_says_it_is_gone)
+{
+    static int transports[] = {0, 1};
+    return cr_make_param_array(int, transports, 2);
+}
+
+ParameterizedTest(int *socket, first_use, recv_from_a_rank_that_exits_says_it_is_gone,
+                  .timeout = 60)
+{
+    cr_log_info("over %s", transport_names[*socket]);
+    use_transport(*socket);
+    cfx_test_setenv("CFX_TIMEOUT", "3");
+    struct cfx_test_options opts = {.nranks = 2, .mode = CFX_TEST_PROCS, .deadline_s = 30};
+    CFX_TEST_RUN(&opts, recv_from_a_rank_that_exits);
+}
+
+/* Two ranks and a pipe each: a rank writes to its own when its call has
+ * returned and reads the other's before it leaves, so neither sees the
+ * other gone while its call still waits. */
+struct send_case {
+    int both_send; /* Rank 1 sends to rank 0 too (outside a group), else calls nothing. */
+    int pipes[2][2];
+};
+
+static void say_done_and_wait_for_the_other(struct cfx_test_rank *ctx, struct send_case *sc)
+{
+    char byte = 1;
+    cfx_test_step(ctx, "waiting for rank %d to return from its call", 1 - ctx->rank);
+    if (write(sc->pipes[ctx->rank][1], &byte, 1) != 1 ||
+        read(sc->pipes[1 - ctx->rank][0], &byte, 1) != 1)
+        cfx_test_fail(ctx, __FILE__, __LINE__, "the pipe between the ranks broke");
+}
+
+/* Rank 0 sends to rank 1, which does not receive; both stay until both
+ * are done. */
+static void sends_without_receives(struct cfx_test_rank *ctx)
+{
+    struct send_case *sc = ctx->arg;
+    int both_send = sc->both_send;
+    cfxComm_t comm;
+    RANK_CFX(ctx, cfxCommInitRank(&comm, ctx->nranks, ctx->id, ctx->rank));
+    if (ctx->rank == 1 && !both_send) {
+        cfx_test_step(ctx, "rank 1 never calls cfxRecv");
+        say_done_and_wait_for_the_other(ctx, sc);
+        RANK_CFX(ctx, cfxCommDestroy(comm));
+        return;
+    }
+    float *data = calloc(FIRST_USE_COUNT, sizeof(float));
+    RANK_ASSERT(ctx, data != NULL, "malloc");
+    int peer = 1 - ctx->rank;
+    cfx_test_step(ctx, "cfxSend to rank %d with no cfxRecv there", peer);
+    double start = now_s();
+    cfxResult_t res = cfxSend(data, FIRST_USE_COUNT, cfxFloat32, peer, comm, NULL);
+    double took = now_s() - start;
+    free(data);
+    say_done_and_wait_for_the_other(ctx, sc);
+    RANK_ASSERT(ctx, res == cfxTimeout, "the send returned %s: %s", cfxGetErrorString(res),
+                cfxGetLastError(comm));
+    RANK_ASSERT(ctx, took > 1.5 && took < 4.5, "the send took %.1f s with CFX_TIMEOUT=3", took);
+    char call[96];
+    snprintf(call, sizeof(call), "rank %d's cfxSend to rank %d (4194304 bytes)", ctx->rank, peer);
+    char unmatched[96];
+    snprintf(unmatched, sizeof(unmatched), "no matching cfxRecv on rank %d within CFX_TIMEOUT=3 s",
+             peer);
+    /* With both sending, one may hear first that the other gave up. */
+    RANK_ASSERT(ctx,
+                sentence_has(comm, call) &&
+                    (sentence_has(comm, unmatched) || (both_send && sentence_has(comm, "gave up"))),
+                "the sentence does not name the unmatched call: %s", cfxGetLastError(comm));
+    cfxResult_t async;
+    RANK_CFX(ctx, cfxCommGetAsyncError(comm, &async));
+    RANK_ASSERT(ctx, async == cfxTimeout, "async error %d after the failed send", async);
+    RANK_CFX(ctx, cfxCommDestroy(comm));
+}
+
+ParameterizedTestParameters(first_use, send_without_a_receive_times_out_naming_the_call)
+{
+    static int transports[] = {0, 1};
+    return cr_make_param_array(int, transports, 2);
+}
+
+ParameterizedTest(int *socket, first_use, send_without_a_receive_times_out_naming_the_call,
+                  .timeout = 60)
+{
+    cr_log_info("over %s", transport_names[*socket]);
+    use_transport(*socket);
+    cfx_test_setenv("CFX_TIMEOUT", "3");
+    struct send_case sc = {.both_send = 0};
+    cr_assert(pipe(sc.pipes[0]) == 0 && pipe(sc.pipes[1]) == 0, "pipe");
+    struct cfx_test_options opts = {
+        .nranks = 2, .mode = CFX_TEST_PROCS, .deadline_s = 30, .arg = &sc};
+    CFX_TEST_RUN(&opts, sends_without_receives);
+    for (int r = 0; r < 2; r++) {
+        close(sc.pipes[r][0]);
+        close(sc.pipes[r][1]);
+    }
+}
+
+ParameterizedTestParameters(first_use, two_ranks_sending_to_each_other_outside_a_group_time_out)
+{
+    static int transports[] = {0, 1};
+    return cr_make_param_array(int, transports, 2);
+}
+
+ParameterizedTest(int *socket, first_use, two_ranks_sending_to_each_other_outside_a_group_time_out,
+                  .timeout = 60)
+{
+    cr_log_info("over %s", transport_names[*socket]);
+    use_transport(*socket);
+    cfx_test_setenv("CFX_TIMEOUT", "3");
+    struct send_case sc = {.both_send = 1};
+    cr_assert(pipe(sc.pipes[0]) == 0 && pipe(sc.pipes[1]) == 0, "pipe");
+    struct cfx_test_options opts = {
+        .nranks = 2, .mode = CFX_TEST_PROCS, .deadline_s = 30, .arg = &sc};
+    CFX_TEST_RUN(&opts, sends_without_receives);
+    for (int r = 0; r < 2; r++) {
+        close(sc.pipes[r][0]);
+        close(sc.pipes[r][1]);
+    }
+}
+
+/* ------------------------------------------------- dying during init */
+
+/* CFX_FAULT of each case (the cases cross into the test's own process by
+ * value: no pointers). */
+static const char *init_faults[] = {"kill:rank=1:at=connect", "kill:rank=2:at=setup"};
+
+struct init_death {
+    int fault;          /* Index in init_faults. */
+    int nranks;
+    int dead;           /* The rank that dies. */
+    int socket;
+};
+
+static void init_while_a_rank_dies(struct cfx_test_rank *ctx)
+{
+    const struct init_death *death = ctx->arg;
+    cfxComm_t comm = NULL;
+    cfx_test_step(ctx, "init while rank %d dies (%s)", death->dead, init_faults[death->fault]);
+    double start = now_s();
+    cfxResult_t res = cfxCommInitRank(&comm, ctx->nranks, ctx->id, ctx->rank);
+    double took = now_s() - start;
+    RANK_ASSERT(ctx, res != cfxSuccess, "init succeeded while rank %d died", death->dead);
+    RANK_ASSERT(ctx, took < 8, "init took %.1f s to fail (CFX_BOOTSTRAP_TIMEOUT=10)", took);
+    char died[64], gone[64];
+    snprintf(died, sizeof(died), "rank %d died", death->dead);
+    snprintf(gone, sizeof(gone), "rank %d is gone", death->dead);
+    RANK_ASSERT(ctx, sentence_has(NULL, died) || sentence_has(NULL, gone),
+                "the sentence does not say that rank %d died: %s", death->dead,
+                cfxGetLastError(NULL));
+}
+
+static struct init_death init_deaths[] = {
+    {0, 3, 1, 0},
+    {0, 3, 1, 1},
+    {1, 4, 2, 0},
+    {1, 4, 2, 1},
+};
+
+ParameterizedTestParameters(init_death, survivors_say_which_rank_died)
+{
+    return cr_make_param_array(struct init_death, init_deaths,
+                               sizeof(init_deaths) / sizeof(init_deaths[0]));
+}
+
+ParameterizedTest(struct init_death *death, init_death, survivors_say_which_rank_died,
+                  .timeout = 60)
+{
+    cr_log_info("CFX_FAULT=%s, %d ranks, over %s", init_faults[death->fault], death->nranks,
+                transport_names[death->socket]);
+    use_transport(death->socket);
+    cfx_test_setenv("CFX_FAULT", init_faults[death->fault]);
+    cfx_test_setenv("CFX_BOOTSTRAP_TIMEOUT", "10");
+    struct cfx_test_options opts = {.nranks = death->nranks,
+                                    .mode = CFX_TEST_PROCS,
+                                    .deadline_s = 40,
+                                    .killed_ranks = 1ull << death->dead,
+                                    .arg = death};
+    CFX_TEST_RUN(&opts, init_while_a_rank_dies);
+    cfx_test_setenv("CFX_FAULT", NULL);
+    cfx_test_setenv("CFX_BOOTSTRAP_TIMEOUT", NULL);
+}
+
+/* Rank 0 serves the bootstrap root (CFX_COMM_ID) and dies while rank 1
+ * waits there for rank 2, which never comes. */
+static void *kill_me_later(void *arg)
+{
+    (void)arg;
+    usleep(1500 * 1000); /* Time for rank 1 to reach the root and wait there. */
+    kill(getpid(), SIGKILL);
+    return NULL;
+}
+
+static void join_while_the_root_dies(struct cfx_test_rank *ctx)
+{
+    cfxComm_t comm = NULL;
+    if (ctx->rank == 0) {
+        pthread_t killer;
+        pthread_create(&killer, NULL, kill_me_later, NULL);
+    }
+    cfx_test_step(ctx, "init while the root's process dies");
+    double start = now_s();
+    cfxResult_t res = cfxCommInitRank(&comm, ctx->nranks, ctx->id, ctx->rank);
+    double took = now_s() - start;
+    RANK_ASSERT(ctx, res == cfxRemoteError, "init returned %s: %s", cfxGetErrorString(res),
+                cfxGetLastError(NULL));
+    RANK_ASSERT(ctx, took < 8, "init took %.1f s to fail", took);
+    RANK_ASSERT(ctx, sentence_has(NULL, "died") && sentence_has(NULL, "rank 0"),
+                "the sentence does not say that rank 0 (the root) died: %s", cfxGetLastError(NULL));
+}
+
+Test(init_death, a_dead_root_is_named_as_rank_0, .timeout = 60)
+{
+    /* A port nobody uses now: the kernel's pick for a socket we close. */
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in sin = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t len = sizeof(sin);
+    cr_assert(fd >= 0 && bind(fd, (struct sockaddr *)&sin, sizeof(sin)) == 0 &&
+              getsockname(fd, (struct sockaddr *)&sin, &len) == 0, "no free port");
+    close(fd);
+    char addr[32];
+    snprintf(addr, sizeof(addr), "127.0.0.1:%d", ntohs(sin.sin_port));
+    cfx_test_setenv("CFX_COMM_ID", addr);
+    cfx_test_setenv("CFX_BOOTSTRAP_TIMEOUT", "20");
+    struct cfx_test_options opts = {.nranks = 3,
+                                    .mode = CFX_TEST_PROCS,
+                                    .id_mode = CFX_TEST_ID_ENV,
+                                    .deadline_s = 40,
+                                    .skip_ranks = 1ull << 2,
+                                    .killed_ranks = 1ull << 0};
+    CFX_TEST_RUN(&opts, join_while_the_root_dies);
+    cfx_test_setenv("CFX_COMM_ID", NULL);
+    cfx_test_setenv("CFX_BOOTSTRAP_TIMEOUT", NULL);
 }

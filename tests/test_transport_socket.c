@@ -19,6 +19,7 @@
 #include <unistd.h>
 
 #include "src/util/error.h"
+#include "src/util/log.h"
 #include "src/util/param.h"
 #include "src/util/socket.h"
 #include "src/util/time.h"
@@ -684,6 +685,66 @@ Test(socket, receiver_connect_stops_on_the_abort_flag, .timeout = 30)
     tp->close(sides[0].ctx, &tx);
     side_fini(&sides[0]);
     side_fini(&sides[1]);
+}
+
+/* The core's connect_check, as a test sees it: the peer is declared gone
+ * on the third look. */
+static int gone_checks;
+
+static cfxResult_t gone_on_third_look(void *arg, int peer_rank)
+{
+    (void)arg;
+    if (++gone_checks < 3)
+        return cfxSuccess;
+    return cfx_error_set(cfxRemoteError, CFX_LOG_NET, "rank %d is gone (test)", peer_rank);
+}
+
+/* Both waits of connect (the receiver's accept, the sender's connect to a
+ * listener that is no more) end on connect_check's word, with its result
+ * and sentence, long before the transport's own 60 s. */
+Test(socket, connect_waits_end_when_connect_check_says_the_peer_is_gone, .timeout = 30)
+{
+    use_loopback(2, 1);
+    struct rank_side sides[2];
+    for (int r = 0; r < 2; r++) {
+        memset(&sides[r], 0, sizeof(sides[r]));
+        sides[r].rank = r;
+        sides[r].env = (struct cfx_transport_env){.rank = r,
+                                                  .nranks = 2,
+                                                  .abort_flag = &sides[r].abort_flag,
+                                                  .connect_timeout_s = 60,
+                                                  .connect_check = gone_on_third_look};
+        sides[r].self = (struct cfx_transport_peer){.rank = r, .pid = getpid(), .cuda_dev = -1};
+        cr_assert_eq(tp->init(&sides[r].env, &sides[r].ctx), cfxSuccess, "%s",
+                     cfx_error_thread_last());
+    }
+    struct cfx_connector rx, tx;
+    unsigned char rx_info[CFX_CONNECT_INFO_BYTES], tx_info[CFX_CONNECT_INFO_BYTES];
+    conn_setup(&sides[0], &sides[1], CFX_CONN_SEND, 4096, 2, &tx, tx_info);
+    conn_setup(&sides[1], &sides[0], CFX_CONN_RECV, 4096, 2, &rx, rx_info);
+
+    gone_checks = 0;
+    int64_t start = cfx_time_now_ns();
+    cfxResult_t res = tp->connect(sides[1].ctx, &rx, tx_info); /* Rank 0 never connects. */
+    int64_t took_ms = (cfx_time_now_ns() - start) / CFX_NS_PER_MS;
+    cr_assert_eq(res, cfxRemoteError, "receiver's connect returned %d", (int)res);
+    cr_assert(took_ms < 3000, "the receiver waited %lld ms", (long long)took_ms);
+    cr_assert(strstr(cfx_error_thread_last(), "rank 0 is gone (test)") != NULL, "sentence: %s",
+              cfx_error_thread_last());
+
+    /* The receiver leaves: its listener refuses, which a sender retries. */
+    tp->close(sides[1].ctx, &rx);
+    side_fini(&sides[1]);
+    gone_checks = 0;
+    start = cfx_time_now_ns();
+    res = tp->connect(sides[0].ctx, &tx, rx_info);
+    took_ms = (cfx_time_now_ns() - start) / CFX_NS_PER_MS;
+    cr_assert_eq(res, cfxRemoteError, "sender's connect returned %d", (int)res);
+    cr_assert(took_ms < 3000, "the sender waited %lld ms", (long long)took_ms);
+    cr_assert(strstr(cfx_error_thread_last(), "rank 1 is gone (test)") != NULL, "sentence: %s",
+              cfx_error_thread_last());
+    tp->close(sides[0].ctx, &tx);
+    side_fini(&sides[0]);
 }
 
 /* ------------------------------------------------------------ lifecycle */

@@ -78,6 +78,13 @@ struct cfx_transport_env {
     const int *abort_flag; /* Polled by blocking waits (connect). */
     int64_t connect_timeout_s;
     const char *listen_ifaddr; /* Address family/interface hint: "host" form or NULL. */
+    /* Optional (may be NULL): connect() calls it with its peer's rank
+     * between the slices of each wait (at least every 100 ms) and when it
+     * cannot reach the peer. Anything but cfxSuccess, with its sentence set
+     * (the peer is gone, gave up, or the call that needs the connection ran
+     * out of time), ends the wait: connect() returns that result as is. */
+    cfxResult_t (*connect_check)(void *arg, int peer_rank);
+    void *connect_check_arg;
 };
 
 struct cfx_transport {

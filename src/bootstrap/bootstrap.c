@@ -24,6 +24,8 @@ CFX_PARAM_STR_CHECKED(
     comm_id, "COMM_ID", NULL, cfx_socket_addr_param_check,
     "host:port of the root listener; makes every rank produce the same unique id");
 
+#define ROOT_PROBE_NS (300 * CFX_NS_PER_MS) /* A live root's listener answers well within. */
+
 _Static_assert(sizeof(struct cfx_bootstrap_id) <= CFX_UNIQUE_ID_BYTES, "id too large");
 
 struct unexpected_msg {
@@ -405,9 +407,16 @@ static cfxResult_t send_until(struct cfx_bootstrap *bs, int peer, uint32_t tag, 
 cfxResult_t cfx_bootstrap_try_recv(struct cfx_bootstrap *bs, int peer, uint32_t tag, void *data,
                                    size_t size, int *got_p)
 {
+    return cfx_bootstrap_recv_within(bs, peer, tag, data, size, 0, got_p);
+}
+
+cfxResult_t cfx_bootstrap_recv_within(struct cfx_bootstrap *bs, int peer, uint32_t tag, void *data,
+                                      size_t size, int timeout_ms, int *got_p)
+{
+    int64_t deadline = cfx_time_now_ns() + (int64_t)timeout_ms * CFX_NS_PER_MS;
     struct unexpected_msg *msg = take_unexpected(bs, peer, tag);
     while (msg == NULL) {
-        cfxResult_t res = accept_one(bs, cfx_time_now_ns());
+        cfxResult_t res = accept_one(bs, deadline);
         if (res == cfxTimeout) {
             cfx_error_thread_clear();
             *got_p = 0;
@@ -512,6 +521,25 @@ static void list_missing(const struct cfx_sockaddr_wire *table, int nranks, char
         snprintf(text + used, size - used, " and %d more", more);
 }
 
+/* After the root closed our connection: whether it is gone rather than
+ * refusing us. A live root accepts a new connection and waits for its
+ * hello; a dead one refuses it, or (still on its way out) resets it. */
+static int root_gone(const union cfx_sockaddr *root_addr, const int *abort_flag)
+{
+    int fd = -1;
+    cfxResult_t res = cfx_socket_connect(root_addr, cfx_time_now_ns() + ROOT_PROBE_NS, abort_flag,
+                                         &fd);
+    cfx_error_thread_clear();
+    if (res != cfxSuccess)
+        return res == cfxTimeout;
+    struct pollfd pfd = {.fd = fd, .events = POLLIN};
+    char byte;
+    int gone = poll(&pfd, 1, (int)(ROOT_PROBE_NS / CFX_NS_PER_MS)) > 0 &&
+               recv(fd, &byte, 1, MSG_PEEK | MSG_DONTWAIT) <= 0;
+    cfx_socket_close(&fd);
+    return gone;
+}
+
 /* Rank side of the join: greet the root, receive the address table. */
 static cfxResult_t join_root(struct cfx_bootstrap *bs, const struct cfx_bootstrap_id *bid)
 {
@@ -543,6 +571,16 @@ static cfxResult_t join_root(struct cfx_bootstrap *bs, const struct cfx_bootstra
         res = cfx_error_set(cfxTimeout, CFX_LOG_BOOTSTRAP,
                             "bootstrap rank %d: %s never answered; %s", bs->rank, root_name,
                             timeout_hint());
+        goto out;
+    }
+    if (res == cfxRemoteError && root_gone(&root_addr, bs->abort_flag)) {
+        res = cfx_error_set(cfxRemoteError, CFX_LOG_BOOTSTRAP,
+                            "bootstrap rank %d: %s died before every rank had joined: %s exited "
+                            "or was killed",
+                            bs->rank, root_name,
+                            (bid->flags & CFX_BOOTSTRAP_ID_COMM_ID)
+                                ? "rank 0, which serves it under CFX_COMM_ID,"
+                                : "the process that called cfxGetUniqueId (and serves it)");
         goto out;
     }
     if (res == cfxRemoteError) {

@@ -76,6 +76,12 @@ int64_t cfx_bootstrap_timeout_s(void);
 cfxResult_t cfx_bootstrap_try_recv(struct cfx_bootstrap *bs, int peer, uint32_t tag, void *data,
                                    size_t size, int *got_p);
 
+/* cfx_bootstrap_try_recv that waits up to @p timeout_ms for the message
+ * (and files any other that arrives meanwhile): *got_p = 0 when it did not
+ * come in time, which is not an error. */
+cfxResult_t cfx_bootstrap_recv_within(struct cfx_bootstrap *bs, int peer, uint32_t tag, void *data,
+                                      size_t size, int timeout_ms, int *got_p);
+
 int cfx_bootstrap_rank(const struct cfx_bootstrap *bs);
 int cfx_bootstrap_nranks(const struct cfx_bootstrap *bs);
 

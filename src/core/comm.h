@@ -30,7 +30,7 @@ struct cfx_peer_info {
     int32_t rank;
     int32_t cuda_dev; /* -1: host only. */
     int32_t pid;
-    uint32_t reserved;
+    uint32_t pid_ns; /* Inode of its PID namespace (0: unknown): pids compare only within one. */
     uint64_t host_hash;
     char host_id[CFX_HOST_ID_MAX];
 };
@@ -73,6 +73,12 @@ struct cfxComm {
      * init: all ranks or none). */
     int single_copy;
     size_t single_copy_min;
+    /* Connection setup (connect.c): peers whose pid means a process here
+     * (one host, one PID namespace), so that a pid gone later means a dead
+     * rank; and the deadline of the batch being connected. */
+    uint8_t *pid_watched; /* [nranks] */
+    int64_t connect_deadline_ns; /* 0: none. */
+    int connect_blame_rank;      /* Set by a failed connect_check: whom it is about. */
     struct cfx_connector **p2p_send;         /* [nranks], NULL until first use. */
     struct cfx_connector **p2p_recv;
     /* Mismatch detection and the flight recorder. */
@@ -129,6 +135,7 @@ struct cfx_conn_request {
     int kind;                     /* CFX_CONN_KIND_*: keeps bootstrap tags apart. */
     struct cfx_connector **out_p; /* Where the finished connector goes. */
     size_t slot_bytes;            /* FIFO slot size; 0: the communicator's. */
+    const struct cfx_op *op;      /* The call that needs it at first use; NULL at init. */
     /* Filled while connecting. */
     struct cfx_connector *conn;
     int transport;
@@ -147,6 +154,19 @@ struct cfx_conn_request {
  * all send sides before any receive side, so no rank waits on another that
  * waits on it. Setup-time only. On failure nothing of the batch remains. */
 cfxResult_t cfx_core_connect_batch(struct cfx_conn_request *reqs, int n_reqs);
+
+/* This process's PID namespace, for cfx_peer_info.pid_ns (0: unknown). */
+uint32_t cfx_core_pid_ns(void);
+/* After the peer table is known at init: note which peers' processes this
+ * one can see, so that connection setup notices when one dies. */
+cfxResult_t cfx_core_peers_watch(struct cfxComm *comm);
+/* After a failure: the rank whose death caused it, or -1. A rank a peer's
+ * notice names comes first, then the first peer whose process is gone
+ * (peers that sent a notice failed knowingly and are not taken for the
+ * cause); looks again for up to @p grace_ms (a peer whose sockets closed
+ * may still be on its way out). A failed look may replace this thread's
+ * error sentence. */
+int cfx_core_peer_dead(struct cfxComm *comm, int64_t grace_ms);
 
 /* Close every connector and transport of a communicator. Never blocks. */
 void cfx_core_disconnect_all(struct cfxComm *comm);

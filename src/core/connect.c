@@ -5,10 +5,17 @@
  * ring) and at the first use of a peer (point to point) or of an algorithm
  * (tree, direct); never on the data path of an established connection.
  */
+#include <errno.h>
+#include <signal.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
+#include "kernels/reduce.h"
 #include "src/core/comm.h"
+#include "src/exec/host.h"
 #include "src/util/check.h"
 #include "src/util/log.h"
 
@@ -19,6 +26,18 @@ struct conn_msg {
     uint64_t slot_bytes;
     char info[CFX_CONNECT_INFO_BYTES];
 };
+
+/* What a rank whose connecting failed tells the peers of its batch, so
+ * that they stop waiting for it and can say why. */
+struct conn_notice {
+    int32_t reason;     /* cfxResult_t. */
+    int32_t blame_rank; /* The rank the failure is about (a dead rank, or the sender). */
+};
+
+#define NOTICE_TAG 0x434e46ffu   /* "CNF": never a conn_tag(). */
+#define WAIT_SLICE_MS 50         /* Longest wait between checks of the peers. */
+#define NOTICE_SEND_MS 200       /* How long a notice may take to leave. */
+#define DEATH_POLL_US 10000      /* Between looks at a dying peer. */
 
 /* The message a side of direction @p dir sends for connection kind @p kind. */
 static uint32_t conn_tag(int kind, enum cfx_conn_dir dir)
@@ -42,6 +61,177 @@ static const char *kind_name(int kind)
     }
 }
 
+/* ------------------------------------------------------- dead peers */
+
+/* Whether process @p pid has ended: gone, or a zombie nobody reaped yet. */
+static int process_ended(int pid)
+{
+    if (kill(pid, 0) != 0)
+        return errno == ESRCH;
+    char path[64], text[512];
+    snprintf(path, sizeof(path), "/proc/%d/stat", pid);
+    FILE *f = fopen(path, "r");
+    if (f == NULL)
+        return 0;
+    size_t n = fread(text, 1, sizeof(text) - 1, f);
+    fclose(f);
+    text[n] = '\0';
+    const char *paren = strrchr(text, ')'); /* The name may hold anything but ends here. */
+    return paren != NULL && paren[1] == ' ' && (paren[2] == 'Z' || paren[2] == 'X');
+}
+
+uint32_t cfx_core_pid_ns(void)
+{
+    struct stat st;
+    return stat("/proc/self/ns/pid", &st) == 0 ? (uint32_t)st.st_ino : 0;
+}
+
+cfxResult_t cfx_core_peers_watch(struct cfxComm *comm)
+{
+    comm->pid_watched = calloc((size_t)comm->nranks, 1);
+    if (comm->pid_watched == NULL)
+        return cfx_error_set(cfxSystemError, CFX_LOG_INIT, "out of memory for the peer table");
+    const struct cfx_peer_info *me = &comm->peers[comm->rank];
+    for (int r = 0; r < comm->nranks; r++)
+        /* In another PID namespace the same number is no process, or another one. */
+        comm->pid_watched[r] = r != comm->rank && comm->peers[r].host_hash == me->host_hash &&
+                               me->pid_ns != 0 && comm->peers[r].pid_ns == me->pid_ns &&
+                               comm->peers[r].pid != me->pid;
+    return cfxSuccess;
+}
+
+static int peer_gone(const struct cfxComm *comm, int peer)
+{
+    return comm->pid_watched && comm->pid_watched[peer] && process_ended(comm->peers[peer].pid);
+}
+
+int cfx_core_peer_dead(struct cfxComm *comm, int64_t grace_ms)
+{
+    if (comm->peers == NULL || comm->bootstrap == NULL)
+        return -1;
+    /* Peers that failed because another died said so before they left
+     * (their notices): trust those first, and do not take their own exit
+     * for the cause. */
+    uint8_t *told = calloc((size_t)comm->nranks, 1);
+    int64_t until = cfx_time_now_ns() + grace_ms * CFX_NS_PER_MS;
+    int dead = -1;
+    while (dead < 0) {
+        for (int r = 0; r < comm->nranks && dead < 0; r++) {
+            struct conn_notice notice;
+            int got = 0;
+            if (r == comm->rank || cfx_bootstrap_try_recv(comm->bootstrap, r, NOTICE_TAG, &notice,
+                                                          sizeof(notice), &got) != cfxSuccess)
+                continue;
+            if (got && told)
+                told[r] = 1;
+            if (got && notice.blame_rank != r && notice.blame_rank >= 0 &&
+                notice.blame_rank < comm->nranks)
+                dead = notice.blame_rank;
+        }
+        for (int r = 0; r < comm->nranks && dead < 0; r++)
+            if ((told == NULL || !told[r]) && peer_gone(comm, r))
+                dead = r;
+        if (dead >= 0 || cfx_time_now_ns() >= until)
+            break;
+        usleep(DEATH_POLL_US);
+    }
+    free(told);
+    return dead;
+}
+
+/* ------------------------------------------------------ waiting on peers */
+
+/* What one request is for, as its failure sentence starts:
+ * "rank 1's cfxRecv from rank 0 (4096 bytes)". */
+static void describe(const struct cfx_conn_request *req, char *text, size_t size)
+{
+    const struct cfx_op *op = req->op;
+    int rank = req->comm->rank;
+    if (op == NULL) {
+        snprintf(text, size, "rank %d's communicator init (its %s connection %s rank %d)", rank,
+                 kind_name(req->kind), req->dir == CFX_CONN_SEND ? "to" : "from", req->peer);
+        return;
+    }
+    size_t bytes = op->count * cfx_type_size(op->type);
+    if (op->kind == CFX_COLL_SEND || op->kind == CFX_COLL_RECV)
+        snprintf(text, size, "rank %d's %s rank %d%s (%zu bytes)", rank,
+                 op->kind == CFX_COLL_SEND ? "cfxSend to" : "cfxRecv from", op->root,
+                 op->root == rank ? ", itself" : "", bytes);
+    else
+        snprintf(text, size, "rank %d's %s #%llu (%zu bytes; its %s connection %s rank %d)", rank,
+                 cfx_coll_name(op->kind), (unsigned long long)op->print.seq, bytes,
+                 kind_name(req->kind), req->dir == CFX_CONN_SEND ? "to" : "from", req->peer);
+}
+
+/* The deadline of a batch: CFX_TIMEOUT when a call needs it, else (init)
+ * CFX_BOOTSTRAP_TIMEOUT; 0: none. *seconds_p and *name_p say which. */
+static int64_t batch_deadline(const struct cfx_conn_request *reqs, int n_reqs, int64_t *seconds_p,
+                              const char **name_p)
+{
+    int by_call = n_reqs > 0 && reqs[0].op != NULL;
+    *seconds_p = by_call ? cfx_exec_host_timeout_s() : cfx_bootstrap_timeout_s();
+    *name_p = by_call ? "CFX_TIMEOUT" : "CFX_BOOTSTRAP_TIMEOUT";
+    return *seconds_p > 0 ? cfx_time_deadline_s(*seconds_p) : 0;
+}
+
+/* Whether @p peer of @p comm can still answer: cfxRemoteError when its
+ * process is gone or it told us that a rank died, the reason it gave when
+ * it gave up itself, cfxRemoteError when aborted; each with a sentence
+ * about the peer (the caller adds what waited). *blame_p: the rank it is
+ * about. */
+static cfxResult_t watch_peer(struct cfxComm *comm, int peer, int *blame_p)
+{
+    *blame_p = peer;
+    if (__atomic_load_n(&comm->abort_flag, __ATOMIC_ACQUIRE)) {
+        *blame_p = comm->rank;
+        return cfx_error_set(cfxRemoteError, CFX_LOG_INIT, "the communicator was aborted");
+    }
+    if (peer == comm->rank)
+        return cfxSuccess;
+    /* A peer that said why it left is believed before its exit is seen. */
+    struct conn_notice notice;
+    int got = 0;
+    CFX_CHECK(cfx_bootstrap_try_recv(comm->bootstrap, peer, NOTICE_TAG, &notice, sizeof(notice),
+                                     &got));
+    if (!got && peer_gone(comm, peer))
+        return cfx_error_set(cfxRemoteError, CFX_LOG_INIT,
+                             "rank %d is gone (its process, pid %d, exited or was killed)", peer,
+                             comm->peers[peer].pid);
+    if (!got)
+        return cfxSuccess;
+    int blame = notice.blame_rank >= 0 && notice.blame_rank < comm->nranks ? notice.blame_rank
+                                                                           : peer;
+    *blame_p = blame;
+    if (blame != peer)
+        return cfx_error_set(cfxRemoteError, CFX_LOG_INIT,
+                             "rank %d is gone (rank %d, which was connecting to it, saw it die "
+                             "and gave up)",
+                             blame, peer);
+    if (notice.reason == cfxTimeout)
+        return cfx_error_set(cfxTimeout, CFX_LOG_INIT,
+                             "rank %d gave up first: its own call timed out waiting for this "
+                             "rank, so no call there matches this one",
+                             peer);
+    return cfx_error_set(cfxRemoteError, CFX_LOG_INIT,
+                         "rank %d failed while connecting (result %d; its own error says why)",
+                         peer, (int)notice.reason);
+}
+
+/* The transports' connect_check: the peer's state and the batch's deadline. */
+static cfxResult_t connect_check(void *arg, int peer)
+{
+    struct cfxComm *comm = arg;
+    int blame = peer;
+    cfxResult_t res = watch_peer(comm, peer, &blame);
+    if (res == cfxSuccess && comm->connect_deadline_ns > 0 &&
+        cfx_time_now_ns() >= comm->connect_deadline_ns)
+        res = cfx_error_set(cfxTimeout, CFX_LOG_INIT,
+                            "rank %d did not finish connecting before the deadline", peer);
+    if (res != cfxSuccess)
+        comm->connect_blame_rank = blame;
+    return res;
+}
+
 static struct cfx_transport_peer peer_of(const struct cfxComm *comm, int rank)
 {
     const struct cfx_peer_info *info = &comm->peers[rank];
@@ -58,7 +248,9 @@ static cfxResult_t pick_transport(struct cfxComm *comm, int peer, int *index_p)
             struct cfx_transport_env env = {.rank = comm->rank,
                                             .nranks = comm->nranks,
                                             .abort_flag = &comm->abort_flag,
-                                            .connect_timeout_s = cfx_bootstrap_timeout_s()};
+                                            .connect_timeout_s = cfx_bootstrap_timeout_s(),
+                                            .connect_check = connect_check,
+                                            .connect_check_arg = comm};
             CFX_CHECK(tr->init(&env, &comm->transport_ctx[t]));
         }
         if (tr->can_connect(comm->transport_ctx[t], &self, &other)) {
@@ -80,8 +272,32 @@ static void close_conn(struct cfx_connector *conn)
     free(conn);
 }
 
+/* Send our connect info for @p req, in slices, watching the peer: a dead
+ * peer's listener refuses until the bootstrap's own deadline. */
+static cfxResult_t unanswered(const struct cfx_conn_request *req, int64_t seconds,
+                              const char *timeout_name);
+
+static cfxResult_t send_info(struct cfx_conn_request *req, const struct conn_msg *msg,
+                             int64_t deadline, int64_t seconds, const char *timeout_name,
+                             int *blame_p)
+{
+    struct cfxComm *comm = req->comm;
+    uint32_t tag = conn_tag(req->kind, req->dir);
+    for (;;) {
+        cfxResult_t res = cfx_bootstrap_send_within(comm->bootstrap, req->peer, tag, msg,
+                                                    sizeof(*msg), 4 * WAIT_SLICE_MS);
+        if (res != cfxTimeout)
+            return res;
+        CFX_CHECK(watch_peer(comm, req->peer, blame_p));
+        if (deadline > 0 && cfx_time_now_ns() >= deadline)
+            return unanswered(req, seconds, timeout_name);
+        cfx_error_thread_clear();
+    }
+}
+
 /* Phase 1 for one request: set up our side and send our info to the peer. */
-static cfxResult_t setup_one(struct cfx_conn_request *req)
+static cfxResult_t setup_one(struct cfx_conn_request *req, int64_t deadline, int64_t seconds,
+                             const char *timeout_name, int *blame_p)
 {
     struct cfxComm *comm = req->comm;
     CFX_CHECK(pick_transport(comm, req->peer, &req->transport));
@@ -98,8 +314,77 @@ static cfxResult_t setup_one(struct cfx_conn_request *req)
     struct cfx_transport_peer peer = peer_of(comm, req->peer);
     CFX_CHECK(tr->setup(conn->transport_ctx, &peer, slot_bytes_of(req), comm->n_steps, conn,
                         msg.info));
-    return cfx_bootstrap_send(comm->bootstrap, req->peer, conn_tag(req->kind, req->dir), &msg,
-                              sizeof(msg));
+    return send_info(req, &msg, deadline, seconds, timeout_name, blame_p);
+}
+
+/* The sentence of a request whose peer never sent its side before the
+ * batch's deadline: the call it waited for, by name. */
+static cfxResult_t unanswered(const struct cfx_conn_request *req, int64_t seconds,
+                              const char *timeout_name)
+{
+    const struct cfx_op *op = req->op;
+    if (op == NULL)
+        return cfx_error_set(cfxTimeout, CFX_LOG_INIT,
+                             "rank %d did not answer within %s=%lld s; check that every rank "
+                             "was started and is still running",
+                             req->peer, timeout_name, (long long)seconds);
+    if (op->kind == CFX_COLL_SEND || op->kind == CFX_COLL_RECV)
+        return cfx_error_set(cfxTimeout, CFX_LOG_P2P,
+                             "no matching %s on rank %d within %s=%lld s (a send and its receive "
+                             "must both be called; two ranks that both send first must put "
+                             "their calls in a group)",
+                             op->kind == CFX_COLL_SEND ? "cfxRecv" : "cfxSend",
+                             req->peer, timeout_name, (long long)seconds);
+    return cfx_error_set(cfxTimeout, CFX_LOG_COLL, "rank %d did not call the %s within %s=%lld s",
+                         req->peer, cfx_coll_name(op->kind), timeout_name, (long long)seconds);
+}
+
+/* Phase 2: receive every peer's info, watching the peers and the deadline. */
+static cfxResult_t recv_infos(struct cfx_conn_request *reqs, int n_reqs, struct conn_msg *peer_msgs,
+                              int64_t deadline, int64_t seconds, const char *timeout_name,
+                              int *failed_p, int *blame_p)
+{
+    int done = 0;
+    char *got = calloc((size_t)(n_reqs > 0 ? n_reqs : 1), 1);
+    if (got == NULL)
+        return cfx_error_set(cfxSystemError, CFX_LOG_INIT, "out of memory while connecting");
+    cfxResult_t res = cfxSuccess;
+    while (done < n_reqs) {
+        int waited = 0;
+        for (int i = 0; i < n_reqs && res == cfxSuccess; i++) {
+            if (got[i])
+                continue;
+            enum cfx_conn_dir other = reqs[i].dir == CFX_CONN_SEND ? CFX_CONN_RECV : CFX_CONN_SEND;
+            int here = 0;
+            /* Wait a slice on the first missing message only; take the others as they are. */
+            res = cfx_bootstrap_recv_within(reqs[i].comm->bootstrap, reqs[i].peer,
+                                            conn_tag(reqs[i].kind, other), &peer_msgs[i],
+                                            sizeof(peer_msgs[i]), waited ? 0 : WAIT_SLICE_MS,
+                                            &here);
+            waited = 1;
+            *failed_p = i;
+            if (res == cfxSuccess && here) {
+                got[i] = 1;
+                done++;
+            } else if (res == cfxSuccess) {
+                res = watch_peer(reqs[i].comm, reqs[i].peer, blame_p);
+            }
+        }
+        if (res != cfxSuccess || done == n_reqs)
+            break;
+        if (deadline > 0 && cfx_time_now_ns() >= deadline) {
+            for (int i = 0; i < n_reqs; i++)
+                if (!got[i]) {
+                    *failed_p = i;
+                    *blame_p = reqs[i].peer;
+                    res = unanswered(&reqs[i], seconds, timeout_name);
+                    break;
+                }
+            break;
+        }
+    }
+    free(got);
+    return res;
 }
 
 /* Phase 3/4 for one request: receive the peer's info and connect. */
@@ -120,36 +405,85 @@ static cfxResult_t connect_one(struct cfx_conn_request *req, const struct conn_m
     return cfxSuccess;
 }
 
+/* After a failure: name the call, and tell every other peer of the batch
+ * (they may be waiting for us) why, so they fail now and name the rank. */
+static cfxResult_t fail_batch(struct cfx_conn_request *reqs, int n_reqs, int failed, int blame,
+                              cfxResult_t res)
+{
+    char what[192], cause[CFX_ERROR_MAX];
+    describe(&reqs[failed], what, sizeof(what));
+    snprintf(cause, sizeof(cause), "%s", cfx_error_thread_last());
+    for (int i = 0; i < n_reqs; i++) {
+        struct cfxComm *comm = reqs[i].comm;
+        int first = 1;
+        for (int j = 0; j < i && first; j++)
+            first = reqs[j].comm != comm || reqs[j].peer != reqs[i].peer;
+        /* A dead rank hears nothing; the others hear whom it is about. */
+        int dead = comm == reqs[failed].comm && res == cfxRemoteError && blame != comm->rank ? blame
+                                                                                            : -1;
+        if (!first || reqs[i].peer == comm->rank || reqs[i].peer == dead ||
+            peer_gone(comm, reqs[i].peer))
+            continue;
+        struct conn_notice notice = {.reason = (int32_t)res,
+                                     .blame_rank = dead >= 0 ? dead : comm->rank};
+        if (cfx_bootstrap_send_within(comm->bootstrap, reqs[i].peer, NOTICE_TAG, &notice,
+                                      sizeof(notice), NOTICE_SEND_MS) != cfxSuccess)
+            CFX_INFO(CFX_LOG_INIT, "rank %d could not tell rank %d that connecting failed",
+                     comm->rank, reqs[i].peer);
+    }
+    return cfx_error_set(res, CFX_LOG_INIT, "%s: %s", what, cause);
+}
+
 cfxResult_t cfx_core_connect_batch(struct cfx_conn_request *reqs, int n_reqs)
 {
     cfxResult_t res = cfxSuccess;
+    int failed = 0, blame = -1;
+    int64_t seconds;
+    const char *timeout_name;
+    int64_t deadline = batch_deadline(reqs, n_reqs, &seconds, &timeout_name);
     struct conn_msg *peer_msgs = calloc((size_t)(n_reqs > 0 ? n_reqs : 1), sizeof(*peer_msgs));
     if (peer_msgs == NULL)
         return cfx_error_set(cfxSystemError, CFX_LOG_INIT, "out of memory while connecting");
     for (int i = 0; i < n_reqs; i++)
-        CFX_CHECK_GOTO(setup_one(&reqs[i]), res, fail);
+        reqs[i].comm->connect_deadline_ns = deadline;
     for (int i = 0; i < n_reqs; i++) {
-        enum cfx_conn_dir other = reqs[i].dir == CFX_CONN_SEND ? CFX_CONN_RECV : CFX_CONN_SEND;
-        CFX_CHECK_GOTO(cfx_bootstrap_recv(reqs[i].comm->bootstrap, reqs[i].peer,
-                                          conn_tag(reqs[i].kind, other), &peer_msgs[i],
-                                          sizeof(peer_msgs[i])),
-                       res, fail);
+        failed = i;
+        blame = reqs[i].comm->rank;
+        CFX_CHECK_GOTO(setup_one(&reqs[i], deadline, seconds, timeout_name, &blame), res, fail);
     }
+    blame = -1;
+    CFX_CHECK_GOTO(recv_infos(reqs, n_reqs, peer_msgs, deadline, seconds, timeout_name, &failed,
+                              &blame),
+                   res, fail);
     /* Send sides first: a receive side may wait for its sender to attach. */
     for (int pass = 0; pass < 2; pass++)
         for (int i = 0; i < n_reqs; i++)
-            if ((reqs[i].dir == CFX_CONN_SEND) == (pass == 0))
-                CFX_CHECK_GOTO(connect_one(&reqs[i], &peer_msgs[i]), res, fail);
+            if ((reqs[i].dir == CFX_CONN_SEND) == (pass == 0)) {
+                failed = i;
+                blame = reqs[i].peer;
+                reqs[i].comm->connect_blame_rank = -1;
+                res = connect_one(&reqs[i], &peer_msgs[i]);
+                if (res != cfxSuccess) {
+                    if (reqs[i].comm->connect_blame_rank >= 0)
+                        blame = reqs[i].comm->connect_blame_rank;
+                    goto fail;
+                }
+            }
     for (int i = 0; i < n_reqs; i++) {
         *reqs[i].out_p = reqs[i].conn;
         reqs[i].conn = NULL;
+        reqs[i].comm->connect_deadline_ns = 0;
     }
     free(peer_msgs);
     return cfxSuccess;
 fail:
+    if (blame < 0)
+        blame = reqs[failed].peer;
+    res = fail_batch(reqs, n_reqs, failed, blame, res);
     for (int i = 0; i < n_reqs; i++) {
         close_conn(reqs[i].conn);
         reqs[i].conn = NULL;
+        reqs[i].comm->connect_deadline_ns = 0;
     }
     free(peer_msgs);
     return res;

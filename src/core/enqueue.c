@@ -293,9 +293,10 @@ static cfxResult_t point_to_point(enum cfx_coll_kind kind, const void *sendbuff,
     }
     if (peer == comm->rank && !cfx_core_group_active()) {
         res = cfx_error_set(cfxInvalidUsage, CFX_LOG_P2P,
-                            "%s: a send or receive to this rank itself must be inside a group "
-                            "with its match, or it would wait forever",
-                            fn);
+                            "%s: rank %d's %s itself (%zu elements) outside a group could never "
+                            "complete; a send or receive to this rank itself must be inside a "
+                            "group with its match",
+                            fn, peer, kind == CFX_COLL_SEND ? "send to" : "receive from", count);
         goto out;
     }
     CFX_CHECK_GOTO(cfx_argcheck_count(count, datatype, 1, fn), res, out);

@@ -12,6 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "kernels/reduce.h"
 #include "src/core/blame.h"
 #include "src/core/comm.h"
 #include "src/core/enqueue.h"
@@ -143,8 +144,10 @@ static cfxResult_t connect_missing(struct cfx_op *ops, int n_ops)
                                                           root_of(&ops[i]), mine)
                             : cfx_core_algo_direct_requests(ops[i].owner, mine);
         for (int j = 0; j < k; j++)
-            if (!already_requested(reqs, n, mine[j].out_p))
-                reqs[n++] = mine[j];
+            if (!already_requested(reqs, n, mine[j].out_p)) {
+                reqs[n] = mine[j];
+                reqs[n++].op = &ops[i];
+            }
     }
     for (int i = 0; i < n_ops; i++) {
         struct cfx_op *op = &ops[i];
@@ -158,7 +161,8 @@ static cfxResult_t connect_missing(struct cfx_op *ops, int n_ops)
                                               .peer = op->root,
                                               .dir = sending ? CFX_CONN_SEND : CFX_CONN_RECV,
                                               .kind = CFX_CONN_KIND_P2P,
-                                              .out_p = slot};
+                                              .out_p = slot,
+                                              .op = op};
     }
     cfxResult_t res = cfx_core_connect_batch(reqs, n);
     free(reqs);
@@ -315,15 +319,61 @@ static void settle(struct cfx_op *ops, int n_ops)
     }
 }
 
+/* A send to this rank itself completes only with a receive from itself in
+ * the same launch (and the other way round): refuse a batch where the
+ * counts differ, naming the first call without its match, before anything
+ * runs. */
+static cfxResult_t check_self_matches(const struct cfx_op *ops, int n_ops)
+{
+    for (int i = 0; i < n_ops; i++) {
+        const struct cfxComm *comm = ops[i].owner;
+        if ((ops[i].kind != CFX_COLL_SEND && ops[i].kind != CFX_COLL_RECV) ||
+            ops[i].root != comm->rank)
+            continue;
+        int balance = 0, first = 1;
+        for (int j = 0; j < n_ops; j++) {
+            if (ops[j].owner != comm || ops[j].root != comm->rank)
+                continue;
+            if (ops[j].kind == CFX_COLL_SEND || ops[j].kind == CFX_COLL_RECV)
+                balance += ops[j].kind == ops[i].kind ? 1 : -1;
+            if (j < i && ops[j].kind == ops[i].kind)
+                first = 0;
+        }
+        if (balance > 0 && first) {
+            int sending = ops[i].kind == CFX_COLL_SEND;
+            return cfx_error_set(cfxInvalidUsage, CFX_LOG_P2P,
+                                 "rank %d's %s rank %d, itself (%zu bytes) has no matching %s "
+                                 "rank %d, itself in the same group, so it could never complete; "
+                                 "a send to this rank and its receive must be in one group",
+                                 comm->rank, sending ? "cfxSend to" : "cfxRecv from", comm->rank,
+                                 ops[i].count * cfx_type_size(ops[i].type),
+                                 sending ? "cfxRecv from" : "cfxSend to", comm->rank);
+        }
+    }
+    return cfxSuccess;
+}
+
 cfxResult_t cfx_core_launch(struct cfx_op *ops, int n_ops)
 {
+    /* A local refusal first: it must not use up sequence numbers (stamp). */
+    cfxResult_t res = check_self_matches(ops, n_ops);
+    if (res != cfxSuccess)
+        return res;
     stamp(ops, n_ops);
-    cfxResult_t res = check_leftovers(ops, n_ops);
+    res = check_leftovers(ops, n_ops);
     if (res != cfxSuccess)
         return res;
     res = connect_missing(ops, n_ops);
-    if (res != cfxSuccess)
+    if (res != cfxSuccess) {
+        /* The peers were told; this rank's communicators cannot be trusted either. */
+        for (int i = 0; i < n_ops; i++) {
+            ops[i].blame_rank = -1;
+            cfx_core_flight_update(ops[i].owner, ops[i].record, CFX_FLIGHT_FAILED, res, 0,
+                                   ops[i].n_steps);
+        }
+        break_comms(ops, n_ops, res);
         return res;
+    }
     for (int i = 0; i < n_ops; i++) {
         if (ops[i].tree || ops[i].direct) {
             if (ops[i].tree)

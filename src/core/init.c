@@ -62,6 +62,7 @@ static void comm_free(struct cfxComm *comm)
     cfx_core_flight_fini(comm);
     free(comm->p2p_send_seq);
     free(comm->p2p_recv_seq);
+    free(comm->pid_watched);
     free(comm->peers);
     cfx_core_handle_retire(comm);
 }
@@ -185,6 +186,34 @@ static cfxResult_t agree_single_copy(struct cfxComm *comm)
     return cfxSuccess;
 }
 
+#define DEATH_GRACE_MS 500 /* A peer's sockets close before its process is seen gone. */
+
+/* A failed init (a peer went silent or away) while a peer's process is
+ * gone: whatever broke here (a transport, the bootstrap, a neighbour that
+ * gave up) broke because that rank died, so the sentence says so first. */
+static cfxResult_t blame_dead_peer(struct cfxComm *comm, cfxResult_t res)
+{
+    /* Only failures about a peer: a refused setting fails every rank alike. */
+    if (comm == NULL || (res != cfxRemoteError && res != cfxTimeout))
+        return res;
+    char cause[CFX_ERROR_MAX], died[48], gone[48];
+    snprintf(cause, sizeof(cause), "%s", cfx_error_thread_last());
+    int dead = cfx_core_peer_dead(comm, DEATH_GRACE_MS);
+    if (dead >= 0) {
+        snprintf(died, sizeof(died), "rank %d died", dead);
+        snprintf(gone, sizeof(gone), "rank %d is gone", dead);
+    }
+    if (dead < 0 || strstr(cause, died) != NULL || strstr(cause, gone) != NULL) {
+        if (strcmp(cause, cfx_error_thread_last()) != 0) /* A failed look replaced it. */
+            cfx_error_set(res, CFX_LOG_INIT, "%s", cause);
+        return res; /* Nothing to add. */
+    }
+    return cfx_error_set(cfxRemoteError, CFX_LOG_INIT,
+                         "rank %d died during communicator init (its process, pid %d, exited or "
+                         "was killed), so rank %d's init failed: %s",
+                         dead, comm->peers[dead].pid, comm->rank, cause);
+}
+
 /* Everything after the bootstrap exists: learn who the peers are. */
 static cfxResult_t comm_setup(struct cfxComm *comm)
 {
@@ -195,6 +224,7 @@ static cfxResult_t comm_setup(struct cfxComm *comm)
     me->rank = comm->rank;
     me->cuda_dev = comm->cuda_dev;
     me->pid = (int32_t)getpid();
+    me->pid_ns = cfx_core_pid_ns();
     cfx_host_identity(me->host_id, sizeof(me->host_id));
     me->host_hash = cfx_host_hash(me->host_id);
     CFX_CHECK(cfx_bootstrap_allgather(comm->bootstrap, comm->peers, sizeof(*comm->peers)));
@@ -209,6 +239,7 @@ static cfxResult_t comm_setup(struct cfxComm *comm)
             comm->local_nranks++;
         }
     }
+    CFX_CHECK(cfx_core_peers_watch(comm));
     CFX_CHECK(connect_ring(comm));
     CFX_CHECK(agree_single_copy(comm));
     CFX_CHECK(cfx_core_algo_init(comm));
@@ -257,6 +288,7 @@ CFX_API cfxResult_t cfxCommInitRankConfig(cfxComm_t *comm_p, int nranks, cfxUniq
     *comm_p = comm;
     goto out;
 err_free:
+    res = blame_dead_peer(comm, res);
     comm_free(comm);
 out:
     return cfx_core_api_exit(NULL, res);
@@ -462,6 +494,7 @@ verdict:
     *newcomm = child;
     goto release;
 err_child:
+    res = blame_dead_peer(child, res);
     comm_free(child);
     cfx_bootstrap_destroy(child_bs);
 release:

@@ -14,6 +14,11 @@ CFX_PARAM_INT(timeout, "TIMEOUT", 600, 0, CFX_PARAM_SECONDS_MAX,
               "Seconds a blocking call may go without progress before it fails with cfxTimeout; "
               "0 waits forever");
 
+int64_t cfx_exec_host_timeout_s(void)
+{
+    return param_timeout();
+}
+
 #define YIELD_ROUNDS 200     /* sched_yield() rounds before sleeping. */
 #define SLEEP_MAX_NS 200000  /* Longest nap while waiting (0.2 ms). */
 #define HEALTH_EVERY 256     /* Idle rounds between transport health checks. */

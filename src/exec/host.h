@@ -15,4 +15,8 @@
  * failure (each op's own result says which failed). Never allocates. */
 cfxResult_t cfx_exec_host_run(struct cfx_op *ops, int n_ops);
 
+/* CFX_TIMEOUT in seconds (0 = never): also bounds the connection setup a
+ * call's first use of a peer or an algorithm needs. */
+int64_t cfx_exec_host_timeout_s(void);
+
 #endif /* CFX_EXEC_HOST_H */

@@ -43,6 +43,8 @@
 CFX_PARAM_INT(shm_disable, "SHM_DISABLE", 0, 0, 1,
               "1: never use shared memory between ranks of one host (sockets instead)");
 
+#define CHECK_EVERY_NS (50 * CFX_NS_PER_MS) /* Between connect_check calls of a waiting connect. */
+
 /* Per-connector state. */
 struct shm_conn {
     enum cfx_shm_kind kind;
@@ -58,7 +60,16 @@ struct shm_ctx {
     uint64_t probe; /* The word receivers read once to test read_peer. */
     int64_t connect_timeout_s;
     const int *abort_flag;
+    cfxResult_t (*connect_check)(void *arg, int peer_rank); /* May be NULL. */
+    void *connect_check_arg;
 };
+
+/* The core's verdict on a peer we wait for or cannot reach (gone, gave up,
+ * out of time), or cfxSuccess. */
+static cfxResult_t check_peer(const struct shm_ctx *ctx, int peer_rank)
+{
+    return ctx->connect_check ? ctx->connect_check(ctx->connect_check_arg, peer_rank) : cfxSuccess;
+}
 
 /* ------------------------------------------------------------ lifecycle */
 
@@ -70,6 +81,8 @@ static cfxResult_t shm_init(const struct cfx_transport_env *env, void **ctx_p)
     ctx->rank = env->rank;
     ctx->connect_timeout_s = env->connect_timeout_s;
     ctx->abort_flag = env->abort_flag;
+    ctx->connect_check = env->connect_check;
+    ctx->connect_check_arg = env->connect_check_arg;
     ctx->probe = 0x436f6e666c757800ull ^ ((uint64_t)getpid() << 8) ^ (uint64_t)(uintptr_t)ctx;
     *ctx_p = ctx;
     return cfxSuccess;
@@ -198,18 +211,32 @@ static cfxResult_t shm_setup(void *ctx_v, const struct cfx_transport_peer *peer,
 /* Sender: open the receiver's memfd through /proc and map it. Only a
  * sealed file of exactly the FIFO's size is accepted: whatever the
  * descriptor turns out to be, a mapping of it cannot fault later. */
-static cfxResult_t map_peer_memfd(struct cfx_connector *conn, struct shm_conn *sc,
-                                  const struct cfx_shm_info *info)
+static cfxResult_t map_peer_memfd(const struct shm_ctx *ctx, struct cfx_connector *conn,
+                                  struct shm_conn *sc, const struct cfx_shm_info *info)
 {
     char path[64];
     snprintf(path, sizeof(path), "/proc/%d/fd/%d", (int)info->pid, (int)info->fd);
     int fd = open(path, O_RDWR | O_CLOEXEC);
-    if (fd < 0)
-        return cfx_error_set_errno(errno, CFX_LOG_SHM,
+    if (fd < 0) {
+        int err = errno;
+        /* A receiver that died after sending its connect info took the
+         * descriptor with it: that, not permissions, is then the cause. */
+        cfxResult_t why = check_peer(ctx, conn->peer_rank);
+        if (why != cfxSuccess)
+            return why;
+        if (kill(info->pid, 0) != 0 && errno == ESRCH) {
+            conn->blame_rank = conn->peer_rank;
+            return cfx_error_set(cfxRemoteError, CFX_LOG_SHM,
+                                 "rank %d (pid %d) died while connecting: the process exited or "
+                                 "was killed",
+                                 conn->peer_rank, (int)info->pid);
+        }
+        return cfx_error_set_errno(err, CFX_LOG_SHM,
                                    "shm: cannot open rank %d's shared FIFO (%s); ranks of one "
                                    "host must run as the same user in one PID namespace, else "
                                    "set CFX_SHM_DISABLE=1",
                                    conn->peer_rank, path);
+    }
     cfxResult_t res = cfxSuccess;
     struct stat st;
     int seals = fcntl(fd, F_GET_SEALS);
@@ -236,8 +263,8 @@ out_close:
 
 /* Sender: map the receiver's FIFO, then say so (the receiver then lets go of
  * its descriptor). */
-static cfxResult_t connect_send(struct cfx_connector *conn, struct shm_conn *sc,
-                                const struct cfx_shm_info *info)
+static cfxResult_t connect_send(const struct shm_ctx *ctx, struct cfx_connector *conn,
+                                struct shm_conn *sc, const struct cfx_shm_info *info)
 {
     const char *why =
         cfx_shm_info_refusal(info, fifo_bytes(conn->slot_bytes, conn->n_steps), sc->peer_pid,
@@ -250,7 +277,7 @@ static cfxResult_t connect_send(struct cfx_connector *conn, struct shm_conn *sc,
         sc->base = (void *)(uintptr_t)info->local_addr;
         cfx_fetch_add_i32(&((struct cfx_fifo *)sc->base)->refs, 1);
     } else {
-        cfxResult_t res = map_peer_memfd(conn, sc, info);
+        cfxResult_t res = map_peer_memfd(ctx, conn, sc, info);
         if (res != cfxSuccess)
             return res;
     }
@@ -284,13 +311,20 @@ static cfxResult_t shm_connect(void *ctx_v, struct cfx_connector *conn, const vo
     struct shm_conn *sc = conn->priv;
     struct cfx_shm_info info;
     memcpy(&info, peer_info, sizeof(info));
+    struct shm_ctx *ctx = ctx_v;
     if (conn->dir == CFX_CONN_SEND)
-        return connect_send(conn, sc, &info);
+        return connect_send(ctx, conn, sc, &info);
     /* Receiver: wait until the sender has mapped the FIFO; then the
      * descriptor it opened is no longer needed. */
-    struct shm_ctx *ctx = ctx_v;
     int64_t deadline = cfx_time_deadline_s(ctx->connect_timeout_s);
+    int64_t next_check = cfx_time_now_ns() + CHECK_EVERY_NS;
     while (!cfx_load_acquire_i32(&conn->fifo->attached)) {
+        if (cfx_time_now_ns() >= next_check) {
+            cfxResult_t why = check_peer(ctx, conn->peer_rank);
+            if (why != cfxSuccess)
+                return why;
+            next_check = cfx_time_now_ns() + CHECK_EVERY_NS;
+        }
         if (ctx->abort_flag && __atomic_load_n(ctx->abort_flag, __ATOMIC_ACQUIRE))
             return cfx_error_set(cfxRemoteError, CFX_LOG_SHM, "shm: connect to rank %d aborted",
                                  conn->peer_rank);

@@ -140,6 +140,8 @@ struct sock_ctx {
     int rank;
     const int *abort_flag;
     int64_t connect_timeout_s;
+    cfxResult_t (*connect_check)(void *arg, int peer_rank); /* May be NULL. */
+    void *connect_check_arg;
     int nsocks;
     int64_t spin_ns;
     int listen_fd;
@@ -167,6 +169,13 @@ struct sock_ctx {
 static int aborted(const int *abort_flag)
 {
     return abort_flag && __atomic_load_n(abort_flag, __ATOMIC_ACQUIRE);
+}
+
+/* The core's verdict on a peer a connect waits for (gone, gave up, out of
+ * time), or cfxSuccess. */
+static cfxResult_t check_peer(const struct sock_ctx *ctx, int peer_rank)
+{
+    return ctx->connect_check ? ctx->connect_check(ctx->connect_check_arg, peer_rank) : cfxSuccess;
 }
 
 static void cpu_relax(void)
@@ -808,6 +817,8 @@ static cfxResult_t sock_init(const struct cfx_transport_env *env, void **ctx_p)
     ctx->rank = env->rank;
     ctx->abort_flag = env->abort_flag;
     ctx->connect_timeout_s = env->connect_timeout_s;
+    ctx->connect_check = env->connect_check;
+    ctx->connect_check_arg = env->connect_check_arg;
     ctx->listen_fd = ctx->wake_fd = ctx->epoll_fd = -1;
     pthread_mutex_init(&ctx->accept_lock, NULL);
     pthread_mutex_init(&ctx->proxy_lock, NULL);
@@ -1094,6 +1105,9 @@ static cfxResult_t connect_recv(struct sock_ctx *ctx, struct sock_conn *sc,
                                 ctx->rank, sc->peer_rank);
             goto out_unlock;
         }
+        res = check_peer(ctx, sc->peer_rank);
+        if (res != cfxSuccess)
+            goto out_unlock;
         if (cfx_time_now_ns() >= deadline) {
             res = cfx_error_set(cfxTimeout, CFX_LOG_NET,
                                 "socket transport: rank %d did not open its connection to rank %d "
@@ -1138,7 +1152,19 @@ static cfxResult_t connect_send(struct sock_ctx *ctx, struct sock_conn *sc,
     snprintf(peer, sizeof(peer), "rank %d at %s", sc->peer_rank, where);
     int64_t deadline = cfx_time_deadline_s(ctx->connect_timeout_s);
     for (int s = 0; s < sc->nsocks; s++) {
-        cfxResult_t res = cfx_socket_connect(&addr, deadline, ctx->abort_flag, &sc->streams[s].fd);
+        cfxResult_t res;
+        /* In slices, asking the core between them whether the peer is still there. */
+        for (;;) {
+            int64_t slice = cfx_time_now_ns() + ACCEPT_SLICE_MS * CFX_NS_PER_MS;
+            res = cfx_socket_connect(&addr, slice < deadline ? slice : deadline, ctx->abort_flag,
+                                     &sc->streams[s].fd);
+            if (res != cfxTimeout || cfx_time_now_ns() >= deadline)
+                break;
+            cfxResult_t verdict = check_peer(ctx, sc->peer_rank);
+            if (verdict != cfxSuccess)
+                return verdict;
+            cfx_error_thread_clear();
+        }
         if (res == cfxTimeout)
             return cfx_error_set(res, CFX_LOG_NET,
                                  "socket transport: %s did not accept connection %d of %d from "
