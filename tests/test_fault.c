@@ -445,9 +445,10 @@ struct silent_case {
     enum silent_mismatch kind;
     int socket;
     /* 0: the planner's choice; 1: CFX_ALGO=ring (the chain); 2: CFX_ALGO=tree,
-     * after a broadcast from every root has built every relay (a first
-     * rooted tree call with mismatched roots waits in the relay's connection
-     * setup instead, until CFX_BOOTSTRAP_TIMEOUT). */
+     * after a broadcast from every root has built every relay; 3:
+     * CFX_ALGO=tree with the relays built by the mismatched call itself (a
+     * rank that waits to connect its relay finds the other root's slot in
+     * its tree FIFO instead of waiting for a peer that never connects). */
     int algo;
     int next_call; /* A flag: a small allreduce right after, before asking for the async error. */
 };
@@ -519,7 +520,7 @@ static void silent_mismatch_rank(struct cfx_test_rank *ctx)
     RANK_CFX(ctx, cfxCommDestroy(comm));
 }
 
-#define N_SILENT_CASES (N_SILENT_MISMATCHES * 2 * 3 * 2)
+#define N_SILENT_CASES (N_SILENT_MISMATCHES * 2 * 4 * 2)
 static struct silent_case silent_cases[N_SILENT_CASES];
 
 ParameterizedTestParameters(mismatch, ranks_that_only_send_learn_of_a_mismatch_within_two_seconds)
@@ -527,7 +528,7 @@ ParameterizedTestParameters(mismatch, ranks_that_only_send_learn_of_a_mismatch_w
     int k = 0;
     for (int m = 0; m < N_SILENT_MISMATCHES; m++)
         for (int t = 0; t < 2; t++)
-            for (int algo = 0; algo < 3; algo++)
+            for (int algo = 0; algo < 4; algo++)
                 for (int next = 0; next < 2; next++)
                     silent_cases[k++] = (struct silent_case){.kind = (enum silent_mismatch)m,
                                                              .socket = t,
@@ -540,11 +541,12 @@ ParameterizedTest(struct silent_case *sc, mismatch,
                   ranks_that_only_send_learn_of_a_mismatch_within_two_seconds, .timeout = 60)
 {
     static const char *algos[] = {"the planner's choice", "CFX_ALGO=ring",
-                                  "CFX_ALGO=tree, every relay built"};
+                                  "CFX_ALGO=tree, every relay built",
+                                  "CFX_ALGO=tree, relays built by the mismatched call"};
     cr_log_info("%s over %s, %s%s", silent_mismatch_names[sc->kind], transport_names[sc->socket],
                 algos[sc->algo], sc->next_call ? ", then a small allreduce" : "");
     use_transport(sc->socket);
-    cfx_test_setenv("CFX_ALGO", sc->algo == 1 ? "ring" : sc->algo == 2 ? "tree" : NULL);
+    cfx_test_setenv("CFX_ALGO", sc->algo == 1 ? "ring" : sc->algo >= 2 ? "tree" : NULL);
     cfx_test_setenv("CFX_TIMEOUT", "20");
     struct cfx_test_options opts = {.nranks = 3, .mode = CFX_TEST_PROCS, .deadline_s = 30, .arg = sc};
     CFX_TEST_RUN(&opts, silent_mismatch_rank);

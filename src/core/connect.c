@@ -15,6 +15,7 @@
 
 #include "kernels/reduce.h"
 #include "src/core/comm.h"
+#include "src/core/probe.h"
 #include "src/exec/host.h"
 #include "src/util/check.h"
 #include "src/util/log.h"
@@ -368,6 +369,8 @@ static cfxResult_t recv_infos(struct cfx_conn_request *reqs, int n_reqs, struct 
                 done++;
             } else if (res == cfxSuccess) {
                 res = watch_peer(reqs[i].comm, reqs[i].peer, blame_p);
+                if (res == cfxSuccess)
+                    res = cfx_core_probe_conflict(reqs[i].comm, reqs[i].op, blame_p);
             }
         }
         if (res != cfxSuccess || done == n_reqs)

@@ -123,6 +123,57 @@ static cfxResult_t leftover_in(struct cfxComm *comm, struct cfx_connector *conn)
                          comm->rank, mine, conn->peer_rank, other, comm->rank);
 }
 
+/* A slot of @p mine's collective, posted differently, waiting in @p conn. */
+static cfxResult_t conflict_in(struct cfxComm *comm, struct cfx_connector *conn,
+                               const struct cfx_fingerprint *mine)
+{
+    if (conn == NULL || conn->view.info == NULL || !cfx_conn_can_take(conn))
+        return cfxSuccess;
+    size_t bytes;
+    const struct cfx_fingerprint *posted;
+    (void)cfx_conn_take_slot(conn, &bytes, &posted);
+    struct cfx_fingerprint theirs = *posted;
+    if (!theirs.valid || theirs.kind == CFX_COLL_SEND || theirs.seq != mine->seq)
+        return cfxSuccess;
+    if (theirs.kind == mine->kind && theirs.root == mine->root && theirs.count == mine->count &&
+        theirs.type == mine->type && theirs.op == mine->op)
+        return cfxSuccess;
+    char text_mine[160], text_theirs[160];
+    cfx_coll_print_format(mine, text_mine, sizeof(text_mine));
+    cfx_coll_print_format(&theirs, text_theirs, sizeof(text_theirs));
+    return cfx_error_set(cfxInvalidUsage, CFX_LOG_COLL,
+                         "mismatched operations: rank %d runs %s but rank %d sent it data of %s "
+                         "(found while connecting for the call: rank %d runs another schedule "
+                         "and will not connect); every rank must call the same collectives in "
+                         "the same order with the same count, type, op and root",
+                         comm->rank, text_mine, conn->peer_rank, text_theirs, conn->peer_rank);
+}
+
+cfxResult_t cfx_core_probe_conflict(struct cfxComm *comm, const struct cfx_op *op, int *blame_p)
+{
+    *blame_p = comm->rank;
+    if (!comm->check_mismatch || op == NULL || op->kind == CFX_COLL_SEND ||
+        op->kind == CFX_COLL_RECV)
+        return cfxSuccess;
+    const struct cfx_fingerprint *mine = &op->print;
+    CFX_CHECK(conflict_in(comm, comm->ring_recv, mine));
+    for (int peer = 0; peer < comm->nranks && peer < CFX_DIRECT_MAX_RANKS; peer++)
+        CFX_CHECK(conflict_in(comm, comm->direct.from[peer], mine));
+    if (comm->plan == NULL)
+        return cfxSuccess;
+    for (int t = 0; t < 2; t++) {
+        const struct cfx_tree_links *links = &comm->trees[t];
+        CFX_CHECK(conflict_in(comm, links->from_parent, mine));
+        for (int c = 0; c < links->n_children; c++)
+            CFX_CHECK(conflict_in(comm, links->from_child[c], mine));
+        if (comm->relay_recv[t] == NULL)
+            continue;
+        for (int r = 0; r < comm->nranks; r++)
+            CFX_CHECK(conflict_in(comm, comm->relay_recv[t][r], mine));
+    }
+    return cfxSuccess;
+}
+
 cfxResult_t cfx_core_probe_leftovers(struct cfxComm *comm, int *blame_p)
 {
     *blame_p = -1;

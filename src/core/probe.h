@@ -18,6 +18,15 @@ struct cfxComm;
  * blocks, never allocates. cfxSuccess when CFX_CHECK_MISMATCH is off. */
 cfxResult_t cfx_core_probe_leftovers(struct cfxComm *comm, int *blame_p);
 
+/* While @p op waits to connect at its first use: a slot of the same
+ * collective (same sequence number) from a peer that runs it differently
+ * (another root, kind, count, type or op) already waits in one of the
+ * communicator's collective FIFOs. That peer will never connect for this
+ * call (it runs another schedule), so the wait can only end at CFX_TIMEOUT:
+ * cfxInvalidUsage with both fingerprints instead, *blame_p = this rank (it
+ * found the mismatch). Cheap (a cache line per connector); never blocks. */
+cfxResult_t cfx_core_probe_conflict(struct cfxComm *comm, const struct cfx_op *op, int *blame_p);
+
 /* cfxCommGetAsyncError's look around while no call uses @p comm: leftover
  * slots (above), and connectors a peer poisoned because it found a mismatch
  * or timed out (asked of the transports at most every few milliseconds, and
