@@ -253,3 +253,34 @@ Test(exec, device_memory_without_an_executor_is_refused_before_anything_runs, .t
                  cfxGetLastError(NULL));
     cr_assert_eq(cfxCommDestroy(comm), cfxSuccess);
 }
+
+/* One executor runs a whole batch (a group's operations depend on each
+ * other): a batch that mixes memory kinds is refused with a sentence before
+ * anything runs. */
+Test(exec, a_group_mixing_memory_kinds_is_refused_before_anything_runs, .timeout = 60)
+{
+    cfxComm_t comm;
+    cr_assert_eq(cfxCommInitAll(&comm, 1, NULL), cfxSuccess, "%s", cfxGetLastError(NULL));
+    static float in[2][COUNT], out[2][COUNT];
+    struct cfx_op ops[2];
+    for (int i = 0; i < 2; i++) {
+        cfx_op_clear(&ops[i]);
+        ops[i].kind = CFX_COLL_ALLREDUCE;
+        ops[i].sendbuff = in[i];
+        ops[i].recvbuff = out[i];
+        ops[i].count = COUNT;
+        ops[i].type = cfxFloat32;
+        ops[i].op = cfxSum;
+        ops[i].nranks = 1;
+        ops[i].abort_flag = &comm->abort_flag;
+        ops[i].owner = comm;
+    }
+    ops[1].mem_kind = CFX_MEM_DEVICE;
+    uint64_t seq = comm->coll_seq;
+    cr_assert_eq(cfx_core_launch(ops, 2), cfxInvalidUsage);
+    cr_assert(strstr(cfxGetLastError(NULL), "the group mixes host and GPU buffers"), "sentence: %s",
+              cfxGetLastError(NULL));
+    cr_assert_eq(comm->coll_seq, seq, "the refused group took a sequence number");
+    cr_assert_eq(comm->async_error, cfxSuccess);
+    cr_assert_eq(cfxCommDestroy(comm), cfxSuccess);
+}
