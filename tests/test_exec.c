@@ -92,9 +92,9 @@ Test(exec, host_test_reports_in_progress_until_the_op_completes, .timeout = 60)
             if (res[r] == cfxInProgress)
                 res[r] = exec->test(exec, &batch[r]);
         clock_gettime(CLOCK_MONOTONIC, &now);
-        cr_assert_lt(now.tv_sec - start.tv_sec, 10, "test never completed the allreduce (step %llu "
-                     "of %llu on rank 0)", (unsigned long long)ops[0].step,
-                     (unsigned long long)ops[0].n_steps);
+        cr_assert_lt(now.tv_sec - start.tv_sec, 10,
+                     "test never completed the allreduce (step %llu of %llu on rank 0)",
+                     (unsigned long long)ops[0].step, (unsigned long long)ops[0].n_steps);
     }
     for (int r = 0; r < 2; r++) {
         cr_assert_eq(res[r], cfxSuccess, "rank %d: %s", r, cfxGetLastError(NULL));

@@ -73,8 +73,8 @@ struct cfx_executor {
 };
 
 /* Fill @p batch for a launch of ops[0..n_ops) on @p stream. */
-static inline void cfx_exec_batch_init(struct cfx_exec_batch *batch, struct cfx_op *ops,
-                                       int n_ops, cfxStream_t stream)
+static inline void cfx_exec_batch_init(struct cfx_exec_batch *batch, struct cfx_op *ops, int n_ops,
+                                       cfxStream_t stream)
 {
     batch->ops = ops;
     batch->n_ops = n_ops;

@@ -3,7 +3,8 @@
  * under ThreadSanitizer): the scenarios where threads meet inside Conflux
  * (rank threads, the socket progress thread, the root thread, an aborting
  * thread, a failure spreading, two threads on one communicator, a destroy
- * under a call, an executor's batch aborted from another thread) for .ci/run's TSan stage. Also a plain ctest.
+ * under a call, an executor's batch aborted from another thread) for
+ * .ci/run's TSan stage. Also a plain ctest.
  * Exits 0 when every scenario passed; prints the harness report otherwise.
  *
  *   threads_driver [SCENARIO...]      default: all
