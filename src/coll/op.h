@@ -2,7 +2,7 @@
  * A collective or point-to-point operation as the schedules see it: buffers,
  * shape, the connectors it moves data through, and its progress. The core
  * fills it; src/coll turns it into a sequence of primitive steps over
- * connector FIFOs; src/exec drives many of them at once. An operation never
+ * connector FIFOs; src/exec (above it) drives many of them at once. An operation never
  * blocks: progress runs the steps that are ready and returns.
  */
 #ifndef CFX_COLL_OP_H
@@ -51,6 +51,14 @@ enum cfx_coll_kind {
     CFX_COLL_RECV,
 };
 
+/* Where an operation's buffers live; picks the executor that runs it
+ * (src/exec/exec.h). */
+enum cfx_mem_kind {
+    CFX_MEM_HOST,
+    CFX_MEM_DEVICE,
+    CFX_MEM_KINDS, /* Count. */
+};
+
 #define CFX_OP_MAX_CONNS (2 * CFX_DIRECT_MAX_RANKS)
 
 #define CFX_PRIM_MAX_RECV (CFX_DIRECT_MAX_RANKS - 1)
@@ -91,7 +99,8 @@ struct cfx_op {
      * rank reads the data from its predecessor's buffer (only where every
      * ring_recv is peer_readable; src/coll/pull.c). */
     int pull;
-    int n_conns; /* Entries of conns (below). */
+    enum cfx_mem_kind mem_kind; /* Of both buffers. */
+    int n_conns;                /* Entries of conns (below). */
     const int *abort_flag;
     void *owner; /* The communicator (opaque below the core). */
     /* Mismatch detection: what this op stamps on the slots it sends and
@@ -145,6 +154,7 @@ static inline void cfx_op_clear(struct cfx_op *op)
     op->tree = NULL;
     op->direct = NULL;
     op->pull = 0;
+    op->mem_kind = CFX_MEM_HOST;
     op->n_conns = 0;
     op->abort_flag = NULL;
     op->owner = NULL;

@@ -14,4 +14,12 @@ void cfx_core_group_fail(cfxResult_t res);
  * Numbers each operation (its fingerprint's sequence) first. */
 cfxResult_t cfx_core_launch(struct cfx_op *ops, int n_ops);
 
+struct cfx_executor;
+/* Make @p exec (NULL: none, refused) the executor of operations on memory
+ * of @p kind; returns the previous one. For tests (an executor that wraps
+ * the host one) and, later, the CUDA executor's registration: call it while
+ * no launch is in flight. */
+const struct cfx_executor *cfx_core_exec_set(enum cfx_mem_kind kind,
+                                             const struct cfx_executor *exec);
+
 #endif /* CFX_CORE_ENQUEUE_H */

@@ -3,7 +3,8 @@
  * operations are queued (in a per-thread array that only grows when a group
  * is larger than any before it); at the outermost cfxGroupEnd, or at once for
  * a call outside a group, the missing point-to-point connections are built
- * and the host executor runs the operations together. The array is freed
+ * and one executor (src/exec/exec.h), picked by the memory the buffers live
+ * in, runs the operations together. The array is freed
  * when its thread exits (a pthread key's destructor).
  */
 #include <assert.h>
@@ -17,7 +18,7 @@
 #include "src/core/comm.h"
 #include "src/core/enqueue.h"
 #include "src/core/probe.h"
-#include "src/exec/host.h"
+#include "src/exec/exec.h"
 #include "src/util/check.h"
 #include "src/util/log.h"
 
@@ -69,6 +70,60 @@ void cfx_core_group_fail(cfxResult_t res)
         group_error = res;
         snprintf(group_error_text, sizeof(group_error_text), "%s", cfx_error_thread_last());
     }
+}
+
+/* The executor of each memory kind (NULL: refused). The CUDA executor
+ * registers for CFX_MEM_DEVICE here. */
+static const struct cfx_executor *executors[CFX_MEM_KINDS] = {
+    [CFX_MEM_HOST] = &cfx_exec_host,
+};
+
+const struct cfx_executor *cfx_core_exec_set(enum cfx_mem_kind kind,
+                                             const struct cfx_executor *exec)
+{
+    assert(kind >= 0 && kind < CFX_MEM_KINDS);
+    assert(exec == NULL || exec->version == CFX_EXEC_VERSION);
+    const struct cfx_executor *old = executors[kind];
+    executors[kind] = exec;
+    return old;
+}
+
+static const char *api_name(enum cfx_coll_kind kind)
+{
+    switch (kind) {
+    case CFX_COLL_ALLREDUCE: return "cfxAllReduce";
+    case CFX_COLL_BROADCAST: return "cfxBroadcast";
+    case CFX_COLL_REDUCE: return "cfxReduce";
+    case CFX_COLL_ALLGATHER: return "cfxAllGather";
+    case CFX_COLL_REDUCESCATTER: return "cfxReduceScatter";
+    case CFX_COLL_SEND: return "cfxSend";
+    case CFX_COLL_RECV: return "cfxRecv";
+    }
+    return "?";
+}
+
+/* The one place an executor is chosen: by the memory kind of the batch's
+ * buffers. One executor runs a whole batch (a group's operations depend on
+ * each other), so a batch that mixes kinds is refused, as is a kind no
+ * executor serves. */
+static cfxResult_t choose_executor(const struct cfx_op *ops, int n_ops,
+                                   const struct cfx_executor **exec_p)
+{
+    enum cfx_mem_kind kind = ops[0].mem_kind;
+    for (int i = 1; i < n_ops; i++)
+        if (ops[i].mem_kind != kind)
+            return cfx_error_set(cfxInvalidUsage, CFX_LOG_COLL,
+                                 "cfxGroupEnd: the group mixes host and GPU buffers (%s and %s); "
+                                 "one group runs on one executor, so group them separately",
+                                 api_name(ops[0].kind), api_name(ops[i].kind));
+    const struct cfx_executor *exec = executors[kind];
+    if (exec == NULL)
+        return cfx_error_set(cfxInvalidArgument, CFX_LOG_COLL,
+                             "%s: GPU buffers are not supported by this version (host buffers "
+                             "only)",
+                             api_name(ops[0].kind));
+    *exec_p = exec;
+    return cfxSuccess;
 }
 
 /* The connector an operation runs on; point-to-point ones may not exist yet. */
@@ -353,10 +408,16 @@ static cfxResult_t check_self_matches(const struct cfx_op *ops, int n_ops)
     return cfxSuccess;
 }
 
+static void complete(struct cfx_op *ops, int n_ops, cfxResult_t res);
+
 cfxResult_t cfx_core_launch(struct cfx_op *ops, int n_ops)
 {
-    /* A local refusal first: it must not use up sequence numbers (stamp). */
-    cfxResult_t res = check_self_matches(ops, n_ops);
+    /* Local refusals first: they must not use up sequence numbers (stamp). */
+    const struct cfx_executor *exec = NULL;
+    cfxResult_t res = choose_executor(ops, n_ops, &exec);
+    if (res != cfxSuccess)
+        return res;
+    res = check_self_matches(ops, n_ops);
     if (res != cfxSuccess)
         return res;
     stamp(ops, n_ops);
@@ -397,7 +458,22 @@ cfxResult_t cfx_core_launch(struct cfx_op *ops, int n_ops)
         cfx_core_flight_update(ops[i].owner, ops[i].record, CFX_FLIGHT_RUNNING, cfxSuccess, 0,
                                ops[i].n_steps);
     }
-    res = cfx_exec_host_run(ops, n_ops);
+    /* One indirect call per launch; the executor loops over the steps. */
+    struct cfx_exec_batch batch;
+    cfx_exec_batch_init(&batch, ops, n_ops, NULL);
+    res = exec->launch(exec, &batch);
+    if (res == cfxInProgress) /* Stream NULL: the call completes before it returns. */
+        res = exec->wait(exec, &batch);
+    complete(ops, n_ops, res);
+    return res;
+}
+
+/* After a batch is over (a final result from its executor): the flight
+ * recorder, and either the communicators' settled collectives or, after a
+ * failure, broken communicators. A launch on a stream will call this when
+ * its batch ends, after the call returned. */
+static void complete(struct cfx_op *ops, int n_ops, cfxResult_t res)
+{
     for (int i = 0; i < n_ops; i++)
         cfx_core_flight_update(ops[i].owner, ops[i].record,
                                ops[i].result == cfxSuccess && res == cfxSuccess ? CFX_FLIGHT_DONE
@@ -407,7 +483,6 @@ cfxResult_t cfx_core_launch(struct cfx_op *ops, int n_ops)
         break_comms(ops, n_ops, res);
     else
         settle(ops, n_ops);
-    return res;
 }
 
 CFX_API cfxResult_t cfxGroupStart(void)

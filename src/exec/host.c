@@ -1,4 +1,4 @@
-/* Host executor: see host.h. */
+/* Host executor: see host.h; the interface it implements is exec.h. */
 #include "src/exec/host.h"
 
 #include <sched.h>
@@ -73,12 +73,14 @@ static cfxResult_t check_connector(struct cfx_op *op, struct cfx_connector *conn
     return res;
 }
 
-/* While idle: an abort, or a failure of the connector the op waits on, ends
- * the wait with an error. A connector the op no longer needs may fail (a
- * faster peer finished and left) without failing the op. */
-static cfxResult_t check_health(struct cfx_op *op)
+/* While idle: an abort (of the communicator, or of the batch through the
+ * interface), or a failure of the connector the op waits on, ends the wait
+ * with an error. A connector the op no longer needs may fail (a faster peer
+ * finished and left) without failing the op. */
+static cfxResult_t check_health(const struct cfx_exec_batch *batch, struct cfx_op *op)
 {
-    if (op->abort_flag && __atomic_load_n(op->abort_flag, __ATOMIC_ACQUIRE))
+    if ((op->abort_flag && __atomic_load_n(op->abort_flag, __ATOMIC_ACQUIRE)) ||
+        __atomic_load_n(&batch->aborted, __ATOMIC_ACQUIRE))
         return cfx_error_set(cfxRemoteError, CFX_LOG_COLL, "%s on rank %d was aborted",
                              cfx_coll_name(op->kind), op->rank);
     const char *what;
@@ -179,8 +181,94 @@ static void fail_all(struct cfx_op *ops, int n_ops, cfxResult_t res)
     }
 }
 
-cfxResult_t cfx_exec_host_run(struct cfx_op *ops, int n_ops)
+/* One round over the batch: claim, run the ready steps, retire. Returns
+ * how many ops progressed or finished; *pending_p counts those still
+ * running. On a failure every op is failed and *failed_p holds the result. */
+static inline int pass(struct cfx_op *ops, int n_ops, int *pending_p, cfxResult_t *failed_p)
 {
+    int pending = 0, progressed = 0;
+    for (int i = 0; i < n_ops; i++) {
+        struct cfx_op *op = &ops[i];
+        if (op->done)
+            continue;
+        if (claim(op))
+            progressed += cfx_coll_progress(op);
+        if (op->done) {
+            unclaim(op);
+            if (op->result != cfxSuccess) {
+                fail_all(ops, n_ops, op->result);
+                *failed_p = op->result;
+                return progressed;
+            }
+            progressed++;
+        } else {
+            pending++;
+        }
+    }
+    *pending_p = pending;
+    return progressed;
+}
+
+/* Every HEALTH_EVERY idle rounds: CFX_TIMEOUT, aborts, failed peers, and the
+ * ops' own stall hooks (the mismatch probe). A failure fails the batch. */
+static cfxResult_t check_idle(struct cfx_exec_batch *batch)
+{
+    struct cfx_op *ops = batch->ops;
+    int n_ops = batch->n_ops;
+    int64_t now = cfx_time_now_ns();
+    if (batch->last_progress_ns == 0)
+        batch->last_progress_ns = now;
+    if (batch->timeout_s < 0)
+        batch->timeout_s = param_timeout();
+    if (batch->timeout_s > 0 && now - batch->last_progress_ns > batch->timeout_s * CFX_NS_PER_SEC) {
+        cfxResult_t res = timed_out(ops, n_ops, batch->timeout_s);
+        fail_all(ops, n_ops, res);
+        return res;
+    }
+    for (int i = 0; i < n_ops; i++) {
+        if (ops[i].done)
+            continue;
+        cfxResult_t res = check_health(batch, &ops[i]);
+        if (res == cfxSuccess && ops[i].on_stall)
+            res = ops[i].on_stall(&ops[i], now - batch->last_progress_ns);
+        if (res != cfxSuccess) {
+            ops[i].result = res;
+            fail_all(ops, n_ops, res);
+            return res;
+        }
+    }
+    return cfxSuccess;
+}
+
+static cfxResult_t host_test(const struct cfx_executor *exec, struct cfx_exec_batch *batch)
+{
+    (void)exec;
+    int pending = 0;
+    cfxResult_t failed = cfxSuccess;
+    int progressed = pass(batch->ops, batch->n_ops, &pending, &failed);
+    if (failed != cfxSuccess)
+        return failed;
+    if (pending == 0)
+        return cfxSuccess;
+    if (progressed || drive(batch->ops, batch->n_ops)) {
+        batch->idle = 0;
+        batch->last_progress_ns = 0;
+        return cfxInProgress;
+    }
+    /* A caller that tests rarely still sees an abort at its next test. */
+    if (++batch->idle % HEALTH_EVERY == 0 || __atomic_load_n(&batch->aborted, __ATOMIC_ACQUIRE)) {
+        cfxResult_t res = check_idle(batch);
+        if (res != cfxSuccess)
+            return res;
+    }
+    return cfxInProgress;
+}
+
+static cfxResult_t host_wait(const struct cfx_executor *exec, struct cfx_exec_batch *batch)
+{
+    (void)exec;
+    struct cfx_op *ops = batch->ops;
+    int n_ops = batch->n_ops;
     /* Spin budget adapts per thread: waits that spinning did not end (the
      * peer was not running: more ranks than free cores) halve it, waits it
      * ended double it back up to the owner's limit. */
@@ -189,29 +277,14 @@ cfxResult_t cfx_exec_host_run(struct cfx_op *ops, int n_ops)
     if (adaptive < 0 || adaptive > limit)
         adaptive = limit;
     int64_t spins = adaptive;
-    int64_t timeout_s = -1; /* Read at the first health check: most calls never idle that long. */
     uint64_t idle = 0;
     long nap_ns = 1000;
-    int64_t last_progress_ns = 0; /* Read the clock only once idle. */
     for (;;) {
-        int pending = 0, progressed = 0;
-        for (int i = 0; i < n_ops; i++) {
-            struct cfx_op *op = &ops[i];
-            if (op->done)
-                continue;
-            if (claim(op))
-                progressed += cfx_coll_progress(op);
-            if (op->done) {
-                unclaim(op);
-                if (op->result != cfxSuccess) {
-                    fail_all(ops, n_ops, op->result);
-                    return op->result;
-                }
-                progressed++;
-            } else {
-                pending++;
-            }
-        }
+        int pending = 0;
+        cfxResult_t failed = cfxSuccess;
+        int progressed = pass(ops, n_ops, &pending, &failed);
+        if (failed != cfxSuccess)
+            return failed;
         if (pending == 0)
             return cfxSuccess;
         if (progressed) {
@@ -222,9 +295,9 @@ cfxResult_t cfx_exec_host_run(struct cfx_op *ops, int n_ops)
                     spins = spins * 2 < limit ? spins * 2 : limit;
                 adaptive = spins;
             }
+            batch->last_progress_ns = 0; /* Read the clock only once idle. */
             idle = 0;
             nap_ns = 1000;
-            last_progress_ns = 0;
             continue;
         }
         if (drive(ops, n_ops)) {
@@ -233,28 +306,9 @@ cfxResult_t cfx_exec_host_run(struct cfx_op *ops, int n_ops)
         }
         idle++;
         if (idle % HEALTH_EVERY == 0) {
-            int64_t now = cfx_time_now_ns();
-            if (last_progress_ns == 0)
-                last_progress_ns = now;
-            if (timeout_s < 0)
-                timeout_s = param_timeout();
-            if (timeout_s > 0 && now - last_progress_ns > timeout_s * CFX_NS_PER_SEC) {
-                cfxResult_t res = timed_out(ops, n_ops, timeout_s);
-                fail_all(ops, n_ops, res);
+            cfxResult_t res = check_idle(batch);
+            if (res != cfxSuccess)
                 return res;
-            }
-            for (int i = 0; i < n_ops; i++) {
-                if (ops[i].done)
-                    continue;
-                cfxResult_t res = check_health(&ops[i]);
-                if (res == cfxSuccess && ops[i].on_stall)
-                    res = ops[i].on_stall(&ops[i], now - last_progress_ns);
-                if (res != cfxSuccess) {
-                    ops[i].result = res;
-                    fail_all(ops, n_ops, res);
-                    return res;
-                }
-            }
         }
         if ((int64_t)idle < spins) {
             cpu_relax();
@@ -270,3 +324,28 @@ cfxResult_t cfx_exec_host_run(struct cfx_op *ops, int n_ops)
         }
     }
 }
+
+/* With a NULL stream the call completes before it returns: straight into
+ * the wait loop (one pass less than test + wait). Host buffers on a stream
+ * will start here and finish in test/wait in stream order. */
+static cfxResult_t host_launch(const struct cfx_executor *exec, struct cfx_exec_batch *batch)
+{
+    if (batch->stream == NULL)
+        return host_wait(exec, batch);
+    return host_test(exec, batch);
+}
+
+static void host_abort(const struct cfx_executor *exec, struct cfx_exec_batch *batch)
+{
+    (void)exec;
+    __atomic_store_n(&batch->aborted, 1, __ATOMIC_RELEASE);
+}
+
+const struct cfx_executor cfx_exec_host = {
+    .version = CFX_EXEC_VERSION,
+    .name = "host",
+    .launch = host_launch,
+    .test = host_test,
+    .wait = host_wait,
+    .abort = host_abort,
+};

@@ -3,7 +3,8 @@
  * under ThreadSanitizer): the scenarios where threads meet inside Conflux
  * (rank threads, the socket progress thread, the root thread, an aborting
  * thread, a failure spreading, two threads on one communicator, a destroy
- * under a call) for .ci/run's TSan stage. Also a plain ctest.
+ * under a call, an executor's batch aborted from another thread) for
+ * .ci/run's TSan stage. Also a plain ctest.
  * Exits 0 when every scenario passed; prints the harness report otherwise.
  *
  *   threads_driver [SCENARIO...]      default: all
@@ -17,6 +18,7 @@
 #include <unistd.h>
 
 #include "src/core/comm.h"
+#include "src/exec/exec.h"
 #include "tests/harness.h"
 
 static double now_s(void)
@@ -97,6 +99,68 @@ static void abort_from_another_thread(struct cfx_test_rank *ctx)
     pthread_join(thread, NULL);
     RANK_ASSERT(ctx, res != cfxSuccess && job.res == cfxSuccess, "allreduce %d, abort %d", res,
                 job.res);
+}
+
+struct exec_abort_job {
+    struct cfx_exec_batch *batch;
+    cfxResult_t res;
+};
+
+static void *launch_batch(void *arg)
+{
+    struct exec_abort_job *job = arg;
+    job->res = cfx_exec_host.launch(&cfx_exec_host, job->batch); /* NULL stream: blocks. */
+    return NULL;
+}
+
+static int exec_abort_over; /* Rank 1's aborted launch returned (atomic). */
+
+/* The executor interface's abort, from another thread: rank 1's host
+ * executor waits for rank 0, which never runs its part, until the main
+ * thread aborts the batch (src/exec/exec.h). */
+static void exec_abort_from_another_thread(struct cfx_test_rank *ctx)
+{
+    cfxComm_t comm;
+    RANK_CFX(ctx, cfxCommInitRank(&comm, ctx->nranks, ctx->id, ctx->rank));
+    if (ctx->rank == 0) {
+        cfx_test_step(ctx, "waiting for rank 1's aborted launch");
+        while (!__atomic_load_n(&exec_abort_over, __ATOMIC_ACQUIRE))
+            usleep(1000);
+        RANK_CFX(ctx, cfxCommAbort(comm));
+        return;
+    }
+    static float data[1024];
+    struct cfx_op op;
+    cfx_op_clear(&op);
+    op.kind = CFX_COLL_ALLREDUCE;
+    op.sendbuff = data;
+    op.recvbuff = data;
+    op.count = 1024;
+    op.type = cfxFloat32;
+    op.op = cfxSum;
+    op.rank = comm->rank;
+    op.nranks = comm->nranks;
+    op.abort_flag = &comm->abort_flag;
+    op.owner = comm;
+    op.spin_limit = comm->spin_limit;
+    op.send_conn = comm->ring_send;
+    op.recv_conn = comm->ring_recv;
+    op.conns[op.n_conns++] = op.send_conn;
+    op.conns[op.n_conns++] = op.recv_conn;
+    cfx_coll_prepare(&op);
+    struct cfx_exec_batch batch;
+    cfx_exec_batch_init(&batch, &op, 1, NULL);
+    struct exec_abort_job job = {.batch = &batch, .res = cfxInProgress};
+    pthread_t thread;
+    pthread_create(&thread, NULL, launch_batch, &job);
+    usleep(100 * 1000); /* Not synchronisation: the abort ends the wait whenever it comes. */
+    cfx_test_step(ctx, "aborting the batch");
+    cfx_exec_host.abort(&cfx_exec_host, &batch);
+    pthread_join(thread, NULL);
+    __atomic_store_n(&exec_abort_over, 1, __ATOMIC_RELEASE);
+    RANK_ASSERT(ctx, job.res == cfxRemoteError && op.done, "launch returned %d (done %d)", job.res,
+                op.done);
+    RANK_CFX(ctx, cfxCommAbort(comm));
 }
 
 /* A fault (CFX_FAULT) breaks a 3-rank allreduce: every rank fails, none hangs. */
@@ -258,6 +322,7 @@ static const struct scenario scenarios[] = {
     {"truncate_shm", 3, NULL, "truncate:rank=1:after=1", broken_allreduce},
     {"second_thread_refused_shm", 2, NULL, NULL, second_thread_refused},
     {"destroy_under_a_call_shm", 2, NULL, NULL, destroy_under_a_call},
+    {"exec_abort_shm", 2, NULL, NULL, exec_abort_from_another_thread},
 };
 
 int main(int argc, char **argv)
