@@ -6,6 +6,7 @@
 #include <arpa/inet.h>
 #include <criterion/criterion.h>
 #include <criterion/parameterized.h>
+#include <errno.h>
 #include <poll.h>
 #include <stdlib.h>
 #include <string.h>
@@ -15,6 +16,7 @@
 #include "src/bootstrap/bootstrap.h"
 #include "src/bootstrap/wire.h"
 #include "src/util/error.h"
+#include "src/util/time.h"
 #include "tests/harness.h"
 
 struct shape {
@@ -273,4 +275,101 @@ Test(bootstrap_peer, message_header_larger_than_a_setup_message_is_refused)
         cr_assert_not_null(cfx_bootstrap_peer_hdr_refusal(&hdr, secret, 0, 2, 0),
                            "a %llu-byte message was accepted", (unsigned long long)hdr.size);
     }
+}
+
+/* ------------------------------------------------- duplicate claims */
+
+/* Four ranks claim ranks 0, 1, 1 and 2 of 4: the rank claimed twice fails
+ * every rank of the job at once with a sentence, not just the second claimer
+ * (and not a timeout about rank 3). */
+static void claim_rank_one_twice(struct cfx_test_rank *ctx)
+{
+    static const int claims[] = {0, 1, 1, 2};
+    struct cfx_bootstrap *bs = NULL;
+    cfx_test_step(ctx, "cfx_bootstrap_init as rank %d", claims[ctx->rank]);
+    cfxResult_t res = cfx_bootstrap_init(&ctx->id, claims[ctx->rank], 4, NULL, &bs);
+    RANK_ASSERT(ctx, res != cfxSuccess, "joined as rank %d although rank 1 was claimed twice",
+                claims[ctx->rank]);
+    RANK_ASSERT(ctx, strstr(cfx_error_thread_last(), "rank 1 was claimed twice") != NULL,
+                "sentence does not name the duplicate: %s", cfx_error_thread_last());
+}
+
+Test(bootstrap_root, a_rank_claimed_twice_fails_every_rank_of_the_job, .timeout = 60)
+{
+    cfx_test_setenv("CFX_BOOTSTRAP_TIMEOUT", "20");
+    struct cfx_test_options opts = {.nranks = 4, .mode = CFX_TEST_THREADS, .deadline_s = 15};
+    CFX_TEST_RUN(&opts, claim_rank_one_twice);
+}
+
+/* ------------------------------------------------- idle connections */
+
+/* 300 idle connections to the root, more than it keeps half-open: the
+ * ranks still join, without waiting for the strangers' greeting time. */
+Test(bootstrap_root, idle_connections_beyond_the_pending_slots_do_not_keep_ranks_out, .timeout = 60)
+{
+    enum { N_IDLE = 300 };
+    cfx_test_setenv("CFX_BOOTSTRAP_TIMEOUT", "10");
+    cfxUniqueId id;
+    cr_assert_eq(cfxGetUniqueId(&id), cfxSuccess);
+    int fds[N_IDLE];
+    for (int i = 0; i < N_IDLE; i++)
+        fds[i] = connect_to_root(&id);
+    struct cfx_test_options opts = {
+        .nranks = 3, .mode = CFX_TEST_THREADS, .deadline_s = 30, .id = &id};
+    CFX_TEST_RUN(&opts, init_and_destroy);
+    for (int i = 0; i < N_IDLE; i++)
+        close(fds[i]);
+}
+
+#define N_IDLE_PEERS 20
+
+/* Rank 0 opens idle connections to rank 1's listener, then sends it a
+ * message: rank 1 gets it at once, however long strangers may take to greet. */
+static void message_past_idle_connections(struct cfx_test_rank *ctx)
+{
+    struct cfx_bootstrap *bs = NULL;
+    int fds[N_IDLE_PEERS];
+    int n_fds = 0;
+    cfx_test_step(ctx, "cfx_bootstrap_init");
+    RANK_ASSERT(ctx, cfx_bootstrap_init(&ctx->id, ctx->rank, 2, NULL, &bs) == cfxSuccess,
+                "init: %s", cfx_error_thread_last());
+    if (ctx->rank == 0) {
+        union cfx_sockaddr addr;
+        RANK_ASSERT(ctx, cfx_bootstrap_peer_addr(bs, 1, &addr) == cfxSuccess, "no address");
+        for (; n_fds < N_IDLE_PEERS; n_fds++) {
+            fds[n_fds] = socket(addr.sa.sa_family, SOCK_STREAM, 0);
+            RANK_ASSERT(ctx,
+                        fds[n_fds] >= 0 &&
+                            connect(fds[n_fds], &addr.sa, cfx_socket_addr_len(&addr)) == 0,
+                        "idle connection %d: %s", n_fds, strerror(errno));
+        }
+    }
+    cfx_test_step(ctx, "barrier after the idle connections");
+    RANK_ASSERT(ctx, cfx_bootstrap_barrier(bs) == cfxSuccess, "%s", cfx_error_thread_last());
+    int value = 42, got = -1;
+    if (ctx->rank == 0) {
+        cfx_test_step(ctx, "send to rank 1");
+        RANK_ASSERT(ctx, cfx_bootstrap_send(bs, 1, 7, &value, sizeof(value)) == cfxSuccess, "%s",
+                    cfx_error_thread_last());
+    } else {
+        cfx_test_step(ctx, "recv from rank 0 behind %d idle connections", N_IDLE_PEERS);
+        int64_t start = cfx_time_now_ns();
+        cfxResult_t res = cfx_bootstrap_recv(bs, 0, 7, &got, sizeof(got));
+        double took_s = (double)(cfx_time_now_ns() - start) / 1e9;
+        RANK_ASSERT(ctx, res == cfxSuccess && got == value, "recv: %s", cfx_error_thread_last());
+        RANK_ASSERT(ctx, took_s < 1.5, "recv took %.1f s behind idle connections", took_s);
+    }
+    cfx_test_step(ctx, "final barrier");
+    RANK_ASSERT(ctx, cfx_bootstrap_barrier(bs) == cfxSuccess, "%s", cfx_error_thread_last());
+    for (int i = 0; i < n_fds; i++)
+        close(fds[i]);
+    cfx_bootstrap_destroy(bs);
+}
+
+Test(bootstrap_peer, idle_connections_cost_a_rank_no_time, .timeout = 120)
+{
+    cfx_test_setenv("CFX_BOOTSTRAP_TIMEOUT", "5");
+    cfx_test_setenv("CFX_BOOTSTRAP_FRAME_TIMEOUT_MS", "2000");
+    struct cfx_test_options opts = {.nranks = 2, .mode = CFX_TEST_THREADS, .deadline_s = 100};
+    CFX_TEST_RUN(&opts, message_past_idle_connections);
 }
