@@ -373,3 +373,30 @@ Test(bootstrap_peer, idle_connections_cost_a_rank_no_time, .timeout = 120)
     struct cfx_test_options opts = {.nranks = 2, .mode = CFX_TEST_THREADS, .deadline_s = 100};
     CFX_TEST_RUN(&opts, message_past_idle_connections);
 }
+
+/* ------------------------------------------------- sentences */
+
+/* A message that never comes is named by what its tag means, not by the
+ * raw number ("tag 1129185794"). */
+static void recv_connection_info_that_never_comes(struct cfx_test_rank *ctx)
+{
+    struct cfx_bootstrap *bs = NULL;
+    RANK_ASSERT(ctx, cfx_bootstrap_init(&ctx->id, ctx->rank, ctx->nranks, NULL, &bs) == cfxSuccess,
+                "init: %s", cfx_error_thread_last());
+    if (ctx->rank == 1) {
+        int value;
+        cfx_test_step(ctx, "recv a message rank 0 never sends");
+        cfxResult_t res = cfx_bootstrap_recv(bs, 0, 0x434e0102u, &value, sizeof(value));
+        RANK_ASSERT(ctx, res == cfxTimeout, "recv returned %d", res);
+        RANK_ASSERT(ctx, strstr(cfx_error_thread_last(), "connection setup \"CN\" 0x0102") != NULL,
+                    "sentence: %s", cfx_error_thread_last());
+    }
+    cfx_bootstrap_destroy(bs);
+}
+
+Test(bootstrap_peer, a_missing_message_is_named_by_what_its_tag_means, .timeout = 60)
+{
+    cfx_test_setenv("CFX_BOOTSTRAP_TIMEOUT", "1");
+    struct cfx_test_options opts = {.nranks = 2, .mode = CFX_TEST_THREADS, .deadline_s = 30};
+    CFX_TEST_RUN(&opts, recv_connection_info_that_never_comes);
+}

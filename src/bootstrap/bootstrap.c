@@ -192,6 +192,29 @@ static void peer_name(int rank, char *text, size_t size)
     snprintf(text, size, "bootstrap peer rank %d", rank);
 }
 
+/* A tag in words for error sentences. The users of the bootstrap name a
+ * tag by two letters in its high 16 bits and a detail in the low 16; the
+ * families known here are the core's (src/core/connect.c, probe.c). */
+static void format_tag(uint32_t tag, char *text, size_t size)
+{
+    static const struct {
+        char letters[3];
+        const char *meaning;
+    } families[] = {{"CN", "connection setup"}, {"PR", "mismatch probe"}};
+    char letters[3] = {(char)(tag >> 24), (char)(tag >> 16), '\0'};
+    unsigned detail = tag & 0xffffu;
+    for (size_t i = 0; i < sizeof(families) / sizeof(families[0]); i++) {
+        if (strcmp(letters, families[i].letters) == 0) {
+            snprintf(text, size, "%s \"%s\" 0x%04x", families[i].meaning, letters, detail);
+            return;
+        }
+    }
+    if (letters[0] >= 'A' && letters[0] <= 'Z' && letters[1] >= 'A' && letters[1] <= 'Z')
+        snprintf(text, size, "tag \"%s\" 0x%04x", letters, detail);
+    else
+        snprintf(text, size, "tag %u", tag);
+}
+
 /* Append, so messages of one (peer, tag) are matched in order. */
 static void queue_append(struct cfx_bootstrap *bs, struct unexpected_msg *msg)
 {
@@ -462,6 +485,16 @@ cfxResult_t cfx_bootstrap_barrier(struct cfx_bootstrap *bs)
     return res;
 }
 
+static cfxResult_t size_mismatch(const struct cfx_bootstrap *bs, int peer, uint32_t tag,
+                                 size_t got, size_t expected)
+{
+    char what[64];
+    format_tag(tag, what, sizeof(what));
+    return cfx_error_set(cfxInternalError, CFX_LOG_BOOTSTRAP,
+                         "bootstrap rank %d: message (%s) from rank %d has %zu bytes, expected %zu",
+                         bs->rank, what, peer, got, expected);
+}
+
 static struct unexpected_msg *take_unexpected(struct cfx_bootstrap *bs, int peer, uint32_t tag)
 {
     for (struct unexpected_msg **link = &bs->unexpected; *link; link = &(*link)->next) {
@@ -535,10 +568,7 @@ cfxResult_t cfx_bootstrap_try_recv(struct cfx_bootstrap *bs, int peer, uint32_t 
     }
     cfxResult_t res = cfxSuccess;
     if (msg->size != size)
-        res = cfx_error_set(cfxInternalError, CFX_LOG_BOOTSTRAP,
-                            "bootstrap rank %d: message (tag %u) from rank %d has %zu bytes, "
-                            "expected %zu",
-                            bs->rank, tag, peer, msg->size, size);
+        res = size_mismatch(bs, peer, tag, msg->size, size);
     else
         memcpy(data, msg->payload, size);
     free(msg);
@@ -553,18 +583,18 @@ cfxResult_t cfx_bootstrap_recv(struct cfx_bootstrap *bs, int peer, uint32_t tag,
     struct unexpected_msg *msg;
     while ((msg = take_unexpected(bs, peer, tag)) == NULL) {
         cfxResult_t res = serve_listener(bs, deadline);
-        if (res == cfxTimeout)
+        if (res == cfxTimeout) {
+            char what[64];
+            format_tag(tag, what, sizeof(what));
             return cfx_error_set(cfxTimeout, CFX_LOG_BOOTSTRAP,
-                                 "bootstrap rank %d: no message (tag %u) from rank %d; %s",
-                                 bs->rank, tag, peer, timeout_hint());
+                                 "bootstrap rank %d: no message (%s) from rank %d; %s", bs->rank,
+                                 what, peer, timeout_hint());
+        }
         CFX_CHECK(res);
     }
     cfxResult_t res = cfxSuccess;
     if (msg->size != size)
-        res = cfx_error_set(cfxInternalError, CFX_LOG_BOOTSTRAP,
-                            "bootstrap rank %d: message (tag %u) from rank %d has %zu bytes, "
-                            "expected %zu",
-                            bs->rank, tag, peer, msg->size, size);
+        res = size_mismatch(bs, peer, tag, msg->size, size);
     else
         memcpy(data, msg->payload, size);
     free(msg);
