@@ -46,7 +46,6 @@ enum root_state {
 
 struct root {
     int listen_fd;
-    int spare_fd; /* Held so that at EMFILE one connection can still be answered. */
     uint64_t secret;
     uint64_t owner_nonce;
     int64_t settle_ns;
@@ -61,6 +60,11 @@ struct root {
     int64_t deadline_ns;
     int64_t settled_ns; /* ROOT_SETTLING: when to answer. */
 };
+
+/* One descriptor per process, held so that at EMFILE a root can still
+ * accept and answer one connection. */
+static pthread_mutex_t spare_lock = PTHREAD_MUTEX_INITIALIZER;
+static int spare_fd = -1;
 
 static void drop_pending(struct root *root, int index, const char *why)
 {
@@ -244,19 +248,21 @@ static void out_of_descriptors(struct root *root, int err)
                                         .conflict_rank = -1};
     if (root->state != ROOT_FAILED)
         fail_job(root, &reply);
-    if (root->spare_fd >= 0) {
-        close(root->spare_fd);
-        root->spare_fd = -1;
+    pthread_mutex_lock(&spare_lock);
+    if (spare_fd >= 0) {
+        close(spare_fd);
+        spare_fd = -1;
     }
     int fd = accept4(root->listen_fd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
     if (fd >= 0) {
-        /* Its hello is not read: the count is unknown, so a rank compares 0 and refuses it
-         * as malformed unless it reads the status first, which join_root does. */
+        /* Its hello is not read, so its count is unknown: join_root reads
+         * this status before it compares counts. */
         reply.nranks = -1;
         send_refusal(fd, &reply, -1);
         close(fd);
     }
-    root->spare_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
+    spare_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
+    pthread_mutex_unlock(&spare_lock);
 }
 
 static void accept_waiting(struct root *root)
@@ -350,8 +356,6 @@ static void *root_thread(void *arg)
         if (root->rank_fds[r] >= 0)
             close(root->rank_fds[r]);
     close(root->listen_fd);
-    if (root->spare_fd >= 0)
-        close(root->spare_fd);
     free(root->rank_fds);
     free(root->table);
     free(root);
@@ -370,13 +374,10 @@ cfxResult_t cfx_bootstrap_root_start(int listen_fd, uint64_t secret, uint64_t ow
     root->secret = secret;
     root->owner_nonce = owner_nonce;
     root->settle_ns = settle_ns;
-    root->spare_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
-    if (root->spare_fd < 0) {
-        int err = errno;
-        close(listen_fd);
-        free(root);
-        return cfx_error_set_errno(err, CFX_LOG_BOOTSTRAP, "cannot start the root");
-    }
+    pthread_mutex_lock(&spare_lock);
+    if (spare_fd < 0)
+        spare_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
+    pthread_mutex_unlock(&spare_lock);
     pthread_attr_t attr;
     pthread_attr_init(&attr);
     pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
@@ -384,7 +385,6 @@ cfxResult_t cfx_bootstrap_root_start(int listen_fd, uint64_t secret, uint64_t ow
     int err = pthread_create(&thread, &attr, root_thread, root);
     pthread_attr_destroy(&attr);
     if (err != 0) {
-        close(root->spare_fd);
         close(listen_fd);
         free(root);
         return cfx_error_set_errno(err, CFX_LOG_BOOTSTRAP, "cannot start the root thread");
