@@ -8,9 +8,12 @@
 #include <criterion/parameterized.h>
 #include <errno.h>
 #include <poll.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "src/bootstrap/bootstrap.h"
@@ -399,4 +402,62 @@ Test(bootstrap_peer, a_missing_message_is_named_by_what_its_tag_means, .timeout 
     cfx_test_setenv("CFX_BOOTSTRAP_TIMEOUT", "1");
     struct cfx_test_options opts = {.nranks = 2, .mode = CFX_TEST_THREADS, .deadline_s = 30};
     CFX_TEST_RUN(&opts, recv_connection_info_that_never_comes);
+}
+
+/* ------------------------------------------------- out of descriptors */
+
+/* The root's process has no descriptor left when a rank connects: the rank
+ * hears "too many open files" at once, not a timeout. The rank is a child
+ * process, which closes its copies of the fillers first. */
+Test(bootstrap_root, root_out_of_descriptors_fails_the_rank_fast, .timeout = 60)
+{
+    cfx_test_setenv("CFX_BOOTSTRAP_TIMEOUT", "10");
+    cfxUniqueId id;
+    cr_assert_eq(cfxGetUniqueId(&id), cfxSuccess);
+    int report[2];
+    cr_assert_eq(pipe(report), 0);
+    enum { MAX_FILLERS = 4096 };
+    static int fillers[MAX_FILLERS];
+    struct rlimit limit;
+    cr_assert_eq(getrlimit(RLIMIT_NOFILE, &limit), 0);
+    struct rlimit low = limit;
+    low.rlim_cur = 512;
+    cr_assert_eq(setrlimit(RLIMIT_NOFILE, &low), 0);
+    int n_fillers = 0;
+    while (n_fillers < MAX_FILLERS && (fillers[n_fillers] = dup(report[0])) >= 0)
+        n_fillers++;
+    cr_assert(n_fillers < MAX_FILLERS && errno == EMFILE, "could not exhaust descriptors");
+    pid_t child = fork();
+    if (child == 0) {
+        for (int i = 0; i < n_fillers; i++)
+            close(fillers[i]);
+        struct cfx_bootstrap *bs = NULL;
+        int64_t start = cfx_time_now_ns();
+        cfxResult_t res = cfx_bootstrap_init(&id, 0, 1, NULL, &bs);
+        char line[CFX_ERROR_MAX + 64];
+        int n = snprintf(line, sizeof(line), "%d %.1f %s", res,
+                         (double)(cfx_time_now_ns() - start) / 1e9, cfx_error_thread_last());
+        if (write(report[1], line, (size_t)n) < 0)
+            _exit(2);
+        _exit(0);
+    }
+    /* report[1] stays open here until the end: closing it would free a descriptor. */
+    char line[CFX_ERROR_MAX + 64] = "";
+    struct pollfd pfd = {.fd = report[0], .events = POLLIN};
+    int ready = poll(&pfd, 1, 30000);
+    ssize_t n = ready == 1 ? read(report[0], line, sizeof(line) - 1) : -1;
+    for (int i = 0; i < n_fillers; i++)
+        close(fillers[i]);
+    close(report[0]);
+    close(report[1]);
+    setrlimit(RLIMIT_NOFILE, &limit);
+    waitpid(child, NULL, 0);
+    cr_assert(n > 0, "the rank reported nothing within 30 s");
+    line[n] = '\0';
+    int res = -1;
+    double took_s = -1;
+    cr_assert_eq(sscanf(line, "%d %lf", &res, &took_s), 2, "report: %s", line);
+    cr_assert_neq(res, cfxSuccess, "the rank joined: %s", line);
+    cr_assert(strstr(line, "too many open files") != NULL, "sentence: %s", line);
+    cr_assert_lt(took_s, 5.0, "the rank waited %.1f s: %s", took_s, line);
 }
