@@ -461,3 +461,37 @@ Test(bootstrap_root, root_out_of_descriptors_fails_the_rank_fast, .timeout = 60)
     cr_assert(strstr(line, "too many open files") != NULL, "sentence: %s", line);
     cr_assert_lt(took_s, 5.0, "the rank waited %.1f s: %s", took_s, line);
 }
+
+/* ------------------------------------------------- unused ids */
+
+static int threads_of_this_process(void)
+{
+    FILE *status = fopen("/proc/self/status", "r");
+    cr_assert_not_null(status);
+    char line[256];
+    int threads = -1;
+    while (fgets(line, sizeof(line), status))
+        if (sscanf(line, "Threads: %d", &threads) == 1)
+            break;
+    fclose(status);
+    return threads;
+}
+
+/* An id that is never used costs neither a descriptor nor a thread: 300
+ * ids under `ulimit -n 256` are made, and the last one still works. */
+Test(bootstrap_root, unused_ids_cost_no_descriptor_and_no_thread, .timeout = 60)
+{
+    enum { N_IDS = 300 };
+    struct rlimit limit;
+    cr_assert_eq(getrlimit(RLIMIT_NOFILE, &limit), 0);
+    limit.rlim_cur = 256;
+    cr_assert_eq(setrlimit(RLIMIT_NOFILE, &limit), 0, "setrlimit: %s", strerror(errno));
+    cfxUniqueId id;
+    for (int i = 0; i < N_IDS; i++)
+        cr_assert_eq(cfxGetUniqueId(&id), cfxSuccess, "id %d of %d: %s", i + 1, N_IDS,
+                     cfxGetLastError(NULL));
+    int threads = threads_of_this_process();
+    cr_assert_lt(threads, 8, "%d ids left %d threads", N_IDS, threads);
+    struct cfx_test_options opts = {.nranks = 3, .mode = CFX_TEST_THREADS, .deadline_s = 30, .id = &id};
+    CFX_TEST_RUN(&opts, init_and_destroy);
+}

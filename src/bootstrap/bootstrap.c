@@ -168,12 +168,9 @@ cfxResult_t cfx_bootstrap_id_create(cfxUniqueId *id, int local)
     bid.magic = CFX_BOOTSTRAP_MAGIC;
     bid.flags = local ? CFX_BOOTSTRAP_ID_LOCAL : 0;
     CFX_CHECK(cfx_host_random(&bid.secret, sizeof(bid.secret)));
-    union cfx_sockaddr addr, bound;
-    int fd;
+    union cfx_sockaddr addr;
     CFX_CHECK(pick_listen_address(local, &addr));
-    CFX_CHECK(cfx_socket_listen(&addr, &fd, &bound));
-    cfx_socket_addr_to_wire(&bound, &bid.root);
-    CFX_CHECK(cfx_bootstrap_root_start(fd, bid.secret, 0, 0));
+    CFX_CHECK(cfx_bootstrap_root_add_id(&addr, bid.secret, &bid.root));
     memcpy(id->internal, &bid, sizeof(bid));
     return cfxSuccess;
 }

@@ -138,14 +138,21 @@ static inline const char *cfx_bootstrap_reply_refusal(const struct cfx_bootstrap
 /* How long a connecting peer may take to send its greeting, in ns. */
 int64_t cfx_bootstrap_frame_ns(void);
 
-/* Start a root thread: it serves one communicator's join on @p listen_fd,
- * then closes it and exits. Takes ownership of listen_fd.
- * @p owner_nonce: nonzero for a CFX_COMM_ID root, the value only its own
- * rank 0 sends (see struct cfx_bootstrap_hello); 0 for an id's root.
- * @p settle_ns: how long a full job waits before the root answers, so that a
- * second job on the same CFX_COMM_ID shows itself by a duplicate claim. */
+/* Start a CFX_COMM_ID root: a thread that serves one communicator's join
+ * on @p listen_fd, then closes it and exits. Takes ownership of listen_fd.
+ * @p owner_nonce: the nonzero value only the rank 0 that starts it sends
+ * (see struct cfx_bootstrap_hello). @p settle_ns: how long a full job waits
+ * before the root answers, so that a second job on the same CFX_COMM_ID
+ * shows itself by a duplicate claim. */
 cfxResult_t cfx_bootstrap_root_start(int listen_fd, uint64_t secret, uint64_t owner_nonce,
                                      int64_t settle_ns);
+
+/* Register an id of cfxGetUniqueId with secret @p secret at this process's
+ * shared root listening on @p addr (port 0), started on first use; *root_p
+ * gets the root's address. The id is forgotten once its communicator is
+ * answered, or CFX_BOOTSTRAP_TIMEOUT after its creation if no rank comes. */
+cfxResult_t cfx_bootstrap_root_add_id(const union cfx_sockaddr *addr, uint64_t secret,
+                                      struct cfx_sockaddr_wire *root_p);
 
 /* How long a CFX_COMM_ID root waits, once full, for duplicate claims, in ns. */
 int64_t cfx_bootstrap_settle_ns(void);
