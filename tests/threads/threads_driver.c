@@ -113,6 +113,19 @@ static void broken_allreduce(struct cfx_test_rank *ctx)
     free(data);
 }
 
+/* Ids made from every rank's thread (registered at the process's shared
+ * root) while that root serves this run's join. */
+static void ids_from_every_thread(struct cfx_test_rank *ctx)
+{
+    for (int i = 0; i < 20; i++) {
+        cfxUniqueId unused;
+        RANK_CFX(ctx, cfxGetUniqueId(&unused));
+    }
+    cfxComm_t comm;
+    RANK_CFX(ctx, cfxCommInitRank(&comm, ctx->nranks, ctx->id, ctx->rank));
+    RANK_CFX(ctx, cfxCommDestroy(comm));
+}
+
 struct scenario {
     const char *name;
     int nranks;
@@ -129,6 +142,7 @@ static const struct scenario scenarios[] = {
     {"close_socket", 3, "1", "close:rank=1:after=2", broken_allreduce},
     {"corrupt_print_socket", 3, "1", "corrupt:rank=2:after=1:what=print", broken_allreduce},
     {"truncate_shm", 3, NULL, "truncate:rank=1:after=1", broken_allreduce},
+    {"ids_from_every_thread", 4, NULL, NULL, ids_from_every_thread},
 };
 
 int main(int argc, char **argv)
