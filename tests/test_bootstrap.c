@@ -6,15 +6,20 @@
 #include <arpa/inet.h>
 #include <criterion/criterion.h>
 #include <criterion/parameterized.h>
+#include <errno.h>
 #include <poll.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "src/bootstrap/bootstrap.h"
 #include "src/bootstrap/wire.h"
 #include "src/util/error.h"
+#include "src/util/time.h"
 #include "tests/harness.h"
 
 struct shape {
@@ -273,4 +278,220 @@ Test(bootstrap_peer, message_header_larger_than_a_setup_message_is_refused)
         cr_assert_not_null(cfx_bootstrap_peer_hdr_refusal(&hdr, secret, 0, 2, 0),
                            "a %llu-byte message was accepted", (unsigned long long)hdr.size);
     }
+}
+
+/* ------------------------------------------------- duplicate claims */
+
+/* Four ranks claim ranks 0, 1, 1 and 2 of 4: the rank claimed twice fails
+ * every rank of the job at once with a sentence, not just the second claimer
+ * (and not a timeout about rank 3). */
+static void claim_rank_one_twice(struct cfx_test_rank *ctx)
+{
+    static const int claims[] = {0, 1, 1, 2};
+    struct cfx_bootstrap *bs = NULL;
+    cfx_test_step(ctx, "cfx_bootstrap_init as rank %d", claims[ctx->rank]);
+    cfxResult_t res = cfx_bootstrap_init(&ctx->id, claims[ctx->rank], 4, NULL, &bs);
+    RANK_ASSERT(ctx, res != cfxSuccess, "joined as rank %d although rank 1 was claimed twice",
+                claims[ctx->rank]);
+    RANK_ASSERT(ctx, strstr(cfx_error_thread_last(), "rank 1 was claimed twice") != NULL,
+                "sentence does not name the duplicate: %s", cfx_error_thread_last());
+}
+
+Test(bootstrap_root, a_rank_claimed_twice_fails_every_rank_of_the_job, .timeout = 60)
+{
+    cfx_test_setenv("CFX_BOOTSTRAP_TIMEOUT", "20");
+    struct cfx_test_options opts = {.nranks = 4, .mode = CFX_TEST_THREADS, .deadline_s = 15};
+    CFX_TEST_RUN(&opts, claim_rank_one_twice);
+}
+
+/* ------------------------------------------------- idle connections */
+
+/* 300 idle connections to the root, more than it keeps half-open: the
+ * ranks still join, without waiting for the strangers' greeting time. */
+Test(bootstrap_root, idle_connections_beyond_the_pending_slots_do_not_keep_ranks_out, .timeout = 60)
+{
+    enum { N_IDLE = 300 };
+    cfx_test_setenv("CFX_BOOTSTRAP_TIMEOUT", "10");
+    cfxUniqueId id;
+    cr_assert_eq(cfxGetUniqueId(&id), cfxSuccess);
+    int fds[N_IDLE];
+    for (int i = 0; i < N_IDLE; i++)
+        fds[i] = connect_to_root(&id);
+    struct cfx_test_options opts = {
+        .nranks = 3, .mode = CFX_TEST_THREADS, .deadline_s = 30, .id = &id};
+    CFX_TEST_RUN(&opts, init_and_destroy);
+    for (int i = 0; i < N_IDLE; i++)
+        close(fds[i]);
+}
+
+#define N_IDLE_PEERS 20
+
+/* Rank 0 opens idle connections to rank 1's listener, then sends it a
+ * message: rank 1 gets it at once, however long strangers may take to greet. */
+static void message_past_idle_connections(struct cfx_test_rank *ctx)
+{
+    struct cfx_bootstrap *bs = NULL;
+    int fds[N_IDLE_PEERS];
+    int n_fds = 0;
+    cfx_test_step(ctx, "cfx_bootstrap_init");
+    RANK_ASSERT(ctx, cfx_bootstrap_init(&ctx->id, ctx->rank, 2, NULL, &bs) == cfxSuccess,
+                "init: %s", cfx_error_thread_last());
+    if (ctx->rank == 0) {
+        union cfx_sockaddr addr;
+        RANK_ASSERT(ctx, cfx_bootstrap_peer_addr(bs, 1, &addr) == cfxSuccess, "no address");
+        for (; n_fds < N_IDLE_PEERS; n_fds++) {
+            fds[n_fds] = socket(addr.sa.sa_family, SOCK_STREAM, 0);
+            RANK_ASSERT(ctx,
+                        fds[n_fds] >= 0 &&
+                            connect(fds[n_fds], &addr.sa, cfx_socket_addr_len(&addr)) == 0,
+                        "idle connection %d: %s", n_fds, strerror(errno));
+        }
+    }
+    cfx_test_step(ctx, "barrier after the idle connections");
+    RANK_ASSERT(ctx, cfx_bootstrap_barrier(bs) == cfxSuccess, "%s", cfx_error_thread_last());
+    int value = 42, got = -1;
+    if (ctx->rank == 0) {
+        cfx_test_step(ctx, "send to rank 1");
+        RANK_ASSERT(ctx, cfx_bootstrap_send(bs, 1, 7, &value, sizeof(value)) == cfxSuccess, "%s",
+                    cfx_error_thread_last());
+    } else {
+        cfx_test_step(ctx, "recv from rank 0 behind %d idle connections", N_IDLE_PEERS);
+        int64_t start = cfx_time_now_ns();
+        cfxResult_t res = cfx_bootstrap_recv(bs, 0, 7, &got, sizeof(got));
+        double took_s = (double)(cfx_time_now_ns() - start) / 1e9;
+        RANK_ASSERT(ctx, res == cfxSuccess && got == value, "recv: %s", cfx_error_thread_last());
+        RANK_ASSERT(ctx, took_s < 1.5, "recv took %.1f s behind idle connections", took_s);
+    }
+    cfx_test_step(ctx, "final barrier");
+    RANK_ASSERT(ctx, cfx_bootstrap_barrier(bs) == cfxSuccess, "%s", cfx_error_thread_last());
+    for (int i = 0; i < n_fds; i++)
+        close(fds[i]);
+    cfx_bootstrap_destroy(bs);
+}
+
+Test(bootstrap_peer, idle_connections_cost_a_rank_no_time, .timeout = 120)
+{
+    cfx_test_setenv("CFX_BOOTSTRAP_TIMEOUT", "5");
+    cfx_test_setenv("CFX_BOOTSTRAP_FRAME_TIMEOUT_MS", "2000");
+    struct cfx_test_options opts = {.nranks = 2, .mode = CFX_TEST_THREADS, .deadline_s = 100};
+    CFX_TEST_RUN(&opts, message_past_idle_connections);
+}
+
+/* ------------------------------------------------- sentences */
+
+/* A message that never comes is named by what its tag means, not by the
+ * raw number ("tag 1129185794"). */
+static void recv_connection_info_that_never_comes(struct cfx_test_rank *ctx)
+{
+    struct cfx_bootstrap *bs = NULL;
+    RANK_ASSERT(ctx, cfx_bootstrap_init(&ctx->id, ctx->rank, ctx->nranks, NULL, &bs) == cfxSuccess,
+                "init: %s", cfx_error_thread_last());
+    if (ctx->rank == 1) {
+        int value;
+        cfx_test_step(ctx, "recv a message rank 0 never sends");
+        cfxResult_t res = cfx_bootstrap_recv(bs, 0, 0x434e0102u, &value, sizeof(value));
+        RANK_ASSERT(ctx, res == cfxTimeout, "recv returned %d", res);
+        RANK_ASSERT(ctx, strstr(cfx_error_thread_last(), "connection setup \"CN\" 0x0102") != NULL,
+                    "sentence: %s", cfx_error_thread_last());
+    }
+    cfx_bootstrap_destroy(bs);
+}
+
+Test(bootstrap_peer, a_missing_message_is_named_by_what_its_tag_means, .timeout = 60)
+{
+    cfx_test_setenv("CFX_BOOTSTRAP_TIMEOUT", "1");
+    struct cfx_test_options opts = {.nranks = 2, .mode = CFX_TEST_THREADS, .deadline_s = 30};
+    CFX_TEST_RUN(&opts, recv_connection_info_that_never_comes);
+}
+
+/* ------------------------------------------------- out of descriptors */
+
+/* The root's process has no descriptor left when a rank connects: the rank
+ * hears "too many open files" at once, not a timeout. The rank is a child
+ * process, which closes its copies of the fillers first. */
+Test(bootstrap_root, root_out_of_descriptors_fails_the_rank_fast, .timeout = 60)
+{
+    cfx_test_setenv("CFX_BOOTSTRAP_TIMEOUT", "10");
+    cfxUniqueId id;
+    cr_assert_eq(cfxGetUniqueId(&id), cfxSuccess);
+    int report[2];
+    cr_assert_eq(pipe(report), 0);
+    enum { MAX_FILLERS = 4096 };
+    static int fillers[MAX_FILLERS];
+    struct rlimit limit;
+    cr_assert_eq(getrlimit(RLIMIT_NOFILE, &limit), 0);
+    struct rlimit low = limit;
+    low.rlim_cur = 512;
+    cr_assert_eq(setrlimit(RLIMIT_NOFILE, &low), 0);
+    int n_fillers = 0;
+    while (n_fillers < MAX_FILLERS && (fillers[n_fillers] = dup(report[0])) >= 0)
+        n_fillers++;
+    cr_assert(n_fillers < MAX_FILLERS && errno == EMFILE, "could not exhaust descriptors");
+    pid_t child = fork();
+    if (child == 0) {
+        for (int i = 0; i < n_fillers; i++)
+            close(fillers[i]);
+        struct cfx_bootstrap *bs = NULL;
+        int64_t start = cfx_time_now_ns();
+        cfxResult_t res = cfx_bootstrap_init(&id, 0, 1, NULL, &bs);
+        char line[CFX_ERROR_MAX + 64];
+        int n = snprintf(line, sizeof(line), "%d %.1f %s", res,
+                         (double)(cfx_time_now_ns() - start) / 1e9, cfx_error_thread_last());
+        if (write(report[1], line, (size_t)n) < 0)
+            _exit(2);
+        _exit(0);
+    }
+    /* report[1] stays open here until the end: closing it would free a descriptor. */
+    char line[CFX_ERROR_MAX + 64] = "";
+    struct pollfd pfd = {.fd = report[0], .events = POLLIN};
+    int ready = poll(&pfd, 1, 30000);
+    ssize_t n = ready == 1 ? read(report[0], line, sizeof(line) - 1) : -1;
+    for (int i = 0; i < n_fillers; i++)
+        close(fillers[i]);
+    close(report[0]);
+    close(report[1]);
+    setrlimit(RLIMIT_NOFILE, &limit);
+    waitpid(child, NULL, 0);
+    cr_assert(n > 0, "the rank reported nothing within 30 s");
+    line[n] = '\0';
+    int res = -1;
+    double took_s = -1;
+    cr_assert_eq(sscanf(line, "%d %lf", &res, &took_s), 2, "report: %s", line);
+    cr_assert_neq(res, cfxSuccess, "the rank joined: %s", line);
+    cr_assert(strstr(line, "too many open files") != NULL, "sentence: %s", line);
+    cr_assert_lt(took_s, 5.0, "the rank waited %.1f s: %s", took_s, line);
+}
+
+/* ------------------------------------------------- unused ids */
+
+static int threads_of_this_process(void)
+{
+    FILE *status = fopen("/proc/self/status", "r");
+    cr_assert_not_null(status);
+    char line[256];
+    int threads = -1;
+    while (fgets(line, sizeof(line), status))
+        if (sscanf(line, "Threads: %d", &threads) == 1)
+            break;
+    fclose(status);
+    return threads;
+}
+
+/* An id that is never used costs neither a descriptor nor a thread: 300
+ * ids under `ulimit -n 256` are made, and the last one still works. */
+Test(bootstrap_root, unused_ids_cost_no_descriptor_and_no_thread, .timeout = 60)
+{
+    enum { N_IDS = 300 };
+    struct rlimit limit;
+    cr_assert_eq(getrlimit(RLIMIT_NOFILE, &limit), 0);
+    limit.rlim_cur = 256;
+    cr_assert_eq(setrlimit(RLIMIT_NOFILE, &limit), 0, "setrlimit: %s", strerror(errno));
+    cfxUniqueId id;
+    for (int i = 0; i < N_IDS; i++)
+        cr_assert_eq(cfxGetUniqueId(&id), cfxSuccess, "id %d of %d: %s", i + 1, N_IDS,
+                     cfxGetLastError(NULL));
+    int threads = threads_of_this_process();
+    cr_assert_lt(threads, 8, "%d ids left %d threads", N_IDS, threads);
+    struct cfx_test_options opts = {.nranks = 3, .mode = CFX_TEST_THREADS, .deadline_s = 30, .id = &id};
+    CFX_TEST_RUN(&opts, init_and_destroy);
 }

@@ -386,3 +386,54 @@ Test(plan_agreement, ranks_whose_topologies_differ_all_use_the_ring, .timeout = 
     CFX_TEST_RUN(&opts, allreduce_across_disagreeing_plans);
     unlink(g_bare_topo);
 }
+
+/* ------------------------------------------- two jobs on one CFX_COMM_ID */
+
+#define JOB_RANKS 4
+
+/* Ranks 0-3 of the run are job 0, ranks 4-7 job 1; both jobs start at once
+ * with one CFX_COMM_ID (two launchers given one port). Each rank either
+ * fails with a sentence that names CFX_COMM_ID, or succeeds with the sum of
+ * its own job: never a seat in the other job. */
+static void job_of_two_on_one_comm_id(struct cfx_test_rank *ctx)
+{
+    int job = ctx->rank / JOB_RANKS, job_rank = ctx->rank % JOB_RANKS;
+    cfxComm_t comm = NULL;
+    cfx_test_step(ctx, "job %d rank %d: cfxCommInitRank", job, job_rank);
+    cfxResult_t res = cfxCommInitRank(&comm, JOB_RANKS, ctx->id, job_rank);
+    if (res != cfxSuccess) {
+        RANK_ASSERT(ctx, strstr(cfxGetLastError(NULL), "CFX_COMM_ID") != NULL,
+                    "job %d rank %d: init failed (%s) without naming CFX_COMM_ID: %s", job,
+                    job_rank, cfxGetErrorString(res), cfxGetLastError(NULL));
+        return;
+    }
+    int mine = job * 100 + job_rank, sum = -1;
+    cfx_test_step(ctx, "job %d rank %d: allreduce", job, job_rank);
+    res = cfxAllReduce(&mine, &sum, 1, cfxInt32, cfxSum, comm, NULL);
+    if (res == cfxSuccess)
+        res = cfxCommFinalize(comm);
+    cfxCommDestroy(comm);
+    /* A peer of a refused job may fail after init; success must be right. */
+    RANK_ASSERT(ctx, res != cfxSuccess || sum == job * 100 * JOB_RANKS + 6,
+                "job %d rank %d: allreduce returned success with %d where %d was due: a rank "
+                "of the other job took a seat in this one",
+                job, job_rank, sum, job * 100 * JOB_RANKS + 6);
+}
+
+Test(comm_id, two_jobs_on_one_comm_id_never_share_a_communicator, .timeout = 180)
+{
+    cfx_test_setenv("CFX_BOOTSTRAP_TIMEOUT", "3");
+    /* Several rounds: which job's ranks reach the root first is a race. */
+    for (int round = 0; round < 4; round++) {
+        char addr[64];
+        /* Below the ephemeral range (32768 up), as in comm_id_run. */
+        snprintf(addr, sizeof(addr), "127.0.0.1:%d",
+                 20000 + (int)((getpid() * 7 + round * 13) % 12000));
+        cfx_test_setenv("CFX_COMM_ID", addr);
+        struct cfx_test_options opts = {.nranks = 2 * JOB_RANKS,
+                                        .mode = CFX_TEST_PROCS,
+                                        .id_mode = CFX_TEST_ID_ENV,
+                                        .deadline_s = 30};
+        CFX_TEST_RUN(&opts, job_of_two_on_one_comm_id);
+    }
+}

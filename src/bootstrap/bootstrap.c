@@ -2,6 +2,7 @@
 #include "src/bootstrap/bootstrap.h"
 
 #include <errno.h>
+#include <netinet/tcp.h>
 #include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -20,6 +21,9 @@ CFX_PARAM_INT(bootstrap_timeout, "BOOTSTRAP_TIMEOUT", 300, 0, CFX_PARAM_SECONDS_
               "Seconds a bootstrap step (join, allgather, barrier, message) may take; 0 = forever");
 CFX_PARAM_INT(bootstrap_frame_ms, "BOOTSTRAP_FRAME_TIMEOUT_MS", 2000, 1, CFX_PARAM_SECONDS_MAX,
               "Milliseconds a connecting peer has to send its whole greeting");
+CFX_PARAM_INT(bootstrap_settle_ms, "BOOTSTRAP_SETTLE_MS", 250, 0, 600000,
+              "With CFX_COMM_ID, milliseconds the root waits once every rank joined, so a second "
+              "job on the same CFX_COMM_ID is caught by its duplicate claims");
 CFX_PARAM_STR_CHECKED(
     comm_id, "COMM_ID", NULL, cfx_socket_addr_param_check,
     "host:port of the root listener; makes every rank produce the same unique id");
@@ -36,12 +40,29 @@ struct unexpected_msg {
     char payload[];
 };
 
+/* Half-open connections a rank's listener keeps: a peer's header and
+ * payload arrive at once, so more than this are idle strangers. */
+#define MAX_PENDING_PEERS 32
+
+/* A connection to a rank's listener whose header (then payload) is still
+ * arriving. */
+struct pending_peer {
+    int fd;
+    int64_t since_ns;
+    size_t got; /* Bytes of the header, then of the payload. */
+    struct cfx_bootstrap_peer_hdr hdr;
+    struct unexpected_msg *msg; /* Once a message header passed its checks. */
+};
+
 struct cfx_bootstrap {
     int rank;
     int nranks;
     uint64_t secret;
+    uint64_t owner_nonce; /* Rank 0 with CFX_COMM_ID: proves to the root it started it. */
     const int *abort_flag;
     int listen_fd;
+    struct pending_peer pending[MAX_PENDING_PEERS];
+    int n_pending;
     union cfx_sockaddr listen_addr;
     struct cfx_sockaddr_wire *table; /* Every rank's listener. */
     int ring_send_fd;                /* To rank+1. */
@@ -66,6 +87,11 @@ int64_t cfx_bootstrap_frame_ns(void)
     return param_bootstrap_frame_ms() * CFX_NS_PER_MS;
 }
 
+int64_t cfx_bootstrap_settle_ns(void)
+{
+    return param_bootstrap_settle_ms() * CFX_NS_PER_MS;
+}
+
 int cfx_bootstrap_rank(const struct cfx_bootstrap *bs)
 {
     return bs->rank;
@@ -76,9 +102,22 @@ int cfx_bootstrap_nranks(const struct cfx_bootstrap *bs)
     return bs->nranks;
 }
 
+cfxResult_t cfx_bootstrap_peer_addr(const struct cfx_bootstrap *bs, int peer,
+                                    union cfx_sockaddr *addr_p)
+{
+    if (peer < 0 || peer >= bs->nranks)
+        return cfxInvalidArgument;
+    return cfx_socket_addr_from_wire(&bs->table[peer], addr_p);
+}
+
 static int64_t op_deadline(void)
 {
     return cfx_time_deadline_s(param_bootstrap_timeout());
+}
+
+static int aborted(const struct cfx_bootstrap *bs)
+{
+    return bs->abort_flag && __atomic_load_n(bs->abort_flag, __ATOMIC_ACQUIRE);
 }
 
 static const char *timeout_hint(void)
@@ -132,12 +171,9 @@ cfxResult_t cfx_bootstrap_id_create(cfxUniqueId *id, int local)
     bid.magic = CFX_BOOTSTRAP_MAGIC;
     bid.flags = local ? CFX_BOOTSTRAP_ID_LOCAL : 0;
     CFX_CHECK(cfx_host_random(&bid.secret, sizeof(bid.secret)));
-    union cfx_sockaddr addr, bound;
-    int fd;
+    union cfx_sockaddr addr;
     CFX_CHECK(pick_listen_address(local, &addr));
-    CFX_CHECK(cfx_socket_listen(&addr, &fd, &bound));
-    cfx_socket_addr_to_wire(&bound, &bid.root);
-    CFX_CHECK(cfx_bootstrap_root_start(fd, bid.secret));
+    CFX_CHECK(cfx_bootstrap_root_add_id(&addr, bid.secret, &bid.root));
     memcpy(id->internal, &bid, sizeof(bid));
     return cfxSuccess;
 }
@@ -156,6 +192,29 @@ static void peer_name(int rank, char *text, size_t size)
     snprintf(text, size, "bootstrap peer rank %d", rank);
 }
 
+/* A tag in words for error sentences. The users of the bootstrap name a
+ * tag by two letters in its high 16 bits and a detail in the low 16; the
+ * families known here are the core's (src/core/connect.c, probe.c). */
+static void format_tag(uint32_t tag, char *text, size_t size)
+{
+    static const struct {
+        char letters[3];
+        const char *meaning;
+    } families[] = {{"CN", "connection setup"}, {"PR", "mismatch probe"}};
+    char letters[3] = {(char)(tag >> 24), (char)(tag >> 16), '\0'};
+    unsigned detail = tag & 0xffffu;
+    for (size_t i = 0; i < sizeof(families) / sizeof(families[0]); i++) {
+        if (strcmp(letters, families[i].letters) == 0) {
+            snprintf(text, size, "%s \"%s\" 0x%04x", families[i].meaning, letters, detail);
+            return;
+        }
+    }
+    if (letters[0] >= 'A' && letters[0] <= 'Z' && letters[1] >= 'A' && letters[1] <= 'Z')
+        snprintf(text, size, "tag \"%s\" 0x%04x", letters, detail);
+    else
+        snprintf(text, size, "tag %u", tag);
+}
+
 /* Append, so messages of one (peer, tag) are matched in order. */
 static void queue_append(struct cfx_bootstrap *bs, struct unexpected_msg *msg)
 {
@@ -166,61 +225,140 @@ static void queue_append(struct cfx_bootstrap *bs, struct unexpected_msg *msg)
     *tail = msg;
 }
 
-/* Accept one connection on the listener and file it: a ring connection from
- * the previous rank, or a message into the unexpected queue. Strangers are
- * logged and closed. cfxTimeout when nothing arrived before the deadline. */
-static cfxResult_t accept_one(struct cfx_bootstrap *bs, int64_t deadline_ns)
+static void pending_drop(struct cfx_bootstrap *bs, int index, const char *why)
 {
-    int fd = -1;
-    cfxResult_t res = cfx_socket_accept(bs->listen_fd, deadline_ns, bs->abort_flag, &fd);
-    if (res != cfxSuccess)
-        return res;
-    struct cfx_bootstrap_peer_hdr hdr;
-    /* A connection that is here gets its frame time to greet, and its
-     * payload at least that long, even when the caller's deadline is "now"
-     * (try_recv). */
-    int64_t frame_deadline = cfx_time_now_ns() + cfx_bootstrap_frame_ns();
-    if (deadline_ns < frame_deadline)
-        deadline_ns = frame_deadline;
-    res = cfx_socket_recv_all(fd, &hdr, sizeof(hdr), frame_deadline, bs->abort_flag,
-                              "a connecting bootstrap peer");
-    if (res != cfxSuccess) {
-        CFX_WARN(CFX_LOG_BOOTSTRAP, "bootstrap: dropped a connection that sent no greeting");
-        cfx_error_thread_clear();
-        close(fd);
-        return cfxSuccess;
-    }
-    const char *why =
-        cfx_bootstrap_peer_hdr_refusal(&hdr, bs->secret, bs->rank, bs->nranks, bs->ring_recv_fd >= 0);
-    if (why) {
+    struct pending_peer *conn = &bs->pending[index];
+    if (why != NULL)
         CFX_WARN(CFX_LOG_BOOTSTRAP, "bootstrap rank %d: closed a connection: %s", bs->rank, why);
-        close(fd);
+    close(conn->fd);
+    free(conn->msg);
+    bs->pending[index] = bs->pending[--bs->n_pending];
+}
+
+/* Read what connection @p index has sent; file it once complete (a ring
+ * link, or a message into the unexpected queue) and set *filed_p. */
+static cfxResult_t pending_read(struct cfx_bootstrap *bs, int index, int *filed_p)
+{
+    struct pending_peer *conn = &bs->pending[index];
+    int in_payload = conn->msg != NULL;
+    char *buf = in_payload ? conn->msg->payload : (char *)&conn->hdr;
+    size_t want = in_payload ? conn->msg->size : sizeof(conn->hdr);
+    if (conn->got < want) {
+        ssize_t n = recv(conn->fd, buf + conn->got, want - conn->got, 0);
+        if (n == 0) {
+            pending_drop(bs, index, "peer closed before finishing its greeting or message");
+            return cfxSuccess;
+        }
+        if (n < 0) {
+            if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)
+                pending_drop(bs, index, "receive error");
+            return cfxSuccess;
+        }
+        conn->got += (size_t)n;
+        if (conn->got < want)
+            return cfxSuccess;
+    }
+    if (in_payload) {
+        struct unexpected_msg *msg = conn->msg;
+        conn->msg = NULL;
+        pending_drop(bs, index, NULL);
+        queue_append(bs, msg);
+        *filed_p = 1;
         return cfxSuccess;
     }
-    if (hdr.kind == CFX_BOOTSTRAP_KIND_RING) {
-        bs->ring_recv_fd = fd;
+    const char *why = cfx_bootstrap_peer_hdr_refusal(&conn->hdr, bs->secret, bs->rank, bs->nranks,
+                                                     bs->ring_recv_fd >= 0);
+    if (why != NULL) {
+        pending_drop(bs, index, why);
         return cfxSuccess;
     }
-    struct unexpected_msg *msg = malloc(sizeof(*msg) + hdr.size);
+    if (conn->hdr.kind == CFX_BOOTSTRAP_KIND_RING) {
+        int one = 1;
+        setsockopt(conn->fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+        bs->ring_recv_fd = conn->fd;
+        bs->pending[index] = bs->pending[--bs->n_pending];
+        *filed_p = 1;
+        return cfxSuccess;
+    }
+    struct unexpected_msg *msg = malloc(sizeof(*msg) + conn->hdr.size);
     if (msg == NULL) {
-        close(fd);
+        pending_drop(bs, index, "out of memory");
         return cfx_error_set(cfxSystemError, CFX_LOG_BOOTSTRAP,
-                             "out of memory for a %llu-byte bootstrap message",
-                             (unsigned long long)hdr.size);
+                             "bootstrap rank %d: out of memory for a %llu-byte message", bs->rank,
+                             (unsigned long long)conn->hdr.size);
     }
-    char peer[48];
-    peer_name(hdr.src_rank, peer, sizeof(peer));
-    res = cfx_socket_recv_all(fd, msg->payload, hdr.size, deadline_ns, bs->abort_flag, peer);
-    close(fd);
-    if (res != cfxSuccess) {
-        free(msg);
-        return res;
+    *msg = (struct unexpected_msg){
+        .src_rank = conn->hdr.src_rank, .tag = conn->hdr.tag, .size = conn->hdr.size};
+    conn->msg = msg;
+    conn->got = 0;
+    return pending_read(bs, index, filed_p);
+}
+
+/* Accept every connection waiting on the listener. A full table of
+ * half-open connections closes its oldest, an idle stranger: a peer sends
+ * its header as soon as it connects. */
+static cfxResult_t accept_waiting(struct cfx_bootstrap *bs, int *filed_p)
+{
+    for (;;) {
+        int fd = accept4(bs->listen_fd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
+        if (fd < 0) {
+            if (errno == EINTR || errno == ECONNABORTED)
+                continue;
+            if (errno == EAGAIN || errno == EWOULDBLOCK)
+                return cfxSuccess;
+            return cfx_error_set_errno(errno, CFX_LOG_BOOTSTRAP,
+                                       "bootstrap rank %d: cannot accept a peer's connection "
+                                       "(for too many open files, raise `ulimit -n`)",
+                                       bs->rank);
+        }
+        if (bs->n_pending == MAX_PENDING_PEERS) {
+            int oldest = 0;
+            for (int i = 1; i < bs->n_pending; i++)
+                if (bs->pending[i].since_ns < bs->pending[oldest].since_ns)
+                    oldest = i;
+            pending_drop(bs, oldest, "too many half-open connections; closed the oldest");
+        }
+        int index = bs->n_pending++;
+        bs->pending[index] = (struct pending_peer){.fd = fd, .since_ns = cfx_time_now_ns()};
+        CFX_CHECK(pending_read(bs, index, filed_p));
     }
-    msg->src_rank = hdr.src_rank;
-    msg->tag = hdr.tag;
-    msg->size = hdr.size;
-    queue_append(bs, msg);
-    return cfxSuccess;
+}
+
+/* Serve the listener until a connection was filed (a ring link, or a
+ * message into the unexpected queue) or @p deadline_ns passes: cfxTimeout
+ * then, without a sentence (the caller knows whom it waited for). Each pass
+ * accepts what waits and reads what arrived without blocking, so a deadline
+ * of "now" still takes in what is already here. A stranger that does not
+ * greet within CFX_BOOTSTRAP_FRAME_TIMEOUT_MS is closed; no stranger ever
+ * moves the deadline. */
+static cfxResult_t serve_listener(struct cfx_bootstrap *bs, int64_t deadline_ns)
+{
+    int64_t frame_ns = cfx_bootstrap_frame_ns();
+    struct pollfd fds[MAX_PENDING_PEERS + 1];
+    for (;;) {
+        int filed = 0;
+        for (int i = bs->n_pending - 1; i >= 0; i--)
+            CFX_CHECK(pending_read(bs, i, &filed));
+        CFX_CHECK(accept_waiting(bs, &filed));
+        if (filed)
+            return cfxSuccess;
+        int64_t now = cfx_time_now_ns();
+        for (int i = bs->n_pending - 1; i >= 0; i--)
+            if (now - bs->pending[i].since_ns > frame_ns)
+                pending_drop(bs, i,
+                             "greeting or message not finished in time (slow or idle "
+                             "sender)");
+        if (aborted(bs))
+            return cfx_error_set(cfxRemoteError, CFX_LOG_BOOTSTRAP, "bootstrap rank %d: aborted",
+                                 bs->rank);
+        if (now >= deadline_ns)
+            return cfxTimeout;
+        int n_fds = 0;
+        fds[n_fds++] = (struct pollfd){.fd = bs->listen_fd, .events = POLLIN};
+        for (int i = 0; i < bs->n_pending; i++)
+            fds[n_fds++] = (struct pollfd){.fd = bs->pending[i].fd, .events = POLLIN};
+        poll(fds, (nfds_t)n_fds, cfx_time_left_ms(deadline_ns, 100));
+    }
 }
 
 static cfxResult_t connect_peer(struct cfx_bootstrap *bs, int peer, uint32_t kind, uint32_t tag,
@@ -257,7 +395,7 @@ static cfxResult_t connect_ring(struct cfx_bootstrap *bs)
     int next = (bs->rank + 1) % bs->nranks;
     CFX_CHECK(connect_peer(bs, next, CFX_BOOTSTRAP_KIND_RING, 0, 0, deadline, &bs->ring_send_fd));
     while (bs->ring_recv_fd < 0) {
-        cfxResult_t res = accept_one(bs, deadline);
+        cfxResult_t res = serve_listener(bs, deadline);
         if (res == cfxTimeout)
             return cfx_error_set(cfxTimeout, CFX_LOG_BOOTSTRAP,
                                  "bootstrap rank %d: rank %d never connected its ring link; %s",
@@ -347,6 +485,16 @@ cfxResult_t cfx_bootstrap_barrier(struct cfx_bootstrap *bs)
     return res;
 }
 
+static cfxResult_t size_mismatch(const struct cfx_bootstrap *bs, int peer, uint32_t tag,
+                                 size_t got, size_t expected)
+{
+    char what[64];
+    format_tag(tag, what, sizeof(what));
+    return cfx_error_set(cfxInternalError, CFX_LOG_BOOTSTRAP,
+                         "bootstrap rank %d: message (%s) from rank %d has %zu bytes, expected %zu",
+                         bs->rank, what, peer, got, expected);
+}
+
 static struct unexpected_msg *take_unexpected(struct cfx_bootstrap *bs, int peer, uint32_t tag)
 {
     for (struct unexpected_msg **link = &bs->unexpected; *link; link = &(*link)->next) {
@@ -416,7 +564,7 @@ cfxResult_t cfx_bootstrap_recv_within(struct cfx_bootstrap *bs, int peer, uint32
     int64_t deadline = cfx_time_now_ns() + (int64_t)timeout_ms * CFX_NS_PER_MS;
     struct unexpected_msg *msg = take_unexpected(bs, peer, tag);
     while (msg == NULL) {
-        cfxResult_t res = accept_one(bs, deadline);
+        cfxResult_t res = serve_listener(bs, deadline);
         if (res == cfxTimeout) {
             cfx_error_thread_clear();
             *got_p = 0;
@@ -427,10 +575,7 @@ cfxResult_t cfx_bootstrap_recv_within(struct cfx_bootstrap *bs, int peer, uint32
     }
     cfxResult_t res = cfxSuccess;
     if (msg->size != size)
-        res = cfx_error_set(cfxInternalError, CFX_LOG_BOOTSTRAP,
-                            "bootstrap rank %d: message (tag %u) from rank %d has %zu bytes, "
-                            "expected %zu",
-                            bs->rank, tag, peer, msg->size, size);
+        res = size_mismatch(bs, peer, tag, msg->size, size);
     else
         memcpy(data, msg->payload, size);
     free(msg);
@@ -444,19 +589,19 @@ cfxResult_t cfx_bootstrap_recv(struct cfx_bootstrap *bs, int peer, uint32_t tag,
     int64_t deadline = op_deadline();
     struct unexpected_msg *msg;
     while ((msg = take_unexpected(bs, peer, tag)) == NULL) {
-        cfxResult_t res = accept_one(bs, deadline);
-        if (res == cfxTimeout)
+        cfxResult_t res = serve_listener(bs, deadline);
+        if (res == cfxTimeout) {
+            char what[64];
+            format_tag(tag, what, sizeof(what));
             return cfx_error_set(cfxTimeout, CFX_LOG_BOOTSTRAP,
-                                 "bootstrap rank %d: no message (tag %u) from rank %d; %s",
-                                 bs->rank, tag, peer, timeout_hint());
+                                 "bootstrap rank %d: no message (%s) from rank %d; %s", bs->rank,
+                                 what, peer, timeout_hint());
+        }
         CFX_CHECK(res);
     }
     cfxResult_t res = cfxSuccess;
     if (msg->size != size)
-        res = cfx_error_set(cfxInternalError, CFX_LOG_BOOTSTRAP,
-                            "bootstrap rank %d: message (tag %u) from rank %d has %zu bytes, "
-                            "expected %zu",
-                            bs->rank, tag, peer, msg->size, size);
+        res = size_mismatch(bs, peer, tag, msg->size, size);
     else
         memcpy(data, msg->payload, size);
     free(msg);
@@ -489,6 +634,8 @@ void cfx_bootstrap_destroy(struct cfx_bootstrap *bs)
 {
     if (bs == NULL)
         return;
+    while (bs->n_pending > 0)
+        pending_drop(bs, bs->n_pending - 1, NULL);
     cfx_socket_close(&bs->listen_fd);
     cfx_socket_close(&bs->ring_send_fd);
     cfx_socket_close(&bs->ring_recv_fd);
@@ -540,8 +687,71 @@ static int root_gone(const union cfx_sockaddr *root_addr, const int *abort_flag)
     return gone;
 }
 
-/* Rank side of the join: greet the root, receive the address table. */
-static cfxResult_t join_root(struct cfx_bootstrap *bs, const struct cfx_bootstrap_id *bid)
+/* Why a job cannot form, as the root said it (CONFLICT, COMPLETE, NO_FDS). */
+static cfxResult_t refused(const struct cfx_bootstrap *bs, const struct cfx_bootstrap_id *bid,
+                           const char *root_name, const struct cfx_bootstrap_reply *reply)
+{
+    const char *hint = (bid->flags & CFX_BOOTSTRAP_ID_COMM_ID)
+                           ? "another job may use this CFX_COMM_ID: one job per CFX_COMM_ID "
+                             "(give each job its own port; see docs/troubleshooting.md)"
+                           : "every rank must pass its own rank and the same nranks, and each "
+                             "communicator needs its own unique id";
+    if (reply->status == CFX_BOOTSTRAP_NO_FDS)
+        return cfx_error_set(cfxSystemError, CFX_LOG_BOOTSTRAP,
+                             "bootstrap rank %d: %s ran out of file descriptors (too many open "
+                             "files) while the ranks joined; raise `ulimit -n` in its process",
+                             bs->rank, root_name);
+    if (reply->status == CFX_BOOTSTRAP_COMPLETE)
+        return cfx_error_set(cfxInvalidUsage, CFX_LOG_BOOTSTRAP,
+                             "bootstrap rank %d: %s already has every rank of its job; %s",
+                             bs->rank, root_name, hint);
+    if (reply->conflict_rank >= 0)
+        return cfx_error_set(cfxInvalidUsage, CFX_LOG_BOOTSTRAP,
+                             "bootstrap rank %d: %s refused the job: rank %d was claimed twice; "
+                             "%s",
+                             bs->rank, root_name, reply->conflict_rank, hint);
+    return cfx_error_set(cfxInvalidUsage, CFX_LOG_BOOTSTRAP,
+                         "bootstrap rank %d: %s refused the job: ranks disagree on nranks (%d "
+                         "here, %d in another claim); %s",
+                         bs->rank, root_name, bs->nranks, reply->conflict_nranks, hint);
+}
+
+/* One attempt: connect, greet, read the answer's header. cfxRemoteError
+ * without a sentence when the root hung up without answering (it closes
+ * strangers, and its oldest half-open connections when flooded): the
+ * caller tries again. */
+static cfxResult_t greet_root(struct cfx_bootstrap *bs, const struct cfx_bootstrap_id *bid,
+                              const union cfx_sockaddr *root_addr, const char *root_name,
+                              int64_t deadline, int *fd_p, struct cfx_bootstrap_reply *reply_p)
+{
+    int fd = -1;
+    CFX_CHECK(cfx_socket_connect(root_addr, deadline, bs->abort_flag, &fd));
+    struct cfx_bootstrap_hello hello = {.magic = CFX_BOOTSTRAP_MAGIC,
+                                        .secret = bid->secret,
+                                        .rank = bs->rank,
+                                        .nranks = bs->nranks,
+                                        .owner_nonce = bs->owner_nonce};
+    cfx_socket_addr_to_wire(&bs->listen_addr, &hello.listen_addr);
+    cfxResult_t res =
+        cfx_socket_send_all(fd, &hello, sizeof(hello), deadline, bs->abort_flag, root_name);
+    if (res == cfxSuccess)
+        res =
+            cfx_socket_recv_all(fd, reply_p, sizeof(*reply_p), deadline, bs->abort_flag, root_name);
+    if (res != cfxSuccess) {
+        close(fd);
+        if (res == cfxRemoteError && !aborted(bs))
+            cfx_error_thread_clear();
+        return res;
+    }
+    *fd_p = fd;
+    return cfxSuccess;
+}
+
+/* Rank side of the join: greet the root, receive the address table.
+ * @p deadline: the join's deadline (0: the default, CFX_BOOTSTRAP_TIMEOUT
+ * and a little more, as the root reports missing ranks at its deadline). */
+static cfxResult_t join_root(struct cfx_bootstrap *bs, const struct cfx_bootstrap_id *bid,
+                             int64_t deadline)
 {
     union cfx_sockaddr root_addr;
     if (cfx_socket_addr_from_wire(&bid->root, &root_addr) != cfxSuccess)
@@ -551,52 +761,65 @@ static cfxResult_t join_root(struct cfx_bootstrap *bs, const struct cfx_bootstra
     char root_name[128], where[80];
     cfx_socket_addr_format(&root_addr, where, sizeof(where));
     snprintf(root_name, sizeof(root_name), "the bootstrap root at %s", where);
-    /* The root reports missing ranks at its deadline; wait a little longer. */
     int64_t timeout = param_bootstrap_timeout();
-    int64_t deadline = cfx_time_deadline_s(timeout > 0 ? timeout + 5 : 0);
-    int fd = -1;
-    cfxResult_t res = cfx_socket_connect(&root_addr, deadline, bs->abort_flag, &fd);
-    if (res != cfxSuccess)
-        return res;
-    struct cfx_bootstrap_hello hello = {.magic = CFX_BOOTSTRAP_MAGIC,
-                                        .secret = bid->secret,
-                                        .rank = bs->rank,
-                                        .nranks = bs->nranks};
-    cfx_socket_addr_to_wire(&bs->listen_addr, &hello.listen_addr);
+    if (deadline == 0)
+        deadline = cfx_time_deadline_s(timeout > 0 ? timeout + 5 : 0);
+    int fd = -1, hang_ups = 0, backoff_ms = 10;
     struct cfx_bootstrap_reply reply;
-    CFX_CHECK_GOTO(cfx_socket_send_all(fd, &hello, sizeof(hello), deadline, bs->abort_flag, root_name),
-                   res, out);
-    res = cfx_socket_recv_all(fd, &reply, sizeof(reply), deadline, bs->abort_flag, root_name);
+    cfxResult_t res;
+    for (;;) {
+        res = greet_root(bs, bid, &root_addr, root_name, deadline, &fd, &reply);
+        if (res != cfxRemoteError || aborted(bs))
+            break;
+        if (root_gone(&root_addr, bs->abort_flag))
+            return cfx_error_set(cfxRemoteError, CFX_LOG_BOOTSTRAP,
+                                 "bootstrap rank %d: %s died before every rank had joined: %s "
+                                 "exited or was killed",
+                                 bs->rank, root_name,
+                                 (bid->flags & CFX_BOOTSTRAP_ID_COMM_ID)
+                                     ? "rank 0, which serves it under CFX_COMM_ID,"
+                                     : "the process that called cfxGetUniqueId (and serves it)");
+        hang_ups++;
+        if (cfx_time_now_ns() >= deadline) {
+            return cfx_error_set(cfxTimeout, CFX_LOG_BOOTSTRAP,
+                                 "bootstrap rank %d: %s closed the connection %d times without "
+                                 "an answer: the id may be stale (its root gone and the port "
+                                 "taken by another), or the root is flooded with connections%s",
+                                 bs->rank, root_name, hang_ups,
+                                 (bid->flags & CFX_BOOTSTRAP_ID_COMM_ID)
+                                     ? "; another job may use this CFX_COMM_ID"
+                                     : "");
+        }
+        poll(NULL, 0, cfx_time_left_ms(deadline, backoff_ms));
+        if (backoff_ms < 200)
+            backoff_ms *= 2;
+    }
     if (res == cfxTimeout) {
-        res = cfx_error_set(cfxTimeout, CFX_LOG_BOOTSTRAP,
-                            "bootstrap rank %d: %s never answered; %s", bs->rank, root_name,
-                            timeout_hint());
+        if (bid->flags & CFX_BOOTSTRAP_ID_COMM_ID)
+            return cfx_error_set(cfxTimeout, CFX_LOG_BOOTSTRAP,
+                                 "bootstrap rank %d: %s (CFX_COMM_ID) did not answer: rank 0 "
+                                 "of this job must start and listen there (one job per "
+                                 "CFX_COMM_ID); %s",
+                                 bs->rank, root_name, timeout_hint());
+        return cfx_error_set(cfxTimeout, CFX_LOG_BOOTSTRAP,
+                             "bootstrap rank %d: %s never answered; %s", bs->rank, root_name,
+                             timeout_hint());
+    }
+    CFX_CHECK(res);
+    /* An out-of-descriptors answer went out before the root read our count. */
+    if (reply.magic == CFX_BOOTSTRAP_MAGIC && reply.status == CFX_BOOTSTRAP_NO_FDS) {
+        res = refused(bs, bid, root_name, &reply);
         goto out;
     }
-    if (res == cfxRemoteError && root_gone(&root_addr, bs->abort_flag)) {
-        res = cfx_error_set(cfxRemoteError, CFX_LOG_BOOTSTRAP,
-                            "bootstrap rank %d: %s died before every rank had joined: %s exited "
-                            "or was killed",
-                            bs->rank, root_name,
-                            (bid->flags & CFX_BOOTSTRAP_ID_COMM_ID)
-                                ? "rank 0, which serves it under CFX_COMM_ID,"
-                                : "the process that called cfxGetUniqueId (and serves it)");
-        goto out;
-    }
-    if (res == cfxRemoteError) {
-        res = cfx_error_set(cfxRemoteError, CFX_LOG_BOOTSTRAP,
-                            "bootstrap rank %d: %s closed the connection: another rank may "
-                            "claim rank %d, nranks may disagree between ranks (this rank says "
-                            "%d), or the id may be stale",
-                            bs->rank, root_name, bs->rank, bs->nranks);
-        goto out;
-    }
-    CFX_CHECK_GOTO(res, res, out);
     const char *why = cfx_bootstrap_reply_refusal(&reply, bs->nranks);
     if (why != NULL) {
         res = cfx_error_set(cfxRemoteError, CFX_LOG_BOOTSTRAP,
                             "bootstrap rank %d: malformed answer from %s (%s)", bs->rank, root_name,
                             why);
+        goto out;
+    }
+    if (reply.status != CFX_BOOTSTRAP_OK && reply.status != CFX_BOOTSTRAP_MISSING) {
+        res = refused(bs, bid, root_name, &reply);
         goto out;
     }
     CFX_CHECK_GOTO(cfx_socket_recv_all(fd, bs->table, sizeof(*bs->table) * (size_t)bs->nranks,
@@ -615,22 +838,48 @@ out:
     return res;
 }
 
-/* With CFX_COMM_ID, rank 0 serves as the root at the given address. */
-static cfxResult_t start_comm_id_root(const struct cfx_bootstrap_id *bid)
+/* With CFX_COMM_ID, rank 0 serves as the root at the given address. When
+ * the port is taken, rank 0 fails, but first presents itself to whatever
+ * root holds it: a root of another job on this CFX_COMM_ID then refuses that
+ * whole job (a rank 0 that did not start it), so neither job runs with a
+ * rank of the other. */
+static cfxResult_t start_comm_id_root(struct cfx_bootstrap *bs, const struct cfx_bootstrap_id *bid)
 {
     union cfx_sockaddr addr, bound;
     int fd;
+    char where[80];
     CFX_CHECK(cfx_socket_addr_from_wire(&bid->root, &addr));
+    cfx_socket_addr_format(&addr, where, sizeof(where));
     cfxResult_t res = cfx_socket_listen(&addr, &fd, &bound);
     if (res != cfxSuccess) {
-        char where[80];
-        cfx_socket_addr_format(&addr, where, sizeof(where));
+        int in_use = errno == EADDRINUSE;
+        char listen_error[CFX_ERROR_MAX];
+        snprintf(listen_error, sizeof(listen_error), "%s", cfx_error_thread_last());
+        if (!in_use)
+            return cfx_error_set(res, CFX_LOG_BOOTSTRAP,
+                                 "rank 0 cannot listen at CFX_COMM_ID (%s): %s; it must be an "
+                                 "address of rank 0's host with a free port",
+                                 where, listen_error);
+        cfxResult_t joined = join_root(bs, bid, cfx_time_now_ns() + cfx_bootstrap_frame_ns());
+        if (joined == cfxInvalidUsage)
+            return cfx_error_set(cfxInvalidUsage, CFX_LOG_BOOTSTRAP,
+                                 "rank 0 cannot listen at CFX_COMM_ID (%s): the root of another "
+                                 "job on this CFX_COMM_ID holds the port, and now refuses both "
+                                 "jobs; one job per CFX_COMM_ID: give each job its own port",
+                                 where);
         return cfx_error_set(res, CFX_LOG_BOOTSTRAP,
-                             "rank 0 cannot listen at CFX_COMM_ID (%s): %s; it must be an "
-                             "address of rank 0's host with a free port",
-                             where, cfx_error_thread_last());
+                             "rank 0 cannot listen at CFX_COMM_ID (%s): the port is in use (by "
+                             "another program, or by another job on this CFX_COMM_ID: one job "
+                             "per CFX_COMM_ID); it must be a free port of rank 0's host",
+                             where);
     }
-    return cfx_bootstrap_root_start(fd, bid->secret);
+    do {
+        CFX_CHECK_GOTO(cfx_host_random(&bs->owner_nonce, sizeof(bs->owner_nonce)), res, err_close);
+    } while (bs->owner_nonce == 0);
+    return cfx_bootstrap_root_start(fd, bid->secret, bs->owner_nonce, cfx_bootstrap_settle_ns());
+err_close:
+    close(fd);
+    return res;
 }
 
 cfxResult_t cfx_bootstrap_init(const cfxUniqueId *id, int rank, int nranks, const int *abort_flag,
@@ -645,8 +894,8 @@ cfxResult_t cfx_bootstrap_init(const cfxUniqueId *id, int rank, int nranks, cons
     CFX_CHECK_GOTO(pick_listen_address((bid.flags & CFX_BOOTSTRAP_ID_LOCAL) != 0, &addr), res, err);
     CFX_CHECK_GOTO(cfx_socket_listen(&addr, &bs->listen_fd, &bs->listen_addr), res, err);
     if ((bid.flags & CFX_BOOTSTRAP_ID_COMM_ID) && rank == 0)
-        CFX_CHECK_GOTO(start_comm_id_root(&bid), res, err);
-    CFX_CHECK_GOTO(join_root(bs, &bid), res, err);
+        CFX_CHECK_GOTO(start_comm_id_root(bs, &bid), res, err);
+    CFX_CHECK_GOTO(join_root(bs, &bid, 0), res, err);
     CFX_CHECK_GOTO(connect_ring(bs), res, err);
     CFX_INFO(CFX_LOG_BOOTSTRAP, "bootstrap rank %d of %d ready", rank, nranks);
     *bs_p = bs;

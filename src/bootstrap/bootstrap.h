@@ -18,6 +18,7 @@
 #include <stdint.h>
 
 #include "conflux.h"
+#include "src/util/socket.h"
 
 struct cfx_bootstrap;
 
@@ -84,6 +85,10 @@ cfxResult_t cfx_bootstrap_recv_within(struct cfx_bootstrap *bs, int peer, uint32
 
 int cfx_bootstrap_rank(const struct cfx_bootstrap *bs);
 int cfx_bootstrap_nranks(const struct cfx_bootstrap *bs);
+/* The listener address of @p peer, as the root gave it (tests and logs);
+ * cfxInvalidArgument for a rank out of range. */
+cfxResult_t cfx_bootstrap_peer_addr(const struct cfx_bootstrap *bs, int peer,
+                                    union cfx_sockaddr *addr_p);
 
 /* Close every socket and free; accepts NULL and half-built objects. */
 void cfx_bootstrap_destroy(struct cfx_bootstrap *bs);

@@ -32,19 +32,29 @@ struct cfx_bootstrap_hello {
     int32_t rank;
     int32_t nranks;
     struct cfx_sockaddr_wire listen_addr;
+    /* With CFX_COMM_ID: the nonce the root got from the rank 0 that started
+     * it, sent only by that rank 0; 0 from everyone else. A rank 0 without
+     * it is the rank 0 of another job that uses the same CFX_COMM_ID. */
+    uint64_t owner_nonce;
 };
 
 enum cfx_bootstrap_status {
     CFX_BOOTSTRAP_OK = 0,
-    CFX_BOOTSTRAP_MISSING = 1, /* Table lists who arrived (family 0 = missing). */
-    CFX_BOOTSTRAP_CONFLICT = 2 /* nranks disagreed. */
+    CFX_BOOTSTRAP_MISSING = 1,  /* Table lists who arrived (family 0 = missing). */
+    CFX_BOOTSTRAP_CONFLICT = 2, /* A rank claimed twice, or nranks disagreed: no table. */
+    CFX_BOOTSTRAP_COMPLETE = 3, /* Every seat was already taken: no table. */
+    CFX_BOOTSTRAP_NO_FDS = 4,   /* The root ran out of file descriptors: no table. */
 };
 
-/* Root -> rank, followed by nranks cfx_sockaddr_wire entries. */
+/* Root -> rank; a table of nranks cfx_sockaddr_wire entries follows for
+ * CFX_BOOTSTRAP_OK and CFX_BOOTSTRAP_MISSING only. nranks echoes the
+ * rank's own count, so a refusal always reaches its reader. */
 struct cfx_bootstrap_reply {
     uint64_t magic;
     uint32_t status;
     int32_t nranks;
+    int32_t conflict_rank;   /* CONFLICT: the rank claimed twice, -1 when nranks disagreed. */
+    int32_t conflict_nranks; /* CONFLICT: the other claim's nranks; COMPLETE: the job's. */
 };
 
 enum cfx_bootstrap_kind {
@@ -118,6 +128,8 @@ static inline const char *cfx_bootstrap_reply_refusal(const struct cfx_bootstrap
 {
     if (reply->magic != CFX_BOOTSTRAP_MAGIC)
         return "bad magic";
+    if (reply->status > CFX_BOOTSTRAP_NO_FDS)
+        return "unknown status";
     if (reply->nranks != nranks)
         return "a table for another rank count";
     return NULL;
@@ -126,8 +138,23 @@ static inline const char *cfx_bootstrap_reply_refusal(const struct cfx_bootstrap
 /* How long a connecting peer may take to send its greeting, in ns. */
 int64_t cfx_bootstrap_frame_ns(void);
 
-/* Root thread entry: serves one communicator's join on @p listen_fd, then
- * closes it and exits. Takes ownership of listen_fd. */
-cfxResult_t cfx_bootstrap_root_start(int listen_fd, uint64_t secret);
+/* Start a CFX_COMM_ID root: a thread that serves one communicator's join
+ * on @p listen_fd, then closes it and exits. Takes ownership of listen_fd.
+ * @p owner_nonce: the nonzero value only the rank 0 that starts it sends
+ * (see struct cfx_bootstrap_hello). @p settle_ns: how long a full job waits
+ * before the root answers, so that a second job on the same CFX_COMM_ID
+ * shows itself by a duplicate claim. */
+cfxResult_t cfx_bootstrap_root_start(int listen_fd, uint64_t secret, uint64_t owner_nonce,
+                                     int64_t settle_ns);
+
+/* Register an id of cfxGetUniqueId with secret @p secret at this process's
+ * shared root listening on @p addr (port 0), started on first use; *root_p
+ * gets the root's address. The id is forgotten once its communicator is
+ * answered, or CFX_BOOTSTRAP_TIMEOUT after its creation if no rank comes. */
+cfxResult_t cfx_bootstrap_root_add_id(const union cfx_sockaddr *addr, uint64_t secret,
+                                      struct cfx_sockaddr_wire *root_p);
+
+/* How long a CFX_COMM_ID root waits, once full, for duplicate claims, in ns. */
+int64_t cfx_bootstrap_settle_ns(void);
 
 #endif /* CFX_BOOTSTRAP_WIRE_H */

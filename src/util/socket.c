@@ -252,7 +252,10 @@ cfxResult_t cfx_socket_listen(const union cfx_sockaddr *addr, int *fd_p, union c
     if (bind(fd, &addr->sa, cfx_socket_addr_len(addr)) != 0) {
         int err = errno;
         close(fd);
-        return cfx_error_set_errno(err, CFX_LOG_BOOTSTRAP, "cannot bind a listener to %s", where);
+        cfxResult_t res =
+            cfx_error_set_errno(err, CFX_LOG_BOOTSTRAP, "cannot bind a listener to %s", where);
+        errno = err; /* The caller may tell a port in use from the rest. */
+        return res;
     }
     if (listen(fd, 1024) != 0 || getsockname(fd, &bound.sa, &len) != 0) {
         int err = errno;

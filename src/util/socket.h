@@ -50,7 +50,8 @@ int cfx_socket_ifname_matches(const char *filter, const char *ifname);
  * up interface that is not loopback, else loopback. Port 0. */
 cfxResult_t cfx_socket_pick_address(union cfx_sockaddr *addr_p, char *ifname, size_t ifname_size);
 
-/* Listen on @p addr (port 0: any); *bound_p gets the actual address. */
+/* Listen on @p addr (port 0: any); *bound_p gets the actual address. On a
+ * failed bind, errno is left as bind set it (EADDRINUSE: the port is taken). */
 cfxResult_t cfx_socket_listen(const union cfx_sockaddr *addr, int *fd_p,
                               union cfx_sockaddr *bound_p);
 

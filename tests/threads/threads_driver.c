@@ -304,6 +304,19 @@ static void destroy_under_a_call(struct cfx_test_rank *ctx)
     RANK_ASSERT(ctx, cfxCommDestroy(comm) == cfxInvalidArgument, "a second destroy was accepted");
 }
 
+/* Ids made from every rank's thread (registered at the process's shared
+ * root) while that root serves this run's join. */
+static void ids_from_every_thread(struct cfx_test_rank *ctx)
+{
+    for (int i = 0; i < 20; i++) {
+        cfxUniqueId unused;
+        RANK_CFX(ctx, cfxGetUniqueId(&unused));
+    }
+    cfxComm_t comm;
+    RANK_CFX(ctx, cfxCommInitRank(&comm, ctx->nranks, ctx->id, ctx->rank));
+    RANK_CFX(ctx, cfxCommDestroy(comm));
+}
+
 struct scenario {
     const char *name;
     int nranks;
@@ -323,6 +336,7 @@ static const struct scenario scenarios[] = {
     {"second_thread_refused_shm", 2, NULL, NULL, second_thread_refused},
     {"destroy_under_a_call_shm", 2, NULL, NULL, destroy_under_a_call},
     {"exec_abort_shm", 2, NULL, NULL, exec_abort_from_another_thread},
+    {"ids_from_every_thread", 4, NULL, NULL, ids_from_every_thread},
 };
 
 int main(int argc, char **argv)
