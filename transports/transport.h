@@ -23,6 +23,11 @@
  * bootstrap) -> connect -> ... data path ... -> close -> fini.
  * All memory is allocated and touched in setup/connect; the data path never
  * allocates, maps or registers memory.
+ *
+ * Layering: a transport includes src/conn, src/util and conflux.h only. What
+ * it knows of ranks (device, path class, nearest NIC) and where its FIFOs
+ * must live come from the core through struct cfx_transport_peer and
+ * struct cfx_conn_place; it never includes src/topo or src/core.
  */
 #ifndef CFX_TRANSPORTS_TRANSPORT_H
 #define CFX_TRANSPORTS_TRANSPORT_H

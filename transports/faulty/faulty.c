@@ -14,9 +14,12 @@
  *     calls while it waits for a slot and after it releases one, so no
  *     thread is needed.
  * The wrapper reports CFX_TRANSPORT_FLAG_PROGRESS (it must see every kick)
- * and not CFX_TRANSPORT_FLAG_PEER_MAP: the receiver's slots are copies, not
- * the peer's memory. Everything else (connect info, handshakes, failure
- * detection, poisoning) is the inner transport's own.
+ * and not CFX_TRANSPORT_FLAG_PEER_MAP: it offers no map_peer (nor reg_mem,
+ * flush), since faults act on slots it copies, and its receive FIFO is its
+ * own host memory (setup refuses other placements). Everything else
+ * (connect info, handshakes, failure detection, poisoning) is the inner
+ * transport's own. It keeps the peer descriptions the core gave it, for
+ * tests (cfx_faulty_peer_seen).
  */
 #include "transports/faulty/faulty.h"
 
