@@ -64,10 +64,10 @@ Test(transport_table, every_table_starts_with_version_and_name_and_keeps_its_con
 Test(transport_table, placements_a_transport_cannot_make_are_refused_by_name)
 {
     struct cfx_conn_place host = CFX_CONN_PLACE_HOST;
-    struct cfx_conn_place device = {.mem = CFX_MEM_DEVICE, .device = 1,
-                                    .reader = CFX_READER_HOST_THREAD};
-    struct cfx_conn_place kernel = {.mem = CFX_MEM_HOST_PINNED, .device = 0,
-                                    .reader = CFX_READER_KERNEL};
+    struct cfx_conn_place device = {
+        .mem = CFX_MEM_DEVICE, .device = 1, .reader = CFX_READER_HOST_THREAD};
+    struct cfx_conn_place kernel = {
+        .mem = CFX_MEM_HOST_PINNED, .device = 0, .reader = CFX_READER_KERNEL};
     for (int t = 0; cfx_transports[t] != NULL; t++) {
         const struct cfx_transport *tr = cfx_transports[t];
         char want[128];
@@ -98,10 +98,8 @@ static void shm_pair_init(struct shm_pair *p)
 {
     memset(p, 0, sizeof(*p));
     for (int r = 0; r < 2; r++) {
-        struct cfx_transport_env env = {.rank = r,
-                                        .nranks = 2,
-                                        .abort_flag = &p->abort_flag,
-                                        .connect_timeout_s = 10};
+        struct cfx_transport_env env = {
+            .rank = r, .nranks = 2, .abort_flag = &p->abort_flag, .connect_timeout_s = 10};
         cr_assert_eq(cfx_shm_transport.init(&env, &p->ctx[r]), cfxSuccess, "%s",
                      cfxGetLastError(NULL));
         p->peer[r] = (struct cfx_transport_peer){
@@ -165,15 +163,14 @@ Test(transport_shm, map_peer_between_threads_gives_a_pointer_to_the_peers_buffer
     void *ptr = NULL;
     cr_assert_eq(cfx_conn_map_peer(&send, 0x1000, 8, &ptr), cfxInvalidUsage);
     cr_assert_eq(cfx_shm_transport.connect(p.ctx[0], &send, recv_info), cfxSuccess);
-    cr_assert_eq(cfx_shm_transport.connect(p.ctx[1], &recv, send_info), cfxSuccess,
-                 "%s", cfxGetLastError(NULL));
+    cr_assert_eq(cfx_shm_transport.connect(p.ctx[1], &recv, send_info), cfxSuccess, "%s",
+                 cfxGetLastError(NULL));
     /* Rank 0's buffer, announced by address; rank 1 maps and uses it. */
     uint64_t *buffer = calloc(16, sizeof(*buffer));
     cr_assert_not_null(buffer);
     for (int i = 0; i < 16; i++)
         buffer[i] = 1000 + (uint64_t)i;
-    cr_assert_eq(cfx_conn_map_peer(&recv, (uint64_t)(uintptr_t)buffer, 16 * sizeof(*buffer),
-                                   &ptr),
+    cr_assert_eq(cfx_conn_map_peer(&recv, (uint64_t)(uintptr_t)buffer, 16 * sizeof(*buffer), &ptr),
                  cfxSuccess, "%s", cfxGetLastError(NULL));
     uint64_t *mapped = ptr;
     for (int i = 0; i < 16; i++)
@@ -294,8 +291,9 @@ static void peers_as_told(struct cfx_test_rank *ctx)
         struct cfx_transport_peer peer;
         RANK_ASSERT(ctx, cfx_faulty_peer_seen(comm->transport_ctx[t], r, &peer),
                     "the core never described rank %d", r);
-        RANK_ASSERT(ctx, peer.pid == comm->peers[r].pid && peer.cuda_dev == -1 &&
-                             peer.host_hash == comm->peers[r].host_hash,
+        RANK_ASSERT(ctx,
+                    peer.pid == comm->peers[r].pid && peer.cuda_dev == -1 &&
+                        peer.host_hash == comm->peers[r].host_hash,
                     "rank %d: pid %d, device %d", r, peer.pid, peer.cuda_dev);
         RANK_ASSERT(ctx, peer.busid[0] == '\0', "host rank %d has bus id \"%s\"", r, peer.busid);
         /* cpu-2socket.xml: two NUMA domains, one NIC, mlx5_0. */
@@ -372,8 +370,8 @@ static void two_channels_to_one_peer(struct cfx_test_rank *ctx)
         while (!cfx_conn_can_take(recv[ch])) {
             if (recv[ch]->transport->progress)
                 recv[ch]->transport->progress(recv[ch]->transport_ctx, recv[ch]);
-            RANK_ASSERT(ctx, recv[ch]->transport->check(recv[ch]->transport_ctx, recv[ch]) ==
-                                 cfxSuccess,
+            RANK_ASSERT(ctx,
+                        recv[ch]->transport->check(recv[ch]->transport_ctx, recv[ch]) == cfxSuccess,
                         "channel %d: %s", ch, cfxGetLastError(NULL));
             clock_gettime(CLOCK_MONOTONIC, &now);
             RANK_ASSERT(ctx, now.tv_sec - start.tv_sec < 20, "no slot on channel %d", ch);

@@ -516,8 +516,8 @@ static cfxResult_t shm_map_peer(void *ctx_v, struct cfx_connector *conn, uint64_
         return why;
     if (remote == 0 || remote + bytes < remote)
         return cfx_error_set(cfxInvalidUsage, CFX_LOG_SHM,
-                             "shm: rank %d's address 0x%llx (+%zu bytes) is not memory", conn->peer_rank,
-                             (unsigned long long)remote, bytes);
+                             "shm: rank %d's address 0x%llx (+%zu bytes) is not memory",
+                             conn->peer_rank, (unsigned long long)remote, bytes);
     *ptr_p = (void *)(uintptr_t)remote;
     return cfxSuccess;
 }
