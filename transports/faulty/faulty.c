@@ -227,8 +227,10 @@ static cfxResult_t faulty_setup(void *ctx_v, const struct cfx_transport_peer *pe
     if (res != cfxSuccess)
         return res;
     if (conn->dir == CFX_CONN_SEND) {
-        cfx_connector_set_fifo(conn, fc->inner.fifo, fc->inner.slots, fc->inner.slot_bytes,
-                               fc->inner.n_steps);
+        /* shm's sender has no FIFO until connect maps the receiver's. */
+        if (fc->inner.fifo != NULL)
+            cfx_connector_set_fifo(conn, fc->inner.fifo, fc->inner.slots, fc->inner.slot_bytes,
+                                   fc->inner.n_steps);
         return cfxSuccess;
     }
     kill_point(ctx, conn->peer_rank, CFX_FAULT_AT_SETUP, ctx->recv_setups++);
