@@ -36,7 +36,7 @@ struct conn_notice {
     int32_t blame_rank; /* The rank the failure is about (a dead rank, or the sender). */
 };
 
-#define NOTICE_TAG 0x434e46ffu   /* "CNF": never a cfx_core_conn_tag() (its low bit 7 is set). */
+#define NOTICE_TAG 0x434e46ffu   /* "CNF": never a cfx_core_conn_tag() (bit 7 set). */
 #define WAIT_SLICE_MS 50         /* Longest wait between checks of the peers. */
 #define NOTICE_SEND_MS 200       /* How long a notice may take to leave. */
 #define DEATH_POLL_US 10000      /* Between looks at a dying peer. */
@@ -421,10 +421,12 @@ static cfxResult_t connect_one(struct cfx_conn_request *req, const struct conn_m
                              comm->rank, req->peer, peer_msg->transport, req->transport,
                              (unsigned long long)peer_msg->slot_bytes, slot_bytes_of(req));
     CFX_CHECK(req->conn->transport->connect(req->conn->transport_ctx, req->conn, peer_msg->info));
-    CFX_INFO(CFX_LOG_INIT, "connection %s channel %d rank %d %s rank %d via %s",
-             kind_name(req->kind), req->channel,
+    char channel[24] = "";
+    if (req->channel != 0)
+        snprintf(channel, sizeof(channel), " (channel %d)", req->channel);
+    CFX_INFO(CFX_LOG_INIT, "connection %s rank %d %s rank %d via %s%s", kind_name(req->kind),
              comm->rank, req->dir == CFX_CONN_SEND ? "->" : "<-", req->peer,
-             req->conn->transport->name);
+             req->conn->transport->name, channel);
     return cfxSuccess;
 }
 
