@@ -5,9 +5,40 @@
 #include "transports/socket/socket.h"
 #include "transports/transport.h"
 
+#include "src/util/error.h"
+#include "src/util/log.h"
+
 const struct cfx_transport *const cfx_transports[] = {
     &cfx_faulty_transport, /* Must be first: accepts nothing unless CFX_FAULT is set. */
     &cfx_shm_transport,
     &cfx_socket_transport,
     NULL,
 };
+
+/* ------------------------------------------- helpers over any table */
+
+cfxResult_t cfx_conn_map_peer(struct cfx_connector *conn, uint64_t remote, size_t bytes,
+                              void **ptr_p)
+{
+    const struct cfx_transport *tr = conn->transport;
+    if (!(tr->flags & CFX_TRANSPORT_FLAG_PEER_MAP) || tr->map_peer == NULL)
+        return cfx_error_set(cfxInvalidUsage, CFX_LOG_INIT,
+                             "%s: cannot map rank %d's memory into this rank (the transport does "
+                             "not offer peer mappings)",
+                             tr->name, conn->peer_rank);
+    return tr->map_peer(conn->transport_ctx, conn, remote, bytes, ptr_p);
+}
+
+cfxResult_t cfx_transport_place_check(const struct cfx_transport *tr,
+                                      const struct cfx_conn_place *place)
+{
+    if (place->mem == CFX_MEM_DEVICE && !(tr->flags & CFX_TRANSPORT_FLAG_PLACE_DEVICE))
+        return cfx_error_set(cfxInvalidUsage, CFX_LOG_INIT,
+                             "%s: cannot place a FIFO in device memory (device %d)", tr->name,
+                             place->device);
+    if (place->reader == CFX_READER_KERNEL && !(tr->flags & CFX_TRANSPORT_FLAG_READER_KERNEL))
+        return cfx_error_set(cfxInvalidUsage, CFX_LOG_INIT,
+                             "%s: cannot have a FIFO read by a kernel on device %d", tr->name,
+                             place->device);
+    return cfxSuccess;
+}

@@ -23,6 +23,11 @@
  * bootstrap) -> connect -> ... data path ... -> close -> fini.
  * All memory is allocated and touched in setup/connect; the data path never
  * allocates, maps or registers memory.
+ *
+ * Layering: a transport includes src/conn, src/util and conflux.h only. What
+ * it knows of ranks (device, path class, nearest NIC) and where its FIFOs
+ * must live come from the core through struct cfx_transport_peer and
+ * struct cfx_conn_place; it never includes src/topo or src/core.
  */
 #ifndef CFX_TRANSPORTS_TRANSPORT_H
 #define CFX_TRANSPORTS_TRANSPORT_H
@@ -33,14 +38,58 @@
 #include "conflux.h"
 #include "src/conn/fifo.h"
 
-#define CFX_TRANSPORT_VERSION 1
+/* 2: struct cfx_conn_place (connector.place), the peer's device, path and
+ * NIC, and the optional reg_mem/dereg_mem/flush/map_peer ops. */
+#define CFX_TRANSPORT_VERSION 2
 #define CFX_CONNECT_INFO_BYTES 256
 
-/* Capability flags a transport reports. */
-#define CFX_TRANSPORT_FLAG_PEER_MAP 0x1u /* Slots are in memory both ranks map directly. */
+/* Capability flags a transport reports. The core reads them; it never
+ * tests a transport's name. */
+#define CFX_TRANSPORT_FLAG_PEER_MAP 0x1u /* map_peer works between some ranks (see map_peer). */
 #define CFX_TRANSPORT_FLAG_PROGRESS 0x2u /* Needs kick() after post/release. */
+/* setup can place a FIFO in device memory / have it read by a kernel on a
+ * device. Without them the core refuses such a placement before setup. */
+#define CFX_TRANSPORT_FLAG_PLACE_DEVICE 0x4u
+#define CFX_TRANSPORT_FLAG_READER_KERNEL 0x8u
 
 enum cfx_conn_dir { CFX_CONN_SEND = 0, CFX_CONN_RECV = 1 };
+
+/* Where one side of a connection keeps its FIFO, and who reads it. */
+enum cfx_mem_kind {
+    CFX_MEM_HOST = 0,        /* Pageable host memory. */
+    CFX_MEM_HOST_PINNED = 1, /* Host memory pinned for a device (cudaHostAlloc). */
+    CFX_MEM_DEVICE = 2,      /* Memory of device place.device. */
+};
+enum cfx_reader {
+    CFX_READER_HOST_THREAD = 0, /* The executor's thread (today's host executor). */
+    CFX_READER_PROXY = 1,       /* A transport's or the core's progress thread. */
+    CFX_READER_KERNEL = 2,      /* A kernel running on device place.device. */
+};
+struct cfx_conn_place {
+    enum cfx_mem_kind mem;
+    int device; /* CUDA device index for CFX_MEM_DEVICE / CFX_READER_KERNEL; else -1. */
+    enum cfx_reader reader;
+};
+/* What the core asks for today: host memory, read by a host thread. */
+#define CFX_CONN_PLACE_HOST \
+    ((struct cfx_conn_place){.mem = CFX_MEM_HOST, .device = -1, .reader = CFX_READER_HOST_THREAD})
+
+/* How data travels from one rank's device to another's, nearest first: the
+ * path classes of src/topo (NCCL's names), restated here so that
+ * transports stay below the topology. The core fills them. */
+enum cfx_path_class {
+    CFX_PATH_CLASS_LOC = 0, /* Same device (or both ranks on host memory of one process). */
+    CFX_PATH_CLASS_NVL = 1, /* NVLink, directly or through NVSwitches. */
+    CFX_PATH_CLASS_NVB = 2, /* NVLink through an intermediate GPU. */
+    CFX_PATH_CLASS_PIX = 3, /* At most one PCI switch. */
+    CFX_PATH_CLASS_PXB = 4, /* Several PCI switches, not through a CPU. */
+    CFX_PATH_CLASS_PHB = 5, /* Through one CPU's host bridge (host memory of one host). */
+    CFX_PATH_CLASS_SYS = 6, /* Across the inter-socket link, or not known better on one host. */
+    CFX_PATH_CLASS_NET = 7, /* Across the network: another host. */
+};
+
+#define CFX_TRANSPORT_BUSID_MAX 32
+#define CFX_TRANSPORT_NIC_NAME_MAX 64
 
 struct cfx_transport;
 
@@ -57,18 +106,37 @@ struct cfx_connector {
     void *transport_ctx; /* The transport's per-communicator state. */
     void *priv;          /* The transport's per-connector state. */
     void *owner;         /* The executor's claim (the operation using it). */
+    /* Set by the caller before setup: where this side's FIFO lives and who
+     * reads it (setup refuses what it cannot do, with a sentence). */
+    struct cfx_conn_place place;
+    int channel; /* Which channel of the peer pair (0..CFX_CONN_MAX_CHANNELS-1). */
     int blame_rank;      /* Set by check() on failure: the rank the failure is about. */
     /* Receive side: read_peer() works on this connector (its transport
      * offers it and connect() read the peer's memory once successfully). */
     int peer_readable;
 };
 
-/* What a transport may know about a rank (filled by the core). */
+/* Channels one pair of ranks may connect per kind of connection. */
+#define CFX_CONN_MAX_CHANNELS 64
+
+/* What a transport may know about a rank (filled by the core, from the
+ * peer table and the topology; transports never include src/topo). */
 struct cfx_transport_peer {
     int rank;
     int pid;
     int cuda_dev;
     uint64_t host_hash;
+    /* PCI bus id of the rank's GPU ("0000:17:00.0"), "" for a host rank or
+     * when the topology does not know it. */
+    char busid[CFX_TRANSPORT_BUSID_MAX];
+    /* From the rank whose core filled this to this rank: LOC for itself,
+     * NET on another host, else the topology's class between the two GPUs
+     * (PHB/SYS between host ranks of one host). */
+    enum cfx_path_class path;
+    /* The NIC port nearest the rank on its own host ("mlx5_0", "eth0") and
+     * its index among that host's network ports; "" and -1: none known. */
+    char nic_name[CFX_TRANSPORT_NIC_NAME_MAX];
+    int nic_index;
 };
 
 /* What a transport learns about its communicator at init. */
@@ -105,8 +173,14 @@ struct cfx_transport {
     /* Allocate and touch this side's resources for a connector to @p peer,
      * and write up to CFX_CONNECT_INFO_BYTES of connect info for the peer's
      * connect(). Does not block on the peer. The caller sets conn->dir,
-     * peer_rank, transport and transport_ctx first; setup fills fifo, slots,
-     * slot_bytes, n_steps and priv. */
+     * peer_rank, channel, place, transport and transport_ctx first; setup
+     * fills fifo, slots, slot_bytes, n_steps and priv. conn->place says
+     * where this side's FIFO must live and who reads it: a placement the
+     * transport cannot make is cfxInvalidUsage with a sentence ("shm: cannot
+     * place a FIFO in device memory"), never a FIFO somewhere else. (The
+     * core also refuses device memory and kernel readers up front for a
+     * transport without CFX_TRANSPORT_FLAG_PLACE_DEVICE / _READER_KERNEL.)
+     * After a failed setup the caller closes the connector. */
     cfxResult_t (*setup)(void *ctx, const struct cfx_transport_peer *peer, size_t slot_bytes,
                          int n_steps, struct cfx_connector *conn, void *info_out);
     /* Finish the connector with the peer's connect info. May block until the
@@ -151,6 +225,46 @@ struct cfx_transport {
      * is not readable memory of the peer. */
     cfxResult_t (*read_peer)(void *ctx, struct cfx_connector *conn, void *dst, uint64_t remote,
                              size_t bytes);
+
+    /* ---- memory (version 2; every op here is optional: NULL = cannot) ---- */
+    /* Register @p bytes of a user buffer at @p buf (of kind @p mem, on
+     * @p device for device memory) with the transport, so that later
+     * operations may move it without a copy (a NIC's memory region). Setup
+     * time only: may allocate, pin and block briefly, never on a peer. The
+     * buffer stays the caller's: it must outlive the registration and is
+     * never freed by the transport. On success *handle_p is an opaque
+     * handle (NULL is a valid handle for a transport with nothing to do);
+     * cfxInvalidUsage with a sentence for a kind of memory the transport
+     * cannot register; cfxSystemError when the system refuses (pinning
+     * limits). */
+    cfxResult_t (*reg_mem)(void *ctx, void *buf, size_t bytes, enum cfx_mem_kind mem, int device,
+                           void **handle_p);
+    /* Release a handle reg_mem returned (accepts NULL). Never blocks on a
+     * peer. Every handle of a context is deregistered before its fini. */
+    void (*dereg_mem)(void *ctx, void *handle);
+    /* Receive side: make the @p bytes at @p data (registered as @p handle)
+     * that a NIC wrote into device memory visible to the reader of
+     * conn->place (GPUDirect RDMA: a read through the NIC that orders the
+     * writes before it). Must not block: sets *done_p to 1 once the data is
+     * visible, else 0 and the caller calls again (with the same arguments)
+     * until it is. cfxRemoteError names the peer if the connection failed.
+     * NULL: data a transport writes is visible when it posts the slot. */
+    cfxResult_t (*flush)(void *ctx, struct cfx_connector *conn, void *data, size_t bytes,
+                         void *handle, int *done_p);
+    /* On a connected connector: a pointer through which this rank (a
+     * thread, or a kernel on conn->place.device) can load and store the
+     * @p bytes at address @p remote of the peer's memory (an address the
+     * peer announced, as for read_peer): direct algorithms reduce straight
+     * out of it. Never blocks; may map memory, so setup time only. The
+     * pointer stays valid until the connector is closed or the peer lets
+     * go of the buffer, whichever is first; nothing to release.
+     * cfxInvalidUsage with a sentence where the transport cannot map this
+     * peer's memory (another process, another host); cfxRemoteError once
+     * the peer is gone. A transport reports CFX_TRANSPORT_FLAG_PEER_MAP if
+     * and only if it has this op; the core asks only such transports
+     * (cfx_conn_map_peer). */
+    cfxResult_t (*map_peer)(void *ctx, struct cfx_connector *conn, uint64_t remote, size_t bytes,
+                            void **ptr_p);
 };
 
 /* Transports in priority order, NULL-terminated (transports/registry.c). */
@@ -216,5 +330,16 @@ static inline cfxResult_t cfx_conn_read_peer(struct cfx_connector *conn, void *d
 {
     return conn->transport->read_peer(conn->transport_ctx, conn, dst, remote, bytes);
 }
+
+/* A pointer into the peer's memory at @p remote (see map_peer), or
+ * cfxInvalidUsage with a sentence when the connector's transport does not
+ * report CFX_TRANSPORT_FLAG_PEER_MAP. Setup time only. */
+cfxResult_t cfx_conn_map_peer(struct cfx_connector *conn, uint64_t remote, size_t bytes,
+                              void **ptr_p);
+
+/* Whether @p tr can honour @p place at all, from its flags: cfxSuccess, or
+ * cfxInvalidUsage with a sentence naming the transport (transports/registry.c). */
+cfxResult_t cfx_transport_place_check(const struct cfx_transport *tr,
+                                      const struct cfx_conn_place *place);
 
 #endif /* CFX_TRANSPORTS_TRANSPORT_H */

@@ -35,6 +35,12 @@ static void detect_once(void)
     }
 }
 
+const struct cfx_topo_system *cfx_core_algo_topology(void)
+{
+    pthread_once(&topo_once, detect_once);
+    return host_topo;
+}
+
 static void plan_build(struct cfxComm *comm);
 
 /* Every rank planned from its own host's topology (alike in a homogeneous

@@ -33,6 +33,12 @@ struct cfx_peer_info {
     uint32_t pid_ns; /* Inode of its PID namespace (0: unknown): pids compare only within one. */
     uint64_t host_hash;
     char host_id[CFX_HOST_ID_MAX];
+    /* Where the rank sits on its host (locate.c): its GPU's PCI bus id ("":
+     * none), and its nearest network port (name "" and index -1: none). */
+    char busid[CFX_TRANSPORT_BUSID_MAX];
+    char nic_name[CFX_TRANSPORT_NIC_NAME_MAX];
+    int32_t nic_index;
+    int32_t reserved;
 };
 
 /* One operation in the flight recorder. */
@@ -133,6 +139,11 @@ struct cfx_conn_request {
     int peer;
     enum cfx_conn_dir dir;
     int kind;                     /* CFX_CONN_KIND_*: keeps bootstrap tags apart. */
+    int channel;                  /* 0..CFX_CONN_MAX_CHANNELS-1: so does this. */
+    /* Where this side's FIFO lives and who reads it; {0} is host memory
+     * read by a host thread (CFX_CONN_PLACE_HOST, what every caller asks
+     * for today). */
+    struct cfx_conn_place place;
     struct cfx_connector **out_p; /* Where the finished connector goes. */
     size_t slot_bytes;            /* FIFO slot size; 0: the communicator's. */
     const struct cfx_op *op;      /* The call that needs it at first use; NULL at init. */
@@ -154,6 +165,25 @@ struct cfx_conn_request {
  * all send sides before any receive side, so no rank waits on another that
  * waits on it. Setup-time only. On failure nothing of the batch remains. */
 cfxResult_t cfx_core_connect_batch(struct cfx_conn_request *reqs, int n_reqs);
+
+/* The bootstrap tag of the connect info a side of direction @p dir sends
+ * for a connection of @p kind (CFX_CONN_KIND_*) on @p channel: distinct for
+ * every (kind, dir, channel), and never another message's tag of connect.c. */
+uint32_t cfx_core_conn_tag(int kind, enum cfx_conn_dir dir, int channel);
+
+/* Where ranks sit (locate.c), from a host topology (NULL: unknown). Fill
+ * @p info's busid, nic_name and nic_index for a rank on CUDA device
+ * @p cuda_dev (-1: a host rank) of this host. */
+struct cfx_topo_system;
+void cfx_core_locate_rank(const struct cfx_topo_system *sys, int cuda_dev,
+                          struct cfx_peer_info *info);
+/* The path class from rank @p from to rank @p to, both described by the
+ * peer table, as seen with @p sys (the host of @p from; NULL: unknown). */
+enum cfx_path_class cfx_core_locate_path(const struct cfx_topo_system *sys,
+                                         const struct cfx_peer_info *from,
+                                         const struct cfx_peer_info *to);
+/* This process's topology for the above (detected once; NULL if that failed). */
+const struct cfx_topo_system *cfx_core_algo_topology(void);
 
 /* This process's PID namespace, for cfx_peer_info.pid_ns (0: unknown). */
 uint32_t cfx_core_pid_ns(void);

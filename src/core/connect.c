@@ -5,6 +5,7 @@
  * ring) and at the first use of a peer (point to point) or of an algorithm
  * (tree, direct); never on the data path of an established connection.
  */
+#include <assert.h>
 #include <errno.h>
 #include <signal.h>
 #include <stdio.h>
@@ -35,15 +36,17 @@ struct conn_notice {
     int32_t blame_rank; /* The rank the failure is about (a dead rank, or the sender). */
 };
 
-#define NOTICE_TAG 0x434e46ffu   /* "CNF": never a conn_tag(). */
+#define NOTICE_TAG 0x434e46ffu   /* "CNF": never a cfx_core_conn_tag() (bit 7 set). */
 #define WAIT_SLICE_MS 50         /* Longest wait between checks of the peers. */
 #define NOTICE_SEND_MS 200       /* How long a notice may take to leave. */
 #define DEATH_POLL_US 10000      /* Between looks at a dying peer. */
 
-/* The message a side of direction @p dir sends for connection kind @p kind. */
-static uint32_t conn_tag(int kind, enum cfx_conn_dir dir)
+/* "CN", the kind, then the channel and the direction: channel << 1 | dir
+ * stays below 0x80 (CFX_CONN_MAX_CHANNELS is 64), so NOTICE_TAG is never one. */
+uint32_t cfx_core_conn_tag(int kind, enum cfx_conn_dir dir, int channel)
 {
-    return 0x434e0000u | ((uint32_t)kind << 8) | (uint32_t)dir;
+    assert(kind > 0 && kind < 0x100 && channel >= 0 && channel < CFX_CONN_MAX_CHANNELS);
+    return 0x434e0000u | ((uint32_t)kind << 8) | ((uint32_t)channel << 1) | (uint32_t)dir;
 }
 
 /* The slot size of a requested connector. */
@@ -233,11 +236,22 @@ static cfxResult_t connect_check(void *arg, int peer)
     return res;
 }
 
+/* What the transports learn of @p rank: the peer table's entry, and the
+ * path to it from this rank (src/topo stays above them). */
 static struct cfx_transport_peer peer_of(const struct cfxComm *comm, int rank)
 {
     const struct cfx_peer_info *info = &comm->peers[rank];
-    return (struct cfx_transport_peer){
-        .rank = rank, .pid = info->pid, .cuda_dev = info->cuda_dev, .host_hash = info->host_hash};
+    const struct cfx_topo_system *sys = comm->nranks > 1 ? cfx_core_algo_topology() : NULL;
+    struct cfx_transport_peer peer = {
+        .rank = rank,
+        .pid = info->pid,
+        .cuda_dev = info->cuda_dev,
+        .host_hash = info->host_hash,
+        .path = cfx_core_locate_path(sys, &comm->peers[comm->rank], info),
+        .nic_index = info->nic_index};
+    snprintf(peer.busid, sizeof(peer.busid), "%s", info->busid);
+    snprintf(peer.nic_name, sizeof(peer.nic_name), "%s", info->nic_name);
+    return peer;
 }
 
 static cfxResult_t pick_transport(struct cfxComm *comm, int peer, int *index_p)
@@ -283,7 +297,7 @@ static cfxResult_t send_info(struct cfx_conn_request *req, const struct conn_msg
                              int *blame_p)
 {
     struct cfxComm *comm = req->comm;
-    uint32_t tag = conn_tag(req->kind, req->dir);
+    uint32_t tag = cfx_core_conn_tag(req->kind, req->dir, req->channel);
     for (;;) {
         cfxResult_t res = cfx_bootstrap_send_within(comm->bootstrap, req->peer, tag, msg,
                                                     sizeof(*msg), 4 * WAIT_SLICE_MS);
@@ -308,9 +322,12 @@ static cfxResult_t setup_one(struct cfx_conn_request *req, int64_t deadline, int
         return cfx_error_set(cfxSystemError, CFX_LOG_INIT, "out of memory for a connector");
     conn->peer_rank = req->peer;
     conn->dir = req->dir;
+    conn->channel = req->channel;
+    conn->place = req->place;
     conn->transport = tr;
     conn->transport_ctx = comm->transport_ctx[req->transport];
     req->conn = conn;
+    CFX_CHECK(cfx_transport_place_check(tr, &conn->place));
     struct conn_msg msg = {.transport = (uint32_t)req->transport, .slot_bytes = slot_bytes_of(req)};
     struct cfx_transport_peer peer = peer_of(comm, req->peer);
     CFX_CHECK(tr->setup(conn->transport_ctx, &peer, slot_bytes_of(req), comm->n_steps, conn,
@@ -359,7 +376,9 @@ static cfxResult_t recv_infos(struct cfx_conn_request *reqs, int n_reqs, struct 
             int here = 0;
             /* Wait a slice on the first missing message only; take the others as they are. */
             res = cfx_bootstrap_recv_within(reqs[i].comm->bootstrap, reqs[i].peer,
-                                            conn_tag(reqs[i].kind, other), &peer_msgs[i],
+                                            cfx_core_conn_tag(reqs[i].kind, other,
+                                                              reqs[i].channel),
+                                            &peer_msgs[i],
                                             sizeof(peer_msgs[i]), waited ? 0 : WAIT_SLICE_MS,
                                             &here);
             waited = 1;
@@ -402,9 +421,12 @@ static cfxResult_t connect_one(struct cfx_conn_request *req, const struct conn_m
                              comm->rank, req->peer, peer_msg->transport, req->transport,
                              (unsigned long long)peer_msg->slot_bytes, slot_bytes_of(req));
     CFX_CHECK(req->conn->transport->connect(req->conn->transport_ctx, req->conn, peer_msg->info));
-    CFX_INFO(CFX_LOG_INIT, "connection %s rank %d %s rank %d via %s", kind_name(req->kind),
+    char channel[24] = "";
+    if (req->channel != 0)
+        snprintf(channel, sizeof(channel), " (channel %d)", req->channel);
+    CFX_INFO(CFX_LOG_INIT, "connection %s rank %d %s rank %d via %s%s", kind_name(req->kind),
              comm->rank, req->dir == CFX_CONN_SEND ? "->" : "<-", req->peer,
-             req->conn->transport->name);
+             req->conn->transport->name, channel);
     return cfxSuccess;
 }
 

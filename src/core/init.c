@@ -227,12 +227,16 @@ static cfxResult_t comm_setup(struct cfxComm *comm)
     me->pid_ns = cfx_core_pid_ns();
     cfx_host_identity(me->host_id, sizeof(me->host_id));
     me->host_hash = cfx_host_hash(me->host_id);
+    /* Its GPU and nearest NIC, for the transports (one rank alone has no peer). */
+    cfx_core_locate_rank(comm->nranks > 1 ? cfx_core_algo_topology() : NULL, me->cuda_dev, me);
     CFX_CHECK(cfx_bootstrap_allgather(comm->bootstrap, comm->peers, sizeof(*comm->peers)));
     for (int r = 0; r < comm->nranks; r++) {
         if (comm->peers[r].rank != r)
             return cfx_error_set(cfxInternalError, CFX_LOG_INIT,
                                  "peer table entry %d claims rank %d", r, comm->peers[r].rank);
         comm->peers[r].host_id[sizeof(comm->peers[r].host_id) - 1] = '\0';
+        comm->peers[r].busid[sizeof(comm->peers[r].busid) - 1] = '\0';
+        comm->peers[r].nic_name[sizeof(comm->peers[r].nic_name) - 1] = '\0';
         if (comm->peers[r].host_hash == me->host_hash) {
             if (r < comm->rank)
                 comm->local_rank++;

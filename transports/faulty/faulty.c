@@ -14,9 +14,12 @@
  *     calls while it waits for a slot and after it releases one, so no
  *     thread is needed.
  * The wrapper reports CFX_TRANSPORT_FLAG_PROGRESS (it must see every kick)
- * and not CFX_TRANSPORT_FLAG_PEER_MAP: the receiver's slots are copies, not
- * the peer's memory. Everything else (connect info, handshakes, failure
- * detection, poisoning) is the inner transport's own.
+ * and not CFX_TRANSPORT_FLAG_PEER_MAP: it offers no map_peer (nor reg_mem,
+ * flush), since faults act on slots it copies, and its receive FIFO is its
+ * own host memory (setup refuses other placements). Everything else
+ * (connect info, handshakes, failure detection, poisoning) is the inner
+ * transport's own. It keeps the peer descriptions the core gave it, for
+ * tests (cfx_faulty_peer_seen).
  */
 #include "transports/faulty/faulty.h"
 
@@ -24,6 +27,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "src/util/check.h"
 #include "src/util/error.h"
 #include "src/util/log.h"
 #include "src/util/param.h"
@@ -40,6 +44,9 @@ struct faulty_ctx {
     struct cfx_transport_env env;
     struct cfx_fault_spec spec;
     struct cfx_transport_peer self; /* Learnt in can_connect. */
+    /* [env.nranks]: what the core said of each rank (can_connect, setup);
+     * rank -1 until then. Read by tests (cfx_faulty_peer_seen). */
+    struct cfx_transport_peer *seen;
     void *inner_ctx[MAX_INNER];     /* Per registry entry, made on first use. */
     uint64_t recv_setups;           /* Receive connectors set up / connected so far. */
     uint64_t recv_connects;
@@ -91,6 +98,13 @@ static cfxResult_t faulty_init(const struct cfx_transport_env *env, void **ctx_p
     ctx->env.listen_ifaddr = NULL; /* Not kept by the core past init. */
     ctx->spec = spec;
     ctx->self.rank = -1;
+    ctx->seen = calloc((size_t)(env->nranks > 0 ? env->nranks : 1), sizeof(*ctx->seen));
+    if (ctx->seen == NULL) {
+        free(ctx);
+        return cfx_error_set(cfxSystemError, CFX_LOG_INIT, "fault injector: out of memory");
+    }
+    for (int r = 0; r < env->nranks; r++)
+        ctx->seen[r].rank = -1;
     CFX_INFO(CFX_LOG_INIT, "fault injector: CFX_FAULT=\"%s\" (%d rule(s)) on rank %d", text,
              spec.n_rules, env->rank);
     *ctx_p = ctx;
@@ -105,10 +119,27 @@ static void faulty_fini(void *ctx_v)
     for (int t = 0; t < MAX_INNER && cfx_transports[t]; t++)
         if (ctx->inner_ctx[t])
             cfx_transports[t]->fini(ctx->inner_ctx[t]);
+    free(ctx->seen);
     free(ctx);
 }
 
 /* ----------------------------------------------------------- connection */
+
+/* Keep what the core said of a rank, for cfx_faulty_peer_seen. */
+static void note_peer(struct faulty_ctx *ctx, const struct cfx_transport_peer *peer)
+{
+    if (peer->rank >= 0 && peer->rank < ctx->env.nranks)
+        ctx->seen[peer->rank] = *peer;
+}
+
+int cfx_faulty_peer_seen(const void *ctx_v, int rank, struct cfx_transport_peer *peer_p)
+{
+    const struct faulty_ctx *ctx = ctx_v;
+    if (ctx == NULL || rank < 0 || rank >= ctx->env.nranks || ctx->seen[rank].rank != rank)
+        return 0;
+    *peer_p = ctx->seen[rank];
+    return 1;
+}
 
 /* The inner transport for @p peer: the first after this one that accepts. */
 static int inner_pick(struct faulty_ctx *ctx, const struct cfx_transport_peer *peer)
@@ -137,6 +168,8 @@ static int faulty_can_connect(void *ctx_v, const struct cfx_transport_peer *self
     if (ctx == NULL)
         return 0;
     ctx->self = *self;
+    note_peer(ctx, self);
+    note_peer(ctx, peer);
     return inner_pick(ctx, peer) >= 0;
 }
 
@@ -168,6 +201,9 @@ static cfxResult_t faulty_setup(void *ctx_v, const struct cfx_transport_peer *pe
                                 void *info_out)
 {
     struct faulty_ctx *ctx = ctx_v;
+    /* The receiver's FIFO is this wrapper's host memory. */
+    CFX_CHECK(cfx_transport_place_check(&cfx_faulty_transport, &conn->place));
+    note_peer(ctx, peer);
     int t = inner_pick(ctx, peer);
     if (t < 0)
         return cfx_error_set(cfxSystemError, CFX_LOG_INIT,
@@ -180,6 +216,8 @@ static cfxResult_t faulty_setup(void *ctx_v, const struct cfx_transport_peer *pe
     fc->head_rule = -1;
     fc->inner = (struct cfx_connector){.peer_rank = conn->peer_rank,
                                        .dir = conn->dir,
+                                       .place = conn->place,
+                                       .channel = conn->channel,
                                        .transport = cfx_transports[t],
                                        .transport_ctx = ctx->inner_ctx[t],
                                        .blame_rank = -1};
@@ -189,8 +227,10 @@ static cfxResult_t faulty_setup(void *ctx_v, const struct cfx_transport_peer *pe
     if (res != cfxSuccess)
         return res;
     if (conn->dir == CFX_CONN_SEND) {
-        cfx_connector_set_fifo(conn, fc->inner.fifo, fc->inner.slots, fc->inner.slot_bytes,
-                               fc->inner.n_steps);
+        /* shm's sender has no FIFO until connect maps the receiver's. */
+        if (fc->inner.fifo != NULL)
+            cfx_connector_set_fifo(conn, fc->inner.fifo, fc->inner.slots, fc->inner.slot_bytes,
+                                   fc->inner.n_steps);
         return cfxSuccess;
     }
     kill_point(ctx, conn->peer_rank, CFX_FAULT_AT_SETUP, ctx->recv_setups++);
@@ -436,4 +476,9 @@ const struct cfx_transport cfx_faulty_transport = {
     .poison = faulty_poison,
     .check = faulty_check,
     .progress = faulty_progress,
+    /* memory: a wrapper that copies slots maps and registers nothing */
+    .reg_mem = NULL,
+    .dereg_mem = NULL,
+    .flush = NULL,
+    .map_peer = NULL,
 };

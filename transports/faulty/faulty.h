@@ -85,6 +85,17 @@ cfxResult_t cfx_fault_spec_parse(const char *text, struct cfx_fault_spec *spec_p
 /** @brief "drop", "delay", ... */
 const char *cfx_fault_kind_name(enum cfx_fault_kind kind);
 
+/**
+ * @brief For tests: the description of @p rank that the core last passed
+ * down to the fault injector's context @p ctx (through can_connect, for
+ * this rank itself and a peer, or setup).
+ * @param [in]  ctx     The context (the communicator's transport_ctx of this transport).
+ * @param [in]  rank    A rank of the context's communicator.
+ * @param [out] peer_p  The description; written only when one was seen.
+ * @return 1 if one was seen, else 0.
+ */
+int cfx_faulty_peer_seen(const void *ctx, int rank, struct cfx_transport_peer *peer_p);
+
 extern const struct cfx_transport cfx_faulty_transport;
 
 #endif /* CFX_TRANSPORTS_FAULTY_FAULTY_H */

@@ -19,6 +19,12 @@
  * connect the receiver reads a known word of the sender's once; only if that
  * works (the kernel allows it: same user, dumpable, and no Yama ptrace
  * restriction in the way) is the connector marked peer_readable.
+ *
+ * Peer mappings (map_peer, CFX_TRANSPORT_FLAG_PEER_MAP): between threads of
+ * one process a peer's address is a pointer here already; between processes
+ * shm maps nothing but FIFOs, so map_peer refuses with a sentence. FIFOs
+ * live in host memory and are read by host threads: setup refuses device
+ * placements and kernel readers.
  */
 #include "transports/shm/shm.h"
 
@@ -165,6 +171,18 @@ static void close_memfd(struct shm_conn *sc)
 static cfxResult_t shm_setup(void *ctx_v, const struct cfx_transport_peer *peer, size_t slot_bytes,
                              int n_steps, struct cfx_connector *conn, void *info_out)
 {
+    /* Host memory, read by a host thread or a proxy: a FIFO in device
+     * memory or polled by a kernel is another transport's business. */
+    if (conn->place.mem == CFX_MEM_DEVICE)
+        return cfx_error_set(cfxInvalidUsage, CFX_LOG_SHM,
+                             "shm: cannot place a FIFO in device memory (device %d, connection "
+                             "with rank %d)",
+                             conn->place.device, peer->rank);
+    if (conn->place.reader == CFX_READER_KERNEL)
+        return cfx_error_set(cfxInvalidUsage, CFX_LOG_SHM,
+                             "shm: cannot have a FIFO read by a kernel (device %d, connection "
+                             "with rank %d)",
+                             conn->place.device, peer->rank);
     struct shm_conn *sc = calloc(1, sizeof(*sc));
     if (sc == NULL)
         return cfx_error_set(cfxSystemError, CFX_LOG_SHM, "shm: out of memory");
@@ -474,10 +492,40 @@ static cfxResult_t shm_read_peer(void *ctx_v, struct cfx_connector *conn, void *
     return read_peer(conn, conn->priv, dst, remote, bytes);
 }
 
+/* ---------------------------------------------------------------- memory */
+
+/* Threads of one process share an address space: the peer's address is
+ * already a pointer here. Another process's memory would need a mapping
+ * shm does not make (read_peer copies it instead). */
+static cfxResult_t shm_map_peer(void *ctx_v, struct cfx_connector *conn, uint64_t remote,
+                                size_t bytes, void **ptr_p)
+{
+    (void)ctx_v;
+    struct shm_conn *sc = conn->priv;
+    if (sc == NULL || conn->fifo == NULL)
+        return cfx_error_set(cfxInvalidUsage, CFX_LOG_SHM,
+                             "shm: the connection with rank %d is not connected: nothing to map",
+                             conn->peer_rank);
+    if (sc->kind != CFX_SHM_KIND_LOCAL)
+        return cfx_error_set(cfxInvalidUsage, CFX_LOG_SHM,
+                             "shm: cannot map rank %d's memory: it is another process (pid %d), "
+                             "and shm maps peer memory only between threads of one process",
+                             conn->peer_rank, sc->peer_pid);
+    cfxResult_t why = broken(conn, sc, cfx_load_acquire_i32(&conn->fifo->closed));
+    if (why != cfxSuccess)
+        return why;
+    if (remote == 0 || remote + bytes < remote)
+        return cfx_error_set(cfxInvalidUsage, CFX_LOG_SHM,
+                             "shm: rank %d's address 0x%llx (+%zu bytes) is not memory",
+                             conn->peer_rank, (unsigned long long)remote, bytes);
+    *ptr_p = (void *)(uintptr_t)remote;
+    return cfxSuccess;
+}
+
 const struct cfx_transport cfx_shm_transport = {
     .version = CFX_TRANSPORT_VERSION,
     .name = "shm",
-    .flags = CFX_TRANSPORT_FLAG_PEER_MAP,
+    .flags = CFX_TRANSPORT_FLAG_PEER_MAP, /* map_peer, between threads of one process. */
     /* lifecycle */
     .init = shm_init,
     .fini = shm_fini,
@@ -491,4 +539,9 @@ const struct cfx_transport cfx_shm_transport = {
     .poison = shm_poison,
     .check = shm_check,
     .read_peer = shm_read_peer,
+    /* memory: registration and flushes have nothing to do for host memory */
+    .reg_mem = NULL,
+    .dereg_mem = NULL,
+    .flush = NULL,
+    .map_peer = shm_map_peer,
 };

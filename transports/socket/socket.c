@@ -1386,4 +1386,9 @@ const struct cfx_transport cfx_socket_transport = {
     .check = sock_check,
     .progress = sock_progress,
     .wait = sock_wait,
+    /* memory: nothing yet (host FIFOs only; no peer mappings) */
+    .reg_mem = NULL,
+    .dereg_mem = NULL,
+    .flush = NULL,
+    .map_peer = NULL,
 };
