@@ -54,11 +54,13 @@
 
 enum cfx_conn_dir { CFX_CONN_SEND = 0, CFX_CONN_RECV = 1 };
 
-/* Where one side of a connection keeps its FIFO, and who reads it. */
+/* Kinds of memory: where one side of a connection keeps its FIFO (with who
+ * reads it, below), and where an operation's buffers live (src/coll/op.h). */
 enum cfx_mem_kind {
     CFX_MEM_HOST = 0,        /* Pageable host memory. */
     CFX_MEM_HOST_PINNED = 1, /* Host memory pinned for a device (cudaHostAlloc). */
     CFX_MEM_DEVICE = 2,      /* Memory of device place.device. */
+    CFX_MEM_KINDS = 3,       /* Count. */
 };
 enum cfx_reader {
     CFX_READER_HOST_THREAD = 0, /* The executor's thread (today's host executor). */

@@ -51,13 +51,8 @@ enum cfx_coll_kind {
     CFX_COLL_RECV,
 };
 
-/* Where an operation's buffers live; picks the executor that runs it
- * (src/exec/exec.h). */
-enum cfx_mem_kind {
-    CFX_MEM_HOST,
-    CFX_MEM_DEVICE,
-    CFX_MEM_KINDS, /* Count. */
-};
+/* Where an operation's buffers live (enum cfx_mem_kind, transports/
+ * transport.h) picks the executor that runs it (src/exec/exec.h). */
 
 #define CFX_OP_MAX_CONNS (2 * CFX_DIRECT_MAX_RANKS)
 
