@@ -72,7 +72,7 @@ struct job {
 struct root {
     struct root *next; /* Shared roots of this process. */
     int listen_fd;
-    int shared;  /* Serves ids of cfxGetUniqueId; lives as long as the process. */
+    int shared;  /* Serves ids of cfxGetUniqueId; lives while any of them is pending. */
     pid_t pid;   /* A shared root's thread exists only in the process that started it. */
     union cfx_sockaddr addr; /* Shared: the address asked for (port 0). */
     struct cfx_sockaddr_wire bound;
@@ -86,10 +86,11 @@ struct root {
 static pthread_mutex_t shared_lock = PTHREAD_MUTEX_INITIALIZER;
 static struct root *shared_roots;
 
-/* One descriptor per process, held so that at EMFILE a root can still
- * accept and answer one connection. */
+/* One descriptor per process, held while any root runs, so that at EMFILE
+ * a root can still accept and answer one connection. */
 static pthread_mutex_t spare_lock = PTHREAD_MUTEX_INITIALIZER;
 static int spare_fd = -1;
+static int roots_running; /* Root threads alive; the spare is closed at 0. */
 
 static void drop_pending(struct root *root, int index, const char *why)
 {
@@ -396,7 +397,28 @@ static int64_t tick_jobs(struct root *root, int64_t now)
     return wake_ns;
 }
 
-/* Serve until a root of its own has no job left; a shared root serves forever. */
+/* A shared root with no id left leaves this process's list (so the next
+ * cfxGetUniqueId starts a new one) and returns 1; else 0. Lock order:
+ * shared_lock, then root->lock (as cfx_bootstrap_root_add_id). */
+static int shared_root_retire(struct root *root)
+{
+    pthread_mutex_lock(&shared_lock);
+    pthread_mutex_lock(&root->lock);
+    int idle = root->jobs == NULL;
+    if (idle)
+        for (struct root **link = &shared_roots; *link != NULL; link = &(*link)->next)
+            if (*link == root) {
+                *link = root->next;
+                break;
+            }
+    pthread_mutex_unlock(&root->lock);
+    pthread_mutex_unlock(&shared_lock);
+    return idle;
+}
+
+/* Serve until no job is left: a root of its own then, a shared root once no
+ * id of cfxGetUniqueId is pending (joined, failed, or expired after
+ * CFX_BOOTSTRAP_TIMEOUT), so nothing of the bootstrap outlives its ids. */
 static void root_run(struct root *root)
 {
     int64_t frame_ns = cfx_bootstrap_frame_ns();
@@ -404,7 +426,7 @@ static void root_run(struct root *root)
     for (;;) {
         int64_t now = cfx_time_now_ns();
         int64_t wake_ns = tick_jobs(root, now);
-        if (!root->shared && root->jobs == NULL)
+        if (root->jobs == NULL && (!root->shared || shared_root_retire(root)))
             return;
         for (int i = root->n_pending - 1; i >= 0; i--)
             if (now - root->pending[i].since_ns > frame_ns)
@@ -429,12 +451,19 @@ static void *root_thread(void *arg)
 {
     struct root *root = arg;
     root_run(root);
-    /* Only a root of its own returns: it has no job left. */
+    /* No job left (and, shared, off the list: nobody can reach it). */
     for (int i = 0; i < root->n_pending; i++)
         close(root->pending[i].fd);
-    close(root->listen_fd);
+    if (root->listen_fd >= 0)
+        close(root->listen_fd);
     pthread_mutex_destroy(&root->lock);
     free(root);
+    pthread_mutex_lock(&spare_lock);
+    if (--roots_running == 0 && spare_fd >= 0) {
+        close(spare_fd);
+        spare_fd = -1;
+    }
+    pthread_mutex_unlock(&spare_lock);
     return NULL;
 }
 
@@ -456,6 +485,7 @@ static cfxResult_t root_thread_start(struct root *root)
     pthread_mutex_lock(&spare_lock);
     if (spare_fd < 0)
         spare_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
+    roots_running++;
     pthread_mutex_unlock(&spare_lock);
     pthread_attr_t attr;
     pthread_attr_init(&attr);
@@ -463,8 +493,15 @@ static cfxResult_t root_thread_start(struct root *root)
     pthread_t thread;
     int err = pthread_create(&thread, &attr, root_thread, root);
     pthread_attr_destroy(&attr);
-    if (err != 0)
+    if (err != 0) {
+        pthread_mutex_lock(&spare_lock);
+        if (--roots_running == 0 && spare_fd >= 0) {
+            close(spare_fd);
+            spare_fd = -1;
+        }
+        pthread_mutex_unlock(&spare_lock);
         return cfx_error_set_errno(err, CFX_LOG_BOOTSTRAP, "cannot start the root thread");
+    }
     return cfxSuccess;
 }
 

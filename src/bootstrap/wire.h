@@ -150,7 +150,8 @@ cfxResult_t cfx_bootstrap_root_start(int listen_fd, uint64_t secret, uint64_t ow
 /* Register an id of cfxGetUniqueId with secret @p secret at this process's
  * shared root listening on @p addr (port 0), started on first use; *root_p
  * gets the root's address. The id is forgotten once its communicator is
- * answered, or CFX_BOOTSTRAP_TIMEOUT after its creation if no rank comes. */
+ * answered, or CFX_BOOTSTRAP_TIMEOUT after its creation if no rank comes;
+ * the root closes its listener and ends its thread once no id is left. */
 cfxResult_t cfx_bootstrap_root_add_id(const union cfx_sockaddr *addr, uint64_t secret,
                                       struct cfx_sockaddr_wire *root_p);
 
