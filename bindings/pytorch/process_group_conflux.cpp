@@ -95,22 +95,24 @@ void unstage(at::Tensor& tensor, const at::Tensor& staged) {
   if (!staged.is_same(tensor)) tensor.copy_(staged);
 }
 
-/* Runs `body`, which makes the Conflux calls, and wraps its outcome in a
- * finished Work. */
-template <typename Body>
-c10::intrusive_ptr<c10d::Work> run(int rank, bool& failed, c10d::OpType op_type,
-                                   std::vector<at::Tensor> outputs, Body&& body) {
-  std::exception_ptr error;
-  try {
-    body();
-  } catch (...) {
-    error = std::current_exception();
-    failed = true;
-  }
-  return c10::make_intrusive<WorkConflux>(rank, op_type, std::move(outputs), error);
-}
-
 }  // namespace
+
+template <typename Body>
+c10::intrusive_ptr<c10d::Work> ProcessGroupConflux::run(c10d::OpType op_type,
+                                                        std::vector<at::Tensor> outputs,
+                                                        Body&& body) {
+  std::exception_ptr error;
+  {
+    std::lock_guard<std::mutex> lock(call_mutex_);
+    try {
+      body();
+    } catch (...) {
+      error = std::current_exception();
+      failed_ = true;
+    }
+  }
+  return c10::make_intrusive<WorkConflux>(rank_, op_type, std::move(outputs), error);
+}
 
 /* ------------------------------------------------------------------ Work */
 
@@ -189,7 +191,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupConflux::broadcast(
   check_single(tensors, "broadcast");
   TORCH_CHECK(opts.rootRank >= 0 && opts.rootRank < size_, "conflux: broadcast root ",
               opts.rootRank, " out of range");
-  return run(rank_, failed_, c10d::OpType::BROADCAST, tensors, [&] {
+  return run(c10d::OpType::BROADCAST, tensors, [&] {
     at::Tensor staged = stage(tensors[0]);
     check(cfxBroadcast(staged.data_ptr(), staged.data_ptr(), staged.numel(), cfx_type(staged),
                        static_cast<int>(opts.rootRank), comm_, nullptr),
@@ -204,7 +206,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupConflux::allreduce(
   for (const auto& t : tensors) check_tensor(t);
   cfxRedOp_t op = cfx_op(opts.reduceOp);
   bool premul = opts.reduceOp.op_ == c10d::ReduceOp::PREMUL_SUM;
-  return run(rank_, failed_, c10d::OpType::ALLREDUCE, tensors, [&] {
+  return run(c10d::OpType::ALLREDUCE, tensors, [&] {
     std::vector<at::Tensor> staged;
     for (size_t i = 0; i < tensors.size(); i++)
       staged.push_back(premul ? tensors[i].mul(premul_factor(opts.reduceOp, i)).contiguous()
@@ -234,7 +236,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupConflux::reduce(std::vector<at::Tenso
               opts.rootRank, " out of range");
   cfxRedOp_t op = cfx_op(opts.reduceOp);
   bool premul = opts.reduceOp.op_ == c10d::ReduceOp::PREMUL_SUM;
-  return run(rank_, failed_, c10d::OpType::REDUCE, tensors, [&] {
+  return run(c10d::OpType::REDUCE, tensors, [&] {
     at::Tensor staged = premul ? tensors[0].mul(premul_factor(opts.reduceOp, 0)).contiguous()
                                : stage(tensors[0]);
     check(cfxReduce(staged.data_ptr(), staged.data_ptr(), staged.numel(), cfx_type(staged), op,
@@ -255,7 +257,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupConflux::allgather(
     check_same(t, inputs[0], "allgather");
   }
   (void)opts;
-  return run(rank_, failed_, c10d::OpType::ALLGATHER, outputs[0], [&] {
+  return run(c10d::OpType::ALLGATHER, outputs[0], [&] {
     at::Tensor input = stage(inputs[0]);
     int64_t n = input.numel();
     at::Tensor flat = at::empty({n * size_}, input.options());
@@ -275,7 +277,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupConflux::_allgather_base(
   TORCH_CHECK(output.numel() == input.numel() * size_, "conflux: _allgather_base: output has ",
               output.numel(), " elements, not ", size_, " x ", input.numel());
   (void)opts;
-  return run(rank_, failed_, c10d::OpType::_ALLGATHER_BASE, {output}, [&] {
+  return run(c10d::OpType::_ALLGATHER_BASE, {output}, [&] {
     at::Tensor in = stage(input);
     at::Tensor out = stage(output);
     check(cfxAllGather(in.data_ptr(), out.data_ptr(), in.numel(), cfx_type(in), comm_, nullptr),
@@ -296,7 +298,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupConflux::reduce_scatter(
   }
   cfxRedOp_t op = cfx_op(opts.reduceOp);
   bool premul = opts.reduceOp.op_ == c10d::ReduceOp::PREMUL_SUM;
-  return run(rank_, failed_, c10d::OpType::REDUCE_SCATTER, outputs, [&] {
+  return run(c10d::OpType::REDUCE_SCATTER, outputs, [&] {
     std::vector<at::Tensor> flat_inputs;
     for (const auto& t : inputs[0]) flat_inputs.push_back(t.reshape({-1}));
     at::Tensor flat = at::cat(flat_inputs);
@@ -319,7 +321,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupConflux::_reduce_scatter_base(
               input.numel(), " elements, not ", size_, " x ", output.numel());
   cfxRedOp_t op = cfx_op(opts.reduceOp);
   bool premul = opts.reduceOp.op_ == c10d::ReduceOp::PREMUL_SUM;
-  return run(rank_, failed_, c10d::OpType::_REDUCE_SCATTER_BASE, {output}, [&] {
+  return run(c10d::OpType::_REDUCE_SCATTER_BASE, {output}, [&] {
     at::Tensor in = premul ? input.mul(premul_factor(opts.reduceOp, 0)).contiguous()
                            : stage(input);
     at::Tensor out = stage(output);
@@ -366,7 +368,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupConflux::alltoall_base(
   };
   auto send_layout = layout(input, input_splits, "input");
   auto recv_layout = layout(output, output_splits, "output");
-  return run(rank_, failed_, c10d::OpType::ALLTOALL_BASE, {output}, [&] {
+  return run(c10d::OpType::ALLTOALL_BASE, {output}, [&] {
     at::Tensor in = stage(input);
     at::Tensor out = stage(output);
     at::Tensor in_flat = in.view({-1});
@@ -411,7 +413,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupConflux::alltoall(std::vector<at::Ten
   }
   check_same(inputs[rank_], outputs[rank_], "alltoall (this rank's own tensors)");
   (void)opts;
-  return run(rank_, failed_, c10d::OpType::ALLTOALL, outputs, [&] {
+  return run(c10d::OpType::ALLTOALL, outputs, [&] {
     std::vector<at::Tensor> in, out;
     for (int r = 0; r < size_; r++) {
       in.push_back(stage(inputs[r]));
@@ -451,7 +453,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupConflux::gather(
                 "conflux: gather takes output tensors only on the root");
   }
   std::vector<at::Tensor> results = rank_ == root ? outputs[0] : std::vector<at::Tensor>{};
-  return run(rank_, failed_, c10d::OpType::GATHER, results, [&] {
+  return run(c10d::OpType::GATHER, results, [&] {
     at::Tensor in = stage(inputs[0]);
     if (rank_ != root) {
       check(cfxSend(in.data_ptr(), in.numel(), cfx_type(in), root, comm_, nullptr), "gather");
@@ -488,7 +490,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupConflux::scatter(
     TORCH_CHECK(inputs.empty() || (inputs.size() == 1 && inputs[0].empty()),
                 "conflux: scatter takes input tensors only on the root");
   }
-  return run(rank_, failed_, c10d::OpType::SCATTER, outputs, [&] {
+  return run(c10d::OpType::SCATTER, outputs, [&] {
     at::Tensor out = stage(outputs[0]);
     if (rank_ != root) {
       check(cfxRecv(out.data_ptr(), out.numel(), cfx_type(out), root, comm_, nullptr),
@@ -516,7 +518,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupConflux::send(std::vector<at::Tensor>
   TORCH_CHECK(dst_rank >= 0 && dst_rank < size_ && dst_rank != rank_, "conflux: send to rank ",
               dst_rank, " (group of ", size_, ", this is rank ", rank_, ")");
   (void)tag; /* Conflux matches sends and receives in order per peer. */
-  return run(rank_, failed_, c10d::OpType::SEND, tensors, [&] {
+  return run(c10d::OpType::SEND, tensors, [&] {
     at::Tensor staged = stage(tensors[0]);
     check(cfxSend(staged.data_ptr(), staged.numel(), cfx_type(staged), dst_rank, comm_, nullptr),
           "send");
@@ -530,7 +532,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupConflux::recv(std::vector<at::Tensor>
               "conflux: recv from rank ", src_rank, " (group of ", size_, ", this is rank ",
               rank_, ")");
   (void)tag;
-  return run(rank_, failed_, c10d::OpType::RECV, tensors, [&] {
+  return run(c10d::OpType::RECV, tensors, [&] {
     at::Tensor staged = stage(tensors[0]);
     check(cfxRecv(staged.data_ptr(), staged.numel(), cfx_type(staged), src_rank, comm_, nullptr),
           "recv");
@@ -546,7 +548,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupConflux::recvAnysource(std::vector<at
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupConflux::barrier(const c10d::BarrierOptions& opts) {
   (void)opts;
-  return run(rank_, failed_, c10d::OpType::BARRIER, {}, [&] {
+  return run(c10d::OpType::BARRIER, {}, [&] {
     uint8_t token = 0;
     check(cfxAllReduce(&token, &token, 1, cfxUint8, cfxSum, comm_, nullptr), "barrier");
   });

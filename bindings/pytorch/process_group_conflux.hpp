@@ -14,6 +14,9 @@
  *  - Bad arguments (a dtype Conflux lacks, a CUDA tensor, a bitwise op) throw
  *    at once, before any rank communicates.
  *  - Non-contiguous tensors are copied into contiguous ones and back.
+ *  - Operations from several threads on one group run one at a time, in the
+ *    order they take the group's lock; every rank must issue them in the
+ *    same order.
  */
 #pragma once
 
@@ -25,6 +28,7 @@
 
 #include <chrono>
 #include <exception>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -104,6 +108,13 @@ class ProcessGroupConflux : public c10d::ProcessGroup {
   /* Throws a std::runtime_error naming `what` and Conflux's last error. */
   void check(cfxResult_t result, const char* what);
 
+  /* Runs `body` (the Conflux calls) under call_mutex_ and wraps its outcome in
+   * a finished Work. */
+  template <typename Body>
+  c10::intrusive_ptr<c10d::Work> run(c10d::OpType op_type, std::vector<at::Tensor> outputs,
+                                     Body&& body);
+
+  std::mutex call_mutex_; /* One operation at a time on comm_. */
   cfxComm_t comm_ = nullptr;
   bool failed_ = false; /* A call failed: abort rather than destroy. */
 };

@@ -168,9 +168,9 @@ def case_ops(torch, dist, rank, size):
         seed += 1
         s = seed
         mk = lambda dtype=dtype, n=n, s=s: [data(dtype, n, s)]  # noqa: E731
-        ops = [dist.ReduceOp.SUM, dist.ReduceOp.PRODUCT, dist.ReduceOp.MIN, dist.ReduceOp.MAX]
-        for op in ops:
-            both(f"all_reduce {dtype} {op}", mk,
+        for op_name in ("SUM", "PRODUCT", "MIN", "MAX"):
+            op = getattr(dist.ReduceOp, op_name)
+            both(f"all_reduce {dtype} {op_name}", mk,
                  lambda g, t, op=op: dist.all_reduce(t, op=op, group=g))
         if dtype.is_floating_point:
             # AVG: Gloo has none; compare with Gloo's SUM / size.
