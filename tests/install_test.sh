@@ -37,3 +37,18 @@ cmake -S "$src/tests/consumer" -B "$work/consumer_build" -DCMAKE_PREFIX_PATH="$p
 cmake --build "$work/consumer_build" > "$work/build.log"
 LD_LIBRARY_PATH=$libdir "$work/consumer_build/consumer"
 echo "install test: pkg-config and find_package(Conflux) consumers built and ran"
+# 3. torch_conflux (when built): the installed package imports from the
+# prefix alone and loads the installed libconflux, not the build tree's.
+if [ -d "$build/python/torch_conflux" ]; then
+  pkg=$(ls -d "$libdir"/python3*/dist-packages 2>/dev/null | head -n 1)
+  [ -n "$pkg" ] && [ -f "$pkg/torch_conflux/__init__.py" ] || {
+    echo "FAIL: torch_conflux not installed under $libdir/python3*/dist-packages"; exit 1; }
+  loaded=$(cd "$work" && PYTHONPATH=$pkg /usr/bin/python3 -c '
+import torch_conflux, torch.distributed as dist
+assert "CONFLUX" in dist.Backend._plugins
+print(next(l.split()[-1] for l in open("/proc/self/maps") if "libconflux" in l))')
+  case "$loaded" in
+    "$prefix"/*) echo "install test: torch_conflux imports from the prefix ($loaded)" ;;
+    *) echo "FAIL: installed torch_conflux loaded libconflux from '$loaded'"; exit 1 ;;
+  esac
+fi
