@@ -153,8 +153,8 @@ typedef struct cfxConfig_v1 {
  * exists.) Free with cfxMemFree.
  * @param [out] ptr The memory (set only on success).
  * @param [in] size Bytes, > 0.
- * @return cfxSuccess; cfxInvalidArgument (NULL ptr, size 0); cfxSystemError
- * when out of memory.
+ * @return cfxSuccess; cfxInvalidArgument (NULL ptr, size 0 or above
+ * PTRDIFF_MAX); cfxSystemError when out of memory.
  */
 CFX_API cfxResult_t cfxMemAlloc(void **ptr, size_t size);
 

@@ -5,6 +5,7 @@
  * its arguments and holds the communicator (cfx_core_claim) while it edits
  * the tables, as a collective would.
  */
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -25,6 +26,9 @@ CFX_API cfxResult_t cfxMemAlloc(void **ptr, size_t size)
     cfxResult_t res = cfx_argcheck_ptr(ptr, fn, "ptr");
     if (res == cfxSuccess && size == 0)
         res = cfx_error_set(cfxInvalidArgument, CFX_LOG_INIT, "%s: size is 0", fn);
+    if (res == cfxSuccess && size > PTRDIFF_MAX)
+        res = cfx_error_set(cfxInvalidArgument, CFX_LOG_INIT,
+                            "%s: size %zu is larger than any allocation can be", fn, size);
     if (res == cfxSuccess) {
         long page = sysconf(_SC_PAGESIZE);
         void *mem = NULL;
