@@ -17,8 +17,8 @@
 #include "tests/coll_check.h"
 #include "tests/harness.h"
 
-#define ASSERT_SENTENCE(comm, word)                                                        \
-    cr_assert(strstr(cfxGetLastError(comm), (word)) != NULL,                               \
+#define ASSERT_SENTENCE(comm, word)                                                                \
+    cr_assert(strstr(cfxGetLastError(comm), (word)) != NULL,                                       \
               "cfxGetLastError does not mention \"%s\": \"%s\"", (word), cfxGetLastError(comm))
 
 enum transport { SHM, SOCKET };
@@ -84,8 +84,8 @@ static void moves_rank(struct cfx_test_rank *ctx)
             for (int i = 0; i < n; i++) {
                 long bad = check_block(recv + (size_t)i * block, i, r, block, seed);
                 RANK_ASSERT(ctx, bad < 0,
-                            "alltoall type %d count %zu: block from rank %d wrong at byte %ld",
-                            t, count, i, bad);
+                            "alltoall type %d count %zu: block from rank %d wrong at byte %ld", t,
+                            count, i, bad);
             }
             for (int root = 0; root < n; root++)
                 for (int in_place = 0; in_place < 2; in_place++) {
@@ -96,8 +96,8 @@ static void moves_rank(struct cfx_test_rank *ctx)
                     fill_block(gsend, r, root, block, seed);
                     cfx_test_step(ctx, "gather type %d count %zu root %d%s", t, count, root,
                                   in_place ? " in place" : "");
-                    RANK_CFX(ctx, cfxGather(gsend, recv, count, (cfxDataType_t)t, root, comm,
-                                            NULL));
+                    RANK_CFX(ctx,
+                             cfxGather(gsend, recv, count, (cfxDataType_t)t, root, comm, NULL));
                     for (int i = 0; r == root && i < n; i++) {
                         long bad = check_block(recv + (size_t)i * block, i, root, block, seed);
                         RANK_ASSERT(ctx, bad < 0,
@@ -114,12 +114,12 @@ static void moves_rank(struct cfx_test_rank *ctx)
                         memset(recv, 0xee, block);
                     cfx_test_step(ctx, "scatter type %d count %zu root %d%s", t, count, root,
                                   in_place ? " in place" : "");
-                    RANK_CFX(ctx, cfxScatter(send, srecv, count, (cfxDataType_t)t, root, comm,
-                                             NULL));
+                    RANK_CFX(ctx,
+                             cfxScatter(send, srecv, count, (cfxDataType_t)t, root, comm, NULL));
                     long bad = check_block(srecv, root, r, block, seed);
                     RANK_ASSERT(ctx, bad < 0,
-                                "scatter type %d count %zu root %d%s: wrong at byte %ld", t,
-                                count, root, in_place ? " in place" : "", bad);
+                                "scatter type %d count %zu root %d%s: wrong at byte %ld", t, count,
+                                root, in_place ? " in place" : "", bad);
                 }
         }
     /* Inside a group, two alltoalls run together. */
@@ -165,8 +165,8 @@ ParameterizedTestParameters(alltoall_gather_scatter, every_type_count_root_and_i
     return cr_make_param_array(struct api_case, all_cases, (size_t)make_cases());
 }
 
-ParameterizedTest(struct api_case *ac, alltoall_gather_scatter,
-                  every_type_count_root_and_in_place, .timeout = 600)
+ParameterizedTest(struct api_case *ac, alltoall_gather_scatter, every_type_count_root_and_in_place,
+                  .timeout = 600)
 {
     cr_log_info("%d ranks as %s over %s", ac->nranks,
                 ac->mode == CFX_TEST_PROCS ? "processes" : "threads",
@@ -204,7 +204,8 @@ static int premul_matches(cfxDataType_t t, int nranks, size_t i, const void *got
         double tol = t == cfxFloat8e4m3 || t == cfxFloat8e5m2 ? 0.25 : 1e-3;
         return fabs(have - want) <= tol * (1 + fabs(want));
     }
-    uint64_t want = (uint64_t)sum * 3u, mask = ref_size(t) == 8 ? ~0ull : (1ull << (8 * ref_size(t))) - 1;
+    uint64_t want = (uint64_t)sum * 3u,
+             mask = ref_size(t) == 8 ? ~0ull : (1ull << (8 * ref_size(t))) - 1;
     return (ref_load_bits(t, got) & mask) == (want & mask);
 }
 
@@ -299,9 +300,9 @@ Test(premulsum, bad_arguments_are_invalid_arguments_with_a_sentence)
     cr_assert_eq(cfxRedOpCreatePreMulSum(&op, NULL, cfxFloat32, cfxScalarHostImmediate, comm),
                  cfxInvalidArgument);
     ASSERT_SENTENCE(comm, "scalar is NULL");
-    cr_assert_eq(cfxRedOpCreatePreMulSum(&op, &two, (cfxDataType_t)12, cfxScalarHostImmediate,
-                                         comm),
-                 cfxInvalidArgument);
+    cr_assert_eq(
+        cfxRedOpCreatePreMulSum(&op, &two, (cfxDataType_t)12, cfxScalarHostImmediate, comm),
+        cfxInvalidArgument);
     ASSERT_SENTENCE(comm, "datatype 12");
     cr_assert_eq(cfxRedOpCreatePreMulSum(&op, &two, cfxFloat32, cfxScalarDevice, comm),
                  cfxInvalidArgument);
@@ -343,9 +344,9 @@ Test(premulsum, a_full_table_is_invalid_usage_and_destroy_frees_a_slot)
     int three = 3;
     cfxRedOp_t ops[CFX_MAX_PREMULSUM_OPS], extra;
     for (int i = 0; i < CFX_MAX_PREMULSUM_OPS; i++) {
-        cr_assert_eq(cfxRedOpCreatePreMulSum(&ops[i], &three, cfxInt32, cfxScalarHostImmediate,
-                                             comm),
-                     cfxSuccess);
+        cr_assert_eq(
+            cfxRedOpCreatePreMulSum(&ops[i], &three, cfxInt32, cfxScalarHostImmediate, comm),
+            cfxSuccess);
         cr_assert_eq((int)ops[i], cfxNumOps + i);
     }
     cr_assert_eq(cfxRedOpCreatePreMulSum(&extra, &three, cfxInt32, cfxScalarHostImmediate, comm),
@@ -450,8 +451,8 @@ Test(alltoall_gather_scatter, a_peer_in_another_call_or_count_is_a_mismatch, .ti
 {
     for (int kind_mismatch = 0; kind_mismatch < 2; kind_mismatch++) {
         cfx_test_setenv("CFX_SHM_DISABLE", NULL);
-        struct cfx_test_options opts = {.nranks = 2, .mode = CFX_TEST_PROCS, .deadline_s = 60,
-                                         .arg = &kind_mismatch};
+        struct cfx_test_options opts = {
+            .nranks = 2, .mode = CFX_TEST_PROCS, .deadline_s = 60, .arg = &kind_mismatch};
         CFX_TEST_RUN(&opts, mismatch_rank);
     }
 }

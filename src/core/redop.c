@@ -34,8 +34,8 @@ CFX_API cfxResult_t cfxMemAlloc(void **ptr, size_t size)
         void *mem = NULL;
         int err = posix_memalign(&mem, page > 0 ? (size_t)page : 4096, size);
         if (err != 0)
-            res = cfx_error_set(cfxSystemError, CFX_LOG_INIT,
-                                "%s: cannot allocate %zu bytes: %s", fn, size, strerror(err));
+            res = cfx_error_set(cfxSystemError, CFX_LOG_INIT, "%s: cannot allocate %zu bytes: %s",
+                                fn, size, strerror(err));
         else {
             memset(mem, 0, size); /* Touch every page now, not in the first collective. */
             *ptr = mem;

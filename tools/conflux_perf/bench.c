@@ -146,7 +146,8 @@ static size_t verify_data(const struct bench *b, const struct sizing *sz,
             wrong +=
                 perf_values_verify(values, recv + j * block * sz->elem_bytes, block, 0, (int)j);
         return wrong;
-    case PERF_SCATTER: return perf_values_verify(values, recv, block, block * (size_t)b->rank, root);
+    case PERF_SCATTER:
+        return perf_values_verify(values, recv, block, block * (size_t)b->rank, root);
     }
     return 0;
 }
@@ -199,8 +200,12 @@ static int time_one(struct bench *b, const struct sizing *sz, cfxDataType_t type
     const char *name = b->coll->name;
     if (inplace && (b->coll->flags & PERF_COLL_NO_INPLACE)) {
         /* No in-place form (alltoall): the columns say nan and N/A. */
-        *res = (struct perf_result){.bytes = sz->total_bytes, .count = sz->counts.param,
-                                    .time_us = NAN, .algbw = NAN, .busbw = NAN, .wrong = -1,
+        *res = (struct perf_result){.bytes = sz->total_bytes,
+                                    .count = sz->counts.param,
+                                    .time_us = NAN,
+                                    .algbw = NAN,
+                                    .busbw = NAN,
+                                    .wrong = -1,
                                     .inplace = 1};
         return 0;
     }
