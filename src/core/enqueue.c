@@ -395,8 +395,9 @@ static cfxResult_t submit_batch(struct cfxComm *comm, enum cfx_coll_kind kind,
                     (kind == CFX_COLL_SCATTER && rank == root);
         int receives = kind == CFX_COLL_ALLTOALL || (kind == CFX_COLL_GATHER && rank == root) ||
                        (kind == CFX_COLL_SCATTER && peer == root);
-        const char *from = kind == CFX_COLL_GATHER ? send : send + (size_t)peer * block;
-        char *to = kind == CFX_COLL_SCATTER ? recv : recv + (size_t)peer * block;
+        /* Offsets only into buffers this rank uses (a non-root's may be NULL). */
+        const char *from = !sends || kind == CFX_COLL_GATHER ? send : send + (size_t)peer * block;
+        char *to = !receives || kind == CFX_COLL_SCATTER ? recv : recv + (size_t)peer * block;
         if (peer == rank) {
             if (sends && receives) {
                 own_from = from;
