@@ -80,8 +80,16 @@ typedef enum {
     cfxMax = 2,
     cfxMin = 3,
     cfxAvg = 4, /**< Sum, then divide by the number of ranks. */
-    cfxNumOps = 5
+    cfxNumOps = 5,
+    /* Ops made by cfxRedOpCreatePreMulSum take values from cfxNumOps upward. */
+    cfxMaxRedOp = 0x7fffffff /**< The largest valid value (as NCCL's). */
 } cfxRedOp_t;
+
+/** @brief Where the scalar of cfxRedOpCreatePreMulSum lives. Values equal NCCL's. */
+typedef enum {
+    cfxScalarDevice = 0,        /**< Device memory, read at each call (not supported yet). */
+    cfxScalarHostImmediate = 1  /**< Host memory, read once at creation. */
+} cfxScalarResidence_t;
 
 /** @brief Opaque communicator handle. */
 typedef struct cfxComm *cfxComm_t;
@@ -137,6 +145,25 @@ typedef struct cfxConfig_v1 {
             CFX_CONFIG_UNDEF_INT,                         /* maxCTAs */        \
             CFX_CONFIG_UNDEF_PTR                          /* netName */        \
     }
+
+/**
+ * @brief Allocate memory for communication buffers. Host builds: page-aligned
+ * host memory, every page touched (zeroed) before return, so that the first
+ * collective does not pay for page faults. (Device memory once a GPU executor
+ * exists.) Free with cfxMemFree.
+ * @param [out] ptr The memory (set only on success).
+ * @param [in] size Bytes, > 0.
+ * @return cfxSuccess; cfxInvalidArgument (NULL ptr, size 0 or above
+ * PTRDIFF_MAX); cfxSystemError when out of memory.
+ */
+CFX_API cfxResult_t cfxMemAlloc(void **ptr, size_t size);
+
+/**
+ * @brief Free memory from cfxMemAlloc. NULL is a no-op.
+ * @param [in] ptr The memory.
+ * @return cfxSuccess.
+ */
+CFX_API cfxResult_t cfxMemFree(void *ptr);
 
 /**
  * @brief Report the library version.
@@ -264,6 +291,58 @@ CFX_API cfxResult_t cfxCommCuDevice(const cfxComm_t comm, int *device);
 CFX_API cfxResult_t cfxCommUserRank(const cfxComm_t comm, int *rank);
 
 /**
+ * @brief Register a buffer with the communicator for later zero-copy use.
+ * Conflux records the registration (checked, listed per communicator, released
+ * at cfxCommDestroy) but no transport uses it yet: collectives run the same
+ * with or without it. Local: waits for no peer.
+ * @param [in] comm The communicator.
+ * @param [in] buff Start of the buffer.
+ * @param [in] size Bytes, > 0.
+ * @param [out] handle The registration (set only on success).
+ * @return cfxSuccess; cfxInvalidArgument; cfxSystemError when out of memory.
+ */
+CFX_API cfxResult_t cfxCommRegister(const cfxComm_t comm, void *buff, size_t size, void **handle);
+
+/**
+ * @brief Release a registration of cfxCommRegister.
+ * @param [in] comm The communicator it was made on.
+ * @param [in] handle The registration; invalid afterwards.
+ * @return cfxSuccess; cfxInvalidArgument for a handle this communicator did
+ * not make (or already released).
+ */
+CFX_API cfxResult_t cfxCommDeregister(const cfxComm_t comm, void *handle);
+
+/**
+ * @brief Make a reduction that multiplies each rank's input by @p scalar and
+ * sums: result = sum over ranks of scalar * x. Usable with cfxAllReduce,
+ * cfxReduce and cfxReduceScatter on @p comm, with @p datatype only. Conflux
+ * sums first and multiplies the sum once (exact for integers, whose
+ * arithmetic wraps; for floats the same up to rounding). Local.
+ * @param [out] op The new op, a value from cfxNumOps upward (set only on success).
+ * @param [in] scalar Pointer to one element of @p datatype.
+ * @param [in] datatype Element type of the scalar and of the calls.
+ * @param [in] residence cfxScalarHostImmediate (read now). cfxScalarDevice is
+ * refused until a GPU executor exists.
+ * @param [in] comm The communicator.
+ * @return cfxSuccess; cfxInvalidArgument; cfxInvalidUsage when the
+ * communicator holds CFX_MAX_PREMULSUM_OPS ops already.
+ */
+CFX_API cfxResult_t cfxRedOpCreatePreMulSum(cfxRedOp_t *op, void *scalar, cfxDataType_t datatype,
+                                            cfxScalarResidence_t residence, cfxComm_t comm);
+
+/**
+ * @brief Destroy an op of cfxRedOpCreatePreMulSum. Local.
+ * @param [in] op The op; invalid afterwards.
+ * @param [in] comm The communicator it was made on.
+ * @return cfxSuccess; cfxInvalidArgument for a built-in op, or one this
+ * communicator did not make (or already destroyed).
+ */
+CFX_API cfxResult_t cfxRedOpDestroy(cfxRedOp_t op, cfxComm_t comm);
+
+/** @brief Most cfxRedOpCreatePreMulSum ops alive at once on one communicator. */
+#define CFX_MAX_PREMULSUM_OPS 64
+
+/**
  * @brief Name of a result code, e.g. "invalid argument".
  * @param [in] result A result code.
  * @return A static string; "unknown result" for values out of range.
@@ -379,6 +458,56 @@ CFX_API cfxResult_t cfxAllGather(const void *sendbuff, void *recvbuff, size_t se
 CFX_API cfxResult_t cfxReduceScatter(const void *sendbuff, void *recvbuff, size_t recvcount,
                                      cfxDataType_t datatype, cfxRedOp_t op, cfxComm_t comm,
                                      cfxStream_t stream);
+
+/**
+ * @brief Every rank sends @p count elements to every rank: the block for rank
+ * j is sendbuff + j*count, the block from rank i lands at recvbuff + i*count.
+ * Not in place: sendbuff and recvbuff must not overlap. Runs as a group of
+ * sends and receives with every peer at once; the own block is copied locally.
+ * @param [in] sendbuff nranks*count elements.
+ * @param [out] recvbuff nranks*count elements.
+ * @param [in] count Elements per peer.
+ * @param [in] datatype Element type.
+ * @param [in] comm Communicator.
+ * @param [in] stream NULL for host buffers.
+ * @return cfxSuccess; cfxInvalidArgument; cfxInvalidUsage; cfxRemoteError.
+ */
+CFX_API cfxResult_t cfxAlltoAll(const void *sendbuff, void *recvbuff, size_t count,
+                                cfxDataType_t datatype, cfxComm_t comm, cfxStream_t stream);
+
+/**
+ * @brief Every rank sends @p count elements to @p root, which places rank
+ * i's at recvbuff + i*count. recvbuff is used on the root only. In place
+ * when sendbuff == recvbuff + root*count on the root.
+ * @param [in] sendbuff count elements.
+ * @param [out] recvbuff nranks*count elements, on the root.
+ * @param [in] count Elements per rank.
+ * @param [in] datatype Element type.
+ * @param [in] root Rank that receives.
+ * @param [in] comm Communicator.
+ * @param [in] stream NULL for host buffers.
+ * @return cfxSuccess; cfxInvalidArgument; cfxInvalidUsage; cfxRemoteError.
+ */
+CFX_API cfxResult_t cfxGather(const void *sendbuff, void *recvbuff, size_t count,
+                              cfxDataType_t datatype, int root, cfxComm_t comm,
+                              cfxStream_t stream);
+
+/**
+ * @brief @p root sends sendbuff + i*count (count elements) to rank i; every
+ * rank receives into recvbuff. sendbuff is used on the root only. In place
+ * when recvbuff == sendbuff + root*count on the root.
+ * @param [in] sendbuff nranks*count elements, on the root.
+ * @param [out] recvbuff count elements.
+ * @param [in] count Elements per rank.
+ * @param [in] datatype Element type.
+ * @param [in] root Rank that sends.
+ * @param [in] comm Communicator.
+ * @param [in] stream NULL for host buffers.
+ * @return cfxSuccess; cfxInvalidArgument; cfxInvalidUsage; cfxRemoteError.
+ */
+CFX_API cfxResult_t cfxScatter(const void *sendbuff, void *recvbuff, size_t count,
+                               cfxDataType_t datatype, int root, cfxComm_t comm,
+                               cfxStream_t stream);
 
 /**
  * @brief Send @p count elements to @p peer, which calls cfxRecv with the same

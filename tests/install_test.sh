@@ -20,6 +20,12 @@ soname=$(objdump -p "$libdir/libconflux.so" | awk '/SONAME/ {print $2}')
 # Only the public API is exported.
 leaked=$(nm -D --defined-only "$libdir/libconflux.so" | awk '{print $3}' | grep -v '^cfx[A-Z]' | grep -v '^CONFLUX_' || true)
 [ -z "$leaked" ] || { echo "FAIL: non-API symbols exported: $leaked"; exit 1; }
+# Every function conflux.h declares is exported (cfxAlltoAll, cfxMemAlloc, ...).
+declared=$(grep -o '^CFX_API [^(]*(' "$prefix/include/conflux.h" | sed -E 's/.*[ *]([A-Za-z0-9_]+)\($/\1/' | sort -u)
+exported=$(nm -D --defined-only "$libdir/libconflux.so" | awk '{print $3}' | sed 's/@.*//' | sort -u)
+missing=$(comm -23 <(echo "$declared") <(echo "$exported"))
+[ -z "$missing" ] || { echo "FAIL: declared in conflux.h but not exported: $missing"; exit 1; }
+[ "$(echo "$declared" | wc -l)" -ge 30 ] || { echo "FAIL: found only these declarations: $declared"; exit 1; }
 # CUDA and verbs are loaded at run time: one build runs on hosts without them.
 needed=$(objdump -p "$libdir/libconflux.so" | awk '/NEEDED/ {print $2}')
 if echo "$needed" | grep -E '^lib(cudart|cuda|ibverbs|rdmacm|nvidia-ml)\.' ; then

@@ -83,12 +83,12 @@ print("ok: allreduce JSON has %d results with every field" % len(res))
 PY
 
 # Every other collective, briefly, over shm.
-for coll in broadcast reduce allgather reducescatter sendrecv; do
+for coll in broadcast reduce allgather reducescatter sendrecv alltoall gather scatter; do
   expect_run "${coll}_shm_2_ranks" "$coll" --np 2 -b 8 -e 256K -f 8 -n 3 -w 1 -c 1
 done
 
 # Sockets only.
-for coll in allreduce sendrecv; do
+for coll in allreduce sendrecv alltoall; do
   CFX_SHM_DISABLE=1 expect_run "${coll}_socket_2_ranks" "$coll" --np 2 -b 8 -e 256K -f 8 -n 3 \
     -w 1 -c 1
 done

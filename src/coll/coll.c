@@ -23,6 +23,9 @@ static const struct cfx_schedule *schedule_of(const struct cfx_op *op)
     case CFX_COLL_REDUCESCATTER: return &cfx_ring_reducescatter;
     case CFX_COLL_SEND: return &cfx_p2p_send;
     case CFX_COLL_RECV: return &cfx_p2p_recv;
+    case CFX_COLL_ALLTOALL:
+    case CFX_COLL_GATHER:
+    case CFX_COLL_SCATTER: break; /* Never an op's kind, only a fingerprint's. */
     }
     return &cfx_local_copy;
 }
@@ -37,6 +40,9 @@ const char *cfx_coll_name(enum cfx_coll_kind kind)
     case CFX_COLL_REDUCESCATTER: return "reducescatter";
     case CFX_COLL_SEND: return "send";
     case CFX_COLL_RECV: return "recv";
+    case CFX_COLL_ALLTOALL: return "alltoall";
+    case CFX_COLL_GATHER: return "gather";
+    case CFX_COLL_SCATTER: return "scatter";
     }
     return "?";
 }
@@ -131,7 +137,7 @@ void cfx_coll_print_format(const struct cfx_fingerprint *print, char *text, size
 {
     static const char *types[] = {"int8", "uint8", "int32", "uint32", "int64", "uint64",
                                   "float16", "float32", "float64", "bfloat16", "f8e4m3", "f8e5m2"};
-    static const char *ops[] = {"sum", "prod", "max", "min", "avg"};
+    static const char *ops[] = {"sum", "prod", "max", "min", "avg", "premulsum"};
     if (!print->valid) {
         snprintf(text, size, "(no operation)");
         return;
@@ -141,6 +147,6 @@ void cfx_coll_print_format(const struct cfx_fingerprint *print, char *text, size
         snprintf(root, sizeof(root), " root %d", print->root);
     snprintf(text, size, "%s #%llu (%s%s%s, count %llu%s)",
              cfx_coll_name((enum cfx_coll_kind)print->kind), (unsigned long long)print->seq,
-             print->type < 12 ? types[print->type] : "?", print->op < 5 ? " " : "",
-             print->op < 5 ? ops[print->op] : "", (unsigned long long)print->count, root);
+             print->type < 12 ? types[print->type] : "?", print->op < 6 ? " " : "",
+             print->op < 6 ? ops[print->op] : "", (unsigned long long)print->count, root);
 }

@@ -49,6 +49,11 @@ enum cfx_coll_kind {
     CFX_COLL_REDUCESCATTER,
     CFX_COLL_SEND,
     CFX_COLL_RECV,
+    /* Run as sends and receives (kind SEND, RECV) whose fingerprints carry
+     * these kinds, so a peer in another call is told apart. */
+    CFX_COLL_ALLTOALL,
+    CFX_COLL_GATHER,
+    CFX_COLL_SCATTER,
 };
 
 /* Where an operation's buffers live (enum cfx_mem_kind, transports/
@@ -81,6 +86,10 @@ struct cfx_op {
     size_t count; /* Elements; per rank for allgather and reduce-scatter. */
     cfxDataType_t type;
     cfxRedOp_t op;
+    /* cfxRedOpCreatePreMulSum: op is cfxAvg (reduce as a sum) and the
+     * finish multiplies by the scalar, one element of type in premul_bits. */
+    int premul;
+    uint64_t premul_bits;
     int root; /* Broadcast/reduce root, or the peer of send/recv. */
     int rank;
     int nranks;
@@ -141,6 +150,8 @@ static inline void cfx_op_clear(struct cfx_op *op)
     op->count = 0;
     op->type = (cfxDataType_t)0;
     op->op = (cfxRedOp_t)0;
+    op->premul = 0;
+    op->premul_bits = 0;
     op->root = 0;
     op->rank = 0;
     op->nranks = 0;

@@ -41,7 +41,9 @@ static uint64_t local_steps(const struct cfx_op *op)
 static void local_describe(const struct cfx_op *op, uint64_t index, struct cfx_prim_step *step)
 {
     (void)index;
-    step->flags = CFX_PRIM_OUT;
+    /* A PreMulSum over one rank still multiplies (the finish of cfxAvg,
+     * a division by 1, is skipped). */
+    step->flags = CFX_PRIM_OUT | (op->premul ? CFX_PRIM_AVG : 0);
     step->input = op->sendbuff;
     step->output = op->recvbuff;
     step->n_elems = op->count;

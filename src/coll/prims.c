@@ -158,6 +158,21 @@ static cfxResult_t run_single_copy(struct cfx_op *op, const struct cfx_prim_step
     return cfxSuccess;
 }
 
+/* The finish of a PreMulSum op: out[i] *= scalar, through the product
+ * kernel against a run of copies of the scalar on the stack. */
+static void premul_finish(const struct cfx_op *op, char *out, size_t n)
+{
+    enum { RUN = 64 };
+    uint64_t scalars[RUN];
+    size_t elem = op->elem_bytes;
+    for (size_t i = 0; i < RUN; i++)
+        memcpy((char *)scalars + i * elem, &op->premul_bits, elem);
+    for (size_t done = 0; done < n; done += RUN) {
+        size_t len = n - done < RUN ? n - done : RUN;
+        cfx_reduce_host(out + done * elem, out + done * elem, scalars, len, op->type, cfxProd);
+    }
+}
+
 cfxResult_t cfx_prim_run(struct cfx_op *op, const struct cfx_prim_step *step)
 {
     unsigned flags = step->flags;
@@ -212,7 +227,9 @@ cfxResult_t cfx_prim_run(struct cfx_op *op, const struct cfx_prim_step *step)
         if (flags & CFX_PRIM_OUT) {
             if (step->output != value && bytes)
                 memcpy(step->output, value, bytes);
-            if (flags & CFX_PRIM_AVG)
+            if ((flags & CFX_PRIM_AVG) && op->premul)
+                premul_finish(op, step->output, n);
+            else if (flags & CFX_PRIM_AVG)
                 cfx_reduce_avg_finish(step->output, step->output, n, op->type, op->nranks);
             value = step->output;
         }

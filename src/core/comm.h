@@ -53,6 +53,23 @@ struct cfx_flight_entry {
     uint64_t n_steps;
 };
 
+/* A reduction of cfxRedOpCreatePreMulSum: the sum times a scalar. */
+struct cfx_core_premul {
+    int in_use;
+    cfxDataType_t type;
+    uint64_t scalar_bits; /* One element of type, in its low bytes. */
+};
+
+/* A buffer of cfxCommRegister (no transport uses it yet). */
+struct cfx_core_reg {
+    void *buff;
+    size_t size;
+    struct cfx_core_reg *next;
+};
+
+/* Release the records of cfxCommRegister (comm_free). */
+void cfx_core_reg_free_all(struct cfxComm *comm);
+
 struct cfxComm {
     uint64_t magic; /* CFX_COMM_MAGIC while alive (atomic: cfx_core_comm_live). */
     int rank;
@@ -122,6 +139,13 @@ struct cfxComm {
      * (cfx_core_algo_connect) when the plan may use them. */
     struct cfx_direct_links direct;
     int direct_complete; /* Every connector of direct is built. */
+    /* cfxRedOpCreatePreMulSum ops (redop.c): op cfxNumOps + i is premul[i]. */
+    struct cfx_core_premul premul[CFX_MAX_PREMULSUM_OPS];
+    /* cfxCommRegister's records (redop.c), newest first; freed at destroy. */
+    struct cfx_core_reg *regs;
+    /* Alltoall, gather, scatter (enqueue.c): room for their sends and
+     * receives, 2 * nranks ops, allocated at the first such call. */
+    struct cfx_op *batch_ops;
     struct cfxComm *registry_next;
     struct cfxComm *quarantine_next; /* handle.c: destroyed headers, oldest first. */
     char name[64];

@@ -3,6 +3,7 @@
  * describe the operation, then queue it (inside a group) or run it now.
  */
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "kernels/reduce.h"
@@ -10,6 +11,7 @@
 #include "src/core/comm.h"
 #include "src/core/enqueue.h"
 #include "src/core/probe.h"
+#include "src/core/redop.h"
 #include "src/util/check.h"
 #include "src/util/log.h"
 
@@ -48,6 +50,16 @@ static void op_start(struct cfx_op *op, enum cfx_coll_kind kind, const void *sen
     op->root = root;
 }
 
+/* op_start for a reduction resolved by cfx_core_redop_resolve. */
+static void op_start_reduce(struct cfx_op *op, enum cfx_coll_kind kind, const void *sendbuff,
+                            void *recvbuff, size_t count, cfxDataType_t type,
+                            const struct cfx_core_redop *red, int root)
+{
+    op_start(op, kind, sendbuff, recvbuff, count, type, red->op, root);
+    op->premul = red->premul;
+    op->premul_bits = red->premul_bits;
+}
+
 /* The fingerprints of an operation: what it stamps, what it expects. Its
  * sequence number comes at launch (cfx_core_launch), so that an operation
  * of a group that never runs does not take one. */
@@ -60,7 +72,9 @@ static void fingerprint(struct cfxComm *comm, struct cfx_op *op)
                                     .root = rooted ? op->root : -1,
                                     .kind = (uint8_t)op->kind,
                                     .type = (uint8_t)op->type,
-                                    .op = reduces ? (uint8_t)op->op : 0xff,
+                                    .op = !reduces     ? 0xff
+                                          : op->premul ? (uint8_t)cfxNumOps /* "premulsum" */
+                                                       : (uint8_t)op->op,
                                     .valid = 1};
     if (op->kind == CFX_COLL_SEND || op->kind == CFX_COLL_RECV) {
         /* Messages between two ranks are numbered per direction; a receive
@@ -162,14 +176,15 @@ CFX_API cfxResult_t cfxAllReduce(const void *sendbuff, void *recvbuff, size_t co
     cfx_core_api_enter(comm);
     cfxResult_t res;
     CFX_CHECK_GOTO(check_common(comm, datatype, stream, sendbuff, recvbuff, fn), res, out);
-    CFX_CHECK_GOTO(cfx_argcheck_op(op, fn), res, out);
+    struct cfx_core_redop red;
+    CFX_CHECK_GOTO(cfx_core_redop_resolve(comm, op, datatype, fn, &red), res, out);
     CFX_CHECK_GOTO(cfx_argcheck_count(count, datatype, 1, fn), res, out);
     CFX_CHECK_GOTO(cfx_argcheck_buffer(sendbuff, count, fn, "sendbuff"), res, out);
     CFX_CHECK_GOTO(cfx_argcheck_buffer(recvbuff, count, fn, "recvbuff"), res, out);
     size_t bytes = count * cfx_type_size(datatype);
     CFX_CHECK_GOTO(check_overlap(sendbuff, bytes, recvbuff, bytes, recvbuff, fn), res, out);
     struct cfx_op o;
-    op_start(&o, CFX_COLL_ALLREDUCE, sendbuff, recvbuff, count, datatype, op, 0);
+    op_start_reduce(&o, CFX_COLL_ALLREDUCE, sendbuff, recvbuff, count, datatype, &red, 0);
     res = submit(comm, &o);
 out:
     return finish(comm, res);
@@ -214,7 +229,8 @@ CFX_API cfxResult_t cfxReduce(const void *sendbuff, void *recvbuff, size_t count
     cfx_core_api_enter(comm);
     cfxResult_t res;
     CFX_CHECK_GOTO(check_common(comm, datatype, stream, sendbuff, recvbuff, fn), res, out);
-    CFX_CHECK_GOTO(cfx_argcheck_op(op, fn), res, out);
+    struct cfx_core_redop red;
+    CFX_CHECK_GOTO(cfx_core_redop_resolve(comm, op, datatype, fn, &red), res, out);
     CFX_CHECK_GOTO(cfx_argcheck_root(comm, root, fn), res, out);
     CFX_CHECK_GOTO(cfx_argcheck_count(count, datatype, 1, fn), res, out);
     CFX_CHECK_GOTO(cfx_argcheck_buffer(sendbuff, count, fn, "sendbuff"), res, out);
@@ -225,8 +241,8 @@ CFX_API cfxResult_t cfxReduce(const void *sendbuff, void *recvbuff, size_t count
         CFX_CHECK_GOTO(check_overlap(sendbuff, bytes, recvbuff, bytes, recvbuff, fn), res, out);
     }
     struct cfx_op o;
-    op_start(&o, CFX_COLL_REDUCE, sendbuff, comm->rank == root ? recvbuff : NULL, count, datatype,
-             op, root);
+    op_start_reduce(&o, CFX_COLL_REDUCE, sendbuff, comm->rank == root ? recvbuff : NULL, count,
+                    datatype, &red, root);
     res = submit(comm, &o);
 out:
     return finish(comm, res);
@@ -262,7 +278,8 @@ CFX_API cfxResult_t cfxReduceScatter(const void *sendbuff, void *recvbuff, size_
     cfx_core_api_enter(comm);
     cfxResult_t res;
     CFX_CHECK_GOTO(check_common(comm, datatype, stream, sendbuff, recvbuff, fn), res, out);
-    CFX_CHECK_GOTO(cfx_argcheck_op(op, fn), res, out);
+    struct cfx_core_redop red;
+    CFX_CHECK_GOTO(cfx_core_redop_resolve(comm, op, datatype, fn, &red), res, out);
     CFX_CHECK_GOTO(cfx_argcheck_count(recvcount, datatype, (size_t)comm->nranks, fn), res, out);
     CFX_CHECK_GOTO(cfx_argcheck_buffer(sendbuff, recvcount, fn, "sendbuff"), res, out);
     CFX_CHECK_GOTO(cfx_argcheck_buffer(recvbuff, recvcount, fn, "recvbuff"), res, out);
@@ -273,7 +290,7 @@ CFX_API cfxResult_t cfxReduceScatter(const void *sendbuff, void *recvbuff, size_
                                      NULL, fn),
                        res, out);
     struct cfx_op o;
-    op_start(&o, CFX_COLL_REDUCESCATTER, sendbuff, recvbuff, recvcount, datatype, op, 0);
+    op_start_reduce(&o, CFX_COLL_REDUCESCATTER, sendbuff, recvbuff, recvcount, datatype, &red, 0);
     res = submit(comm, &o);
 out:
     return finish(comm, res);
@@ -322,4 +339,161 @@ CFX_API cfxResult_t cfxRecv(void *recvbuff, size_t count, cfxDataType_t datatype
 {
     return point_to_point(CFX_COLL_RECV, NULL, recvbuff, count, datatype, peer, comm, stream,
                           "cfxRecv");
+}
+
+/* ------------------------------------------ alltoall, gather, scatter */
+
+/* One send or receive of an alltoall, gather or scatter: a point-to-point
+ * operation whose fingerprint names the collective (@p kind, @p root), so
+ * that a peer in another call, or the same call with another count, type or
+ * root, fails the receive with a sentence. */
+static void batch_op(struct cfxComm *comm, struct cfx_op *o, enum cfx_coll_kind p2p_kind,
+                     enum cfx_coll_kind kind, const void *sendbuff, void *recvbuff, size_t count,
+                     cfxDataType_t type, int peer, int root)
+{
+    op_start(o, p2p_kind, sendbuff, recvbuff, count, type, cfxSum, peer);
+    o->rank = comm->rank;
+    o->nranks = comm->nranks;
+    o->abort_flag = &comm->abort_flag;
+    o->owner = comm;
+    fingerprint(comm, o);
+    o->print.kind = o->expect.kind = (uint8_t)kind;
+    o->print.root = o->expect.root = root;
+}
+
+/* Run (or queue, inside a group) this rank's part of an alltoall, gather or
+ * scatter: a send and a receive per peer as the collective needs them, all
+ * at once, so every peer connection carries its block together; the rank's
+ * own block is copied here, at the call (inside a group too). The caller
+ * checked the arguments; @p root is -1 for alltoall. */
+static cfxResult_t submit_batch(struct cfxComm *comm, enum cfx_coll_kind kind,
+                                const void *sendbuff, void *recvbuff, size_t count,
+                                cfxDataType_t type, int root)
+{
+    if (comm->async_error != cfxSuccess)
+        return cfx_error_set(comm->async_error, CFX_LOG_COLL,
+                             "%s: the communicator is broken by an earlier error (%s); destroy it",
+                             cfx_coll_name(kind), cfxGetErrorString(comm->async_error));
+    int rank = comm->rank, nranks = comm->nranks;
+    if (comm->batch_ops == NULL && nranks > 1) {
+        /* First use, as a first use connects: later calls reuse it. */
+        comm->batch_ops = calloc(2 * (size_t)nranks, sizeof(*comm->batch_ops));
+        if (comm->batch_ops == NULL)
+            return cfx_error_set(cfxSystemError, CFX_LOG_COLL,
+                                 "%s: out of memory for the %d sends and receives of a call",
+                                 cfx_coll_name(kind), 2 * nranks);
+    }
+    size_t block = count * cfx_type_size(type);
+    const char *send = sendbuff;
+    char *recv = recvbuff;
+    const char *own_from = NULL;
+    char *own_to = NULL;
+    struct cfx_op *ops = comm->batch_ops;
+    int n = 0;
+    for (int peer = 0; peer < nranks; peer++) {
+        int sends = kind == CFX_COLL_ALLTOALL || (kind == CFX_COLL_GATHER && peer == root) ||
+                    (kind == CFX_COLL_SCATTER && rank == root);
+        int receives = kind == CFX_COLL_ALLTOALL || (kind == CFX_COLL_GATHER && rank == root) ||
+                       (kind == CFX_COLL_SCATTER && peer == root);
+        /* Offsets only into buffers this rank uses (a non-root's may be NULL). */
+        const char *from = !sends || kind == CFX_COLL_GATHER ? send : send + (size_t)peer * block;
+        char *to = !receives || kind == CFX_COLL_SCATTER ? recv : recv + (size_t)peer * block;
+        if (peer == rank) {
+            if (sends && receives) {
+                own_from = from;
+                own_to = to;
+            }
+            continue;
+        }
+        if (sends)
+            batch_op(comm, &ops[n++], CFX_COLL_SEND, kind, from, NULL, count, type, peer, root);
+        if (receives)
+            batch_op(comm, &ops[n++], CFX_COLL_RECV, kind, NULL, to, count, type, peer, root);
+    }
+    if (own_to != NULL && own_to != own_from && block > 0)
+        memcpy(own_to, own_from, block);
+    if (n == 0)
+        return cfxSuccess;
+    if (cfx_core_group_active()) {
+        for (int i = 0; i < n; i++)
+            CFX_CHECK(cfx_core_group_add(&ops[i]));
+        return cfxSuccess;
+    }
+    return cfx_core_launch(ops, n); /* check_common holds the communicator. */
+}
+
+CFX_API cfxResult_t cfxAlltoAll(const void *sendbuff, void *recvbuff, size_t count,
+                                cfxDataType_t datatype, cfxComm_t comm, cfxStream_t stream)
+{
+    const char *fn = "cfxAlltoAll";
+    cfx_core_api_enter(comm);
+    cfxResult_t res;
+    CFX_CHECK_GOTO(check_common(comm, datatype, stream, sendbuff, recvbuff, fn), res, out);
+    CFX_CHECK_GOTO(cfx_argcheck_count(count, datatype, (size_t)comm->nranks, fn), res, out);
+    CFX_CHECK_GOTO(cfx_argcheck_buffer(sendbuff, count, fn, "sendbuff"), res, out);
+    CFX_CHECK_GOTO(cfx_argcheck_buffer(recvbuff, count, fn, "recvbuff"), res, out);
+    size_t all = count * cfx_type_size(datatype) * (size_t)comm->nranks;
+    if (sendbuff != NULL && sendbuff == recvbuff && all > 0) {
+        res = cfx_error_set(cfxInvalidArgument, CFX_LOG_COLL,
+                            "%s: sendbuff == recvbuff; an alltoall cannot run in place, use "
+                            "separate buffers",
+                            fn);
+        goto out;
+    }
+    CFX_CHECK_GOTO(check_overlap(sendbuff, all, recvbuff, all, NULL, fn), res, out);
+    res = submit_batch(comm, CFX_COLL_ALLTOALL, sendbuff, recvbuff, count, datatype, -1);
+out:
+    return finish(comm, res);
+}
+
+CFX_API cfxResult_t cfxGather(const void *sendbuff, void *recvbuff, size_t count,
+                              cfxDataType_t datatype, int root, cfxComm_t comm, cfxStream_t stream)
+{
+    const char *fn = "cfxGather";
+    cfx_core_api_enter(comm);
+    cfxResult_t res;
+    CFX_CHECK_GOTO(check_common(comm, datatype, stream, sendbuff, recvbuff, fn), res, out);
+    CFX_CHECK_GOTO(cfx_argcheck_root(comm, root, fn), res, out);
+    CFX_CHECK_GOTO(cfx_argcheck_count(count, datatype, (size_t)comm->nranks, fn), res, out);
+    CFX_CHECK_GOTO(cfx_argcheck_buffer(sendbuff, count, fn, "sendbuff"), res, out);
+    if (comm->rank == root) {
+        CFX_CHECK_GOTO(cfx_argcheck_buffer(recvbuff, count, fn, "recvbuff (on the root)"), res,
+                       out);
+        size_t block = count * cfx_type_size(datatype);
+        /* In place: sendbuff == recvbuff + root*count. */
+        const char *in_place = recvbuff ? (const char *)recvbuff + (size_t)root * block : NULL;
+        CFX_CHECK_GOTO(check_overlap(sendbuff, block, recvbuff, block * (size_t)comm->nranks,
+                                     in_place, fn),
+                       res, out);
+    }
+    res = submit_batch(comm, CFX_COLL_GATHER, sendbuff, comm->rank == root ? recvbuff : NULL,
+                       count, datatype, root);
+out:
+    return finish(comm, res);
+}
+
+CFX_API cfxResult_t cfxScatter(const void *sendbuff, void *recvbuff, size_t count,
+                               cfxDataType_t datatype, int root, cfxComm_t comm, cfxStream_t stream)
+{
+    const char *fn = "cfxScatter";
+    cfx_core_api_enter(comm);
+    cfxResult_t res;
+    CFX_CHECK_GOTO(check_common(comm, datatype, stream, sendbuff, recvbuff, fn), res, out);
+    CFX_CHECK_GOTO(cfx_argcheck_root(comm, root, fn), res, out);
+    CFX_CHECK_GOTO(cfx_argcheck_count(count, datatype, (size_t)comm->nranks, fn), res, out);
+    CFX_CHECK_GOTO(cfx_argcheck_buffer(recvbuff, count, fn, "recvbuff"), res, out);
+    if (comm->rank == root) {
+        CFX_CHECK_GOTO(cfx_argcheck_buffer(sendbuff, count, fn, "sendbuff (on the root)"), res,
+                       out);
+        size_t block = count * cfx_type_size(datatype);
+        /* In place: recvbuff == sendbuff + root*count. */
+        if (sendbuff != NULL && recvbuff != (const char *)sendbuff + (size_t)root * block)
+            CFX_CHECK_GOTO(check_overlap(sendbuff, block * (size_t)comm->nranks, recvbuff, block,
+                                         NULL, fn),
+                           res, out);
+    }
+    res = submit_batch(comm, CFX_COLL_SCATTER, comm->rank == root ? sendbuff : NULL, recvbuff,
+                       count, datatype, root);
+out:
+    return finish(comm, res);
 }

@@ -98,6 +98,9 @@ static const char *api_name(enum cfx_coll_kind kind)
     case CFX_COLL_REDUCESCATTER: return "cfxReduceScatter";
     case CFX_COLL_SEND: return "cfxSend";
     case CFX_COLL_RECV: return "cfxRecv";
+    case CFX_COLL_ALLTOALL: return "cfxAlltoAll";
+    case CFX_COLL_GATHER: return "cfxGather";
+    case CFX_COLL_SCATTER: return "cfxScatter";
     }
     return "?";
 }

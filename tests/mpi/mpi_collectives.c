@@ -1,7 +1,8 @@
 /*
  * An outside MPI program written against conflux.h the way an NCCL user
  * writes one: MPI shares the unique id, then every collective, data type and
- * op runs on host buffers and is checked against tests/coll_check.h.
+ * op runs on host buffers and is checked against tests/coll_check.h; alltoall,
+ * gather and scatter are checked against MPI's own (MPI_BYTE blocks).
  * Usage: mpirun -np N ./mpi_collectives   (prints one summary line on rank 0)
  */
 #include <conflux.h>
@@ -47,6 +48,7 @@ int main(int argc, char **argv)
     const size_t counts[] = {1, 1000 + 7};
     size_t max_count = 1007 * (size_t)nranks;
     char *send = malloc(max_count * 8), *recv = malloc(max_count * 8);
+    char *mpi_recv = malloc(max_count * 8);
     for (int t = 0; t < cfxNumTypes; t++) {
         size_t es = ref_size((cfxDataType_t)t);
         for (size_t ci = 0; ci < 2; ci++) {
@@ -97,6 +99,24 @@ int main(int argc, char **argv)
                 ref_store((cfxDataType_t)t, expected, (double)x, (uint64_t)x);
                 expect(memcmp(recv + i * es, expected, es) == 0, "broadcast", (cfxDataType_t)t, -1, i);
             }
+            /* alltoall, gather, scatter: the same bytes as MPI's */
+            int block = (int)(count * es);
+            ref_fill((cfxDataType_t)t, cfxMax, rank, t + 7, send, count * (size_t)nranks);
+            CFXCHECK(cfxAlltoAll(send, recv, count, (cfxDataType_t)t, comm, NULL));
+            MPI_Alltoall(send, block, MPI_BYTE, mpi_recv, block, MPI_BYTE, MPI_COMM_WORLD);
+            expect(memcmp(recv, mpi_recv, (size_t)block * (size_t)nranks) == 0, "alltoall",
+                   (cfxDataType_t)t, -1, 0);
+            for (int gr = 0; gr < nranks; gr++) {
+                CFXCHECK(cfxGather(send, recv, count, (cfxDataType_t)t, gr, comm, NULL));
+                MPI_Gather(send, block, MPI_BYTE, mpi_recv, block, MPI_BYTE, gr, MPI_COMM_WORLD);
+                if (rank == gr)
+                    expect(memcmp(recv, mpi_recv, (size_t)block * (size_t)nranks) == 0, "gather",
+                           (cfxDataType_t)t, -1, 0);
+                CFXCHECK(cfxScatter(send, recv, count, (cfxDataType_t)t, gr, comm, NULL));
+                MPI_Scatter(send, block, MPI_BYTE, mpi_recv, block, MPI_BYTE, gr, MPI_COMM_WORLD);
+                expect(memcmp(recv, mpi_recv, (size_t)block) == 0, "scatter", (cfxDataType_t)t, -1, 0);
+            }
+            ref_fill((cfxDataType_t)t, cfxMax, rank, t, send, count); /* send/recv's input */
             /* send/recv around the ring, in a group */
             int next = (rank + 1) % nranks, prev = (rank + nranks - 1) % nranks;
             CFXCHECK(cfxGroupStart());
@@ -119,6 +139,7 @@ int main(int argc, char **argv)
         printf("mpi conformance, %d ranks: %ld checks, %ld wrong\n", nranks, sums[0], sums[1]);
     free(send);
     free(recv);
+    free(mpi_recv);
     MPI_Finalize();
     return failures ? 1 : 0;
 }

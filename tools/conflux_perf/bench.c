@@ -12,6 +12,7 @@
  * Rules: every rank runs the same sequence of Conflux calls (the timing and
  * error totals are Conflux collectives too); only rank 0 prints.
  */
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -109,9 +110,10 @@ static void prepare_data(const struct bench *b, const struct sizing *sz,
     call_buffers(b, sz, inplace, 0, &send, &recv);
     memset(inplace ? b->recv_buf : recv, 0xff,
            inplace ? sz->total_bytes : sz->counts.recv * sz->elem_bytes);
-    if (b->coll->kind != PERF_BROADCAST || b->rank == root)
-        perf_values_fill(values, send, sz->counts.send,
-                         b->coll->kind == PERF_BROADCAST ? root : b->rank, 0);
+    /* Broadcast and scatter read sendbuff on the root only. */
+    int from_root = b->coll->kind == PERF_BROADCAST || b->coll->kind == PERF_SCATTER;
+    if (!from_root || b->rank == root)
+        perf_values_fill(values, send, sz->counts.send, from_root ? root : b->rank, 0);
 }
 
 /* Wrong elements of this rank's output of the call at offset 0. */
@@ -134,6 +136,18 @@ static size_t verify_data(const struct bench *b, const struct sizing *sz,
             wrong +=
                 perf_values_verify(values, recv + j * block * sz->elem_bytes, block, 0, (int)j);
         return wrong;
+    case PERF_ALLTOALL: /* Block j: elements [rank*block, ...) of rank j's input. */
+        for (size_t j = 0; j < n; j++)
+            wrong += perf_values_verify(values, recv + j * block * sz->elem_bytes, block,
+                                        block * (size_t)b->rank, (int)j);
+        return wrong;
+    case PERF_GATHER:
+        for (size_t j = 0; b->rank == root && j < n; j++)
+            wrong +=
+                perf_values_verify(values, recv + j * block * sz->elem_bytes, block, 0, (int)j);
+        return wrong;
+    case PERF_SCATTER:
+        return perf_values_verify(values, recv, block, block * (size_t)b->rank, root);
     }
     return 0;
 }
@@ -184,6 +198,17 @@ static int time_one(struct bench *b, const struct sizing *sz, cfxDataType_t type
 {
     const struct perf_options *opt = b->opt;
     const char *name = b->coll->name;
+    if (inplace && (b->coll->flags & PERF_COLL_NO_INPLACE)) {
+        /* No in-place form (alltoall): the columns say nan and N/A. */
+        *res = (struct perf_result){.bytes = sz->total_bytes,
+                                    .count = sz->counts.param,
+                                    .time_us = NAN,
+                                    .algbw = NAN,
+                                    .busbw = NAN,
+                                    .wrong = -1,
+                                    .inplace = 1};
+        return 0;
+    }
     if (opt->check_iters > 0) {
         struct perf_values values;
         perf_values_init(&values, b->coll, type, op, b->nranks, CHECK_SEED_TIMED);

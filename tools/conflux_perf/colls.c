@@ -6,6 +6,9 @@
  *   reducescatter  n*(count/n) in, count/n out      busbw = algbw * (n-1)/n
  *   allgather      count/n in, n*(count/n) out      busbw = algbw * (n-1)/n
  *   broadcast, reduce, sendrecv: count in and out   busbw = algbw
+ *   alltoall       n*(count/n) in and out           busbw = algbw * (n-1)/n
+ *   gather         count/n in, n*(count/n) out      busbw = algbw * (n-1)/n
+ *   scatter        n*(count/n) in, count/n out      busbw = algbw * (n-1)/n
  * and algbw is the larger of the send and receive sizes over the time, so
  * for allgather and reducescatter the size is the total, not one rank's block.
  * Keep the table in subcommand order.
@@ -44,6 +47,16 @@ static void reducescatter_counts(size_t count, int nranks, struct perf_counts *c
     counts_p->param = block;
     counts_p->send_inplace_offset = 0;
     counts_p->recv_inplace_offset = block; /* rank's block of sendbuff */
+}
+
+static void alltoall_counts(size_t count, int nranks, struct perf_counts *counts_p)
+{
+    size_t block = count / (size_t)nranks;
+    counts_p->send = block * (size_t)nranks;
+    counts_p->recv = block * (size_t)nranks;
+    counts_p->param = block;
+    counts_p->send_inplace_offset = 0;
+    counts_p->recv_inplace_offset = 0;
 }
 
 /* ------------------------------------------------------------ bus factors */
@@ -125,6 +138,28 @@ static cfxResult_t run_sendrecv(const void *sendbuff, void *recvbuff, size_t cou
     return res != cfxSuccess ? res : end_res;
 }
 
+static cfxResult_t run_alltoall(const void *sendbuff, void *recvbuff, size_t count,
+                                cfxDataType_t type, cfxRedOp_t op, int root, cfxComm_t comm)
+{
+    (void)op;
+    (void)root;
+    return cfxAlltoAll(sendbuff, recvbuff, count, type, comm, NULL);
+}
+
+static cfxResult_t run_gather(const void *sendbuff, void *recvbuff, size_t count,
+                              cfxDataType_t type, cfxRedOp_t op, int root, cfxComm_t comm)
+{
+    (void)op;
+    return cfxGather(sendbuff, recvbuff, count, type, root, comm, NULL);
+}
+
+static cfxResult_t run_scatter(const void *sendbuff, void *recvbuff, size_t count,
+                               cfxDataType_t type, cfxRedOp_t op, int root, cfxComm_t comm)
+{
+    (void)op;
+    return cfxScatter(sendbuff, recvbuff, count, type, root, comm, NULL);
+}
+
 /* ------------------------------------------------------------ the table */
 
 static const struct perf_coll colls[] = {
@@ -176,6 +211,30 @@ static const struct perf_coll colls[] = {
         .bus_factor = factor_one,
         .run = run_sendrecv,
     },
+    {
+        .name = "alltoall",
+        .kind = PERF_ALLTOALL,
+        .flags = PERF_COLL_NO_INPLACE,
+        .counts = alltoall_counts,
+        .bus_factor = factor_gather_scatter,
+        .run = run_alltoall,
+    },
+    {
+        .name = "gather",
+        .kind = PERF_GATHER,
+        .flags = PERF_COLL_HAS_ROOT,
+        .counts = allgather_counts, /* In place: sendbuff = recvbuff + rank*block. */
+        .bus_factor = factor_gather_scatter,
+        .run = run_gather,
+    },
+    {
+        .name = "scatter",
+        .kind = PERF_SCATTER,
+        .flags = PERF_COLL_HAS_ROOT,
+        .counts = reducescatter_counts, /* In place: recvbuff = sendbuff + rank*block. */
+        .bus_factor = factor_gather_scatter,
+        .run = run_scatter,
+    },
 };
 
 const struct perf_coll *perf_coll_find(const char *name)
@@ -188,5 +247,5 @@ const struct perf_coll *perf_coll_find(const char *name)
 
 const char *perf_coll_names(void)
 {
-    return "allreduce|broadcast|reduce|allgather|reducescatter|sendrecv";
+    return "allreduce|broadcast|reduce|allgather|reducescatter|sendrecv|alltoall|gather|scatter";
 }

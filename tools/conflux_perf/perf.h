@@ -48,12 +48,16 @@ enum perf_coll_kind {
     PERF_ALLGATHER,
     PERF_REDUCESCATTER,
     PERF_SENDRECV,
+    PERF_ALLTOALL,
+    PERF_GATHER,
+    PERF_SCATTER,
 };
 
 /* Flags of struct perf_coll. */
 #define PERF_COLL_HAS_OP           0x1 /* takes a reduction op */
 #define PERF_COLL_HAS_ROOT         0x2 /* takes a root rank */
 #define PERF_COLL_NO_INPLACE_CHECK 0x4 /* in place is timed, not checked (sendrecv) */
+#define PERF_COLL_NO_INPLACE       0x8 /* no in-place form (alltoall): not run */
 
 /* One collective. Rules: `run` is one blocking call on host buffers (stream
  * NULL) and returns the Conflux result unchanged. */
