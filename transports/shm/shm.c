@@ -242,7 +242,11 @@ static cfxResult_t map_peer_memfd(const struct shm_ctx *ctx, struct cfx_connecto
         cfxResult_t why = check_peer(ctx, conn->peer_rank);
         if (why != cfxSuccess)
             return why;
-        if (kill(info->pid, 0) != 0 && errno == ESRCH) {
+        /* ENOENT: the process no longer holds the descriptor it announced
+         * (it keeps it until this side attaches): it is exiting, its
+         * descriptors already closed, though not yet seen as ended. A
+         * permission problem reads EACCES or EPERM instead. */
+        if ((kill(info->pid, 0) != 0 && errno == ESRCH) || err == ENOENT) {
             conn->blame_rank = conn->peer_rank;
             return cfx_error_set(cfxRemoteError, CFX_LOG_SHM,
                                  "rank %d (pid %d) died while connecting: the process exited or "
