@@ -71,7 +71,8 @@ if srun_like perf 3 "$perf" allreduce -b 1K -e 1K -n 2 -w 1; then
 fi
 
 # CFX_COMM_ID, when set, names the root.
-port=$((40000 + RANDOM % 20000))
+# Below the ephemeral range (32768-60999 here), where outgoing connections take theirs.
+port=$((20000 + RANDOM % 10000))
 f0=$failures
 if CFX_COMM_ID=127.0.0.1:$port srun_like perf_comm_id 2 "$perf" allreduce -b 1K -e 1K -n 2 -w 1; then
   expect perf_comm_id 0 "2 ranks, srun (SLURM_PROCID/SLURM_NTASKS), CFX_COMM_ID=127.0.0.1:$port"
