@@ -38,17 +38,16 @@
 #include <poll.h>
 #include <pthread.h>
 #include <stdatomic.h>
-#include <sched.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/epoll.h>
-#include <sys/eventfd.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
 #include <unistd.h>
 
+#include "src/proxy/proxy.h"
 #include "src/util/error.h"
 #include "src/util/host.h"
 #include "src/util/log.h"
@@ -67,13 +66,12 @@ CFX_PARAM_INT(socket_spin_us, "SOCKET_SPIN_US", 0, 0, 1000000,
               "sleeps");
 
 #define MAX_SOCKS        CFX_SOCK_MAX_SOCKS /* Clamp of NSOCKS_PERTHREAD x SOCKET_NTHREADS. */
+_Static_assert(MAX_SOCKS <= CFX_PROXY_MAX_FDS, "the proxy watches every socket of a connection");
 #define MIN_PART_BYTES   (64 * 1024) /* Smallest stripe; smaller slots use socket 0 only. */
-#define SLEEP_MS         20          /* Longest sleep of an idle progress thread. */
 #define ACCEPT_SLICE_MS  50          /* Longest wait of connect() between checks. */
 #define HELLO_TIMEOUT_NS (10 * CFX_NS_PER_SEC) /* A socket silent this long is a stranger. */
 #define MAX_PENDING      256                   /* Accepted sockets still owing their hello. */
-#define MAX_EVENTS       64
-#define DRIVE_LEASE_NS   (200 * 1000) /* See proxy_sleep. */
+#define DRIVE_LEASE_NS   (200 * 1000) /* See cfx_proxy_lease. */
 #define WAIT_MAX_FDS     64
 
 /* One socket's walk through the slots. */
@@ -101,9 +99,9 @@ struct sock_conn {
     int n_arrived; /* Receiver: sockets attached so far. */
     int awaiting;  /* Receiver: on the ctx's awaiting list. */
     struct sock_conn *await_next;
-    /* Progress (under the ctx's proxy_lock). */
-    int registered;
-    struct sock_conn *next, *prev;
+    /* Progress (the proxy's pass runs under the proxy's lock). */
+    int registered; /* Added to the proxy (set and read by user threads). */
+    struct cfx_proxy_client client;
     uint64_t done_step;           /* Sender: slots released; receiver: slots posted. */
     uint64_t header_count;        /* Receiver: headers read (sizes known). */
     struct cfx_sock_header header_in; /* Receiver: socket 0's header being read. */
@@ -143,7 +141,6 @@ struct sock_ctx {
     cfxResult_t (*connect_check)(void *arg, int peer_rank); /* May be NULL. */
     void *connect_check_arg;
     int nsocks;
-    int64_t spin_ns;
     int listen_fd;
     union cfx_sockaddr listen_addr;
     char listen_text[96];
@@ -152,18 +149,7 @@ struct sock_ctx {
     struct sock_conn *awaiting;
     struct pending *pending;
     int n_pending;
-    /* Progress thread. */
-    pthread_mutex_t proxy_lock;
-    struct sock_conn *active;
-    uint64_t generation; /* Bumped when a connector leaves (events may name it). */
-    pthread_t thread;
-    int thread_started;
-    int wake_fd;
-    int epoll_fd;
-    _Alignas(CFX_CACHE_LINE) _Atomic int64_t drive_ns; /* When a user thread last moved bytes. */
-    _Alignas(CFX_CACHE_LINE) _Atomic int sleeping;
-    _Atomic int lock_waiters;
-    _Atomic int stop;
+    struct cfx_proxy *proxy; /* The process's progress thread (src/proxy). */
 };
 
 static int aborted(const int *abort_flag)
@@ -176,15 +162,6 @@ static int aborted(const int *abort_flag)
 static cfxResult_t check_peer(const struct sock_ctx *ctx, int peer_rank)
 {
     return ctx->connect_check ? ctx->connect_check(ctx->connect_check_arg, peer_rank) : cfxSuccess;
-}
-
-static void cpu_relax(void)
-{
-#if defined(__x86_64__) || defined(__i386__)
-    __builtin_ia32_pause();
-#elif defined(__aarch64__)
-    __asm__ volatile("yield");
-#endif
 }
 
 static void close_fd(int *fd)
@@ -245,10 +222,13 @@ static void conn_fail(struct sock_conn *sc, cfxResult_t res, int orderly, const 
     if (sc->blame_rank < 0)
         sc->blame_rank = sc->peer_rank;
     atomic_store_explicit(&sc->failed, 1, memory_order_release);
+    /* The proxy thread serves every communicator: say whose rank this is. */
+    int rank_before = cfx_log_set_rank(sc->self_rank);
     if (orderly)
         CFX_INFO(CFX_LOG_NET, "%s", sc->error);
     else
         cfx_error_set(res, CFX_LOG_NET, "%s", sc->error);
+    cfx_log_set_rank(rank_before);
 }
 
 /* Whether no slot is half-way across: a close now loses nothing in flight. */
@@ -615,166 +595,51 @@ static int conn_drive(struct sock_conn *sc)
     return moved;
 }
 
-/* One pass over every connector (caller holds proxy_lock). */
-static int proxy_pass(struct sock_ctx *ctx)
+/* The proxy's pass over one connector (proxy thread, under its lock). */
+static int conn_proxy_progress(void *arg)
 {
-    int moved = 0;
-    for (struct sock_conn *sc = ctx->active; sc; sc = sc->next)
-        moved |= conn_drive(sc);
-    return moved;
+    return conn_drive(arg);
 }
 
-static int proxy_locked_pass(struct sock_ctx *ctx, uint64_t *generation_p)
+/* A socket of the connector turned ready (proxy thread): a sender's socket
+ * readable means the receiver wrote back (a poison) or closed. */
+static void conn_proxy_ready(void *arg, uint32_t events)
 {
-    pthread_mutex_lock(&ctx->proxy_lock);
-    int moved = proxy_pass(ctx);
-    if (generation_p)
-        *generation_p = ctx->generation;
-    pthread_mutex_unlock(&ctx->proxy_lock);
-    /* Let register/unregister in: this loop would otherwise re-take the lock at once. */
-    while (atomic_load_explicit(&ctx->lock_waiters, memory_order_relaxed))
-        sched_yield();
-    return moved;
-}
-
-/* Sleep until a socket or kick() wakes us (or SLEEP_MS passes). */
-static void proxy_sleep(struct sock_ctx *ctx)
-{
-    struct epoll_event events[MAX_EVENTS];
-    uint64_t generation;
-    /* Announce the sleep, then look once more: kick() reads `sleeping` after
-     * its post/release, so one of us sees the other (both sides fence). */
-    atomic_store_explicit(&ctx->sleeping, 1, memory_order_seq_cst);
-    atomic_thread_fence(memory_order_seq_cst);
-    if (proxy_locked_pass(ctx, &generation) ||
-        atomic_load_explicit(&ctx->stop, memory_order_acquire)) {
-        atomic_store_explicit(&ctx->sleeping, 0, memory_order_relaxed);
-        return;
-    }
-    int n;
-    int64_t since = cfx_time_now_ns() - atomic_load_explicit(&ctx->drive_ns, memory_order_relaxed);
-    if (since < DRIVE_LEASE_NS) {
-        /* A user thread moves bytes itself: an arrival must not wake this
-         * thread too (two cores, two ranks: it would preempt a rank). Nap
-         * on the eventfd alone, then take the queued events in one go. */
-        struct pollfd wake = {.fd = ctx->wake_fd, .events = POLLIN};
-        int64_t left = DRIVE_LEASE_NS - since;
-        struct timespec nap = {(time_t)(left / CFX_NS_PER_SEC), (long)(left % CFX_NS_PER_SEC)};
-        ppoll(&wake, 1, &nap, NULL);
-        n = epoll_wait(ctx->epoll_fd, events, MAX_EVENTS, 0);
-    } else {
-        n = epoll_wait(ctx->epoll_fd, events, MAX_EVENTS, SLEEP_MS);
-    }
-    atomic_store_explicit(&ctx->sleeping, 0, memory_order_relaxed);
-    if (n <= 0)
-        return;
-    pthread_mutex_lock(&ctx->proxy_lock);
-    for (int i = 0; i < n; i++) {
-        struct sock_conn *sc = events[i].data.ptr;
-        if (sc == NULL) {
-            uint64_t count;
-            if (read(ctx->wake_fd, &count, sizeof(count)) < 0) {
-                /* EAGAIN: another wake already drained it. */
-            }
-            continue;
-        }
-        /* A connector that left since the wait may be gone: skip all events then. */
-        if (generation != ctx->generation)
-            continue;
-        if (sc->dir == CFX_CONN_SEND &&
-            (events[i].events & (EPOLLIN | EPOLLRDHUP | EPOLLHUP | EPOLLERR))) {
-            atomic_store_explicit(&sc->probe_owed, 1, memory_order_relaxed);
-            conn_drive(sc);
-        }
-    }
-    pthread_mutex_unlock(&ctx->proxy_lock);
-}
-
-static void *proxy_main(void *arg)
-{
-    struct sock_ctx *ctx = arg;
-    cfx_log_set_rank(ctx->rank);
-    int64_t idle_since = 0;
-    while (!atomic_load_explicit(&ctx->stop, memory_order_acquire)) {
-        if (proxy_locked_pass(ctx, NULL)) {
-            idle_since = 0;
-            continue;
-        }
-        int64_t now = cfx_time_now_ns();
-        if (idle_since == 0)
-            idle_since = now;
-        if (now - idle_since < ctx->spin_ns) {
-            cpu_relax();
-            continue;
-        }
-        proxy_sleep(ctx);
-        idle_since = 0;
-    }
-    return NULL;
-}
-
-static void proxy_wake(struct sock_ctx *ctx)
-{
-    uint64_t one = 1;
-    if (write(ctx->wake_fd, &one, sizeof(one)) < 0) {
-        /* EAGAIN: the counter is saturated, so the thread wakes anyway. */
+    struct sock_conn *sc = arg;
+    if (sc->dir == CFX_CONN_SEND && (events & (EPOLLIN | EPOLLRDHUP | EPOLLHUP | EPOLLERR))) {
+        atomic_store_explicit(&sc->probe_owed, 1, memory_order_relaxed);
+        conn_drive(sc);
     }
 }
 
-static void proxy_lock_from_user(struct sock_ctx *ctx)
-{
-    atomic_fetch_add_explicit(&ctx->lock_waiters, 1, memory_order_relaxed);
-    pthread_mutex_lock(&ctx->proxy_lock);
-    atomic_fetch_sub_explicit(&ctx->lock_waiters, 1, memory_order_relaxed);
-}
-
-/* Hand a connected connector to the progress thread. */
+/* Hand a connected connector to the process's proxy thread. */
 static cfxResult_t proxy_add(struct sock_ctx *ctx, struct sock_conn *sc)
 {
-    cfxResult_t res = cfxSuccess;
-    proxy_lock_from_user(ctx);
-    for (int s = 0; s < sc->nsocks; s++) {
-        struct epoll_event ev = {.events = EPOLLIN | EPOLLRDHUP | EPOLLET, .data.ptr = sc};
-        if (sc->dir == CFX_CONN_SEND)
-            ev.events |= EPOLLOUT;
-        if (epoll_ctl(ctx->epoll_fd, EPOLL_CTL_ADD, sc->streams[s].fd, &ev) != 0) {
-            res = cfx_error_set_errno(errno, CFX_LOG_NET,
-                                      "socket transport: cannot watch socket %d of the connection "
-                                      "to rank %d",
-                                      s, sc->peer_rank);
-            for (int t = 0; t < s; t++)
-                epoll_ctl(ctx->epoll_fd, EPOLL_CTL_DEL, sc->streams[t].fd, NULL);
-            goto out_unlock;
-        }
+    int fds[MAX_SOCKS];
+    for (int s = 0; s < sc->nsocks; s++)
+        fds[s] = sc->streams[s].fd;
+    sc->client.progress = conn_proxy_progress;
+    sc->client.ready = conn_proxy_ready;
+    sc->client.arg = sc;
+    uint32_t events = EPOLLIN | EPOLLRDHUP | (sc->dir == CFX_CONN_SEND ? EPOLLOUT : 0);
+    cfxResult_t res = cfx_proxy_add(ctx->proxy, &sc->client, fds, sc->nsocks, events);
+    if (res != cfxSuccess) {
+        char cause[CFX_ERROR_MAX];
+        snprintf(cause, sizeof(cause), "%s", cfx_error_thread_last());
+        return cfx_error_set(res, CFX_LOG_NET,
+                             "socket transport: cannot hand the connection to rank %d to the "
+                             "progress thread: %s",
+                             sc->peer_rank, cause);
     }
-    sc->prev = NULL;
-    sc->next = ctx->active;
-    if (ctx->active)
-        ctx->active->prev = sc;
-    ctx->active = sc;
     sc->registered = 1;
-out_unlock:
-    pthread_mutex_unlock(&ctx->proxy_lock);
-    if (res == cfxSuccess)
-        proxy_wake(ctx); /* Data may already be waiting. */
-    return res;
+    return cfxSuccess;
 }
 
-/* Take a connector back: once this returns the thread never touches it. */
+/* Take a connector back: once this returns the proxy never touches it. */
 static void proxy_remove(struct sock_ctx *ctx, struct sock_conn *sc)
 {
-    proxy_lock_from_user(ctx);
-    if (sc->prev)
-        sc->prev->next = sc->next;
-    else
-        ctx->active = sc->next;
-    if (sc->next)
-        sc->next->prev = sc->prev;
-    for (int s = 0; s < sc->nsocks; s++)
-        epoll_ctl(ctx->epoll_fd, EPOLL_CTL_DEL, sc->streams[s].fd, NULL);
-    ctx->generation++;
+    cfx_proxy_remove(ctx->proxy, &sc->client);
     sc->registered = 0;
-    pthread_mutex_unlock(&ctx->proxy_lock);
 }
 
 /* ============================================================ lifecycle */
@@ -819,15 +684,14 @@ static cfxResult_t sock_init(const struct cfx_transport_env *env, void **ctx_p)
     ctx->connect_timeout_s = env->connect_timeout_s;
     ctx->connect_check = env->connect_check;
     ctx->connect_check_arg = env->connect_check_arg;
-    ctx->listen_fd = ctx->wake_fd = ctx->epoll_fd = -1;
+    ctx->listen_fd = -1;
     pthread_mutex_init(&ctx->accept_lock, NULL);
-    pthread_mutex_init(&ctx->proxy_lock, NULL);
     int64_t per_thread = param_nsocks_perthread(), threads = param_socket_nthreads();
     per_thread = per_thread < 1 ? 1 : per_thread > MAX_SOCKS ? MAX_SOCKS : per_thread;
     threads = threads < 1 ? 1 : threads > MAX_SOCKS ? MAX_SOCKS : threads;
     ctx->nsocks = per_thread * threads > MAX_SOCKS ? MAX_SOCKS : (int)(per_thread * threads);
     int64_t spin_us = param_socket_spin_us();
-    ctx->spin_ns = spin_us < 0 ? 0 : spin_us * 1000;
+    int64_t spin_ns = spin_us < 0 ? 0 : spin_us * 1000;
 
     ctx->pending = calloc(MAX_PENDING, sizeof(*ctx->pending));
     if (ctx->pending == NULL) {
@@ -837,24 +701,9 @@ static cfxResult_t sock_init(const struct cfx_transport_env *env, void **ctx_p)
     res = listen_open(ctx, env->listen_ifaddr);
     if (res != cfxSuccess)
         goto err_fini;
-    ctx->wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
-    ctx->epoll_fd = epoll_create1(EPOLL_CLOEXEC);
-    struct epoll_event ev = {.events = EPOLLIN, .data.ptr = NULL};
-    if (ctx->wake_fd < 0 || ctx->epoll_fd < 0 ||
-        epoll_ctl(ctx->epoll_fd, EPOLL_CTL_ADD, ctx->wake_fd, &ev) != 0) {
-        res = cfx_error_set_errno(errno, CFX_LOG_NET,
-                                  "socket transport: cannot create the progress thread's wake-up "
-                                  "descriptors");
+    res = cfx_proxy_get(spin_ns, &ctx->proxy);
+    if (res != cfxSuccess)
         goto err_fini;
-    }
-    int err = pthread_create(&ctx->thread, NULL, proxy_main, ctx);
-    if (err != 0) {
-        res = cfx_error_set_errno(err, CFX_LOG_NET,
-                                  "socket transport: cannot start the progress thread");
-        goto err_fini;
-    }
-    ctx->thread_started = 1;
-    pthread_setname_np(ctx->thread, "cfx-sock-proxy");
     CFX_INFO(CFX_LOG_NET, "socket transport: rank %d listens on %s, %d socket(s) per connection",
              ctx->rank, ctx->listen_text, ctx->nsocks);
     *ctx_p = ctx;
@@ -873,19 +722,11 @@ static void sock_fini(void *ctx_v)
     struct sock_ctx *ctx = ctx_v;
     if (ctx == NULL)
         return;
-    if (ctx->thread_started) {
-        atomic_store_explicit(&ctx->stop, 1, memory_order_release);
-        proxy_wake(ctx);
-        pthread_join(ctx->thread, NULL);
-    }
-    assert(ctx->active == NULL); /* close() every connector before fini(). */
+    cfx_proxy_put(ctx->proxy); /* close() every connector before fini(). */
     for (int i = 0; i < ctx->n_pending; i++)
         close_fd(&ctx->pending[i].fd);
-    close_fd(&ctx->epoll_fd);
-    close_fd(&ctx->wake_fd);
     close_fd(&ctx->listen_fd);
     free(ctx->pending);
-    pthread_mutex_destroy(&ctx->proxy_lock);
     pthread_mutex_destroy(&ctx->accept_lock);
     free(ctx);
 }
@@ -1236,8 +1077,7 @@ static void linger(struct sock_ctx *ctx, struct sock_conn *sc)
         int done = poisoned ? __atomic_load_n(&sc->poison_done, __ATOMIC_ACQUIRE) : flushed;
         if (done || cfx_time_now_ns() > deadline)
             return;
-        atomic_store_explicit(&ctx->sleeping, 0, memory_order_relaxed);
-        proxy_wake(ctx);
+        cfx_proxy_wake(ctx->proxy);
         usleep(200);
     }
 }
@@ -1275,8 +1115,7 @@ static int sock_progress(void *ctx_v, struct cfx_connector *conn)
     struct sock_conn *sc = conn->priv;
     if (sc == NULL || !sc->registered)
         return 0;
-    atomic_store_explicit(&((struct sock_ctx *)ctx_v)->drive_ns, cfx_time_now_ns(),
-                          memory_order_relaxed);
+    cfx_proxy_lease(((struct sock_ctx *)ctx_v)->proxy, cfx_time_now_ns() + DRIVE_LEASE_NS);
     return conn_drive(sc);
 }
 
@@ -1310,13 +1149,13 @@ static int sock_wait(void *ctx_v, struct cfx_connector *const *conns, int n_conn
             fds[nfds++] = (struct pollfd){.fd = sc->streams[s].fd, .events = events};
     }
     /* The lease covers the sleep: the progress thread naps on its eventfd. */
-    atomic_store_explicit(&ctx->drive_ns, cfx_time_now_ns() + timeout_ns, memory_order_relaxed);
+    cfx_proxy_lease(ctx->proxy, cfx_time_now_ns() + timeout_ns + DRIVE_LEASE_NS);
     if (nfds > 0) {
         struct timespec limit = {(time_t)(timeout_ns / CFX_NS_PER_SEC),
                                  (long)(timeout_ns % CFX_NS_PER_SEC)};
         ppoll(fds, (nfds_t)nfds, &limit, NULL);
     }
-    atomic_store_explicit(&ctx->drive_ns, cfx_time_now_ns(), memory_order_relaxed);
+    cfx_proxy_lease(ctx->proxy, cfx_time_now_ns() + DRIVE_LEASE_NS);
     int moved = 0;
     for (int c = 0; c < n_conns; c++) {
         struct sock_conn *sc = conns[c]->priv;
@@ -1350,8 +1189,7 @@ static void sock_poison(void *ctx_v, struct cfx_connector *conn, cfxResult_t rea
     atomic_compare_exchange_strong_explicit(&sc->poison_reason, &expected,
                                             reason == cfxSuccess ? cfxRemoteError : (int)reason,
                                             memory_order_release, memory_order_relaxed);
-    atomic_store_explicit(&((struct sock_ctx *)ctx_v)->sleeping, 0, memory_order_relaxed);
-    proxy_wake(ctx_v);
+    cfx_proxy_wake(((struct sock_ctx *)ctx_v)->proxy);
 }
 
 static cfxResult_t sock_check(void *ctx_v, struct cfx_connector *conn)
