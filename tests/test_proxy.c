@@ -273,7 +273,7 @@ Test(proxy, bad_registrations_are_refused, .timeout = 30)
     cr_assert_eq(cfx_proxy_add(proxy, &c.client, fds, CFX_PROXY_MAX_FDS + 1, EPOLLIN),
                  cfxInvalidArgument);
     cr_assert(strstr(cfx_error_thread_last(), "descriptors") != NULL, "%s",
-                 cfx_error_thread_last());
+              cfx_error_thread_last());
     /* One good descriptor, then a closed one: nothing stays watched. */
     int closed = eventfd(0, EFD_CLOEXEC);
     close(closed);

@@ -26,9 +26,9 @@
 #include "src/util/log.h"
 #include "src/util/time.h"
 
-#define SLEEP_MS       20      /* Longest sleep of an idle thread. */
+#define SLEEP_MS       20 /* Longest sleep of an idle thread. */
 #define MAX_EVENTS     64
-#define LEASE_SLACK_NS 10000   /* A lease moved by less is not stored again. */
+#define LEASE_SLACK_NS 10000 /* A lease moved by less is not stored again. */
 
 struct cfx_proxy {
     int users; /* Under registry_lock. */
@@ -267,8 +267,8 @@ static void lock_from_user(struct cfx_proxy *proxy)
     atomic_fetch_sub_explicit(&proxy->lock_waiters, 1, memory_order_relaxed);
 }
 
-cfxResult_t cfx_proxy_add(struct cfx_proxy *proxy, struct cfx_proxy_client *client,
-                          const int *fds, int n_fds, uint32_t fd_events)
+cfxResult_t cfx_proxy_add(struct cfx_proxy *proxy, struct cfx_proxy_client *client, const int *fds,
+                          int n_fds, uint32_t fd_events)
 {
     assert(client->progress != NULL);
     if (n_fds < 0 || n_fds > CFX_PROXY_MAX_FDS)

@@ -74,8 +74,8 @@ void cfx_proxy_put(struct cfx_proxy *proxy);
  * proxy's; takes the proxy lock (waits for the current pass at most).
  * cfxInvalidArgument for too many descriptors; cfxSystemError (with a
  * sentence) when epoll refuses one, nothing added then. */
-cfxResult_t cfx_proxy_add(struct cfx_proxy *proxy, struct cfx_proxy_client *client,
-                          const int *fds, int n_fds, uint32_t fd_events);
+cfxResult_t cfx_proxy_add(struct cfx_proxy *proxy, struct cfx_proxy_client *client, const int *fds,
+                          int n_fds, uint32_t fd_events);
 
 /* Take @p client back: stops watching its descriptors and waits until its
  * progress() and ready() can no longer run (a pass that runs it now
