@@ -248,6 +248,7 @@ Test(proxy, forked_child_starts_its_own, .timeout = 30)
             if (cfx_time_now_ns() > deadline)
                 _exit(3);
         cfx_proxy_remove(mine, &c.client);
+        cfx_proxy_put(proxy); /* The parent's reference: counted down only. */
         cfx_proxy_put(mine);
         _exit(proxy_threads() == 0 ? 0 : 4);
     }

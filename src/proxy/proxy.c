@@ -247,9 +247,11 @@ void cfx_proxy_put(struct cfx_proxy *proxy)
     if (proxy == NULL)
         return;
     pthread_mutex_lock(&registry_lock);
-    assert(proxy == current && proxy->users > 0);
+    assert(proxy->users > 0);
     int last = --proxy->users == 0;
-    if (last)
+    if (proxy != current)
+        last = 0; /* The parent's, in a forked child: its thread is not here; leave it. */
+    else if (last)
         current = NULL;
     pthread_mutex_unlock(&registry_lock);
     if (last) {

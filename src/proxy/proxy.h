@@ -63,7 +63,9 @@ cfxResult_t cfx_proxy_get(int64_t spin_ns, struct cfx_proxy **proxy_p);
  * thread and closes its descriptors, so no thread or descriptor of the
  * proxy is left. Every client this user added must have been removed.
  * Any thread but the proxy's; blocks until the thread exits (at most one
- * pass plus one wake-up). Accepts NULL. */
+ * pass plus one wake-up). Accepts NULL. A reference taken before fork()
+ * and given back in the child is only counted down there (the parent's
+ * thread is not in the child). */
 void cfx_proxy_put(struct cfx_proxy *proxy);
 
 /* Add @p client, watching @p n_fds descriptors @p fds (0..CFX_PROXY_MAX_FDS,
