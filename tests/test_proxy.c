@@ -232,6 +232,7 @@ Test(proxy, forked_child_starts_its_own, .timeout = 30)
     pid_t pid = fork();
     cr_assert_geq(pid, 0);
     if (pid == 0) {
+        alarm(20); /* A child that hangs must not outlive the test. */
         /* The parent's thread did not come along: the child's first user
          * must get a running thread, and its last put must stop it. */
         struct cfx_proxy *mine;
