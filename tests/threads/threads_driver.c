@@ -1,7 +1,7 @@
 /*
  * Ranks as threads of one process, without Criterion (which cannot start
  * under ThreadSanitizer): the scenarios where threads meet inside Conflux
- * (rank threads, the socket progress thread, the root thread, an aborting
+ * (rank threads, the process's proxy thread, the root thread, an aborting
  * thread, a failure spreading, two threads on one communicator, a destroy
  * under a call, an executor's batch aborted from another thread) for
  * .ci/run's TSan stage. Also a plain ctest.
@@ -65,6 +65,33 @@ static void collectives(struct cfx_test_rank *ctx)
     RANK_CFX(ctx, cfxCommDestroy(comm));
     free(in);
     free(out);
+}
+
+/* Communicators share the process's proxy thread: a split takes another
+ * reference, the parent's destroy gives one back while the halves still
+ * move bytes through it, and the last destroy stops it, while other ranks'
+ * threads take and give back theirs. */
+static void proxy_users_come_and_go(struct cfx_test_rank *ctx)
+{
+    cfxComm_t comm, half;
+    RANK_CFX(ctx, cfxCommInitRank(&comm, ctx->nranks, ctx->id, ctx->rank));
+    RANK_CFX(ctx, cfxCommSplit(comm, ctx->rank % 2, 0, &half, NULL));
+    RANK_CFX(ctx, cfxCommDestroy(comm));
+    size_t count = (1u << 16) + 3;
+    int32_t *data = malloc(count * sizeof(int32_t));
+    RANK_ASSERT(ctx, data != NULL, "malloc");
+    int half_ranks = 0;
+    RANK_CFX(ctx, cfxCommCount(half, &half_ranks));
+    for (int round = 0; round < 3; round++) {
+        for (size_t i = 0; i < count; i++)
+            data[i] = (int32_t)(i % 5) + round;
+        RANK_CFX(ctx, cfxAllReduce(data, data, count, cfxInt32, cfxSum, half, NULL));
+        for (size_t i = 0; i < count; i++)
+            RANK_ASSERT(ctx, data[i] == ((int32_t)(i % 5) + round) * half_ranks,
+                        "round %d: allreduce[%zu] = %d", round, i, data[i]);
+    }
+    RANK_CFX(ctx, cfxCommDestroy(half));
+    free(data);
 }
 
 struct abort_job {
@@ -328,6 +355,7 @@ struct scenario {
 static const struct scenario scenarios[] = {
     {"collectives_shm", 4, NULL, NULL, collectives},
     {"collectives_socket", 4, "1", NULL, collectives},
+    {"proxy_users_socket", 4, "1", NULL, proxy_users_come_and_go},
     {"abort_shm", 3, NULL, NULL, abort_from_another_thread},
     {"abort_socket", 3, "1", NULL, abort_from_another_thread},
     {"close_socket", 3, "1", "close:rank=1:after=2", broken_allreduce},
