@@ -295,8 +295,7 @@ size_t sweep_verify_copy(const float *recv, size_t count, int rank)
     return wrong;
 }
 
-void sweep_print_header(FILE *out, const char *title, const struct sweep_options *opt,
-                        int nranks)
+void sweep_print_header(FILE *out, const char *title, const struct sweep_options *opt, int nranks)
 {
     static const char *const what[] = {
         [SWEEP_ALLREDUCE] = "float32 sum allreduce",

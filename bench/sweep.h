@@ -110,8 +110,7 @@ void sweep_fill_copy(float *send, size_t count, int rank);
 size_t sweep_verify_copy(const float *recv, size_t count, int rank);
 
 /* Header lines; `title` is the first line, after "# "; the next say opt->coll. */
-void sweep_print_header(FILE *out, const char *title, const struct sweep_options *opt,
-                        int nranks);
+void sweep_print_header(FILE *out, const char *title, const struct sweep_options *opt, int nranks);
 
 /* One row; `seconds` is the mean time per call over the ranks. Returns busbw. */
 double sweep_print_row(FILE *out, const struct sweep_options *opt, const struct sweep_sizing *sz,

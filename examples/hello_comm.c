@@ -12,14 +12,14 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#define CHECK(call)                                                                        \
-    do {                                                                                   \
-        cfxResult_t res_ = (call);                                                         \
-        if (res_ != cfxSuccess) {                                                          \
-            fprintf(stderr, "rank %d: %s failed: %s (%s)\n", rank, #call,                 \
-                    cfxGetErrorString(res_), cfxGetLastError(NULL));                       \
-            return 1;                                                                      \
-        }                                                                                  \
+#define CHECK(call)                                                                                \
+    do {                                                                                           \
+        cfxResult_t res_ = (call);                                                                 \
+        if (res_ != cfxSuccess) {                                                                  \
+            fprintf(stderr, "rank %d: %s failed: %s (%s)\n", rank, #call, cfxGetErrorString(res_), \
+                    cfxGetLastError(NULL));                                                        \
+            return 1;                                                                              \
+        }                                                                                          \
     } while (0)
 
 static int run_rank(int rank, int nranks, int id_pipe[2])

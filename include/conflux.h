@@ -35,7 +35,7 @@ extern "C" {
 /** @brief Version as one integer, NCCL's encoding: X*10000 + Y*100 + Z. */
 #define CFX_VERSION_CODE (CFX_MAJOR * 10000 + CFX_MINOR * 100 + CFX_PATCH)
 /** @brief Encode a version the way CFX_VERSION_CODE is encoded. */
-#define CFX_VERSION(X, Y, Z) ((X) * 10000 + (Y) * 100 + (Z))
+#define CFX_VERSION(X, Y, Z) ((X)*10000 + (Y)*100 + (Z))
 
 /** @brief Result of every Conflux call. Values equal NCCL's. */
 typedef enum {
@@ -87,8 +87,8 @@ typedef enum {
 
 /** @brief Where the scalar of cfxRedOpCreatePreMulSum lives. Values equal NCCL's. */
 typedef enum {
-    cfxScalarDevice = 0,        /**< Device memory, read at each call (not supported yet). */
-    cfxScalarHostImmediate = 1  /**< Host memory, read once at creation. */
+    cfxScalarDevice = 0,       /**< Device memory, read at each call (not supported yet). */
+    cfxScalarHostImmediate = 1 /**< Host memory, read once at creation. */
 } cfxScalarResidence_t;
 
 /** @brief Opaque communicator handle. */
@@ -133,17 +133,17 @@ typedef struct cfxConfig_v1 {
 } cfxConfig_t;
 
 /** @brief Initialiser for cfxConfig_t. */
-#define CFX_CONFIG_INITIALIZER                                                 \
-    {                                                                          \
-        sizeof(cfxConfig_t), /* size */                                        \
-            0xcafebeef,      /* magic */                                       \
-            CFX_VERSION(CFX_MAJOR, CFX_MINOR, CFX_PATCH), /* version */        \
-            CFX_CONFIG_UNDEF_INT,                         /* blocking */       \
-            CFX_CONFIG_UNDEF_PTR,                         /* commName */       \
-            CFX_CONFIG_UNDEF_INT,                         /* splitShare */     \
-            CFX_CONFIG_UNDEF_INT,                         /* minCTAs */        \
-            CFX_CONFIG_UNDEF_INT,                         /* maxCTAs */        \
-            CFX_CONFIG_UNDEF_PTR                          /* netName */        \
+#define CFX_CONFIG_INITIALIZER                                                                     \
+    {                                                                                              \
+        sizeof(cfxConfig_t),                              /* size */                               \
+            0xcafebeef,                                   /* magic */                              \
+            CFX_VERSION(CFX_MAJOR, CFX_MINOR, CFX_PATCH), /* version */                            \
+            CFX_CONFIG_UNDEF_INT,                         /* blocking */                           \
+            CFX_CONFIG_UNDEF_PTR,                         /* commName */                           \
+            CFX_CONFIG_UNDEF_INT,                         /* splitShare */                         \
+            CFX_CONFIG_UNDEF_INT,                         /* minCTAs */                            \
+            CFX_CONFIG_UNDEF_INT,                         /* maxCTAs */                            \
+            CFX_CONFIG_UNDEF_PTR                          /* netName */                            \
     }
 
 /**
@@ -358,7 +358,6 @@ CFX_API const char *cfxGetErrorString(cfxResult_t result);
  */
 CFX_API const char *cfxGetLastError(cfxComm_t comm);
 
-
 /* ------------------------------------------------------------------------
  * Collectives and point-to-point. Host buffers with stream == NULL complete
  * before the call returns. With a non-NULL stream (CUDA builds only) the
@@ -489,8 +488,7 @@ CFX_API cfxResult_t cfxAlltoAll(const void *sendbuff, void *recvbuff, size_t cou
  * @return cfxSuccess; cfxInvalidArgument; cfxInvalidUsage; cfxRemoteError.
  */
 CFX_API cfxResult_t cfxGather(const void *sendbuff, void *recvbuff, size_t count,
-                              cfxDataType_t datatype, int root, cfxComm_t comm,
-                              cfxStream_t stream);
+                              cfxDataType_t datatype, int root, cfxComm_t comm, cfxStream_t stream);
 
 /**
  * @brief @p root sends sendbuff + i*count (count elements) to rank i; every

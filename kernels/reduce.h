@@ -49,7 +49,7 @@ enum cfx_reduce_isa cfx_reduce_isa_selected(void);
 int cfx_reduce_isa_has_kernel(enum cfx_reduce_isa isa, cfxDataType_t type, cfxRedOp_t op);
 
 /** cfx_reduce_host on a chosen path (for tests and benchmarks); the path must be supported. */
-void cfx_reduce_host_isa(enum cfx_reduce_isa isa, void *dst, const void *src_a,
-                         const void *src_b, size_t count, cfxDataType_t type, cfxRedOp_t op);
+void cfx_reduce_host_isa(enum cfx_reduce_isa isa, void *dst, const void *src_a, const void *src_b,
+                         size_t count, cfxDataType_t type, cfxRedOp_t op);
 
 #endif /* CFX_KERNELS_REDUCE_H */

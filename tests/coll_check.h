@@ -69,15 +69,46 @@ static inline double ref_decode_minifloat(uint32_t bits, int man, int exp_bits, 
 static inline void ref_store(cfxDataType_t t, void *p, double v, uint64_t int_bits)
 {
     switch (t) {
-    case cfxInt8: case cfxUint8: { uint8_t x = (uint8_t)int_bits; memcpy(p, &x, 1); break; }
-    case cfxInt32: case cfxUint32: { uint32_t x = (uint32_t)int_bits; memcpy(p, &x, 4); break; }
-    case cfxInt64: case cfxUint64: memcpy(p, &int_bits, 8); break;
-    case cfxFloat32: { float x = (float)v; memcpy(p, &x, 4); break; }
+    case cfxInt8:
+    case cfxUint8: {
+        uint8_t x = (uint8_t)int_bits;
+        memcpy(p, &x, 1);
+        break;
+    }
+    case cfxInt32:
+    case cfxUint32: {
+        uint32_t x = (uint32_t)int_bits;
+        memcpy(p, &x, 4);
+        break;
+    }
+    case cfxInt64:
+    case cfxUint64: memcpy(p, &int_bits, 8); break;
+    case cfxFloat32: {
+        float x = (float)v;
+        memcpy(p, &x, 4);
+        break;
+    }
     case cfxFloat64: memcpy(p, &v, 8); break;
-    case cfxFloat16: { uint16_t x = (uint16_t)ref_encode_minifloat(v, 10, 15); memcpy(p, &x, 2); break; }
-    case cfxBfloat16: { uint16_t x = (uint16_t)ref_encode_minifloat(v, 7, 127); memcpy(p, &x, 2); break; }
-    case cfxFloat8e4m3: { uint8_t x = (uint8_t)ref_encode_minifloat(v, 3, 7); memcpy(p, &x, 1); break; }
-    case cfxFloat8e5m2: { uint8_t x = (uint8_t)ref_encode_minifloat(v, 2, 15); memcpy(p, &x, 1); break; }
+    case cfxFloat16: {
+        uint16_t x = (uint16_t)ref_encode_minifloat(v, 10, 15);
+        memcpy(p, &x, 2);
+        break;
+    }
+    case cfxBfloat16: {
+        uint16_t x = (uint16_t)ref_encode_minifloat(v, 7, 127);
+        memcpy(p, &x, 2);
+        break;
+    }
+    case cfxFloat8e4m3: {
+        uint8_t x = (uint8_t)ref_encode_minifloat(v, 3, 7);
+        memcpy(p, &x, 1);
+        break;
+    }
+    case cfxFloat8e5m2: {
+        uint8_t x = (uint8_t)ref_encode_minifloat(v, 2, 15);
+        memcpy(p, &x, 1);
+        break;
+    }
     default: break;
     }
 }
@@ -86,12 +117,36 @@ static inline void ref_store(cfxDataType_t t, void *p, double v, uint64_t int_bi
 static inline double ref_load_float(cfxDataType_t t, const void *p)
 {
     switch (t) {
-    case cfxFloat32: { float x; memcpy(&x, p, 4); return x; }
-    case cfxFloat64: { double x; memcpy(&x, p, 8); return x; }
-    case cfxFloat16: { uint16_t x; memcpy(&x, p, 2); return ref_decode_minifloat(x, 10, 5, 15); }
-    case cfxBfloat16: { uint16_t x; memcpy(&x, p, 2); return ref_decode_minifloat(x, 7, 8, 127); }
-    case cfxFloat8e4m3: { uint8_t x; memcpy(&x, p, 1); return ref_decode_minifloat(x, 3, 4, 7); }
-    case cfxFloat8e5m2: { uint8_t x; memcpy(&x, p, 1); return ref_decode_minifloat(x, 2, 5, 15); }
+    case cfxFloat32: {
+        float x;
+        memcpy(&x, p, 4);
+        return x;
+    }
+    case cfxFloat64: {
+        double x;
+        memcpy(&x, p, 8);
+        return x;
+    }
+    case cfxFloat16: {
+        uint16_t x;
+        memcpy(&x, p, 2);
+        return ref_decode_minifloat(x, 10, 5, 15);
+    }
+    case cfxBfloat16: {
+        uint16_t x;
+        memcpy(&x, p, 2);
+        return ref_decode_minifloat(x, 7, 8, 127);
+    }
+    case cfxFloat8e4m3: {
+        uint8_t x;
+        memcpy(&x, p, 1);
+        return ref_decode_minifloat(x, 3, 4, 7);
+    }
+    case cfxFloat8e5m2: {
+        uint8_t x;
+        memcpy(&x, p, 1);
+        return ref_decode_minifloat(x, 2, 5, 15);
+    }
     default: return NAN;
     }
 }
@@ -145,10 +200,23 @@ static inline void ref_reduce(cfxDataType_t t, cfxRedOp_t op, int nranks, size_t
     for (int r = 1; r < nranks; r++) {
         int64_t v = ref_input(t, op, r, i, seed);
         switch (op) {
-        case cfxSum: case cfxAvg: acc += v; wrap += (uint64_t)v; break;
-        case cfxProd: acc *= v; wrap *= (uint64_t)v; break;
-        case cfxMax: acc = v > acc ? v : acc; wrap = (uint64_t)acc; break;
-        case cfxMin: acc = v < acc ? v : acc; wrap = (uint64_t)acc; break;
+        case cfxSum:
+        case cfxAvg:
+            acc += v;
+            wrap += (uint64_t)v;
+            break;
+        case cfxProd:
+            acc *= v;
+            wrap *= (uint64_t)v;
+            break;
+        case cfxMax:
+            acc = v > acc ? v : acc;
+            wrap = (uint64_t)acc;
+            break;
+        case cfxMin:
+            acc = v < acc ? v : acc;
+            wrap = (uint64_t)acc;
+            break;
         default: break;
         }
     }
@@ -162,7 +230,8 @@ static inline void ref_reduce(cfxDataType_t t, cfxRedOp_t op, int nranks, size_t
             uint64_t sum = wrap & mask;
             if (ref_is_signed(t)) {
                 int64_t s = bits == 64 ? (int64_t)sum
-                                       : (int64_t)(sum ^ (1ull << (bits - 1))) - (int64_t)(1ull << (bits - 1));
+                                       : (int64_t)(sum ^ (1ull << (bits - 1))) -
+                                             (int64_t)(1ull << (bits - 1));
                 wrap = (uint64_t)(s / nranks);
             } else {
                 wrap = sum / (uint64_t)nranks;

@@ -228,9 +228,11 @@ int cfx_test_run(const struct cfx_test_options *opts, cfx_test_rank_fn fn, char 
                     int expected_kill = (opts->killed_ranks & (1ull << r)) && WIFSIGNALED(status) &&
                                         WTERMSIG(status) == SIGKILL;
                     if (expected_kill)
-                        snprintf(area->slots[r].step, sizeof(area->slots[r].step), "killed, as planned");
-                    else if (WIFSIGNALED(status) || (WIFEXITED(status) && WEXITSTATUS(status) != 0 &&
-                                                !area->slots[r].failed)) {
+                        snprintf(area->slots[r].step, sizeof(area->slots[r].step),
+                                 "killed, as planned");
+                    else if (WIFSIGNALED(status) ||
+                             (WIFEXITED(status) && WEXITSTATUS(status) != 0 &&
+                              !area->slots[r].failed)) {
                         area->slots[r].failed = 1;
                         snprintf(area->slots[r].message, sizeof(area->slots[r].message),
                                  "process died (%s %d) at step \"%s\"",
@@ -254,9 +256,9 @@ int cfx_test_run(const struct cfx_test_options *opts, cfx_test_rank_fn fn, char 
         if (__atomic_load_n(&slot->state, __ATOMIC_ACQUIRE) != SLOT_DONE ||
             (opts->mode == CFX_TEST_PROCS && pids[r] > 0)) {
             ok = 0;
-            append(report, report_size, "rank %d of %d (%s) hung past the %.0f s deadline at step \"%s\"\n",
-                   r, nranks, opts->mode == CFX_TEST_PROCS ? "process" : "thread", deadline_s,
-                   slot->step);
+            append(report, report_size,
+                   "rank %d of %d (%s) hung past the %.0f s deadline at step \"%s\"\n", r, nranks,
+                   opts->mode == CFX_TEST_PROCS ? "process" : "thread", deadline_s, slot->step);
         } else if (slot->failed) {
             ok = 0;
             append(report, report_size, "rank %d of %d (%s) failed: %s\n", r, nranks,

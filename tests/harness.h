@@ -62,29 +62,29 @@ void cfx_test_fail(struct cfx_test_rank *ctx, const char *file, int line, const 
     __attribute__((format(printf, 4, 5)));
 
 /* Inside a rank function: record and return on failure. */
-#define RANK_ASSERT(ctx, cond, ...)                                                       \
-    do {                                                                                  \
-        if (!(cond)) {                                                                    \
-            cfx_test_fail((ctx), __FILE__, __LINE__, __VA_ARGS__);                        \
-            return;                                                                       \
-        }                                                                                 \
+#define RANK_ASSERT(ctx, cond, ...)                                                                \
+    do {                                                                                           \
+        if (!(cond)) {                                                                             \
+            cfx_test_fail((ctx), __FILE__, __LINE__, __VA_ARGS__);                                 \
+            return;                                                                                \
+        }                                                                                          \
     } while (0)
 
 /* Inside a rank function: a Conflux call must succeed. */
-#define RANK_CFX(ctx, call)                                                               \
-    do {                                                                                  \
-        cfx_test_step((ctx), "%s", #call);                                                \
-        cfxResult_t rank_res_ = (call);                                                   \
-        RANK_ASSERT((ctx), rank_res_ == cfxSuccess, "%s returned %s: %s", #call,          \
-                    cfxGetErrorString(rank_res_), cfxGetLastError(NULL));                 \
+#define RANK_CFX(ctx, call)                                                                        \
+    do {                                                                                           \
+        cfx_test_step((ctx), "%s", #call);                                                         \
+        cfxResult_t rank_res_ = (call);                                                            \
+        RANK_ASSERT((ctx), rank_res_ == cfxSuccess, "%s returned %s: %s", #call,                   \
+                    cfxGetErrorString(rank_res_), cfxGetLastError(NULL));                          \
     } while (0)
 
 /* Run and assert inside a Criterion test. */
-#define CFX_TEST_RUN(opts, fn)                                                            \
-    do {                                                                                  \
-        char run_report_[8192];                                                           \
-        int run_ok_ = cfx_test_run((opts), (fn), run_report_, sizeof(run_report_));       \
-        cr_assert(run_ok_, "%s", run_report_);                                            \
+#define CFX_TEST_RUN(opts, fn)                                                                     \
+    do {                                                                                           \
+        char run_report_[8192];                                                                    \
+        int run_ok_ = cfx_test_run((opts), (fn), run_report_, sizeof(run_report_));                \
+        cr_assert(run_ok_, "%s", run_report_);                                                     \
     } while (0)
 
 /* Set an environment variable for the ranks of the next run and forget cached

@@ -12,8 +12,8 @@
 #include "tests/harness.h"
 
 /* The sentence of the last failure mentions @p word. */
-#define ASSERT_SENTENCE(word)                                                              \
-    cr_assert(strstr(cfxGetLastError(NULL), (word)) != NULL,                               \
+#define ASSERT_SENTENCE(word)                                                                      \
+    cr_assert(strstr(cfxGetLastError(NULL), (word)) != NULL,                                       \
               "cfxGetLastError does not mention \"%s\": \"%s\"", (word), cfxGetLastError(NULL))
 
 Test(api, version_matches_the_header)

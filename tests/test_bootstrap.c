@@ -120,7 +120,8 @@ ParameterizedTestParameters(bootstrap, allgather_barrier_and_messages)
 
 ParameterizedTest(struct shape *shape, bootstrap, allgather_barrier_and_messages, .timeout = 120)
 {
-    cr_log_info("%d ranks as %s", shape->nranks, shape->mode == CFX_TEST_PROCS ? "processes" : "threads");
+    cr_log_info("%d ranks as %s", shape->nranks,
+                shape->mode == CFX_TEST_PROCS ? "processes" : "threads");
     struct cfx_test_options opts = {.nranks = shape->nranks, .mode = shape->mode, .deadline_s = 90};
     CFX_TEST_RUN(&opts, exchange);
 }
@@ -201,20 +202,11 @@ static void stranger_then_ranks(enum stranger kind, const char *name)
     int fd = connect_to_root(&id);
     struct cfx_bootstrap_hello hello = hello_for(&id);
     switch (kind) {
-    case WRONG_SECRET:
-        hello.secret ^= 0x5a5a5a5a5a5a5a5aull;
-        break;
-    case OVERSIZED_NRANKS:
-        hello.nranks = 0x7fffffff;
-        break;
-    case RANK_OUT_OF_RANGE:
-        hello.rank = 3;
-        break;
-    case GARBAGE:
-        memset(&hello, 0xab, sizeof(hello));
-        break;
-    case SLOW_SENDER:
-        break;
+    case WRONG_SECRET: hello.secret ^= 0x5a5a5a5a5a5a5a5aull; break;
+    case OVERSIZED_NRANKS: hello.nranks = 0x7fffffff; break;
+    case RANK_OUT_OF_RANGE: hello.rank = 3; break;
+    case GARBAGE: memset(&hello, 0xab, sizeof(hello)); break;
+    case SLOW_SENDER: break;
     }
     /* The slow sender sends half its greeting and stops. */
     size_t bytes = kind == SLOW_SENDER ? sizeof(hello) / 2 : sizeof(hello);
@@ -222,7 +214,8 @@ static void stranger_then_ranks(enum stranger kind, const char *name)
     /* The root, still waiting for its ranks, hangs up on the stranger... */
     assert_closed_by_root(fd, name);
     /* ...and then serves the real ranks. */
-    struct cfx_test_options opts = {.nranks = 3, .mode = CFX_TEST_THREADS, .deadline_s = 30, .id = &id};
+    struct cfx_test_options opts = {
+        .nranks = 3, .mode = CFX_TEST_THREADS, .deadline_s = 30, .id = &id};
     CFX_TEST_RUN(&opts, init_and_destroy);
 }
 
@@ -492,6 +485,7 @@ Test(bootstrap_root, unused_ids_cost_no_descriptor_and_no_thread, .timeout = 60)
                      cfxGetLastError(NULL));
     int threads = threads_of_this_process();
     cr_assert_lt(threads, 8, "%d ids left %d threads", N_IDS, threads);
-    struct cfx_test_options opts = {.nranks = 3, .mode = CFX_TEST_THREADS, .deadline_s = 30, .id = &id};
+    struct cfx_test_options opts = {
+        .nranks = 3, .mode = CFX_TEST_THREADS, .deadline_s = 30, .id = &id};
     CFX_TEST_RUN(&opts, init_and_destroy);
 }

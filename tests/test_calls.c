@@ -14,8 +14,8 @@
 #include "src/core/comm.h"
 #include "tests/harness.h"
 
-#define ASSERT_SENTENCE(comm, word)                                                        \
-    cr_assert(strstr(cfxGetLastError(comm), (word)) != NULL,                               \
+#define ASSERT_SENTENCE(comm, word)                                                                \
+    cr_assert(strstr(cfxGetLastError(comm), (word)) != NULL,                                       \
               "cfxGetLastError does not mention \"%s\": \"%s\"", (word), cfxGetLastError(comm))
 
 static cfxComm_t solo(void)
@@ -65,7 +65,8 @@ Test(calls, null_buffers_with_a_count_and_overflowing_counts_are_invalid_argumen
     ASSERT_SENTENCE(comm, "sendbuff is NULL but count is 4");
     cr_assert_eq(cfxAllGather(x, NULL, 1, cfxFloat32, comm, NULL), cfxInvalidArgument);
     ASSERT_SENTENCE(comm, "recvbuff is NULL");
-    cr_assert_eq(cfxAllReduce(x, x, SIZE_MAX / 2, cfxFloat64, cfxSum, comm, NULL), cfxInvalidArgument);
+    cr_assert_eq(cfxAllReduce(x, x, SIZE_MAX / 2, cfxFloat64, cfxSum, comm, NULL),
+                 cfxInvalidArgument);
     ASSERT_SENTENCE(comm, "overflows");
     /* Count 0 is a successful no-op, even with NULL buffers. */
     cr_assert_eq(cfxAllReduce(NULL, NULL, 0, cfxFloat32, cfxSum, comm, NULL), cfxSuccess);
@@ -160,7 +161,8 @@ Test(groups, a_refused_call_inside_a_group_fails_the_group_and_runs_nothing)
     float x = 3, y = 0;
     cr_assert_eq(cfxGroupStart(), cfxSuccess);
     cr_assert_eq(cfxAllReduce(&x, &y, 1, cfxFloat32, cfxSum, comm, NULL), cfxSuccess);
-    cr_assert_eq(cfxAllReduce(&x, &y, 1, (cfxDataType_t)77, cfxSum, comm, NULL), cfxInvalidArgument);
+    cr_assert_eq(cfxAllReduce(&x, &y, 1, (cfxDataType_t)77, cfxSum, comm, NULL),
+                 cfxInvalidArgument);
     cr_assert_eq(cfxGroupEnd(), cfxInvalidArgument);
     ASSERT_SENTENCE(NULL, "none ran");
     cr_assert_eq(y, 0.0f, "an operation of a failed group ran");
@@ -195,7 +197,8 @@ Test(groups, one_thread_drives_every_rank_of_init_all_in_nested_groups, .timeout
             cr_assert_eq(cfxSend(in[r], COUNT, cfxFloat32, next, comms[r], NULL), cfxSuccess);
             cr_assert_eq(cfxRecv(ring[r], COUNT, cfxFloat32, prev, comms[r], NULL), cfxSuccess);
         }
-        cr_assert_eq(cfxAllReduce(in[r], out[r], COUNT, cfxFloat32, cfxSum, comms[r], NULL), cfxSuccess);
+        cr_assert_eq(cfxAllReduce(in[r], out[r], COUNT, cfxFloat32, cfxSum, comms[r], NULL),
+                     cfxSuccess);
         cr_assert_eq(cfxGroupEnd(), cfxSuccess, "the inner end must not start anything");
     }
     cr_assert_eq(cfxGroupEnd(), cfxSuccess, "%s", cfxGetLastError(NULL));

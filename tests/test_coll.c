@@ -35,15 +35,34 @@
 #include "tests/harness.h"
 
 enum transport { SHM = 0, SOCKET = 1 };
-enum coll { ALLREDUCE, REDUCE, BROADCAST, ALLGATHER, REDUCESCATTER, SENDRECV,
-            ALLREDUCE_TREE, REDUCE_TREE, BROADCAST_TREE,
-            ALLREDUCE_TREE_HOSTS, REDUCE_TREE_HOSTS, BROADCAST_TREE_HOSTS, N_COLLS };
+enum coll {
+    ALLREDUCE,
+    REDUCE,
+    BROADCAST,
+    ALLGATHER,
+    REDUCESCATTER,
+    SENDRECV,
+    ALLREDUCE_TREE,
+    REDUCE_TREE,
+    BROADCAST_TREE,
+    ALLREDUCE_TREE_HOSTS,
+    REDUCE_TREE_HOSTS,
+    BROADCAST_TREE_HOSTS,
+    N_COLLS
+};
 
-static const char *coll_names[] = {
-    "allreduce", "reduce", "broadcast", "allgather", "reducescatter", "sendrecv",
-    "allreduce on the trees", "reduce on the trees", "broadcast on the trees",
-    "allreduce on the trees, one host per rank", "reduce on the trees, one host per rank",
-    "broadcast on the trees, one host per rank"};
+static const char *coll_names[] = {"allreduce",
+                                   "reduce",
+                                   "broadcast",
+                                   "allgather",
+                                   "reducescatter",
+                                   "sendrecv",
+                                   "allreduce on the trees",
+                                   "reduce on the trees",
+                                   "broadcast on the trees",
+                                   "allreduce on the trees, one host per rank",
+                                   "reduce on the trees, one host per rank",
+                                   "broadcast on the trees, one host per rank"};
 
 static int on_trees(enum coll c)
 {
@@ -54,8 +73,8 @@ static int one_host_per_rank(enum coll c)
 {
     return c >= ALLREDUCE_TREE_HOSTS;
 }
-static const char *type_names[] = {"int8", "uint8", "int32", "uint32", "int64", "uint64",
-                                   "float16", "float32", "float64", "bfloat16", "e4m3", "e5m2"};
+static const char *type_names[] = {"int8",    "uint8",   "int32",   "uint32",   "int64", "uint64",
+                                   "float16", "float32", "float64", "bfloat16", "e4m3",  "e5m2"};
 static const char *op_names[] = {"sum", "prod", "max", "min", "avg"};
 
 #define LARGE_COUNT ((size_t)(1u << 20) + 3)
@@ -90,11 +109,11 @@ static int bufs_init(struct ctx_bufs *b, int nranks)
     return b->send && b->recv;
 }
 
-#define CALL(ctx, desc, call)                                                                  \
-    do {                                                                                       \
-        cfxResult_t call_res_ = (call);                                                        \
-        RANK_ASSERT(ctx, call_res_ == cfxSuccess, "%s: %s: %s", desc, cfxGetErrorString(call_res_), \
-                    cfxGetLastError(comm));                                                    \
+#define CALL(ctx, desc, call)                                                                      \
+    do {                                                                                           \
+        cfxResult_t call_res_ = (call);                                                            \
+        RANK_ASSERT(ctx, call_res_ == cfxSuccess, "%s: %s: %s", desc,                              \
+                    cfxGetErrorString(call_res_), cfxGetLastError(comm));                          \
     } while (0)
 
 /* ---------------------------------------------------------------- reductions */
@@ -118,17 +137,21 @@ static void run_allreduce(struct cfx_test_rank *ctx, cfxComm_t comm, struct ctx_
                     memset(b->recv, 0xee, count * ref_size((cfxDataType_t)t) + 8);
                     char *out = in_place ? b->send : b->recv;
                     CALL(ctx, desc,
-                         cfxAllReduce(b->send, out, count, (cfxDataType_t)t, (cfxRedOp_t)op, comm, NULL));
+                         cfxAllReduce(b->send, out, count, (cfxDataType_t)t, (cfxRedOp_t)op, comm,
+                                      NULL));
                     for (size_t i = 0; i < count; i++) {
                         double v;
                         uint64_t bits;
                         ref_reduce((cfxDataType_t)t, (cfxRedOp_t)op, n, i, seed, &v, &bits);
-                        RANK_ASSERT(ctx, ref_matches((cfxDataType_t)t, (cfxRedOp_t)op, out + i * ref_size((cfxDataType_t)t), v, bits),
+                        RANK_ASSERT(ctx,
+                                    ref_matches((cfxDataType_t)t, (cfxRedOp_t)op,
+                                                out + i * ref_size((cfxDataType_t)t), v, bits),
                                     "%s: element %zu wrong (expected %g)", desc, i, v);
                     }
                     if (!in_place)
-                        RANK_ASSERT(ctx, (unsigned char)b->recv[count * ref_size((cfxDataType_t)t)] == 0xee,
-                                    "%s: wrote past the end of recvbuff", desc);
+                        RANK_ASSERT(
+                            ctx, (unsigned char)b->recv[count * ref_size((cfxDataType_t)t)] == 0xee,
+                            "%s: wrote past the end of recvbuff", desc);
                 }
             }
 }
@@ -156,10 +179,12 @@ static void run_reduce(struct cfx_test_rank *ctx, cfxComm_t comm, struct ctx_buf
                     memset(b->recv, 0xee, bytes + 8);
                     char *out = in_place ? b->send : b->recv;
                     CALL(ctx, desc,
-                         cfxReduce(b->send, out, count, (cfxDataType_t)t, (cfxRedOp_t)op, root, comm, NULL));
+                         cfxReduce(b->send, out, count, (cfxDataType_t)t, (cfxRedOp_t)op, root,
+                                   comm, NULL));
                     if (r != root) {
                         /* Non-roots keep their input and their untouched recvbuff. */
-                        RANK_ASSERT(ctx, bytes == 0 || (unsigned char)b->recv[0] == 0xee || in_place,
+                        RANK_ASSERT(ctx,
+                                    bytes == 0 || (unsigned char)b->recv[0] == 0xee || in_place,
                                     "%s: a non-root recvbuff was written", desc);
                         continue;
                     }
@@ -167,7 +192,9 @@ static void run_reduce(struct cfx_test_rank *ctx, cfxComm_t comm, struct ctx_buf
                         double v;
                         uint64_t bits;
                         ref_reduce((cfxDataType_t)t, (cfxRedOp_t)op, n, i, seed, &v, &bits);
-                        RANK_ASSERT(ctx, ref_matches((cfxDataType_t)t, (cfxRedOp_t)op, out + i * ref_size((cfxDataType_t)t), v, bits),
+                        RANK_ASSERT(ctx,
+                                    ref_matches((cfxDataType_t)t, (cfxRedOp_t)op,
+                                                out + i * ref_size((cfxDataType_t)t), v, bits),
                                     "%s: element %zu wrong (expected %g)", desc, i, v);
                     }
                 }
@@ -186,7 +213,8 @@ static void run_reducescatter(struct cfx_test_rank *ctx, cfxComm_t comm, struct 
                 for (int in_place = 0; in_place < 2; in_place++) {
                     char desc[128];
                     snprintf(desc, sizeof(desc), "reducescatter %s %s recvcount %zu %s",
-                             type_names[t], op_names[op], count, in_place ? "in place" : "out of place");
+                             type_names[t], op_names[op], count,
+                             in_place ? "in place" : "out of place");
                     cfx_test_step(ctx, "%s", desc);
                     size_t es = ref_size((cfxDataType_t)t);
                     int seed = (int)(t * 31 + op * 7 + c);
@@ -195,13 +223,17 @@ static void run_reducescatter(struct cfx_test_rank *ctx, cfxComm_t comm, struct 
                     memset(b->recv, 0xee, count * es + 8);
                     char *out = in_place ? b->send + (size_t)r * count * es : b->recv;
                     CALL(ctx, desc,
-                         cfxReduceScatter(b->send, out, count, (cfxDataType_t)t, (cfxRedOp_t)op, comm, NULL));
+                         cfxReduceScatter(b->send, out, count, (cfxDataType_t)t, (cfxRedOp_t)op,
+                                          comm, NULL));
                     for (size_t i = 0; i < count; i++) {
                         double v;
                         uint64_t bits;
-                        ref_reduce((cfxDataType_t)t, (cfxRedOp_t)op, n, (size_t)r * count + i, seed, &v, &bits);
-                        RANK_ASSERT(ctx, ref_matches((cfxDataType_t)t, (cfxRedOp_t)op, out + i * es, v, bits),
-                                    "%s: element %zu wrong (expected %g)", desc, i, v);
+                        ref_reduce((cfxDataType_t)t, (cfxRedOp_t)op, n, (size_t)r * count + i, seed,
+                                   &v, &bits);
+                        RANK_ASSERT(
+                            ctx,
+                            ref_matches((cfxDataType_t)t, (cfxRedOp_t)op, out + i * es, v, bits),
+                            "%s: element %zu wrong (expected %g)", desc, i, v);
                     }
                     if (!in_place)
                         RANK_ASSERT(ctx, (unsigned char)b->recv[count * es] == 0xee,
@@ -241,8 +273,9 @@ static void run_broadcast(struct cfx_test_rank *ctx, cfxComm_t comm, struct ctx_
                         b->send[i] = (char)pattern(r, i, seed);
                     memset(b->recv, 0xee, bytes + 8);
                     char *out = in_place ? b->send : b->recv;
-                    CALL(ctx, desc, in_place ? cfxBcast(b->send, count, t, root, comm, NULL)
-                                             : cfxBroadcast(b->send, b->recv, count, t, root, comm, NULL));
+                    CALL(ctx, desc,
+                         in_place ? cfxBcast(b->send, count, t, root, comm, NULL)
+                                  : cfxBroadcast(b->send, b->recv, count, t, root, comm, NULL));
                     for (size_t i = 0; i < bytes; i++)
                         RANK_ASSERT(ctx, (unsigned char)out[i] == pattern(root, i, seed),
                                     "%s: byte %zu wrong", desc, i);
@@ -289,7 +322,9 @@ static void run_allgather(struct cfx_test_rank *ctx, cfxComm_t comm, struct ctx_
                 CALL(ctx, desc, cfxAllGather(src, b->recv, count, t, comm, NULL));
                 for (int q = 0; q < n; q++)
                     for (size_t i = 0; i < block; i++)
-                        RANK_ASSERT(ctx, (unsigned char)b->recv[(size_t)q * block + i] == pattern(q, i, seed),
+                        RANK_ASSERT(ctx,
+                                    (unsigned char)b->recv[(size_t)q * block + i] ==
+                                        pattern(q, i, seed),
                                     "%s: byte %zu of rank %d's block wrong", desc, i, q);
                 RANK_ASSERT(ctx, (unsigned char)b->recv[block * (size_t)n] == 0xee,
                             "%s: wrote past the end", desc);
@@ -316,13 +351,17 @@ static void run_sendrecv(struct cfx_test_rank *ctx, cfxComm_t comm, struct ctx_b
         CALL(ctx, desc, cfxGroupStart());
         for (int k = 0; k < n; k++) {
             int to = (r + k) % n, from = (r - k + n) % n;
-            CALL(ctx, desc, cfxRecv(b->recv + (size_t)from * bytes, count, cfxFloat32, from, comm, NULL));
-            CALL(ctx, desc, cfxSend(b->send + (size_t)to * bytes, count, cfxFloat32, to, comm, NULL));
+            CALL(ctx, desc,
+                 cfxRecv(b->recv + (size_t)from * bytes, count, cfxFloat32, from, comm, NULL));
+            CALL(ctx, desc,
+                 cfxSend(b->send + (size_t)to * bytes, count, cfxFloat32, to, comm, NULL));
         }
         CALL(ctx, desc, cfxGroupEnd());
         for (int q = 0; q < n; q++)
             for (size_t i = 0; i < bytes; i++)
-                RANK_ASSERT(ctx, (unsigned char)b->recv[(size_t)q * bytes + i] == pattern(q * 64 + r, i, (int)c),
+                RANK_ASSERT(ctx,
+                            (unsigned char)b->recv[(size_t)q * bytes + i] ==
+                                pattern(q * 64 + r, i, (int)c),
                             "%s: byte %zu from rank %d wrong", desc, i, q);
     }
     /* Outside a group, a plain ring exchange: even ranks send first. */
@@ -342,10 +381,9 @@ static void run_sendrecv(struct cfx_test_rank *ctx, cfxComm_t comm, struct ctx_b
 }
 
 typedef void (*coll_fn)(struct cfx_test_rank *, cfxComm_t, struct ctx_bufs *);
-static const coll_fn coll_fns[] = {run_allreduce, run_reduce,        run_broadcast,
-                                   run_allgather, run_reducescatter, run_sendrecv,
-                                   run_allreduce, run_reduce,        run_broadcast,
-                                   run_allreduce, run_reduce,        run_broadcast};
+static const coll_fn coll_fns[] = {run_allreduce,     run_reduce,    run_broadcast, run_allgather,
+                                   run_reducescatter, run_sendrecv,  run_allreduce, run_reduce,
+                                   run_broadcast,     run_allreduce, run_reduce,    run_broadcast};
 
 /* Every process claims its own host: sockets between all ranks, and the
  * planner builds real binary trees across "hosts". Runs before the rank makes
@@ -388,9 +426,10 @@ ParameterizedTestParameters(conformance, collective)
                      * and it is sockets whatever the transport setting: once. */
                     if (one_host_per_rank((enum coll)c) && (m == CFX_TEST_THREADS || tr == SOCKET))
                         continue;
-                    all_cases[k++] = (struct suite_case){
-                        .transport = (enum transport)tr, .nranks = ranks[ri],
-                        .mode = (enum cfx_test_mode)m, .coll = (enum coll)c};
+                    all_cases[k++] = (struct suite_case){.transport = (enum transport)tr,
+                                                         .nranks = ranks[ri],
+                                                         .mode = (enum cfx_test_mode)m,
+                                                         .coll = (enum coll)c};
                 }
     return cr_make_param_array(struct suite_case, all_cases, (size_t)k);
 }
@@ -402,9 +441,12 @@ ParameterizedTest(struct suite_case *sc, conformance, collective, .timeout = 900
                 sc->mode == CFX_TEST_PROCS ? "processes" : "threads");
     cfx_test_setenv("CFX_SHM_DISABLE", sc->transport == SOCKET ? "1" : NULL);
     cfx_test_setenv("CFX_ALGO", on_trees(sc->coll) ? "tree" : NULL);
-    struct cfx_test_options opts = {
-        .nranks = sc->nranks, .mode = sc->mode, .deadline_s = 600, .arg = sc,
-        .before_rank = one_host_per_rank(sc->coll) ? claim_own_host : NULL};
+    struct cfx_test_options opts = {.nranks = sc->nranks,
+                                    .mode = sc->mode,
+                                    .deadline_s = 600,
+                                    .arg = sc,
+                                    .before_rank =
+                                        one_host_per_rank(sc->coll) ? claim_own_host : NULL};
     CFX_TEST_RUN(&opts, conformance_rank);
 }
 
@@ -437,7 +479,8 @@ static void run_rank_order_fold(struct cfx_test_rank *ctx, cfxComm_t comm, struc
                 size_t count = counts[c];
                 char desc[128];
                 snprintf(desc, sizeof(desc), "rank-order fold %s count %zu %s",
-                         dbl ? "float64" : "float32", count, in_place ? "in place" : "out of place");
+                         dbl ? "float64" : "float32", count,
+                         in_place ? "in place" : "out of place");
                 cfx_test_step(ctx, "%s", desc);
                 for (size_t i = 0; i < count; i++) {
                     if (dbl)
@@ -447,8 +490,8 @@ static void run_rank_order_fold(struct cfx_test_rank *ctx, cfxComm_t comm, struc
                 }
                 char *out = in_place ? b->send : b->recv;
                 CALL(ctx, desc,
-                     cfxAllReduce(b->send, out, count, dbl ? cfxFloat64 : cfxFloat32, cfxSum,
-                                  comm, NULL));
+                     cfxAllReduce(b->send, out, count, dbl ? cfxFloat64 : cfxFloat32, cfxSum, comm,
+                                  NULL));
                 for (size_t i = 0; i < count; i++) {
                     if (dbl) {
                         double acc = inexact_input(0, i), got;
@@ -464,8 +507,8 @@ static void run_rank_order_fold(struct cfx_test_rank *ctx, cfxComm_t comm, struc
                             acc = acc + (float)inexact_input(q, i);
                         memcpy(&got, out + i * 4, 4);
                         RANK_ASSERT(ctx, memcmp(&acc, &got, 4) == 0,
-                                    "%s: element %zu is %.9g, the rank-order fold gives %.9g",
-                                    desc, i, (double)got, (double)acc);
+                                    "%s: element %zu is %.9g, the rank-order fold gives %.9g", desc,
+                                    i, (double)got, (double)acc);
                     }
                 }
             }
@@ -649,8 +692,8 @@ ParameterizedTestParameters(single_copy, allgather)
             .transport = SHM, .nranks = 3, .mode = (enum cfx_test_mode)m, .off = 1};
     }
     /* Processes: each has an environment of its own. */
-    single_copy_cases[k++] = (struct single_copy_case){
-        .transport = SHM, .nranks = 3, .mode = CFX_TEST_PROCS, .off = 2};
+    single_copy_cases[k++] =
+        (struct single_copy_case){.transport = SHM, .nranks = 3, .mode = CFX_TEST_PROCS, .off = 2};
     return cr_make_param_array(struct single_copy_case, single_copy_cases, k);
 }
 
@@ -663,9 +706,12 @@ ParameterizedTest(struct single_copy_case *sc, single_copy, allgather, .timeout 
     cfx_test_setenv("CFX_SHM_DISABLE", sc->transport == SOCKET ? "1" : NULL);
     cfx_test_setenv("CFX_SINGLE_COPY", sc->off == 1 ? "0" : "1");
     cfx_test_setenv("CFX_SINGLE_COPY_MIN_BYTES", "1");
-    struct cfx_test_options opts = {
-        .nranks = sc->nranks, .mode = sc->mode, .deadline_s = 600, .arg = (void *)sc,
-        .before_rank = sc->off == 2 ? last_rank_refuses_single_copy : NULL};
+    struct cfx_test_options opts = {.nranks = sc->nranks,
+                                    .mode = sc->mode,
+                                    .deadline_s = 600,
+                                    .arg = (void *)sc,
+                                    .before_rank =
+                                        sc->off == 2 ? last_rank_refuses_single_copy : NULL};
     CFX_TEST_RUN(&opts, single_copy_rank);
 }
 
@@ -722,8 +768,8 @@ static void tree_root_rank(struct cfx_test_rank *ctx)
                 double want = tree_root_input(0, i);
                 for (int q = 1; q < n; q++)
                     want = tree_root_input(q, i) < want ? tree_root_input(q, i) : want;
-                RANK_ASSERT(ctx, recv[i] == want, "%s: element %zu is %g, not %g", desc, i,
-                            recv[i], want);
+                RANK_ASSERT(ctx, recv[i] == want, "%s: element %zu is %g, not %g", desc, i, recv[i],
+                            want);
             }
             RANK_ASSERT(ctx, r == root || recv[0] == 12345.0,
                         "%s: a non-root's recvbuff was written", desc);
@@ -756,13 +802,17 @@ ParameterizedTest(struct tree_root_case *tc, tree, rooted_calls_away_from_the_tr
                   .timeout = 300)
 {
     cr_log_info("reduce and broadcast from roots 1..%d, %d ranks %s", tc->nranks - 1, tc->nranks,
-                tc->two_hosts ? "on two hosts, the planner's choice" : "on one host, CFX_ALGO=tree");
+                tc->two_hosts ? "on two hosts, the planner's choice"
+                              : "on one host, CFX_ALGO=tree");
     cfx_test_setenv("CFX_SHM_DISABLE", NULL);
     cfx_test_setenv("CFX_ALGO", tc->two_hosts ? NULL : "tree");
     cfx_test_setenv("CFX_TIMEOUT", "5");
-    struct cfx_test_options opts = {
-        .nranks = tc->nranks, .mode = CFX_TEST_PROCS, .deadline_s = 240, .arg = tc,
-        .before_rank = tc->two_hosts ? two_hosts_of_half_the_ranks : NULL};
+    struct cfx_test_options opts = {.nranks = tc->nranks,
+                                    .mode = CFX_TEST_PROCS,
+                                    .deadline_s = 240,
+                                    .arg = tc,
+                                    .before_rank =
+                                        tc->two_hosts ? two_hosts_of_half_the_ranks : NULL};
     CFX_TEST_RUN(&opts, tree_root_rank);
     cfx_test_setenv("CFX_TIMEOUT", NULL);
     cfx_test_setenv("CFX_ALGO", NULL);
@@ -855,16 +905,16 @@ static void every_collective_at_two_slots(struct cfx_test_rank *ctx)
         cfx_test_step(ctx, "%s", desc);
         CALL(ctx, desc, cfxReduceScatter(send, recv, count, cfxInt32, cfxSum, comm, NULL));
         for (size_t i = 0; i < count; i++)
-            RANK_ASSERT(ctx,
-                        recv[i] == 1000 * n * (n - 1) / 2 +
-                                       n * (int)(((size_t)r * count + i) % 997),
-                        "%s: element %zu is %d", desc, i, recv[i]);
+            RANK_ASSERT(
+                ctx, recv[i] == 1000 * n * (n - 1) / 2 + n * (int)(((size_t)r * count + i) % 997),
+                "%s: element %zu is %d", desc, i, recv[i]);
         snprintf(desc, sizeof(desc), "all-to-all send/recv count %zu", count);
         cfx_test_step(ctx, "%s", desc);
         CALL(ctx, desc, cfxGroupStart());
         for (int k = 0; k < n; k++) {
             int to = (r + k) % n, from = (r - k + n) % n;
-            CALL(ctx, desc, cfxRecv(recv + (size_t)from * count, count, cfxInt32, from, comm, NULL));
+            CALL(ctx, desc,
+                 cfxRecv(recv + (size_t)from * count, count, cfxInt32, from, comm, NULL));
             CALL(ctx, desc, cfxSend(send, count, cfxInt32, to, comm, NULL));
         }
         CALL(ctx, desc, cfxGroupEnd());
@@ -884,10 +934,10 @@ static void every_collective_at_two_slots(struct cfx_test_rank *ctx)
 
 ParameterizedTestParameters(steps, every_algorithm_runs_at_two_slots_per_fifo)
 {
-    static struct steps_case cases[] = {
-        {SHM, STEPS_RING},      {SHM, STEPS_TREE},      {SHM, STEPS_DIRECT},
-        {SOCKET, STEPS_RING},   {SOCKET, STEPS_TREE},   {SOCKET, STEPS_DIRECT},
-        {SHM, STEPS_TREE_TWO_HOSTS}};
+    static struct steps_case cases[] = {{SHM, STEPS_RING},          {SHM, STEPS_TREE},
+                                        {SHM, STEPS_DIRECT},        {SOCKET, STEPS_RING},
+                                        {SOCKET, STEPS_TREE},       {SOCKET, STEPS_DIRECT},
+                                        {SHM, STEPS_TREE_TWO_HOSTS}};
     return cr_make_param_array(struct steps_case, cases, sizeof(cases) / sizeof(cases[0]));
 }
 
@@ -903,8 +953,10 @@ ParameterizedTest(struct steps_case *sc, steps, every_algorithm_runs_at_two_slot
     cfx_test_setenv("CFX_BUFFSIZE", "16384");
     cfx_test_setenv("CFX_SINGLE_COPY_MIN_BYTES", "4096");
     cfx_test_setenv("CFX_TIMEOUT", "5");
-    struct cfx_test_options opts = {.nranks = two_hosts ? 4 : 3, .mode = CFX_TEST_PROCS,
-                                    .deadline_s = 90, .arg = sc,
+    struct cfx_test_options opts = {.nranks = two_hosts ? 4 : 3,
+                                    .mode = CFX_TEST_PROCS,
+                                    .deadline_s = 90,
+                                    .arg = sc,
                                     .before_rank = two_hosts ? two_hosts_of_half_the_ranks : NULL};
     CFX_TEST_RUN(&opts, every_collective_at_two_slots);
     cfx_test_setenv("CFX_TIMEOUT", NULL);

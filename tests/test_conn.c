@@ -28,9 +28,9 @@ static void split_fifo_init(struct split_fifo *f)
 {
     cr_assert_eq(posix_memalign((void **)&f->tail_mem, CFX_CACHE_LINE, CFX_CACHE_LINE), 0);
     cr_assert_eq(posix_memalign((void **)&f->head_mem, CFX_CACHE_LINE, CFX_CACHE_LINE), 0);
-    cr_assert_eq(posix_memalign((void **)&f->infos, CFX_CACHE_LINE,
-                                N_STEPS * sizeof(struct cfx_slot_info)),
-                 0);
+    cr_assert_eq(
+        posix_memalign((void **)&f->infos, CFX_CACHE_LINE, N_STEPS * sizeof(struct cfx_slot_info)),
+        0);
     f->slots = malloc(N_STEPS * SLOT_BYTES);
     cr_assert_not_null(f->slots);
     memset(f->tail_mem, 0, CFX_CACHE_LINE);

@@ -4,9 +4,9 @@
  * call mismatched collectives. Over shm and sockets, ranks as processes.
  * The flight recorder's SIGUSR1 dump says which rank is where.
  */
+#include <arpa/inet.h>
 #include <criterion/criterion.h>
 #include <criterion/parameterized.h>
-#include <arpa/inet.h>
 #include <dirent.h>
 #include <netinet/in.h>
 #include <pthread.h>
@@ -59,8 +59,9 @@ static void silent_rank_two(struct cfx_test_rank *ctx)
     RANK_ASSERT(ctx, strstr(cfxGetLastError(comm), ctx->rank == 0 ? "rank 2" : "rank ") != NULL,
                 "the sentence names no peer: %s", cfxGetLastError(comm));
     if (ctx->rank == 0)
-        RANK_ASSERT(ctx, strstr(cfxGetLastError(comm), "allreduce #0") != NULL &&
-                             strstr(cfxGetLastError(comm), "CFX_TIMEOUT") != NULL,
+        RANK_ASSERT(ctx,
+                    strstr(cfxGetLastError(comm), "allreduce #0") != NULL &&
+                        strstr(cfxGetLastError(comm), "CFX_TIMEOUT") != NULL,
                     "the sentence does not name the operation: %s", cfxGetLastError(comm));
     cfxResult_t async;
     RANK_CFX(ctx, cfxCommGetAsyncError(comm, &async));
@@ -68,8 +69,8 @@ static void silent_rank_two(struct cfx_test_rank *ctx)
     start = now_s();
     res = cfxAllReduce(data, data, 1024, cfxFloat32, cfxSum, comm, NULL);
     RANK_ASSERT(ctx, res == cfxTimeout && now_s() - start < 0.1,
-                "a later call returned %s after %.2f s; it should fail fast", cfxGetErrorString(res),
-                now_s() - start);
+                "a later call returned %s after %.2f s; it should fail fast",
+                cfxGetErrorString(res), now_s() - start);
     RANK_CFX(ctx, cfxCommDestroy(comm));
 }
 
@@ -121,8 +122,8 @@ static void allreduce_until_rank_two_dies(struct cfx_test_rank *ctx)
     for (int i = 0; i < 100000 && res == cfxSuccess; i++) {
         cfx_test_step(ctx, "%s %d while rank 2 dies", single_copy ? "allgather" : "allreduce", i);
         start = now_s();
-        res = single_copy ? cfxAllGather(data + count * (size_t)ctx->rank, data, count,
-                                         cfxFloat32, comm, NULL)
+        res = single_copy ? cfxAllGather(data + count * (size_t)ctx->rank, data, count, cfxFloat32,
+                                         comm, NULL)
                           : cfxAllReduce(data, data, count, cfxFloat32, cfxSum, comm, NULL);
     }
     double took = now_s() - start;
@@ -172,9 +173,11 @@ ParameterizedTest(int *socket, fault, killed_rank_fails_every_survivor_with_its_
                 single_copy ? ", allgathers on the single-copy path" : "");
     use_transport(single_copy ? 0 : *socket);
     cfx_test_setenv("CFX_TIMEOUT", "10");
-    struct cfx_test_options opts = {
-        .nranks = 4, .mode = CFX_TEST_PROCS, .deadline_s = 60, .killed_ranks = 1ull << 2,
-        .arg = socket};
+    struct cfx_test_options opts = {.nranks = 4,
+                                    .mode = CFX_TEST_PROCS,
+                                    .deadline_s = 60,
+                                    .killed_ranks = 1ull << 2,
+                                    .arg = socket};
     CFX_TEST_RUN(&opts, allreduce_until_rank_two_dies);
     cr_assert_eq(leftover_segments(), 0, "shared-memory segments were left in /dev/shm");
 }
@@ -217,7 +220,8 @@ static void abort_from_a_second_thread(struct cfx_test_rank *ctx)
     RANK_ASSERT(ctx, res != cfxSuccess, "the allreduce succeeded without rank 0");
     RANK_ASSERT(ctx, job.res == cfxSuccess, "cfxCommAbort returned %d", job.res);
     RANK_ASSERT(ctx, returned_at - job.aborted_at < 1.0,
-                "the blocked call returned %.2f s after cfxCommAbort", returned_at - job.aborted_at);
+                "the blocked call returned %.2f s after cfxCommAbort",
+                returned_at - job.aborted_at);
 }
 
 Test(fault, abort_from_another_thread_unblocks_the_call_within_a_second, .timeout = 60)
@@ -331,8 +335,15 @@ Test(flight, sigusr1_dump_names_each_rank_and_the_age_of_each_operation, .timeou
 
 /* ---------------------------------------------------------- mismatch */
 
-enum mismatch { DIFFERENT_COLLECTIVE, DIFFERENT_COUNT, DIFFERENT_TYPE, DIFFERENT_OP,
-                DIFFERENT_ROOT, ZERO_COUNT_ON_ONE_RANK, N_MISMATCHES };
+enum mismatch {
+    DIFFERENT_COLLECTIVE,
+    DIFFERENT_COUNT,
+    DIFFERENT_TYPE,
+    DIFFERENT_OP,
+    DIFFERENT_ROOT,
+    ZERO_COUNT_ON_ONE_RANK,
+    N_MISMATCHES
+};
 static const char *mismatch_names[] = {"collective", "count", "type", "op", "root", "zero count"};
 
 struct mismatch_case {
@@ -371,9 +382,7 @@ static void mismatched_call(struct cfx_test_rank *ctx)
     case DIFFERENT_ROOT:
         res = cfxReduce(data, out, 4096, cfxFloat32, cfxSum, odd ? 1 : 0, comm, NULL);
         break;
-    default:
-        res = cfxAllReduce(data, out, odd ? 0 : 4096, cfxFloat32, cfxSum, comm, NULL);
-        break;
+    default: res = cfxAllReduce(data, out, odd ? 0 : 4096, cfxFloat32, cfxSum, comm, NULL); break;
     }
     double took = now_s() - start;
     RANK_ASSERT(ctx, res == cfxInvalidUsage, "mismatched %s returned %s: %s",
@@ -391,7 +400,8 @@ ParameterizedTestParameters(mismatch, mismatched_calls_all_return_invalid_usage)
 {
     for (int k = 0; k < N_MISMATCHES; k++)
         for (int t = 0; t < 2; t++)
-            mismatch_cases[k * 2 + t] = (struct mismatch_case){.kind = (enum mismatch)k, .socket = t};
+            mismatch_cases[k * 2 + t] =
+                (struct mismatch_case){.kind = (enum mismatch)k, .socket = t};
     return cr_make_param_array(struct mismatch_case, mismatch_cases, N_MISMATCH_CASES);
 }
 
@@ -401,7 +411,8 @@ ParameterizedTest(struct mismatch_case *mc, mismatch, mismatched_calls_all_retur
     cr_log_info("different %s over %s", mismatch_names[mc->kind], transport_names[mc->socket]);
     use_transport(mc->socket);
     cfx_test_setenv("CFX_TIMEOUT", "20");
-    struct cfx_test_options opts = {.nranks = 3, .mode = CFX_TEST_PROCS, .deadline_s = 30, .arg = mc};
+    struct cfx_test_options opts = {
+        .nranks = 3, .mode = CFX_TEST_PROCS, .deadline_s = 30, .arg = mc};
     CFX_TEST_RUN(&opts, mismatched_call);
 }
 
@@ -432,9 +443,9 @@ Test(mismatch, checks_can_be_turned_off, .timeout = 60)
  * finds slots of a finished collective nobody took, breaks the communicator
  * and poisons its connectors), and the next call must fail at once. */
 enum silent_mismatch {
-    ROOTS_0_AND_1,             /* Broadcast from root 0 on rank 0, from root 1 on the others. */
-    BROADCAST_AGAINST_REDUCE,  /* Broadcast on rank 0, reduce on the others (root 0). */
-    ROOT_1_ON_RANK_1_ONLY,     /* Broadcast from root 1 on rank 1, from root 0 on the others. */
+    ROOTS_0_AND_1,            /* Broadcast from root 0 on rank 0, from root 1 on the others. */
+    BROADCAST_AGAINST_REDUCE, /* Broadcast on rank 0, reduce on the others (root 0). */
+    ROOT_1_ON_RANK_1_ONLY,    /* Broadcast from root 1 on rank 1, from root 0 on the others. */
     N_SILENT_MISMATCHES
 };
 static const char *silent_mismatch_names[] = {
@@ -476,9 +487,7 @@ static void silent_mismatch_rank(struct cfx_test_rank *ctx)
         res = r == 0 ? cfxBroadcast(data, out, 4096, cfxFloat32, 0, comm, NULL)
                      : cfxReduce(data, out, 4096, cfxFloat32, cfxSum, 0, comm, NULL);
         break;
-    default:
-        res = cfxBroadcast(data, out, 4096, cfxFloat32, r == 1 ? 1 : 0, comm, NULL);
-        break;
+    default: res = cfxBroadcast(data, out, 4096, cfxFloat32, r == 1 ? 1 : 0, comm, NULL); break;
     }
     RANK_ASSERT(ctx, res == cfxSuccess || res == cfxInvalidUsage,
                 "the mismatched call returned %s: %s", cfxGetErrorString(res),
@@ -548,7 +557,8 @@ ParameterizedTest(struct silent_case *sc, mismatch,
     use_transport(sc->socket);
     cfx_test_setenv("CFX_ALGO", sc->algo == 1 ? "ring" : sc->algo >= 2 ? "tree" : NULL);
     cfx_test_setenv("CFX_TIMEOUT", "20");
-    struct cfx_test_options opts = {.nranks = 3, .mode = CFX_TEST_PROCS, .deadline_s = 30, .arg = sc};
+    struct cfx_test_options opts = {
+        .nranks = 3, .mode = CFX_TEST_PROCS, .deadline_s = 30, .arg = sc};
     CFX_TEST_RUN(&opts, silent_mismatch_rank);
     cfx_test_setenv("CFX_ALGO", NULL);
 }
@@ -720,9 +730,9 @@ ParameterizedTest(int *socket, first_use, two_ranks_sending_to_each_other_outsid
 static const char *init_faults[] = {"kill:rank=1:at=connect", "kill:rank=2:at=setup"};
 
 struct init_death {
-    int fault;          /* Index in init_faults. */
+    int fault; /* Index in init_faults. */
     int nranks;
-    int dead;           /* The rank that dies. */
+    int dead; /* The rank that dies. */
     int socket;
 };
 
@@ -810,7 +820,8 @@ Test(init_death, a_dead_root_is_named_as_rank_0, .timeout = 60)
     struct sockaddr_in sin = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
     socklen_t len = sizeof(sin);
     cr_assert(fd >= 0 && bind(fd, (struct sockaddr *)&sin, sizeof(sin)) == 0 &&
-              getsockname(fd, (struct sockaddr *)&sin, &len) == 0, "no free port");
+                  getsockname(fd, (struct sockaddr *)&sin, &len) == 0,
+              "no free port");
     close(fd);
     char addr[32];
     snprintf(addr, sizeof(addr), "127.0.0.1:%d", ntohs(sin.sin_port));

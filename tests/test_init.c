@@ -49,7 +49,8 @@ static void init_query_finalize_destroy(struct cfx_test_rank *ctx)
 
 ParameterizedTestParameters(init, init_query_finalize_destroy_n_ranks)
 {
-    return cr_make_param_array(struct shape, all_shapes, sizeof(all_shapes) / sizeof(all_shapes[0]));
+    return cr_make_param_array(struct shape, all_shapes,
+                               sizeof(all_shapes) / sizeof(all_shapes[0]));
 }
 
 ParameterizedTest(struct shape *shape, init, init_query_finalize_destroy_n_ranks, .timeout = 120)
@@ -113,7 +114,8 @@ static void split_by_three_reversed(struct cfx_test_rank *ctx)
 
 ParameterizedTestParameters(split, split_by_color_orders_by_key)
 {
-    return cr_make_param_array(struct shape, all_shapes, sizeof(all_shapes) / sizeof(all_shapes[0]));
+    return cr_make_param_array(struct shape, all_shapes,
+                               sizeof(all_shapes) / sizeof(all_shapes[0]));
 }
 
 ParameterizedTest(struct shape *shape, split, split_by_color_orders_by_key, .timeout = 120)

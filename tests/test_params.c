@@ -79,7 +79,8 @@ Test(params, a_value_that_is_not_a_number_keeps_the_default_and_warns, .fini = r
     fclose(f);
     unlink(log_path);
     cr_assert(strstr(line, "CFX_TEST_NUMBER=\"12abc\"") != NULL, "log line: %s", line);
-    cr_assert(strstr(line, "is not accepted: expected a decimal integer from -1000 to 1000") != NULL,
+    cr_assert(strstr(line, "is not accepted: expected a decimal integer from -1000 to 1000") !=
+                  NULL,
               "log line: %s", line);
 }
 
@@ -108,9 +109,9 @@ Test(params, every_parameter_is_listed_with_its_description)
     FILE *out = open_memstream(&text, &size);
     cfx_param_print_all(out);
     fclose(out);
-    const char *expected[] = {"CFX_TEST_NUMBER", "A parameter defined by the test",
-                              "CFX_BOOTSTRAP_TIMEOUT", "CFX_SOCKET_IFNAME", "CFX_COMM_ID",
-                              "CFX_HOSTID"};
+    const char *expected[] = {"CFX_TEST_NUMBER",       "A parameter defined by the test",
+                              "CFX_BOOTSTRAP_TIMEOUT", "CFX_SOCKET_IFNAME",
+                              "CFX_COMM_ID",           "CFX_HOSTID"};
     for (size_t i = 0; i < sizeof(expected) / sizeof(expected[0]); i++)
         cr_assert(strstr(text, expected[i]) != NULL, "%s missing from:\n%s", expected[i], text);
     free(text);
@@ -236,8 +237,8 @@ Test(params, the_largest_timeout_lets_calls_complete)
     cfxComm_t comm;
     cr_assert_eq(cfxCommInitAll(&comm, 1, NULL), cfxSuccess, "%s", cfxGetLastError(NULL));
     float value = 1.0f;
-    cr_expect_eq(cfxAllReduce(&value, &value, 1, cfxFloat32, cfxSum, comm, NULL), cfxSuccess,
-                 "%s", cfxGetLastError(NULL));
+    cr_expect_eq(cfxAllReduce(&value, &value, 1, cfxFloat32, cfxSum, comm, NULL), cfxSuccess, "%s",
+                 cfxGetLastError(NULL));
     cfxCommDestroy(comm);
     cfx_test_setenv("CFX_TIMEOUT", NULL);
 }
@@ -246,15 +247,15 @@ Test(params, accepted_settings_pass_the_check)
 {
     cfx_test_setenv("CFX_CONF_FILE", "/nonexistent");
     const char *settings[][2] = {
-        {"CFX_BUFFSIZE", "4M"},          {"CFX_TIMEOUT", "030"},
-        {"CFX_SOCKET_FAMILY", "6"},      {"CFX_ALGO", "ring,nvls;allreduce:^tree"},
-        {"CFX_PROTO", "^LL128"},         {"CFX_COMM_ID", "127.0.0.1:29500"},
-        {"CFX_SPIN_COUNT", "-1"},        {"CFX_TIMEOUT", "1000000000"},
+        {"CFX_BUFFSIZE", "4M"},     {"CFX_TIMEOUT", "030"},
+        {"CFX_SOCKET_FAMILY", "6"}, {"CFX_ALGO", "ring,nvls;allreduce:^tree"},
+        {"CFX_PROTO", "^LL128"},    {"CFX_COMM_ID", "127.0.0.1:29500"},
+        {"CFX_SPIN_COUNT", "-1"},   {"CFX_TIMEOUT", "1000000000"},
     };
     for (size_t i = 0; i < sizeof(settings) / sizeof(settings[0]); i++) {
         cfx_test_setenv(settings[i][0], settings[i][1]);
-        cr_expect_eq(cfx_param_check_all(), cfxSuccess, "%s=%s: %s", settings[i][0],
-                     settings[i][1], cfxGetLastError(NULL));
+        cr_expect_eq(cfx_param_check_all(), cfxSuccess, "%s=%s: %s", settings[i][0], settings[i][1],
+                     cfxGetLastError(NULL));
         cfx_test_setenv(settings[i][0], NULL);
     }
 }
@@ -269,7 +270,8 @@ Test(params, the_parameter_list_shows_a_refused_value_and_its_sentence)
     int n_refused = cfx_param_print_all(out);
     fclose(out);
     cr_expect_eq(n_refused, 1, "%s", text);
-    cr_expect(strstr(text, "REFUSED: CFX_SOCKET_FAMILY=\"5\" (environment) is not accepted") != NULL,
+    cr_expect(strstr(text, "REFUSED: CFX_SOCKET_FAMILY=\"5\" (environment) is not accepted") !=
+                  NULL,
               "%s", text);
     free(text);
 }
@@ -337,7 +339,8 @@ Test(logging, version_level_prints_the_version_line)
     char *text = read_file(path);
     unlink(path);
     char expected[64];
-    snprintf(expected, sizeof(expected), "Conflux version %d.%d.%d", CFX_MAJOR, CFX_MINOR, CFX_PATCH);
+    snprintf(expected, sizeof(expected), "Conflux version %d.%d.%d", CFX_MAJOR, CFX_MINOR,
+             CFX_PATCH);
     cr_assert(strstr(text, expected) != NULL, "%s", text);
 }
 

@@ -574,8 +574,10 @@ Test(plan, host_ranks_take_direct_for_small_allreduces_and_the_ring_for_large)
             if (ch.algo != CFX_ALGO_DIRECT && ring_from < 0)
                 ring_from = b;
             if (ring_from >= 0)
-                cr_expect_neq(ch.algo, CFX_ALGO_DIRECT, "%d ranks: direct at 2^%d B after "
-                              "%s at 2^%d", n, b, cfx_plan_algo_name(ch.algo), ring_from);
+                cr_expect_neq(ch.algo, CFX_ALGO_DIRECT,
+                              "%d ranks: direct at 2^%d B after "
+                              "%s at 2^%d",
+                              n, b, cfx_plan_algo_name(ch.algo), ring_from);
         }
         /* Only allreduce has a direct schedule. */
         cfx_plan_choose(plan, CFX_COLL_BROADCAST, 8, &ch);
@@ -585,9 +587,9 @@ Test(plan, host_ranks_take_direct_for_small_allreduces_and_the_ring_for_large)
     cfx_topo_free(sys);
     struct cfx_topo_system *gpus = load("dgx-a100.xml");
     struct cfx_plan *plan = plan_for(gpus, 1, 8);
-    cr_expect(!isfinite(cfx_plan_predict_us(plan, CFX_COLL_ALLREDUCE, CFX_ALGO_DIRECT,
-                                            CFX_PROTO_LL, 8)),
-              "GPU ranks have no direct schedule");
+    cr_expect(
+        !isfinite(cfx_plan_predict_us(plan, CFX_COLL_ALLREDUCE, CFX_ALGO_DIRECT, CFX_PROTO_LL, 8)),
+        "GPU ranks have no direct schedule");
     cfx_plan_free(plan);
     cfx_topo_free(gpus);
 }
@@ -718,8 +720,7 @@ Test(plan, ring_search_of_a_uniform_host_stops_at_the_first_complete_order)
     struct cfx_plan *plan = plan_for(sys, 1, 64);
     /* One candidate per depth: 64 steps for the order, one more at its end,
      * for each channel count tried. */
-    cr_expect_leq(plan->search_steps, 65L * CFX_PLAN_MAX_CHANNELS, "%ld steps",
-                  plan->search_steps);
+    cr_expect_leq(plan->search_steps, 65L * CFX_PLAN_MAX_CHANNELS, "%ld steps", plan->search_steps);
     for (int i = 0; i < 64; i++)
         cr_assert_eq(plan->rings[i], i, "the ring stays in rank order");
     cfx_plan_free(plan);

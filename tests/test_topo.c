@@ -253,8 +253,7 @@ struct odd_pci {
 static const struct odd_pci odd_pcis[] = {
     {"an empty bridge is a switch", "<pci busid=\"0000:10:00.0\" class=\"0x060400\"/>", 1, 0, 0},
     {"a classless <pci> holding only an unknown device is skipped",
-     "<pci busid=\"0000:10:00.0\"><pci busid=\"0000:11:00.0\" class=\"0x010802\"/></pci>", 0, 0,
-     0},
+     "<pci busid=\"0000:10:00.0\"><pci busid=\"0000:11:00.0\" class=\"0x010802\"/></pci>", 0, 0, 0},
     {"a display-class <pci> holding only an unknown device is a GPU",
      "<pci busid=\"0000:20:00.0\" class=\"0x030000\">"
      "<pci busid=\"0000:21:00.0\" class=\"0x010802\"/></pci>",

@@ -125,8 +125,13 @@ static long slot_verify(const char *slot, uint64_t seq, size_t size, unsigned ta
 /* The fingerprint slot @p seq of stream @p tag carries. */
 static struct cfx_fingerprint print_for(uint64_t seq, unsigned tag)
 {
-    return (struct cfx_fingerprint){
-        .seq = seq, .count = seq * 3 + tag, .root = (int32_t)tag, .kind = 1, .type = 7, .op = 2, .valid = 1};
+    return (struct cfx_fingerprint){.seq = seq,
+                                    .count = seq * 3 + tag,
+                                    .root = (int32_t)tag,
+                                    .kind = 1,
+                                    .type = 7,
+                                    .op = 2,
+                                    .valid = 1};
 }
 
 /* Post slot @p seq of stream @p tag on @p tx. */

@@ -27,7 +27,6 @@ int main(int argc, char **argv)
            version % 100, version);
     printf("cuda kernels: %s\nverbs: %s\nhwloc: %s\nhost reductions: %s\n",
            CFX_HAVE_CUDA ? "built" : "not built", CFX_HAVE_VERBS ? "found" : "not found",
-           CFX_HAVE_HWLOC ? "found" : "not found",
-           cfx_reduce_isa_name(cfx_reduce_isa_selected()));
+           CFX_HAVE_HWLOC ? "found" : "not found", cfx_reduce_isa_name(cfx_reduce_isa_selected()));
     return 0;
 }

@@ -40,7 +40,7 @@
 
 /* 2: struct cfx_conn_place (connector.place), the peer's device, path and
  * NIC, and the optional reg_mem/dereg_mem/flush/map_peer ops. */
-#define CFX_TRANSPORT_VERSION 2
+#define CFX_TRANSPORT_VERSION  2
 #define CFX_CONNECT_INFO_BYTES 256
 
 /* Capability flags a transport reports. The core reads them; it never
@@ -49,7 +49,7 @@
 #define CFX_TRANSPORT_FLAG_PROGRESS 0x2u /* Needs kick() after post/release. */
 /* setup can place a FIFO in device memory / have it read by a kernel on a
  * device. Without them the core refuses such a placement before setup. */
-#define CFX_TRANSPORT_FLAG_PLACE_DEVICE 0x4u
+#define CFX_TRANSPORT_FLAG_PLACE_DEVICE  0x4u
 #define CFX_TRANSPORT_FLAG_READER_KERNEL 0x8u
 
 enum cfx_conn_dir { CFX_CONN_SEND = 0, CFX_CONN_RECV = 1 };
@@ -73,7 +73,7 @@ struct cfx_conn_place {
     enum cfx_reader reader;
 };
 /* What the core asks for today: host memory, read by a host thread. */
-#define CFX_CONN_PLACE_HOST \
+#define CFX_CONN_PLACE_HOST                                                                        \
     ((struct cfx_conn_place){.mem = CFX_MEM_HOST, .device = -1, .reader = CFX_READER_HOST_THREAD})
 
 /* How data travels from one rank's device to another's, nearest first: the
@@ -90,14 +90,14 @@ enum cfx_path_class {
     CFX_PATH_CLASS_NET = 7, /* Across the network: another host. */
 };
 
-#define CFX_TRANSPORT_BUSID_MAX 32
+#define CFX_TRANSPORT_BUSID_MAX    32
 #define CFX_TRANSPORT_NIC_NAME_MAX 64
 
 struct cfx_transport;
 
 /* One side of a connection, owned by the communicator. */
 struct cfx_connector {
-    struct cfx_conn view; /* What the data path polls and fills (src/conn/fifo.h). */
+    struct cfx_conn view;  /* What the data path polls and fills (src/conn/fifo.h). */
     struct cfx_fifo *fifo; /* The control block view points into (the transport's memory). */
     char *slots;
     size_t slot_bytes;
@@ -111,8 +111,8 @@ struct cfx_connector {
     /* Set by the caller before setup: where this side's FIFO lives and who
      * reads it (setup refuses what it cannot do, with a sentence). */
     struct cfx_conn_place place;
-    int channel; /* Which channel of the peer pair (0..CFX_CONN_MAX_CHANNELS-1). */
-    int blame_rank;      /* Set by check() on failure: the rank the failure is about. */
+    int channel;    /* Which channel of the peer pair (0..CFX_CONN_MAX_CHANNELS-1). */
+    int blame_rank; /* Set by check() on failure: the rank the failure is about. */
     /* Receive side: read_peer() works on this connector (its transport
      * offers it and connect() read the peer's memory once successfully). */
     int peer_readable;
@@ -327,8 +327,8 @@ static inline void cfx_conn_release(struct cfx_connector *conn)
 
 /* Consumer (peer_readable connectors only): copy @p bytes at the peer's
  * address @p remote into @p dst. */
-static inline cfxResult_t cfx_conn_read_peer(struct cfx_connector *conn, void *dst,
-                                             uint64_t remote, size_t bytes)
+static inline cfxResult_t cfx_conn_read_peer(struct cfx_connector *conn, void *dst, uint64_t remote,
+                                             size_t bytes)
 {
     return conn->transport->read_peer(conn->transport_ctx, conn, dst, remote, bytes);
 }

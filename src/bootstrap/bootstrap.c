@@ -420,8 +420,8 @@ static cfxResult_t sendrecv(struct cfx_bootstrap *bs, const char *send_buf, char
         struct pollfd fds[2] = {{.fd = bs->ring_send_fd, .events = sent < size ? POLLOUT : 0},
                                 {.fd = bs->ring_recv_fd, .events = got < size ? POLLIN : 0}};
         if (bs->abort_flag && __atomic_load_n(bs->abort_flag, __ATOMIC_ACQUIRE))
-            return cfx_error_set(cfxRemoteError, CFX_LOG_BOOTSTRAP,
-                                 "bootstrap rank %d: aborted", bs->rank);
+            return cfx_error_set(cfxRemoteError, CFX_LOG_BOOTSTRAP, "bootstrap rank %d: aborted",
+                                 bs->rank);
         if (cfx_time_now_ns() >= deadline_ns)
             return cfx_error_set(cfxTimeout, CFX_LOG_BOOTSTRAP,
                                  "bootstrap rank %d: ring step timed out (sent %zu/%zu to rank "
@@ -485,8 +485,8 @@ cfxResult_t cfx_bootstrap_barrier(struct cfx_bootstrap *bs)
     return res;
 }
 
-static cfxResult_t size_mismatch(const struct cfx_bootstrap *bs, int peer, uint32_t tag,
-                                 size_t got, size_t expected)
+static cfxResult_t size_mismatch(const struct cfx_bootstrap *bs, int peer, uint32_t tag, size_t got,
+                                 size_t expected)
 {
     char what[64];
     format_tag(tag, what, sizeof(what));
@@ -674,8 +674,8 @@ static void list_missing(const struct cfx_sockaddr_wire *table, int nranks, char
 static int root_gone(const union cfx_sockaddr *root_addr, const int *abort_flag)
 {
     int fd = -1;
-    cfxResult_t res = cfx_socket_connect(root_addr, cfx_time_now_ns() + ROOT_PROBE_NS, abort_flag,
-                                         &fd);
+    cfxResult_t res =
+        cfx_socket_connect(root_addr, cfx_time_now_ns() + ROOT_PROBE_NS, abort_flag, &fd);
     cfx_error_thread_clear();
     if (res != cfxSuccess)
         return res == cfxTimeout;
@@ -947,7 +947,8 @@ cfxResult_t cfx_bootstrap_split(struct cfx_bootstrap *parent, int color, int key
         res = cfx_error_set(cfxSystemError, CFX_LOG_BOOTSTRAP, "out of memory in split");
         goto out;
     }
-    all[parent->rank] = (struct split_entry){.color = color, .key = key, .parent_rank = parent->rank};
+    all[parent->rank] =
+        (struct split_entry){.color = color, .key = key, .parent_rank = parent->rank};
     if (color >= 0)
         cfx_socket_addr_to_wire(&bound, &all[parent->rank].listen_addr);
     CFX_CHECK_GOTO(cfx_bootstrap_allgather(parent, all, sizeof(*all)), res, out);

@@ -24,7 +24,7 @@ struct cfx_bootstrap;
 
 /* Id flags. */
 #define CFX_BOOTSTRAP_ID_COMM_ID 0x1u /* From CFX_COMM_ID: rank 0 starts the root. */
-#define CFX_BOOTSTRAP_ID_LOCAL 0x2u   /* All ranks in this process: loopback only. */
+#define CFX_BOOTSTRAP_ID_LOCAL   0x2u /* All ranks in this process: loopback only. */
 
 /* Fill @p id. Without CFX_COMM_ID (or with @p local), starts a root listener
  * thread in this process. @p local makes every rank listen on loopback. */

@@ -60,7 +60,7 @@ struct job {
     int64_t settle_ns;
     enum job_state state;
     struct cfx_bootstrap_reply failure; /* JOB_FAILED: what every claimer is told. */
-    int nranks; /* 0 until the first valid hello. */
+    int nranks;                         /* 0 until the first valid hello. */
     int arrived;
     int *rank_fds;
     struct cfx_sockaddr_wire *table;
@@ -72,8 +72,8 @@ struct job {
 struct root {
     struct root *next; /* Shared roots of this process. */
     int listen_fd;
-    int shared;  /* Serves ids of cfxGetUniqueId; lives while any of them is pending. */
-    pid_t pid;   /* A shared root's thread exists only in the process that started it. */
+    int shared; /* Serves ids of cfxGetUniqueId; lives while any of them is pending. */
+    pid_t pid;  /* A shared root's thread exists only in the process that started it. */
     union cfx_sockaddr addr; /* Shared: the address asked for (port 0). */
     struct cfx_sockaddr_wire bound;
     pthread_mutex_t lock; /* Guards jobs (ids are added from other threads). */
@@ -125,8 +125,8 @@ static void reply_all(struct job *job, const struct cfx_bootstrap_reply *reply)
         if (cfx_socket_send_all(job->rank_fds[r], reply, sizeof(*reply), deadline, NULL, peer) !=
                 cfxSuccess ||
             (with_table && cfx_socket_send_all(job->rank_fds[r], job->table,
-                                               sizeof(*job->table) * (size_t)job->nranks,
-                                               deadline, NULL, peer) != cfxSuccess))
+                                               sizeof(*job->table) * (size_t)job->nranks, deadline,
+                                               NULL, peer) != cfxSuccess))
             CFX_WARN(CFX_LOG_BOOTSTRAP, "bootstrap root: could not answer rank %d", r);
         close(job->rank_fds[r]);
         job->rank_fds[r] = -1;
@@ -237,7 +237,8 @@ static void admit(struct root *root, int index)
         job = job->next;
     pthread_mutex_unlock(&root->lock);
     if (job == NULL)
-        return drop_pending(root, index, "wrong secret (not a rank of a communicator of this root)");
+        return drop_pending(root, index,
+                            "wrong secret (not a rank of a communicator of this root)");
     /* From here on the claimer holds the secret: it is told why, not hung up on. */
     root->pending[index] = root->pending[--root->n_pending];
     claim(job, fd, &hello);

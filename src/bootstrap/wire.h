@@ -13,7 +13,7 @@
 #include "src/bootstrap/bootstrap.h"
 #include "src/util/socket.h"
 
-#define CFX_BOOTSTRAP_MAGIC UINT64_C(0x43464c5842535031) /* "CFLXBSP1" */
+#define CFX_BOOTSTRAP_MAGIC     UINT64_C(0x43464c5842535031) /* "CFLXBSP1" */
 #define CFX_BOOTSTRAP_MAX_RANKS (1 << 20)
 
 /* The unique id's contents (fits in CFX_UNIQUE_ID_BYTES). */

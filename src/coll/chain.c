@@ -55,8 +55,8 @@ static void reduce_describe(const struct cfx_op *op, uint64_t index, struct cfx_
     else if (p < n - 1)
         step->flags = CFX_PRIM_RECV | CFX_PRIM_REDUCE | CFX_PRIM_SEND;
     else
-        step->flags = CFX_PRIM_RECV | CFX_PRIM_REDUCE | CFX_PRIM_OUT |
-                      (op->op == cfxAvg ? CFX_PRIM_AVG : 0);
+        step->flags =
+            CFX_PRIM_RECV | CFX_PRIM_REDUCE | CFX_PRIM_OUT | (op->op == cfxAvg ? CFX_PRIM_AVG : 0);
     step->input = cfx_coll_at(op->sendbuff, offset, op->elem_bytes);
     step->output = cfx_coll_at(op->recvbuff, offset, op->elem_bytes);
     step->n_elems = len;
@@ -66,4 +66,3 @@ const struct cfx_schedule cfx_chain_reduce = {
     .n_steps = cfx_coll_chunk_steps,
     .describe = reduce_describe,
 };
-

@@ -135,7 +135,7 @@ struct cfx_connector *cfx_coll_waiting_on(const struct cfx_op *op, const char **
 
 void cfx_coll_print_format(const struct cfx_fingerprint *print, char *text, size_t size)
 {
-    static const char *types[] = {"int8", "uint8", "int32", "uint32", "int64", "uint64",
+    static const char *types[] = {"int8",    "uint8",   "int32",   "uint32",   "int64",  "uint64",
                                   "float16", "float32", "float64", "bfloat16", "f8e4m3", "f8e5m2"};
     static const char *ops[] = {"sum", "prod", "max", "min", "avg", "premulsum"};
     if (!print->valid) {

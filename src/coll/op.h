@@ -25,7 +25,7 @@
 
 /* A rank's place in one tree, with the connectors of each edge. */
 struct cfx_tree_links {
-    int parent;                /* -1 at the root. */
+    int parent; /* -1 at the root. */
     int n_children;
     int children[CFX_TREE_MAX_CHILDREN];
     struct cfx_connector *to_parent;   /* Up: partial results. */

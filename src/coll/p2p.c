@@ -26,8 +26,10 @@ static void recv_describe(const struct cfx_op *op, uint64_t index, struct cfx_pr
     step->n_elems = len;
 }
 
-const struct cfx_schedule cfx_p2p_send = {.n_steps = cfx_coll_chunk_steps, .describe = send_describe};
-const struct cfx_schedule cfx_p2p_recv = {.n_steps = cfx_coll_chunk_steps, .describe = recv_describe};
+const struct cfx_schedule cfx_p2p_send = {.n_steps = cfx_coll_chunk_steps,
+                                          .describe = send_describe};
+const struct cfx_schedule cfx_p2p_recv = {.n_steps = cfx_coll_chunk_steps,
+                                          .describe = recv_describe};
 
 /* ------------------------------------------------------------ one rank */
 

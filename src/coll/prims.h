@@ -21,11 +21,11 @@
 
 #include "src/coll/op.h"
 
-#define CFX_PRIM_RECV 0x1u
-#define CFX_PRIM_SEND 0x2u
+#define CFX_PRIM_RECV   0x1u
+#define CFX_PRIM_SEND   0x2u
 #define CFX_PRIM_REDUCE 0x4u
-#define CFX_PRIM_OUT 0x8u
-#define CFX_PRIM_AVG 0x10u /* With OUT: divide the result by nranks. */
+#define CFX_PRIM_OUT    0x8u
+#define CFX_PRIM_AVG    0x10u /* With OUT: divide the result by nranks. */
 /* With RECV | REDUCE | OUT: fold the operands strictly left to right in the
  * order recv, recv_more[0], ..., with the local input inserted at position
  * input_pos, so ranks that list the same operands get bitwise identical

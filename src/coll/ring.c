@@ -130,8 +130,8 @@ static void reducescatter_describe(const struct cfx_op *op, uint64_t index,
     else if (k < n - 1)
         step->flags = CFX_PRIM_RECV | CFX_PRIM_REDUCE | CFX_PRIM_SEND;
     else
-        step->flags = CFX_PRIM_RECV | CFX_PRIM_REDUCE | CFX_PRIM_OUT |
-                      (op->op == cfxAvg ? CFX_PRIM_AVG : 0);
+        step->flags =
+            CFX_PRIM_RECV | CFX_PRIM_REDUCE | CFX_PRIM_OUT | (op->op == cfxAvg ? CFX_PRIM_AVG : 0);
     step->input = cfx_coll_at(op->sendbuff, ((size_t)block * op->count + offset), op->elem_bytes);
     step->output = cfx_coll_at(op->recvbuff, offset, op->elem_bytes);
     step->n_elems = len;

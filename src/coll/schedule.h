@@ -22,7 +22,7 @@ extern const struct cfx_schedule cfx_chain_broadcast;
 extern const struct cfx_schedule cfx_chain_reduce;
 extern const struct cfx_schedule cfx_p2p_send;
 extern const struct cfx_schedule cfx_p2p_recv;
-extern const struct cfx_schedule cfx_local_copy; /* One rank: output = input. */
+extern const struct cfx_schedule cfx_local_copy;  /* One rank: output = input. */
 extern const struct cfx_schedule cfx_single_copy; /* Allgather: pull.c. */
 
 /* Bytes a single-copy step reads at once (a chunk of the pipeline). */

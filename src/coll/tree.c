@@ -46,10 +46,10 @@ static void phase_steps(const struct cfx_op *op, int *first_p, int *second_p)
     switch (op->kind) {
     case CFX_COLL_BROADCAST:
         /* The relay runs between the call's root and the tree root, when they differ. */
-        *first_p = (op->rank == op->root) != is_tree_root(op) &&
-                           (op->rank == op->root || is_tree_root(op))
-                       ? 1
-                       : 0;
+        *first_p =
+            (op->rank == op->root) != is_tree_root(op) && (op->rank == op->root || is_tree_root(op))
+                ? 1
+                : 0;
         *second_p = down;
         break;
     case CFX_COLL_REDUCE:

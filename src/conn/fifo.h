@@ -67,9 +67,9 @@ CFX_STATIC_ASSERT(sizeof(struct cfx_slot_info) == CFX_CACHE_LINE, "slot info is 
  * slots follow at cfx_fifo_slots_offset(). Counters only grow. Every field
  * another agent reads goes through src/util/atomics.h. */
 struct cfx_fifo {
-    CFX_ALIGNAS(CFX_CACHE_LINE) uint64_t tail; /* Posted by the producer. */
-    CFX_ALIGNAS(CFX_CACHE_LINE) uint64_t head; /* Released by the consumer. */
-    struct cfx_slot_info info[CFX_MAX_STEPS];  /* Each posted slot's size and fingerprint. */
+    CFX_ALIGNAS(CFX_CACHE_LINE) uint64_t tail;  /* Posted by the producer. */
+    CFX_ALIGNAS(CFX_CACHE_LINE) uint64_t head;  /* Released by the consumer. */
+    struct cfx_slot_info info[CFX_MAX_STEPS];   /* Each posted slot's size and fingerprint. */
     CFX_ALIGNAS(CFX_CACHE_LINE) int32_t closed; /* 0, or the cfxResult_t that broke a side (shm). */
     int32_t attached;                           /* Set by the sender once mapped (shm). */
     int32_t refs;                               /* Sides holding process-local memory (shm). */
@@ -95,8 +95,8 @@ struct cfx_conn {
 };
 
 /* Point @p view at a FIFO whose parts are all in one block. */
-static inline void cfx_fifo_view(struct cfx_conn *view, struct cfx_fifo *fifo,
-                                         char *slots, size_t slot_bytes, int n_steps)
+static inline void cfx_fifo_view(struct cfx_conn *view, struct cfx_fifo *fifo, char *slots,
+                                 size_t slot_bytes, int n_steps)
 {
     view->tail = &fifo->tail;
     view->head = &fifo->head;

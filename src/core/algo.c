@@ -110,7 +110,8 @@ static void plan_build(struct cfxComm *comm)
             node = n_nodes++;
         if (local + 1 > max_local)
             max_local = local + 1;
-        locs[r] = (struct cfx_plan_rank_loc){.node = node, .gpu = comm->peers[r].cuda_dev, .cpu = -1};
+        locs[r] =
+            (struct cfx_plan_rank_loc){.node = node, .gpu = comm->peers[r].cuda_dev, .cpu = -1};
     }
     struct cfx_plan_input in = {.n_ranks = comm->nranks,
                                 .n_nodes = n_nodes,
@@ -218,14 +219,13 @@ int cfx_core_algo_direct_requests(struct cfxComm *comm, struct cfx_conn_request 
         return 0;
     /* Small slots: the direct allreduce is for small messages, and a rank
      * holds 2(n-1) of these FIFOs. */
-    size_t slot = comm->slot_bytes < CFX_DIRECT_SLOT_BYTES ? comm->slot_bytes
-                                                            : CFX_DIRECT_SLOT_BYTES;
+    size_t slot =
+        comm->slot_bytes < CFX_DIRECT_SLOT_BYTES ? comm->slot_bytes : CFX_DIRECT_SLOT_BYTES;
     for (int peer = 0; peer < comm->nranks; peer++) {
         if (peer == comm->rank)
             continue;
         int first = n;
-        request(reqs, &n, comm, peer, CFX_CONN_SEND, CFX_CONN_KIND_DIRECT,
-                &comm->direct.to[peer]);
+        request(reqs, &n, comm, peer, CFX_CONN_SEND, CFX_CONN_KIND_DIRECT, &comm->direct.to[peer]);
         request(reqs, &n, comm, peer, CFX_CONN_RECV, CFX_CONN_KIND_DIRECT,
                 &comm->direct.from[peer]);
         for (int i = first; i < n; i++)

@@ -122,7 +122,8 @@ CFX_API const char *cfxGetErrorString(cfxResult_t result)
     case cfxSuccess: return "no error";
     case cfxUnhandledCudaError: return "unhandled cuda error (run with CFX_DEBUG=INFO for details)";
     case cfxSystemError: return "unhandled system error (run with CFX_DEBUG=INFO for details)";
-    case cfxInternalError: return "internal error - please report this issue to the Conflux developers";
+    case cfxInternalError:
+        return "internal error - please report this issue to the Conflux developers";
     case cfxInvalidArgument: return "invalid argument (run with CFX_DEBUG=WARN for details)";
     case cfxInvalidUsage: return "invalid usage (run with CFX_DEBUG=WARN for details)";
     case cfxRemoteError: return "remote process exited or there was a network error";

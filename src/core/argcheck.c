@@ -94,8 +94,8 @@ cfxResult_t cfx_argcheck_count(size_t count, cfxDataType_t type, size_t multiple
 cfxResult_t cfx_argcheck_buffer(const void *buf, size_t count, const char *fn, const char *arg)
 {
     if (buf == NULL && count > 0)
-        return cfx_error_set(cfxInvalidArgument, CFX_LOG_COLL,
-                             "%s: %s is NULL but count is %zu", fn, arg, count);
+        return cfx_error_set(cfxInvalidArgument, CFX_LOG_COLL, "%s: %s is NULL but count is %zu",
+                             fn, arg, count);
     return cfxSuccess;
 }
 

@@ -10,16 +10,16 @@
 
 #include "conflux.h"
 #include "src/bootstrap/bootstrap.h"
+#include "src/coll/op.h"
 #include "src/util/error.h"
 #include "src/util/host.h"
 #include "src/util/time.h"
-#include "src/coll/op.h"
 #include "transports/transport.h"
 
 #define CFX_MAX_TRANSPORTS 8
 
 #define CFX_COMM_MAGIC UINT64_C(0x434658434f4d4d31) /* "CFXCOMM1" */
-#define CFX_COMM_DEAD UINT64_C(0xdeadc0ffeedeadc0)
+#define CFX_COMM_DEAD  UINT64_C(0xdeadc0ffeedeadc0)
 
 /* Collectives whose algorithm the plan chooses per call: allreduce,
  * broadcast and reduce (the first values of enum cfx_coll_kind). */
@@ -99,29 +99,29 @@ struct cfxComm {
     /* Connection setup (connect.c): peers whose pid means a process here
      * (one host, one PID namespace), so that a pid gone later means a dead
      * rank; and the deadline of the batch being connected. */
-    uint8_t *pid_watched; /* [nranks] */
-    int64_t connect_deadline_ns; /* 0: none. */
-    int connect_blame_rank;      /* Set by a failed connect_check: whom it is about. */
-    struct cfx_connector **p2p_send;         /* [nranks], NULL until first use. */
+    uint8_t *pid_watched;            /* [nranks] */
+    int64_t connect_deadline_ns;     /* 0: none. */
+    int connect_blame_rank;          /* Set by a failed connect_check: whom it is about. */
+    struct cfx_connector **p2p_send; /* [nranks], NULL until first use. */
     struct cfx_connector **p2p_recv;
     /* Mismatch detection and the flight recorder. */
     int check_mismatch;
-    int spin_limit; /* Idle polls before yielding: fewer when ranks outnumber cores. */
-    uint64_t coll_seq;       /* Collectives submitted so far. */
+    int spin_limit;    /* Idle polls before yielding: fewer when ranks outnumber cores. */
+    uint64_t coll_seq; /* Collectives submitted so far. */
     /* Collectives numbered below coll_settled have finished on this rank (the
      * last of them: settled_print): a slot of one of them still waiting in a
      * FIFO was sent by a rank that called something else (probe.c). */
     uint64_t coll_settled;
     struct cfx_fingerprint settled_print;
-    int64_t async_checked_ns; /* When cfxCommGetAsyncError last asked the transports. */
-    int async_peer_left;      /* A peer left: cfxCommGetAsyncError asks them no more. */
-    uint64_t *p2p_send_seq;  /* [nranks]: messages sent to each peer. */
-    uint64_t *p2p_recv_seq;  /* [nranks]: messages received from each peer. */
+    int64_t async_checked_ns;        /* When cfxCommGetAsyncError last asked the transports. */
+    int async_peer_left;             /* A peer left: cfxCommGetAsyncError asks them no more. */
+    uint64_t *p2p_send_seq;          /* [nranks]: messages sent to each peer. */
+    uint64_t *p2p_recv_seq;          /* [nranks]: messages received from each peer. */
     struct cfx_flight_entry *flight; /* Ring of flight_mask + 1 (a power of two) entries. */
     int flight_size;                 /* Entries shown (CFX_FLIGHT_RECORDER); 0: off. */
     uint64_t flight_mask;
     struct cfx_time_ticks_origin flight_origin; /* Converts the entries' ticks. */
-    uint64_t flight_count; /* Entries ever recorded. */
+    uint64_t flight_count;                      /* Entries ever recorded. */
     /* Who uses the communicator (CFX_COMM_IDLE, _IN_CALL, _CLOSED): one call
      * at a time holds it (cfx_core_claim); destroy and abort close it. */
     int active_calls;
@@ -162,8 +162,8 @@ struct cfx_conn_request {
     struct cfxComm *comm;
     int peer;
     enum cfx_conn_dir dir;
-    int kind;                     /* CFX_CONN_KIND_*: keeps bootstrap tags apart. */
-    int channel;                  /* 0..CFX_CONN_MAX_CHANNELS-1: so does this. */
+    int kind;    /* CFX_CONN_KIND_*: keeps bootstrap tags apart. */
+    int channel; /* 0..CFX_CONN_MAX_CHANNELS-1: so does this. */
     /* Where this side's FIFO lives and who reads it; {0} is host memory
      * read by a host thread (CFX_CONN_PLACE_HOST, what every caller asks
      * for today). */
@@ -176,13 +176,13 @@ struct cfx_conn_request {
     int transport;
 };
 
-#define CFX_CONN_KIND_RING 1
-#define CFX_CONN_KIND_P2P 2
-#define CFX_CONN_KIND_TREE_UP(t) (3 + 2 * (t))
-#define CFX_CONN_KIND_TREE_DOWN(t) (4 + 2 * (t))
-#define CFX_CONN_KIND_RELAY_UP(t) (7 + 2 * (t))   /* Call root -> tree root. */
+#define CFX_CONN_KIND_RING          1
+#define CFX_CONN_KIND_P2P           2
+#define CFX_CONN_KIND_TREE_UP(t)    (3 + 2 * (t))
+#define CFX_CONN_KIND_TREE_DOWN(t)  (4 + 2 * (t))
+#define CFX_CONN_KIND_RELAY_UP(t)   (7 + 2 * (t)) /* Call root -> tree root. */
 #define CFX_CONN_KIND_RELAY_DOWN(t) (8 + 2 * (t)) /* Tree root -> call root. */
-#define CFX_CONN_KIND_DIRECT 11                   /* All pairs, direct allreduce. */
+#define CFX_CONN_KIND_DIRECT        11            /* All pairs, direct allreduce. */
 
 /* Build every requested connector (of one or several communicators): set up
  * and exchange connect info over each communicator's bootstrap, then connect
@@ -273,9 +273,9 @@ void cfx_core_registry_add(struct cfxComm *comm);
 void cfx_core_registry_remove(struct cfxComm *comm);
 
 /* States of cfxComm.active_calls. */
-#define CFX_COMM_IDLE 0
+#define CFX_COMM_IDLE    0
 #define CFX_COMM_IN_CALL 1
-#define CFX_COMM_CLOSED 2 /* Being destroyed, or destroyed: never leaves this state. */
+#define CFX_COMM_CLOSED  2 /* Being destroyed, or destroyed: never leaves this state. */
 
 /* Whether @p comm (not NULL, and a header from cfx_core_handle_alloc or
  * garbage the caller passed) is a live communicator. */

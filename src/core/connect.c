@@ -36,10 +36,10 @@ struct conn_notice {
     int32_t blame_rank; /* The rank the failure is about (a dead rank, or the sender). */
 };
 
-#define NOTICE_TAG 0x434e46ffu   /* "CNF": never a cfx_core_conn_tag() (bit 7 set). */
-#define WAIT_SLICE_MS 50         /* Longest wait between checks of the peers. */
-#define NOTICE_SEND_MS 200       /* How long a notice may take to leave. */
-#define DEATH_POLL_US 10000      /* Between looks at a dying peer. */
+#define NOTICE_TAG     0x434e46ffu /* "CNF": never a cfx_core_conn_tag() (bit 7 set). */
+#define WAIT_SLICE_MS  50          /* Longest wait between checks of the peers. */
+#define NOTICE_SEND_MS 200         /* How long a notice may take to leave. */
+#define DEATH_POLL_US  10000       /* Between looks at a dying peer. */
 
 /* "CN", the kind, then the channel and the direction: channel << 1 | dir
  * stays below 0x80 (CFX_CONN_MAX_CHANNELS is 64), so NOTICE_TAG is never one. */
@@ -195,16 +195,16 @@ static cfxResult_t watch_peer(struct cfxComm *comm, int peer, int *blame_p)
     /* A peer that said why it left is believed before its exit is seen. */
     struct conn_notice notice;
     int got = 0;
-    CFX_CHECK(cfx_bootstrap_try_recv(comm->bootstrap, peer, NOTICE_TAG, &notice, sizeof(notice),
-                                     &got));
+    CFX_CHECK(
+        cfx_bootstrap_try_recv(comm->bootstrap, peer, NOTICE_TAG, &notice, sizeof(notice), &got));
     if (!got && peer_gone(comm, peer))
         return cfx_error_set(cfxRemoteError, CFX_LOG_INIT,
                              "rank %d is gone (its process, pid %d, exited or was killed)", peer,
                              comm->peers[peer].pid);
     if (!got)
         return cfxSuccess;
-    int blame = notice.blame_rank >= 0 && notice.blame_rank < comm->nranks ? notice.blame_rank
-                                                                           : peer;
+    int blame =
+        notice.blame_rank >= 0 && notice.blame_rank < comm->nranks ? notice.blame_rank : peer;
     *blame_p = blame;
     if (blame != peer)
         return cfx_error_set(cfxRemoteError, CFX_LOG_INIT,
@@ -242,13 +242,13 @@ static struct cfx_transport_peer peer_of(const struct cfxComm *comm, int rank)
 {
     const struct cfx_peer_info *info = &comm->peers[rank];
     const struct cfx_topo_system *sys = comm->nranks > 1 ? cfx_core_algo_topology() : NULL;
-    struct cfx_transport_peer peer = {
-        .rank = rank,
-        .pid = info->pid,
-        .cuda_dev = info->cuda_dev,
-        .host_hash = info->host_hash,
-        .path = cfx_core_locate_path(sys, &comm->peers[comm->rank], info),
-        .nic_index = info->nic_index};
+    struct cfx_transport_peer peer = {.rank = rank,
+                                      .pid = info->pid,
+                                      .cuda_dev = info->cuda_dev,
+                                      .host_hash = info->host_hash,
+                                      .path =
+                                          cfx_core_locate_path(sys, &comm->peers[comm->rank], info),
+                                      .nic_index = info->nic_index};
     snprintf(peer.busid, sizeof(peer.busid), "%s", info->busid);
     snprintf(peer.nic_name, sizeof(peer.nic_name), "%s", info->nic_name);
     return peer;
@@ -330,8 +330,8 @@ static cfxResult_t setup_one(struct cfx_conn_request *req, int64_t deadline, int
     CFX_CHECK(cfx_transport_place_check(tr, &conn->place));
     struct conn_msg msg = {.transport = (uint32_t)req->transport, .slot_bytes = slot_bytes_of(req)};
     struct cfx_transport_peer peer = peer_of(comm, req->peer);
-    CFX_CHECK(tr->setup(conn->transport_ctx, &peer, slot_bytes_of(req), comm->n_steps, conn,
-                        msg.info));
+    CFX_CHECK(
+        tr->setup(conn->transport_ctx, &peer, slot_bytes_of(req), comm->n_steps, conn, msg.info));
     return send_info(req, &msg, deadline, seconds, timeout_name, blame_p);
 }
 
@@ -351,8 +351,8 @@ static cfxResult_t unanswered(const struct cfx_conn_request *req, int64_t second
                              "no matching %s on rank %d within %s=%lld s (a send and its receive "
                              "must both be called; two ranks that both send first must put "
                              "their calls in a group)",
-                             op->kind == CFX_COLL_SEND ? "cfxRecv" : "cfxSend",
-                             req->peer, timeout_name, (long long)seconds);
+                             op->kind == CFX_COLL_SEND ? "cfxRecv" : "cfxSend", req->peer,
+                             timeout_name, (long long)seconds);
     return cfx_error_set(cfxTimeout, CFX_LOG_COLL, "rank %d did not call the %s within %s=%lld s",
                          req->peer, cfx_coll_name(op->kind), timeout_name, (long long)seconds);
 }
@@ -376,11 +376,9 @@ static cfxResult_t recv_infos(struct cfx_conn_request *reqs, int n_reqs, struct 
             int here = 0;
             /* Wait a slice on the first missing message only; take the others as they are. */
             res = cfx_bootstrap_recv_within(reqs[i].comm->bootstrap, reqs[i].peer,
-                                            cfx_core_conn_tag(reqs[i].kind, other,
-                                                              reqs[i].channel),
-                                            &peer_msgs[i],
-                                            sizeof(peer_msgs[i]), waited ? 0 : WAIT_SLICE_MS,
-                                            &here);
+                                            cfx_core_conn_tag(reqs[i].kind, other, reqs[i].channel),
+                                            &peer_msgs[i], sizeof(peer_msgs[i]),
+                                            waited ? 0 : WAIT_SLICE_MS, &here);
             waited = 1;
             *failed_p = i;
             if (res == cfxSuccess && here) {
@@ -415,11 +413,12 @@ static cfxResult_t connect_one(struct cfx_conn_request *req, const struct conn_m
     struct cfxComm *comm = req->comm;
     if (peer_msg->transport != (uint32_t)req->transport ||
         peer_msg->slot_bytes != slot_bytes_of(req))
-        return cfx_error_set(cfxInternalError, CFX_LOG_INIT,
-                             "rank %d and rank %d chose different transports (%u, %d) or buffer "
-                             "sizes (%llu, %zu); set CFX_BUFFSIZE/CFX_SHM_DISABLE alike on all ranks",
-                             comm->rank, req->peer, peer_msg->transport, req->transport,
-                             (unsigned long long)peer_msg->slot_bytes, slot_bytes_of(req));
+        return cfx_error_set(
+            cfxInternalError, CFX_LOG_INIT,
+            "rank %d and rank %d chose different transports (%u, %d) or buffer "
+            "sizes (%llu, %zu); set CFX_BUFFSIZE/CFX_SHM_DISABLE alike on all ranks",
+            comm->rank, req->peer, peer_msg->transport, req->transport,
+            (unsigned long long)peer_msg->slot_bytes, slot_bytes_of(req));
     CFX_CHECK(req->conn->transport->connect(req->conn->transport_ctx, req->conn, peer_msg->info));
     char channel[24] = "";
     if (req->channel != 0)
@@ -444,8 +443,8 @@ static cfxResult_t fail_batch(struct cfx_conn_request *reqs, int n_reqs, int fai
         for (int j = 0; j < i && first; j++)
             first = reqs[j].comm != comm || reqs[j].peer != reqs[i].peer;
         /* A dead rank hears nothing; the others hear whom it is about. */
-        int dead = comm == reqs[failed].comm && res == cfxRemoteError && blame != comm->rank ? blame
-                                                                                            : -1;
+        int dead =
+            comm == reqs[failed].comm && res == cfxRemoteError && blame != comm->rank ? blame : -1;
         if (!first || reqs[i].peer == comm->rank || reqs[i].peer == dead ||
             peer_gone(comm, reqs[i].peer))
             continue;
@@ -477,9 +476,9 @@ cfxResult_t cfx_core_connect_batch(struct cfx_conn_request *reqs, int n_reqs)
         CFX_CHECK_GOTO(setup_one(&reqs[i], deadline, seconds, timeout_name, &blame), res, fail);
     }
     blame = -1;
-    CFX_CHECK_GOTO(recv_infos(reqs, n_reqs, peer_msgs, deadline, seconds, timeout_name, &failed,
-                              &blame),
-                   res, fail);
+    CFX_CHECK_GOTO(
+        recv_infos(reqs, n_reqs, peer_msgs, deadline, seconds, timeout_name, &failed, &blame), res,
+        fail);
     /* Send sides first: a receive side may wait for its sender to attach. */
     for (int pass = 0; pass < 2; pass++)
         for (int i = 0; i < n_reqs; i++)

@@ -260,9 +260,9 @@ CFX_API cfxResult_t cfxAllGather(const void *sendbuff, void *recvbuff, size_t se
     CFX_CHECK_GOTO(cfx_argcheck_buffer(recvbuff, sendcount, fn, "recvbuff"), res, out);
     size_t block = sendcount * cfx_type_size(datatype);
     const char *in_place = recvbuff ? (const char *)recvbuff + (size_t)comm->rank * block : NULL;
-    CFX_CHECK_GOTO(check_overlap(sendbuff, block, recvbuff, block * (size_t)comm->nranks,
-                                 in_place, fn),
-                   res, out);
+    CFX_CHECK_GOTO(
+        check_overlap(sendbuff, block, recvbuff, block * (size_t)comm->nranks, in_place, fn), res,
+        out);
     struct cfx_op o;
     op_start(&o, CFX_COLL_ALLGATHER, sendbuff, recvbuff, sendcount, datatype, cfxSum, 0);
     res = submit(comm, &o);
@@ -286,9 +286,9 @@ CFX_API cfxResult_t cfxReduceScatter(const void *sendbuff, void *recvbuff, size_
     size_t block = recvcount * cfx_type_size(datatype);
     /* In place: recvbuff == sendbuff + rank*recvcount. */
     if (sendbuff != NULL && recvbuff != (const char *)sendbuff + (size_t)comm->rank * block)
-        CFX_CHECK_GOTO(check_overlap(sendbuff, block * (size_t)comm->nranks, recvbuff, block,
-                                     NULL, fn),
-                       res, out);
+        CFX_CHECK_GOTO(
+            check_overlap(sendbuff, block * (size_t)comm->nranks, recvbuff, block, NULL, fn), res,
+            out);
     struct cfx_op o;
     op_start_reduce(&o, CFX_COLL_REDUCESCATTER, sendbuff, recvbuff, recvcount, datatype, &red, 0);
     res = submit(comm, &o);
@@ -304,8 +304,8 @@ static cfxResult_t point_to_point(enum cfx_coll_kind kind, const void *sendbuff,
     cfxResult_t res;
     CFX_CHECK_GOTO(check_common(comm, datatype, stream, sendbuff, recvbuff, fn), res, out);
     if (peer < 0 || peer >= comm->nranks) {
-        res = cfx_error_set(cfxInvalidArgument, CFX_LOG_P2P, "%s: peer = %d is out of range [0, %d)",
-                            fn, peer, comm->nranks);
+        res = cfx_error_set(cfxInvalidArgument, CFX_LOG_P2P,
+                            "%s: peer = %d is out of range [0, %d)", fn, peer, comm->nranks);
         goto out;
     }
     if (peer == comm->rank && !cfx_core_group_active()) {
@@ -366,9 +366,8 @@ static void batch_op(struct cfxComm *comm, struct cfx_op *o, enum cfx_coll_kind 
  * at once, so every peer connection carries its block together; the rank's
  * own block is copied here, at the call (inside a group too). The caller
  * checked the arguments; @p root is -1 for alltoall. */
-static cfxResult_t submit_batch(struct cfxComm *comm, enum cfx_coll_kind kind,
-                                const void *sendbuff, void *recvbuff, size_t count,
-                                cfxDataType_t type, int root)
+static cfxResult_t submit_batch(struct cfxComm *comm, enum cfx_coll_kind kind, const void *sendbuff,
+                                void *recvbuff, size_t count, cfxDataType_t type, int root)
 {
     if (comm->async_error != cfxSuccess)
         return cfx_error_set(comm->async_error, CFX_LOG_COLL,
@@ -462,12 +461,12 @@ CFX_API cfxResult_t cfxGather(const void *sendbuff, void *recvbuff, size_t count
         size_t block = count * cfx_type_size(datatype);
         /* In place: sendbuff == recvbuff + root*count. */
         const char *in_place = recvbuff ? (const char *)recvbuff + (size_t)root * block : NULL;
-        CFX_CHECK_GOTO(check_overlap(sendbuff, block, recvbuff, block * (size_t)comm->nranks,
-                                     in_place, fn),
-                       res, out);
+        CFX_CHECK_GOTO(
+            check_overlap(sendbuff, block, recvbuff, block * (size_t)comm->nranks, in_place, fn),
+            res, out);
     }
-    res = submit_batch(comm, CFX_COLL_GATHER, sendbuff, comm->rank == root ? recvbuff : NULL,
-                       count, datatype, root);
+    res = submit_batch(comm, CFX_COLL_GATHER, sendbuff, comm->rank == root ? recvbuff : NULL, count,
+                       datatype, root);
 out:
     return finish(comm, res);
 }
@@ -488,9 +487,9 @@ CFX_API cfxResult_t cfxScatter(const void *sendbuff, void *recvbuff, size_t coun
         size_t block = count * cfx_type_size(datatype);
         /* In place: recvbuff == sendbuff + root*count. */
         if (sendbuff != NULL && recvbuff != (const char *)sendbuff + (size_t)root * block)
-            CFX_CHECK_GOTO(check_overlap(sendbuff, block * (size_t)comm->nranks, recvbuff, block,
-                                         NULL, fn),
-                           res, out);
+            CFX_CHECK_GOTO(
+                check_overlap(sendbuff, block * (size_t)comm->nranks, recvbuff, block, NULL, fn),
+                res, out);
     }
     res = submit_batch(comm, CFX_COLL_SCATTER, comm->rank == root ? sendbuff : NULL, recvbuff,
                        count, datatype, root);

@@ -150,7 +150,8 @@ static struct cfx_connector **recv_slot(struct cfx_op *op)
     return &comm->ring_recv;
 }
 
-static int already_requested(const struct cfx_conn_request *reqs, int n, struct cfx_connector **out_p)
+static int already_requested(const struct cfx_conn_request *reqs, int n,
+                             struct cfx_connector **out_p)
 {
     for (int i = 0; i < n; i++)
         if (reqs[i].out_p == out_p)
@@ -184,8 +185,8 @@ static cfxResult_t connect_missing(struct cfx_op *ops, int n_ops)
     for (int i = 0; i < n_ops; i++) {
         if (ops[i].kind != CFX_COLL_SEND && ops[i].kind != CFX_COLL_RECV)
             continue;
-        struct cfx_connector **slot = ops[i].kind == CFX_COLL_SEND ? send_slot(&ops[i])
-                                                                   : recv_slot(&ops[i]);
+        struct cfx_connector **slot =
+            ops[i].kind == CFX_COLL_SEND ? send_slot(&ops[i]) : recv_slot(&ops[i]);
         missing += *slot == NULL;
     }
     if (missing == 0)

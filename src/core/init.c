@@ -161,9 +161,9 @@ static cfxResult_t agree_single_copy(struct cfxComm *comm)
                              comm->nranks);
     struct cfx_connector *recv = comm->ring_recv;
     int64_t min_bytes = param_single_copy_min();
-    offers[comm->rank] = (struct offer){
-        .able = param_single_copy() != 0 && recv->peer_readable && recv->transport->read_peer,
-        .min_bytes = min_bytes < 0 ? 0 : (uint64_t)min_bytes};
+    offers[comm->rank] = (struct offer){.able = param_single_copy() != 0 && recv->peer_readable &&
+                                                recv->transport->read_peer,
+                                        .min_bytes = min_bytes < 0 ? 0 : (uint64_t)min_bytes};
     cfxResult_t res = cfx_bootstrap_allgather(comm->bootstrap, offers, sizeof(*offers));
     int unable = -1;
     uint64_t min_all = 0;

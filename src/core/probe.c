@@ -77,8 +77,9 @@ cfxResult_t cfx_core_probe_stall(struct cfx_op *op, int64_t stalled_ns)
     int prev = (comm->rank + comm->nranks - 1) % comm->nranks;
     if (!op->probe_sent) {
         op->probe_sent = 1;
-        CFX_INFO(CFX_LOG_COLL, "rank %d: %s #%llu stuck for %lld ms; comparing with ranks %d and %d",
-                 comm->rank, cfx_coll_name(op->kind), (unsigned long long)op->print.seq,
+        CFX_INFO(CFX_LOG_COLL,
+                 "rank %d: %s #%llu stuck for %lld ms; comparing with ranks %d and %d", comm->rank,
+                 cfx_coll_name(op->kind), (unsigned long long)op->print.seq,
                  (long long)(stalled_ns / CFX_NS_PER_MS), prev, next);
         /* Best effort: a neighbour that already left cannot be told, and its
          * connectors will say why it left. */

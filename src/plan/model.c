@@ -174,8 +174,7 @@ static double direct_time(const struct cfx_plan_model *md, enum cfx_coll_kind co
     double chunks = ceil(bytes / (double)CFX_DIRECT_SLOT_BYTES);
     if (chunks < 1)
         chunks = 1;
-    double lat = md->base_us[CFX_ALGO_DIRECT][proto] + chunks * hop +
-                 (n - 2) * HOST_DIRECT_PEER_US;
+    double lat = md->base_us[CFX_ALGO_DIRECT][proto] + chunks * hop + (n - 2) * HOST_DIRECT_PEER_US;
     double bw = md->ring_bw * proto_share[proto];
     double reduce = md->reduce_bw > 0 ? (n - 1) / HOST_DIRECT_REDUCE_BW : 0;
     *lat_p = lat;

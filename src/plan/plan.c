@@ -328,9 +328,9 @@ static void log_plan(const struct cfx_plan *plan)
              md->intra_hop_us[CFX_PROTO_SIMPLE], md->rdma ? "RDMA" : "socket",
              md->net_hop_us[CFX_PROTO_SIMPLE], md->tree_net_factor[0], md->tree_net_factor[1],
              md->tree_net_depth,
-             md->host_ranks && plan->n_ranks <= CFX_DIRECT_MAX_RANKS
-                 ? "allreduce (one hop)"
-                 : md->host_ranks ? "off (too many ranks)" : "off (GPU ranks)");
+             md->host_ranks && plan->n_ranks <= CFX_DIRECT_MAX_RANKS ? "allreduce (one hop)"
+             : md->host_ranks                                        ? "off (too many ranks)"
+                                                                     : "off (GPU ranks)");
 }
 
 static cfxResult_t check_input(const struct cfx_plan_input *in)

@@ -10,22 +10,22 @@
 #include "conflux.h"
 #include "src/util/log.h"
 
-#define CFX_CHECK(call)                                                                \
-    do {                                                                               \
-        cfxResult_t check_res_ = (call);                                               \
-        if (check_res_ != cfxSuccess) {                                                \
-            CFX_TRACE(CFX_LOG_ALL, "%s:%d -> %d", __FILE__, __LINE__, (int)check_res_); \
-            return check_res_;                                                         \
-        }                                                                              \
+#define CFX_CHECK(call)                                                                            \
+    do {                                                                                           \
+        cfxResult_t check_res_ = (call);                                                           \
+        if (check_res_ != cfxSuccess) {                                                            \
+            CFX_TRACE(CFX_LOG_ALL, "%s:%d -> %d", __FILE__, __LINE__, (int)check_res_);            \
+            return check_res_;                                                                     \
+        }                                                                                          \
     } while (0)
 
-#define CFX_CHECK_GOTO(call, res, label)                                               \
-    do {                                                                               \
-        (res) = (call);                                                                \
-        if ((res) != cfxSuccess) {                                                     \
-            CFX_TRACE(CFX_LOG_ALL, "%s:%d -> %d", __FILE__, __LINE__, (int)(res));     \
-            goto label;                                                                \
-        }                                                                              \
+#define CFX_CHECK_GOTO(call, res, label)                                                           \
+    do {                                                                                           \
+        (res) = (call);                                                                            \
+        if ((res) != cfxSuccess) {                                                                 \
+            CFX_TRACE(CFX_LOG_ALL, "%s:%d -> %d", __FILE__, __LINE__, (int)(res));                 \
+            goto label;                                                                            \
+        }                                                                                          \
     } while (0)
 
 #endif /* CFX_UTIL_CHECK_H */

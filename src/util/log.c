@@ -25,10 +25,12 @@ static const struct {
     const char *name;
     unsigned bit;
 } subsys_names[] = {
-    {"INIT", CFX_LOG_INIT},   {"BOOTSTRAP", CFX_LOG_BOOTSTRAP}, {"ENV", CFX_LOG_ENV},
-    {"ALLOC", CFX_LOG_ALLOC}, {"COLL", CFX_LOG_COLL},           {"P2P", CFX_LOG_P2P},
-    {"NET", CFX_LOG_NET},     {"SHM", CFX_LOG_SHM},             {"GRAPH", CFX_LOG_GRAPH},
-    {"TUNING", CFX_LOG_TUNING}, {"ALL", CFX_LOG_ALL},
+    {"INIT", CFX_LOG_INIT},   {"BOOTSTRAP", CFX_LOG_BOOTSTRAP},
+    {"ENV", CFX_LOG_ENV},     {"ALLOC", CFX_LOG_ALLOC},
+    {"COLL", CFX_LOG_COLL},   {"P2P", CFX_LOG_P2P},
+    {"NET", CFX_LOG_NET},     {"SHM", CFX_LOG_SHM},
+    {"GRAPH", CFX_LOG_GRAPH}, {"TUNING", CFX_LOG_TUNING},
+    {"ALL", CFX_LOG_ALL},
 };
 
 static const char *level_names[] = {"NONE", "VERSION", "WARN", "INFO", "TRACE"};
@@ -134,8 +136,8 @@ int cfx_log_set_rank(int rank)
     return before;
 }
 
-void cfx_log(enum cfx_log_level level, unsigned subsys, const char *file, int line,
-             const char *fmt, ...)
+void cfx_log(enum cfx_log_level level, unsigned subsys, const char *file, int line, const char *fmt,
+             ...)
 {
     /* WARN and VERSION always show; INFO and TRACE obey CFX_DEBUG_SUBSYS. */
     if (level > CFX_LOG_WARN && (subsys & subsys_mask) == 0)

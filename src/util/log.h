@@ -37,8 +37,8 @@ extern int cfx_log_level_value;
 void cfx_log_init(void);
 
 /* Write one line if @p level and @p subsys are enabled. */
-void cfx_log(enum cfx_log_level level, unsigned subsys, const char *file, int line,
-             const char *fmt, ...) __attribute__((format(printf, 5, 6)));
+void cfx_log(enum cfx_log_level level, unsigned subsys, const char *file, int line, const char *fmt,
+             ...) __attribute__((format(printf, 5, 6)));
 
 /* Rank shown in this thread's log lines (-1: none); returns the one before. */
 int cfx_log_set_rank(int rank);
@@ -46,16 +46,16 @@ int cfx_log_set_rank(int rank);
 /* Reset the cached configuration so the next line re-reads the environment (tests). */
 void cfx_log_reset(void);
 
-#define CFX_LOG_(level, subsys, ...)                                           \
-    do {                                                                       \
-        if (cfx_log_level_value < 0)                                           \
-            cfx_log_init();                                                    \
-        if (cfx_log_level_value >= (level))                                    \
-            cfx_log((level), (subsys), __FILE__, __LINE__, __VA_ARGS__);       \
+#define CFX_LOG_(level, subsys, ...)                                                               \
+    do {                                                                                           \
+        if (cfx_log_level_value < 0)                                                               \
+            cfx_log_init();                                                                        \
+        if (cfx_log_level_value >= (level))                                                        \
+            cfx_log((level), (subsys), __FILE__, __LINE__, __VA_ARGS__);                           \
     } while (0)
 
-#define CFX_WARN(subsys, ...) CFX_LOG_(CFX_LOG_WARN, subsys, __VA_ARGS__)
-#define CFX_INFO(subsys, ...) CFX_LOG_(CFX_LOG_INFO, subsys, __VA_ARGS__)
+#define CFX_WARN(subsys, ...)  CFX_LOG_(CFX_LOG_WARN, subsys, __VA_ARGS__)
+#define CFX_INFO(subsys, ...)  CFX_LOG_(CFX_LOG_INFO, subsys, __VA_ARGS__)
 #define CFX_TRACE(subsys, ...) CFX_LOG_(CFX_LOG_TRACE, subsys, __VA_ARGS__)
 
 #endif /* CFX_UTIL_LOG_H */

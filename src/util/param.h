@@ -92,44 +92,52 @@ int cfx_param_parse_int(const char *text, int size, int64_t *value_p);
 /* Forget cached values and the configuration file (tests). */
 void cfx_param_reset_all(void);
 
-#define CFX_PARAM_DEFINE_(fn, var_name, kind, def_int, lo, hi, def_str, check_fn, desc)      \
-    static struct cfx_param param_def_##fn = {.name = var_name,                            \
-                                              .type = kind,                                \
-                                              .default_int = def_int,                      \
-                                              .min_int = lo,                               \
-                                              .max_int = hi,                               \
-                                              .default_str = def_str,                      \
-                                              .check = check_fn,                           \
-                                              .description = desc};                        \
-    static struct cfx_param *const param_ptr_##fn                                          \
-        __attribute__((used, section("cfx_params"), aligned(sizeof(void *)))) =            \
-            &param_def_##fn
+#define CFX_PARAM_DEFINE_(fn, var_name, kind, def_int, lo, hi, def_str, check_fn, desc)            \
+    static struct cfx_param param_def_##fn = {.name = var_name,                                    \
+                                              .type = kind,                                        \
+                                              .default_int = def_int,                              \
+                                              .min_int = lo,                                       \
+                                              .max_int = hi,                                       \
+                                              .default_str = def_str,                              \
+                                              .check = check_fn,                                   \
+                                              .description = desc};                                \
+    static struct cfx_param *const param_ptr_##fn                                                  \
+        __attribute__((used, section("cfx_params"), aligned(sizeof(void *)))) = &param_def_##fn
 
 /* Defines `static int64_t param_<fn>(void)` reading CFX_<SUFFIX>, a decimal
  * integer in [lo, hi]. */
-#define CFX_PARAM_INT(fn, suffix, def, lo, hi, desc)                                       \
+#define CFX_PARAM_INT(fn, suffix, def, lo, hi, desc)                                               \
     CFX_PARAM_INT_CHECKED(fn, suffix, def, lo, hi, NULL, desc)
 
 /* Same, and @p check (a cfx_param_check_fn) must accept the value too. */
-#define CFX_PARAM_INT_CHECKED(fn, suffix, def, lo, hi, check, desc)                        \
-    CFX_PARAM_DEFINE_(fn, "CFX_" suffix, CFX_PARAM_TYPE_INT, def, lo, hi, NULL, check, desc); \
-    static inline int64_t param_##fn(void) { return cfx_param_get_int(&param_def_##fn); } \
+#define CFX_PARAM_INT_CHECKED(fn, suffix, def, lo, hi, check, desc)                                \
+    CFX_PARAM_DEFINE_(fn, "CFX_" suffix, CFX_PARAM_TYPE_INT, def, lo, hi, NULL, check, desc);      \
+    static inline int64_t param_##fn(void)                                                         \
+    {                                                                                              \
+        return cfx_param_get_int(&param_def_##fn);                                                 \
+    }                                                                                              \
     struct cfx_param_semicolon_##fn
 
 /* Defines `static int64_t param_<fn>(void)` reading CFX_<SUFFIX>, bytes in
  * [lo, hi] written as a decimal integer with an optional K, M or G. */
-#define CFX_PARAM_SIZE(fn, suffix, def, lo, hi, desc)                                      \
-    CFX_PARAM_DEFINE_(fn, "CFX_" suffix, CFX_PARAM_TYPE_SIZE, def, lo, hi, NULL, NULL, desc); \
-    static inline int64_t param_##fn(void) { return cfx_param_get_int(&param_def_##fn); } \
+#define CFX_PARAM_SIZE(fn, suffix, def, lo, hi, desc)                                              \
+    CFX_PARAM_DEFINE_(fn, "CFX_" suffix, CFX_PARAM_TYPE_SIZE, def, lo, hi, NULL, NULL, desc);      \
+    static inline int64_t param_##fn(void)                                                         \
+    {                                                                                              \
+        return cfx_param_get_int(&param_def_##fn);                                                 \
+    }                                                                                              \
     struct cfx_param_semicolon_##fn
 
 /* Defines `static const char *param_<fn>(void)` reading CFX_<SUFFIX>; NULL default allowed. */
 #define CFX_PARAM_STR(fn, suffix, def, desc) CFX_PARAM_STR_CHECKED(fn, suffix, def, NULL, desc)
 
 /* Same, and @p check (a cfx_param_check_fn) must accept the value. */
-#define CFX_PARAM_STR_CHECKED(fn, suffix, def, check, desc)                                \
-    CFX_PARAM_DEFINE_(fn, "CFX_" suffix, CFX_PARAM_TYPE_STR, 0, 0, 0, def, check, desc);   \
-    static inline const char *param_##fn(void) { return cfx_param_get_str(&param_def_##fn); } \
+#define CFX_PARAM_STR_CHECKED(fn, suffix, def, check, desc)                                        \
+    CFX_PARAM_DEFINE_(fn, "CFX_" suffix, CFX_PARAM_TYPE_STR, 0, 0, 0, def, check, desc);           \
+    static inline const char *param_##fn(void)                                                     \
+    {                                                                                              \
+        return cfx_param_get_str(&param_def_##fn);                                                 \
+    }                                                                                              \
     struct cfx_param_semicolon_##fn
 
 #endif /* CFX_UTIL_PARAM_H */

@@ -93,8 +93,7 @@ cfxResult_t cfx_socket_addr_from_wire(const struct cfx_sockaddr_wire *wire,
 
 socklen_t cfx_socket_addr_len(const union cfx_sockaddr *addr)
 {
-    return addr->sa.sa_family == AF_INET ? sizeof(struct sockaddr_in)
-                                         : sizeof(struct sockaddr_in6);
+    return addr->sa.sa_family == AF_INET ? sizeof(struct sockaddr_in) : sizeof(struct sockaddr_in6);
 }
 
 void cfx_socket_addr_format(const union cfx_sockaddr *addr, char *text, size_t size)
@@ -128,8 +127,8 @@ cfxResult_t cfx_socket_addr_parse(const char *text, union cfx_sockaddr *addr_p)
     } else {
         const char *colon = strrchr(text, ':');
         if (colon == NULL || (size_t)(colon - text) >= sizeof(host))
-            return cfx_error_set(cfxInvalidArgument, CFX_LOG_ENV,
-                                 "address \"%s\" is not host:port", text);
+            return cfx_error_set(cfxInvalidArgument, CFX_LOG_ENV, "address \"%s\" is not host:port",
+                                 text);
         memcpy(host, text, (size_t)(colon - text));
         host[colon - text] = '\0';
         port = colon + 1;
@@ -143,8 +142,9 @@ cfxResult_t cfx_socket_addr_parse(const char *text, union cfx_sockaddr *addr_p)
     struct addrinfo *found = NULL;
     int rc = getaddrinfo(host, port, &hints, &found);
     if (rc != 0 || found == NULL)
-        return cfx_error_set(cfxInvalidArgument, CFX_LOG_ENV, "address \"%s\": cannot resolve \"%s\": %s",
-                             text, host, gai_strerror(rc));
+        return cfx_error_set(cfxInvalidArgument, CFX_LOG_ENV,
+                             "address \"%s\": cannot resolve \"%s\": %s", text, host,
+                             gai_strerror(rc));
     union cfx_sockaddr addr;
     memset(&addr, 0, sizeof(addr));
     memcpy(&addr, found->ai_addr,
@@ -225,10 +225,11 @@ cfxResult_t cfx_socket_pick_address(union cfx_sockaddr *addr_p, char *ifname, si
     }
     freeifaddrs(list);
     if (!found)
-        return cfx_error_set(cfxSystemError, CFX_LOG_BOOTSTRAP,
-                             "no network interface matches CFX_SOCKET_IFNAME=\"%s\"; "
-                             "list interfaces with `ip addr` and set CFX_SOCKET_IFNAME to one of them",
-                             filter ? filter : "(default)");
+        return cfx_error_set(
+            cfxSystemError, CFX_LOG_BOOTSTRAP,
+            "no network interface matches CFX_SOCKET_IFNAME=\"%s\"; "
+            "list interfaces with `ip addr` and set CFX_SOCKET_IFNAME to one of them",
+            filter ? filter : "(default)");
     if (addr.sa.sa_family == AF_INET)
         addr.sin.sin_port = 0;
     else
@@ -238,7 +239,8 @@ cfxResult_t cfx_socket_pick_address(union cfx_sockaddr *addr_p, char *ifname, si
     return cfxSuccess;
 }
 
-cfxResult_t cfx_socket_listen(const union cfx_sockaddr *addr, int *fd_p, union cfx_sockaddr *bound_p)
+cfxResult_t cfx_socket_listen(const union cfx_sockaddr *addr, int *fd_p,
+                              union cfx_sockaddr *bound_p)
 {
     char where[80];
     cfx_socket_addr_format(addr, where, sizeof(where));
@@ -365,8 +367,8 @@ static cfxResult_t transfer_all(int fd, char *buf, size_t size, int64_t deadline
             return cfx_error_set_errno(errno, CFX_LOG_BOOTSTRAP, "%s to %s failed",
                                        sending ? "send" : "recv", peer);
         if (aborted(abort_flag))
-            return cfx_error_set(cfxRemoteError, CFX_LOG_BOOTSTRAP,
-                                 "%s with %s aborted", sending ? "send" : "recv", peer);
+            return cfx_error_set(cfxRemoteError, CFX_LOG_BOOTSTRAP, "%s with %s aborted",
+                                 sending ? "send" : "recv", peer);
         if (cfx_time_now_ns() >= deadline_ns)
             return cfx_error_set(cfxTimeout, CFX_LOG_BOOTSTRAP,
                                  "%s with %s timed out after %zu of %zu bytes",

@@ -60,8 +60,7 @@ cfxResult_t cfx_socket_connect(const union cfx_sockaddr *addr, int64_t deadline_
                                const int *abort_flag, int *fd_p);
 
 /* Accept one connection before the deadline (cfxTimeout otherwise). */
-cfxResult_t cfx_socket_accept(int listen_fd, int64_t deadline_ns, const int *abort_flag,
-                              int *fd_p);
+cfxResult_t cfx_socket_accept(int listen_fd, int64_t deadline_ns, const int *abort_flag, int *fd_p);
 
 /* Send/receive exactly @p size bytes. cfxRemoteError when the peer closes or
  * resets, cfxTimeout past the deadline, cfxSystemError for other failures;

@@ -9,7 +9,7 @@
 #endif
 
 #define CFX_NS_PER_SEC INT64_C(1000000000)
-#define CFX_NS_PER_MS INT64_C(1000000)
+#define CFX_NS_PER_MS  INT64_C(1000000)
 
 static inline int64_t cfx_time_now_ns(void)
 {

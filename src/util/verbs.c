@@ -27,8 +27,10 @@ static void *api_lib;
 
 /* Every symbol: where it goes, its name, its version, and whether it is
  * required (a missing optional one leaves its pointer NULL). */
-#define VERBS_SYM(field, version, required)                                                 \
-    {offsetof(struct cfx_verbs_api, field), "ibv_" #field, version, required}
+#define VERBS_SYM(field, version, required)                                                        \
+    {                                                                                              \
+        offsetof(struct cfx_verbs_api, field), "ibv_" #field, version, required                    \
+    }
 
 static const struct verbs_sym {
     size_t offset;
@@ -36,28 +38,17 @@ static const struct verbs_sym {
     const char *version;
     int required;
 } verbs_syms[] = {
-    VERBS_SYM(get_device_list, "IBVERBS_1.1", 1),
-    VERBS_SYM(free_device_list, "IBVERBS_1.1", 1),
-    VERBS_SYM(get_device_name, "IBVERBS_1.1", 1),
-    VERBS_SYM(open_device, "IBVERBS_1.1", 1),
-    VERBS_SYM(close_device, "IBVERBS_1.1", 1),
-    VERBS_SYM(query_device, "IBVERBS_1.1", 1),
-    VERBS_SYM(query_port, "IBVERBS_1.1", 1),
-    VERBS_SYM(query_gid, "IBVERBS_1.1", 1),
-    VERBS_SYM(alloc_pd, "IBVERBS_1.1", 1),
-    VERBS_SYM(dealloc_pd, "IBVERBS_1.1", 1),
-    VERBS_SYM(reg_mr, "IBVERBS_1.1", 1),
-    VERBS_SYM(dereg_mr, "IBVERBS_1.1", 1),
-    VERBS_SYM(create_cq, "IBVERBS_1.1", 1),
-    VERBS_SYM(destroy_cq, "IBVERBS_1.1", 1),
-    VERBS_SYM(create_qp, "IBVERBS_1.1", 1),
-    VERBS_SYM(modify_qp, "IBVERBS_1.1", 1),
-    VERBS_SYM(destroy_qp, "IBVERBS_1.1", 1),
-    VERBS_SYM(get_async_event, "IBVERBS_1.1", 1),
-    VERBS_SYM(ack_async_event, "IBVERBS_1.1", 1),
-    VERBS_SYM(wc_status_str, "IBVERBS_1.1", 1),
-    VERBS_SYM(event_type_str, "IBVERBS_1.1", 1),
-    VERBS_SYM(reg_dmabuf_mr, "IBVERBS_1.12", 0),
+    VERBS_SYM(get_device_list, "IBVERBS_1.1", 1), VERBS_SYM(free_device_list, "IBVERBS_1.1", 1),
+    VERBS_SYM(get_device_name, "IBVERBS_1.1", 1), VERBS_SYM(open_device, "IBVERBS_1.1", 1),
+    VERBS_SYM(close_device, "IBVERBS_1.1", 1),    VERBS_SYM(query_device, "IBVERBS_1.1", 1),
+    VERBS_SYM(query_port, "IBVERBS_1.1", 1),      VERBS_SYM(query_gid, "IBVERBS_1.1", 1),
+    VERBS_SYM(alloc_pd, "IBVERBS_1.1", 1),        VERBS_SYM(dealloc_pd, "IBVERBS_1.1", 1),
+    VERBS_SYM(reg_mr, "IBVERBS_1.1", 1),          VERBS_SYM(dereg_mr, "IBVERBS_1.1", 1),
+    VERBS_SYM(create_cq, "IBVERBS_1.1", 1),       VERBS_SYM(destroy_cq, "IBVERBS_1.1", 1),
+    VERBS_SYM(create_qp, "IBVERBS_1.1", 1),       VERBS_SYM(modify_qp, "IBVERBS_1.1", 1),
+    VERBS_SYM(destroy_qp, "IBVERBS_1.1", 1),      VERBS_SYM(get_async_event, "IBVERBS_1.1", 1),
+    VERBS_SYM(ack_async_event, "IBVERBS_1.1", 1), VERBS_SYM(wc_status_str, "IBVERBS_1.1", 1),
+    VERBS_SYM(event_type_str, "IBVERBS_1.1", 1),  VERBS_SYM(reg_dmabuf_mr, "IBVERBS_1.12", 0),
 };
 
 /* Fill api_table from @p lib; 0, or -1 with load_why set. */

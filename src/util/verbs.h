@@ -35,8 +35,7 @@ struct cfx_verbs_api {
     int (*query_device)(struct ibv_context *context, struct ibv_device_attr *device_attr);
     int (*query_port)(struct ibv_context *context, uint8_t port_num,
                       struct ibv_port_attr *port_attr);
-    int (*query_gid)(struct ibv_context *context, uint8_t port_num, int index,
-                     union ibv_gid *gid);
+    int (*query_gid)(struct ibv_context *context, uint8_t port_num, int index, union ibv_gid *gid);
     /* Resources. */
     struct ibv_pd *(*alloc_pd)(struct ibv_context *context);
     int (*dealloc_pd)(struct ibv_pd *pd);

@@ -13,14 +13,14 @@
 
 #include "tests/coll_check.h"
 
-#define CFXCHECK(call)                                                                          \
-    do {                                                                                        \
-        cfxResult_t r_ = (call);                                                                \
-        if (r_ != cfxSuccess) {                                                                 \
-            fprintf(stderr, "rank %d: %s failed: %s (%s)\n", rank, #call, cfxGetErrorString(r_), \
-                    cfxGetLastError(comm));                                                     \
-            MPI_Abort(MPI_COMM_WORLD, 1);                                                       \
-        }                                                                                       \
+#define CFXCHECK(call)                                                                             \
+    do {                                                                                           \
+        cfxResult_t r_ = (call);                                                                   \
+        if (r_ != cfxSuccess) {                                                                    \
+            fprintf(stderr, "rank %d: %s failed: %s (%s)\n", rank, #call, cfxGetErrorString(r_),   \
+                    cfxGetLastError(comm));                                                        \
+            MPI_Abort(MPI_COMM_WORLD, 1);                                                          \
+        }                                                                                          \
     } while (0)
 
 static int rank, nranks;
@@ -59,24 +59,32 @@ int main(int argc, char **argv)
                 uint64_t bits;
                 /* allreduce */
                 ref_fill((cfxDataType_t)t, (cfxRedOp_t)op, rank, seed, send, count);
-                CFXCHECK(cfxAllReduce(send, recv, count, (cfxDataType_t)t, (cfxRedOp_t)op, comm, NULL));
+                CFXCHECK(
+                    cfxAllReduce(send, recv, count, (cfxDataType_t)t, (cfxRedOp_t)op, comm, NULL));
                 for (size_t i = 0; i < count; i++) {
                     ref_reduce((cfxDataType_t)t, (cfxRedOp_t)op, nranks, i, seed, &v, &bits);
-                    expect(ref_matches((cfxDataType_t)t, (cfxRedOp_t)op, recv + i * es, v, bits), "allreduce", (cfxDataType_t)t, op, i);
+                    expect(ref_matches((cfxDataType_t)t, (cfxRedOp_t)op, recv + i * es, v, bits),
+                           "allreduce", (cfxDataType_t)t, op, i);
                 }
                 /* reduce to the last rank */
                 int root = nranks - 1;
-                CFXCHECK(cfxReduce(send, recv, count, (cfxDataType_t)t, (cfxRedOp_t)op, root, comm, NULL));
+                CFXCHECK(cfxReduce(send, recv, count, (cfxDataType_t)t, (cfxRedOp_t)op, root, comm,
+                                   NULL));
                 for (size_t i = 0; rank == root && i < count; i++) {
                     ref_reduce((cfxDataType_t)t, (cfxRedOp_t)op, nranks, i, seed, &v, &bits);
-                    expect(ref_matches((cfxDataType_t)t, (cfxRedOp_t)op, recv + i * es, v, bits), "reduce", (cfxDataType_t)t, op, i);
+                    expect(ref_matches((cfxDataType_t)t, (cfxRedOp_t)op, recv + i * es, v, bits),
+                           "reduce", (cfxDataType_t)t, op, i);
                 }
                 /* reduce-scatter */
-                ref_fill((cfxDataType_t)t, (cfxRedOp_t)op, rank, seed, send, count * (size_t)nranks);
-                CFXCHECK(cfxReduceScatter(send, recv, count, (cfxDataType_t)t, (cfxRedOp_t)op, comm, NULL));
+                ref_fill((cfxDataType_t)t, (cfxRedOp_t)op, rank, seed, send,
+                         count * (size_t)nranks);
+                CFXCHECK(cfxReduceScatter(send, recv, count, (cfxDataType_t)t, (cfxRedOp_t)op, comm,
+                                          NULL));
                 for (size_t i = 0; i < count; i++) {
-                    ref_reduce((cfxDataType_t)t, (cfxRedOp_t)op, nranks, (size_t)rank * count + i, seed, &v, &bits);
-                    expect(ref_matches((cfxDataType_t)t, (cfxRedOp_t)op, recv + i * es, v, bits), "reducescatter", (cfxDataType_t)t, op, i);
+                    ref_reduce((cfxDataType_t)t, (cfxRedOp_t)op, nranks, (size_t)rank * count + i,
+                               seed, &v, &bits);
+                    expect(ref_matches((cfxDataType_t)t, (cfxRedOp_t)op, recv + i * es, v, bits),
+                           "reducescatter", (cfxDataType_t)t, op, i);
                 }
             }
             /* Data movement: the bytes of rank r's input. */
@@ -85,9 +93,11 @@ int main(int argc, char **argv)
             for (int q = 0; q < nranks; q++) {
                 char expected[8];
                 for (size_t i = 0; i < count; i++) {
-                    ref_store((cfxDataType_t)t, expected, (double)ref_input((cfxDataType_t)t, cfxMax, q, i, t),
+                    ref_store((cfxDataType_t)t, expected,
+                              (double)ref_input((cfxDataType_t)t, cfxMax, q, i, t),
                               (uint64_t)ref_input((cfxDataType_t)t, cfxMax, q, i, t));
-                    expect(memcmp(recv + ((size_t)q * count + i) * es, expected, es) == 0, "allgather", (cfxDataType_t)t, -1, i);
+                    expect(memcmp(recv + ((size_t)q * count + i) * es, expected, es) == 0,
+                           "allgather", (cfxDataType_t)t, -1, i);
                 }
             }
             int root = 1 % nranks;
@@ -97,7 +107,8 @@ int main(int argc, char **argv)
                 char expected[8];
                 int64_t x = ref_input((cfxDataType_t)t, cfxMax, root, i, t);
                 ref_store((cfxDataType_t)t, expected, (double)x, (uint64_t)x);
-                expect(memcmp(recv + i * es, expected, es) == 0, "broadcast", (cfxDataType_t)t, -1, i);
+                expect(memcmp(recv + i * es, expected, es) == 0, "broadcast", (cfxDataType_t)t, -1,
+                       i);
             }
             /* alltoall, gather, scatter: the same bytes as MPI's */
             int block = (int)(count * es);
@@ -114,7 +125,8 @@ int main(int argc, char **argv)
                            (cfxDataType_t)t, -1, 0);
                 CFXCHECK(cfxScatter(send, recv, count, (cfxDataType_t)t, gr, comm, NULL));
                 MPI_Scatter(send, block, MPI_BYTE, mpi_recv, block, MPI_BYTE, gr, MPI_COMM_WORLD);
-                expect(memcmp(recv, mpi_recv, (size_t)block) == 0, "scatter", (cfxDataType_t)t, -1, 0);
+                expect(memcmp(recv, mpi_recv, (size_t)block) == 0, "scatter", (cfxDataType_t)t, -1,
+                       0);
             }
             ref_fill((cfxDataType_t)t, cfxMax, rank, t, send, count); /* send/recv's input */
             /* send/recv around the ring, in a group */
@@ -127,7 +139,8 @@ int main(int argc, char **argv)
                 char expected[8];
                 int64_t x = ref_input((cfxDataType_t)t, cfxMax, prev, i, t);
                 ref_store((cfxDataType_t)t, expected, (double)x, (uint64_t)x);
-                expect(memcmp(recv + i * es, expected, es) == 0, "send/recv", (cfxDataType_t)t, -1, i);
+                expect(memcmp(recv + i * es, expected, es) == 0, "send/recv", (cfxDataType_t)t, -1,
+                       i);
             }
         }
     }

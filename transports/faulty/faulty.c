@@ -47,8 +47,8 @@ struct faulty_ctx {
     /* [env.nranks]: what the core said of each rank (can_connect, setup);
      * rank -1 until then. Read by tests (cfx_faulty_peer_seen). */
     struct cfx_transport_peer *seen;
-    void *inner_ctx[MAX_INNER];     /* Per registry entry, made on first use. */
-    uint64_t recv_setups;           /* Receive connectors set up / connected so far. */
+    void *inner_ctx[MAX_INNER]; /* Per registry entry, made on first use. */
+    uint64_t recv_setups;       /* Receive connectors set up / connected so far. */
     uint64_t recv_connects;
 };
 
@@ -380,7 +380,8 @@ static int pump(struct faulty_ctx *ctx, struct faulty_conn *fc)
         if (kind == CFX_FAULT_TRUNCATE)
             out_bytes = rule->keep >= 0 && (uint64_t)rule->keep < out_bytes ? (size_t)rule->keep
                                                                             : out_bytes / 2;
-        char *dst = cfx_fifo_data(outer->fifo->info, outer->slots, outer->slot_bytes, index, out_bytes);
+        char *dst =
+            cfx_fifo_data(outer->fifo->info, outer->slots, outer->slot_bytes, index, out_bytes);
         memcpy(dst, src, out_bytes);
         if (kind == CFX_FAULT_CORRUPT && rule->what == CFX_FAULT_DATA && out_bytes > 0)
             dst[rule->offset % out_bytes] ^= (char)0xff;

@@ -30,9 +30,9 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
-#include <signal.h>
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
@@ -49,7 +49,8 @@
 CFX_PARAM_INT(shm_disable, "SHM_DISABLE", 0, 0, 1,
               "1: never use shared memory between ranks of one host (sockets instead)");
 
-#define CHECK_EVERY_NS (50 * CFX_NS_PER_MS) /* Between connect_check calls of a waiting connect. */
+/* Between connect_check calls of a waiting connect. */
+#define CHECK_EVERY_NS (50 * CFX_NS_PER_MS)
 
 /* Per-connector state. */
 struct shm_conn {
@@ -120,8 +121,7 @@ static size_t fifo_bytes(size_t slot_bytes, int n_steps)
 
 static void attach_fifo(struct cfx_connector *conn, void *base, size_t slot_bytes, int n_steps)
 {
-    cfx_connector_set_fifo(conn, base, (char *)base + cfx_fifo_slots_offset(), slot_bytes,
-                           n_steps);
+    cfx_connector_set_fifo(conn, base, (char *)base + cfx_fifo_slots_offset(), slot_bytes, n_steps);
 }
 
 /* Receiver: a fresh, zeroed, pre-faulted FIFO in a memfd whose size is
@@ -141,8 +141,8 @@ static cfxResult_t create_memfd(struct shm_conn *sc, int peer_rank)
         goto err_close;
     }
     if (fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0) {
-        res = cfx_error_set_errno(errno, CFX_LOG_SHM, "shm: cannot seal the shared FIFO for rank %d",
-                                  peer_rank);
+        res = cfx_error_set_errno(errno, CFX_LOG_SHM,
+                                  "shm: cannot seal the shared FIFO for rank %d", peer_rank);
         goto err_close;
     }
     void *base = mmap(NULL, sc->bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
@@ -288,9 +288,8 @@ out_close:
 static cfxResult_t connect_send(const struct shm_ctx *ctx, struct cfx_connector *conn,
                                 struct shm_conn *sc, const struct cfx_shm_info *info)
 {
-    const char *why =
-        cfx_shm_info_refusal(info, fifo_bytes(conn->slot_bytes, conn->n_steps), sc->peer_pid,
-                             sc->peer_pid == (int)getpid());
+    const char *why = cfx_shm_info_refusal(info, fifo_bytes(conn->slot_bytes, conn->n_steps),
+                                           sc->peer_pid, sc->peer_pid == (int)getpid());
     if (why != NULL)
         return cfx_error_set(cfxInternalError, CFX_LOG_SHM,
                              "shm: rank %d described its FIFO with %s", conn->peer_rank, why);
@@ -323,7 +322,8 @@ static int peer_readable(struct cfx_connector *conn, struct shm_conn *sc,
     ssize_t got = process_vm_readv(sc->peer_pid, &local, 1, &far, 1, 0);
     int ok = got == (ssize_t)sizeof(word) && word == info->probe_value;
     CFX_INFO(CFX_LOG_SHM, "shm: single-copy reads of rank %d's memory %s%s%s", conn->peer_rank,
-             ok ? "work" : "are not possible (", ok ? "" : (got < 0 ? strerror(errno) : "wrong word"),
+             ok ? "work" : "are not possible (",
+             ok ? "" : (got < 0 ? strerror(errno) : "wrong word"),
              ok ? "" : "); large allgathers go through the FIFO");
     return ok;
 }

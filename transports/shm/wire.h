@@ -2,10 +2,10 @@
  * The shm transport's connect info: the receiver tells the sender where its
  * FIFO is; the sender tells the receiver where to find a known word in its
  * memory, which the receiver reads once to learn whether it may read the
- * sender's memory directly (the single-copy path). The check is pure, so the fuzzer (fuzz/fuzz_shm_info.c) calls it
- * with any bytes: a sender opens only a descriptor of the peer's own process
- * (never a path the peer chose), and takes a process-local address only from
- * a peer in its own process.
+ * sender's memory directly (the single-copy path). The check is pure, so the fuzzer
+ * (fuzz/fuzz_shm_info.c) calls it with any bytes: a sender opens only a descriptor of the peer's
+ * own process (never a path the peer chose), and takes a process-local address only from a peer in
+ * its own process.
  */
 #ifndef CFX_TRANSPORTS_SHM_WIRE_H
 #define CFX_TRANSPORTS_SHM_WIRE_H
@@ -20,10 +20,10 @@ enum cfx_shm_kind { CFX_SHM_KIND_NONE = 0, CFX_SHM_KIND_MEMFD = 1, CFX_SHM_KIND_
 struct cfx_shm_info {
     uint32_t kind; /* enum cfx_shm_kind */
     uint32_t reserved;
-    uint64_t bytes;      /* Size of the FIFO block. */
-    uint64_t local_addr; /* CFX_SHM_KIND_LOCAL: the FIFO's address in this process. */
-    int32_t pid;         /* CFX_SHM_KIND_MEMFD: the receiver's process ... */
-    int32_t fd;          /* ... and its descriptor of the FIFO (open until the sender maps it). */
+    uint64_t bytes;       /* Size of the FIFO block. */
+    uint64_t local_addr;  /* CFX_SHM_KIND_LOCAL: the FIFO's address in this process. */
+    int32_t pid;          /* CFX_SHM_KIND_MEMFD: the receiver's process ... */
+    int32_t fd;           /* ... and its descriptor of the FIFO (open until the sender maps it). */
     uint64_t probe_addr;  /* Sender: the address of a word in its memory ... */
     uint64_t probe_value; /* ... and the word, for the receiver's trial read. */
 };

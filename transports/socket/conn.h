@@ -19,13 +19,13 @@
 #include "transports/socket/wire.h"
 #include "transports/transport.h"
 
-#define MAX_SOCKS        CFX_SOCK_MAX_SOCKS /* Clamp of NSOCKS_PERTHREAD x SOCKET_NTHREADS. */
+#define MAX_SOCKS CFX_SOCK_MAX_SOCKS /* Clamp of NSOCKS_PERTHREAD x SOCKET_NTHREADS. */
 _Static_assert(MAX_SOCKS <= CFX_PROXY_MAX_FDS, "the proxy watches every socket of a connection");
 #define MIN_PART_BYTES   (64 * 1024) /* Smallest stripe; smaller slots use socket 0 only. */
 #define ACCEPT_SLICE_MS  50          /* Longest wait of connect() between checks. */
 #define HELLO_TIMEOUT_NS (10 * CFX_NS_PER_SEC) /* A socket silent this long is a stranger. */
 #define MAX_PENDING      256                   /* Accepted sockets still owing their hello. */
-#define DRIVE_LEASE_NS   (200 * 1000) /* See cfx_proxy_lease. */
+#define DRIVE_LEASE_NS   (200 * 1000)          /* See cfx_proxy_lease. */
 #define WAIT_MAX_FDS     64
 
 /* One socket's walk through the slots. */
@@ -56,10 +56,10 @@ struct cfx_sock_conn {
     /* Progress (the proxy's pass runs under the proxy's lock). */
     int registered; /* Added to the proxy (set and read by user threads). */
     struct cfx_proxy_client client;
-    uint64_t done_step;           /* Sender: slots released; receiver: slots posted. */
-    uint64_t header_count;        /* Receiver: headers read (sizes known). */
+    uint64_t done_step;               /* Sender: slots released; receiver: slots posted. */
+    uint64_t header_count;            /* Receiver: headers read (sizes known). */
     struct cfx_sock_header header_in; /* Receiver: socket 0's header being read. */
-    int poison_in;                /* Receiver: socket 0 brought a poison header. */
+    int poison_in;                    /* Receiver: socket 0 brought a poison header. */
     cfxResult_t poison_in_reason;
     /* Poison: set by the user side (poison op); the progress thread finishes
      * what was posted, sends a poison header, and shuts the sockets down. */

@@ -94,8 +94,8 @@ static void hello_dispatch(struct cfx_sock_ctx *ctx, struct cfx_sock_pending *p)
         char why[200];
         snprintf(why, sizeof(why),
                  "bad hello for the connection from rank %d (%s: rank %d, socket %u of %u)",
-                 sc->peer_rank, refusal ? refusal : "a second socket with that index",
-                 hello->rank, hello->index, hello->count);
+                 sc->peer_rank, refusal ? refusal : "a second socket with that index", hello->rank,
+                 hello->index, hello->count);
         stranger_drop(p, why);
         return;
     }
@@ -151,7 +151,7 @@ static void accept_service(struct cfx_sock_ctx *ctx)
 
 /* Receiver: accept until every socket of @p sc has arrived. */
 cfxResult_t cfx_sock_connect_recv(struct cfx_sock_ctx *ctx, struct cfx_sock_conn *sc,
-                                const struct cfx_sock_info *info)
+                                  const struct cfx_sock_info *info)
 {
     const char *why = cfx_sock_info_refusal(info, CFX_CONN_RECV, sc->peer_rank);
     if (why != NULL)
@@ -203,7 +203,7 @@ out_unlock:
 
 /* Sender: open the receiver's socket count to its listener, say hello on each. */
 cfxResult_t cfx_sock_connect_send(struct cfx_sock_ctx *ctx, struct cfx_sock_conn *sc,
-                                const struct cfx_sock_info *info)
+                                  const struct cfx_sock_info *info)
 {
     union cfx_sockaddr addr;
     const char *why = cfx_sock_info_refusal(info, CFX_CONN_SEND, sc->peer_rank);
@@ -249,8 +249,8 @@ cfxResult_t cfx_sock_connect_send(struct cfx_sock_ctx *ctx, struct cfx_sock_conn
         }
         int one = 1;
         setsockopt(sc->streams[s].fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
-        struct cfx_sock_hello hello = {CFX_SOCK_HELLO_MAGIC, ctx->rank, sc->conn_id,
-                                       (uint32_t)s, (uint32_t)sc->nsocks};
+        struct cfx_sock_hello hello = {CFX_SOCK_HELLO_MAGIC, ctx->rank, sc->conn_id, (uint32_t)s,
+                                       (uint32_t)sc->nsocks};
         res = cfx_socket_send_all(sc->streams[s].fd, &hello, sizeof(hello), deadline,
                                   ctx->abort_flag, peer);
         if (res != cfxSuccess)

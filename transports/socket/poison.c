@@ -38,9 +38,9 @@ int cfx_sock_poison_progress(struct cfx_sock_conn *sc, int reason, int blame_ran
     int64_t now = cfx_time_now_ns();
     if (sc->poison_deadline_ns == 0)
         sc->poison_deadline_ns = now + POISON_GRACE_NS;
-    struct cfx_sock_header header = {
-        .magic = CFX_SOCK_POISON_MAGIC,
-        .size = (uint64_t)(uint32_t)reason | ((uint64_t)(uint32_t)(blame_rank + 1) << 32)};
+    struct cfx_sock_header header = {.magic = CFX_SOCK_POISON_MAGIC,
+                                     .size = (uint64_t)(uint32_t)reason |
+                                             ((uint64_t)(uint32_t)(blame_rank + 1) << 32)};
     if (sc->dir == CFX_CONN_RECV) {
         /* Sockets carry nothing back normally; the sender's probe reads this. */
         if (send(sc->streams[0].fd, &header, sizeof(header), MSG_NOSIGNAL | MSG_DONTWAIT) < 0 &&
@@ -86,9 +86,8 @@ void cfx_sock_conn_linger(struct cfx_sock_ctx *ctx, struct cfx_sock_conn *sc)
         if (atomic_load_explicit(&sc->failed, memory_order_acquire))
             return;
         int poisoned = atomic_load_explicit(&sc->poison_reason, memory_order_acquire) != 0;
-        int flushed = sc->dir == CFX_CONN_RECV ||
-                      cfx_load_acquire_u64(&sc->fifo->head) ==
-                          cfx_load_acquire_u64(&sc->fifo->tail);
+        int flushed = sc->dir == CFX_CONN_RECV || cfx_load_acquire_u64(&sc->fifo->head) ==
+                                                      cfx_load_acquire_u64(&sc->fifo->tail);
         int done = poisoned ? __atomic_load_n(&sc->poison_done, __ATOMIC_ACQUIRE) : flushed;
         if (done || cfx_time_now_ns() > deadline)
             return;

@@ -286,8 +286,8 @@ static cfxResult_t sock_connect(void *ctx_v, struct cfx_connector *conn, const v
     struct cfx_sock_conn *sc = conn->priv;
     struct cfx_sock_info info;
     memcpy(&info, peer_info, sizeof(info));
-    cfxResult_t res =
-        sc->dir == CFX_CONN_SEND ? cfx_sock_connect_send(ctx, sc, &info) : cfx_sock_connect_recv(ctx, sc, &info);
+    cfxResult_t res = sc->dir == CFX_CONN_SEND ? cfx_sock_connect_send(ctx, sc, &info)
+                                               : cfx_sock_connect_recv(ctx, sc, &info);
     if (res != cfxSuccess)
         return res;
     res = proxy_add(ctx, sc);

@@ -139,8 +139,8 @@ int cfx_sock_send_progress(struct cfx_sock_conn *sc)
             if (st->offset < head_bytes + len) {
                 char *part =
                     cfx_fifo_data(sc->fifo->info, sc->slots, sc->slot_bytes, index, size) + off;
-                struct cfx_sock_header header = {CFX_SOCK_HEADER_MAGIC, (uint32_t)st->step,
-                                                 size, sc->fifo->info[index].print};
+                struct cfx_sock_header header = {CFX_SOCK_HEADER_MAGIC, (uint32_t)st->step, size,
+                                                 sc->fifo->info[index].print};
                 struct iovec iov[2];
                 int n_iov = 0;
                 if (st->offset < head_bytes) {
@@ -354,8 +354,8 @@ static int conn_pass(struct cfx_sock_conn *sc)
 {
     int reason = atomic_load_explicit(&sc->poison_reason, memory_order_acquire);
     if (reason != 0)
-        return cfx_sock_poison_progress(sc, reason,
-                               atomic_load_explicit(&sc->poison_blame, memory_order_relaxed));
+        return cfx_sock_poison_progress(
+            sc, reason, atomic_load_explicit(&sc->poison_blame, memory_order_relaxed));
     if (atomic_load_explicit(&sc->failed, memory_order_relaxed))
         return 0;
     if (sc->dir == CFX_CONN_RECV)
