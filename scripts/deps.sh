@@ -11,6 +11,7 @@ packages=(
   iproute2                              # network namespaces in tests
   openmpi-bin libopenmpi-dev            # examples/allreduce_mpi and its test
   clang libclang-rt-14-dev              # fuzz/ (libFuzzer, sanitizer runtimes for clang)
+  clang-format                          # scripts/format.sh --check (CI stage format)
   # bindings/pytorch and its tests (CFX_WITH_TORCH), for /usr/bin/python3:
   # torch 1.13 and what building an extension against it needs. About a
   # minute on a fresh Debian 12 (many packages, one apt-get run).
