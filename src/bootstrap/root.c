@@ -427,7 +427,9 @@ static void root_run(struct root *root)
     for (;;) {
         int64_t now = cfx_time_now_ns();
         int64_t wake_ns = tick_jobs(root, now);
-        if (root->jobs == NULL && (!root->shared || shared_root_retire(root)))
+        /* A shared root's jobs change under its lock (ids come from other
+         * threads); a root of its own has only this thread to change them. */
+        if (root->shared ? shared_root_retire(root) : root->jobs == NULL)
             return;
         for (int i = root->n_pending - 1; i >= 0; i--)
             if (now - root->pending[i].since_ns > frame_ns)
