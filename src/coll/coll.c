@@ -1,33 +1,79 @@
-/* Operation dispatch: picks the schedule and runs its ready steps. */
+/* Operation dispatch: compiles an op into its work descriptor and runs its
+ * schedule's ready steps (src/coll/schedules.h). */
 #include <stdio.h>
 
 #include "kernels/reduce.h"
 #include "src/coll/op.h"
-#include "src/coll/schedule.h"
+#include "src/coll/prims.h"
+#include "src/coll/schedules.h"
 
-static const struct cfx_schedule *schedule_of(const struct cfx_op *op)
+/* Which schedule runs @p op (the core's description picks it). */
+static enum cfx_algo algo_of(const struct cfx_op *op)
 {
     if (op->nranks == 1 && op->kind != CFX_COLL_SEND && op->kind != CFX_COLL_RECV)
-        return &cfx_local_copy;
+        return CFX_ALGO_LOCAL_COPY;
     if (op->tree)
-        return &cfx_tree_schedule;
+        return CFX_ALGO_TREE;
     if (op->direct)
-        return &cfx_direct_allreduce;
+        return CFX_ALGO_DIRECT_ALLREDUCE;
     if (op->pull)
-        return &cfx_single_copy;
+        return CFX_ALGO_PULL_ALLGATHER;
     switch (op->kind) {
-    case CFX_COLL_ALLREDUCE: return &cfx_ring_allreduce;
-    case CFX_COLL_BROADCAST: return &cfx_chain_broadcast;
-    case CFX_COLL_REDUCE: return &cfx_chain_reduce;
-    case CFX_COLL_ALLGATHER: return &cfx_ring_allgather;
-    case CFX_COLL_REDUCESCATTER: return &cfx_ring_reducescatter;
-    case CFX_COLL_SEND: return &cfx_p2p_send;
-    case CFX_COLL_RECV: return &cfx_p2p_recv;
+    case CFX_COLL_ALLREDUCE: return CFX_ALGO_RING_ALLREDUCE;
+    case CFX_COLL_BROADCAST: return CFX_ALGO_CHAIN_BROADCAST;
+    case CFX_COLL_REDUCE: return CFX_ALGO_CHAIN_REDUCE;
+    case CFX_COLL_ALLGATHER: return CFX_ALGO_RING_ALLGATHER;
+    case CFX_COLL_REDUCESCATTER: return CFX_ALGO_RING_REDUCESCATTER;
+    case CFX_COLL_SEND: return CFX_ALGO_P2P_SEND;
+    case CFX_COLL_RECV: return CFX_ALGO_P2P_RECV;
     case CFX_COLL_ALLTOALL:
     case CFX_COLL_GATHER:
     case CFX_COLL_SCATTER: break; /* Never an op's kind, only a fingerprint's. */
     }
-    return &cfx_local_copy;
+    return CFX_ALGO_LOCAL_COPY;
+}
+
+/* @p conn's index in the op's peer table (CFX_NO_CONN for NULL). */
+static int8_t index_of(const struct cfx_op *op, const struct cfx_connector *conn)
+{
+    if (conn == NULL)
+        return CFX_NO_CONN;
+    for (int i = 0; i < op->n_conns; i++)
+        if (op->conns[i] == conn)
+            return (int8_t)i;
+    return CFX_NO_CONN; /* Not in the table: the core did not attach it. */
+}
+
+/* The op's links by value, as indices into its peer table. */
+static void fill_links(const struct cfx_op *op, struct cfx_links *links)
+{
+    *links = (struct cfx_links){.send = index_of(op, op->send_conn),
+                                .recv = index_of(op, op->recv_conn),
+                                .to_parent = CFX_NO_CONN,
+                                .from_parent = CFX_NO_CONN};
+    for (int i = 0; i < CFX_TREE_MAX_CHILDREN; i++)
+        links->to_child[i] = links->from_child[i] = CFX_NO_CONN;
+    for (int i = 0; i < CFX_DIRECT_MAX_RANKS; i++)
+        links->to[i] = links->from[i] = CFX_NO_CONN;
+    if (op->tree) {
+        const struct cfx_tree_links *t = op->tree;
+        links->tree_root = t->parent < 0;
+        links->n_children = (int8_t)t->n_children;
+        links->to_parent = index_of(op, t->to_parent);
+        links->from_parent = index_of(op, t->from_parent);
+        for (int c = 0; c < t->n_children; c++) {
+            links->to_child[c] = index_of(op, t->to_child[c]);
+            links->from_child[c] = index_of(op, t->from_child[c]);
+        }
+        if (op->recv_conn)
+            links->relay_slots = (uint32_t)op->recv_conn->n_steps;
+    }
+    if (op->direct) {
+        for (int peer = 0; peer < op->nranks && peer < CFX_DIRECT_MAX_RANKS; peer++) {
+            links->to[peer] = index_of(op, op->direct->to[peer]);
+            links->from[peer] = index_of(op, op->direct->from[peer]);
+        }
+    }
 }
 
 const char *cfx_coll_name(enum cfx_coll_kind kind)
@@ -49,27 +95,35 @@ const char *cfx_coll_name(enum cfx_coll_kind kind)
 
 void cfx_coll_prepare(struct cfx_op *op)
 {
+    struct cfx_work *w = &op->work;
     op->elem_bytes = cfx_type_size(op->type);
+    w->algo = (uint8_t)algo_of(op);
+    w->kind = (uint8_t)op->kind;
+    w->type = (uint8_t)op->type;
+    w->redop = (uint8_t)op->op;
+    w->premul = (uint8_t)op->premul;
+    w->check_prints = (uint8_t)op->check_prints;
+    w->n_conns = (uint8_t)op->n_conns;
+    w->reserved = 0;
+    w->rank = op->rank;
+    w->nranks = op->nranks;
+    w->root = op->root;
+    w->elem_bytes = (uint32_t)op->elem_bytes;
+    w->count = op->count;
+    w->premul_bits = op->premul_bits;
+    w->sendbuff = op->sendbuff;
+    w->recvbuff = op->recvbuff;
+    w->print = op->print;
+    w->expect = op->expect;
+    fill_links(op, &w->links);
     /* A slot holds whole elements; one rank copies in a single step. */
-    size_t slot_bytes = op->count * op->elem_bytes;
+    uint64_t slot_bytes = (uint64_t)op->count * op->elem_bytes;
     for (int i = 0; i < op->n_conns; i++)
         if (op->conns[i])
             slot_bytes = op->conns[i]->slot_bytes;
-    if (op->pull)
-        slot_bytes = CFX_PULL_CHUNK_BYTES; /* The data does not go through the slots. */
-    op->chunk_elems = slot_bytes / op->elem_bytes;
-    if (op->chunk_elems == 0)
-        op->chunk_elems = 1;
+    cfx_work_finish(w, slot_bytes);
     op->step = 0;
-    op->n_steps = schedule_of(op)->n_steps(op);
-    /* With mismatch checks on, even an empty operation trades one round of
-     * empty slots, so a rank that called something else is caught. */
-    if (op->n_steps == 0 && op->check_prints && schedule_of(op) != &cfx_local_copy) {
-        size_t saved = op->count;
-        op->count = 1;
-        op->n_steps = schedule_of(op)->n_steps(op);
-        op->count = saved;
-    }
+    op->n_steps = w->n_steps;
     op->next_index = UINT64_MAX;
     op->claimed = 0;
     op->done = op->n_steps == 0;
@@ -81,21 +135,12 @@ int cfx_coll_progress(struct cfx_op *op)
 {
     int ran = 0;
     while (op->step < op->n_steps) {
-        struct cfx_prim_step *step = &op->next;
+        struct cfx_step *step = &op->next;
         if (op->next_index != op->step) {
-            /* Field by field: recv_more is read only up to n_recv_more. */
-            step->flags = 0;
-            step->input = NULL;
-            step->output = NULL;
-            step->n_elems = 0;
-            step->recv = op->recv_conn;
-            step->send = op->send_conn;
-            step->n_recv_more = 0;
-            step->input_pos = 0;
-            schedule_of(op)->describe(op, op->step, step);
+            cfx_schedule_describe(&op->work, op->step, step);
             op->next_index = op->step;
         }
-        if (!cfx_prim_ready(step))
+        if (!cfx_prim_ready(op, step))
             break;
         cfxResult_t res = cfx_prim_run(op, step);
         if (res != cfxSuccess) {
@@ -115,20 +160,20 @@ struct cfx_connector *cfx_coll_waiting_on(const struct cfx_op *op, const char **
 {
     if (op->done || op->step >= op->n_steps)
         return NULL;
-    struct cfx_prim_step step = {.recv = op->recv_conn, .send = op->send_conn};
-    schedule_of(op)->describe(op, op->step, &step);
-    if ((step.flags & CFX_PRIM_RECV) && !cfx_conn_can_take(step.recv)) {
+    struct cfx_step step;
+    cfx_schedule_describe(&op->work, op->step, &step);
+    if ((step.flags & CFX_PRIM_RECV) && !cfx_conn_can_take(op->conns[step.recv])) {
         *what_p = "data from";
-        return step.recv;
+        return op->conns[step.recv];
     }
     for (int i = 0; (step.flags & CFX_PRIM_RECV) && i < step.n_recv_more; i++)
-        if (!cfx_conn_can_take(step.recv_more[i])) {
+        if (!cfx_conn_can_take(op->conns[step.recv_more[i]])) {
             *what_p = "data from";
-            return step.recv_more[i];
+            return op->conns[step.recv_more[i]];
         }
-    if ((step.flags & CFX_PRIM_SEND) && !cfx_conn_can_post(step.send)) {
+    if ((step.flags & CFX_PRIM_SEND) && !cfx_conn_can_post(op->conns[step.send])) {
         *what_p = "a free slot at";
-        return step.send;
+        return op->conns[step.send];
     }
     return NULL;
 }

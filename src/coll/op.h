@@ -1,9 +1,11 @@
 /*
- * A collective or point-to-point operation as the schedules see it: buffers,
- * shape, the connectors it moves data through, and its progress. The core
- * fills it; src/coll turns it into a sequence of primitive steps over
- * connector FIFOs; src/exec (above it) drives many of them at once. An operation never
- * blocks: progress runs the steps that are ready and returns.
+ * A collective or point-to-point operation as the core describes it and the
+ * host executor tracks it: buffers, shape, the connectors it moves data
+ * through, the host's bookkeeping, and its progress. cfx_coll_prepare
+ * compiles the description into the op's work descriptor (work.h: plain
+ * data, what every executor's step loop reads); src/exec (above) drives
+ * many operations at once. An operation never blocks: progress runs the
+ * steps that are ready and returns.
  */
 #ifndef CFX_COLL_OP_H
 #define CFX_COLL_OP_H
@@ -12,16 +14,8 @@
 #include <stdint.h>
 
 #include "conflux.h"
+#include "src/coll/work.h"
 #include "transports/transport.h"
-
-#define CFX_TREE_MAX_CHILDREN 3
-
-/* Most ranks the direct (one-shot) allreduce runs on: each rank holds a
- * connector to and from every other rank, and reduces all inputs in one step. */
-#define CFX_DIRECT_MAX_RANKS 8
-/* Slot size of the direct connectors (at most the communicator's slot size):
- * the algorithm is for small messages; larger ones go in several chunks. */
-#define CFX_DIRECT_SLOT_BYTES ((size_t)64 << 10)
 
 /* A rank's place in one tree, with the connectors of each edge. */
 struct cfx_tree_links {
@@ -41,42 +35,8 @@ struct cfx_direct_links {
     struct cfx_connector *from[CFX_DIRECT_MAX_RANKS];
 };
 
-enum cfx_coll_kind {
-    CFX_COLL_ALLREDUCE,
-    CFX_COLL_BROADCAST,
-    CFX_COLL_REDUCE,
-    CFX_COLL_ALLGATHER,
-    CFX_COLL_REDUCESCATTER,
-    CFX_COLL_SEND,
-    CFX_COLL_RECV,
-    /* Run as sends and receives (kind SEND, RECV) whose fingerprints carry
-     * these kinds, so a peer in another call is told apart. */
-    CFX_COLL_ALLTOALL,
-    CFX_COLL_GATHER,
-    CFX_COLL_SCATTER,
-};
-
 /* Where an operation's buffers live (enum cfx_mem_kind, transports/
  * transport.h) picks the executor that runs it (src/exec/exec.h). */
-
-#define CFX_OP_MAX_CONNS (2 * CFX_DIRECT_MAX_RANKS)
-
-#define CFX_PRIM_MAX_RECV (CFX_DIRECT_MAX_RANKS - 1)
-
-/* One step of a schedule: what it moves where (flags: CFX_PRIM_*, prims.h). */
-struct cfx_prim_step {
-    unsigned flags;
-    const char *input; /* Local contribution (SEND without RECV, or REDUCE). */
-    char *output;      /* Where OUT writes. */
-    size_t n_elems;
-    struct cfx_connector *recv; /* RECV: where from (default: op->recv_conn). */
-    struct cfx_connector *send; /* SEND: where to (default: op->send_conn). */
-    /* RECV | REDUCE only: more connectors whose slots join the reduction
-     * (a tree node with several children). */
-    struct cfx_connector *recv_more[CFX_PRIM_MAX_RECV - 1];
-    int n_recv_more;
-    int input_pos; /* CFX_PRIM_ORDERED: where the input joins the fold (0..n_recv_more+1). */
-};
 
 struct cfx_op {
     /* What (set by the caller). */
@@ -120,7 +80,6 @@ struct cfx_op {
     int spin_limit; /* Idle polls before yielding (the owner knows if cores are scarce). */
     /* Progress (set by cfx_coll_prepare and cfx_coll_progress). */
     size_t elem_bytes;
-    size_t chunk_elems; /* Elements per slot. */
     uint64_t step;
     uint64_t n_steps;
     uint64_t next_index; /* The step described in next; UINT64_MAX: none yet. */
@@ -130,11 +89,15 @@ struct cfx_op {
     int blame_rank; /* On failure: the peer it failed through (-1: it began here). */
     /* Arrays, last: each is written before it is read (n_conns and
      * next_index say what is valid), so cfx_op_clear leaves them alone. */
-    /* Every connector the op uses (claimed in issue order by the executor). */
+    /* The peer table: every connector the op uses (claimed in issue order
+     * by the executor); steps and work.links name them by index. */
     struct cfx_connector *conns[CFX_OP_MAX_CONNS];
+    /* What the schedules read: the fields above as plain data, with the
+     * algorithm's id and the links as indices into conns (cfx_coll_prepare). */
+    struct cfx_work work;
     /* The step at index next_index as the schedule described it: an op
      * that waits polls its FIFOs without describing the step again. */
-    struct cfx_prim_step next;
+    struct cfx_step next;
 };
 
 /* Zero every field of @p op but the arrays at its end (which are written
@@ -172,7 +135,6 @@ static inline void cfx_op_clear(struct cfx_op *op)
     op->probe_sent = 0;
     op->spin_limit = 0;
     op->elem_bytes = 0;
-    op->chunk_elems = 0;
     op->step = 0;
     op->n_steps = 0;
     op->next_index = 0;
@@ -182,7 +144,8 @@ static inline void cfx_op_clear(struct cfx_op *op)
     op->blame_rank = 0;
 }
 
-/* Fill the progress fields; an operation with nothing to move is done at once. */
+/* Fill the work descriptor and the progress fields; an operation with
+ * nothing to move is done at once. */
 void cfx_coll_prepare(struct cfx_op *op);
 
 /* Run every step that is ready; returns how many ran (0: blocked). Sets

@@ -126,7 +126,7 @@ static void copy_twice(char *restrict dst_a, char *restrict dst_b, const char *r
 }
 
 /* A single-copy step: the data moves by read_peer, slots carry addresses. */
-static cfxResult_t run_single_copy(struct cfx_op *op, const struct cfx_prim_step *step)
+static cfxResult_t run_single_copy(struct cfx_op *op, const struct cfx_step *step)
 {
     unsigned flags = step->flags;
     size_t bytes = step->n_elems * op->elem_bytes;
@@ -134,14 +134,14 @@ static cfxResult_t run_single_copy(struct cfx_op *op, const struct cfx_prim_step
     if (flags & CFX_PRIM_RECV) {
         const char *slot;
         uint64_t remote;
-        cfxResult_t res = take(op, step->recv, sizeof(remote), &slot);
+        cfxResult_t res = take(op, op->conns[step->recv], sizeof(remote), &slot);
         if (res != cfxSuccess)
             return res;
         memcpy(&remote, slot, sizeof(remote));
-        cfx_conn_release(step->recv);
-        if (bytes &&
-            (res = cfx_conn_read_peer(step->recv, step->output, remote, bytes)) != cfxSuccess) {
-            struct cfx_connector *from = step->recv;
+        cfx_conn_release(op->conns[step->recv]);
+        if (bytes && (res = cfx_conn_read_peer(op->conns[step->recv], step->output, remote,
+                                               bytes)) != cfxSuccess) {
+            struct cfx_connector *from = op->conns[step->recv];
             op->blame_rank = from->blame_rank >= 0 ? from->blame_rank : from->peer_rank;
             return res;
         }
@@ -149,8 +149,8 @@ static cfxResult_t run_single_copy(struct cfx_op *op, const struct cfx_prim_step
     }
     if (flags & CFX_PRIM_SEND) {
         uint64_t addr = (uint64_t)(uintptr_t)value;
-        memcpy(cfx_conn_post_slot(step->send, sizeof(addr)), &addr, sizeof(addr));
-        cfx_conn_post(step->send, sizeof(addr), &op->print);
+        memcpy(cfx_conn_post_slot(op->conns[step->send], sizeof(addr)), &addr, sizeof(addr));
+        cfx_conn_post(op->conns[step->send], sizeof(addr), &op->print);
     }
     /* After the announcement, so the peer reads while this rank copies. */
     if ((flags & CFX_PRIM_OUT) && step->output != value && bytes)
@@ -173,7 +173,7 @@ static void premul_finish(const struct cfx_op *op, char *out, size_t n)
     }
 }
 
-cfxResult_t cfx_prim_run(struct cfx_op *op, const struct cfx_prim_step *step)
+cfxResult_t cfx_prim_run(struct cfx_op *op, const struct cfx_step *step)
 {
     unsigned flags = step->flags;
     if (flags & (CFX_PRIM_PULL | CFX_PRIM_ADDR))
@@ -184,14 +184,14 @@ cfxResult_t cfx_prim_run(struct cfx_op *op, const struct cfx_prim_step *step)
     const char *more[CFX_PRIM_MAX_RECV - 1];
     char *slot_out = NULL;
     if (flags & CFX_PRIM_RECV) {
-        cfxResult_t res = take(op, step->recv, bytes, &received);
+        cfxResult_t res = take(op, op->conns[step->recv], bytes, &received);
         for (int i = 0; res == cfxSuccess && i < step->n_recv_more; i++)
-            res = take(op, step->recv_more[i], bytes, &more[i]);
+            res = take(op, op->conns[step->recv_more[i]], bytes, &more[i]);
         if (res != cfxSuccess)
             return res;
     }
     if (flags & CFX_PRIM_SEND)
-        slot_out = cfx_conn_post_slot(step->send, bytes);
+        slot_out = cfx_conn_post_slot(op->conns[step->send], bytes);
 
     /* The value this step produces: received (op) input [(op) more], or one of them. */
     const char *value = received ? received : step->input;
@@ -237,11 +237,11 @@ cfxResult_t cfx_prim_run(struct cfx_op *op, const struct cfx_prim_step *step)
             memcpy(slot_out, value, bytes);
     }
     if (flags & CFX_PRIM_RECV) {
-        cfx_conn_release(step->recv);
+        cfx_conn_release(op->conns[step->recv]);
         for (int i = 0; i < step->n_recv_more; i++)
-            cfx_conn_release(step->recv_more[i]);
+            cfx_conn_release(op->conns[step->recv_more[i]]);
     }
     if (flags & CFX_PRIM_SEND)
-        cfx_conn_post(step->send, bytes, &op->print);
+        cfx_conn_post(op->conns[step->send], bytes, &op->print);
     return cfxSuccess;
 }

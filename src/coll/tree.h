@@ -24,37 +24,41 @@
  * two phases interleave a step writes only chunks whose input was read
  * before, so in-place buffers are safe.
  */
-#include "src/coll/schedule.h"
+#ifndef CFX_COLL_TREE_H
+#define CFX_COLL_TREE_H
+
+#include "src/coll/work.h"
 
 /* Chunks of the op; an empty op (a mismatch-check handshake) still has one. */
-static uint64_t n_chunks(const struct cfx_op *op)
+static inline CFX_HOST_DEVICE uint64_t cfx_tree_chunks(const struct cfx_work *w)
 {
-    uint64_t chunks = cfx_coll_chunk_steps(op);
+    uint64_t chunks = cfx_work_chunks(w);
     return chunks > 0 ? chunks : 1;
 }
 
-static int is_tree_root(const struct cfx_op *op)
+static inline CFX_HOST_DEVICE int cfx_tree_is_root(const struct cfx_work *w)
 {
-    return op->tree->parent < 0;
+    return w->links.tree_root;
 }
 
 /* Steps per chunk in each phase, for this rank. */
-static void phase_steps(const struct cfx_op *op, int *first_p, int *second_p)
+static inline CFX_HOST_DEVICE void cfx_tree_phase_steps(const struct cfx_work *w, int *first_p,
+                                                        int *second_p)
 {
-    const struct cfx_tree_links *t = op->tree;
-    int down = is_tree_root(op) ? t->n_children : (t->n_children > 0 ? t->n_children : 1);
-    switch (op->kind) {
+    const struct cfx_links *t = &w->links;
+    int down = cfx_tree_is_root(w) ? t->n_children : (t->n_children > 0 ? t->n_children : 1);
+    switch (w->kind) {
     case CFX_COLL_BROADCAST:
         /* The relay runs between the call's root and the tree root, when they differ. */
-        *first_p =
-            (op->rank == op->root) != is_tree_root(op) && (op->rank == op->root || is_tree_root(op))
-                ? 1
-                : 0;
+        *first_p = (w->rank == w->root) != cfx_tree_is_root(w) &&
+                           (w->rank == w->root || cfx_tree_is_root(w))
+                       ? 1
+                       : 0;
         *second_p = down;
         break;
     case CFX_COLL_REDUCE:
         *first_p = 1;
-        *second_p = op->rank == op->root && !is_tree_root(op) ? 1 : 0;
+        *second_p = w->rank == w->root && !cfx_tree_is_root(w) ? 1 : 0;
         break;
     default:
         *first_p = 1;
@@ -63,20 +67,20 @@ static void phase_steps(const struct cfx_op *op, int *first_p, int *second_p)
     }
 }
 
-static uint64_t tree_steps(const struct cfx_op *op)
+static inline CFX_HOST_DEVICE uint64_t cfx_tree_steps(const struct cfx_work *w)
 {
-    if (cfx_coll_chunk_steps(op) == 0)
+    if (cfx_work_chunks(w) == 0)
         return 0; /* Empty: no steps (the core asks again with a handshake). */
     int first, second;
-    phase_steps(op, &first, &second);
-    return n_chunks(op) * (uint64_t)(first + second);
+    cfx_tree_phase_steps(w, &first, &second);
+    return cfx_tree_chunks(w) * (uint64_t)(first + second);
 }
 
 /* Up: children's slots reduced with the input, sent up (or kept at the top). */
-static void describe_up(const struct cfx_op *op, const char *in, char *out,
-                        struct cfx_prim_step *step)
+static inline CFX_HOST_DEVICE void cfx_tree_describe_up(const struct cfx_work *w, const char *in,
+                                                        char *out, struct cfx_step *step)
 {
-    const struct cfx_tree_links *t = op->tree;
+    const struct cfx_links *t = &w->links;
     step->input = in;
     step->output = out;
     if (t->n_children == 0) {
@@ -89,29 +93,30 @@ static void describe_up(const struct cfx_op *op, const char *in, char *out,
     step->n_recv_more = t->n_children - 1;
     for (int c = 1; c < t->n_children; c++)
         step->recv_more[c - 1] = t->from_child[c];
-    if (!is_tree_root(op)) {
+    if (!cfx_tree_is_root(w)) {
         step->flags |= CFX_PRIM_SEND;
         step->send = t->to_parent;
-    } else if (op->kind == CFX_COLL_REDUCE && op->root != op->rank) {
+    } else if (w->kind == CFX_COLL_REDUCE && w->root != w->rank) {
         step->flags |= CFX_PRIM_SEND;
-        step->send = op->send_conn; /* To the call's root. */
+        step->send = w->links.send; /* To the call's root. */
     } else {
-        step->flags |= CFX_PRIM_OUT | (op->op == cfxAvg ? CFX_PRIM_AVG : 0);
+        step->flags |= CFX_PRIM_OUT | (w->redop == cfxAvg ? CFX_PRIM_AVG : 0);
     }
 }
 
 /* Down: the result from the parent (or, at the top, the rank's own) to the children. */
-static void describe_down(const struct cfx_op *op, int k, const char *in, char *out,
-                          struct cfx_prim_step *step)
+static inline CFX_HOST_DEVICE void cfx_tree_describe_down(const struct cfx_work *w, int k,
+                                                          const char *in, char *out,
+                                                          struct cfx_step *step)
 {
-    const struct cfx_tree_links *t = op->tree;
+    const struct cfx_links *t = &w->links;
     step->output = out;
-    if (is_tree_root(op)) {
+    if (cfx_tree_is_root(w)) {
         step->flags = CFX_PRIM_SEND;
         step->send = t->to_child[k];
         step->input = out;
         /* A broadcast from the tree root starts from its input. */
-        if (k == 0 && op->kind == CFX_COLL_BROADCAST && op->root == op->rank) {
+        if (k == 0 && w->kind == CFX_COLL_BROADCAST && w->root == w->rank) {
             step->flags |= CFX_PRIM_OUT;
             step->input = in;
         }
@@ -140,17 +145,17 @@ static void describe_down(const struct cfx_op *op, int k, const char *in, char *
  * Interleaved instead: up(0 .. L-1), then up(c) and back(c - L) in turns,
  * then the last L backs, with the lag L at most the relay's depth, so the
  * tree root always has room for every chunk this rank has sent up. */
-static int reduce_root_interleaved(const struct cfx_op *op)
+static inline CFX_HOST_DEVICE int cfx_tree_reduce_root_interleaved(const struct cfx_work *w)
 {
-    return op->kind == CFX_COLL_REDUCE && op->rank == op->root && !is_tree_root(op);
+    return w->kind == CFX_COLL_REDUCE && w->rank == w->root && !cfx_tree_is_root(w);
 }
 
-static void reduce_root_phase(const struct cfx_op *op, uint64_t index, int *in_first_p,
-                              uint64_t *chunk_p)
+static inline CFX_HOST_DEVICE void cfx_tree_reduce_root_phase(const struct cfx_work *w,
+                                                              uint64_t index, int *in_first_p,
+                                                              uint64_t *chunk_p)
 {
-    uint64_t chunks = n_chunks(op);
-    uint64_t lag =
-        op->recv_conn && op->recv_conn->n_steps > 0 ? (uint64_t)op->recv_conn->n_steps : 1;
+    uint64_t chunks = cfx_tree_chunks(w);
+    uint64_t lag = w->links.relay_slots > 0 ? (uint64_t)w->links.relay_slots : 1;
     if (lag > chunks)
         lag = chunks;
     uint64_t pairs_end = lag + 2 * (chunks - lag);
@@ -167,57 +172,55 @@ static void reduce_root_phase(const struct cfx_op *op, uint64_t index, int *in_f
     }
 }
 
-static void tree_describe(const struct cfx_op *op, uint64_t index, struct cfx_prim_step *step)
+static inline CFX_HOST_DEVICE void cfx_tree_describe(const struct cfx_work *w, uint64_t index,
+                                                     struct cfx_step *step)
 {
     int first, second, in_first, k;
     uint64_t chunk;
-    phase_steps(op, &first, &second);
-    if (reduce_root_interleaved(op)) {
-        reduce_root_phase(op, index, &in_first, &chunk);
+    cfx_tree_phase_steps(w, &first, &second);
+    if (cfx_tree_reduce_root_interleaved(w)) {
+        cfx_tree_reduce_root_phase(w, index, &in_first, &chunk);
         k = 0;
     } else {
-        uint64_t first_total = n_chunks(op) * (uint64_t)first;
+        uint64_t first_total = cfx_tree_chunks(w) * (uint64_t)first;
         in_first = index < first_total;
         uint64_t local = in_first ? index : index - first_total;
         int per_chunk = in_first ? first : second;
         chunk = local / (uint64_t)per_chunk;
         k = (int)(local % (uint64_t)per_chunk);
     }
-    size_t offset, len;
-    cfx_coll_chunk_of(op, chunk, &offset, &len);
-    const char *in = cfx_coll_at(op->sendbuff, offset, op->elem_bytes);
-    char *out = cfx_coll_at(op->recvbuff, offset, op->elem_bytes);
+    uint64_t offset, len;
+    cfx_work_chunk_of(w, chunk, &offset, &len);
+    const char *in = cfx_coll_at(w->sendbuff, offset, w->elem_bytes);
+    char *out = cfx_coll_at(w->recvbuff, offset, w->elem_bytes);
     step->n_elems = len;
     step->n_recv_more = 0;
-    if (op->kind == CFX_COLL_BROADCAST && in_first) {
+    if (w->kind == CFX_COLL_BROADCAST && in_first) {
         /* Relay from the call's root to the tree root. */
         step->output = out;
-        if (op->rank == op->root) {
+        if (w->rank == w->root) {
             step->flags = CFX_PRIM_SEND | CFX_PRIM_OUT;
             step->input = in;
-            step->send = op->send_conn;
+            step->send = w->links.send;
         } else {
             step->flags = CFX_PRIM_RECV | CFX_PRIM_OUT;
             step->input = NULL;
-            step->recv = op->recv_conn;
+            step->recv = w->links.recv;
         }
         return;
     }
-    if (op->kind == CFX_COLL_REDUCE && !in_first) {
+    if (w->kind == CFX_COLL_REDUCE && !in_first) {
         /* The call's root receives the result from the tree root. */
-        step->flags = CFX_PRIM_RECV | CFX_PRIM_OUT | (op->op == cfxAvg ? CFX_PRIM_AVG : 0);
+        step->flags = CFX_PRIM_RECV | CFX_PRIM_OUT | (w->redop == cfxAvg ? CFX_PRIM_AVG : 0);
         step->input = NULL;
         step->output = out;
-        step->recv = op->recv_conn;
+        step->recv = w->links.recv;
         return;
     }
     if (in_first)
-        describe_up(op, in, out, step);
+        cfx_tree_describe_up(w, in, out, step);
     else
-        describe_down(op, k, in, out, step);
+        cfx_tree_describe_down(w, k, in, out, step);
 }
 
-const struct cfx_schedule cfx_tree_schedule = {
-    .n_steps = tree_steps,
-    .describe = tree_describe,
-};
+#endif /* CFX_COLL_TREE_H */

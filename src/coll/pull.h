@@ -23,20 +23,22 @@
  *     send -> send|addr, recv -> recv|pull
  *   then n steps: send, (recv|send) n-2 times, recv (all empty).
  */
-#include "src/coll/schedule.h"
+#ifndef CFX_COLL_PULL_H
+#define CFX_COLL_PULL_H
 
-static const struct cfx_schedule *const base = &cfx_ring_allgather;
+#include "src/coll/ring.h"
 
-static uint64_t pull_steps(const struct cfx_op *op)
+static inline CFX_HOST_DEVICE uint64_t cfx_pull_allgather_steps(const struct cfx_work *w)
 {
-    return base->n_steps(op) + (uint64_t)op->nranks;
+    return cfx_ring_allgather_steps(w) + (uint64_t)w->nranks;
 }
 
-static void pull_describe(const struct cfx_op *op, uint64_t index, struct cfx_prim_step *step)
+static inline CFX_HOST_DEVICE void
+cfx_pull_allgather_describe(const struct cfx_work *w, uint64_t index, struct cfx_step *step)
 {
-    uint64_t data = base->n_steps(op);
+    uint64_t data = cfx_ring_allgather_steps(w);
     if (index < data) {
-        base->describe(op, index, step);
+        cfx_ring_allgather_describe(w, index, step);
         if (step->flags & CFX_PRIM_RECV)
             step->flags |= CFX_PRIM_PULL;
         if (step->flags & CFX_PRIM_SEND)
@@ -46,13 +48,10 @@ static void pull_describe(const struct cfx_op *op, uint64_t index, struct cfx_pr
     uint64_t k = index - data;
     step->flags =
         k == 0 ? CFX_PRIM_SEND
-               : (k == (uint64_t)op->nranks - 1 ? CFX_PRIM_RECV : CFX_PRIM_RECV | CFX_PRIM_SEND);
+               : (k == (uint64_t)w->nranks - 1 ? CFX_PRIM_RECV : CFX_PRIM_RECV | CFX_PRIM_SEND);
     step->input = NULL;
     step->output = NULL;
     step->n_elems = 0;
 }
 
-const struct cfx_schedule cfx_single_copy = {
-    .n_steps = pull_steps,
-    .describe = pull_describe,
-};
+#endif /* CFX_COLL_PULL_H */

@@ -1,0 +1,519 @@
+/*
+ * Every schedule through the step loop a kernel runs (src/coll/steploop.h,
+ * compiled here as host code): 1 to 8 ranks in one thread, each rank a work
+ * descriptor and a peer table of FIFO views over host memory, driven round
+ * robin until every rank is done. Results are checked against a reference
+ * computed directly; a round in which no rank can move is a deadlock and
+ * fails naming each stuck rank's step. Also: slot counts and sizes that
+ * force many chunks, in-place buffers, Avg and PreMulSum finishes, and a
+ * mismatched fingerprint reported as a status on the right connector.
+ */
+#include <criterion/criterion.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "src/coll/steploop.h"
+
+#define MAX_RANKS 8
+/* Per rank: up to two work descriptors (point to point runs a send and a receive). */
+#define MAX_LOOPS (2 * MAX_RANKS)
+
+struct rank_state {
+    struct cfx_work work;
+    struct cfx_conn conns[CFX_OP_MAX_CONNS];
+    struct cfx_steploop loop;
+};
+
+struct world {
+    int nranks;
+    int n_steps;       /* FIFO depth. */
+    size_t slot_bytes; /* Slot size. */
+    struct rank_state st[MAX_LOOPS];
+    void *blocks[4 * MAX_RANKS * MAX_RANKS]; /* FIFO memory, freed at the end. */
+    int n_blocks;
+};
+
+/* A FIFO from loop @p a (producer) to loop @p b (consumer); *ia_p and
+ * *ib_p receive the indices in their peer tables. */
+static void fifo_between(struct world *wd, int a, int b, int8_t *ia_p, int8_t *ib_p)
+{
+    size_t bytes = cfx_fifo_slots_offset() + (size_t)wd->n_steps * wd->slot_bytes;
+    void *block = aligned_alloc(4096, (bytes + 4095) & ~(size_t)4095);
+    cr_assert_not_null(block);
+    memset(block, 0, bytes);
+    wd->blocks[wd->n_blocks++] = block;
+    struct cfx_fifo *fifo = block;
+    char *slots = (char *)block + cfx_fifo_slots_offset();
+    struct rank_state *sa = &wd->st[a], *sb = &wd->st[b];
+    cr_assert(sa->work.n_conns < CFX_OP_MAX_CONNS && sb->work.n_conns < CFX_OP_MAX_CONNS);
+    *ia_p = (int8_t)sa->work.n_conns++;
+    *ib_p = (int8_t)sb->work.n_conns++;
+    cfx_fifo_view(&sa->conns[*ia_p], fifo, slots, wd->slot_bytes, wd->n_steps);
+    cfx_fifo_view(&sb->conns[*ib_p], fifo, slots, wd->slot_bytes, wd->n_steps);
+}
+
+static void world_free(struct world *wd)
+{
+    for (int i = 0; i < wd->n_blocks; i++)
+        free(wd->blocks[i]);
+    wd->n_blocks = 0;
+}
+
+/* Every loop's work: shape, fingerprints, no links yet. */
+static void world_init(struct world *wd, int n_loops, int nranks, int n_steps, size_t slot_bytes)
+{
+    memset(wd, 0, sizeof(*wd));
+    wd->nranks = nranks;
+    wd->n_steps = n_steps;
+    wd->slot_bytes = slot_bytes;
+    for (int i = 0; i < n_loops; i++) {
+        struct cfx_work *w = &wd->st[i].work;
+        memset(&w->links, CFX_NO_CONN, sizeof(w->links));
+        w->links.tree_root = 0;
+        w->links.n_children = 0;
+        w->links.relay_slots = 0;
+    }
+}
+
+static void set_work(struct cfx_work *w, enum cfx_algo algo, enum cfx_coll_kind kind,
+                     cfxDataType_t type, cfxRedOp_t redop, int rank, int nranks, int root,
+                     uint64_t count, const void *sendbuff, void *recvbuff)
+{
+    w->algo = (uint8_t)algo;
+    w->kind = (uint8_t)kind;
+    w->type = (uint8_t)type;
+    w->redop = (uint8_t)redop;
+    w->rank = rank;
+    w->nranks = nranks;
+    w->root = root;
+    w->count = count;
+    w->elem_bytes = type == cfxFloat64 ? 8 : 4;
+    w->sendbuff = sendbuff;
+    w->recvbuff = recvbuff;
+    w->check_prints = 1;
+    struct cfx_fingerprint print = {.seq = 42,
+                                    .count = count,
+                                    .root = root,
+                                    .kind = (uint8_t)(kind == CFX_COLL_RECV ? CFX_COLL_SEND : kind),
+                                    .type = (uint8_t)type,
+                                    .op = (uint8_t)redop,
+                                    .valid = 1};
+    w->print = print;
+    w->expect = print;
+}
+
+/* Drives loops [0, n_loops) until all are done. Returns the first failure
+ * status, or 0; a round without progress fails the test naming the steps. */
+static int drive(struct world *wd, int n_loops)
+{
+    for (int i = 0; i < n_loops; i++) {
+        cfx_work_finish(&wd->st[i].work, wd->slot_bytes);
+        cfx_steploop_init(&wd->st[i].loop, &wd->st[i].work, wd->st[i].conns);
+    }
+    for (;;) {
+        int ran = 0, done = 0;
+        for (int i = 0; i < n_loops; i++) {
+            struct cfx_steploop *l = &wd->st[i].loop;
+            ran += cfx_steploop_progress(l);
+            if (l->status > CFX_STEPLOOP_DONE)
+                return l->status;
+            done += l->status == CFX_STEPLOOP_DONE;
+        }
+        if (done == n_loops) {
+            /* Every slot posted was taken: the ranks agreed on every step. */
+            for (int b = 0; b < wd->n_blocks; b++) {
+                const struct cfx_fifo *f = wd->blocks[b];
+                cr_assert_eq(f->tail, f->head,
+                             "%s: a FIFO ends with %llu slots posted and %llu taken",
+                             cfx_schedule_name(wd->st[0].work.algo), (unsigned long long)f->tail,
+                             (unsigned long long)f->head);
+            }
+            return 0;
+        }
+        if (ran == 0) {
+            char text[512] = "";
+            for (int i = 0; i < n_loops; i++) {
+                const struct cfx_steploop *l = &wd->st[i].loop;
+                char one[64];
+                snprintf(one, sizeof(one), " [%d: %s step %llu/%llu]", i,
+                         cfx_schedule_name(l->work->algo), (unsigned long long)l->step,
+                         (unsigned long long)l->work->n_steps);
+                strncat(text, one, sizeof(text) - strlen(text) - 1);
+            }
+            cr_assert_fail("deadlock: no loop can move:%s", text);
+            return -1;
+        }
+    }
+}
+
+/* ------------------------------------------------------------ references */
+
+static int32_t input_value(int rank, uint64_t i, cfxRedOp_t redop)
+{
+    if (redop == cfxProd)
+        return 1 + (int32_t)((rank + i) % 2);
+    return (int32_t)((rank * 7 + i * 3) % 11) - 5;
+}
+
+static int32_t fold_int(int32_t a, int32_t b, cfxRedOp_t redop)
+{
+    switch (redop) {
+    case cfxProd: return a * b;
+    case cfxMax: return a > b ? a : b;
+    case cfxMin: return a < b ? a : b;
+    default: return a + b;
+    }
+}
+
+/* Ring connectivity: loop r sends to r+1, receives from r-1. */
+static void ring_links(struct world *wd, int n)
+{
+    for (int r = 0; r < n; r++) {
+        int8_t s, v;
+        fifo_between(wd, r, (r + 1) % n, &s, &v);
+        wd->st[r].work.links.send = s;
+        wd->st[(r + 1) % n].work.links.recv = v;
+    }
+}
+
+/* ---------------------------------------------------- reduction families */
+
+enum family { RING_AR, TREE_AR, DIRECT_AR, CHAIN_REDUCE, TREE_REDUCE, RING_RS };
+
+/* Tree with @p arity children per rank, rooted at rank 0, plus the relay
+ * between the call's @p root and rank 0 when they differ. */
+static void tree_links(struct world *wd, int n, int arity, int root)
+{
+    for (int r = 1; r < n; r++) {
+        int parent = (r - 1) / arity;
+        struct cfx_links *c = &wd->st[r].work.links, *p = &wd->st[parent].work.links;
+        int k = p->n_children++;
+        fifo_between(wd, r, parent, &c->to_parent, &p->from_child[k]);
+        fifo_between(wd, parent, r, &p->to_child[k], &c->from_parent);
+    }
+    wd->st[0].work.links.tree_root = 1;
+    if (root != 0 && n > 1) {
+        struct cfx_links *at_root = &wd->st[root].work.links, *top = &wd->st[0].work.links;
+        fifo_between(wd, root, 0, &at_root->send, &top->recv);
+        fifo_between(wd, 0, root, &top->send, &at_root->recv);
+        at_root->relay_slots = (uint32_t)wd->n_steps;
+        top->relay_slots = (uint32_t)wd->n_steps;
+    }
+}
+
+static void direct_links(struct world *wd, int n)
+{
+    for (int a = 0; a < n; a++)
+        for (int b = 0; b < n; b++)
+            if (a != b)
+                fifo_between(wd, a, b, &wd->st[a].work.links.to[b],
+                             &wd->st[b].work.links.from[a]);
+}
+
+static void run_reduction(enum family fam, int n, uint64_t count, cfxRedOp_t redop, int in_place,
+                          int n_steps, size_t slot_bytes, int arity, int root)
+{
+    static struct world wd;
+    world_init(&wd, n, n, n_steps, slot_bytes);
+    int rs = fam == RING_RS;
+    uint64_t in_count = rs ? count * (uint64_t)n : count;
+    int32_t *in[MAX_RANKS], *out[MAX_RANKS];
+    for (int r = 0; r < n; r++) {
+        in[r] = malloc((in_count + 1) * sizeof(int32_t));
+        out[r] = malloc((count + 1) * sizeof(int32_t));
+        for (uint64_t i = 0; i < in_count; i++)
+            in[r][i] = input_value(r, i, redop);
+        for (uint64_t i = 0; i < count; i++)
+            out[r][i] = -999;
+    }
+    enum cfx_algo algo = fam == RING_AR        ? CFX_ALGO_RING_ALLREDUCE
+                         : fam == TREE_AR      ? CFX_ALGO_TREE
+                         : fam == DIRECT_AR    ? CFX_ALGO_DIRECT_ALLREDUCE
+                         : fam == CHAIN_REDUCE ? CFX_ALGO_CHAIN_REDUCE
+                         : fam == TREE_REDUCE  ? CFX_ALGO_TREE
+                                               : CFX_ALGO_RING_REDUCESCATTER;
+    enum cfx_coll_kind kind = (fam == CHAIN_REDUCE || fam == TREE_REDUCE) ? CFX_COLL_REDUCE
+                              : rs                                        ? CFX_COLL_REDUCESCATTER
+                                                                          : CFX_COLL_ALLREDUCE;
+    if (n == 1)
+        algo = CFX_ALGO_LOCAL_COPY;
+    for (int r = 0; r < n; r++) {
+        void *recv = in_place ? (rs ? (void *)(in[r] + (uint64_t)r * count) : (void *)in[r])
+                              : (void *)out[r];
+        set_work(&wd.st[r].work, algo, kind, cfxInt32, redop, r, n,
+                 kind == CFX_COLL_REDUCE ? root : -1, count, in[r], recv);
+    }
+    if (n > 1) {
+        if (fam == RING_AR || fam == CHAIN_REDUCE || fam == RING_RS)
+            ring_links(&wd, n);
+        else if (fam == DIRECT_AR)
+            direct_links(&wd, n);
+        else
+            tree_links(&wd, n, arity, kind == CFX_COLL_REDUCE ? root : 0);
+    }
+    int status = drive(&wd, n);
+    cr_assert_eq(status, 0, "%s on %d ranks, count %llu: status %d",
+                 cfx_schedule_name(wd.st[0].work.algo), n, (unsigned long long)count, status);
+    /* Reference: the fold over every rank's input (computed before running
+     * in place, from the same formula). */
+    for (int r = 0; r < n; r++) {
+        if (kind == CFX_COLL_REDUCE && r != root)
+            continue;
+        const int32_t *got = (const int32_t *)wd.st[r].work.recvbuff;
+        for (uint64_t i = 0; i < count; i++) {
+            uint64_t at = rs ? (uint64_t)r * count + i : i;
+            int32_t want = input_value(0, at, redop);
+            for (int q = 1; q < n; q++)
+                want = fold_int(want, input_value(q, at, redop), redop);
+            if (got[i] != want)
+                cr_assert_fail("%s on %d ranks, count %llu, op %d%s: rank %d element %llu is %d, not %d",
+                        cfx_schedule_name(wd.st[r].work.algo), n, (unsigned long long)count,
+                        (int)redop, in_place ? " in place" : "", r, (unsigned long long)i, got[i],
+                        want);
+            if (got[i] != want)
+                break;
+        }
+    }
+    for (int r = 0; r < n; r++) {
+        free(in[r]);
+        free(out[r]);
+    }
+    world_free(&wd);
+}
+
+static const uint64_t counts[] = {0, 1, 7, 300, 4099};
+
+Test(steploop, ring_allreduce_every_size_1_to_8_ranks)
+{
+    for (int n = 1; n <= MAX_RANKS; n++)
+        for (size_t c = 0; c < sizeof(counts) / sizeof(counts[0]); c++)
+            for (int in_place = 0; in_place < 2; in_place++)
+                run_reduction(RING_AR, n, counts[c], cfxSum, in_place, 4, 256, 2, 0);
+}
+
+Test(steploop, ring_allreduce_ops_and_fifo_depths)
+{
+    cfxRedOp_t ops[] = {cfxSum, cfxProd, cfxMax, cfxMin};
+    for (int n = 2; n <= MAX_RANKS; n += 3)
+        for (int o = 0; o < 4; o++)
+            for (int depth = 2; depth <= 8; depth *= 2) /* CFX_STEPS is at least 2. */
+                run_reduction(RING_AR, n, 1000, ops[o], 0, depth, 64, 2, 0);
+}
+
+Test(steploop, tree_allreduce_binary_and_ternary)
+{
+    for (int n = 1; n <= MAX_RANKS; n++)
+        for (int arity = 2; arity <= CFX_TREE_MAX_CHILDREN; arity++)
+            for (size_t c = 0; c < sizeof(counts) / sizeof(counts[0]); c++)
+                for (int in_place = 0; in_place < 2; in_place++)
+                    run_reduction(TREE_AR, n, counts[c], cfxSum, in_place, 2, 128, arity, 0);
+}
+
+Test(steploop, direct_allreduce_folds_in_rank_order)
+{
+    for (int n = 1; n <= MAX_RANKS; n++)
+        for (size_t c = 0; c < sizeof(counts) / sizeof(counts[0]); c++)
+            for (int in_place = 0; in_place < 2; in_place++)
+                run_reduction(DIRECT_AR, n, counts[c], c % 2 ? cfxMax : cfxSum, in_place, 4, 256,
+                              2, 0);
+}
+
+Test(steploop, chain_and_tree_reduce_every_root)
+{
+    for (int n = 1; n <= MAX_RANKS; n++)
+        for (int root = 0; root < n; root++)
+            for (size_t c = 1; c < sizeof(counts) / sizeof(counts[0]); c++) {
+                run_reduction(CHAIN_REDUCE, n, counts[c], cfxSum, 0, 4, 256, 2, root);
+                run_reduction(TREE_REDUCE, n, counts[c], cfxSum, 0, 2, 128, 2, root);
+            }
+}
+
+Test(steploop, ring_reducescatter_every_size)
+{
+    for (int n = 1; n <= MAX_RANKS; n++)
+        for (size_t c = 0; c < sizeof(counts) / sizeof(counts[0]); c++)
+            for (int in_place = 0; in_place < 2; in_place++)
+                run_reduction(RING_RS, n, counts[c], cfxSum, in_place, 4, 256, 2, 0);
+}
+
+/* ------------------------------------------------------ data movement only */
+
+enum move { CHAIN_BCAST, TREE_BCAST, RING_AG, PULL_AG, P2P };
+
+static void run_move(enum move mv, int n, uint64_t count, int root, int n_steps, size_t slot_bytes)
+{
+    static struct world wd;
+    int p2p = mv == P2P;
+    int n_loops = p2p ? 2 * n : n;
+    world_init(&wd, n_loops, n, n_steps, slot_bytes);
+    int gather = mv == RING_AG || mv == PULL_AG;
+    uint64_t out_count = gather ? count * (uint64_t)n : count;
+    int32_t *in[MAX_RANKS], *out[MAX_RANKS];
+    for (int r = 0; r < n; r++) {
+        in[r] = malloc((count + 1) * sizeof(int32_t));
+        out[r] = malloc((out_count + 1) * sizeof(int32_t));
+        for (uint64_t i = 0; i < count; i++)
+            in[r][i] = (int32_t)(r * 100000 + (int)i);
+        for (uint64_t i = 0; i < out_count; i++)
+            out[r][i] = -1;
+    }
+    for (int r = 0; r < n; r++) {
+        switch (mv) {
+        case CHAIN_BCAST:
+        case TREE_BCAST:
+            set_work(&wd.st[r].work,
+                     n == 1                ? CFX_ALGO_LOCAL_COPY
+                     : mv == CHAIN_BCAST ? CFX_ALGO_CHAIN_BROADCAST
+                                           : CFX_ALGO_TREE,
+                     CFX_COLL_BROADCAST, cfxInt32, cfxSum, r, n, root, count, in[r], out[r]);
+            break;
+        case RING_AG:
+        case PULL_AG:
+            set_work(&wd.st[r].work,
+                     n == 1           ? CFX_ALGO_LOCAL_COPY
+                     : mv == RING_AG ? CFX_ALGO_RING_ALLGATHER
+                                      : CFX_ALGO_PULL_ALLGATHER,
+                     CFX_COLL_ALLGATHER, cfxInt32, cfxSum, r, n, -1, count, in[r], out[r]);
+            break;
+        case P2P:
+            /* Loop r sends to r+1; loop n+r receives from r-1. */
+            set_work(&wd.st[r].work, CFX_ALGO_P2P_SEND, CFX_COLL_SEND, cfxInt32, cfxSum, r, n,
+                     (r + 1) % n, count, in[r], NULL);
+            set_work(&wd.st[n + r].work, CFX_ALGO_P2P_RECV, CFX_COLL_RECV, cfxInt32, cfxSum, r, n,
+                     (r + n - 1) % n, count, NULL, out[r]);
+            break;
+        }
+    }
+    if (p2p) {
+        for (int r = 0; r < n; r++) {
+            int8_t s, v;
+            fifo_between(&wd, r, n + (r + 1) % n, &s, &v);
+            wd.st[r].work.links.send = s;
+            wd.st[n + (r + 1) % n].work.links.recv = v;
+        }
+        /* Fingerprints carry the receiver's peer as the sender's root. */
+        for (int r = 0; r < n; r++)
+            wd.st[n + r].work.expect.root = r;
+    } else if (n > 1) {
+        if (mv == TREE_BCAST)
+            tree_links(&wd, n, 2, root);
+        else
+            ring_links(&wd, n);
+    }
+    int status = drive(&wd, n_loops);
+    cr_assert_eq(status, 0, "%s on %d ranks, count %llu: status %d",
+                 cfx_schedule_name(wd.st[0].work.algo), n, (unsigned long long)count, status);
+    for (int r = 0; r < n; r++) {
+        for (uint64_t i = 0; i < out_count; i++) {
+            int src = gather ? (int)(i / (count ? count : 1)) : p2p ? (r + n - 1) % n : root;
+            uint64_t at = gather ? i % count : i;
+            int32_t want = (int32_t)(src * 100000 + (int)at);
+            if (out[r][i] != want) {
+                cr_assert_fail("%s on %d ranks, count %llu, root %d: rank %d element %llu is %d, not %d",
+                        cfx_schedule_name(wd.st[r].work.algo), n, (unsigned long long)count, root,
+                        r, (unsigned long long)i, out[r][i], want);
+                break;
+            }
+        }
+    }
+    for (int r = 0; r < n; r++) {
+        free(in[r]);
+        free(out[r]);
+    }
+    world_free(&wd);
+}
+
+Test(steploop, chain_and_tree_broadcast_every_root)
+{
+    for (int n = 1; n <= MAX_RANKS; n++)
+        for (int root = 0; root < n; root++)
+            for (size_t c = 0; c < sizeof(counts) / sizeof(counts[0]); c++) {
+                run_move(CHAIN_BCAST, n, counts[c], root, 4, 256);
+                run_move(TREE_BCAST, n, counts[c], root, 2, 128);
+            }
+}
+
+Test(steploop, ring_and_single_copy_allgather)
+{
+    for (int n = 1; n <= MAX_RANKS; n++)
+        for (size_t c = 0; c < sizeof(counts) / sizeof(counts[0]); c++) {
+            run_move(RING_AG, n, counts[c], 0, 4, 256);
+            run_move(PULL_AG, n, counts[c], 0, 2, 256);
+        }
+}
+
+Test(steploop, send_recv_ring_of_pairs)
+{
+    for (int n = 2; n <= MAX_RANKS; n++)
+        for (size_t c = 0; c < sizeof(counts) / sizeof(counts[0]); c++)
+            run_move(P2P, n, counts[c], 0, 2, 64);
+}
+
+/* ---------------------------------------------------------- the finishes */
+
+Test(steploop, avg_and_premulsum_finish_once_on_every_rank)
+{
+    static struct world wd;
+    for (int premul = 0; premul < 2; premul++) {
+        int n = 4;
+        uint64_t count = 500;
+        world_init(&wd, n, n, 4, 128);
+        float *in[4], *out[4];
+        for (int r = 0; r < n; r++) {
+            in[r] = malloc(count * sizeof(float));
+            out[r] = malloc(count * sizeof(float));
+            for (uint64_t i = 0; i < count; i++)
+                in[r][i] = (float)(r + (int)(i % 5));
+            set_work(&wd.st[r].work, CFX_ALGO_RING_ALLREDUCE, CFX_COLL_ALLREDUCE, cfxFloat32,
+                     cfxAvg, r, n, -1, count, in[r], out[r]);
+            wd.st[r].work.premul = (uint8_t)premul;
+            float scalar = 0.5f;
+            memcpy(&wd.st[r].work.premul_bits, &scalar, sizeof(scalar));
+        }
+        ring_links(&wd, n);
+        cr_assert_eq(drive(&wd, n), 0);
+        for (int r = 0; r < n; r++)
+            for (uint64_t i = 0; i < count; i++) {
+                float sum = (float)(0 + 1 + 2 + 3 + 4 * (int)(i % 5));
+                float want = premul ? sum * 0.5f : sum / 4.0f;
+                cr_assert_eq(out[r][i], want, "%s: rank %d element %llu is %g, not %g",
+                             premul ? "premulsum" : "avg", r, (unsigned long long)i, out[r][i],
+                             want);
+            }
+        for (int r = 0; r < n; r++) {
+            free(in[r]);
+            free(out[r]);
+        }
+        world_free(&wd);
+    }
+}
+
+/* ------------------------------------------------------------- mismatch */
+
+Test(steploop, mismatched_fingerprint_stops_the_loop_on_its_connector)
+{
+    static struct world wd;
+    int n = 3;
+    uint64_t count = 100;
+    world_init(&wd, n, n, 4, 128);
+    int32_t buf[3][100];
+    for (int r = 0; r < n; r++)
+        set_work(&wd.st[r].work, CFX_ALGO_RING_ALLREDUCE, CFX_COLL_ALLREDUCE, cfxInt32, cfxSum, r,
+                 n, -1, count, buf[r], buf[r]);
+    /* Rank 1 calls a max where the others call a sum. */
+    wd.st[1].work.redop = cfxMax;
+    wd.st[1].work.print.op = wd.st[1].work.expect.op = cfxMax;
+    ring_links(&wd, n);
+    int status = drive(&wd, n);
+    cr_assert_eq(status, CFX_STEPLOOP_MISMATCH, "status %d", status);
+    /* The loop that stopped names its receive connector. */
+    int found = 0;
+    for (int r = 0; r < n; r++)
+        if (wd.st[r].loop.status == CFX_STEPLOOP_MISMATCH) {
+            cr_assert_eq(wd.st[r].loop.failed_conn, wd.st[r].work.links.recv);
+            found = 1;
+        }
+    cr_assert(found);
+    world_free(&wd);
+}
