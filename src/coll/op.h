@@ -61,7 +61,7 @@ struct cfx_op {
     const struct cfx_direct_links *direct;
     /* Allgather on the ring, single copy: slots carry addresses and each
      * rank reads the data from its predecessor's buffer (only where every
-     * ring_recv is peer_readable; src/coll/pull.c). */
+     * ring_recv is peer_readable; src/coll/pull.h). */
     int pull;
     enum cfx_mem_kind mem_kind; /* Of both buffers. */
     int n_conns;                /* Entries of conns (below). */

@@ -91,7 +91,7 @@ struct cfxComm {
     struct cfx_connector *ring_send;         /* To rank+1. */
     struct cfx_connector *ring_recv;         /* From rank-1. */
     /* Allgathers of at least single_copy_min bytes (per rank) read
-     * straight from the peer's buffer (src/coll/pull.c): every
+     * straight from the peer's buffer (src/coll/pull.h): every
      * rank's ring_recv is peer_readable and CFX_SINGLE_COPY is on (agreed at
      * init: all ranks or none). */
     int single_copy;

@@ -160,7 +160,7 @@ static double tree_time(const struct cfx_plan_model *md, enum cfx_coll_kind coll
     return lat + bytes * (per_byte / (proto_share[proto] * TREE_EFFICIENCY) + reduce) / 1e3;
 }
 
-/* The one-shot allreduce (src/coll/direct.c): one hand-off for the first
+/* The one-shot allreduce (src/coll/direct.h): one hand-off for the first
  * slot, one more per further chunk; each rank sends (n-1) x bytes and
  * reduces (n-1) x bytes. Host ranks only, allreduce only, at most
  * CFX_DIRECT_MAX_RANKS. */
