@@ -106,6 +106,14 @@ typedef struct {
 /** @brief Color that makes cfxCommSplit return a NULL communicator. */
 #define CFX_SPLIT_NOCOLOR -1
 
+/** @brief cfxCommShrink flags (NCCL's values): shrink a healthy parent. */
+#define CFX_SHRINK_DEFAULT 0x00
+/** @brief cfxCommShrink flags: the parent may be broken (a rank died); its
+ * state is not used, only its bootstrap among the remaining ranks. */
+#define CFX_SHRINK_ABORT 0x01
+/** @brief cfxCommRevoke flags: the only one (NCCL's value). */
+#define CFX_REVOKE_DEFAULT 0x00
+
 /** @brief A CUDA stream, the same type as cudaStream_t. NULL for host work. */
 typedef struct CUstream_st *cfxStream_t;
 
@@ -233,6 +241,40 @@ CFX_API cfxResult_t cfxCommInitAll(cfxComm_t *comms, int ndev, const int *devlis
  */
 CFX_API cfxResult_t cfxCommSplit(cfxComm_t comm, int color, int key, cfxComm_t *newcomm,
                                  cfxConfig_t *config);
+
+/**
+ * @brief Build a new communicator of the parent's ranks but those listed,
+ * also after some of them died: "a rank failed, drop it and continue".
+ * Called by every remaining rank (not by the excluded ones), which keep
+ * their order; nothing is sent to an excluded rank. The parent is left as it
+ * is (destroy or abort it after).
+ * @param [in] comm Parent communicator (may be broken by a dead peer).
+ * @param [in] excludeRanksList Parent ranks to leave out (any order, no
+ * duplicates, not the calling rank); may be NULL when excludeRanksCount is 0.
+ * @param [in] excludeRanksCount Entries of the list, 0 .. nranks-1.
+ * @param [out] newcomm The new communicator.
+ * @param [in] config Options for it, or NULL to inherit the parent's.
+ * @param [in] shrinkFlags CFX_SHRINK_DEFAULT or CFX_SHRINK_ABORT.
+ * @return cfxSuccess; cfxInvalidArgument for a bad list or flag;
+ * cfxInvalidUsage when the remaining ranks pass different lists (every one
+ * of them fails); a bootstrap failure (e.g. cfxRemoteError naming a listed
+ * rank's survivor that died too) within CFX_BOOTSTRAP_TIMEOUT.
+ */
+/**
+ * @brief Stop the communicator's work and keep it for cfxCommShrink,
+ * cfxCommSplit or cfxCommDestroy: a call another thread has in it fails, the
+ * peers' calls that wait on this rank fail, and later collectives (and
+ * cfxCommFinalize) return cfxInvalidUsage with a sentence. Returns once no
+ * call is in the communicator.
+ * @param [in] comm The communicator.
+ * @param [in] revokeFlags CFX_REVOKE_DEFAULT.
+ * @return cfxSuccess, cfxInvalidArgument, or cfxInProgress when a call of
+ * another thread is still in after 5 s.
+ */
+CFX_API cfxResult_t cfxCommRevoke(cfxComm_t comm, int revokeFlags);
+
+CFX_API cfxResult_t cfxCommShrink(cfxComm_t comm, int *excludeRanksList, int excludeRanksCount,
+                                  cfxComm_t *newcomm, cfxConfig_t *config, int shrinkFlags);
 
 /**
  * @brief Finish all outstanding work and synchronise with the peers so the

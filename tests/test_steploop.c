@@ -207,8 +207,7 @@ static void direct_links(struct world *wd, int n)
     for (int a = 0; a < n; a++)
         for (int b = 0; b < n; b++)
             if (a != b)
-                fifo_between(wd, a, b, &wd->st[a].work.links.to[b],
-                             &wd->st[b].work.links.from[a]);
+                fifo_between(wd, a, b, &wd->st[a].work.links.to[b], &wd->st[b].work.links.from[a]);
 }
 
 static void run_reduction(enum family fam, int n, uint64_t count, cfxRedOp_t redop, int in_place,
@@ -267,10 +266,10 @@ static void run_reduction(enum family fam, int n, uint64_t count, cfxRedOp_t red
             for (int q = 1; q < n; q++)
                 want = fold_int(want, input_value(q, at, redop), redop);
             if (got[i] != want)
-                cr_assert_fail("%s on %d ranks, count %llu, op %d%s: rank %d element %llu is %d, not %d",
-                        cfx_schedule_name(wd.st[r].work.algo), n, (unsigned long long)count,
-                        (int)redop, in_place ? " in place" : "", r, (unsigned long long)i, got[i],
-                        want);
+                cr_assert_fail(
+                    "%s on %d ranks, count %llu, op %d%s: rank %d element %llu is %d, not %d",
+                    cfx_schedule_name(wd.st[r].work.algo), n, (unsigned long long)count, (int)redop,
+                    in_place ? " in place" : "", r, (unsigned long long)i, got[i], want);
             if (got[i] != want)
                 break;
         }
@@ -315,8 +314,8 @@ Test(steploop, direct_allreduce_folds_in_rank_order)
     for (int n = 1; n <= MAX_RANKS; n++)
         for (size_t c = 0; c < sizeof(counts) / sizeof(counts[0]); c++)
             for (int in_place = 0; in_place < 2; in_place++)
-                run_reduction(DIRECT_AR, n, counts[c], c % 2 ? cfxMax : cfxSum, in_place, 4, 256,
-                              2, 0);
+                run_reduction(DIRECT_AR, n, counts[c], c % 2 ? cfxMax : cfxSum, in_place, 4, 256, 2,
+                              0);
 }
 
 Test(steploop, chain_and_tree_reduce_every_root)
@@ -363,17 +362,17 @@ static void run_move(enum move mv, int n, uint64_t count, int root, int n_steps,
         case CHAIN_BCAST:
         case TREE_BCAST:
             set_work(&wd.st[r].work,
-                     n == 1                ? CFX_ALGO_LOCAL_COPY
+                     n == 1              ? CFX_ALGO_LOCAL_COPY
                      : mv == CHAIN_BCAST ? CFX_ALGO_CHAIN_BROADCAST
-                                           : CFX_ALGO_TREE,
+                                         : CFX_ALGO_TREE,
                      CFX_COLL_BROADCAST, cfxInt32, cfxSum, r, n, root, count, in[r], out[r]);
             break;
         case RING_AG:
         case PULL_AG:
             set_work(&wd.st[r].work,
-                     n == 1           ? CFX_ALGO_LOCAL_COPY
+                     n == 1          ? CFX_ALGO_LOCAL_COPY
                      : mv == RING_AG ? CFX_ALGO_RING_ALLGATHER
-                                      : CFX_ALGO_PULL_ALLGATHER,
+                                     : CFX_ALGO_PULL_ALLGATHER,
                      CFX_COLL_ALLGATHER, cfxInt32, cfxSum, r, n, -1, count, in[r], out[r]);
             break;
         case P2P:
@@ -410,9 +409,10 @@ static void run_move(enum move mv, int n, uint64_t count, int root, int n_steps,
             uint64_t at = gather ? i % count : i;
             int32_t want = (int32_t)(src * 100000 + (int)at);
             if (out[r][i] != want) {
-                cr_assert_fail("%s on %d ranks, count %llu, root %d: rank %d element %llu is %d, not %d",
-                        cfx_schedule_name(wd.st[r].work.algo), n, (unsigned long long)count, root,
-                        r, (unsigned long long)i, out[r][i], want);
+                cr_assert_fail(
+                    "%s on %d ranks, count %llu, root %d: rank %d element %llu is %d, not %d",
+                    cfx_schedule_name(wd.st[r].work.algo), n, (unsigned long long)count, root, r,
+                    (unsigned long long)i, out[r][i], want);
                 break;
             }
         }

@@ -194,13 +194,17 @@ static void peer_name(int rank, char *text, size_t size)
 
 /* A tag in words for error sentences. The users of the bootstrap name a
  * tag by two letters in its high 16 bits and a detail in the low 16; the
- * families known here are the core's (src/core/connect.c, probe.c). */
+ * families known here are the core's (src/core/connect.c, probe.c,
+ * blame.c) and this file's own (shrink). */
 static void format_tag(uint32_t tag, char *text, size_t size)
 {
     static const struct {
         char letters[3];
         const char *meaning;
-    } families[] = {{"CN", "connection setup"}, {"PR", "mismatch probe"}};
+    } families[] = {{"CN", "connection setup"},
+                    {"PR", "mismatch probe"},
+                    {"BL", "failure report"},
+                    {"SH", "shrink"}};
     char letters[3] = {(char)(tag >> 24), (char)(tag >> 16), '\0'};
     unsigned detail = tag & 0xffffu;
     for (size_t i = 0; i < sizeof(families) / sizeof(families[0]); i++) {
@@ -991,5 +995,167 @@ out:
     free(parent_ranks);
     free(all);
     cfx_socket_close(&listen_fd);
+    return res;
+}
+
+/* --------------------------------------------------------------- shrink */
+
+#define SHRINK_TAG_UP   0x53480000u /* "SH" 0: a remaining rank's entry, to the leader. */
+#define SHRINK_TAG_DOWN 0x53480100u /* "SH" 0x01nn: part nn of the leader's answer. */
+
+struct shrink_entry {
+    int32_t parent_rank;
+    uint32_t n_excluded;
+    uint64_t excluded_hash; /* FNV-1a of the sorted excluded ranks. */
+    struct cfx_sockaddr_wire listen_addr;
+};
+
+/* The leader's answer, in parts of at most SHRINK_PART entries. */
+#define SHRINK_PART 64
+struct shrink_part {
+    int32_t status;    /* cfxSuccess, or cfxInvalidUsage: the sets disagree. */
+    int32_t disagrees; /* The first rank whose set differs from the leader's. */
+    int32_t n_entries;
+    int32_t reserved;
+    struct cfx_sockaddr_wire table[SHRINK_PART];
+};
+_Static_assert(sizeof(struct shrink_part) <= CFX_BOOTSTRAP_MAX_MESSAGE_BYTES,
+               "a part of the shrink table fits one bootstrap message");
+
+static uint64_t excluded_hash(const int *excluded, int n)
+{
+    uint64_t h = 1469598103934665603ull;
+    for (int i = 0; i < n; i++) {
+        uint32_t v = (uint32_t)excluded[i];
+        for (int b = 0; b < 4; b++) {
+            h ^= (v >> (8 * b)) & 0xffu;
+            h *= 1099511628211ull;
+        }
+    }
+    return h;
+}
+
+void cfx_bootstrap_set_abort_flag(struct cfx_bootstrap *bs, const int *abort_flag)
+{
+    if (bs != NULL)
+        bs->abort_flag = abort_flag;
+}
+
+cfxResult_t cfx_bootstrap_shrink(struct cfx_bootstrap *parent, const int *excluded, int n_excluded,
+                                 const int *abort_flag, struct cfx_bootstrap **child_p,
+                                 int *child_rank_p, int *child_nranks_p)
+{
+    int n = parent->nranks - n_excluded;
+    cfxResult_t res = cfxSuccess;
+    int listen_fd = -1;
+    union cfx_sockaddr bound;
+    struct cfx_bootstrap *child = NULL;
+    int *members = malloc(sizeof(int) * (size_t)(n > 0 ? n : 1));
+    struct shrink_part *part = calloc(1, sizeof(*part));
+    struct cfx_sockaddr_wire *table = calloc((size_t)(n > 0 ? n : 1), sizeof(*table));
+    if (members == NULL || part == NULL || table == NULL) {
+        res = cfx_error_set(cfxSystemError, CFX_LOG_BOOTSTRAP, "out of memory in shrink");
+        goto out;
+    }
+    int child_rank = -1;
+    for (int r = 0, k = 0, m = 0; r < parent->nranks; r++) {
+        if (k < n_excluded && excluded[k] == r) {
+            k++;
+            continue;
+        }
+        if (r == parent->rank)
+            child_rank = m;
+        members[m++] = r;
+    }
+    if (child_rank < 0 || n < 1) {
+        res = cfx_error_set(cfxInternalError, CFX_LOG_BOOTSTRAP,
+                            "shrink: rank %d is excluded or no rank remains", parent->rank);
+        goto out;
+    }
+    /* Listen where the parent listens (same interface), any port. */
+    union cfx_sockaddr addr = parent->listen_addr;
+    if (addr.sa.sa_family == AF_INET)
+        addr.sin.sin_port = 0;
+    else
+        addr.sin6.sin6_port = 0;
+    CFX_CHECK_GOTO(cfx_socket_listen(&addr, &listen_fd, &bound), res, out);
+    struct shrink_entry mine = {.parent_rank = parent->rank,
+                                .n_excluded = (uint32_t)n_excluded,
+                                .excluded_hash = excluded_hash(excluded, n_excluded)};
+    cfx_socket_addr_to_wire(&bound, &mine.listen_addr);
+    int leader = members[0];
+    if (parent->rank == leader) {
+        int32_t status = cfxSuccess, disagrees = -1;
+        table[0] = mine.listen_addr;
+        for (int i = 1; i < n; i++) {
+            struct shrink_entry theirs;
+            CFX_CHECK_GOTO(
+                cfx_bootstrap_recv(parent, members[i], SHRINK_TAG_UP, &theirs, sizeof(theirs)), res,
+                out);
+            if (status == cfxSuccess && (theirs.n_excluded != mine.n_excluded ||
+                                         theirs.excluded_hash != mine.excluded_hash)) {
+                status = cfxInvalidUsage;
+                disagrees = members[i];
+            }
+            table[i] = theirs.listen_addr;
+        }
+        for (int i = 1; i < n; i++) {
+            for (int first = 0, k = 0; first < n; first += SHRINK_PART, k++) {
+                int count = n - first < SHRINK_PART ? n - first : SHRINK_PART;
+                *part = (struct shrink_part){
+                    .status = status, .disagrees = disagrees, .n_entries = count};
+                memcpy(part->table, table + first, sizeof(*table) * (size_t)count);
+                CFX_CHECK_GOTO(cfx_bootstrap_send(parent, members[i], SHRINK_TAG_DOWN | (uint32_t)k,
+                                                  part, sizeof(*part)),
+                               res, out);
+            }
+        }
+        if (status != cfxSuccess) {
+            res = cfx_error_set(cfxInvalidUsage, CFX_LOG_BOOTSTRAP,
+                                "parent rank %d excludes other ranks than parent rank %d; every "
+                                "remaining rank must pass the same excludeRanksList",
+                                disagrees, leader);
+            goto out;
+        }
+    } else {
+        CFX_CHECK_GOTO(cfx_bootstrap_send(parent, leader, SHRINK_TAG_UP, &mine, sizeof(mine)), res,
+                       out);
+        for (int first = 0, k = 0; first < n; first += SHRINK_PART, k++) {
+            CFX_CHECK_GOTO(cfx_bootstrap_recv(parent, leader, SHRINK_TAG_DOWN | (uint32_t)k, part,
+                                              sizeof(*part)),
+                           res, out);
+            if (part->status != cfxSuccess) {
+                res = cfx_error_set(cfxInvalidUsage, CFX_LOG_BOOTSTRAP,
+                                    "parent rank %d excludes other ranks than parent rank %d; "
+                                    "every remaining rank must pass the same excludeRanksList",
+                                    part->disagrees, leader);
+                goto out;
+            }
+            int count = n - first < SHRINK_PART ? n - first : SHRINK_PART;
+            if (part->n_entries != count) {
+                res = cfx_error_set(cfxInternalError, CFX_LOG_BOOTSTRAP,
+                                    "shrink: part %d from parent rank %d has %d entries, not %d", k,
+                                    leader, part->n_entries, count);
+                goto out;
+            }
+            memcpy(table + first, part->table, sizeof(*table) * (size_t)count);
+        }
+    }
+    CFX_CHECK_GOTO(bootstrap_alloc(child_rank, n, parent->secret, abort_flag, &child), res, out);
+    memcpy(child->table, table, sizeof(*table) * (size_t)n);
+    child->listen_fd = listen_fd;
+    child->listen_addr = bound;
+    listen_fd = -1;
+    CFX_CHECK_GOTO(connect_ring(child), res, out);
+    *child_p = child;
+    *child_rank_p = child_rank;
+    *child_nranks_p = n;
+    child = NULL;
+out:
+    cfx_bootstrap_destroy(child);
+    cfx_socket_close(&listen_fd);
+    free(members);
+    free(part);
+    free(table);
     return res;
 }

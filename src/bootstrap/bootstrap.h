@@ -46,6 +46,22 @@ cfxResult_t cfx_bootstrap_split(struct cfx_bootstrap *parent, int color, int key
                                 const int *abort_flag, struct cfx_bootstrap **child_p,
                                 int *child_rank_p, int *child_nranks_p, int **parent_ranks_p);
 
+/* Build the bootstrap of a communicator of @p parent's ranks but the
+ * @p n_excluded of @p excluded (sorted, distinct, not this rank), ordered
+ * as in the parent. Called by every remaining rank and by no excluded
+ * one; never talks to an excluded rank (they may be dead): the remaining
+ * ranks send their listen address to the first remaining rank over the
+ * parent's point-to-point messages, and it answers each with the table.
+ * Ranks that exclude different sets fail with cfxInvalidUsage and a
+ * sentence naming the first rank that differs. */
+cfxResult_t cfx_bootstrap_shrink(struct cfx_bootstrap *parent, const int *excluded, int n_excluded,
+                                 const int *abort_flag, struct cfx_bootstrap **child_p,
+                                 int *child_rank_p, int *child_nranks_p);
+
+/* Point @p bs's waits at @p abort_flag (the communicator that now owns
+ * it: a split or shrunk child must stop polling its parent's flag). */
+void cfx_bootstrap_set_abort_flag(struct cfx_bootstrap *bs, const int *abort_flag);
+
 /* Every rank contributes @p size bytes at data + rank*size and receives all. */
 cfxResult_t cfx_bootstrap_allgather(struct cfx_bootstrap *bs, void *data, size_t size);
 

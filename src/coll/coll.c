@@ -1,6 +1,7 @@
 /* Operation dispatch: compiles an op into its work descriptor and runs its
  * schedule's ready steps (src/coll/schedules.h). */
 #include <stdio.h>
+#include <string.h>
 
 #include "kernels/reduce.h"
 #include "src/coll/op.h"
@@ -47,14 +48,14 @@ static int8_t index_of(const struct cfx_op *op, const struct cfx_connector *conn
 /* The op's links by value, as indices into its peer table. */
 static void fill_links(const struct cfx_op *op, struct cfx_links *links)
 {
-    *links = (struct cfx_links){.send = index_of(op, op->send_conn),
-                                .recv = index_of(op, op->recv_conn),
-                                .to_parent = CFX_NO_CONN,
-                                .from_parent = CFX_NO_CONN};
-    for (int i = 0; i < CFX_TREE_MAX_CHILDREN; i++)
-        links->to_child[i] = links->from_child[i] = CFX_NO_CONN;
-    for (int i = 0; i < CFX_DIRECT_MAX_RANKS; i++)
-        links->to[i] = links->from[i] = CFX_NO_CONN;
+    /* Every index CFX_NO_CONN (all ones), then what this op has: a few
+     * wide stores, on the path of every call. */
+    memset(links, 0xff, sizeof(*links));
+    links->tree_root = 0;
+    links->n_children = 0;
+    links->relay_slots = 0;
+    links->send = index_of(op, op->send_conn);
+    links->recv = index_of(op, op->recv_conn);
     if (op->tree) {
         const struct cfx_tree_links *t = op->tree;
         links->tree_root = t->parent < 0;

@@ -29,7 +29,7 @@
 
 /* X(ID, name): the schedule cfx_<name>_steps/_describe as CFX_ALGO_<ID>. */
 #define CFX_SCHEDULES(X)                                                                           \
-    X(LOCAL_COPY, local_copy)             /* One rank: output = input. */                          \
+    X(LOCAL_COPY, local_copy) /* One rank: output = input. */                                      \
     X(RING_ALLREDUCE, ring_allreduce)                                                              \
     X(RING_ALLGATHER, ring_allgather)                                                              \
     X(RING_REDUCESCATTER, ring_reducescatter)                                                      \

@@ -46,9 +46,8 @@ struct cfx_steploop {
     uint64_t copy_bytes; /* Bytes copied or reduced so far (tests, counters). */
 };
 
-static inline CFX_HOST_DEVICE void cfx_steploop_init(struct cfx_steploop *l,
-                                                     const struct cfx_work *work,
-                                                     struct cfx_conn *conns)
+static inline CFX_HOST_DEVICE void
+cfx_steploop_init(struct cfx_steploop *l, const struct cfx_work *work, struct cfx_conn *conns)
 {
     l->work = work;
     l->conns = conns;

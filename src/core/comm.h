@@ -78,6 +78,10 @@ struct cfxComm {
     int local_rank;   /* Index among the ranks of this host. */
     int local_nranks; /* Ranks on this host. */
     int abort_flag;   /* Set by cfxCommAbort; every wait polls it. */
+    /* Set by cfxCommAbort and cfxCommRevoke: running operations end (the
+     * executor polls it; the bootstrap keeps working after a revoke). */
+    int stop_ops;
+    int revoked; /* cfxCommRevoke: only shrink, split, destroy and abort follow. */
     int finalized;
     cfxResult_t async_error;
     int blocking;

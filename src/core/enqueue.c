@@ -89,17 +89,29 @@ static void fingerprint(struct cfxComm *comm, struct cfx_op *op)
     op->spin_limit = comm->spin_limit;
 }
 
+/* A call on a communicator an earlier error broke, or that was revoked. */
+static cfxResult_t broken(const struct cfxComm *comm, enum cfx_coll_kind kind)
+{
+    if (comm->revoked)
+        return cfx_error_set(cfxInvalidUsage, CFX_LOG_COLL,
+                             "%s: the communicator was revoked (cfxCommRevoke); only "
+                             "cfxCommShrink, cfxCommSplit, cfxCommDestroy and cfxCommAbort may "
+                             "follow",
+                             cfx_coll_name(kind));
+    return cfx_error_set(comm->async_error, CFX_LOG_COLL,
+                         "%s: the communicator is broken by an earlier error (%s); destroy it",
+                         cfx_coll_name(kind), cfxGetErrorString(comm->async_error));
+}
+
 /* Run or queue; on failure record the sentence on the communicator. */
 static cfxResult_t submit(struct cfxComm *comm, struct cfx_op *op)
 {
     op->rank = comm->rank;
     op->nranks = comm->nranks;
-    op->abort_flag = &comm->abort_flag;
+    op->abort_flag = &comm->stop_ops;
     op->owner = comm;
     if (comm->async_error != cfxSuccess)
-        return cfx_error_set(comm->async_error, CFX_LOG_COLL,
-                             "%s: the communicator is broken by an earlier error (%s); destroy it",
-                             cfx_coll_name(op->kind), cfxGetErrorString(comm->async_error));
+        return broken(comm, op->kind);
     fingerprint(comm, op);
     struct cfx_op halves[2];
     int n_ops = 1;
@@ -354,7 +366,7 @@ static void batch_op(struct cfxComm *comm, struct cfx_op *o, enum cfx_coll_kind 
     op_start(o, p2p_kind, sendbuff, recvbuff, count, type, cfxSum, peer);
     o->rank = comm->rank;
     o->nranks = comm->nranks;
-    o->abort_flag = &comm->abort_flag;
+    o->abort_flag = &comm->stop_ops;
     o->owner = comm;
     fingerprint(comm, o);
     o->print.kind = o->expect.kind = (uint8_t)kind;
@@ -370,9 +382,7 @@ static cfxResult_t submit_batch(struct cfxComm *comm, enum cfx_coll_kind kind, c
                                 void *recvbuff, size_t count, cfxDataType_t type, int root)
 {
     if (comm->async_error != cfxSuccess)
-        return cfx_error_set(comm->async_error, CFX_LOG_COLL,
-                             "%s: the communicator is broken by an earlier error (%s); destroy it",
-                             cfx_coll_name(kind), cfxGetErrorString(comm->async_error));
+        return broken(comm, kind);
     int rank = comm->rank, nranks = comm->nranks;
     if (comm->batch_ops == NULL && nranks > 1) {
         /* First use, as a first use connects: later calls reuse it. */

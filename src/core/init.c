@@ -482,6 +482,8 @@ CFX_API cfxResult_t cfxCommSplit(cfxComm_t comm, int color, int key, cfxComm_t *
         }
         child->bootstrap = child_bs;
         child_bs = NULL;
+        /* The child's waits poll its own flag: the parent may be destroyed first. */
+        cfx_bootstrap_set_abort_flag(child->bootstrap, &child->abort_flag);
         cfx_log_set_rank(child_rank);
         res = comm_setup(child);
         cfx_log_set_rank(comm->rank);
@@ -513,6 +515,168 @@ out:
     return cfx_core_api_exit(comm, res);
 }
 
+/* ------------------------------------------------------------- shrink */
+
+static int compare_ints(const void *a, const void *b)
+{
+    int x = *(const int *)a, y = *(const int *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* The excluded ranks, sorted into @p sorted (caller's array of @p count),
+ * checked: in range, distinct, not this rank. */
+static cfxResult_t check_excluded(const struct cfxComm *comm, const int *list, int count,
+                                  int *sorted, const char *fn)
+{
+    if (count < 0 || count >= comm->nranks)
+        return cfx_error_set(cfxInvalidArgument, CFX_LOG_INIT,
+                             "%s: excludeRanksCount = %d; it must be in [0, %d) (at least one rank "
+                             "remains)",
+                             fn, count, comm->nranks);
+    if (count > 0 && list == NULL)
+        return cfx_error_set(cfxInvalidArgument, CFX_LOG_INIT,
+                             "%s: excludeRanksList is NULL with excludeRanksCount = %d", fn, count);
+    for (int i = 0; i < count; i++) {
+        if (list[i] < 0 || list[i] >= comm->nranks)
+            return cfx_error_set(cfxInvalidArgument, CFX_LOG_INIT,
+                                 "%s: excludeRanksList[%d] = %d is not a rank of the parent "
+                                 "(0 .. %d)",
+                                 fn, i, list[i], comm->nranks - 1);
+        if (list[i] == comm->rank)
+            return cfx_error_set(cfxInvalidArgument, CFX_LOG_INIT,
+                                 "%s: excludeRanksList[%d] is this rank (%d); an excluded rank "
+                                 "does not call cfxCommShrink",
+                                 fn, i, list[i]);
+        sorted[i] = list[i];
+    }
+    qsort(sorted, (size_t)count, sizeof(*sorted), compare_ints);
+    for (int i = 1; i < count; i++)
+        if (sorted[i] == sorted[i - 1])
+            return cfx_error_set(cfxInvalidArgument, CFX_LOG_INIT,
+                                 "%s: rank %d is listed twice in excludeRanksList", fn, sorted[i]);
+    return cfxSuccess;
+}
+
+/* Every remaining rank calls it with the same list; no data connection of
+ * the parent is used, and no message goes to an excluded rank, so it works
+ * after those ranks died (the parent broken by it). */
+CFX_API cfxResult_t cfxCommShrink(cfxComm_t comm, int *excludeRanksList, int excludeRanksCount,
+                                  cfxComm_t *newcomm, cfxConfig_t *config, int shrinkFlags)
+{
+    const char *fn = "cfxCommShrink";
+    cfx_core_api_enter(comm);
+    cfxResult_t res;
+    struct cfxComm *child = NULL;
+    struct cfx_bootstrap *child_bs = NULL;
+    int *sorted = NULL;
+    int child_rank = 0, child_nranks = 0;
+    CFX_CHECK_GOTO(cfx_argcheck_comm_usable(comm, fn), res, out);
+    CFX_CHECK_GOTO(cfx_argcheck_ptr(newcomm, fn, "newcomm"), res, out);
+    CFX_CHECK_GOTO(cfx_argcheck_config(config, fn), res, out);
+    if (shrinkFlags != CFX_SHRINK_DEFAULT && shrinkFlags != CFX_SHRINK_ABORT) {
+        res = cfx_error_set(cfxInvalidArgument, CFX_LOG_INIT,
+                            "%s: shrinkFlags = %d; use CFX_SHRINK_DEFAULT or CFX_SHRINK_ABORT", fn,
+                            shrinkFlags);
+        goto out;
+    }
+    sorted = malloc(sizeof(int) * (size_t)(excludeRanksCount > 0 ? excludeRanksCount : 1));
+    if (sorted == NULL) {
+        res = cfx_error_set(cfxSystemError, CFX_LOG_INIT, "%s: out of memory", fn);
+        goto out;
+    }
+    CFX_CHECK_GOTO(check_excluded(comm, excludeRanksList, excludeRanksCount, sorted, fn), res, out);
+    res = cfx_core_claim(comm, fn);
+    if (res != cfxSuccess) {
+        free(sorted);
+        return cfx_core_api_exit(NULL, res); /* The holder's sentence stays. */
+    }
+    res = cfx_bootstrap_shrink(comm->bootstrap, sorted, excludeRanksCount, &comm->abort_flag,
+                               &child_bs, &child_rank, &child_nranks);
+    if (res != cfxSuccess) {
+        res = cfx_error_set(res, CFX_LOG_INIT,
+                            "%s: the remaining ranks could not agree on the new communicator: %s",
+                            fn, cfx_error_thread_last());
+        goto release;
+    }
+    CFX_CHECK_GOTO(comm_alloc(child_rank, child_nranks, config, &child), res, err_child);
+    if (config == NULL) {
+        child->blocking = comm->blocking;
+        memcpy(child->name, comm->name, sizeof(child->name));
+    }
+    child->bootstrap = child_bs;
+    child_bs = NULL;
+    cfx_bootstrap_set_abort_flag(child->bootstrap, &child->abort_flag);
+    cfx_log_set_rank(child_rank);
+    res = comm_setup(child);
+    cfx_log_set_rank(comm->rank);
+    if (res != cfxSuccess)
+        goto err_child;
+    CFX_INFO(CFX_LOG_INIT, "shrink: parent rank %d of %d -> rank %d of %d (%d excluded%s)",
+             comm->rank, comm->nranks, child_rank, child_nranks, excludeRanksCount,
+             shrinkFlags == CFX_SHRINK_ABORT ? ", parent aborted" : "");
+    *newcomm = child;
+    goto release;
+err_child:
+    res = blame_dead_peer(child, res);
+    comm_free(child);
+    cfx_bootstrap_destroy(child_bs);
+release:
+    free(sorted);
+    res = cfx_core_api_exit(comm, res);
+    cfx_core_release(comm);
+    return res;
+out:
+    free(sorted);
+    return cfx_core_api_exit(comm, res);
+}
+
+/* ------------------------------------------------------------- revoke */
+
+/* Stop what runs on @p comm and keep it for cfxCommShrink/Split/Destroy:
+ * the running call (of another thread) fails with "... was aborted", the
+ * peers' calls that wait on this rank fail (their connections are
+ * poisoned, as by an abort), and later calls are refused with a sentence.
+ * The bootstrap keeps working. Returns once no call is in the communicator. */
+CFX_API cfxResult_t cfxCommRevoke(cfxComm_t comm, int revokeFlags)
+{
+    const char *fn = "cfxCommRevoke";
+    cfx_core_api_enter(comm);
+    cfxResult_t res;
+    CFX_CHECK_GOTO(cfx_argcheck_comm_usable(comm, fn), res, out);
+    if (revokeFlags != CFX_REVOKE_DEFAULT) {
+        res = cfx_error_set(cfxInvalidArgument, CFX_LOG_INIT,
+                            "%s: revokeFlags = %d; it must be CFX_REVOKE_DEFAULT (0)", fn,
+                            revokeFlags);
+        goto out;
+    }
+    if (__atomic_exchange_n(&comm->revoked, 1, __ATOMIC_ACQ_REL) == 0) {
+        __atomic_store_n(&comm->stop_ops, 1, __ATOMIC_RELEASE);
+        cfx_core_poison_all(comm, cfxRemoteError, comm->rank);
+    }
+    /* Wait for a call of another thread to leave (it ends at its next idle
+     * check, within milliseconds); then hold the communicator once, so its
+     * state is settled when this returns. */
+    int64_t deadline = cfx_time_now_ns() + 5 * CFX_NS_PER_SEC;
+    while ((res = cfx_core_claim(comm, fn)) != cfxSuccess) {
+        if (cfx_time_now_ns() >= deadline) {
+            res = cfx_error_set(cfxInProgress, CFX_LOG_INIT,
+                                "%s: a call of another thread is still in the communicator "
+                                "after 5 s; call cfxCommRevoke again, or cfxCommAbort",
+                                fn);
+            goto out;
+        }
+        usleep(1000);
+    }
+    if (comm->async_error == cfxSuccess)
+        comm->async_error = cfxInvalidUsage;
+    cfx_core_release(comm);
+    CFX_INFO(CFX_LOG_INIT, "comm %p rank %d nranks %d - Revoke COMPLETE", (void *)comm, comm->rank,
+             comm->nranks);
+    res = cfxSuccess;
+out:
+    return cfx_core_api_exit(comm, res);
+}
+
 /* ----------------------------------------------------------- teardown */
 
 CFX_API cfxResult_t cfxCommFinalize(cfxComm_t comm)
@@ -524,6 +688,14 @@ CFX_API cfxResult_t cfxCommFinalize(cfxComm_t comm)
     res = cfx_core_claim(comm, fn);
     if (res != cfxSuccess)
         return cfx_core_api_exit(NULL, res); /* The holder's sentence stays. */
+    if (comm->revoked) {
+        res = cfx_error_set(cfxInvalidUsage, CFX_LOG_INIT,
+                            "%s: the communicator was revoked (cfxCommRevoke); destroy it "
+                            "instead",
+                            fn);
+        cfx_core_release(comm);
+        return cfx_core_api_exit(comm, res);
+    }
     /* Nothing is outstanding yet (every call completes before it returns);
      * the barrier makes sure no peer still needs us when we are destroyed. */
     comm->finalized = 1;
@@ -560,6 +732,7 @@ static cfxResult_t comm_close(struct cfxComm *comm, int abort, const char *fn)
     for (;;) {
         if (abort && !aborted) {
             __atomic_store_n(&comm->abort_flag, 1, __ATOMIC_RELEASE);
+            __atomic_store_n(&comm->stop_ops, 1, __ATOMIC_RELEASE);
             cfx_core_poison_all(comm, cfxRemoteError, -1);
             aborted = 1;
         }

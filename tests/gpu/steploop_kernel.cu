@@ -105,8 +105,8 @@ static int run_case(enum cfx_algo algo, enum cfx_coll_kind kind)
     for (int a = 0; a < NRANKS; a++) {
         if (algo == CFX_ALGO_DIRECT_ALLREDUCE) {
             for (int b = 0; b < NRANKS; b++)
-                if (a != b && fifo_between(a, b, &host[a].work.links.to[b],
-                                           &host[b].work.links.from[a]) != 0)
+                if (a != b &&
+                    fifo_between(a, b, &host[a].work.links.to[b], &host[b].work.links.from[a]) != 0)
                     return 1;
         } else if (algo == CFX_ALGO_TREE) {
             if (a == 0)
@@ -154,8 +154,8 @@ static int run_case(enum cfx_algo algo, enum cfx_coll_kind kind)
                 for (int q = 0; q < NRANKS; q++)
                     want += q * 1000 + (int32_t)i % 997;
             if (h_out[i] != want) {
-                printf("FAIL: %s: rank %d element %zu is %d, not %d\n", cfx_schedule_name(algo),
-                       r, i, h_out[i], want);
+                printf("FAIL: %s: rank %d element %zu is %d, not %d\n", cfx_schedule_name(algo), r,
+                       i, h_out[i], want);
                 failed = 1;
             }
         }

@@ -1,0 +1,99 @@
+#!/usr/bin/env bash
+# Two builds of Conflux side by side: conflux-perf of build A, then of build B,
+# repeat after repeat (so background load falls on both alike), over shared
+# memory and over loopback TCP (CFX_SHM_DISABLE=1), 2 ranks. Prints, per
+# setting and size, the median time of each build over the repeats, the
+# spread (min-max), and B/A as a time ratio (below 1: B is faster).
+#
+#   bench/ab.sh A_BUILD_DIR B_BUILD_DIR [options]
+#     --colls LIST     collectives (default allreduce,broadcast,allgather)
+#     --settings LIST  shm,tcp (default both)
+#     --repeat N       interleaved repeats (default 5)
+#     -b/-e/-f/-n      conflux-perf's min bytes, max bytes, factor, iterations
+#                      (default 8, 64M, 8, 20)
+#     --out DIR        keep the JSON of every run (default a temporary folder)
+#
+# Typical use: a redesign's before/after, e.g.
+#   git worktree add /tmp/before <rev>; cmake -S /tmp/before -B /tmp/before/build \
+#     -DCFX_BUILD_TESTS=OFF && cmake --build /tmp/before/build --target conflux-perf
+#   bench/ab.sh /tmp/before/build build --repeat 5
+set -euo pipefail
+
+usage() {
+  sed -n '2,18p' "$0" | sed 's/^# \{0,1\}//'
+  exit "${1:-2}"
+}
+
+[ $# -ge 2 ] || usage
+a_dir=$1
+b_dir=$2
+shift 2
+colls=allreduce,broadcast,allgather
+settings=shm,tcp
+repeat=5
+min=8
+max=64M
+factor=8
+iters=20
+out=""
+while [ $# -gt 0 ]; do
+  case $1 in
+    --colls) colls=$2; shift 2 ;;
+    --settings) settings=$2; shift 2 ;;
+    --repeat) repeat=$2; shift 2 ;;
+    -b) min=$2; shift 2 ;;
+    -e) max=$2; shift 2 ;;
+    -f) factor=$2; shift 2 ;;
+    -n) iters=$2; shift 2 ;;
+    --out) out=$2; shift 2 ;;
+    -h | --help) usage 0 ;;
+    *) echo "ab.sh: unknown option $1" >&2; usage ;;
+  esac
+done
+for d in "$a_dir" "$b_dir"; do
+  [ -x "$d/tools/conflux-perf" ] || { echo "ab.sh: no $d/tools/conflux-perf (build it first)" >&2; exit 2; }
+done
+[ -n "$out" ] || out=$(mktemp -d /tmp/cfx_ab.XXXXXX)
+mkdir -p "$out"
+
+export CFX_SOCKET_IFNAME=lo CFX_CONF_FILE=/nonexistent
+for r in $(seq 1 "$repeat"); do
+  for setting in ${settings//,/ }; do
+    for coll in ${colls//,/ }; do
+      for side in a b; do
+        dir=$a_dir
+        [ "$side" = b ] && dir=$b_dir
+        env_extra=()
+        [ "$setting" = tcp ] && env_extra=(CFX_SHM_DISABLE=1)
+        json="$out/${setting}_${coll}_${side}_$r.json"
+        env "${env_extra[@]}" timeout 600 "$dir/tools/conflux-perf" "$coll" --np 2 \
+          -b "$min" -e "$max" -f "$factor" -n "$iters" -w 5 -c 1 --json "$json" > "$json.log" 2>&1 ||
+          { echo "ab.sh: $side $setting $coll failed; see $json.log" >&2; exit 1; }
+      done
+    done
+  done
+  echo "ab.sh: repeat $r of $repeat done" >&2
+done
+
+/usr/bin/python3 - "$out" "$a_dir" "$b_dir" "$settings" "$colls" <<'EOF'
+import json, statistics, sys, glob, os
+out, a_dir, b_dir, settings, colls = sys.argv[1:6]
+print(f"# A = {a_dir}, B = {b_dir}; time in us, median over repeats [min-max]; B/A < 1: B faster")
+for setting in settings.split(","):
+    for coll in colls.split(","):
+        times = {"a": {}, "b": {}}
+        for side in "ab":
+            for f in glob.glob(os.path.join(out, f"{setting}_{coll}_{side}_*.json")):
+                for row in json.load(open(f))["results"]:
+                    if not row.get("inplace"):
+                        times[side].setdefault(row["bytes"], []).append(row["time_us"])
+        print(f"\n## {setting} {coll}, 2 ranks")
+        print(f"{'bytes':>10} {'A us':>10} {'A spread':>19} {'B us':>10} {'B spread':>19} {'B/A':>6}")
+        for size in sorted(times["a"]):
+            a, b = times["a"][size], times["b"].get(size, [])
+            if not b:
+                continue
+            ma, mb = statistics.median(a), statistics.median(b)
+            print(f"{size:>10} {ma:>10.2f} {f'[{min(a):.2f}-{max(a):.2f}]':>19} {mb:>10.2f} "
+                  f"{f'[{min(b):.2f}-{max(b):.2f}]':>19} {mb / ma:>6.2f}")
+EOF
