@@ -10,8 +10,13 @@ set -uo pipefail
 probe=$1
 fail=0
 failed() { echo "FAIL: $*"; fail=1; }
-# A clean environment: nothing from the caller's CFX_* or NCCL_* leaks in.
-run() { env -i PATH="$PATH" LD_LIBRARY_PATH="${LD_LIBRARY_PATH:-}" CFX_CONF_FILE=/nonexistent "$@"; }
+# Nothing from the caller's CFX_* or NCCL_* leaks in (the rest stays:
+# LD_LIBRARY_PATH, sanitizer options).
+unset_args=()
+for name in $(compgen -e | grep -E '^(CFX|NCCL)_'); do
+  unset_args+=(-u "$name")
+done
+run() { env "${unset_args[@]}" CFX_CONF_FILE=/nonexistent "$@"; }
 
 # 1. Every twin, and the two translated values.
 twins=(DEBUG:ABORT:WARN DEBUG_SUBSYS:INIT,NET DEBUG_FILE:/tmp/x.%h.%p COMM_ID:127.0.0.1:29999
