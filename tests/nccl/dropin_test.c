@@ -11,8 +11,9 @@
  * and ncclCommSplit; refused calls and their sentences. The parent then
  * checks ncclGetVersion, error strings, config checks and ncclCommInitAll.
  *
- * Deadline: each rank dies by SIGALRM after RANK_DEADLINE_S; the parent
- * kills what is left after PARENT_DEADLINE_S and names the ranks that hung.
+ * Deadline: each rank dies by SIGALRM after RANK_DEADLINE_S, naming the
+ * step it hung at; the parent kills what is left after PARENT_DEADLINE_S
+ * and names the ranks that hung.
  * Exit 0 when all passed, 1 otherwise.
  */
 #include <dlfcn.h>
@@ -26,13 +27,16 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
-#define NRANKS            4
-#define RANK_DEADLINE_S   120
-#define PARENT_DEADLINE_S 150
+#define NRANKS 4
+#ifndef RANK_DEADLINE_S
+#define RANK_DEADLINE_S 120
+#endif
+#define PARENT_DEADLINE_S (RANK_DEADLINE_S + 30)
 #define COUNT             1031 /* Odd, so no type divides it evenly into chunks. */
 
 #ifndef CFX_DROPIN_PATH
@@ -54,6 +58,18 @@ static void say_fail(int line, const char *fmt, ...)
         fprintf(stderr, "FAIL rank %d, dropin_test.c:%d (%s): %s\n", my_rank, line, step, text);
     else
         fprintf(stderr, "FAIL parent, dropin_test.c:%d: %s\n", line, text);
+}
+
+/* SIGALRM in a rank: say where it hung, then die. */
+static void deadline_passed(int sig)
+{
+    (void)sig;
+    char text[300];
+    int n = snprintf(text, sizeof(text), "FAIL rank %d: hung past %d s at: %s\n", my_rank,
+                     RANK_DEADLINE_S, step);
+    if (n > 0)
+        (void)!write(2, text, (size_t)n < sizeof(text) ? (size_t)n : sizeof(text) - 1);
+    _exit(3);
 }
 
 #define CHECK(cond, ...)                                                                           \
@@ -423,8 +439,36 @@ static int memory(ncclComm_t comm)
     return 0;
 }
 
-static int run_rank(const ncclUniqueId ids[4])
+/* Rank 0 makes the ids and hands them over here (MAP_SHARED): the parent
+ * makes no call before it forks, so no Conflux thread (a bootstrap root)
+ * exists at fork time. */
+struct id_area {
+    int ready; /* 1: ids are set; -1: rank 0 failed to make them. */
+    ncclUniqueId ids[4];
+};
+
+static int share_ids(struct id_area *area)
 {
+    if (my_rank == 0) {
+        int made = 1;
+        for (int i = 0; i < 4 && made; i++)
+            made = ncclGetUniqueId(&area->ids[i]) == ncclSuccess;
+        __atomic_store_n(&area->ready, made ? 1 : -1, __ATOMIC_RELEASE);
+        CHECK(made, "ncclGetUniqueId: %s", ncclGetLastError(NULL));
+        return 0;
+    }
+    snprintf(step, sizeof(step), "waiting for rank 0's unique ids");
+    int ready;
+    while ((ready = __atomic_load_n(&area->ready, __ATOMIC_ACQUIRE)) == 0)
+        usleep(1000);
+    CHECK(ready == 1, "rank 0 could not make the unique ids");
+    return 0;
+}
+
+static int run_rank(struct id_area *area)
+{
+    RUN(share_ids(area));
+    const ncclUniqueId *ids = area->ids;
     ncclComm_t plain, configured, scalable;
     NCCL_OK(ncclCommInitRank(&plain, NRANKS, ids[0], my_rank));
     ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
@@ -432,7 +476,7 @@ static int run_rank(const ncclUniqueId ids[4])
     config.commName = "dropin-config";
     config.cgaClusterSize = 2; /* A GPU hint: accepted, of no use to host ranks. */
     NCCL_OK(ncclCommInitRankConfig(&configured, NRANKS, ids[1], my_rank, &config));
-    NCCL_OK(ncclCommInitRankScalable(&scalable, NRANKS, my_rank, 2, (ncclUniqueId *)&ids[2], NULL));
+    NCCL_OK(ncclCommInitRankScalable(&scalable, NRANKS, my_rank, 2, &area->ids[2], NULL));
 
     int count = 0, rank = -1, device = 0;
     NCCL_OK(ncclCommCount(configured, &count));
@@ -526,19 +570,21 @@ int main(void)
     setvbuf(stdout, NULL, _IONBF, 0);
     if (loaded_dropin() != 0)
         return 1;
-    ncclUniqueId ids[4];
-    for (int i = 0; i < 4; i++)
-        if (ncclGetUniqueId(&ids[i]) != ncclSuccess) {
-            fprintf(stderr, "FAIL ncclGetUniqueId: %s\n", ncclGetLastError(NULL));
-            return 1;
-        }
+    struct id_area *area =
+        mmap(NULL, sizeof(*area), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    if (area == MAP_FAILED) {
+        perror("mmap");
+        return 1;
+    }
+    memset(area, 0, sizeof(*area));
     pid_t pids[NRANKS];
     for (int r = 0; r < NRANKS; r++) {
         pids[r] = fork();
         if (pids[r] == 0) {
             my_rank = r;
+            signal(SIGALRM, deadline_passed);
             alarm(RANK_DEADLINE_S);
-            _exit(run_rank(ids) == 0 ? 0 : 1);
+            _exit(run_rank(area) == 0 ? 0 : 1);
         }
         if (pids[r] < 0) {
             perror("fork");
