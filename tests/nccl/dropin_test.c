@@ -23,6 +23,7 @@
 #include <nccl.h>
 #include <signal.h>
 #include <stdarg.h>
+#include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -514,8 +515,30 @@ static int loaded_dropin(void)
     return 0;
 }
 
+/* NVIDIA's header lays out what the drop-in's own header (bindings/nccl/
+ * nccl_abi.h, asserted in abi.c) says it does. */
+static int same_abi(void)
+{
+    CHECK(sizeof(ncclUniqueId) == 128, "ncclUniqueId is %zu bytes", sizeof(ncclUniqueId));
+    CHECK(sizeof(ncclConfig_t) == 80 && offsetof(ncclConfig_t, blocking) == 16 &&
+              offsetof(ncclConfig_t, netName) == 32 && offsetof(ncclConfig_t, splitShare) == 40 &&
+              offsetof(ncclConfig_t, commName) == 48 &&
+              offsetof(ncclConfig_t, nvlinkCentricSched) == 76,
+          "ncclConfig_t of nccl.h %d is not the layout nccl_abi.h has (%zu bytes)",
+          NCCL_VERSION_CODE, sizeof(ncclConfig_t));
+    ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+    CHECK(config.magic == 0xcafebeef && config.size == sizeof(config), "config magic 0x%x",
+          config.magic);
+    CHECK(ncclNumResults == 8 && ncclNumOps == 5 && ncclNumTypes == 12 && ncclBfloat16 == 9 &&
+              ncclInProgress == 7 && ncclScalarHostImmediate == 1 && sizeof(ncclRedOp_t) == 4,
+          "an enum of nccl.h %d differs from nccl_abi.h", NCCL_VERSION_CODE);
+    CHECK(sizeof(ncclSimInfo_t) == 24, "ncclSimInfo_t is %zu bytes", sizeof(ncclSimInfo_t));
+    return 0;
+}
+
 static int process_local(void)
 {
+    RUN(same_abi());
     int version = 0;
     NCCL_OK(ncclGetVersion(&version));
     CHECK(version / 100 == NCCL_VERSION_CODE / 100,
