@@ -33,6 +33,9 @@ static_assert(ncclScalarDevice == (int)cfxScalarDevice &&
                   ncclScalarHostImmediate == (int)cfxScalarHostImmediate,
               "scalar residences have NCCL's values in Conflux");
 static_assert(NCCL_CONFIG_UNDEF_INT == CFX_CONFIG_UNDEF_INT, "'unset' config ints agree");
+static_assert(NCCL_SHRINK_DEFAULT == CFX_SHRINK_DEFAULT && NCCL_SHRINK_ABORT == CFX_SHRINK_ABORT &&
+                  NCCL_REVOKE_DEFAULT == CFX_REVOKE_DEFAULT,
+              "shrink and revoke flags have NCCL's values");
 
 /* ncclConfig_v22800 as NCCL 2.28 lays it out (LP64). Translated field by
  * field: cfxConfig_t orders its fields differently. */

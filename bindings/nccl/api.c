@@ -126,6 +126,27 @@ CFX_NCCL_API ncclResult_t pncclCommSplit(ncclComm_t comm, int color, int key, nc
 }
 CFX_NCCL_ALIAS(ncclCommSplit);
 
+/* NCCL's shrink and revoke flags have Conflux's values (static asserts in abi.c). */
+CFX_NCCL_API ncclResult_t pncclCommShrink(ncclComm_t comm, int *excludeRanksList,
+                                          int excludeRanksCount, ncclComm_t *newcomm,
+                                          ncclConfig_t *config, int shrinkFlags)
+{
+    cfxConfig_t storage, *cfx_config;
+    ncclResult_t res = cfx_nccl_config_to_cfx(config, &storage, &cfx_config, "ncclCommShrink");
+    if (res != ncclSuccess)
+        return res;
+    return cfx_nccl_result_from(cfxCommShrink(cfx_nccl_comm(comm), excludeRanksList,
+                                              excludeRanksCount, (cfxComm_t *)(void *)newcomm,
+                                              cfx_config, shrinkFlags));
+}
+CFX_NCCL_ALIAS(ncclCommShrink);
+
+CFX_NCCL_API ncclResult_t pncclCommRevoke(ncclComm_t comm, int revokeFlags)
+{
+    return cfx_nccl_result_from(cfxCommRevoke(cfx_nccl_comm(comm), revokeFlags));
+}
+CFX_NCCL_ALIAS(ncclCommRevoke);
+
 CFX_NCCL_API ncclResult_t pncclCommGetAsyncError(ncclComm_t comm, ncclResult_t *asyncError)
 {
     cfxResult_t async = cfxSuccess;

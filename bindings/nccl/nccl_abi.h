@@ -48,6 +48,11 @@ typedef enum {
 #define NCCL_CONFIG_UNDEF_PTR NULL
 #define NCCL_CONFIG_MAGIC     0xcafebeef
 
+/* ncclCommShrink and ncclCommRevoke flags. */
+#define NCCL_SHRINK_DEFAULT 0x00
+#define NCCL_SHRINK_ABORT   0x01
+#define NCCL_REVOKE_DEFAULT 0x00
+
 /* ncclConfig_v22800. Fields were only ever appended, so a config of an older
  * nccl.h is a prefix of this one, its config->size long. */
 typedef struct ncclConfig_v22800 {

@@ -11,29 +11,6 @@
     "the NCCL device API (nccl_device.h) runs NCCL's own kernels over symmetric memory "           \
     "windows; Conflux has no device API"
 
-CFX_NCCL_API ncclResult_t pncclCommRevoke(ncclComm_t comm, int revokeFlags)
-{
-    (void)revokeFlags;
-    return cfx_nccl_refuse(ncclInvalidUsage, comm,
-                           "ncclCommRevoke is not supported by Conflux: it cannot stop in-flight "
-                           "operations and keep the communicator; use ncclCommAbort");
-}
-CFX_NCCL_ALIAS(ncclCommRevoke);
-
-CFX_NCCL_API ncclResult_t pncclCommShrink(ncclComm_t comm, int *excludeRanksList,
-                                          int excludeRanksCount, ncclComm_t *newcomm,
-                                          ncclConfig_t *config, int shrinkFlags)
-{
-    (void)excludeRanksList, (void)excludeRanksCount, (void)newcomm, (void)config;
-    (void)shrinkFlags;
-    return cfx_nccl_refuse(ncclInvalidUsage, comm,
-                           "ncclCommShrink is not supported by Conflux: its communicators are "
-                           "made only with every rank of the parent taking part; while all ranks "
-                           "are alive, use ncclCommSplit with NCCL_SPLIT_NOCOLOR on the excluded "
-                           "ranks");
-}
-CFX_NCCL_ALIAS(ncclCommShrink);
-
 CFX_NCCL_API ncclResult_t pncclCommWindowRegister(ncclComm_t comm, void *buff, size_t size,
                                                   ncclWindow_t *win, int winFlags)
 {

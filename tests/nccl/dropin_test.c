@@ -388,24 +388,45 @@ static int split(ncclComm_t comm)
     return 0;
 }
 
+/* Rank 3 left out by ncclCommShrink (it does not call it); the others
+ * allreduce on the result, then revoke it and shrink it again (nobody
+ * excluded) into one that works. */
+static int shrink(ncclComm_t comm)
+{
+    snprintf(step, sizeof(step), "shrink");
+    if (my_rank == 3)
+        return 0;
+    int exclude = 3, count = 0, sum = my_rank;
+    ncclComm_t shrunk = NULL, again = NULL;
+    NCCL_OK(ncclCommShrink(comm, &exclude, 1, &shrunk, NULL, NCCL_SHRINK_DEFAULT));
+    NCCL_OK(ncclCommCount(shrunk, &count));
+    CHECK(count == 3, "shrunk communicator has %d ranks", count);
+    NCCL_OK(ncclAllReduce(&sum, &sum, 1, ncclInt32, ncclSum, shrunk, NULL));
+    CHECK(sum == 0 + 1 + 2, "all-reduce on the shrunk communicator gave %d", sum);
+    NCCL_OK(ncclCommRevoke(shrunk, NCCL_REVOKE_DEFAULT));
+    ncclResult_t res = ncclAllReduce(&sum, &sum, 1, ncclInt32, ncclSum, shrunk, NULL);
+    CHECK(res == ncclInvalidUsage && strstr(ncclGetLastError(shrunk), "revoked") != NULL,
+          "all-reduce after ncclCommRevoke returned %d: %s", (int)res, ncclGetLastError(shrunk));
+    NCCL_OK(ncclCommShrink(shrunk, NULL, 0, &again, NULL, NCCL_SHRINK_ABORT));
+    NCCL_OK(ncclCommDestroy(shrunk));
+    sum = 1;
+    NCCL_OK(ncclAllReduce(&sum, &sum, 1, ncclInt32, ncclSum, again, NULL));
+    CHECK(sum == 3, "all-reduce after the second shrink gave %d", sum);
+    NCCL_OK(ncclCommDestroy(again));
+    return 0;
+}
+
 /* Calls Conflux has no equivalent of, and a bad argument. */
 static int refusals(ncclComm_t comm)
 {
     snprintf(step, sizeof(step), "refused calls");
-    ncclComm_t shrunk = NULL;
-    int exclude = 3;
-    ncclResult_t res = ncclCommShrink(comm, &exclude, 1, &shrunk, NULL, NCCL_SHRINK_DEFAULT);
-    CHECK(res == ncclInvalidUsage, "ncclCommShrink returned %d", (int)res);
-    CHECK(strstr(ncclGetLastError(comm), "ncclCommShrink") != NULL, "last error: \"%s\"",
-          ncclGetLastError(comm));
+    ncclResult_t res;
     ncclWindow_t win;
     char buf[64];
     res = ncclCommWindowRegister(comm, buf, sizeof(buf), &win, NCCL_WIN_DEFAULT);
     CHECK(res == ncclInvalidUsage, "ncclCommWindowRegister returned %d", (int)res);
     CHECK(strstr(ncclGetLastError(comm), "window") != NULL, "last error: \"%s\"",
           ncclGetLastError(comm));
-    res = ncclCommRevoke(comm, NCCL_REVOKE_DEFAULT);
-    CHECK(res == ncclInvalidUsage, "ncclCommRevoke returned %d", (int)res);
     NCCL_OK(ncclGroupStart());
     ncclSimInfo_t sim = NCCL_SIM_INFO_INITIALIZER;
     res = ncclGroupSimulateEnd(&sim);
@@ -489,6 +510,7 @@ static int run_rank(struct id_area *area)
     RUN(rooted_and_gathers(configured));
     RUN(personalized(scalable));
     RUN(split(plain));
+    RUN(shrink(plain));
     RUN(refusals(plain));
     RUN(memory(configured));
 
