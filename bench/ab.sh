@@ -1,9 +1,14 @@
 #!/usr/bin/env bash
-# Two builds of Conflux side by side: conflux-perf of build A, then of build B,
-# repeat after repeat (so background load falls on both alike), over shared
+# Two builds of Conflux side by side: conflux-perf of build A and of build B,
+# repeat after repeat, A first in odd repeats and B first in even ones (so
+# background load and the cost of running second fall on both alike; over
+# loopback TCP the second of two back-to-back runs is measurably slower at
+# small sizes), over shared
 # memory and over loopback TCP (CFX_SHM_DISABLE=1), 2 ranks. Prints, per
 # setting and size, the median time of each build over the repeats, the
-# spread (min-max), and B/A as a time ratio (below 1: B is faster).
+# spread (min-max), and B/A as time ratios of the medians and of the minima
+# (below 1: B is faster; the minima's ratio is the code path's, the least
+# moved by other load).
 #
 #   bench/ab.sh A_BUILD_DIR B_BUILD_DIR [options]
 #     --colls LIST     collectives (default allreduce,broadcast,allgather)
@@ -60,7 +65,9 @@ export CFX_SOCKET_IFNAME=lo CFX_CONF_FILE=/nonexistent
 for r in $(seq 1 "$repeat"); do
   for setting in ${settings//,/ }; do
     for coll in ${colls//,/ }; do
-      for side in a b; do
+      order="a b"
+      [ $((r % 2)) -eq 0 ] && order="b a"
+      for side in $order; do
         dir=$a_dir
         [ "$side" = b ] && dir=$b_dir
         env_extra=()
@@ -78,7 +85,8 @@ done
 /usr/bin/python3 - "$out" "$a_dir" "$b_dir" "$settings" "$colls" <<'EOF'
 import json, statistics, sys, glob, os
 out, a_dir, b_dir, settings, colls = sys.argv[1:6]
-print(f"# A = {a_dir}, B = {b_dir}; time in us, median over repeats [min-max]; B/A < 1: B faster")
+print(f"# A = {a_dir}, B = {b_dir}; time in us, median over repeats [min-max]; "
+      "B/A of medians and of minima (< 1: B faster)")
 for setting in settings.split(","):
     for coll in colls.split(","):
         times = {"a": {}, "b": {}}
@@ -88,12 +96,13 @@ for setting in settings.split(","):
                     if not row.get("inplace"):
                         times[side].setdefault(row["bytes"], []).append(row["time_us"])
         print(f"\n## {setting} {coll}, 2 ranks")
-        print(f"{'bytes':>10} {'A us':>10} {'A spread':>19} {'B us':>10} {'B spread':>19} {'B/A':>6}")
+        print(f"{'bytes':>10} {'A us':>10} {'A spread':>19} {'B us':>10} {'B spread':>19} "
+              f"{'B/A':>6} {'min':>6}")
         for size in sorted(times["a"]):
             a, b = times["a"][size], times["b"].get(size, [])
             if not b:
                 continue
             ma, mb = statistics.median(a), statistics.median(b)
             print(f"{size:>10} {ma:>10.2f} {f'[{min(a):.2f}-{max(a):.2f}]':>19} {mb:>10.2f} "
-                  f"{f'[{min(b):.2f}-{max(b):.2f}]':>19} {mb / ma:>6.2f}")
+                  f"{f'[{min(b):.2f}-{max(b):.2f}]':>19} {mb / ma:>6.2f} {min(b) / min(a):>6.2f}")
 EOF
