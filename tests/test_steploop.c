@@ -76,7 +76,7 @@ static void world_init(struct world *wd, int n_loops, int nranks, int n_steps, s
     }
 }
 
-static void set_work(struct cfx_work *w, enum cfx_algo algo, enum cfx_coll_kind kind,
+static void set_work(struct cfx_work *w, enum cfx_sched algo, enum cfx_coll_kind kind,
                      cfxDataType_t type, cfxRedOp_t redop, int rank, int nranks, int root,
                      uint64_t count, const void *sendbuff, void *recvbuff)
 {
@@ -226,17 +226,17 @@ static void run_reduction(enum family fam, int n, uint64_t count, cfxRedOp_t red
         for (uint64_t i = 0; i < count; i++)
             out[r][i] = -999;
     }
-    enum cfx_algo algo = fam == RING_AR        ? CFX_ALGO_RING_ALLREDUCE
-                         : fam == TREE_AR      ? CFX_ALGO_TREE
-                         : fam == DIRECT_AR    ? CFX_ALGO_DIRECT_ALLREDUCE
-                         : fam == CHAIN_REDUCE ? CFX_ALGO_CHAIN_REDUCE
-                         : fam == TREE_REDUCE  ? CFX_ALGO_TREE
-                                               : CFX_ALGO_RING_REDUCESCATTER;
+    enum cfx_sched algo = fam == RING_AR        ? CFX_SCHED_RING_ALLREDUCE
+                         : fam == TREE_AR      ? CFX_SCHED_TREE
+                         : fam == DIRECT_AR    ? CFX_SCHED_DIRECT_ALLREDUCE
+                         : fam == CHAIN_REDUCE ? CFX_SCHED_CHAIN_REDUCE
+                         : fam == TREE_REDUCE  ? CFX_SCHED_TREE
+                                               : CFX_SCHED_RING_REDUCESCATTER;
     enum cfx_coll_kind kind = (fam == CHAIN_REDUCE || fam == TREE_REDUCE) ? CFX_COLL_REDUCE
                               : rs                                        ? CFX_COLL_REDUCESCATTER
                                                                           : CFX_COLL_ALLREDUCE;
     if (n == 1)
-        algo = CFX_ALGO_LOCAL_COPY;
+        algo = CFX_SCHED_LOCAL_COPY;
     for (int r = 0; r < n; r++) {
         void *recv = in_place ? (rs ? (void *)(in[r] + (uint64_t)r * count) : (void *)in[r])
                               : (void *)out[r];
@@ -362,24 +362,24 @@ static void run_move(enum move mv, int n, uint64_t count, int root, int n_steps,
         case CHAIN_BCAST:
         case TREE_BCAST:
             set_work(&wd.st[r].work,
-                     n == 1              ? CFX_ALGO_LOCAL_COPY
-                     : mv == CHAIN_BCAST ? CFX_ALGO_CHAIN_BROADCAST
-                                         : CFX_ALGO_TREE,
+                     n == 1              ? CFX_SCHED_LOCAL_COPY
+                     : mv == CHAIN_BCAST ? CFX_SCHED_CHAIN_BROADCAST
+                                         : CFX_SCHED_TREE,
                      CFX_COLL_BROADCAST, cfxInt32, cfxSum, r, n, root, count, in[r], out[r]);
             break;
         case RING_AG:
         case PULL_AG:
             set_work(&wd.st[r].work,
-                     n == 1          ? CFX_ALGO_LOCAL_COPY
-                     : mv == RING_AG ? CFX_ALGO_RING_ALLGATHER
-                                     : CFX_ALGO_PULL_ALLGATHER,
+                     n == 1          ? CFX_SCHED_LOCAL_COPY
+                     : mv == RING_AG ? CFX_SCHED_RING_ALLGATHER
+                                     : CFX_SCHED_PULL_ALLGATHER,
                      CFX_COLL_ALLGATHER, cfxInt32, cfxSum, r, n, -1, count, in[r], out[r]);
             break;
         case P2P:
             /* Loop r sends to r+1; loop n+r receives from r-1. */
-            set_work(&wd.st[r].work, CFX_ALGO_P2P_SEND, CFX_COLL_SEND, cfxInt32, cfxSum, r, n,
+            set_work(&wd.st[r].work, CFX_SCHED_P2P_SEND, CFX_COLL_SEND, cfxInt32, cfxSum, r, n,
                      (r + 1) % n, count, in[r], NULL);
-            set_work(&wd.st[n + r].work, CFX_ALGO_P2P_RECV, CFX_COLL_RECV, cfxInt32, cfxSum, r, n,
+            set_work(&wd.st[n + r].work, CFX_SCHED_P2P_RECV, CFX_COLL_RECV, cfxInt32, cfxSum, r, n,
                      (r + n - 1) % n, count, NULL, out[r]);
             break;
         }
@@ -465,7 +465,7 @@ Test(steploop, avg_and_premulsum_finish_once_on_every_rank)
             out[r] = malloc(count * sizeof(float));
             for (uint64_t i = 0; i < count; i++)
                 in[r][i] = (float)(r + (int)(i % 5));
-            set_work(&wd.st[r].work, CFX_ALGO_RING_ALLREDUCE, CFX_COLL_ALLREDUCE, cfxFloat32,
+            set_work(&wd.st[r].work, CFX_SCHED_RING_ALLREDUCE, CFX_COLL_ALLREDUCE, cfxFloat32,
                      cfxAvg, r, n, -1, count, in[r], out[r]);
             wd.st[r].work.premul = (uint8_t)premul;
             float scalar = 0.5f;
@@ -499,7 +499,7 @@ Test(steploop, mismatched_fingerprint_stops_the_loop_on_its_connector)
     world_init(&wd, n, n, 4, 128);
     int32_t buf[3][100];
     for (int r = 0; r < n; r++)
-        set_work(&wd.st[r].work, CFX_ALGO_RING_ALLREDUCE, CFX_COLL_ALLREDUCE, cfxInt32, cfxSum, r,
+        set_work(&wd.st[r].work, CFX_SCHED_RING_ALLREDUCE, CFX_COLL_ALLREDUCE, cfxInt32, cfxSum, r,
                  n, -1, count, buf[r], buf[r]);
     /* Rank 1 calls a max where the others call a sum. */
     wd.st[1].work.redop = cfxMax;

@@ -9,29 +9,29 @@
 #include "src/coll/schedules.h"
 
 /* Which schedule runs @p op (the core's description picks it). */
-static enum cfx_algo algo_of(const struct cfx_op *op)
+static enum cfx_sched algo_of(const struct cfx_op *op)
 {
     if (op->nranks == 1 && op->kind != CFX_COLL_SEND && op->kind != CFX_COLL_RECV)
-        return CFX_ALGO_LOCAL_COPY;
+        return CFX_SCHED_LOCAL_COPY;
     if (op->tree)
-        return CFX_ALGO_TREE;
+        return CFX_SCHED_TREE;
     if (op->direct)
-        return CFX_ALGO_DIRECT_ALLREDUCE;
+        return CFX_SCHED_DIRECT_ALLREDUCE;
     if (op->pull)
-        return CFX_ALGO_PULL_ALLGATHER;
+        return CFX_SCHED_PULL_ALLGATHER;
     switch (op->kind) {
-    case CFX_COLL_ALLREDUCE: return CFX_ALGO_RING_ALLREDUCE;
-    case CFX_COLL_BROADCAST: return CFX_ALGO_CHAIN_BROADCAST;
-    case CFX_COLL_REDUCE: return CFX_ALGO_CHAIN_REDUCE;
-    case CFX_COLL_ALLGATHER: return CFX_ALGO_RING_ALLGATHER;
-    case CFX_COLL_REDUCESCATTER: return CFX_ALGO_RING_REDUCESCATTER;
-    case CFX_COLL_SEND: return CFX_ALGO_P2P_SEND;
-    case CFX_COLL_RECV: return CFX_ALGO_P2P_RECV;
+    case CFX_COLL_ALLREDUCE: return CFX_SCHED_RING_ALLREDUCE;
+    case CFX_COLL_BROADCAST: return CFX_SCHED_CHAIN_BROADCAST;
+    case CFX_COLL_REDUCE: return CFX_SCHED_CHAIN_REDUCE;
+    case CFX_COLL_ALLGATHER: return CFX_SCHED_RING_ALLGATHER;
+    case CFX_COLL_REDUCESCATTER: return CFX_SCHED_RING_REDUCESCATTER;
+    case CFX_COLL_SEND: return CFX_SCHED_P2P_SEND;
+    case CFX_COLL_RECV: return CFX_SCHED_P2P_RECV;
     case CFX_COLL_ALLTOALL:
     case CFX_COLL_GATHER:
     case CFX_COLL_SCATTER: break; /* Never an op's kind, only a fingerprint's. */
     }
-    return CFX_ALGO_LOCAL_COPY;
+    return CFX_SCHED_LOCAL_COPY;
 }
 
 /* @p conn's index in the op's peer table (CFX_NO_CONN for NULL). */

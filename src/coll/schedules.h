@@ -27,7 +27,7 @@
 #include "src/coll/ring.h"
 #include "src/coll/tree.h"
 
-/* X(ID, name): the schedule cfx_<name>_steps/_describe as CFX_ALGO_<ID>. */
+/* X(ID, name): the schedule cfx_<name>_steps/_describe as CFX_SCHED_<ID>. */
 #define CFX_SCHEDULES(X)                                                                           \
     X(LOCAL_COPY, local_copy) /* One rank: output = input. */                                      \
     X(RING_ALLREDUCE, ring_allreduce)                                                              \
@@ -41,21 +41,21 @@
     X(P2P_SEND, p2p_send)                                                                          \
     X(P2P_RECV, p2p_recv)
 
-enum cfx_algo {
-#define CFX_ALGO_ENUM(id, name) CFX_ALGO_##id,
-    CFX_SCHEDULES(CFX_ALGO_ENUM)
-#undef CFX_ALGO_ENUM
-        CFX_ALGO_COUNT
+enum cfx_sched {
+#define CFX_SCHED_ENUM(id, name) CFX_SCHED_##id,
+    CFX_SCHEDULES(CFX_SCHED_ENUM)
+#undef CFX_SCHED_ENUM
+        CFX_SCHED_COUNT
 };
 
 /* Steps of @p w's schedule (0 for an unknown id). */
 static inline CFX_HOST_DEVICE uint64_t cfx_schedule_steps(const struct cfx_work *w)
 {
     switch (w->algo) {
-#define CFX_ALGO_STEPS(id, name)                                                                   \
-    case CFX_ALGO_##id: return cfx_##name##_steps(w);
-        CFX_SCHEDULES(CFX_ALGO_STEPS)
-#undef CFX_ALGO_STEPS
+#define CFX_SCHED_STEPS(id, name)                                                                   \
+    case CFX_SCHED_##id: return cfx_##name##_steps(w);
+        CFX_SCHEDULES(CFX_SCHED_STEPS)
+#undef CFX_SCHED_STEPS
     }
     return 0;
 }
@@ -66,10 +66,10 @@ static inline CFX_HOST_DEVICE void cfx_schedule_describe(const struct cfx_work *
 {
     cfx_step_reset(w, step);
     switch (w->algo) {
-#define CFX_ALGO_DESCRIBE(id, name)                                                                \
-    case CFX_ALGO_##id: cfx_##name##_describe(w, index, step); return;
-        CFX_SCHEDULES(CFX_ALGO_DESCRIBE)
-#undef CFX_ALGO_DESCRIBE
+#define CFX_SCHED_DESCRIBE(id, name)                                                                \
+    case CFX_SCHED_##id: cfx_##name##_describe(w, index, step); return;
+        CFX_SCHEDULES(CFX_SCHED_DESCRIBE)
+#undef CFX_SCHED_DESCRIBE
     }
 }
 
@@ -77,10 +77,10 @@ static inline CFX_HOST_DEVICE void cfx_schedule_describe(const struct cfx_work *
 static inline const char *cfx_schedule_name(int algo)
 {
     switch (algo) {
-#define CFX_ALGO_NAME(id, name)                                                                    \
-    case CFX_ALGO_##id: return #name;
-        CFX_SCHEDULES(CFX_ALGO_NAME)
-#undef CFX_ALGO_NAME
+#define CFX_SCHED_NAME(id, name)                                                                    \
+    case CFX_SCHED_##id: return #name;
+        CFX_SCHEDULES(CFX_SCHED_NAME)
+#undef CFX_SCHED_NAME
     }
     return "?";
 }
@@ -93,13 +93,13 @@ static inline const char *cfx_schedule_name(int algo)
  */
 static inline CFX_HOST_DEVICE void cfx_work_finish(struct cfx_work *w, uint64_t slot_bytes)
 {
-    if (w->algo == CFX_ALGO_PULL_ALLGATHER)
+    if (w->algo == CFX_SCHED_PULL_ALLGATHER)
         slot_bytes = CFX_PULL_CHUNK_BYTES; /* The data does not go through the slots. */
     w->chunk_elems = w->elem_bytes ? slot_bytes / w->elem_bytes : 0;
     if (w->chunk_elems == 0)
         w->chunk_elems = 1;
     w->n_steps = cfx_schedule_steps(w);
-    if (w->n_steps == 0 && w->check_prints && w->algo != CFX_ALGO_LOCAL_COPY) {
+    if (w->n_steps == 0 && w->check_prints && w->algo != CFX_SCHED_LOCAL_COPY) {
         uint64_t saved = w->count;
         w->count = 1;
         w->n_steps = cfx_schedule_steps(w);

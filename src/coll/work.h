@@ -72,7 +72,7 @@ struct cfx_links {
 };
 
 struct cfx_work {
-    uint8_t algo;  /* enum cfx_algo (schedules.h): which schedule. */
+    uint8_t algo;  /* enum cfx_sched (schedules.h): which schedule. */
     uint8_t kind;  /* enum cfx_coll_kind. */
     uint8_t type;  /* cfxDataType_t. */
     uint8_t redop; /* cfxRedOp_t (cfxAvg also for PreMulSum, see premul). */

@@ -63,7 +63,7 @@ static int fifo_between(int a, int b, int8_t *ia, int8_t *ib)
 }
 
 /* One collective on NRANKS blocks; returns 0 when every rank's output is right. */
-static int run_case(enum cfx_algo algo, enum cfx_coll_kind kind)
+static int run_case(enum cfx_sched algo, enum cfx_coll_kind kind)
 {
     int gather = kind == CFX_COLL_ALLGATHER;
     size_t out_count = gather ? (size_t)COUNT * NRANKS : COUNT;
@@ -103,12 +103,12 @@ static int run_case(enum cfx_algo algo, enum cfx_coll_kind kind)
         w->expect = w->print;
     }
     for (int a = 0; a < NRANKS; a++) {
-        if (algo == CFX_ALGO_DIRECT_ALLREDUCE) {
+        if (algo == CFX_SCHED_DIRECT_ALLREDUCE) {
             for (int b = 0; b < NRANKS; b++)
                 if (a != b &&
                     fifo_between(a, b, &host[a].work.links.to[b], &host[b].work.links.from[a]) != 0)
                     return 1;
-        } else if (algo == CFX_ALGO_TREE) {
+        } else if (algo == CFX_SCHED_TREE) {
             if (a == 0)
                 continue; /* Binary tree rooted at 0. */
             int p = (a - 1) / 2, k = host[p].work.links.n_children++;
@@ -182,10 +182,10 @@ int main(void)
         return 77;
     }
     int failed = 0;
-    failed |= run_case(CFX_ALGO_RING_ALLREDUCE, CFX_COLL_ALLREDUCE);
-    failed |= run_case(CFX_ALGO_DIRECT_ALLREDUCE, CFX_COLL_ALLREDUCE);
-    failed |= run_case(CFX_ALGO_TREE, CFX_COLL_ALLREDUCE);
-    failed |= run_case(CFX_ALGO_CHAIN_BROADCAST, CFX_COLL_BROADCAST);
-    failed |= run_case(CFX_ALGO_RING_ALLGATHER, CFX_COLL_ALLGATHER);
+    failed |= run_case(CFX_SCHED_RING_ALLREDUCE, CFX_COLL_ALLREDUCE);
+    failed |= run_case(CFX_SCHED_DIRECT_ALLREDUCE, CFX_COLL_ALLREDUCE);
+    failed |= run_case(CFX_SCHED_TREE, CFX_COLL_ALLREDUCE);
+    failed |= run_case(CFX_SCHED_CHAIN_BROADCAST, CFX_COLL_BROADCAST);
+    failed |= run_case(CFX_SCHED_RING_ALLGATHER, CFX_COLL_ALLGATHER);
     return failed;
 }
