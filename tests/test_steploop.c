@@ -227,11 +227,11 @@ static void run_reduction(enum family fam, int n, uint64_t count, cfxRedOp_t red
             out[r][i] = -999;
     }
     enum cfx_sched algo = fam == RING_AR        ? CFX_SCHED_RING_ALLREDUCE
-                         : fam == TREE_AR      ? CFX_SCHED_TREE
-                         : fam == DIRECT_AR    ? CFX_SCHED_DIRECT_ALLREDUCE
-                         : fam == CHAIN_REDUCE ? CFX_SCHED_CHAIN_REDUCE
-                         : fam == TREE_REDUCE  ? CFX_SCHED_TREE
-                                               : CFX_SCHED_RING_REDUCESCATTER;
+                          : fam == TREE_AR      ? CFX_SCHED_TREE
+                          : fam == DIRECT_AR    ? CFX_SCHED_DIRECT_ALLREDUCE
+                          : fam == CHAIN_REDUCE ? CFX_SCHED_CHAIN_REDUCE
+                          : fam == TREE_REDUCE  ? CFX_SCHED_TREE
+                                                : CFX_SCHED_RING_REDUCESCATTER;
     enum cfx_coll_kind kind = (fam == CHAIN_REDUCE || fam == TREE_REDUCE) ? CFX_COLL_REDUCE
                               : rs                                        ? CFX_COLL_REDUCESCATTER
                                                                           : CFX_COLL_ALLREDUCE;

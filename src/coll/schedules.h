@@ -52,7 +52,7 @@ enum cfx_sched {
 static inline CFX_HOST_DEVICE uint64_t cfx_schedule_steps(const struct cfx_work *w)
 {
     switch (w->algo) {
-#define CFX_SCHED_STEPS(id, name)                                                                   \
+#define CFX_SCHED_STEPS(id, name)                                                                  \
     case CFX_SCHED_##id: return cfx_##name##_steps(w);
         CFX_SCHEDULES(CFX_SCHED_STEPS)
 #undef CFX_SCHED_STEPS
@@ -66,7 +66,7 @@ static inline CFX_HOST_DEVICE void cfx_schedule_describe(const struct cfx_work *
 {
     cfx_step_reset(w, step);
     switch (w->algo) {
-#define CFX_SCHED_DESCRIBE(id, name)                                                                \
+#define CFX_SCHED_DESCRIBE(id, name)                                                               \
     case CFX_SCHED_##id: cfx_##name##_describe(w, index, step); return;
         CFX_SCHEDULES(CFX_SCHED_DESCRIBE)
 #undef CFX_SCHED_DESCRIBE
@@ -77,7 +77,7 @@ static inline CFX_HOST_DEVICE void cfx_schedule_describe(const struct cfx_work *
 static inline const char *cfx_schedule_name(int algo)
 {
     switch (algo) {
-#define CFX_SCHED_NAME(id, name)                                                                    \
+#define CFX_SCHED_NAME(id, name)                                                                   \
     case CFX_SCHED_##id: return #name;
         CFX_SCHEDULES(CFX_SCHED_NAME)
 #undef CFX_SCHED_NAME
