@@ -101,25 +101,47 @@ template <typename Body>
 c10::intrusive_ptr<c10d::Work> ProcessGroupConflux::run(c10d::OpType op_type,
                                                         std::vector<at::Tensor> outputs,
                                                         Body&& body) {
-  std::exception_ptr error;
-  {
-    std::lock_guard<std::mutex> lock(call_mutex_);
+  auto work = c10::make_intrusive<WorkConflux>(rank_, op_type, std::move(outputs));
+  std::function<void()> task = [this, work, body = std::forward<Body>(body)]() mutable {
+    std::exception_ptr error;
     try {
       body();
     } catch (...) {
       error = std::current_exception();
       failed_ = true;
     }
+    work->complete(error);
+  };
+  {
+    std::lock_guard<std::mutex> lock(queue_mutex_);
+    queue_.push_back(std::move(task));
   }
-  return c10::make_intrusive<WorkConflux>(rank_, op_type, std::move(outputs), error);
+  queue_cv_.notify_one();
+  return work;
+}
+
+void ProcessGroupConflux::work_loop() {
+  for (;;) {
+    std::function<void()> task;
+    {
+      std::unique_lock<std::mutex> lock(queue_mutex_);
+      queue_cv_.wait(lock, [this] { return stop_ || !queue_.empty(); });
+      if (queue_.empty()) return; /* Stopped, and nothing left to run. */
+      task = std::move(queue_.front());
+      queue_.pop_front();
+    }
+    task();
+  }
 }
 
 /* ------------------------------------------------------------------ Work */
 
-WorkConflux::WorkConflux(int rank, c10d::OpType op_type, std::vector<at::Tensor> outputs,
-                         std::exception_ptr error)
+WorkConflux::WorkConflux(int rank, c10d::OpType op_type, std::vector<at::Tensor> outputs)
     : c10d::Work(rank, op_type), outputs_(std::move(outputs)) {
   future_ = c10::make_intrusive<c10::ivalue::Future>(c10::ListType::create(c10::TensorType::get()));
+}
+
+void WorkConflux::complete(std::exception_ptr error) {
   if (error) {
     finish(error);
     future_->setError(error);
@@ -158,9 +180,16 @@ ProcessGroupConflux::ProcessGroupConflux(const c10::intrusive_ptr<c10d::Store>& 
   }
   check(cfxCommInitRank(&comm_, size, id, rank), "cfxCommInitRank");
   init();
+  worker_ = std::thread([this] { work_loop(); });
 }
 
 ProcessGroupConflux::~ProcessGroupConflux() {
+  {
+    std::lock_guard<std::mutex> lock(queue_mutex_);
+    stop_ = true;
+  }
+  queue_cv_.notify_one();
+  if (worker_.joinable()) worker_.join(); /* Queued operations still run (or fail). */
   if (comm_ == nullptr) return;
   if (failed_)
     cfxCommAbort(comm_);
@@ -191,7 +220,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupConflux::broadcast(
   check_single(tensors, "broadcast");
   TORCH_CHECK(opts.rootRank >= 0 && opts.rootRank < size_, "conflux: broadcast root ",
               opts.rootRank, " out of range");
-  return run(c10d::OpType::BROADCAST, tensors, [&] {
+  return run(c10d::OpType::BROADCAST, tensors, [=]() mutable {
     at::Tensor staged = stage(tensors[0]);
     check(cfxBroadcast(staged.data_ptr(), staged.data_ptr(), staged.numel(), cfx_type(staged),
                        static_cast<int>(opts.rootRank), comm_, nullptr),
@@ -206,7 +235,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupConflux::allreduce(
   for (const auto& t : tensors) check_tensor(t);
   cfxRedOp_t op = cfx_op(opts.reduceOp);
   bool premul = opts.reduceOp.op_ == c10d::ReduceOp::PREMUL_SUM;
-  return run(c10d::OpType::ALLREDUCE, tensors, [&] {
+  return run(c10d::OpType::ALLREDUCE, tensors, [=]() mutable {
     std::vector<at::Tensor> staged;
     for (size_t i = 0; i < tensors.size(); i++)
       staged.push_back(premul ? tensors[i].mul(premul_factor(opts.reduceOp, i)).contiguous()
@@ -236,7 +265,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupConflux::reduce(std::vector<at::Tenso
               opts.rootRank, " out of range");
   cfxRedOp_t op = cfx_op(opts.reduceOp);
   bool premul = opts.reduceOp.op_ == c10d::ReduceOp::PREMUL_SUM;
-  return run(c10d::OpType::REDUCE, tensors, [&] {
+  return run(c10d::OpType::REDUCE, tensors, [=]() mutable {
     at::Tensor staged = premul ? tensors[0].mul(premul_factor(opts.reduceOp, 0)).contiguous()
                                : stage(tensors[0]);
     check(cfxReduce(staged.data_ptr(), staged.data_ptr(), staged.numel(), cfx_type(staged), op,
@@ -257,7 +286,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupConflux::allgather(
     check_same(t, inputs[0], "allgather");
   }
   (void)opts;
-  return run(c10d::OpType::ALLGATHER, outputs[0], [&] {
+  return run(c10d::OpType::ALLGATHER, outputs[0], [=]() mutable {
     at::Tensor input = stage(inputs[0]);
     int64_t n = input.numel();
     at::Tensor flat = at::empty({n * size_}, input.options());
@@ -277,7 +306,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupConflux::_allgather_base(
   TORCH_CHECK(output.numel() == input.numel() * size_, "conflux: _allgather_base: output has ",
               output.numel(), " elements, not ", size_, " x ", input.numel());
   (void)opts;
-  return run(c10d::OpType::_ALLGATHER_BASE, {output}, [&] {
+  return run(c10d::OpType::_ALLGATHER_BASE, {output}, [=]() mutable {
     at::Tensor in = stage(input);
     at::Tensor out = stage(output);
     check(cfxAllGather(in.data_ptr(), out.data_ptr(), in.numel(), cfx_type(in), comm_, nullptr),
@@ -298,7 +327,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupConflux::reduce_scatter(
   }
   cfxRedOp_t op = cfx_op(opts.reduceOp);
   bool premul = opts.reduceOp.op_ == c10d::ReduceOp::PREMUL_SUM;
-  return run(c10d::OpType::REDUCE_SCATTER, outputs, [&] {
+  return run(c10d::OpType::REDUCE_SCATTER, outputs, [=]() mutable {
     std::vector<at::Tensor> flat_inputs;
     for (const auto& t : inputs[0]) flat_inputs.push_back(t.reshape({-1}));
     at::Tensor flat = at::cat(flat_inputs);
@@ -321,7 +350,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupConflux::_reduce_scatter_base(
               input.numel(), " elements, not ", size_, " x ", output.numel());
   cfxRedOp_t op = cfx_op(opts.reduceOp);
   bool premul = opts.reduceOp.op_ == c10d::ReduceOp::PREMUL_SUM;
-  return run(c10d::OpType::_REDUCE_SCATTER_BASE, {output}, [&] {
+  return run(c10d::OpType::_REDUCE_SCATTER_BASE, {output}, [=]() mutable {
     at::Tensor in = premul ? input.mul(premul_factor(opts.reduceOp, 0)).contiguous()
                            : stage(input);
     at::Tensor out = stage(output);
@@ -368,7 +397,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupConflux::alltoall_base(
   };
   auto send_layout = layout(input, input_splits, "input");
   auto recv_layout = layout(output, output_splits, "output");
-  return run(c10d::OpType::ALLTOALL_BASE, {output}, [&] {
+  return run(c10d::OpType::ALLTOALL_BASE, {output}, [=]() mutable {
     at::Tensor in = stage(input);
     at::Tensor out = stage(output);
     at::Tensor in_flat = in.view({-1});
@@ -413,7 +442,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupConflux::alltoall(std::vector<at::Ten
   }
   check_same(inputs[rank_], outputs[rank_], "alltoall (this rank's own tensors)");
   (void)opts;
-  return run(c10d::OpType::ALLTOALL, outputs, [&] {
+  return run(c10d::OpType::ALLTOALL, outputs, [=]() mutable {
     std::vector<at::Tensor> in, out;
     for (int r = 0; r < size_; r++) {
       in.push_back(stage(inputs[r]));
@@ -453,7 +482,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupConflux::gather(
                 "conflux: gather takes output tensors only on the root");
   }
   std::vector<at::Tensor> results = rank_ == root ? outputs[0] : std::vector<at::Tensor>{};
-  return run(c10d::OpType::GATHER, results, [&] {
+  return run(c10d::OpType::GATHER, results, [=]() mutable {
     at::Tensor in = stage(inputs[0]);
     if (rank_ != root) {
       check(cfxSend(in.data_ptr(), in.numel(), cfx_type(in), root, comm_, nullptr), "gather");
@@ -490,7 +519,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupConflux::scatter(
     TORCH_CHECK(inputs.empty() || (inputs.size() == 1 && inputs[0].empty()),
                 "conflux: scatter takes input tensors only on the root");
   }
-  return run(c10d::OpType::SCATTER, outputs, [&] {
+  return run(c10d::OpType::SCATTER, outputs, [=]() mutable {
     at::Tensor out = stage(outputs[0]);
     if (rank_ != root) {
       check(cfxRecv(out.data_ptr(), out.numel(), cfx_type(out), root, comm_, nullptr),
@@ -518,7 +547,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupConflux::send(std::vector<at::Tensor>
   TORCH_CHECK(dst_rank >= 0 && dst_rank < size_ && dst_rank != rank_, "conflux: send to rank ",
               dst_rank, " (group of ", size_, ", this is rank ", rank_, ")");
   (void)tag; /* Conflux matches sends and receives in order per peer. */
-  return run(c10d::OpType::SEND, tensors, [&] {
+  return run(c10d::OpType::SEND, tensors, [=]() mutable {
     at::Tensor staged = stage(tensors[0]);
     check(cfxSend(staged.data_ptr(), staged.numel(), cfx_type(staged), dst_rank, comm_, nullptr),
           "send");
@@ -532,7 +561,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupConflux::recv(std::vector<at::Tensor>
               "conflux: recv from rank ", src_rank, " (group of ", size_, ", this is rank ",
               rank_, ")");
   (void)tag;
-  return run(c10d::OpType::RECV, tensors, [&] {
+  return run(c10d::OpType::RECV, tensors, [=]() mutable {
     at::Tensor staged = stage(tensors[0]);
     check(cfxRecv(staged.data_ptr(), staged.numel(), cfx_type(staged), src_rank, comm_, nullptr),
           "recv");
@@ -548,7 +577,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupConflux::recvAnysource(std::vector<at
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupConflux::barrier(const c10d::BarrierOptions& opts) {
   (void)opts;
-  return run(c10d::OpType::BARRIER, {}, [&] {
+  return run(c10d::OpType::BARRIER, {}, [=]() mutable {
     uint8_t token = 0;
     check(cfxAllReduce(&token, &token, 1, cfxUint8, cfxSum, comm_, nullptr), "barrier");
   });

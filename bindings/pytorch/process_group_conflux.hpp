@@ -6,17 +6,18 @@
  *  - One cfxComm_t per process group. Rank 0 makes the unique id and puts it
  *    in the c10d store under kUniqueIdKey; the other ranks wait for it there
  *    (the store given to a subgroup carries the group's own prefix).
- *  - Calls run on the caller's thread with stream NULL: each Conflux call has
- *    finished when it returns, so every Work is complete when the operation
- *    returns it. A Conflux error does not throw from the operation: it is kept
- *    in the Work, and wait() and the future rethrow it with Conflux's sentence
- *    (cfxGetLastError), which names the peer at fault.
+ *  - Operations are asynchronous, as Gloo's: each is checked on the caller's
+ *    thread, then queued to the group's one worker thread, which runs the
+ *    Conflux calls (stream NULL) in queue order and completes the Work and
+ *    its future; the caller's computation overlaps the communication (DDP's
+ *    gradient buckets). A Conflux error does not throw from the operation: it
+ *    is kept in the Work, and wait() and the future rethrow it with
+ *    Conflux's sentence (cfxGetLastError), which names the peer at fault.
  *  - Bad arguments (a dtype Conflux lacks, a CUDA tensor, a bitwise op) throw
  *    at once, before any rank communicates.
  *  - Non-contiguous tensors are copied into contiguous ones and back.
  *  - Operations from several threads on one group run one at a time, in the
- *    order they take the group's lock; every rank must issue them in the
- *    same order.
+ *    order they were queued; every rank must issue them in the same order.
  */
 #pragma once
 
@@ -26,22 +27,29 @@
 #include <torch/csrc/distributed/c10d/Store.hpp>
 #include <torch/csrc/distributed/c10d/Work.hpp>
 
+#include <atomic>
 #include <chrono>
+#include <condition_variable>
+#include <deque>
 #include <exception>
+#include <functional>
 #include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
 
 namespace cfx_torch {
 
-/* A finished operation: its outputs, or the error that stopped it. */
+/* An operation: its outputs once complete, or the error that stopped it. */
 class WorkConflux : public c10d::Work {
  public:
-  WorkConflux(int rank, c10d::OpType op_type, std::vector<at::Tensor> outputs,
-              std::exception_ptr error);
+  WorkConflux(int rank, c10d::OpType op_type, std::vector<at::Tensor> outputs);
 
   std::vector<at::Tensor> result() override;
   c10::intrusive_ptr<c10::ivalue::Future> getFuture() override;
+
+  /* Called once, by the worker: the operation ended (error null: it worked). */
+  void complete(std::exception_ptr error);
 
  private:
   std::vector<at::Tensor> outputs_;
@@ -108,15 +116,22 @@ class ProcessGroupConflux : public c10d::ProcessGroup {
   /* Throws a std::runtime_error naming `what` and Conflux's last error. */
   void check(cfxResult_t result, const char* what);
 
-  /* Runs `body` (the Conflux calls) under call_mutex_ and wraps its outcome in
-   * a finished Work. */
+  /* Queues `body` (the Conflux calls; it owns copies of what it uses) for
+   * the worker and returns its Work, completed when the body has run. */
   template <typename Body>
   c10::intrusive_ptr<c10d::Work> run(c10d::OpType op_type, std::vector<at::Tensor> outputs,
                                      Body&& body);
 
-  std::mutex call_mutex_; /* One operation at a time on comm_. */
+  /* The worker: runs queued bodies in order until stop_ and an empty queue. */
+  void work_loop();
+
+  std::mutex queue_mutex_;
+  std::condition_variable queue_cv_;
+  std::deque<std::function<void()>> queue_;
+  bool stop_ = false;
+  std::thread worker_; /* The only thread that calls Conflux on comm_ after init. */
   cfxComm_t comm_ = nullptr;
-  bool failed_ = false; /* A call failed: abort rather than destroy. */
+  std::atomic<bool> failed_{false}; /* A call failed: abort rather than destroy. */
 };
 
 }  // namespace cfx_torch

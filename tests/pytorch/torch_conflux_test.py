@@ -96,7 +96,7 @@ def worker(case):
                             timeout=timeout)
     assert dist.get_backend() == "conflux", dist.get_backend()
     {"ops": case_ops, "ddp": case_ddp, "subgroup": case_subgroup,
-     "killed": case_killed}[case](torch, dist, rank, size)
+     "killed": case_killed, "async": case_async}[case](torch, dist, rank, size)
     print(f"rank {rank}: case {case} passed", flush=True)
 
 
@@ -377,6 +377,46 @@ def case_subgroup(torch, dist, rank, size):
     t = torch.ones(4)
     dist.all_reduce(t)
     assert t[0].item() == size
+
+
+def case_async(torch, dist, rank, size):
+    """async_op=True returns at once and completes later, in queue order; the
+    future carries the result; an error surfaces at wait()."""
+    t = torch.full((1 << 16,), float(rank + 1))
+    if rank != 0:
+        time.sleep(1.0)  # Rank 0's call cannot finish before the others join.
+    start = time.monotonic()
+    work = dist.all_reduce(t, async_op=True)
+    returned = time.monotonic() - start
+    if rank == 0:
+        assert returned < 0.5, f"all_reduce(async_op=True) took {returned:.2f} s to return"
+        assert not work.is_completed(), "the work was complete before the peers joined"
+    # Queued behind the first; the future's callback sees the result.
+    u = torch.full((8,), float(rank))
+    fut = dist.all_reduce(u, async_op=True).get_future().then(lambda f: f.value()[0] * 2)
+    work.wait()
+    assert work.is_completed()
+    total = size * (size + 1) / 2
+    assert t[0].item() == total and t[-1].item() == total, (t[0].item(), total)
+    doubled = fut.wait()
+    assert doubled[0].item() == 2 * sum(range(size)), doubled
+    # Many in flight, waited in reverse order.
+    works, tensors = [], []
+    for i in range(20):
+        x = torch.full((1000,), float(i + rank))
+        tensors.append(x)
+        works.append(dist.all_reduce(x, async_op=True))
+    for w in reversed(works):
+        w.wait()
+    for i, x in enumerate(tensors):
+        assert x[0].item() == size * i + sum(range(size)), (i, x[0].item())
+    # A bad argument still throws at the call, before anything is queued.
+    try:
+        dist.all_reduce(torch.zeros(2, dtype=torch.bool), async_op=True)
+        raise AssertionError("a bool tensor was accepted")
+    except RuntimeError as e:
+        assert "conflux" in str(e), e
+    dist.barrier()
 
 
 def case_killed(torch, dist, rank, size):
