@@ -593,6 +593,38 @@ CFX_API cfxResult_t cfxGroupStart(void);
  */
 CFX_API cfxResult_t cfxGroupEnd(void);
 
+/** @brief What cfxGroupSimulateEnd reports (NCCL's ncclSimInfo_t layout). */
+typedef struct cfxSimInfo_v1 {
+    size_t size;
+    unsigned int magic;
+    unsigned int version;
+    float estimatedTime; /**< Microseconds the cost model predicts for the group. */
+} cfxSimInfo_t;
+
+/** @brief cfxSimInfo_t's magic (NCCL's value). */
+#define CFX_SIM_INFO_MAGIC 0x74685283u
+/** @brief Initialiser for cfxSimInfo_t (estimatedTime -1: not simulated yet). */
+#define CFX_SIM_INFO_INITIALIZER                                                                   \
+    {                                                                                              \
+        sizeof(cfxSimInfo_t), CFX_SIM_INFO_MAGIC, CFX_VERSION(CFX_MAJOR, CFX_MINOR, CFX_PATCH),    \
+            -1.0f                                                                                  \
+    }
+
+/**
+ * @brief End a group as cfxGroupEnd does, but run nothing: the queued
+ * operations are dropped and simInfo->estimatedTime is the cost model's time
+ * for them, in microseconds (per communicator the sum of its collectives'
+ * times under the algorithm the planner picks, plus its sends or its
+ * receives, whichever take longer, each priced as one hop; the slowest
+ * communicator). Every rank must simulate the same group, as it would run
+ * it: the dropped operations still count in each communicator's sequence.
+ * @param [in,out] simInfo Initialised with CFX_SIM_INFO_INITIALIZER.
+ * @return cfxSuccess; cfxInvalidArgument for a NULL or uninitialised
+ * simInfo; cfxInvalidUsage without a cfxGroupStart; the first error of a
+ * queued operation.
+ */
+CFX_API cfxResult_t cfxGroupSimulateEnd(cfxSimInfo_t *simInfo);
+
 #ifdef __cplusplus
 }
 #endif

@@ -54,6 +54,10 @@ static_assert(
     "ncclConfig_t field offsets are NCCL 2.28's");
 static_assert(sizeof(ncclSimInfo_t) == 24 && offsetof(ncclSimInfo_t, estimatedTime) == 16,
               "ncclSimInfo_t layout");
+static_assert(sizeof(ncclSimInfo_t) == sizeof(cfxSimInfo_t) &&
+                  offsetof(ncclSimInfo_t, magic) == offsetof(cfxSimInfo_t, magic) &&
+                  offsetof(ncclSimInfo_t, estimatedTime) == offsetof(cfxSimInfo_t, estimatedTime),
+              "ncclSimInfo_t is cfxSimInfo_t");
 static_assert(sizeof(ncclTeam_t) == 12, "ncclTeam is three ints");
 
 /* The drop-in's last refusal on this thread. */

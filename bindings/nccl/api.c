@@ -147,6 +147,13 @@ CFX_NCCL_API ncclResult_t pncclCommRevoke(ncclComm_t comm, int revokeFlags)
 }
 CFX_NCCL_ALIAS(ncclCommRevoke);
 
+/* ncclSimInfo_t is cfxSimInfo_t, magic included (static asserts in abi.c). */
+CFX_NCCL_API ncclResult_t pncclGroupSimulateEnd(ncclSimInfo_t *simInfo)
+{
+    return cfx_nccl_result_from(cfxGroupSimulateEnd((cfxSimInfo_t *)(void *)simInfo));
+}
+CFX_NCCL_ALIAS(ncclGroupSimulateEnd);
+
 CFX_NCCL_API ncclResult_t pncclCommGetAsyncError(ncclComm_t comm, ncclResult_t *asyncError)
 {
     cfxResult_t async = cfxSuccess;

@@ -30,16 +30,6 @@ CFX_NCCL_API ncclResult_t pncclCommWindowDeregister(ncclComm_t comm, ncclWindow_
 }
 CFX_NCCL_ALIAS(ncclCommWindowDeregister);
 
-CFX_NCCL_API ncclResult_t pncclGroupSimulateEnd(ncclSimInfo_t *simInfo)
-{
-    (void)simInfo;
-    return cfx_nccl_refuse(ncclInvalidUsage, NULL,
-                           "ncclGroupSimulateEnd is not supported by Conflux: its planner offers "
-                           "no estimate through the API; the group is still open: end it with "
-                           "ncclGroupEnd");
-}
-CFX_NCCL_ALIAS(ncclGroupSimulateEnd);
-
 CFX_NCCL_API ncclResult_t pncclDevCommCreate(ncclComm_t comm, ncclDevCommRequirements_t const *reqs,
                                              ncclDevComm_t *outDevComm)
 {

@@ -16,6 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "kernels/reduce.h"
 #include "src/bootstrap/bootstrap.h"
 #include "src/core/comm.h"
 #include "src/plan/plan.h"
@@ -329,4 +330,31 @@ void cfx_core_algo_tree_op(struct cfxComm *comm, int t, struct cfx_op *op)
     for (int i = 0; i < n && op->n_conns < CFX_OP_MAX_CONNS; i++)
         if (all[i])
             op->conns[op->n_conns++] = all[i];
+}
+
+/* ------------------------------------------------------ group simulation */
+
+double cfx_core_algo_predict_us(struct cfxComm *comm, const struct cfx_op *op)
+{
+    if (comm->plan == NULL || comm->nranks < 2)
+        return 0;
+    size_t bytes = op->count * cfx_type_size(op->type);
+    if (op->kind == CFX_COLL_SEND || op->kind == CFX_COLL_RECV) {
+        /* One hop of `bytes`: a ring allgather of nranks such blocks takes
+         * nranks-1 of them. */
+        double us = cfx_plan_predict_us(comm->plan, CFX_COLL_ALLGATHER, CFX_ALGO_RING,
+                                        CFX_PROTO_SIMPLE, bytes * (size_t)comm->nranks);
+        return isfinite(us) ? us / (comm->nranks - 1) : 0;
+    }
+    if (op->kind == CFX_COLL_ALLGATHER || op->kind == CFX_COLL_REDUCESCATTER)
+        bytes *= (size_t)comm->nranks; /* The sizes the planner takes (nccl-tests'). */
+    enum cfx_plan_algo algo = CFX_ALGO_RING;
+    if (op->tree) {
+        algo = CFX_ALGO_TREE;
+        bytes *= 2; /* One half of the call; the other runs beside it on the second tree. */
+    } else if (op->direct) {
+        algo = CFX_ALGO_DIRECT;
+    }
+    double us = cfx_plan_predict_us(comm->plan, op->kind, algo, CFX_PROTO_SIMPLE, bytes);
+    return isfinite(us) ? us : 0;
 }

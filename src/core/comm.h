@@ -241,6 +241,9 @@ void cfx_core_algo_fini(struct cfxComm *comm);
  * A call of the same collective and size as the one before reuses its
  * choice without asking the planner. Never blocks, never allocates. */
 enum cfx_core_algo { CFX_CORE_ALGO_RING, CFX_CORE_ALGO_TREE, CFX_CORE_ALGO_DIRECT };
+/* The cost model's time (us) for @p op as queued (its algorithm, its size;
+ * a send or receive as one hop); 0 without a plan or on one rank. */
+double cfx_core_algo_predict_us(struct cfxComm *comm, const struct cfx_op *op);
 enum cfx_core_algo cfx_core_algo_choose(struct cfxComm *comm, enum cfx_coll_kind kind,
                                         size_t bytes);
 /* Requests for the connectors a tree op of tree @p t rooted at @p root

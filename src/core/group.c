@@ -532,3 +532,61 @@ CFX_API cfxResult_t cfxGroupEnd(void)
             cfx_core_api_exit(group_ops[i].owner, res);
     return cfx_core_api_exit(NULL, res);
 }
+
+/* The group's time as cfxGroupSimulateEnd reports it (see conflux.h). */
+static double simulate(const struct cfx_op *ops, int n_ops)
+{
+    double slowest = 0;
+    for (int i = 0; i < n_ops; i++) {
+        struct cfxComm *comm = ops[i].owner;
+        if (!first_of_comm(ops, i) || !cfx_core_comm_live(comm))
+            continue; /* Done with its first op; or destroyed while the group was open. */
+        double coll = 0, sends = 0, recvs = 0;
+        for (int j = i; j < n_ops; j++) {
+            if (ops[j].owner != comm)
+                continue;
+            if (ops[j].tree == &comm->trees[1])
+                continue; /* Priced with its first half. */
+            double us = cfx_core_algo_predict_us(comm, &ops[j]);
+            if (ops[j].kind == CFX_COLL_SEND)
+                sends += us;
+            else if (ops[j].kind == CFX_COLL_RECV)
+                recvs += us;
+            else
+                coll += us;
+        }
+        double total = coll + (sends > recvs ? sends : recvs);
+        if (total > slowest)
+            slowest = total;
+    }
+    return slowest;
+}
+
+CFX_API cfxResult_t cfxGroupSimulateEnd(cfxSimInfo_t *simInfo)
+{
+    const char *fn = "cfxGroupSimulateEnd";
+    cfx_core_api_enter(NULL);
+    if (simInfo == NULL || simInfo->magic != CFX_SIM_INFO_MAGIC ||
+        simInfo->size < sizeof(cfxSimInfo_t))
+        return cfx_core_api_exit(NULL, cfx_error_set(cfxInvalidArgument, CFX_LOG_COLL,
+                                                     "%s: simInfo is %s; initialise it with "
+                                                     "CFX_SIM_INFO_INITIALIZER",
+                                                     fn, simInfo == NULL ? "NULL" : "not set up"));
+    if (group_depth == 0)
+        return cfx_core_api_exit(
+            NULL, cfx_error_set(cfxInvalidUsage, CFX_LOG_COLL, "%s without cfxGroupStart", fn));
+    if (--group_depth > 0)
+        return cfxSuccess; /* Nested: the outermost end simulates. */
+    cfxResult_t res = group_error;
+    int n_ops = group_count;
+    group_count = 0;
+    group_error = cfxSuccess;
+    if (res != cfxSuccess)
+        return cfx_core_api_exit(NULL, cfx_error_set(res, CFX_LOG_COLL,
+                                                     "%s: a call in the group failed: %s", fn,
+                                                     group_error_text));
+    simInfo->estimatedTime = (float)simulate(group_ops, n_ops);
+    CFX_INFO(CFX_LOG_COLL, "%s: %d operation(s), %.1f us predicted; none ran", fn, n_ops,
+             (double)simInfo->estimatedTime);
+    return cfx_core_api_exit(NULL, cfxSuccess);
+}
