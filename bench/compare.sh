@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Conflux side by side with Open MPI and Gloo: 2 ranks, float32 sum allreduce,
 # nccl-tests' bus bandwidth, in the settings below, then a ratio table per
-# setting (bench/compare_report.py). --colls adds broadcast and allgather
-# (conflux-perf broadcast|allgather against MPI_Bcast|MPI_Allgather, the same
+# setting (bench/compare_report.py). --colls adds broadcast, allgather and
+# alltoall (conflux-perf broadcast|allgather|alltoall against
+# MPI_Bcast|MPI_Allgather|MPI_Alltoall, the same
 # sizes and busbw formulas; Gloo times allreduce only): a table per setting
 # and collective.
 #
@@ -94,7 +95,7 @@ usage: $0 [--quick] [options]
   --repeat N          interleaved repeats of each comparison (default $repeat)
   --settings LIST     comma-separated, from shm,tcp,veth,veth10g,oversub
                       (default $settings)
-  --colls LIST        comma-separated, from allreduce,broadcast,allgather
+  --colls LIST        comma-separated, from allreduce,broadcast,allgather,alltoall
                       (default $colls); Gloo and oversub: allreduce only
   --shape TBF         tc tbf parameters of veth10g (default "$shape")
   --iperf-seconds N   length of each iperf3 run (default $iperf_seconds)
@@ -172,7 +173,7 @@ IFS=, read -r -a coll_list <<<"$colls"
 [ ${#coll_list[@]} -gt 0 ] || { echo "$0: --colls is empty" >&2; usage; }
 for c in "${coll_list[@]}"; do
   case $c in
-    allreduce | broadcast | allgather) ;;
+    allreduce | broadcast | allgather | alltoall) ;;
     *) echo "$0: unknown collective '$c'" >&2; usage ;;
   esac
 done

@@ -25,9 +25,9 @@ out, settings, oversub_ranks, stat = (sys.argv[1], sys.argv[2].split(","), int(s
 pick_low = statistics.median if stat == "median" else min    # times
 pick_high = statistics.median if stat == "median" else max   # bandwidths
 GB = 1e9
-COLLS = ("allreduce", "broadcast", "allgather")  # table order
-# busbw / algbw at 2 ranks, nccl-tests' factors: 2(n-1)/n, 1, (n-1)/n.
-BUS_FACTOR = {"allreduce": 1.0, "broadcast": 1.0, "allgather": 0.5}
+COLLS = ("allreduce", "broadcast", "allgather", "alltoall")  # table order
+# busbw / algbw at 2 ranks, nccl-tests' factors: 2(n-1)/n, 1, (n-1)/n, (n-1)/n.
+BUS_FACTOR = {"allreduce": 1.0, "broadcast": 1.0, "allgather": 0.5, "alltoall": 0.5}
 problems = []  # runs left out, for the summary
 targets = []   # issue 5's targets: "met" or "MISSED" lines
 
@@ -139,9 +139,10 @@ def ratio(a, b):
     return a / b if a is not None and b else None
 
 MPI_CALL = {"allreduce": "MPI_Allreduce", "broadcast": "MPI_Bcast (root 0)",
-            "allgather": "MPI_Allgather"}
+            "allgather": "MPI_Allgather", "alltoall": "MPI_Alltoall"}
 BUS_FORMULA = {"allreduce": "algbw * 2(n-1)/n", "broadcast": "algbw",
-               "allgather": "algbw * (n-1)/n, size = the total output"}
+               "allgather": "algbw * (n-1)/n, size = the total output",
+               "alltoall": "algbw * (n-1)/n, size = each buffer"}
 
 titles = {
     "shm": "one host, shared memory (Open MPI vader; Gloo: TCP on lo, it has no shm)",
@@ -226,6 +227,15 @@ def setting_table(s, coll="allreduce"):
         r = [(sz, c / o) for sz, c, o in pairs if c is not None and o]
         return min(r, key=lambda x: x[1]) if r else None
 
+    if coll == "alltoall":
+        # Issue 15: >= Open MPI's MPI_Alltoall at >= 64 KiB per peer over shared memory.
+        if s == "shm" and t["ompi"]:
+            w = worst([(sz, bw["conflux"].get(sz), bw["ompi"].get(sz))
+                       for sz in sizes if sz >= 2 * (64 << 10)])
+            if w:
+                check(f"busbw >= Open MPI's {MPI_CALL[coll]} at every size >= 64K per peer",
+                      w[1] >= 1.0, f"lowest Conflux/OMPI {w[1]:.2f} at {human(w[0])}")
+        return
     if coll != "allreduce":
         # Broadcast and allgather: >= Open MPI's MPI_Bcast/MPI_Allgather at >= 1 MiB, on one
         # host (shared memory and loopback TCP).

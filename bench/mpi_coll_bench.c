@@ -1,8 +1,9 @@
 /*
  * mpi_coll_bench: Open MPI's MPI_Allreduce (float32, MPI_SUM), MPI_Bcast
- * (float32, root 0) or MPI_Allgather (float32), timed exactly as conflux-perf
- * times cfxAllReduce, cfxBroadcast or cfxAllGather out of place, for
- * bench/compare.sh. Also built as mpi_allreduce_bench, its former name.
+ * (float32, root 0), MPI_Allgather or MPI_Alltoall (float32), timed exactly
+ * as conflux-perf times cfxAllReduce, cfxBroadcast, cfxAllGather or
+ * cfxAlltoAll out of place, for bench/compare.sh. Also built as mpi_allreduce_bench, its former
+ * name.
  *
  *   mpirun -np 2 --mca pml ob1 --mca btl self,vader bench/mpi_coll_bench -b 8 -e 128M -f 2
  *   mpirun -np 2 --mca pml ob1 --mca btl self,vader bench/mpi_coll_bench -C allgather -b 1M
@@ -28,7 +29,8 @@ static const char launch_help[] =
     "  loopback TCP:   --mca pml ob1 --mca btl self,tcp --mca btl_tcp_if_include lo";
 
 /* Keep in enum sweep_coll order. */
-static const char *const mpi_names[] = {"MPI_Allreduce", "MPI_Bcast", "MPI_Allgather"};
+static const char *const mpi_names[] = {"MPI_Allreduce", "MPI_Bcast", "MPI_Allgather",
+                                        "MPI_Alltoall"};
 
 struct mpi_bench {
     const struct sweep_options *opt;
@@ -56,6 +58,8 @@ static int coll_at(const struct mpi_bench *b, const struct sweep_sizing *sz, lon
                          MPI_COMM_WORLD);
     case SWEEP_ALLGATHER:
         return MPI_Allgather(send, count, MPI_FLOAT, recv, count, MPI_FLOAT, MPI_COMM_WORLD);
+    case SWEEP_ALLTOALL:
+        return MPI_Alltoall(send, count, MPI_FLOAT, recv, count, MPI_FLOAT, MPI_COMM_WORLD);
     }
     return MPI_ERR_OTHER;
 }
@@ -85,6 +89,13 @@ static size_t verify(const struct mpi_bench *b, const struct sweep_sizing *sz)
     case SWEEP_ALLGATHER:
         for (int r = 0; r < b->nranks; r++)
             wrong += sweep_verify_copy(recv + (size_t)r * sz->count, sz->count, r);
+        return wrong;
+    case SWEEP_ALLTOALL:
+        /* Block r is rank r's block for this rank: its send elements from
+         * rank * count on. */
+        for (int r = 0; r < b->nranks; r++)
+            wrong += sweep_verify_copy_at(recv + (size_t)r * sz->count, sz->count, r,
+                                          (size_t)b->rank * sz->count);
         return wrong;
     }
     return sz->count;
@@ -165,7 +176,7 @@ int main(int argc, char **argv)
     struct sweep_options opt;
     int help = 0;
     unsigned colls = SWEEP_COLL_BIT(SWEEP_ALLREDUCE) | SWEEP_COLL_BIT(SWEEP_BROADCAST) |
-                     SWEEP_COLL_BIT(SWEEP_ALLGATHER);
+                     SWEEP_COLL_BIT(SWEEP_ALLGATHER) | SWEEP_COLL_BIT(SWEEP_ALLTOALL);
     const char *slash = strrchr(argv[0], '/');
     const char *prog = slash ? slash + 1 : argv[0]; /* or mpi_allreduce_bench */
     int status = sweep_options_parse(argc, argv, prog, launch_help, colls, &opt, &help);

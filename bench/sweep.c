@@ -20,7 +20,7 @@
 #define PAGE_BYTES 4096
 
 /* Keep in enum sweep_coll order. */
-static const char *const coll_names[] = {"allreduce", "broadcast", "allgather"};
+static const char *const coll_names[] = {"allreduce", "broadcast", "allgather", "alltoall"};
 #define N_COLLS (sizeof(coll_names) / sizeof(coll_names[0]))
 
 /* "allreduce|broadcast" for the collectives in `colls`. */
@@ -244,7 +244,7 @@ void sweep_sizing_init(const struct sweep_options *opt, size_t bytes, int nranks
 {
     size_t count = bytes / sizeof(float);
     size_t total = count;
-    if (opt->coll == SWEEP_ALLGATHER) {
+    if (opt->coll == SWEEP_ALLGATHER || opt->coll == SWEEP_ALLTOALL) {
         count /= (size_t)nranks;
         total = count * (size_t)nranks;
     }
@@ -288,9 +288,14 @@ void sweep_fill_copy(float *send, size_t count, int rank)
 
 size_t sweep_verify_copy(const float *recv, size_t count, int rank)
 {
+    return sweep_verify_copy_at(recv, count, rank, 0);
+}
+
+size_t sweep_verify_copy_at(const float *recv, size_t count, int rank, size_t offset)
+{
     size_t wrong = 0;
     for (size_t i = 0; i < count; i++)
-        if (recv[i] != copy_value(i, rank))
+        if (recv[i] != copy_value(offset + i, rank))
             wrong++;
     return wrong;
 }
@@ -301,11 +306,13 @@ void sweep_print_header(FILE *out, const char *title, const struct sweep_options
         [SWEEP_ALLREDUCE] = "float32 sum allreduce",
         [SWEEP_BROADCAST] = "float32 broadcast from rank 0",
         [SWEEP_ALLGATHER] = "float32 allgather (size: the total output; count: per rank)",
+        [SWEEP_ALLTOALL] = "float32 alltoall (size: each buffer; count: per peer)",
     };
     static const char *const busbw[] = {
         [SWEEP_ALLREDUCE] = "busbw = algbw * 2(n-1)/n",
         [SWEEP_BROADCAST] = "busbw = algbw",
         [SWEEP_ALLGATHER] = "busbw = algbw * (n-1)/n",
+        [SWEEP_ALLTOALL] = "busbw = algbw * (n-1)/n",
     };
     _Static_assert(SWEEP_ROOT == 0, "the broadcast line names rank 0");
     fprintf(out, "# %s\n", title);
@@ -330,7 +337,7 @@ double sweep_print_row(FILE *out, const struct sweep_options *opt, const struct 
     double factor = 1.0; /* broadcast */
     if (opt->coll == SWEEP_ALLREDUCE)
         factor = 2.0 * (nranks - 1) / nranks;
-    else if (opt->coll == SWEEP_ALLGATHER)
+    else if (opt->coll == SWEEP_ALLGATHER || opt->coll == SWEEP_ALLTOALL)
         factor = (double)(nranks - 1) / nranks;
     double busbw = algbw * factor;
     fprintf(out, "%12zu %13zu %11.2f %7.2f %7.2f\n", sz->total_bytes, sz->count, seconds * 1e6,

@@ -7,10 +7,12 @@
  *
  * Rules, the same as conflux-perf's out-of-place column (docs/performance.md;
  * tools/conflux_perf/colls.c and bench.c), for a sweep step of `bytes`:
- *   - float32; count = bytes / 4, except allgather: count = bytes / 4 / n per
- *     rank (the call's count argument, the row's count);
+ *   - float32; count = bytes / 4, except allgather and alltoall: count =
+ *     bytes / 4 / n per rank or per peer (the call's count argument, the
+ *     row's count);
  *   - the row's size is the larger of the send and receive sizes: count * 4,
- *     and n * count * 4 for allgather (the total output);
+ *     and n * count * 4 for allgather (the total output) and alltoall (each
+ *     buffer);
  *   - allreduce: sum; broadcast: from rank SWEEP_ROOT, the root passes its
  *     send buffer and the others their receive buffer (MPI_Bcast has one);
  *   - buffers allocated once at the largest size and touched before timing;
@@ -19,8 +21,8 @@
  *     them; call k works at offset (k mod steps) * size, steps = max / size;
  *   - time per call = wall time / n, then the mean over ranks;
  *   - algbw = size / time (1 GB = 1e9 B); busbw = algbw * 2(n-1)/n for
- *     allreduce, algbw for broadcast, algbw * (n-1)/n for allgather
- *     (nccl-tests' factors);
+ *     allreduce, algbw for broadcast, algbw * (n-1)/n for allgather and
+ *     alltoall (nccl-tests' factors);
  *   - -c N: N checked calls per size after the timed ones, at offset 0.
  *
  * Output: '#' header lines, then one row per size:
@@ -48,6 +50,7 @@ enum sweep_coll {
     SWEEP_ALLREDUCE,
     SWEEP_BROADCAST,
     SWEEP_ALLGATHER,
+    SWEEP_ALLTOALL,
 };
 #define SWEEP_COLL_BIT(coll) (1u << (coll))
 
@@ -108,6 +111,8 @@ void sweep_fill_copy(float *send, size_t count, int rank);
 
 /* Elements of `recv` that differ from rank `rank`'s sweep_fill_copy data. */
 size_t sweep_verify_copy(const float *recv, size_t count, int rank);
+/* sweep_verify_copy of elements offset .. offset+count-1 of rank's send buffer. */
+size_t sweep_verify_copy_at(const float *recv, size_t count, int rank, size_t offset);
 
 /* Header lines; `title` is the first line, after "# "; the next say opt->coll. */
 void sweep_print_header(FILE *out, const char *title, const struct sweep_options *opt, int nranks);

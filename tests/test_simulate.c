@@ -39,8 +39,8 @@ static void simulate(struct cfx_test_rank *ctx)
     float two = simulate_allreduces(ctx, comm, buf, COUNT, 2);
     float big = simulate_allreduces(ctx, comm, buf, 16 * COUNT, 1);
     RANK_ASSERT(ctx, one > 0 && isfinite(one), "1 MiB allreduce: estimate %g us", one);
-    RANK_ASSERT(ctx, fabsf(two - 2 * one) <= 0.01f * two, "two allreduces: %g us, one: %g us",
-                two, one);
+    RANK_ASSERT(ctx, fabsf(two - 2 * one) <= 0.01f * two, "two allreduces: %g us, one: %g us", two,
+                one);
     RANK_ASSERT(ctx, big > 4 * one, "16 MiB: %g us, 1 MiB: %g us", big, one);
     for (size_t i = 0; i < 16 * COUNT; i++)
         RANK_ASSERT(ctx, buf[i] == 1.0f, "element %zu changed to %g: something ran", i, buf[i]);
@@ -64,15 +64,17 @@ static void simulate(struct cfx_test_rank *ctx)
     RANK_ASSERT(ctx, fabsf(sim.estimatedTime - one) <= 0.01f * one, "nested: %g us, not %g",
                 sim.estimatedTime, one);
     /* Bad uses. */
-    RANK_ASSERT(ctx, cfxGroupSimulateEnd(&sim) == cfxInvalidUsage &&
-                         strstr(cfxGetLastError(NULL), "without cfxGroupStart") != NULL,
+    RANK_ASSERT(ctx,
+                cfxGroupSimulateEnd(&sim) == cfxInvalidUsage &&
+                    strstr(cfxGetLastError(NULL), "without cfxGroupStart") != NULL,
                 "without a group: %s", cfxGetLastError(NULL));
     cfxSimInfo_t unset;
     memset(&unset, 0, sizeof(unset));
     RANK_CFX(ctx, cfxGroupStart());
     RANK_ASSERT(ctx, cfxGroupSimulateEnd(NULL) == cfxInvalidArgument, "NULL was accepted");
-    RANK_ASSERT(ctx, cfxGroupSimulateEnd(&unset) == cfxInvalidArgument &&
-                         strstr(cfxGetLastError(NULL), "CFX_SIM_INFO_INITIALIZER") != NULL,
+    RANK_ASSERT(ctx,
+                cfxGroupSimulateEnd(&unset) == cfxInvalidArgument &&
+                    strstr(cfxGetLastError(NULL), "CFX_SIM_INFO_INITIALIZER") != NULL,
                 "an unset simInfo: %s", cfxGetLastError(NULL));
     RANK_CFX(ctx, cfxGroupEnd()); /* The refused calls left the group open. */
     /* What was simulated never ran, on any rank: the next call agrees. */
