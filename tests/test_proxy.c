@@ -229,6 +229,16 @@ Test(proxy, forked_child_starts_its_own, .timeout = 30)
 {
     struct cfx_proxy *proxy;
     cr_assert_eq(cfx_proxy_get(0, &proxy), cfxSuccess);
+    /* Fork only once the parent's thread runs its loop: a thread still
+     * starting may hold a lock of the C library or of a sanitizer's runtime
+     * (ASan's thread registry), which the child would inherit held. */
+    struct counter started;
+    memset(&started, 0, sizeof(started));
+    started.client.progress = counter_progress;
+    started.client.arg = &started;
+    cr_assert_eq(cfx_proxy_add(proxy, &started.client, NULL, 0, 0), cfxSuccess);
+    await_at_least(&started.passes, 2, "passes of the parent's proxy before the fork");
+    cfx_proxy_remove(proxy, &started.client);
     pid_t pid = fork();
     cr_assert_geq(pid, 0);
     if (pid == 0) {

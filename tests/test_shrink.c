@@ -149,9 +149,9 @@ static void lists_disagree(struct cfx_test_rank *ctx)
     cfx_test_step(ctx, "cfxCommShrink with a list that disagrees");
     cfxResult_t res = cfxCommShrink(comm, list, 1, &shrunk, NULL, CFX_SHRINK_DEFAULT);
     RANK_ASSERT(ctx, res == cfxInvalidUsage && shrunk == NULL, "cfxCommShrink returned %s: %s",
-                cfxGetErrorString(res), cfxGetLastError(NULL));
-    RANK_ASSERT(ctx, strstr(cfxGetLastError(NULL), "excludeRanksList") != NULL,
-                "the sentence does not say why: %s", cfxGetLastError(NULL));
+                cfxGetErrorString(res), cfxGetLastError(comm));
+    RANK_ASSERT(ctx, strstr(cfxGetLastError(comm), "excludeRanksList") != NULL,
+                "the sentence does not say why: %s", cfxGetLastError(comm));
     RANK_CFX(ctx, cfxCommDestroy(comm));
 }
 
@@ -185,9 +185,9 @@ static void bad_arguments(struct cfx_test_rank *ctx)
             cfxCommShrink(comm, cases[i].list, cases[i].count, &shrunk, NULL, cases[i].flags);
         RANK_ASSERT(ctx, res == cfxInvalidArgument, "case %zu returned %s", i,
                     cfxGetErrorString(res));
-        RANK_ASSERT(ctx, strstr(cfxGetLastError(NULL), cases[i].says) != NULL,
+        RANK_ASSERT(ctx, strstr(cfxGetLastError(comm), cases[i].says) != NULL,
                     "case %zu: the sentence does not say \"%s\": %s", i, cases[i].says,
-                    cfxGetLastError(NULL));
+                    cfxGetLastError(comm));
     }
     RANK_ASSERT(ctx, cfxCommShrink(comm, NULL, 1, &shrunk, NULL, 0) == cfxInvalidArgument,
                 "a NULL list with a count was accepted");
