@@ -27,13 +27,6 @@
 #include "src/coll/work.h"
 
 /* Chunks of the op; an empty op (a mismatch-check handshake) still has one. */
-/* Chunks of the op; an empty op (a mismatch-check handshake) still has one. */
-static inline CFX_HOST_DEVICE uint64_t cfx_direct_chunks(const struct cfx_work *w)
-{
-    uint64_t chunks = cfx_work_chunks(w);
-    return chunks > 0 ? chunks : 1;
-}
-
 static inline CFX_HOST_DEVICE uint64_t cfx_direct_allreduce_steps(const struct cfx_work *w)
 {
     /* Empty: no steps (the core asks again with a handshake). */
@@ -92,7 +85,7 @@ cfx_direct_allreduce_describe(const struct cfx_work *w, uint64_t index, struct c
     uint64_t rest = index - (n - 1);
     uint64_t block = 1 + rest / n; /* Sends of chunk `block`, then the reduction of block-1. */
     uint64_t k = rest % n;
-    if (block == cfx_direct_chunks(w) || k == n - 1)
+    if (block == cfx_work_chunks_min1(w) || k == n - 1)
         cfx_direct_describe_reduce(w, block - 1, step);
     else
         cfx_direct_describe_send(w, block, (int)k, step);

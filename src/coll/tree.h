@@ -29,13 +29,6 @@
 
 #include "src/coll/work.h"
 
-/* Chunks of the op; an empty op (a mismatch-check handshake) still has one. */
-static inline CFX_HOST_DEVICE uint64_t cfx_tree_chunks(const struct cfx_work *w)
-{
-    uint64_t chunks = cfx_work_chunks(w);
-    return chunks > 0 ? chunks : 1;
-}
-
 static inline CFX_HOST_DEVICE int cfx_tree_is_root(const struct cfx_work *w)
 {
     return w->links.tree_root;
@@ -73,7 +66,7 @@ static inline CFX_HOST_DEVICE uint64_t cfx_tree_steps(const struct cfx_work *w)
         return 0; /* Empty: no steps (the core asks again with a handshake). */
     int first, second;
     cfx_tree_phase_steps(w, &first, &second);
-    return cfx_tree_chunks(w) * (uint64_t)(first + second);
+    return cfx_work_chunks_min1(w) * (uint64_t)(first + second);
 }
 
 /* Up: children's slots reduced with the input, sent up (or kept at the top). */
@@ -154,7 +147,7 @@ static inline CFX_HOST_DEVICE void cfx_tree_reduce_root_phase(const struct cfx_w
                                                               uint64_t index, int *in_first_p,
                                                               uint64_t *chunk_p)
 {
-    uint64_t chunks = cfx_tree_chunks(w);
+    uint64_t chunks = cfx_work_chunks_min1(w);
     uint64_t lag = w->links.relay_slots > 0 ? (uint64_t)w->links.relay_slots : 1;
     if (lag > chunks)
         lag = chunks;
@@ -182,7 +175,7 @@ static inline CFX_HOST_DEVICE void cfx_tree_describe(const struct cfx_work *w, u
         cfx_tree_reduce_root_phase(w, index, &in_first, &chunk);
         k = 0;
     } else {
-        uint64_t first_total = cfx_tree_chunks(w) * (uint64_t)first;
+        uint64_t first_total = cfx_work_chunks_min1(w) * (uint64_t)first;
         in_first = index < first_total;
         uint64_t local = in_first ? index : index - first_total;
         int per_chunk = in_first ? first : second;

@@ -175,6 +175,14 @@ static inline CFX_HOST_DEVICE uint64_t cfx_work_chunks(const struct cfx_work *w)
     return cfx_div_up(w->count, w->chunk_elems);
 }
 
+/* cfx_work_chunks, but at least one: an empty op (a mismatch-check
+ * handshake of one round of empty slots) still has a chunk. */
+static inline CFX_HOST_DEVICE uint64_t cfx_work_chunks_min1(const struct cfx_work *w)
+{
+    uint64_t chunks = cfx_work_chunks(w);
+    return chunks > 0 ? chunks : 1;
+}
+
 static inline CFX_HOST_DEVICE void cfx_work_chunk_of(const struct cfx_work *w, uint64_t index,
                                                      uint64_t *offset_p, uint64_t *len_p)
 {

@@ -379,6 +379,33 @@ out:
     return cfx_core_api_exit(NULL, res);
 }
 
+/* --------------------------------------------------- split and shrink */
+
+/* A child of @p comm as rank @p rank of @p nranks over the bootstrap
+ * *bs_p (taken over, *bs_p set to NULL): options from @p config, or the
+ * parent's when NULL. On failure *child_p may hold a half-built child for
+ * the caller to free. */
+static cfxResult_t child_setup(struct cfxComm *comm, const cfxConfig_t *config, int rank,
+                               int nranks, struct cfx_bootstrap **bs_p, struct cfxComm **child_p)
+{
+    cfxResult_t res = comm_alloc(rank, nranks, config, child_p);
+    if (res != cfxSuccess)
+        return res;
+    struct cfxComm *child = *child_p;
+    if (config == NULL) {
+        child->blocking = comm->blocking;
+        memcpy(child->name, comm->name, sizeof(child->name));
+    }
+    child->bootstrap = *bs_p;
+    *bs_p = NULL;
+    /* The child's waits poll its own flag: the parent may be destroyed first. */
+    cfx_bootstrap_set_abort_flag(child->bootstrap, &child->abort_flag);
+    cfx_log_set_rank(rank);
+    res = comm_setup(child);
+    cfx_log_set_rank(comm->rank);
+    return res;
+}
+
 /* -------------------------------------------------------------- split */
 
 /* After the split's exchange, every rank tells the others how it ended
@@ -475,20 +502,8 @@ CFX_API cfxResult_t cfxCommSplit(cfxComm_t comm, int color, int key, cfxComm_t *
     comm->split_count++;
     res = refused;
     if (res == cfxSuccess && take_color != CFX_SPLIT_NOCOLOR) {
-        CFX_CHECK_GOTO(comm_alloc(child_rank, child_nranks, config, &child), res, verdict);
-        if (config == NULL) {
-            child->blocking = comm->blocking;
-            memcpy(child->name, comm->name, sizeof(child->name));
-        }
-        child->bootstrap = child_bs;
-        child_bs = NULL;
-        /* The child's waits poll its own flag: the parent may be destroyed first. */
-        cfx_bootstrap_set_abort_flag(child->bootstrap, &child->abort_flag);
-        cfx_log_set_rank(child_rank);
-        res = comm_setup(child);
-        cfx_log_set_rank(comm->rank);
+        res = child_setup(comm, config, child_rank, child_nranks, &child_bs, &child);
     }
-verdict:
     res = split_verdict(comm, res, &exchanged);
     if (!exchanged)
         res = split_break_parent(comm, res);
@@ -598,17 +613,7 @@ CFX_API cfxResult_t cfxCommShrink(cfxComm_t comm, int *excludeRanksList, int exc
                             fn, cfx_error_thread_last());
         goto release;
     }
-    CFX_CHECK_GOTO(comm_alloc(child_rank, child_nranks, config, &child), res, err_child);
-    if (config == NULL) {
-        child->blocking = comm->blocking;
-        memcpy(child->name, comm->name, sizeof(child->name));
-    }
-    child->bootstrap = child_bs;
-    child_bs = NULL;
-    cfx_bootstrap_set_abort_flag(child->bootstrap, &child->abort_flag);
-    cfx_log_set_rank(child_rank);
-    res = comm_setup(child);
-    cfx_log_set_rank(comm->rank);
+    res = child_setup(comm, config, child_rank, child_nranks, &child_bs, &child);
     if (res != cfxSuccess)
         goto err_child;
     CFX_INFO(CFX_LOG_INIT, "shrink: parent rank %d of %d -> rank %d of %d (%d excluded%s)",
