@@ -88,6 +88,10 @@ struct cfxComm {
     int split_count;
     struct cfx_bootstrap *bootstrap;
     struct cfx_peer_info *peers; /* nranks entries. */
+    /* [nranks], made at the first failure notice read: 1 for each peer that
+     * told this rank why it failed, so its later exit is not taken for the
+     * cause (cfx_core_peer_dead). NULL until then. */
+    uint8_t *noticed;
     /* Data path: built at init (ring) or at first use (point to point). */
     size_t slot_bytes;
     int n_steps;

@@ -117,6 +117,8 @@ int cfx_core_peer_dead(struct cfxComm *comm, int64_t grace_ms)
      * (their notices): trust those first, and do not take their own exit
      * for the cause. */
     uint8_t *told = calloc((size_t)comm->nranks, 1);
+    if (told != NULL && comm->noticed != NULL) /* Notices the connect waits read already. */
+        memcpy(told, comm->noticed, (size_t)comm->nranks);
     int64_t until = cfx_time_now_ns() + grace_ms * CFX_NS_PER_MS;
     int dead = -1;
     while (dead < 0) {
@@ -203,6 +205,10 @@ static cfxResult_t watch_peer(struct cfxComm *comm, int peer, int *blame_p)
                              comm->peers[peer].pid);
     if (!got)
         return cfxSuccess;
+    if (comm->noticed == NULL)
+        comm->noticed = calloc((size_t)comm->nranks, 1); /* Failure path only. */
+    if (comm->noticed != NULL)
+        comm->noticed[peer] = 1;
     int blame =
         notice.blame_rank >= 0 && notice.blame_rank < comm->nranks ? notice.blame_rank : peer;
     *blame_p = blame;

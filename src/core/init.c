@@ -64,6 +64,7 @@ static void comm_free(struct cfxComm *comm)
     free(comm->p2p_recv_seq);
     free(comm->pid_watched);
     free(comm->peers);
+    free(comm->noticed);
     free(comm->batch_ops);
     comm->batch_ops = NULL;
     cfx_core_reg_free_all(comm);
