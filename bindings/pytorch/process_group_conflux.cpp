@@ -189,7 +189,15 @@ ProcessGroupConflux::~ProcessGroupConflux() {
     stop_ = true;
   }
   queue_cv_.notify_one();
-  if (worker_.joinable()) worker_.join(); /* Queued operations still run (or fail). */
+  /* Queued operations still run (or fail) before the join. A group whose
+   * last reference goes away inside one of its own operations (a future's
+   * callback) cannot join itself: its worker ends after this task. */
+  if (worker_.joinable()) {
+    if (worker_.get_id() == std::this_thread::get_id())
+      worker_.detach();
+    else
+      worker_.join();
+  }
   if (comm_ == nullptr) return;
   if (failed_)
     cfxCommAbort(comm_);
