@@ -81,12 +81,27 @@ static int pass(struct cfx_proxy *proxy)
     return moved;
 }
 
-static int locked_pass(struct cfx_proxy *proxy, uint64_t *generation_p)
+/* The longest this thread may sleep (ns): SLEEP_MS, or less when a client
+ * asks to be passed over more often (poll_ns). Caller holds the lock. */
+static int64_t sleep_limit_ns(const struct cfx_proxy *proxy)
+{
+    int64_t limit = (int64_t)SLEEP_MS * 1000000;
+    for (const struct cfx_proxy_client *c = proxy->clients; c; c = c->next) {
+        int64_t poll = atomic_load_explicit(&c->poll_ns, memory_order_relaxed);
+        if (poll > 0 && poll < limit)
+            limit = poll;
+    }
+    return limit;
+}
+
+static int locked_pass(struct cfx_proxy *proxy, uint64_t *generation_p, int64_t *sleep_ns_p)
 {
     pthread_mutex_lock(&proxy->lock);
     int moved = pass(proxy);
     if (generation_p)
         *generation_p = proxy->generation;
+    if (sleep_ns_p)
+        *sleep_ns_p = sleep_limit_ns(proxy);
     pthread_mutex_unlock(&proxy->lock);
     /* Let add/remove in: this loop would otherwise re-take the lock at once. */
     while (atomic_load_explicit(&proxy->lock_waiters, memory_order_relaxed))
@@ -105,18 +120,22 @@ static int still_added(const struct cfx_proxy *proxy, const struct cfx_proxy_cli
     return 0;
 }
 
-/* Sleep until a descriptor or cfx_proxy_wake wakes us (or SLEEP_MS
- * passes), then hand out the events. */
+/* Sleep until a descriptor or cfx_proxy_wake wakes us (or SLEEP_MS, or the
+ * shortest poll_ns of a client, passes), then hand out the events. */
 static void proxy_sleep(struct cfx_proxy *proxy)
 {
     struct epoll_event events[MAX_EVENTS];
     uint64_t generation;
+    int64_t limit_ns;
     /* One more look first: work posted since the last pass raised no edge
      * if a user thread already drained its socket. */
-    if (locked_pass(proxy, &generation) || atomic_load_explicit(&proxy->stop, memory_order_acquire))
+    if (locked_pass(proxy, &generation, &limit_ns) ||
+        atomic_load_explicit(&proxy->stop, memory_order_acquire))
         return;
     int n;
     int64_t left = atomic_load_explicit(&proxy->lease_ns, memory_order_relaxed) - cfx_time_now_ns();
+    if (left > limit_ns)
+        left = limit_ns;
     if (left > 0) {
         /* A user thread moves bytes itself: an arrival must not wake this
          * thread too (two cores, two ranks: it would preempt a rank). Nap
@@ -126,7 +145,7 @@ static void proxy_sleep(struct cfx_proxy *proxy)
         ppoll(&wake, 1, &nap, NULL);
         n = epoll_wait(proxy->epoll_fd, events, MAX_EVENTS, 0);
     } else {
-        n = epoll_wait(proxy->epoll_fd, events, MAX_EVENTS, SLEEP_MS);
+        n = epoll_wait(proxy->epoll_fd, events, MAX_EVENTS, (int)((limit_ns + 999999) / 1000000));
     }
     if (n <= 0)
         return;
@@ -154,7 +173,7 @@ static void *proxy_main(void *arg)
     struct cfx_proxy *proxy = arg;
     int64_t idle_since = 0;
     while (!atomic_load_explicit(&proxy->stop, memory_order_acquire)) {
-        if (locked_pass(proxy, NULL)) {
+        if (locked_pass(proxy, NULL, NULL)) {
             idle_since = 0;
             continue;
         }

@@ -25,6 +25,7 @@
 #ifndef CFX_PROXY_PROXY_H
 #define CFX_PROXY_PROXY_H
 
+#include <stdatomic.h>
 #include <stdint.h>
 
 #include "conflux.h"
@@ -44,6 +45,13 @@ struct cfx_proxy_client {
      * (epoll(7) event bits). May be called spuriously; a pass follows. */
     void (*ready)(void *arg, uint32_t events);
     void *arg;
+    /* How often (ns) the sleeping thread must still pass over this client
+     * although no descriptor of it turned ready: for work whose progress
+     * raises no edge on a descriptor (a verbs completion queue that is
+     * polled). 0: descriptors and wakes only. The owner may change it at any
+     * time (a relaxed store), e.g. only while it has work in flight; the
+     * thread reads it before each sleep. */
+    _Atomic int64_t poll_ns;
     /* The proxy's, while added. */
     int fds[CFX_PROXY_MAX_FDS];
     int n_fds;
