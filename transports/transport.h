@@ -51,6 +51,13 @@
  * device. Without them the core refuses such a placement before setup. */
 #define CFX_TRANSPORT_FLAG_PLACE_DEVICE  0x4u
 #define CFX_TRANSPORT_FLAG_READER_KERNEL 0x8u
+/* After connect() returns on both sides, the core tells each side that the
+ * other has connected too (one more message each way over the bootstrap),
+ * and only then hands the connector to an executor: for transports whose
+ * first bytes are lost or delayed when they reach a peer that has not
+ * connected yet (an RC queue pair drops them and retries after its ACK
+ * timeout, seconds later). */
+#define CFX_TRANSPORT_FLAG_CONNECT_ACK 0x10u
 
 enum cfx_conn_dir { CFX_CONN_SEND = 0, CFX_CONN_RECV = 1 };
 
@@ -338,6 +345,12 @@ static inline cfxResult_t cfx_conn_read_peer(struct cfx_connector *conn, void *d
  * report CFX_TRANSPORT_FLAG_PEER_MAP. Setup time only. */
 cfxResult_t cfx_conn_map_peer(struct cfx_connector *conn, uint64_t remote, size_t bytes,
                               void **ptr_p);
+
+/* Which network transport carries traffic between hosts (CFX_NET, NCCL's
+ * names): any usable one, verbs ("IB": the verbs transport must run, and
+ * sockets carry nothing between hosts) or sockets ("Socket": verbs off). */
+enum cfx_net_choice { CFX_NET_ANY = 0, CFX_NET_IB = 1, CFX_NET_SOCKET = 2 };
+enum cfx_net_choice cfx_transport_net_choice(void);
 
 /* Whether @p tr can honour @p place at all, from its flags: cfxSuccess, or
  * cfxInvalidUsage with a sentence naming the transport (transports/registry.c). */

@@ -36,10 +36,14 @@ struct conn_notice {
     int32_t blame_rank; /* The rank the failure is about (a dead rank, or the sender). */
 };
 
-#define NOTICE_TAG     0x434e46ffu /* "CNF": never a cfx_core_conn_tag() (bit 7 set). */
-#define WAIT_SLICE_MS  50          /* Longest wait between checks of the peers. */
-#define NOTICE_SEND_MS 200         /* How long a notice may take to leave. */
-#define DEATH_POLL_US  10000       /* Between looks at a dying peer. */
+#define NOTICE_TAG 0x434e46ffu /* "CNF": never a cfx_core_conn_tag() (bit 7 set). */
+/* A connection's tag with bit 7 set: "connected" of a transport that asks
+ * for it (CFX_TRANSPORT_FLAG_CONNECT_ACK). Kinds stay below 0x46, so never
+ * NOTICE_TAG. */
+#define READY_TAG_BIT  0x80u
+#define WAIT_SLICE_MS  50    /* Longest wait between checks of the peers. */
+#define NOTICE_SEND_MS 200   /* How long a notice may take to leave. */
+#define DEATH_POLL_US  10000 /* Between looks at a dying peer. */
 
 /* "CN", the kind, then the channel and the direction: channel << 1 | dir
  * stays below 0x80 (CFX_CONN_MAX_CHANNELS is 64), so NOTICE_TAG is never one. */
@@ -299,11 +303,11 @@ static cfxResult_t unanswered(const struct cfx_conn_request *req, int64_t second
                               const char *timeout_name);
 
 static cfxResult_t send_info(struct cfx_conn_request *req, const struct conn_msg *msg,
-                             int64_t deadline, int64_t seconds, const char *timeout_name,
-                             int *blame_p)
+                             uint32_t tag_bits, int64_t deadline, int64_t seconds,
+                             const char *timeout_name, int *blame_p)
 {
     struct cfxComm *comm = req->comm;
-    uint32_t tag = cfx_core_conn_tag(req->kind, req->dir, req->channel);
+    uint32_t tag = cfx_core_conn_tag(req->kind, req->dir, req->channel) | tag_bits;
     for (;;) {
         cfxResult_t res = cfx_bootstrap_send_within(comm->bootstrap, req->peer, tag, msg,
                                                     sizeof(*msg), 4 * WAIT_SLICE_MS);
@@ -338,7 +342,7 @@ static cfxResult_t setup_one(struct cfx_conn_request *req, int64_t deadline, int
     struct cfx_transport_peer peer = peer_of(comm, req->peer);
     CFX_CHECK(
         tr->setup(conn->transport_ctx, &peer, slot_bytes_of(req), comm->n_steps, conn, msg.info));
-    return send_info(req, &msg, deadline, seconds, timeout_name, blame_p);
+    return send_info(req, &msg, 0, deadline, seconds, timeout_name, blame_p);
 }
 
 /* The sentence of a request whose peer never sent its side before the
@@ -363,16 +367,29 @@ static cfxResult_t unanswered(const struct cfx_conn_request *req, int64_t second
                          req->peer, cfx_coll_name(op->kind), timeout_name, (long long)seconds);
 }
 
-/* Phase 2: receive every peer's info, watching the peers and the deadline. */
+/* Whether @p req's transport wants both sides told "connected" before use. */
+static int wants_ack(const struct cfx_conn_request *req)
+{
+    return (cfx_transports[req->transport]->flags & CFX_TRANSPORT_FLAG_CONNECT_ACK) != 0;
+}
+
+/* Phase 2: receive every peer's info, watching the peers and the deadline.
+ * With @p tag_bits READY_TAG_BIT: every "connected" of the requests whose
+ * transport asks for them instead (phase 4). */
 static cfxResult_t recv_infos(struct cfx_conn_request *reqs, int n_reqs, struct conn_msg *peer_msgs,
-                              int64_t deadline, int64_t seconds, const char *timeout_name,
-                              int *failed_p, int *blame_p)
+                              uint32_t tag_bits, int64_t deadline, int64_t seconds,
+                              const char *timeout_name, int *failed_p, int *blame_p)
 {
     int done = 0;
     char *got = calloc((size_t)(n_reqs > 0 ? n_reqs : 1), 1);
     if (got == NULL)
         return cfx_error_set(cfxSystemError, CFX_LOG_INIT, "out of memory while connecting");
     cfxResult_t res = cfxSuccess;
+    for (int i = 0; tag_bits && i < n_reqs; i++)
+        if (!wants_ack(&reqs[i])) {
+            got[i] = 1;
+            done++;
+        }
     while (done < n_reqs) {
         int waited = 0;
         for (int i = 0; i < n_reqs && res == cfxSuccess; i++) {
@@ -381,10 +398,10 @@ static cfxResult_t recv_infos(struct cfx_conn_request *reqs, int n_reqs, struct 
             enum cfx_conn_dir other = reqs[i].dir == CFX_CONN_SEND ? CFX_CONN_RECV : CFX_CONN_SEND;
             int here = 0;
             /* Wait a slice on the first missing message only; take the others as they are. */
-            res = cfx_bootstrap_recv_within(reqs[i].comm->bootstrap, reqs[i].peer,
-                                            cfx_core_conn_tag(reqs[i].kind, other, reqs[i].channel),
-                                            &peer_msgs[i], sizeof(peer_msgs[i]),
-                                            waited ? 0 : WAIT_SLICE_MS, &here);
+            res = cfx_bootstrap_recv_within(
+                reqs[i].comm->bootstrap, reqs[i].peer,
+                cfx_core_conn_tag(reqs[i].kind, other, reqs[i].channel) | tag_bits, &peer_msgs[i],
+                sizeof(peer_msgs[i]), waited ? 0 : WAIT_SLICE_MS, &here);
             waited = 1;
             *failed_p = i;
             if (res == cfxSuccess && here) {
@@ -483,8 +500,8 @@ cfxResult_t cfx_core_connect_batch(struct cfx_conn_request *reqs, int n_reqs)
     }
     blame = -1;
     CFX_CHECK_GOTO(
-        recv_infos(reqs, n_reqs, peer_msgs, deadline, seconds, timeout_name, &failed, &blame), res,
-        fail);
+        recv_infos(reqs, n_reqs, peer_msgs, 0, deadline, seconds, timeout_name, &failed, &blame),
+        res, fail);
     /* Send sides first: a receive side may wait for its sender to attach. */
     for (int pass = 0; pass < 2; pass++)
         for (int i = 0; i < n_reqs; i++)
@@ -493,12 +510,22 @@ cfxResult_t cfx_core_connect_batch(struct cfx_conn_request *reqs, int n_reqs)
                 blame = reqs[i].peer;
                 reqs[i].comm->connect_blame_rank = -1;
                 res = connect_one(&reqs[i], &peer_msgs[i]);
+                /* Phase 4: tell the peer this side is connected (an RC queue
+                 * pair drops what reaches it before then). */
+                if (res == cfxSuccess && wants_ack(&reqs[i]))
+                    res = send_info(&reqs[i], &peer_msgs[i], READY_TAG_BIT, deadline, seconds,
+                                    timeout_name, &blame);
                 if (res != cfxSuccess) {
                     if (reqs[i].comm->connect_blame_rank >= 0)
                         blame = reqs[i].comm->connect_blame_rank;
                     goto fail;
                 }
             }
+    /* ... and hear the same from every such peer before anything is posted. */
+    blame = -1;
+    CFX_CHECK_GOTO(recv_infos(reqs, n_reqs, peer_msgs, READY_TAG_BIT, deadline, seconds,
+                              timeout_name, &failed, &blame),
+                   res, fail);
     for (int i = 0; i < n_reqs; i++) {
         *reqs[i].out_p = reqs[i].conn;
         reqs[i].conn = NULL;
