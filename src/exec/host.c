@@ -74,9 +74,12 @@ static cfxResult_t check_connector(struct cfx_op *op, struct cfx_connector *conn
 }
 
 /* While idle: an abort (of the communicator, or of the batch through the
- * interface), or a failure of the connector the op waits on, ends the wait
- * with an error. A connector the op no longer needs may fail (a faster peer
- * finished and left) without failing the op. */
+ * interface), a failure of the connector the op waits on, or a failure of
+ * a send connector whose posted slots have not all been released (a
+ * transport that lost them: the peer waits for them in vain, and may learn
+ * of it only late, as over verbs), ends the wait with an error. A connector
+ * the op no longer needs may fail (a faster peer took everything, finished
+ * and left) without failing the op. */
 static cfxResult_t check_health(const struct cfx_exec_batch *batch, struct cfx_op *op)
 {
     if ((op->abort_flag && __atomic_load_n(op->abort_flag, __ATOMIC_ACQUIRE)) ||
@@ -84,7 +87,16 @@ static cfxResult_t check_health(const struct cfx_exec_batch *batch, struct cfx_o
         return cfx_error_set(cfxRemoteError, CFX_LOG_COLL, "%s on rank %d was aborted",
                              cfx_coll_name(op->kind), op->rank);
     const char *what;
-    return check_connector(op, cfx_coll_waiting_on(op, &what));
+    struct cfx_connector *waiting = cfx_coll_waiting_on(op, &what);
+    cfxResult_t res = check_connector(op, waiting);
+    for (int c = 0; res == cfxSuccess && c < op->n_conns; c++) {
+        struct cfx_connector *conn = op->conns[c];
+        if (conn == NULL || conn == waiting || conn->dir != CFX_CONN_SEND ||
+            cfx_load_acquire_u64(conn->view.head) == cfx_load_relaxed_u64(conn->view.tail))
+            continue;
+        res = check_connector(op, conn);
+    }
+    return res;
 }
 
 /* No progress for CFX_TIMEOUT: name the operation and whom it waits for. */
