@@ -29,12 +29,15 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "src/core/comm.h"
 #include "tests/coll_check.h"
 #include "tests/harness.h"
 
-enum transport { SHM = 0, SOCKET = 1 };
+/* IB: the verbs transport over tests/fakeverbs (CFX_TEST_FAKEVERBS), every
+ * process its own host, CFX_NET=IB. */
+enum transport { SHM = 0, SOCKET = 1, IB = 2 };
 enum coll {
     ALLREDUCE,
     REDUCE,
@@ -411,7 +414,7 @@ static void conformance_rank(struct cfx_test_rank *ctx)
     free(b.recv);
 }
 
-#define N_CASES (2 * 5 * 2 * N_COLLS)
+#define N_CASES (2 * 5 * 2 * N_COLLS + 3 * N_COLLS)
 static struct suite_case all_cases[N_CASES];
 
 ParameterizedTestParameters(conformance, collective)
@@ -431,22 +434,52 @@ ParameterizedTestParameters(conformance, collective)
                                                          .mode = (enum cfx_test_mode)m,
                                                          .coll = (enum coll)c};
                 }
+    /* Over verbs: processes, one host each, so the tree cases are the
+     * across-hosts ones already. */
+    static const int ib_ranks[] = {2, 3, 8};
+    for (int ri = 0; ri < 3; ri++)
+        for (int c = 0; c <= BROADCAST_TREE; c++)
+            all_cases[k++] = (struct suite_case){.transport = IB,
+                                                 .nranks = ib_ranks[ri],
+                                                 .mode = CFX_TEST_PROCS,
+                                                 .coll = (enum coll)c};
     return cr_make_param_array(struct suite_case, all_cases, (size_t)k);
 }
 
+/* The fake NIC of tests/fakeverbs for every connection between hosts, or a
+ * skip saying why there is none. */
+static void use_fakeverbs(void)
+{
+    const char *lib = getenv("CFX_TEST_FAKEVERBS");
+    if (lib == NULL || lib[0] == '\0')
+        cr_skip_test("no fake-verbs library (CFX_TEST_FAKEVERBS unset: built without the verbs "
+                     "headers?)");
+    char dir[64];
+    snprintf(dir, sizeof(dir), "/tmp/cfx-fakeverbs-test-%d", (int)getpid());
+    cfx_test_setenv("FAKEVERBS_DIR", dir);
+    cfx_test_setenv("FAKEVERBS_ADDR", "127.0.0.1"); /* Its TCP stays on loopback. */
+    /* 4.096 us x 2^14 x 8 tries: a write to a dead queue pair fails in 0.5 s. */
+    cfx_test_setenv("CFX_IB_TIMEOUT", "14");
+    cfx_test_setenv("CFX_IB_VERBS_LIB", lib);
+    cfx_test_setenv("CFX_NET", "IB");
+}
+
+static const char *const transport_names[] = {"shm", "socket", "verbs (fake-verbs)"};
+
 ParameterizedTest(struct suite_case *sc, conformance, collective, .timeout = 900)
 {
-    cr_log_info("%s over %s, %d ranks as %s", coll_names[sc->coll],
-                sc->transport == SHM ? "shm" : "socket", sc->nranks,
-                sc->mode == CFX_TEST_PROCS ? "processes" : "threads");
+    cr_log_info("%s over %s, %d ranks as %s", coll_names[sc->coll], transport_names[sc->transport],
+                sc->nranks, sc->mode == CFX_TEST_PROCS ? "processes" : "threads");
+    if (sc->transport == IB)
+        use_fakeverbs();
     cfx_test_setenv("CFX_SHM_DISABLE", sc->transport == SOCKET ? "1" : NULL);
     cfx_test_setenv("CFX_ALGO", on_trees(sc->coll) ? "tree" : NULL);
-    struct cfx_test_options opts = {.nranks = sc->nranks,
-                                    .mode = sc->mode,
-                                    .deadline_s = 600,
-                                    .arg = sc,
-                                    .before_rank =
-                                        one_host_per_rank(sc->coll) ? claim_own_host : NULL};
+    struct cfx_test_options opts = {
+        .nranks = sc->nranks,
+        .mode = sc->mode,
+        .deadline_s = 600,
+        .arg = sc,
+        .before_rank = one_host_per_rank(sc->coll) || sc->transport == IB ? claim_own_host : NULL};
     CFX_TEST_RUN(&opts, conformance_rank);
 }
 

@@ -6,7 +6,11 @@
 # ranks report the exact sum, the INIT log shows a cross-host connection
 # "via socket", and the veth counters show the data went across.
 #
-#   tests/two_hosts_test.sh path/to/allreduce_env [count]
+#   tests/two_hosts_test.sh path/to/allreduce_env [count [path/to/fake/libibverbs.so.1]]
+#
+# With a fake libibverbs (tests/fakeverbs): CFX_NET=IB, so the connections
+# between the hosts must be verbs ones; the fake NIC of each namespace moves
+# its bytes over TCP on the namespace's own address, i.e. across the veth.
 #
 # Needs root (namespaces); otherwise exits 77, which ctest shows as skipped.
 # All traffic stays inside the namespaces this script creates; the addresses
@@ -14,6 +18,14 @@
 set -u
 prog=${1:?usage: $0 path/to/allreduce_env [count]}
 count=${2:-1048576}
+fakeverbs=${3:-}
+via=socket
+net_env=()
+if [ -n "$fakeverbs" ]; then
+  [ -r "$fakeverbs" ] || { echo "FAIL: no fake libibverbs at $fakeverbs" >&2; exit 1; }
+  via=ib
+  net_env=(CFX_NET=IB CFX_IB_VERBS_LIB="$fakeverbs" FAKEVERBS_DIR="/tmp/cfx-fakeverbs-2h-$$")
+fi
 nranks=4
 rank_timeout=60
 
@@ -38,6 +50,7 @@ cleanup() {
   ip netns del "$ns_a" 2>/dev/null # takes its end of the veth pair, and so both
   ip netns del "$ns_b" 2>/dev/null
   rm -rf "$workdir"
+  [ -z "$fakeverbs" ] || rm -rf "/tmp/cfx-fakeverbs-2h-$$"
 }
 trap cleanup EXIT
 trap 'exit 1' INT TERM HUP # ctest's timeout: still clean up
@@ -73,7 +86,8 @@ run_ranks() {
       ns=$ns_b veth=$veth_b hostid=cfx-two-hosts-b-$$
     fi
     ip netns exec "$ns" env RANK=$r WORLD_SIZE=$nranks MASTER_ADDR=$addr_a MASTER_PORT="$port" \
-      CFX_SOCKET_IFNAME="=$veth" CFX_HOSTID="$hostid" CFX_CONF_FILE=/nonexistent "$@" \
+      CFX_SOCKET_IFNAME="=$veth" CFX_HOSTID="$hostid" CFX_CONF_FILE=/nonexistent \
+      ${net_env[@]+"${net_env[@]}"} "$@" \
       timeout "$rank_timeout" "$prog" "$count" >"$workdir/rank$r.out" 2>"$workdir/rank$r.err" &
     pids+=($!)
   done
@@ -92,7 +106,7 @@ run_ranks() {
   [ "$failed" -eq 0 ] || fail "$failed of $nranks ranks failed"
 }
 
-echo "== 4 ranks, 2 per namespace ($ns_a: $addr_a on $veth_a, $ns_b: $addr_b on $veth_b)"
+echo "== 4 ranks, 2 per namespace, between the namespaces via $via ($ns_a: $addr_a on $veth_a, $ns_b: $addr_b on $veth_b)"
 rx_a0=$(rx_bytes "$ns_a" "$veth_a")
 rx_b0=$(rx_bytes "$ns_b" "$veth_b")
 run_ranks 29500
@@ -109,9 +123,9 @@ run_ranks 29501 CFX_DEBUG=INFO CFX_DEBUG_SUBSYS=INIT
 cat "$workdir"/rank*.err | grep "connection .* via " | sed 's/^.*CFX INFO INIT //' | sort -u
 # A connection between a rank of the first half and one of the second.
 crossing=$(cat "$workdir"/rank*.err |
-  grep -o "connection [a-z0-9]* rank [0-9]* [<>-]* rank [0-9]* via socket" |
+  grep -o "connection [a-z0-9]* rank [0-9]* [<>-]* rank [0-9]* via $via" |
   awk -v half=$((nranks / 2)) '{ if (($4 < half) != ($7 < half)) n++ } END { print n + 0 }')
-((crossing > 0)) || fail "the INIT log shows no connection via socket between the namespaces"
+((crossing > 0)) || fail "the INIT log shows no connection via $via between the namespaces"
 echo "== again with CFX_DEBUG=INFO CFX_DEBUG_SUBSYS=TUNING"
 # A namespace sees only its veth: the topology takes it as the host's network
 # port, so the planner plans across the hosts (no "no plan"), alike on all ranks.
@@ -120,5 +134,5 @@ for ((r = 0; r < nranks; r++)); do
   grep -q "TUNING model: host ranks, $nranks ranks on 2 hosts" "$workdir/rank$r.err" ||
     fail "rank $r did not plan across the two hosts: $(grep -m2 TUNING "$workdir/rank$r.err")"
 done
-echo "PASS: 4 ranks on two hosts allreduced correctly; $crossing cross-host connection ends via socket; every rank planned across the hosts"
+echo "PASS: 4 ranks on two hosts allreduced correctly; $crossing cross-host connection ends via $via$([ -n "$fakeverbs" ] && echo ' (fake-verbs: no RDMA hardware)'); every rank planned across the hosts"
 

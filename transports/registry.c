@@ -1,18 +1,42 @@
 /* The transports, in priority order: the first whose can_connect accepts a
  * pair of ranks carries their connection. */
 #include "transports/faulty/faulty.h"
+#include "transports/ib/ib.h"
 #include "transports/shm/shm.h"
 #include "transports/socket/socket.h"
 #include "transports/transport.h"
 
 #include "src/util/error.h"
 #include "src/util/log.h"
+#include "src/util/param.h"
+
+#include <strings.h>
+
+/* Accepts "IB", "Socket" or nothing, in any case. */
+static const char *net_check(const char *text, char *buf, size_t len)
+{
+    (void)buf;
+    (void)len;
+    if (text[0] == '\0' || strcasecmp(text, "IB") == 0 || strcasecmp(text, "Socket") == 0)
+        return NULL;
+    return "IB or Socket (NCCL's names), or unset for either";
+}
+CFX_PARAM_STR_CHECKED(net, "NET", "", net_check,
+                      "Network between hosts: IB (verbs only) or Socket (TCP only); unset: verbs "
+                      "where usable, else sockets");
+
+enum cfx_net_choice cfx_transport_net_choice(void)
+{
+    const char *text = param_net();
+    if (text == NULL || text[0] == '\0')
+        return CFX_NET_ANY;
+    return strcasecmp(text, "IB") == 0 ? CFX_NET_IB : CFX_NET_SOCKET;
+}
 
 const struct cfx_transport *const cfx_transports[] = {
     &cfx_faulty_transport, /* Must be first: accepts nothing unless CFX_FAULT is set. */
-    &cfx_shm_transport,
-    &cfx_socket_transport,
-    NULL,
+    &cfx_shm_transport,    &cfx_ib_transport, /* Between hosts, when a verbs device is usable. */
+    &cfx_socket_transport, NULL,
 };
 
 /* ------------------------------------------- helpers over any table */

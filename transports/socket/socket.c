@@ -200,14 +200,14 @@ static void sock_fini(void *ctx_v)
 
 /* ============================================================ connection */
 
-/* Any two ranks that can reach each other over TCP. Pure. */
+/* Any two ranks that can reach each other over TCP, except ranks on
+ * different hosts under CFX_NET=IB (verbs only there). Pure. */
 static int sock_can_connect(void *ctx, const struct cfx_transport_peer *self,
                             const struct cfx_transport_peer *peer)
 {
     (void)ctx;
     (void)self;
-    (void)peer;
-    return 1;
+    return peer->path != CFX_PATH_CLASS_NET || cfx_transport_net_choice() != CFX_NET_IB;
 }
 
 /* Allocates and touches this side's FIFO; the receiver also gets a

@@ -1,0 +1,396 @@
+/*
+ * The verbs transport. With the machine's own libibverbs (no RDMA device
+ * here: no NIC, and a kernel without InfiniBand) it must say why at INFO
+ * and leave the job to sockets, or fail init with a sentence under
+ * CFX_NET=IB. Over tests/fakeverbs (a libibverbs of the project's own that
+ * behaves like an RC NIC, moving bytes over TCP; CFX_TEST_FAKEVERBS names
+ * it) every rank claims its own host and CFX_NET=IB makes every connection
+ * a verbs one: collectives, a killed rank, and each of the fake NIC's fault
+ * knobs. Nothing here measures RDMA: no RDMA hardware is involved.
+ */
+#include <criterion/criterion.h>
+#include <criterion/parameterized.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "src/util/verbs.h"
+#include "tests/harness.h"
+
+int cfx_ib_hca_match(const char *spec, const char *name, int port); /* transports/ib/device.c */
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+/* The fake library, or a skip saying why there is none. */
+static const char *fake_library(void)
+{
+    const char *path = getenv("CFX_TEST_FAKEVERBS");
+    if (path == NULL || path[0] == '\0' || access(path, R_OK) != 0)
+        cr_skip_test("no fake-verbs library (CFX_TEST_FAKEVERBS=%s): built without the verbs "
+                     "headers?",
+                     path ? path : "unset");
+    return path;
+}
+
+/* Every process its own host: every connection crosses the "network". */
+static void own_host(struct cfx_test_rank *ctx)
+{
+    char host[32];
+    snprintf(host, sizeof(host), "ib-test-host-%d", ctx->rank);
+    cfx_test_setenv("CFX_HOSTID", host);
+    cfx_verbs_api_reset();
+}
+
+/* Make the ranks of the next run use the fake NIC (CFX_NET=IB: verbs or
+ * nothing between hosts), with a registry of this test's own. */
+static void use_fake(const char *lib)
+{
+    char dir[64];
+    snprintf(dir, sizeof(dir), "/tmp/cfx-fakeverbs-test-%d", (int)getpid());
+    cfx_test_setenv("FAKEVERBS_DIR", dir);
+    cfx_test_setenv("FAKEVERBS_ADDR", "127.0.0.1"); /* Its TCP stays on loopback. */
+    /* 4.096 us x 2^14 x 8 tries: a write to a dead queue pair fails in 0.5 s. */
+    cfx_test_setenv("CFX_IB_TIMEOUT", "14");
+    cfx_test_setenv("CFX_IB_VERBS_LIB", lib);
+    cfx_test_setenv("CFX_NET", "IB");
+}
+
+/* Lines of the per-rank log files "<prefix>.<pid>" that contain @p needle. */
+static int count_in_logs(const char *prefix, const char *needle)
+{
+    char cmd[256];
+    snprintf(cmd, sizeof(cmd), "cat %s.* 2>/dev/null", prefix);
+    FILE *p = popen(cmd, "r");
+    if (p == NULL)
+        return -1;
+    char line[2048];
+    int n = 0;
+    while (fgets(line, sizeof(line), p))
+        n += strstr(line, needle) != NULL;
+    pclose(p);
+    return n;
+}
+
+static void remove_logs(const char *prefix)
+{
+    char cmd[256];
+    snprintf(cmd, sizeof(cmd), "rm -f %s.*", prefix);
+    if (system(cmd) != 0) {
+        /* Nothing to remove. */
+    }
+}
+
+/* Log INFO lines of the ranks to "<prefix>.<pid>". */
+static void log_to(char *prefix, size_t size, const char *what)
+{
+    snprintf(prefix, size, "/tmp/cfx-ib-test-%s-%d", what, (int)getpid());
+    remove_logs(prefix);
+    char pattern[160];
+    snprintf(pattern, sizeof(pattern), "%s.%%p", prefix);
+    cfx_test_setenv("CFX_DEBUG", "INFO");
+    cfx_test_setenv("CFX_DEBUG_SUBSYS", "INIT,NET");
+    cfx_test_setenv("CFX_DEBUG_FILE", pattern);
+}
+
+/* ------------------------------------------------------------ CFX_IB_HCA */
+
+Test(ib_hca, the_filter_reads_nccls_syntax)
+{
+    cr_assert(cfx_ib_hca_match(NULL, "mlx5_0", 1));
+    cr_assert(cfx_ib_hca_match("", "mlx5_0", 1));
+    cr_assert(cfx_ib_hca_match("mlx5", "mlx5_1", 1), "a prefix matches");
+    cr_assert(!cfx_ib_hca_match("=mlx5", "mlx5_1", 1), "= wants the whole name");
+    cr_assert(cfx_ib_hca_match("=mlx5_1", "mlx5_1", 2));
+    cr_assert(cfx_ib_hca_match("mlx5_0:1,mlx5_1", "mlx5_1", 2));
+    cr_assert(!cfx_ib_hca_match("mlx5_0:1,mlx5_1", "mlx5_0", 2), "port 2 of mlx5_0 is not listed");
+    cr_assert(!cfx_ib_hca_match("^mlx5_0", "mlx5_0", 1), "^ excludes");
+    cr_assert(cfx_ib_hca_match("^mlx5_0", "mlx5_1", 1));
+    cr_assert(!cfx_ib_hca_match("^=mlx5_1:1", "mlx5_1", 1));
+    cr_assert(cfx_ib_hca_match("^=mlx5_1:1", "mlx5_1", 2));
+    cr_assert(!cfx_ib_hca_match("bnxt", "mlx5_0", 1));
+}
+
+/* ------------------------------------------------------------ without a device */
+
+static void allreduce_and_check(struct cfx_test_rank *ctx, cfxComm_t comm, size_t count)
+{
+    float *data = malloc(count * sizeof(float));
+    RANK_ASSERT(ctx, data != NULL, "malloc");
+    for (size_t i = 0; i < count; i++)
+        data[i] = (float)(ctx->rank + 1) + (float)(i % 7);
+    cfx_test_step(ctx, "allreduce of %zu floats", count);
+    cfxResult_t res = cfxAllReduce(data, data, count, cfxFloat32, cfxSum, comm, NULL);
+    RANK_ASSERT(ctx, res == cfxSuccess, "allreduce of %zu: %s: %s", count, cfxGetErrorString(res),
+                cfxGetLastError(comm));
+    float ranks_sum = (float)(ctx->nranks * (ctx->nranks + 1) / 2);
+    for (size_t i = 0; i < count; i++) {
+        float want = ranks_sum + (float)ctx->nranks * (float)(i % 7);
+        if (data[i] != want) {
+            free(data);
+            RANK_ASSERT(ctx, 0, "allreduce of %zu: element %zu is %g, not %g", count, i,
+                        (double)data[i], (double)want);
+        }
+    }
+    free(data);
+}
+
+static void a_few_allreduces(struct cfx_test_rank *ctx)
+{
+    cfxComm_t comm;
+    RANK_CFX(ctx, cfxCommInitRank(&comm, ctx->nranks, ctx->id, ctx->rank));
+    static const size_t counts[] = {1, 5, 1000, 65536, 1 << 20};
+    for (size_t i = 0; i < sizeof(counts) / sizeof(counts[0]) && !ctx->slot_failed; i++)
+        allreduce_and_check(ctx, comm, counts[i]);
+    if (!ctx->slot_failed)
+        RANK_CFX(ctx, cfxCommFinalize(comm));
+    cfxCommDestroy(comm);
+}
+
+Test(ib_off, without_a_verbs_device_sockets_carry_the_job_and_info_says_why, .timeout = 60)
+{
+    char logs[128];
+    log_to(logs, sizeof(logs), "nodev");
+    cfx_test_setenv("CFX_IB_VERBS_LIB", NULL); /* The machine's own libibverbs, if any. */
+    cfx_test_setenv("CFX_NET", NULL);
+    struct cfx_test_options opts = {
+        .nranks = 2, .mode = CFX_TEST_PROCS, .deadline_s = 40, .before_rank = own_host};
+    CFX_TEST_RUN(&opts, a_few_allreduces);
+    int why = count_in_logs(logs, "ib: not used by rank");
+    int socket = count_in_logs(logs, "socket transport: rank 0 -> rank 1 connected");
+    int ib = count_in_logs(logs, "ib: rank 0 -> rank 1 connected");
+    remove_logs(logs);
+    cr_assert_geq(why, 2, "each rank says at INFO why verbs is not used (%d lines)", why);
+    cr_assert_geq(socket, 1, "no socket connection from rank 0 to rank 1 in the log");
+    cr_assert_eq(ib, 0, "a verbs connection without a verbs device");
+}
+
+static void init_must_fail_for_want_of_verbs(struct cfx_test_rank *ctx)
+{
+    cfxComm_t comm = NULL;
+    cfx_test_step(ctx, "init under CFX_NET=IB without a device");
+    cfxResult_t res = cfxCommInitRank(&comm, ctx->nranks, ctx->id, ctx->rank);
+    RANK_ASSERT(ctx, res != cfxSuccess, "init succeeded without any verbs device");
+    const char *why = cfxGetLastError(NULL);
+    RANK_ASSERT(ctx, strstr(why, "CFX_NET=IB") != NULL || strstr(why, "rank") != NULL,
+                "the sentence says nothing useful: %s", why);
+}
+
+Test(ib_off, net_ib_without_a_device_fails_init_with_a_sentence, .timeout = 60)
+{
+    cfx_test_setenv("CFX_IB_VERBS_LIB", NULL);
+    cfx_test_setenv("CFX_NET", "IB");
+    cfx_test_setenv("CFX_TIMEOUT", "5");
+    struct cfx_test_options opts = {
+        .nranks = 2, .mode = CFX_TEST_PROCS, .deadline_s = 40, .before_rank = own_host};
+    CFX_TEST_RUN(&opts, init_must_fail_for_want_of_verbs);
+}
+
+/* ------------------------------------------------------------ over fake-verbs */
+
+ParameterizedTestParameters(ib_fake, allreduce_over_verbs)
+{
+    static int ranks[] = {2, 3, 4};
+    return cr_make_param_array(int, ranks, 3);
+}
+
+ParameterizedTest(int *nranks, ib_fake, allreduce_over_verbs, .timeout = 120)
+{
+    use_fake(fake_library());
+    char logs[128];
+    log_to(logs, sizeof(logs), "fake");
+    struct cfx_test_options opts = {
+        .nranks = *nranks, .mode = CFX_TEST_PROCS, .deadline_s = 90, .before_rank = own_host};
+    CFX_TEST_RUN(&opts, a_few_allreduces);
+    int ib = count_in_logs(logs, "ib: rank 0 -> rank 1 connected");
+    int socket = count_in_logs(logs, "socket transport: rank 0 -> rank 1 connected");
+    remove_logs(logs);
+    cr_assert_geq(ib, 1, "no verbs connection from rank 0 to rank 1 in the log");
+    cr_assert_eq(socket, 0, "a socket connection under CFX_NET=IB");
+}
+
+Test(ib_fake, roce_link_layer_connects_through_the_ipv4_gid, .timeout = 120)
+{
+    use_fake(fake_library());
+    cfx_test_setenv("FAKEVERBS_LINK_LAYER", "roce");
+    char logs[128];
+    log_to(logs, sizeof(logs), "roce");
+    struct cfx_test_options opts = {
+        .nranks = 2, .mode = CFX_TEST_PROCS, .deadline_s = 90, .before_rank = own_host};
+    CFX_TEST_RUN(&opts, a_few_allreduces);
+    int roce = count_in_logs(logs, "(RoCE, lid");
+    remove_logs(logs);
+    cfx_test_setenv("FAKEVERBS_LINK_LAYER", NULL);
+    cr_assert_geq(roce, 2, "the ranks did not report RoCE ports");
+}
+
+Test(ib_fake, hca_filter_that_excludes_every_port_leaves_sockets, .timeout = 120)
+{
+    use_fake(fake_library());
+    cfx_test_setenv("CFX_NET", NULL);
+    cfx_test_setenv("CFX_IB_HCA", "^fake");
+    char logs[128];
+    log_to(logs, sizeof(logs), "hca");
+    struct cfx_test_options opts = {
+        .nranks = 2, .mode = CFX_TEST_PROCS, .deadline_s = 90, .before_rank = own_host};
+    CFX_TEST_RUN(&opts, a_few_allreduces);
+    int why = count_in_logs(logs, "that CFX_IB_HCA=^fake lets through");
+    int socket = count_in_logs(logs, "socket transport: rank 0 -> rank 1 connected");
+    remove_logs(logs);
+    cfx_test_setenv("CFX_IB_HCA", NULL);
+    cr_assert_geq(why, 2, "the ranks did not say the filter left no port");
+    cr_assert_geq(socket, 1, "sockets did not carry the job");
+}
+
+/* ------------------------------------------------------------ failures */
+
+static void *kill_me_soon(void *arg)
+{
+    (void)arg;
+    usleep(300 * 1000);
+    kill(getpid(), SIGKILL);
+    return NULL;
+}
+
+static void allreduce_until_rank_two_dies(struct cfx_test_rank *ctx)
+{
+    cfxComm_t comm;
+    RANK_CFX(ctx, cfxCommInitRank(&comm, ctx->nranks, ctx->id, ctx->rank));
+    size_t count = 1 << 18;
+    float *data = calloc(count, sizeof(float));
+    RANK_ASSERT(ctx, data != NULL, "malloc");
+    if (ctx->rank == 2) {
+        pthread_t killer;
+        pthread_create(&killer, NULL, kill_me_soon, NULL);
+    }
+    cfxResult_t res = cfxSuccess;
+    double start = 0;
+    for (int i = 0; i < 1000000 && res == cfxSuccess; i++) {
+        cfx_test_step(ctx, "allreduce %d while rank 2 dies", i);
+        start = now_s();
+        res = cfxAllReduce(data, data, count, cfxFloat32, cfxSum, comm, NULL);
+    }
+    double took = now_s() - start;
+    RANK_ASSERT(ctx, res == cfxRemoteError, "the call returned %s: %s", cfxGetErrorString(res),
+                cfxGetLastError(comm));
+    RANK_ASSERT(ctx, took < 12, "the failing call took %.1f s (CFX_TIMEOUT=10)", took);
+    RANK_ASSERT(ctx, strstr(cfxGetLastError(comm), "rank 2") != NULL,
+                "the sentence does not name rank 2: %s", cfxGetLastError(comm));
+    RANK_CFX(ctx, cfxCommDestroy(comm));
+    free(data);
+}
+
+Test(ib_fake, killed_rank_fails_every_survivor_with_its_name, .timeout = 120)
+{
+    use_fake(fake_library());
+    cfx_test_setenv("CFX_TIMEOUT", "10");
+    struct cfx_test_options opts = {.nranks = 4,
+                                    .mode = CFX_TEST_PROCS,
+                                    .deadline_s = 90,
+                                    .killed_ranks = 1ull << 2,
+                                    .before_rank = own_host};
+    CFX_TEST_RUN(&opts, allreduce_until_rank_two_dies);
+    cfx_test_setenv("CFX_TIMEOUT", NULL);
+}
+
+/* One fault knob of the fake NIC, set in rank 1 only. */
+struct knob_case {
+    char name[48];
+    char value[16];
+    /* A word rank 1's sentence must hold ("": whoever waits times out). */
+    char word[48];
+    int may_be_harmless; /* The fault may hit nothing that matters (a lost keepalive). */
+};
+
+static const struct knob_case *knob_now;
+
+static void knob_in_rank_one(struct cfx_test_rank *ctx)
+{
+    own_host(ctx);
+    if (ctx->rank == 1)
+        cfx_test_setenv(knob_now->name, knob_now->value);
+}
+
+/* Allreduces of a small and a large count in turn (so every connection the
+ * planner makes carries traffic), each result checked, until one fails or
+ * 20 s (6 s for a fault that may be harmless) pass. */
+static void allreduce_until_the_knob_bites(struct cfx_test_rank *ctx)
+{
+    const struct knob_case *kc = ctx->arg;
+    cfxComm_t comm;
+    RANK_CFX(ctx, cfxCommInitRank(&comm, ctx->nranks, ctx->id, ctx->rank));
+    static const size_t counts[] = {4096, 1 << 20};
+    float *data = malloc(counts[1] * sizeof(float));
+    RANK_ASSERT(ctx, data != NULL, "malloc");
+    cfxResult_t res = cfxSuccess;
+    double start = now_s(), call = 0, limit = kc->may_be_harmless ? 6 : 20;
+    for (int i = 0; res == cfxSuccess && now_s() - start < limit; i++) {
+        size_t count = counts[i % 2];
+        for (size_t e = 0; e < count; e++)
+            data[e] = (float)(ctx->rank + (int)(e % 5));
+        cfx_test_step(ctx, "allreduce %d until %s=%s bites", i, kc->name, kc->value);
+        call = now_s();
+        res = cfxAllReduce(data, data, count, cfxFloat32, cfxSum, comm, NULL);
+        for (size_t e = 0; res == cfxSuccess && e < count; e++) {
+            float want = (float)(ctx->nranks * (ctx->nranks - 1) / 2 + ctx->nranks * (int)(e % 5));
+            if (data[e] != want) {
+                free(data);
+                RANK_ASSERT(ctx, 0, "allreduce %d: element %zu is %g, not %g", i, e,
+                            (double)data[e], (double)want);
+            }
+        }
+    }
+    free(data);
+    if (res == cfxSuccess) {
+        cfxCommDestroy(comm);
+        RANK_ASSERT(ctx, kc->may_be_harmless, "%s=%s never made an allreduce fail in %.0f s",
+                    kc->name, kc->value, limit);
+        return;
+    }
+    RANK_ASSERT(ctx, now_s() - call < 8, "the failing call took %.1f s (CFX_TIMEOUT=5)",
+                now_s() - call);
+    const char *why = cfxGetLastError(comm);
+    RANK_ASSERT(ctx, strstr(why, "rank") != NULL, "the sentence names no rank: %s", why);
+    if (ctx->rank == 1 && kc->word[0])
+        RANK_ASSERT(ctx, strstr(why, kc->word) != NULL, "rank 1's sentence lacks \"%s\": %s",
+                    kc->word, why);
+    cfxCommDestroy(comm);
+}
+
+ParameterizedTestParameters(ib_fake, fault_knob_fails_the_call_with_a_sentence)
+{
+    static struct knob_case cases[] = {
+        {"FAKEVERBS_FAIL_AFTER_WRITES", "200", "IBV_WC_", 0},
+        {"FAKEVERBS_PORT_DOWN_AFTER_MS", "500", "port", 0},
+        {"FAKEVERBS_ASYNC_QP_FATAL_AFTER_MS", "500", "queue pair", 0},
+        /* A lost completion may be a keepalive's (nothing happens) or a
+         * slot's: the next one covers it (completions come in order), or
+         * the receiver sees the next immediate out of turn (a sentence). */
+        {"FAKEVERBS_LOSE_COMPLETION", "300", "", 1},
+    };
+    return cr_make_param_array(struct knob_case, cases, sizeof(cases) / sizeof(cases[0]));
+}
+
+ParameterizedTest(struct knob_case *kc, ib_fake, fault_knob_fails_the_call_with_a_sentence,
+                  .timeout = 120)
+{
+    cr_log_info("%s=%s in rank 1", kc->name, kc->value);
+    use_fake(fake_library());
+    cfx_test_setenv("CFX_TIMEOUT", "5");
+    knob_now = kc;
+    struct cfx_test_options opts = {.nranks = 3,
+                                    .mode = CFX_TEST_PROCS,
+                                    .deadline_s = 90,
+                                    .arg = kc,
+                                    .before_rank = knob_in_rank_one};
+    CFX_TEST_RUN(&opts, allreduce_until_the_knob_bites);
+    cfx_test_setenv("CFX_TIMEOUT", NULL);
+}

@@ -1,0 +1,197 @@
+/*
+ * The verbs transport's own types, shared by its files: ib.c (the ops
+ * table, lifecycle, setup, connect, close), device.c (which NIC, port and
+ * GID; CFX_IB_HCA), data.c (the passes that post writes and poll
+ * completions, credits, poison, keepalives, failures). Nothing outside
+ * transports/ib includes this. Built only with the verbs headers
+ * (CFX_HAVE_VERBS).
+ *
+ * The protocol (docs/transports.md, "ib"): each side of a connection has a
+ * local FIFO, as with sockets, in one block of memory registered once at
+ * setup: [FIFO control block][slots][mailbox]. The sender RDMA-writes a
+ * posted slot's payload into the receiver's slot of the same index, then
+ * its info line into the receiver's mailbox (staged[index]) with
+ * RDMA_WRITE_WITH_IMM (immediate = slot number): on an RC queue pair that
+ * completion at the receiver means both writes have landed. Only then does
+ * the receiver copy the staged line into its FIFO and mark the slot posted.
+ * The receiver grants slots by RDMA-writing its head (slots released) into
+ * the sender's mailbox (credit); the sender writes slot k only while
+ * k < credit + n_steps. Either side RDMA-writes a poison word into the
+ * other's mailbox when it fails, and a keepalive while it waits, so a dead
+ * peer shows as a failed write (IBV_WC_RETRY_EXC_ERR) within the retry
+ * time.
+ */
+#ifndef CFX_TRANSPORTS_IB_CONN_H
+#define CFX_TRANSPORTS_IB_CONN_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "src/proxy/proxy.h"
+#include "src/util/error.h"
+#include "src/util/verbs.h"
+#include "transports/transport.h"
+
+#define IB_NAME_MAX         64
+#define IB_CREDITS_IN_FLIGHT 4 /* Credit writes outstanding at most. */
+#define IB_KEEPALIVE_NS     (100 * 1000 * 1000) /* A waiting side writes this often. */
+#define IB_POLL_NS          (200 * 1000)        /* Proxy pass interval while work is in flight. */
+#define IB_LINGER_NS        (2 * 1000000000LL)  /* close(): posted slots still get this long. */
+#define IB_INFO_MAGIC       0x43464942u         /* "CFIB" */
+
+/* Work request ids: the kind in the top byte, a slot number below. */
+enum ib_wr_kind {
+    IB_WR_PAYLOAD = 1, /* A slot's payload (the info write follows). */
+    IB_WR_SLOT = 2,    /* A slot's info line, with the immediate. */
+    IB_WR_CREDIT = 3,
+    IB_WR_POISON = 4,
+    IB_WR_ALIVE = 5,
+    IB_WR_RECV = 6,
+};
+#define IB_WR_ID(kind, value) (((uint64_t)(kind) << 56) | ((uint64_t)(value) & ((1ull << 56) - 1)))
+#define IB_WR_KIND(id)        ((enum ib_wr_kind)((id) >> 56))
+#define IB_WR_VALUE(id)       ((id) & ((1ull << 56) - 1))
+
+/* What the peer may write into this side's memory, after the slots. */
+struct cfx_ib_mailbox {
+    CFX_ALIGNAS(CFX_CACHE_LINE) uint64_t credit; /* Sender's: the receiver's head. */
+    CFX_ALIGNAS(CFX_CACHE_LINE) uint64_t poison; /* (reason << 32) | (blame rank + 1); 0: none. */
+    uint64_t alive;                              /* The peer's keepalive count. */
+    /* Sources of this side's small writes, when the NIC cannot inline them. */
+    CFX_ALIGNAS(CFX_CACHE_LINE) uint64_t credit_src;
+    uint64_t poison_src;
+    uint64_t alive_src;
+    /* Receiver's: each slot's info line as the sender wrote it. */
+    struct cfx_slot_info staged[CFX_MAX_STEPS];
+};
+
+/* The connect info a side sends its peer (at most CFX_CONNECT_INFO_BYTES). */
+struct cfx_ib_info {
+    uint32_t magic;
+    int32_t rank;
+    uint32_t dir;
+    uint32_t qpn;
+    uint32_t psn;
+    uint32_t mtu; /* enum ibv_mtu */
+    uint16_t lid;
+    uint8_t link_layer; /* IBV_LINK_LAYER_* */
+    uint8_t pad;
+    uint32_t n_steps;
+    uint8_t gid[16];
+    uint64_t slot_bytes;
+    uint64_t mem_addr; /* This side's block: FIFO, slots, mailbox. */
+    uint64_t slots_offset;
+    uint64_t box_offset;
+    uint32_t rkey;
+    char nic[32]; /* For sentences: "fake_0:1". */
+};
+_Static_assert(sizeof(struct cfx_ib_info) <= CFX_CONNECT_INFO_BYTES, "fits the connect info");
+
+/* The NIC port a communicator uses (device.c). */
+struct cfx_ib_port {
+    char dev_name[IB_NAME_MAX];
+    int port;
+    int link_layer; /* IBV_LINK_LAYER_INFINIBAND or _ETHERNET. */
+    uint16_t lid;
+    enum ibv_mtu mtu;
+    int gid_index; /* -1: no GRH (InfiniBand inside one subnet). */
+    union ibv_gid gid;
+};
+
+/* Per-communicator state. */
+struct cfx_ib_ctx {
+    int rank;
+    const struct cfx_verbs_api *ibv; /* NULL: no usable device (usable == 0). */
+    int usable;
+    char why_not[CFX_ERROR_MAX]; /* Why not usable, for the INFO line. */
+    struct ibv_context *dev;
+    struct ibv_pd *pd;
+    struct cfx_ib_port port;
+    struct cfx_proxy *proxy;
+    /* Queue pair settings (NCCL's variables). */
+    int timeout, retry_cnt, sl, tc;
+    /* Async events: the device's async_fd watched by the proxy. */
+    struct cfx_proxy_client async_client;
+    int async_added;
+    /* Set (release) by an async event that breaks every connection (port
+     * down, device fatal), with its sentence; check() reports it. */
+    _Atomic int fatal;
+    char fatal_error[CFX_ERROR_MAX];
+};
+
+/* Per-connector state. */
+struct cfx_ib_conn {
+    struct cfx_ib_ctx *ctx;
+    enum cfx_conn_dir dir;
+    int self_rank;
+    int peer_rank;
+    char peer_nic[32];
+    /* Memory: one registered block. */
+    void *mem;
+    size_t mem_bytes;
+    struct cfx_fifo *fifo;
+    char *slots;
+    size_t slot_bytes;
+    int n_steps;
+    struct cfx_ib_mailbox *box;
+    struct ibv_mr *mr;
+    struct ibv_cq *cq;
+    struct ibv_qp *qp;
+    uint32_t psn;
+    int max_inline;
+    int sq_depth;
+    /* The peer's block. */
+    uint64_t peer_addr, peer_slots, peer_box;
+    uint32_t peer_rkey;
+    /* Progress, by whichever thread drives (cfx_ib_conn_drive). */
+    int registered;
+    /* Set by the first user-thread call (the core's "connected" exchange is
+     * over): until then the proxy writes nothing on its own (a keepalive
+     * reaching a peer not yet connected would be dropped and retried only
+     * after the ACK timeout, holding up everything behind it). */
+    _Atomic int started;
+    struct cfx_proxy_client client;
+    int sq_used;           /* Work requests posted and not completed. */
+    uint64_t sent;         /* Sender: slots whose writes are posted. */
+    uint64_t arrived;      /* Receiver: slots whose immediate came (= the FIFO's tail). */
+    uint64_t credit_sent;  /* Receiver: the head last written to the sender. */
+    int credits_inflight;  /* Receiver: credit writes not completed. */
+    int alive_inflight;    /* A keepalive not completed. */
+    int64_t alive_due_ns;  /* When the next keepalive is due, while waiting. */
+    int poison_posted;
+    _Atomic int poison_done; /* Its write completed (close() lingers for it). */
+    _Atomic int poison_reason; /* Set by poison(): a poison to write. */
+    _Atomic int poison_blame;
+    _Alignas(CFX_CACHE_LINE) _Atomic int busy;
+    _Atomic int wanted;
+    /* Failure: written by the driving thread, then `failed` (release). */
+    _Alignas(CFX_CACHE_LINE) _Atomic int failed;
+    cfxResult_t failed_res;
+    int blame_rank;
+    char error[CFX_ERROR_MAX];
+};
+
+/* device.c: pick and open the port for @p ctx (ctx->ibv set); fills
+ * ctx->dev, ctx->pd, ctx->port. cfxSuccess, or cfxSystemError with
+ * ctx->why_not set (no device, no active port, CFX_IB_HCA matched none). */
+cfxResult_t cfx_ib_device_open(struct cfx_ib_ctx *ctx);
+void cfx_ib_device_close(struct cfx_ib_ctx *ctx);
+/* Whether NIC @p name port @p port passes the CFX_IB_HCA filter @p spec
+ * (NCCL syntax: "mlx5_0:1,mlx5_1", "^" excludes, "=" matches exactly;
+ * NULL or "" passes everything). */
+int cfx_ib_hca_match(const char *spec, const char *name, int port);
+
+/* data.c */
+int cfx_ib_conn_drive(struct cfx_ib_conn *ic);
+cfxResult_t cfx_ib_conn_check(struct cfx_ib_conn *ic, struct cfx_connector *conn);
+/* Post the receives a receiver keeps (at setup, before the peer connects). */
+cfxResult_t cfx_ib_post_recvs(struct cfx_ib_conn *ic, int count);
+/* The proxy's handler of the device's async events (ctx->async_client). */
+void cfx_ib_async_ready(void *arg, uint32_t events);
+/* Whether the connector still has work in flight (writes posted and not
+ * completed, posted slots not yet written, a credit owed). */
+int cfx_ib_conn_busy(const struct cfx_ib_conn *ic);
+
+#endif /* CFX_TRANSPORTS_IB_CONN_H */

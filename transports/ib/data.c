@@ -1,0 +1,450 @@
+/*
+ * The verbs transport's data path: a pass over a connector polls its
+ * completion queue, then posts what may go: a sender's slots (payload write,
+ * then the info write with the immediate), a receiver's credit, a poison, a
+ * keepalive. Failures (a completion with an error status, an async event, a
+ * peer breaking the protocol) fail the connector once, with a sentence
+ * naming the peer, the NIC and the status. The protocol is in conn.h.
+ *
+ * Threads: a pass is made by whichever thread asks first
+ * (cfx_ib_conn_drive, lock-free as the socket transport's): ibv_post_send,
+ * ibv_post_recv and ibv_poll_cq on a connector's queue pair and completion
+ * queue are only ever called by the thread holding `busy`.
+ */
+#include "cfx_build_config.h"
+
+#if CFX_HAVE_VERBS
+
+#include <assert.h>
+#include <endian.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "src/util/log.h"
+#include "src/util/time.h"
+#include "transports/ib/conn.h"
+
+#define POLL_BATCH 16
+
+static const char *dir_name(enum cfx_conn_dir dir)
+{
+    return dir == CFX_CONN_SEND ? "send" : "receive";
+}
+
+/* Fail the connector (driving thread): keep the first failure. */
+__attribute__((format(printf, 4, 5))) static void conn_fail(struct cfx_ib_conn *ic,
+                                                            cfxResult_t res, int blame_rank,
+                                                            const char *fmt, ...)
+{
+    if (atomic_load_explicit(&ic->failed, memory_order_relaxed))
+        return;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(ic->error, sizeof(ic->error), fmt, ap);
+    va_end(ap);
+    ic->failed_res = res;
+    ic->blame_rank = blame_rank;
+    atomic_store_explicit(&ic->failed, 1, memory_order_release);
+    CFX_INFO(CFX_LOG_NET, "%s", ic->error); /* The call that meets it reports it. */
+}
+
+/* ============================================================ posting */
+
+/* One RDMA write of @p len bytes at @p local (inside the block) to @p remote
+ * (the peer's block), signaled; with the immediate @p imm when @p with_imm.
+ * Small writes go inline when the NIC allows. 0, or the errno of
+ * ibv_post_send. */
+static int post_write(struct cfx_ib_conn *ic, uint64_t wr_id, const void *local, uint32_t len,
+                      uint64_t remote, int with_imm, uint32_t imm)
+{
+    struct ibv_sge sge = {.addr = (uint64_t)(uintptr_t)local, .length = len, .lkey = ic->mr->lkey};
+    struct ibv_send_wr wr = {
+        .wr_id = wr_id,
+        .sg_list = &sge,
+        .num_sge = len > 0 ? 1 : 0,
+        .opcode = with_imm ? IBV_WR_RDMA_WRITE_WITH_IMM : IBV_WR_RDMA_WRITE,
+        .send_flags = IBV_SEND_SIGNALED | ((int)len <= ic->max_inline ? IBV_SEND_INLINE : 0),
+        .imm_data = htobe32(imm),
+    };
+    wr.wr.rdma.remote_addr = remote;
+    wr.wr.rdma.rkey = ic->peer_rkey;
+    struct ibv_send_wr *bad = NULL;
+    int err = ibv_post_send(ic->qp, &wr, &bad);
+    if (err == 0)
+        ic->sq_used++;
+    return err;
+}
+
+static void post_failed(struct cfx_ib_conn *ic, int err, const char *what)
+{
+    conn_fail(ic, cfxSystemError, ic->peer_rank,
+              "ib: rank %d cannot post %s to rank %d on %s:%d: %s", ic->self_rank, what,
+              ic->peer_rank, ic->ctx->port.dev_name, ic->ctx->port.port, strerror(err));
+}
+
+cfxResult_t cfx_ib_post_recvs(struct cfx_ib_conn *ic, int count)
+{
+    for (int i = 0; i < count; i++) {
+        /* No scatter list: the writes land in place; the receive only
+         * carries the immediate. */
+        struct ibv_recv_wr wr = {.wr_id = IB_WR_ID(IB_WR_RECV, 0), .sg_list = NULL, .num_sge = 0};
+        struct ibv_recv_wr *bad = NULL;
+        int err = ibv_post_recv(ic->qp, &wr, &bad);
+        if (err != 0)
+            return cfx_error_set_errno(err, CFX_LOG_NET,
+                                       "ib: rank %d cannot post a receive for rank %d on %s:%d",
+                                       ic->self_rank, ic->peer_rank, ic->ctx->port.dev_name,
+                                       ic->ctx->port.port);
+    }
+    return cfxSuccess;
+}
+
+/* Sender: write posted slots while the receiver has room for them. */
+static int send_slots(struct cfx_ib_conn *ic)
+{
+    int moved = 0;
+    uint64_t tail = cfx_load_acquire_u64(&ic->fifo->tail);
+    uint64_t credit = cfx_load_acquire_u64(&ic->box->credit);
+    while (ic->sent < tail && ic->sent < credit + (uint64_t)ic->n_steps &&
+           ic->sq_used + 2 <= ic->sq_depth) {
+        uint64_t k = ic->sent;
+        size_t index = (size_t)(k % (uint64_t)ic->n_steps);
+        struct cfx_slot_info *info = &ic->fifo->info[index];
+        uint32_t size = info->size;
+        if (size > ic->slot_bytes) {
+            conn_fail(ic, cfxInvalidUsage, ic->self_rank,
+                      "ib: rank %d posted %u bytes into a %zu-byte slot for rank %d", ic->self_rank,
+                      size, ic->slot_bytes, ic->peer_rank);
+            return moved;
+        }
+        int err = 0;
+        if (size > CFX_SLOT_INLINE_BYTES)
+            err = post_write(ic, IB_WR_ID(IB_WR_PAYLOAD, k), ic->slots + index * ic->slot_bytes,
+                             size, ic->peer_slots + index * ic->slot_bytes, 0, 0);
+        if (err == 0)
+            err = post_write(ic, IB_WR_ID(IB_WR_SLOT, k), info, sizeof(*info),
+                             ic->peer_box + offsetof(struct cfx_ib_mailbox, staged) +
+                                 index * sizeof(struct cfx_slot_info),
+                             1, (uint32_t)k);
+        if (err != 0) {
+            post_failed(ic, err, "a slot");
+            return moved;
+        }
+        ic->sent++;
+        moved = 1;
+    }
+    return moved;
+}
+
+/* Receiver: tell the sender how far this side has released. */
+static int send_credit(struct cfx_ib_conn *ic)
+{
+    uint64_t head = cfx_load_acquire_u64(&ic->fifo->head);
+    if (head == ic->credit_sent || ic->credits_inflight >= IB_CREDITS_IN_FLIGHT ||
+        ic->sq_used >= ic->sq_depth)
+        return 0;
+    ic->box->credit_src = head;
+    int err = post_write(ic, IB_WR_ID(IB_WR_CREDIT, 0), &ic->box->credit_src, sizeof(uint64_t),
+                         ic->peer_box + offsetof(struct cfx_ib_mailbox, credit), 0, 0);
+    if (err != 0) {
+        post_failed(ic, err, "a credit");
+        return 0;
+    }
+    ic->credit_sent = head;
+    ic->credits_inflight++;
+    return 1;
+}
+
+static int send_poison(struct cfx_ib_conn *ic)
+{
+    int reason = atomic_load_explicit(&ic->poison_reason, memory_order_acquire);
+    if (reason == 0 || ic->poison_posted || ic->sq_used >= ic->sq_depth)
+        return 0;
+    int blame = atomic_load_explicit(&ic->poison_blame, memory_order_relaxed);
+    ic->box->poison_src = ((uint64_t)(uint32_t)reason << 32) | (uint32_t)(blame + 1);
+    ic->poison_posted = 1;
+    int err = post_write(ic, IB_WR_ID(IB_WR_POISON, 0), &ic->box->poison_src, sizeof(uint64_t),
+                         ic->peer_box + offsetof(struct cfx_ib_mailbox, poison), 0, 0);
+    if (err != 0)
+        post_failed(ic, err, "a poison");
+    return err == 0;
+}
+
+/* Nothing in flight for a while: write a keepalive, so that a dead peer
+ * shows as a failed write (IBV_WC_RETRY_EXC_ERR) while this side waits. */
+static int send_keepalive(struct cfx_ib_conn *ic)
+{
+    if (ic->sq_used != 0 || ic->alive_inflight)
+        return 0;
+    int64_t now = cfx_time_now_ns();
+    if (ic->alive_due_ns == 0)
+        ic->alive_due_ns = now + IB_KEEPALIVE_NS;
+    if (now < ic->alive_due_ns)
+        return 0;
+    ic->alive_due_ns = now + IB_KEEPALIVE_NS;
+    ic->box->alive_src++;
+    int err = post_write(ic, IB_WR_ID(IB_WR_ALIVE, 0), &ic->box->alive_src, sizeof(uint64_t),
+                         ic->peer_box + offsetof(struct cfx_ib_mailbox, alive), 0, 0);
+    if (err != 0) {
+        post_failed(ic, err, "a keepalive");
+        return 0;
+    }
+    ic->alive_inflight = 1;
+    return 0; /* Not progress of the operation. */
+}
+
+/* ============================================================ completions */
+
+static const char *wc_status_text(const struct cfx_ib_conn *ic, enum ibv_wc_status status)
+{
+    const char *text = ic->ctx->ibv->wc_status_str(status);
+    return text ? text : "unknown status";
+}
+
+/* What a failed completion means, for the sentence. */
+static const char *wc_status_hint(enum ibv_wc_status status)
+{
+    switch (status) {
+    case IBV_WC_RETRY_EXC_ERR:
+        return "the peer or the path to it is gone (IBV_WC_RETRY_EXC_ERR)";
+    case IBV_WC_RNR_RETRY_EXC_ERR:
+        return "the peer posted no receive (IBV_WC_RNR_RETRY_EXC_ERR)";
+    case IBV_WC_REM_ACCESS_ERR:
+        return "the peer refused the write: its memory key or bounds (IBV_WC_REM_ACCESS_ERR)";
+    case IBV_WC_WR_FLUSH_ERR:
+        return "the queue pair had already failed (IBV_WC_WR_FLUSH_ERR)";
+    case IBV_WC_LOC_PROT_ERR:
+        return "a local memory key or bounds (IBV_WC_LOC_PROT_ERR)";
+    default:
+        return "a transport error";
+    }
+}
+
+/* A slot's immediate came: copy its staged info line into the FIFO and
+ * post it; repost the receive. */
+static void slot_arrived(struct cfx_ib_conn *ic, const struct ibv_wc *wc)
+{
+    uint32_t number = be32toh(wc->imm_data);
+    if (number != (uint32_t)ic->arrived) {
+        conn_fail(ic, cfxRemoteError, ic->peer_rank,
+                  "ib: rank %d wrote slot %u to rank %d, which expected slot %u: the stream from "
+                  "rank %d is corrupt",
+                  ic->peer_rank, number, ic->self_rank, (uint32_t)ic->arrived, ic->peer_rank);
+        return;
+    }
+    size_t index = (size_t)(ic->arrived % (uint64_t)ic->n_steps);
+    const struct cfx_slot_info *staged = &ic->box->staged[index];
+    struct cfx_slot_info *info = &ic->fifo->info[index];
+    atomic_thread_fence(memory_order_acquire);
+    if (staged->size > ic->slot_bytes) {
+        conn_fail(ic, cfxInvalidUsage, ic->peer_rank,
+                  "ib: rank %d wrote %u bytes into a %zu-byte slot of rank %d", ic->peer_rank,
+                  staged->size, ic->slot_bytes, ic->self_rank);
+        return;
+    }
+    info->size = staged->size;
+    info->print = staged->print;
+    memcpy(info->inline_data, staged->inline_data, sizeof(info->inline_data));
+    cfx_fifo_mark_posted(ic->fifo->info, ic->n_steps, ic->arrived);
+    ic->arrived++;
+    cfx_store_release_u64(&ic->fifo->tail, ic->arrived);
+    if (cfx_ib_post_recvs(ic, 1) != cfxSuccess)
+        conn_fail(ic, cfxSystemError, ic->self_rank, "%s", cfx_error_thread_last());
+}
+
+static void completion(struct cfx_ib_conn *ic, const struct ibv_wc *wc)
+{
+    enum ib_wr_kind kind = IB_WR_KIND(wc->wr_id);
+    if (kind != IB_WR_RECV)
+        ic->sq_used--;
+    if (wc->status != IBV_WC_SUCCESS) {
+        if (kind == IB_WR_CREDIT)
+            ic->credits_inflight--;
+        if (kind == IB_WR_ALIVE)
+            ic->alive_inflight = 0;
+        if (wc->status == IBV_WC_WR_FLUSH_ERR) {
+            /* The queue pair failed before: an async event may say why. */
+            cfx_ib_async_ready(ic->ctx, 0);
+            if (atomic_load_explicit(&ic->ctx->fatal, memory_order_acquire)) {
+                conn_fail(ic, cfxSystemError, ic->self_rank,
+                          "%s (rank %d's %s connection to rank %d lost its work requests)",
+                          ic->ctx->fatal_error, ic->self_rank, dir_name(ic->dir), ic->peer_rank);
+                return;
+            }
+        }
+        conn_fail(ic, cfxRemoteError, ic->peer_rank,
+                  "ib: rank %d's %s connection to rank %d failed on %s:%d (peer %s): %s, status "
+                  "%d: %s",
+                  ic->self_rank, dir_name(ic->dir), ic->peer_rank, ic->ctx->port.dev_name,
+                  ic->ctx->port.port, ic->peer_nic, wc_status_text(ic, wc->status),
+                  (int)wc->status, wc_status_hint(wc->status));
+        return;
+    }
+    switch (kind) {
+    case IB_WR_PAYLOAD: break;
+    case IB_WR_POISON: atomic_store_explicit(&ic->poison_done, 1, memory_order_release); break;
+    case IB_WR_SLOT: {
+        /* In order on one queue pair: slot k's writes are done, its memory free. */
+        uint64_t k = IB_WR_VALUE(wc->wr_id);
+        cfx_store_release_u64(&ic->fifo->head, k + 1);
+        break;
+    }
+    case IB_WR_CREDIT: ic->credits_inflight--; break;
+    case IB_WR_ALIVE: ic->alive_inflight = 0; break;
+    case IB_WR_RECV: slot_arrived(ic, wc); break;
+    default:
+        conn_fail(ic, cfxInternalError, ic->self_rank,
+                  "ib: a completion with an unknown work request id 0x%llx", (unsigned long long)wc->wr_id);
+    }
+}
+
+static int poll_completions(struct cfx_ib_conn *ic)
+{
+    struct ibv_wc wcs[POLL_BATCH];
+    int moved = 0;
+    for (;;) {
+        int n = ibv_poll_cq(ic->cq, POLL_BATCH, wcs);
+        if (n < 0) {
+            conn_fail(ic, cfxSystemError, ic->self_rank,
+                      "ib: rank %d cannot poll its completion queue for rank %d on %s:%d",
+                      ic->self_rank, ic->peer_rank, ic->ctx->port.dev_name, ic->ctx->port.port);
+            return moved;
+        }
+        for (int i = 0; i < n; i++)
+            completion(ic, &wcs[i]);
+        moved |= n > 0;
+        if (n < POLL_BATCH)
+            return moved;
+    }
+}
+
+/* ============================================================ passes */
+
+int cfx_ib_conn_busy(const struct cfx_ib_conn *ic)
+{
+    if (ic->sq_used > 0)
+        return 1;
+    if (ic->dir == CFX_CONN_SEND)
+        return ic->sent != cfx_load_acquire_u64(&ic->fifo->tail);
+    return ic->credit_sent != cfx_load_acquire_u64(&ic->fifo->head);
+}
+
+static int conn_pass(struct cfx_ib_conn *ic)
+{
+    int moved = poll_completions(ic);
+    int failed = atomic_load_explicit(&ic->failed, memory_order_relaxed);
+    if (!failed)
+        moved |= ic->dir == CFX_CONN_SEND ? send_slots(ic) : send_credit(ic);
+    /* A poison goes out even from a failed connector: the peer may be fine. */
+    moved |= send_poison(ic);
+    if (!failed && atomic_load_explicit(&ic->started, memory_order_relaxed))
+        send_keepalive(ic);
+    /* The proxy passes again soon only while something is in flight. */
+    failed = atomic_load_explicit(&ic->failed, memory_order_relaxed);
+    atomic_store_explicit(&ic->client.poll_ns, !failed && cfx_ib_conn_busy(ic) ? IB_POLL_NS : 0,
+                          memory_order_relaxed);
+    return moved;
+}
+
+/* Whoever asks first makes the pass; a thread that finds it taken leaves
+ * `wanted` set and the holder passes once more (as the socket transport). */
+int cfx_ib_conn_drive(struct cfx_ib_conn *ic)
+{
+    int moved = 0;
+    atomic_store_explicit(&ic->wanted, 1, memory_order_seq_cst);
+    while (atomic_load_explicit(&ic->wanted, memory_order_seq_cst)) {
+        if (atomic_exchange_explicit(&ic->busy, 1, memory_order_acquire))
+            return moved;
+        while (atomic_exchange_explicit(&ic->wanted, 0, memory_order_seq_cst))
+            moved |= conn_pass(ic);
+        atomic_store_explicit(&ic->busy, 0, memory_order_seq_cst);
+    }
+    return moved;
+}
+
+/* ============================================================ health */
+
+cfxResult_t cfx_ib_conn_check(struct cfx_ib_conn *ic, struct cfx_connector *conn)
+{
+    struct cfx_ib_ctx *ctx = ic->ctx;
+    /* Slots that arrived before a failure are still good: let them be taken. */
+    int takeable = ic->dir == CFX_CONN_RECV && cfx_conn_can_take(conn);
+    if (atomic_load_explicit(&ic->failed, memory_order_acquire)) {
+        if (takeable)
+            return cfxSuccess;
+        conn->blame_rank = ic->blame_rank;
+        return cfx_error_set(ic->failed_res, CFX_LOG_NET, "%s", ic->error);
+    }
+    if (atomic_load_explicit(&ctx->fatal, memory_order_acquire)) {
+        if (takeable)
+            return cfxSuccess;
+        conn->blame_rank = ic->self_rank;
+        return cfx_error_set(cfxSystemError, CFX_LOG_NET,
+                             "%s (rank %d's connection to rank %d)", ctx->fatal_error,
+                             ic->self_rank, ic->peer_rank);
+    }
+    uint64_t poison = cfx_load_acquire_u64(&ic->box->poison);
+    if (poison != 0 && !takeable) {
+        cfxResult_t reason = (cfxResult_t)(poison >> 32);
+        int blame = (int)(uint32_t)poison - 1;
+        conn->blame_rank = blame;
+        return cfx_error_set(reason, CFX_LOG_NET,
+                             "rank %d stopped its connection to rank %d because of rank %d: %s%s",
+                             ic->peer_rank, ic->self_rank, blame, cfxGetErrorString(reason),
+                             reason == cfxInvalidUsage ? " (mismatched collectives; that rank's "
+                                                         "error says which)"
+                                                       : "");
+    }
+    return cfxSuccess;
+}
+
+/* ============================================================ async events */
+
+/* Runs on the proxy thread when the device's async_fd turns readable, and
+ * on a driving thread that met a flushed work request (to learn why). */
+void cfx_ib_async_ready(void *arg, uint32_t events)
+{
+    (void)events;
+    struct cfx_ib_ctx *ctx = arg;
+    const struct cfx_verbs_api *ibv = ctx->ibv;
+    struct ibv_async_event event;
+    while (ibv->get_async_event(ctx->dev, &event) == 0) {
+        const char *what = ibv->event_type_str(event.event_type);
+        switch (event.event_type) {
+        case IBV_EVENT_QP_FATAL:
+        case IBV_EVENT_QP_REQ_ERR:
+        case IBV_EVENT_QP_ACCESS_ERR:
+        case IBV_EVENT_PATH_MIG_ERR: {
+            struct cfx_ib_conn *ic = event.element.qp ? event.element.qp->qp_context : NULL;
+            /* The failure record belongs to the thread holding `busy`:
+             * take it if free; if a pass runs now, its polls will bring the
+             * queue pair's flushed completions instead. */
+            if (ic != NULL && !atomic_exchange_explicit(&ic->busy, 1, memory_order_acquire)) {
+                conn_fail(ic, cfxSystemError, ic->self_rank,
+                          "ib: rank %d's queue pair to rank %d on %s:%d failed: %s", ic->self_rank,
+                          ic->peer_rank, ctx->port.dev_name, ctx->port.port, what);
+                atomic_store_explicit(&ic->busy, 0, memory_order_seq_cst);
+                if (atomic_load_explicit(&ic->wanted, memory_order_seq_cst))
+                    cfx_ib_conn_drive(ic); /* A pass asked for meanwhile. */
+            }
+            break;
+        }
+        case IBV_EVENT_PORT_ERR:
+        case IBV_EVENT_DEVICE_FATAL:
+        case IBV_EVENT_CQ_ERR:
+            if (!atomic_load_explicit(&ctx->fatal, memory_order_relaxed)) {
+                snprintf(ctx->fatal_error, sizeof(ctx->fatal_error),
+                         "ib: %s port %d on rank %d: %s", ctx->port.dev_name, ctx->port.port,
+                         ctx->rank, what);
+                atomic_store_explicit(&ctx->fatal, 1, memory_order_release);
+                CFX_WARN(CFX_LOG_NET, "%s", ctx->fatal_error);
+            }
+            break;
+        default: CFX_INFO(CFX_LOG_NET, "ib: %s: async event: %s", ctx->port.dev_name, what); break;
+        }
+        ibv->ack_async_event(&event);
+    }
+}
+
+#endif /* CFX_HAVE_VERBS */

@@ -1,0 +1,254 @@
+/*
+ * Which NIC, port and GID a communicator's verbs connections use: the
+ * active ports of the devices libibverbs lists, filtered by CFX_IB_HCA
+ * (NCCL's syntax), the first that passes; for RoCE the GID of the wanted
+ * RoCE version and address family (sysfs says a GID's type; without sysfs,
+ * the first IPv4-mapped GID), CFX_IB_GID_INDEX overriding.
+ */
+#include "cfx_build_config.h"
+
+#if CFX_HAVE_VERBS
+
+#include <arpa/inet.h>
+#include <ctype.h>
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "src/util/log.h"
+#include "src/util/param.h"
+#include "transports/ib/conn.h"
+
+CFX_PARAM_STR(ib_hca, "IB_HCA", NULL,
+              "Verbs transport: which NICs and ports to use (NCCL syntax: mlx5_0:1,mlx5_1; a "
+              "leading ^ excludes, = matches names exactly)");
+CFX_PARAM_INT(ib_gid_index, "IB_GID_INDEX", -1, -1, 255,
+              "Verbs transport: GID index (-1: pick one; RoCE: by CFX_IB_ROCE_VERSION_NUM and "
+              "CFX_IB_ADDR_FAMILY)");
+CFX_PARAM_INT(ib_roce_version, "IB_ROCE_VERSION_NUM", 2, 1, 2,
+              "Verbs transport: RoCE version whose GID to use");
+CFX_PARAM_STR(ib_addr_family, "IB_ADDR_FAMILY", "AF_INET",
+              "Verbs transport: RoCE GID address family (AF_INET or AF_INET6)");
+
+/* ------------------------------------------------------------ CFX_IB_HCA */
+
+int cfx_ib_hca_match(const char *spec, const char *name, int port)
+{
+    if (spec == NULL)
+        return 1;
+    while (isspace((unsigned char)*spec))
+        spec++;
+    if (*spec == '\0')
+        return 1;
+    int exclude = 0, exact = 0;
+    if (*spec == '^') {
+        exclude = 1;
+        spec++;
+    }
+    if (*spec == '=') {
+        exact = 1;
+        spec++;
+    }
+    int listed = 0;
+    const char *p = spec;
+    while (*p && !listed) {
+        const char *end = strchr(p, ',');
+        size_t len = end ? (size_t)(end - p) : strlen(p);
+        char item[IB_NAME_MAX];
+        if (len >= sizeof(item))
+            len = sizeof(item) - 1;
+        memcpy(item, p, len);
+        item[len] = '\0';
+        int want_port = -1;
+        char *colon = strchr(item, ':');
+        if (colon) {
+            *colon = '\0';
+            want_port = atoi(colon + 1);
+        }
+        size_t n = strlen(item);
+        int name_ok = exact ? strcmp(item, name) == 0 : strncmp(item, name, n) == 0;
+        if (n > 0 && name_ok && (want_port < 0 || want_port == port))
+            listed = 1;
+        p = end ? end + 1 : p + len;
+    }
+    return exclude ? !listed : listed;
+}
+
+/* ------------------------------------------------------------ GID */
+
+static int gid_is_zero(const union ibv_gid *gid)
+{
+    static const uint8_t zero[16];
+    return memcmp(gid->raw, zero, sizeof(zero)) == 0;
+}
+
+static int gid_is_v4(const union ibv_gid *gid)
+{
+    static const uint8_t prefix[12] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff};
+    return memcmp(gid->raw, prefix, sizeof(prefix)) == 0;
+}
+
+/* sysfs's word for GID @p index's type ("RoCE v2", "IB/RoCE v1"), or "". */
+static void gid_type(const char *dev, int port, int index, char *out, size_t size)
+{
+    char path[256];
+    snprintf(path, sizeof(path), "/sys/class/infiniband/%s/ports/%d/gid_attrs/types/%d", dev, port,
+             index);
+    out[0] = '\0';
+    FILE *f = fopen(path, "r");
+    if (f == NULL)
+        return;
+    if (fgets(out, (int)size, f) == NULL)
+        out[0] = '\0';
+    fclose(f);
+    out[strcspn(out, "\n")] = '\0';
+}
+
+/* RoCE: the GID index to use, or -1 when none fits. */
+static int roce_gid_pick(struct cfx_ib_ctx *ctx, const struct ibv_port_attr *attr)
+{
+    int want_v4 = strcmp(param_ib_addr_family(), "AF_INET6") != 0;
+    int want_v2 = param_ib_roce_version() == 2;
+    int fallback = -1;
+    for (int i = 0; i < attr->gid_tbl_len && i < 256; i++) {
+        union ibv_gid gid;
+        if (ctx->ibv->query_gid(ctx->dev, (uint8_t)ctx->port.port, i, &gid) != 0 ||
+            gid_is_zero(&gid))
+            continue;
+        if (gid_is_v4(&gid) != want_v4)
+            continue;
+        char type[32];
+        gid_type(ctx->port.dev_name, ctx->port.port, i, type, sizeof(type));
+        if (type[0] == '\0') { /* No sysfs (a test library): the address family decides. */
+            if (fallback < 0)
+                fallback = i;
+            continue;
+        }
+        if ((strstr(type, "v2") != NULL) == want_v2)
+            return i;
+    }
+    return fallback;
+}
+
+static cfxResult_t gid_pick(struct cfx_ib_ctx *ctx, const struct ibv_port_attr *attr)
+{
+    int index = (int)param_ib_gid_index();
+    if (index < 0 && ctx->port.link_layer == IBV_LINK_LAYER_ETHERNET) {
+        index = roce_gid_pick(ctx, attr);
+        if (index < 0) {
+            snprintf(ctx->why_not, sizeof(ctx->why_not),
+                     "%s port %d (RoCE) has no GID of RoCE v%d and %s; set CFX_IB_GID_INDEX",
+                     ctx->port.dev_name, ctx->port.port, (int)param_ib_roce_version(),
+                     param_ib_addr_family());
+            return cfxSystemError;
+        }
+    }
+    ctx->port.gid_index = index;
+    memset(&ctx->port.gid, 0, sizeof(ctx->port.gid));
+    if (index >= 0 &&
+        ctx->ibv->query_gid(ctx->dev, (uint8_t)ctx->port.port, index, &ctx->port.gid) != 0) {
+        snprintf(ctx->why_not, sizeof(ctx->why_not), "%s port %d: cannot read GID %d: %s",
+                 ctx->port.dev_name, ctx->port.port, index, strerror(errno));
+        return cfxSystemError;
+    }
+    return cfxSuccess;
+}
+
+/* ------------------------------------------------------------ open */
+
+/* Open @p device and take its first active port that CFX_IB_HCA lets
+ * through; 1 when taken (ctx->dev kept open), else 0. */
+static int try_device(struct cfx_ib_ctx *ctx, struct ibv_device *device, char *seen, size_t seen_size)
+{
+    const struct cfx_verbs_api *ibv = ctx->ibv;
+    const char *name = ibv->get_device_name(device);
+    struct ibv_context *dev = ibv->open_device(device);
+    if (dev == NULL)
+        return 0;
+    struct ibv_device_attr attr;
+    if (ibv->query_device(dev, &attr) != 0) {
+        ibv->close_device(dev);
+        return 0;
+    }
+    for (int p = 1; p <= attr.phys_port_cnt; p++) {
+        struct ibv_port_attr port;
+        if (ibv->query_port(dev, (uint8_t)p, &port) != 0)
+            continue;
+        size_t used = strlen(seen);
+        snprintf(seen + used, seen_size - used, "%s%s:%d (%s)", used ? ", " : "", name, p,
+                 port.state == IBV_PORT_ACTIVE ? "active" : "not active");
+        if (port.state != IBV_PORT_ACTIVE || !cfx_ib_hca_match(param_ib_hca(), name, p))
+            continue;
+        ctx->dev = dev;
+        snprintf(ctx->port.dev_name, sizeof(ctx->port.dev_name), "%s", name);
+        ctx->port.port = p;
+        ctx->port.link_layer = port.link_layer == IBV_LINK_LAYER_ETHERNET
+                                   ? IBV_LINK_LAYER_ETHERNET
+                                   : IBV_LINK_LAYER_INFINIBAND;
+        ctx->port.lid = port.lid;
+        ctx->port.mtu = port.active_mtu;
+        if (gid_pick(ctx, &port) != cfxSuccess) {
+            ctx->dev = NULL;
+            ibv->close_device(dev);
+            return 0;
+        }
+        return 1;
+    }
+    ibv->close_device(dev);
+    return 0;
+}
+
+cfxResult_t cfx_ib_device_open(struct cfx_ib_ctx *ctx)
+{
+    const struct cfx_verbs_api *ibv = ctx->ibv;
+    int count = 0;
+    errno = 0;
+    struct ibv_device **list = ibv->get_device_list(&count);
+    if (list == NULL || count == 0) {
+        snprintf(ctx->why_not, sizeof(ctx->why_not), "no verbs device (%s)",
+                 list == NULL ? strerror(errno ? errno : ENODEV) : "the device list is empty");
+        if (list)
+            ibv->free_device_list(list);
+        return cfxSystemError;
+    }
+    char seen[512] = "";
+    ctx->why_not[0] = '\0';
+    for (int i = 0; i < count && ctx->dev == NULL; i++)
+        try_device(ctx, list[i], seen, sizeof(seen));
+    ibv->free_device_list(list);
+    if (ctx->dev == NULL) {
+        if (ctx->why_not[0] == '\0')
+            snprintf(ctx->why_not, sizeof(ctx->why_not),
+                     "no active verbs port that CFX_IB_HCA=%s lets through (ports: %s)",
+                     param_ib_hca() ? param_ib_hca() : "", seen[0] ? seen : "none");
+        return cfxSystemError;
+    }
+    ctx->pd = ibv->alloc_pd(ctx->dev);
+    if (ctx->pd == NULL) {
+        snprintf(ctx->why_not, sizeof(ctx->why_not), "%s: cannot allocate a protection domain: %s",
+                 ctx->port.dev_name, strerror(errno));
+        cfx_ib_device_close(ctx);
+        return cfxSystemError;
+    }
+    char gid_text[INET6_ADDRSTRLEN] = "none";
+    if (ctx->port.gid_index >= 0)
+        inet_ntop(AF_INET6, ctx->port.gid.raw, gid_text, sizeof(gid_text));
+    CFX_INFO(CFX_LOG_NET, "ib: rank %d uses %s port %d (%s, lid %u, GID index %d %s, mtu %d)",
+             ctx->rank, ctx->port.dev_name, ctx->port.port,
+             ctx->port.link_layer == IBV_LINK_LAYER_ETHERNET ? "RoCE" : "InfiniBand",
+             ctx->port.lid, ctx->port.gid_index, gid_text, 128 << ctx->port.mtu);
+    return cfxSuccess;
+}
+
+void cfx_ib_device_close(struct cfx_ib_ctx *ctx)
+{
+    if (ctx->pd)
+        ctx->ibv->dealloc_pd(ctx->pd);
+    ctx->pd = NULL;
+    if (ctx->dev)
+        ctx->ibv->close_device(ctx->dev);
+    ctx->dev = NULL;
+}
+
+#endif /* CFX_HAVE_VERBS */

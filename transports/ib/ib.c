@@ -1,0 +1,592 @@
+/*
+ * The verbs RDMA transport (InfiniBand, RoCE): the ops table and each
+ * connector's life. libibverbs is loaded at run time (src/util/verbs.h);
+ * with no library, no device or no active port the transport says why once
+ * at INFO and accepts no pair, so the socket transport carries the job.
+ * Only the plain RC subset of verbs is used (ibv_create_qp, ibv_post_send,
+ * ibv_post_recv, ibv_poll_cq). The protocol is in conn.h and
+ * docs/transports.md; data.c moves the bytes.
+ *
+ * Memory: each connector's FIFO, slots and mailbox are one block, allocated,
+ * touched and registered (ibv_reg_mr) in setup; the data path never
+ * registers anything. Threads: as with sockets, a pass over a connector is
+ * made by whichever thread asks first (cfx_ib_conn_drive): the user thread
+ * after a post or release and while it waits, or the process's proxy thread
+ * (src/proxy), which passes over connectors with work in flight every
+ * IB_POLL_NS and handles the device's async events.
+ */
+#include "transports/ib/ib.h"
+
+#include "cfx_build_config.h"
+
+#if CFX_HAVE_VERBS
+
+#include <assert.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <sched.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/epoll.h>
+#include <sys/random.h>
+
+#include "src/util/check.h"
+#include "src/util/log.h"
+#include "src/util/param.h"
+#include "src/util/time.h"
+#include "transports/ib/conn.h"
+
+CFX_PARAM_INT(ib_disable, "IB_DISABLE", 0, 0, 1,
+              "1: never use the verbs transport (sockets carry traffic between hosts)");
+CFX_PARAM_INT(ib_timeout, "IB_TIMEOUT", 20, 1, 31,
+              "Verbs transport: local ACK timeout exponent (4.096 us x 2^value, NCCL meaning)");
+CFX_PARAM_INT(ib_retry_cnt, "IB_RETRY_CNT", 7, 0, 7, "Verbs transport: transport retries");
+CFX_PARAM_INT(ib_sl, "IB_SL", 0, 0, 15, "Verbs transport: InfiniBand service level");
+CFX_PARAM_INT(ib_tc, "IB_TC", 0, 0, 255, "Verbs transport: traffic class (GRH, RoCE)");
+CFX_PARAM_INT(ib_spin_us, "IB_SPIN_US", 0, 0, 1000000,
+              "Verbs transport: microseconds the progress thread spins when idle before it sleeps");
+
+/* ============================================================ lifecycle */
+
+static void ib_fini(void *ctx_v);
+
+/* The proxy's pass over one connector. */
+static int conn_proxy_progress(void *arg)
+{
+    return cfx_ib_conn_drive(arg);
+}
+
+/* The async client has nothing to pass over: its events come by ready(). */
+static int async_proxy_progress(void *arg)
+{
+    (void)arg;
+    return 0;
+}
+
+
+/* Per-communicator state. Never fails for want of a device: the transport
+ * is then only unusable (can_connect says no), and CFX_NET=IB turns that
+ * into an error. */
+static cfxResult_t ib_init(const struct cfx_transport_env *env, void **ctx_p)
+{
+    struct cfx_ib_ctx *ctx = NULL;
+    if (posix_memalign((void **)&ctx, CFX_CACHE_LINE, sizeof(*ctx)) != 0)
+        return cfx_error_set(cfxSystemError, CFX_LOG_NET, "ib: out of memory");
+    memset(ctx, 0, sizeof(*ctx));
+    ctx->rank = env->rank;
+    ctx->timeout = (int)param_ib_timeout();
+    ctx->retry_cnt = (int)param_ib_retry_cnt();
+    ctx->sl = (int)param_ib_sl();
+    ctx->tc = (int)param_ib_tc();
+    enum cfx_net_choice net = cfx_transport_net_choice();
+    const char *why = NULL;
+    if (param_ib_disable() || net == CFX_NET_SOCKET) {
+        snprintf(ctx->why_not, sizeof(ctx->why_not), "turned off (%s)",
+                 param_ib_disable() ? "CFX_IB_DISABLE=1" : "CFX_NET=Socket");
+    } else if ((ctx->ibv = cfx_verbs_api(&why)) == NULL) {
+        snprintf(ctx->why_not, sizeof(ctx->why_not), "%s", why ? why : "libibverbs not loaded");
+    } else if (cfx_ib_device_open(ctx) == cfxSuccess) {
+        ctx->usable = 1;
+    }
+    if (!ctx->usable) {
+        if (net == CFX_NET_IB) {
+            cfxResult_t res = cfx_error_set(cfxSystemError, CFX_LOG_NET,
+                                            "CFX_NET=IB, but the verbs transport cannot run on "
+                                            "rank %d: %s",
+                                            ctx->rank, ctx->why_not);
+            ib_fini(ctx);
+            return res;
+        }
+        CFX_INFO(CFX_LOG_NET, "ib: not used by rank %d: %s; sockets carry traffic between hosts",
+                 ctx->rank, ctx->why_not);
+        *ctx_p = ctx;
+        return cfxSuccess;
+    }
+    cfxResult_t res = cfx_proxy_get(param_ib_spin_us() * 1000, &ctx->proxy);
+    if (res != cfxSuccess)
+        goto err_fini;
+    /* The device's async events come through the proxy: its fd, non-blocking. */
+    int fd = ctx->dev->async_fd;
+    int flags = fcntl(fd, F_GETFL);
+    if (flags < 0 || fcntl(fd, F_SETFL, flags | O_NONBLOCK) != 0) {
+        res = cfx_error_set_errno(errno, CFX_LOG_NET,
+                                  "ib: cannot make %s's async event descriptor non-blocking",
+                                  ctx->port.dev_name);
+        goto err_fini;
+    }
+    ctx->async_client.progress = async_proxy_progress;
+    ctx->async_client.ready = cfx_ib_async_ready;
+    ctx->async_client.arg = ctx;
+    res = cfx_proxy_add(ctx->proxy, &ctx->async_client, &fd, 1, EPOLLIN);
+    if (res != cfxSuccess)
+        goto err_fini;
+    ctx->async_added = 1;
+    *ctx_p = ctx;
+    return cfxSuccess;
+
+err_fini:
+    ib_fini(ctx);
+    return res;
+}
+
+/* Releases what init made; accepts NULL. Connectors are closed first. */
+static void ib_fini(void *ctx_v)
+{
+    struct cfx_ib_ctx *ctx = ctx_v;
+    if (ctx == NULL)
+        return;
+    if (ctx->async_added)
+        cfx_proxy_remove(ctx->proxy, &ctx->async_client);
+    cfx_proxy_put(ctx->proxy);
+    if (ctx->ibv)
+        cfx_ib_device_close(ctx);
+    free(ctx);
+}
+
+/* ============================================================ connection */
+
+/* Ranks on different hosts, when this rank has a usable port. Pure. */
+static int ib_can_connect(void *ctx_v, const struct cfx_transport_peer *self,
+                          const struct cfx_transport_peer *peer)
+{
+    const struct cfx_ib_ctx *ctx = ctx_v;
+    (void)self;
+    return ctx->usable && peer->path == CFX_PATH_CLASS_NET;
+}
+
+/* The queue pair, in INIT, with @p ic->cq for both queues. */
+static cfxResult_t qp_create(struct cfx_ib_ctx *ctx, struct cfx_ib_conn *ic)
+{
+    const struct cfx_verbs_api *ibv = ctx->ibv;
+    struct ibv_qp_init_attr init = {
+        .qp_context = ic, /* Async events name the queue pair: they find the connector. */
+        .send_cq = ic->cq,
+        .recv_cq = ic->cq,
+        .cap = {.max_send_wr = (uint32_t)ic->sq_depth,
+                .max_recv_wr = (uint32_t)ic->n_steps,
+                .max_send_sge = 1,
+                .max_recv_sge = 1,
+                .max_inline_data = sizeof(struct cfx_slot_info)},
+        .qp_type = IBV_QPT_RC,
+        .sq_sig_all = 0,
+    };
+    ic->qp = ibv->create_qp(ctx->pd, &init);
+    if (ic->qp == NULL) {
+        init.cap.max_inline_data = 0; /* A NIC without inline data: sources are registered. */
+        ic->qp = ibv->create_qp(ctx->pd, &init);
+    }
+    if (ic->qp == NULL)
+        return cfx_error_set_errno(errno, CFX_LOG_NET,
+                                   "ib: cannot create a queue pair on %s for rank %d",
+                                   ctx->port.dev_name, ic->peer_rank);
+    ic->max_inline = (int)init.cap.max_inline_data;
+    struct ibv_qp_attr attr = {.qp_state = IBV_QPS_INIT,
+                               .pkey_index = 0,
+                               .port_num = (uint8_t)ctx->port.port,
+                               .qp_access_flags = IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_LOCAL_WRITE};
+    int err = ibv->modify_qp(ic->qp, &attr,
+                             IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS);
+    if (err != 0)
+        return cfx_error_set_errno(err, CFX_LOG_NET,
+                                   "ib: cannot move the queue pair for rank %d to INIT on %s",
+                                   ic->peer_rank, ctx->port.dev_name);
+    return cfxSuccess;
+}
+
+/* Allocates, touches and registers this side's block; creates the
+ * completion queue and the queue pair; a receiver posts its receives. Writes
+ * a struct cfx_ib_info. Does not block on the peer. */
+static cfxResult_t ib_setup(void *ctx_v, const struct cfx_transport_peer *peer, size_t slot_bytes,
+                            int n_steps, struct cfx_connector *conn, void *info_out)
+{
+    struct cfx_ib_ctx *ctx = ctx_v;
+    const struct cfx_verbs_api *ibv = ctx->ibv;
+    assert(ctx->usable && n_steps >= 1 && n_steps <= CFX_MAX_STEPS && slot_bytes > 0);
+    if (conn->place.mem != CFX_MEM_HOST)
+        return cfx_error_set(cfxInvalidUsage, CFX_LOG_NET,
+                             "ib: cannot place a FIFO in %s memory yet (host memory only)",
+                             conn->place.mem == CFX_MEM_DEVICE ? "device" : "pinned");
+    size_t slots_off = cfx_fifo_slots_offset();
+    if (slot_bytes > (SIZE_MAX / 2 - slots_off) / (size_t)n_steps || slot_bytes > UINT32_MAX)
+        return cfx_error_set(cfxInvalidArgument, CFX_LOG_NET,
+                             "ib: %d slots of %zu bytes do not fit in memory", n_steps, slot_bytes);
+    size_t box_off = (slots_off + (size_t)n_steps * slot_bytes + 4095) & ~(size_t)4095;
+    size_t bytes = box_off + ((sizeof(struct cfx_ib_mailbox) + 4095) & ~(size_t)4095);
+
+    struct cfx_ib_conn *ic = NULL;
+    if (posix_memalign((void **)&ic, CFX_CACHE_LINE, sizeof(*ic)) != 0)
+        return cfx_error_set(cfxSystemError, CFX_LOG_NET, "ib: out of memory");
+    memset(ic, 0, sizeof(*ic));
+    conn->priv = ic;
+    ic->ctx = ctx;
+    ic->dir = conn->dir;
+    ic->self_rank = ctx->rank;
+    ic->peer_rank = peer->rank;
+    ic->blame_rank = -1;
+    ic->n_steps = n_steps;
+    ic->slot_bytes = slot_bytes;
+    /* Per slot a payload and an info write, plus credits, a poison and a keepalive. */
+    ic->sq_depth = 2 * n_steps + IB_CREDITS_IN_FLIGHT + 4;
+    if (posix_memalign(&ic->mem, 4096, bytes) != 0) {
+        ic->mem = NULL;
+        return cfx_error_set(cfxSystemError, CFX_LOG_NET,
+                             "ib: out of memory for a %zu-byte FIFO to rank %d", bytes, peer->rank);
+    }
+    memset(ic->mem, 0, bytes); /* Touch every page now, never on the data path. */
+    ic->mem_bytes = bytes;
+    ic->fifo = ic->mem;
+    ic->slots = (char *)ic->mem + slots_off;
+    ic->box = (struct cfx_ib_mailbox *)((char *)ic->mem + box_off);
+
+    ic->mr = ibv->reg_mr(ctx->pd, ic->mem, bytes, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
+    if (ic->mr == NULL)
+        return cfx_error_set_errno(errno, CFX_LOG_NET,
+                                   "ib: cannot register %zu bytes for rank %d on %s (locked-memory "
+                                   "limit? see ulimit -l)",
+                                   bytes, peer->rank, ctx->port.dev_name);
+    int cqe = ic->sq_depth + n_steps + 8;
+    ic->cq = ibv->create_cq(ctx->dev, cqe, ic, NULL, 0);
+    if (ic->cq == NULL)
+        return cfx_error_set_errno(errno, CFX_LOG_NET,
+                                   "ib: cannot create a completion queue on %s for rank %d",
+                                   ctx->port.dev_name, peer->rank);
+    CFX_CHECK(qp_create(ctx, ic));
+    if (ic->dir == CFX_CONN_RECV)
+        CFX_CHECK(cfx_ib_post_recvs(ic, n_steps));
+    uint32_t psn = 0;
+    if (getrandom(&psn, sizeof(psn), GRND_NONBLOCK) != (ssize_t)sizeof(psn))
+        psn = (uint32_t)cfx_time_now_ns();
+    ic->psn = psn & 0xffffff;
+
+    struct cfx_ib_info info = {.magic = IB_INFO_MAGIC,
+                               .rank = ctx->rank,
+                               .dir = (uint32_t)conn->dir,
+                               .qpn = ic->qp->qp_num,
+                               .psn = ic->psn,
+                               .mtu = (uint32_t)ctx->port.mtu,
+                               .lid = ctx->port.lid,
+                               .link_layer = (uint8_t)ctx->port.link_layer,
+                               .n_steps = (uint32_t)n_steps,
+                               .slot_bytes = slot_bytes,
+                               .mem_addr = (uint64_t)(uintptr_t)ic->mem,
+                               .slots_offset = slots_off,
+                               .box_offset = box_off,
+                               .rkey = ic->mr->rkey};
+    memcpy(info.gid, ctx->port.gid.raw, sizeof(info.gid));
+    snprintf(info.nic, sizeof(info.nic), "%.24s:%d", ctx->port.dev_name, ctx->port.port);
+    memcpy(info_out, &info, sizeof(info));
+    cfx_connector_set_fifo(conn, ic->fifo, ic->slots, slot_bytes, n_steps);
+    conn->peer_rank = peer->rank;
+    return cfxSuccess;
+}
+
+/* RTR then RTS with the peer's queue pair. */
+static cfxResult_t qp_connect(struct cfx_ib_ctx *ctx, struct cfx_ib_conn *ic,
+                              const struct cfx_ib_info *peer)
+{
+    const struct cfx_verbs_api *ibv = ctx->ibv;
+    struct ibv_qp_attr attr = {
+        .qp_state = IBV_QPS_RTR,
+        .path_mtu = (enum ibv_mtu)(peer->mtu < (uint32_t)ctx->port.mtu ? peer->mtu
+                                                                       : (uint32_t)ctx->port.mtu),
+        .dest_qp_num = peer->qpn,
+        .rq_psn = peer->psn,
+        .max_dest_rd_atomic = 1,
+        .min_rnr_timer = 12,
+        .ah_attr = {.dlid = peer->lid,
+                    .sl = (uint8_t)ctx->sl,
+                    .src_path_bits = 0,
+                    .port_num = (uint8_t)ctx->port.port},
+    };
+    int global = ctx->port.link_layer == IBV_LINK_LAYER_ETHERNET || ctx->port.gid_index >= 0;
+    if (global) {
+        attr.ah_attr.is_global = 1;
+        memcpy(attr.ah_attr.grh.dgid.raw, peer->gid, sizeof(peer->gid));
+        attr.ah_attr.grh.sgid_index = (uint8_t)(ctx->port.gid_index < 0 ? 0 : ctx->port.gid_index);
+        attr.ah_attr.grh.hop_limit = 255;
+        attr.ah_attr.grh.traffic_class = (uint8_t)ctx->tc;
+    }
+    int err = ibv->modify_qp(ic->qp, &attr,
+                             IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN |
+                                 IBV_QP_RQ_PSN | IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER);
+    if (err != 0)
+        return cfx_error_set_errno(err, CFX_LOG_NET,
+                                   "ib: cannot move the queue pair to rank %d (%s, qpn %u) to RTR",
+                                   ic->peer_rank, peer->nic, peer->qpn);
+    memset(&attr, 0, sizeof(attr));
+    attr.qp_state = IBV_QPS_RTS;
+    attr.timeout = (uint8_t)ctx->timeout;
+    attr.retry_cnt = (uint8_t)ctx->retry_cnt;
+    attr.rnr_retry = 7;
+    attr.sq_psn = ic->psn;
+    attr.max_rd_atomic = 1;
+    err = ibv->modify_qp(ic->qp, &attr,
+                         IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY |
+                             IBV_QP_SQ_PSN | IBV_QP_MAX_QP_RD_ATOMIC);
+    if (err != 0)
+        return cfx_error_set_errno(err, CFX_LOG_NET,
+                                   "ib: cannot move the queue pair to rank %d to RTS", ic->peer_rank);
+    return cfxSuccess;
+}
+
+/* Moves the queue pair to RTS with the peer's and hands the connector to
+ * the proxy. Does not wait for the peer: an RC queue pair retries writes
+ * that reach a peer not yet ready (for timeout x retry count). */
+static cfxResult_t ib_connect(void *ctx_v, struct cfx_connector *conn, const void *peer_info)
+{
+    struct cfx_ib_ctx *ctx = ctx_v;
+    struct cfx_ib_conn *ic = conn->priv;
+    struct cfx_ib_info peer;
+    memcpy(&peer, peer_info, sizeof(peer));
+    peer.nic[sizeof(peer.nic) - 1] = '\0';
+    enum cfx_conn_dir want = ic->dir == CFX_CONN_SEND ? CFX_CONN_RECV : CFX_CONN_SEND;
+    if (peer.magic != IB_INFO_MAGIC || peer.rank != ic->peer_rank || peer.dir != (uint32_t)want ||
+        peer.n_steps != (uint32_t)ic->n_steps || peer.slot_bytes != ic->slot_bytes)
+        return cfx_error_set(cfxInternalError, CFX_LOG_NET,
+                             "ib: rank %d sent connect info that does not match this connection "
+                             "(another build, or a crossed connection)",
+                             ic->peer_rank);
+    if (peer.link_layer != (uint8_t)ctx->port.link_layer)
+        return cfx_error_set(cfxSystemError, CFX_LOG_NET,
+                             "ib: rank %d's port %s is %s but this rank's %s:%d is %s: they cannot "
+                             "reach each other; set CFX_IB_HCA or CFX_NET=Socket",
+                             ic->peer_rank, peer.nic,
+                             peer.link_layer == IBV_LINK_LAYER_ETHERNET ? "RoCE" : "InfiniBand",
+                             ctx->port.dev_name, ctx->port.port,
+                             ctx->port.link_layer == IBV_LINK_LAYER_ETHERNET ? "RoCE"
+                                                                             : "InfiniBand");
+    snprintf(ic->peer_nic, sizeof(ic->peer_nic), "%s", peer.nic);
+    ic->peer_addr = peer.mem_addr;
+    ic->peer_slots = peer.mem_addr + peer.slots_offset;
+    ic->peer_box = peer.mem_addr + peer.box_offset;
+    ic->peer_rkey = peer.rkey;
+    CFX_CHECK(qp_connect(ctx, ic, &peer));
+    ic->client.progress = conn_proxy_progress;
+    ic->client.ready = NULL;
+    ic->client.arg = ic;
+    CFX_CHECK(cfx_proxy_add(ctx->proxy, &ic->client, NULL, 0, 0));
+    ic->registered = 1;
+    CFX_INFO(CFX_LOG_NET, "ib: rank %d %s rank %d connected (%s:%d qpn %u %s %s qpn %u)",
+             ctx->rank, ic->dir == CFX_CONN_SEND ? "->" : "<-", ic->peer_rank, ctx->port.dev_name,
+             ctx->port.port, ic->qp->qp_num, ic->dir == CFX_CONN_SEND ? "->" : "<-", peer.nic,
+             peer.qpn);
+    return cfxSuccess;
+}
+
+/* Before the queue pair goes: a poison recorded gets written, else a
+ * sender's posted slots get written (the peer's credits permitting); at
+ * most IB_LINGER_NS, and not at all once the connector failed. */
+static void linger(struct cfx_ib_conn *ic)
+{
+    int64_t deadline = cfx_time_now_ns() + IB_LINGER_NS;
+    for (;;) {
+        if (atomic_load_explicit(&ic->failed, memory_order_acquire))
+            return;
+        int poisoned = atomic_load_explicit(&ic->poison_reason, memory_order_acquire) != 0;
+        int flushed = ic->dir == CFX_CONN_RECV || cfx_load_acquire_u64(&ic->fifo->head) ==
+                                                      cfx_load_acquire_u64(&ic->fifo->tail);
+        int done = poisoned ? atomic_load_explicit(&ic->poison_done, memory_order_acquire)
+                            : flushed;
+        if (done || cfx_time_now_ns() > deadline)
+            return;
+        if (!cfx_ib_conn_drive(ic))
+            sched_yield();
+    }
+}
+
+/* Takes the connector from the proxy, then destroys the queue pair, the
+ * completion queue and the registration, and frees the block. Half-built
+ * connectors too. Never waits on the peer beyond the linger. */
+static void ib_close(void *ctx_v, struct cfx_connector *conn)
+{
+    struct cfx_ib_ctx *ctx = ctx_v;
+    struct cfx_ib_conn *ic = conn->priv;
+    if (ic == NULL)
+        return;
+    const struct cfx_verbs_api *ibv = ctx->ibv;
+    if (ic->registered) {
+        linger(ic);
+        cfx_proxy_remove(ctx->proxy, &ic->client);
+        ic->registered = 0;
+    }
+    if (ic->qp)
+        ibv->destroy_qp(ic->qp);
+    if (ic->cq)
+        ibv->destroy_cq(ic->cq);
+    if (ic->mr)
+        ibv->dereg_mr(ic->mr);
+    free(ic->mem);
+    free(ic);
+    conn->priv = NULL;
+    conn->fifo = NULL;
+    conn->slots = NULL;
+    memset(&conn->view, 0, sizeof(conn->view));
+}
+
+/* ============================================================ data path */
+
+static int ib_progress(void *ctx_v, struct cfx_connector *conn)
+{
+    (void)ctx_v;
+    struct cfx_ib_conn *ic = conn->priv;
+    if (ic == NULL || !ic->registered)
+        return 0;
+    atomic_store_explicit(&ic->started, 1, memory_order_relaxed);
+    return cfx_ib_conn_drive(ic);
+}
+
+/* After a post or release: write the slot or the credit from this thread. */
+static void ib_kick(void *ctx_v, struct cfx_connector *conn)
+{
+    ib_progress(ctx_v, conn);
+}
+
+/* Record the poison; the next pass writes it into the peer's mailbox. */
+static void ib_poison(void *ctx_v, struct cfx_connector *conn, cfxResult_t reason, int blame_rank)
+{
+    struct cfx_ib_conn *ic = conn->priv;
+    if (ic == NULL)
+        return;
+    atomic_store_explicit(&ic->poison_blame, blame_rank, memory_order_relaxed);
+    atomic_store_explicit(&ic->poison_reason, (int)reason, memory_order_release);
+    if (ic->registered)
+        cfx_ib_conn_drive(ic);
+    (void)ctx_v;
+}
+
+static cfxResult_t ib_check(void *ctx_v, struct cfx_connector *conn)
+{
+    (void)ctx_v;
+    struct cfx_ib_conn *ic = conn->priv;
+    assert(ic != NULL);
+    return cfx_ib_conn_check(ic, conn);
+}
+
+const struct cfx_transport cfx_ib_transport = {
+    .version = CFX_TRANSPORT_VERSION,
+    .name = "ib",
+    .flags = CFX_TRANSPORT_FLAG_PROGRESS | CFX_TRANSPORT_FLAG_CONNECT_ACK,
+    /* lifecycle */
+    .init = ib_init,
+    .fini = ib_fini,
+    /* connection */
+    .can_connect = ib_can_connect,
+    .setup = ib_setup,
+    .connect = ib_connect,
+    .close = ib_close,
+    /* data path */
+    .kick = ib_kick,
+    .poison = ib_poison,
+    .check = ib_check,
+    .progress = ib_progress,
+    .wait = NULL,
+    .read_peer = NULL,
+    /* memory: host FIFOs only so far */
+    .reg_mem = NULL,
+    .dereg_mem = NULL,
+    .flush = NULL,
+    .map_peer = NULL,
+};
+
+#else /* !CFX_HAVE_VERBS */
+
+#include <stdlib.h>
+
+#include "src/util/error.h"
+#include "src/util/log.h"
+
+/* Built without the verbs headers: the transport accepts no pair; with
+ * CFX_NET=IB that is an error saying so. */
+static cfxResult_t ib_init(const struct cfx_transport_env *env, void **ctx_p)
+{
+    if (cfx_transport_net_choice() == CFX_NET_IB)
+        return cfx_error_set(cfxSystemError, CFX_LOG_NET,
+                             "CFX_NET=IB, but this Conflux was built without the verbs headers "
+                             "(libibverbs-dev)");
+    static int no_state; /* The core takes a NULL context for "not initialized". */
+    CFX_INFO(CFX_LOG_NET, "ib: not used by rank %d: built without the verbs headers", env->rank);
+    *ctx_p = &no_state;
+    return cfxSuccess;
+}
+
+static void ib_fini(void *ctx)
+{
+    (void)ctx;
+}
+
+static int ib_can_connect(void *ctx, const struct cfx_transport_peer *self,
+                          const struct cfx_transport_peer *peer)
+{
+    (void)ctx;
+    (void)self;
+    (void)peer;
+    return 0;
+}
+
+/* can_connect never accepts, so nothing below runs; they answer anyway. */
+static cfxResult_t ib_setup(void *ctx, const struct cfx_transport_peer *peer, size_t slot_bytes,
+                            int n_steps, struct cfx_connector *conn, void *info_out)
+{
+    (void)ctx;
+    (void)slot_bytes;
+    (void)n_steps;
+    (void)conn;
+    (void)info_out;
+    return cfx_error_set(cfxInternalError, CFX_LOG_NET,
+                         "ib: cannot connect to rank %d: built without the verbs headers",
+                         peer->rank);
+}
+
+static cfxResult_t ib_connect(void *ctx, struct cfx_connector *conn, const void *peer_info)
+{
+    (void)ctx;
+    (void)peer_info;
+    return cfx_error_set(cfxInternalError, CFX_LOG_NET,
+                         "ib: cannot connect to rank %d: built without the verbs headers",
+                         conn->peer_rank);
+}
+
+static void ib_close(void *ctx, struct cfx_connector *conn)
+{
+    (void)ctx;
+    (void)conn;
+}
+
+static void ib_kick(void *ctx, struct cfx_connector *conn)
+{
+    (void)ctx;
+    (void)conn;
+}
+
+static void ib_poison(void *ctx, struct cfx_connector *conn, cfxResult_t reason, int blame_rank)
+{
+    (void)ctx;
+    (void)conn;
+    (void)reason;
+    (void)blame_rank;
+}
+
+static cfxResult_t ib_check(void *ctx, struct cfx_connector *conn)
+{
+    (void)ctx;
+    (void)conn;
+    return cfxSuccess;
+}
+
+const struct cfx_transport cfx_ib_transport = {
+    .version = CFX_TRANSPORT_VERSION,
+    .name = "ib",
+    .flags = CFX_TRANSPORT_FLAG_PROGRESS | CFX_TRANSPORT_FLAG_CONNECT_ACK,
+    .init = ib_init,
+    .fini = ib_fini,
+    .can_connect = ib_can_connect,
+    .setup = ib_setup,
+    .connect = ib_connect,
+    .close = ib_close,
+    .kick = ib_kick,
+    .poison = ib_poison,
+    .check = ib_check,
+};
+
+#endif /* CFX_HAVE_VERBS */
