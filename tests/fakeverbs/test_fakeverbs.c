@@ -1,0 +1,4 @@
+#include <criterion/criterion.h>
+Test(fakeverbs, placeholder)
+{
+}
