@@ -347,7 +347,7 @@ static void req_event(struct fv_qp *qp, uint32_t events, uint64_t now)
 
 static void req_progress(struct fv_qp *qp, uint64_t now)
 {
-    if (qp->ibqp.state != IBV_QPS_RTS || qp->sq_sent == qp->sq_tail)
+    if (qp->ibqp.state != IBV_QPS_RTS || (qp->sq_sent == qp->sq_tail && !qp->conn.rewind_pending))
         return;
     if (qp->conn.state == FV_CONN_NONE || qp->conn.state == FV_CONN_WAIT_DEST)
         req_connect(qp, now);
@@ -606,7 +606,8 @@ static int wait_ms(void)
         (fv.knobs.qp_fatal_after_ms >= 0 && !fv.qp_fatal_done))
         return FV_BUSY_WAIT_MS;
     for (struct fv_qp *qp = fv.qps; qp != NULL; qp = qp->next)
-        if (qp->ibqp.state == IBV_QPS_RTS && qp->sq_sent != qp->sq_tail &&
+        if (qp->ibqp.state == IBV_QPS_RTS &&
+            (qp->sq_sent != qp->sq_tail || qp->conn.rewind_pending) &&
             (qp->conn.state != FV_CONN_UP || qp->conn.next_try_ms != 0))
             return FV_BUSY_WAIT_MS;
     return FV_IDLE_WAIT_MS;
