@@ -540,6 +540,8 @@ static int resp_read(struct fv_resp_conn *rc)
 
 static int resp_flush(struct fv_resp_conn *rc)
 {
+    if (rc->tx_len == 0)
+        return 0;
     size_t off = 0;
     int result = send_part(rc->fd, rc->tx, rc->tx_len, &off);
     memmove(rc->tx, rc->tx + off, rc->tx_len - off);
