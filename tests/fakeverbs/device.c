@@ -436,6 +436,13 @@ FV_EXPORT int ibv_close_device(struct ibv_context *context)
         }
     }
     int last = --fv.n_open == 0;
+    /* QPs the user left behind stop being reachable with their context. */
+    for (struct fv_qp *qp = fv.qps; qp != NULL; qp = qp->next) {
+        if (qp->ibqp.context == context && qp->registered) {
+            fv_registry_remove_qp(qp->ibqp.qp_num);
+            qp->registered = 0;
+        }
+    }
     pthread_mutex_unlock(&fv.lock);
     if (last)
         fv_service_stop();

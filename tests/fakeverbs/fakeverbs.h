@@ -128,7 +128,6 @@ enum fv_conn_state {
     FV_CONN_WAIT_DEST, /* destination unknown or not matching: retrying */
     FV_CONN_CONNECTING,
     FV_CONN_UP,
-    FV_CONN_DEAD,
 };
 
 /* Requester side of the one TCP connection of a QP to its destination. */
