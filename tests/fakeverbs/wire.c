@@ -49,7 +49,7 @@ struct fv_hello {
     uint32_t magic;
     uint32_t dest_qpn;
     uint32_t src_qpn;
-    uint32_t reserved;
+    uint32_t first_seq; /* sequence number of the first message to come */
 };
 
 /* One message: the header, then length payload bytes. */
@@ -240,8 +240,10 @@ static int send_part(int fd, const void *buf, size_t len, size_t *off)
 static void req_send(struct fv_qp *qp, uint64_t now)
 {
     struct fv_req_conn *conn = &qp->conn;
-    struct fv_hello hello = {
-        .magic = FV_HELLO_MAGIC, .dest_qpn = qp->dest_qpn, .src_qpn = qp->ibqp.qp_num};
+    struct fv_hello hello = {.magic = FV_HELLO_MAGIC,
+                             .dest_qpn = qp->dest_qpn,
+                             .src_qpn = qp->ibqp.qp_num,
+                             .first_seq = qp->sq_sent};
     int rc = send_part(conn->fd, &hello, sizeof(hello), &conn->hello_off);
     while (rc == 1) {
         if (conn->tx_off == 0 && conn->rewind_pending) {
@@ -520,8 +522,11 @@ static int resp_read(struct fv_resp_conn *rc)
         }
         if (rc->hello_len < sizeof(rc->hello)) {
             rc->hello_len += (size_t)n;
-            if (rc->hello_len == sizeof(rc->hello) && rc->hello.magic != FV_HELLO_MAGIC)
-                return -1;
+            if (rc->hello_len == sizeof(rc->hello)) {
+                if (rc->hello.magic != FV_HELLO_MAGIC)
+                    return -1;
+                rc->expect_seq = rc->hello.first_seq;
+            }
             continue;
         }
         if (rc->hdr_len < sizeof(rc->hdr)) {
