@@ -1,17 +1,13 @@
 /*
  * fake-verbs devices, contexts, protection domains, memory regions, async
- * events and the QP registry (files under FAKEVERBS_DIR that let a requester
- * find the process that owns a QP number). See fakeverbs.h.
+ * events and the knobs and identity read at the first open. See fakeverbs.h.
  */
 #include "fakeverbs.h"
 
 #include <arpa/inet.h>
-#include <dirent.h>
 #include <errno.h>
-#include <fcntl.h>
 #include <ifaddrs.h>
 #include <net/if.h>
-#include <signal.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdio.h>
@@ -30,9 +26,6 @@
 
 #define FV_DEFAULT_DIR "/tmp/cfx-fakeverbs"
 #define FV_LID_SPACE   0xBFFE /* unicast LIDs 1..0xBFFF */
-#define FV_QPN_MIN     0x100
-#define FV_QPN_MASK    0xFFFFFF
-#define FV_QPN_TRIES   256
 
 struct fv_global fv = {
     .lock = PTHREAD_MUTEX_INITIALIZER, .epoll_fd = -1, .wake_fd = -1, .listen_fd = -1};
@@ -66,7 +59,7 @@ static long env_long(const char *name, long fallback)
     return strtol(value, NULL, 10);
 }
 
-static uint32_t random_u32(void)
+uint32_t fv_random_u32(void)
 {
     uint32_t value = 0;
     if (getrandom(&value, sizeof(value), 0) != sizeof(value))
@@ -142,149 +135,6 @@ static void knobs_read_once(void)
     snprintf(fv.knobs.dir, sizeof(fv.knobs.dir), "%s",
              dir != NULL && dir[0] != '\0' ? dir : FV_DEFAULT_DIR);
     identity_init();
-}
-
-/* ------------------------------------------------------------ registry */
-
-static int pid_alive(pid_t pid)
-{
-    return pid > 0 && (kill(pid, 0) == 0 || errno != ESRCH);
-}
-
-static void registry_path(uint32_t qpn, char *path, size_t size)
-{
-    snprintf(path, size, "%s/qp-%06x", fv.knobs.dir, qpn);
-}
-
-static int gid_parse(const char *hex, union ibv_gid *gid)
-{
-    if (strlen(hex) != 32)
-        return -1;
-    for (int i = 0; i < 16; i++) {
-        unsigned byte;
-        if (sscanf(hex + 2 * i, "%2x", &byte) != 1)
-            return -1;
-        gid->raw[i] = (uint8_t)byte;
-    }
-    return 0;
-}
-
-static void gid_format(const union ibv_gid *gid, char hex[33])
-{
-    for (int i = 0; i < 16; i++)
-        snprintf(hex + 2 * i, 3, "%02x", gid->raw[i]);
-}
-
-static int registry_read(const char *path, struct in_addr *addr_p, uint16_t *port_p, pid_t *pid_p,
-                         uint16_t *lid_p, union ibv_gid *gids_p)
-{
-    int result = -1;
-    FILE *file = fopen(path, "r");
-    if (file == NULL)
-        return -1;
-    char ip[64], gid0[64], gid1[64];
-    unsigned port, lid;
-    int pid;
-    if (fscanf(file, "%63s %u %d %u %63s %63s", ip, &port, &pid, &lid, gid0, gid1) != 6)
-        goto out_close;
-    if (inet_pton(AF_INET, ip, addr_p) != 1 || gid_parse(gid0, &gids_p[0]) != 0 ||
-        gid_parse(gid1, &gids_p[1]) != 0)
-        goto out_close;
-    *port_p = (uint16_t)port;
-    *pid_p = (pid_t)pid;
-    *lid_p = (uint16_t)lid;
-    result = 0;
-out_close:
-    fclose(file);
-    return result;
-}
-
-int fv_registry_lookup(uint32_t qpn, struct in_addr *addr_p, uint16_t *port_p, pid_t *pid_p,
-                       uint16_t *lid_p, union ibv_gid *gids_p)
-{
-    char path[320];
-    registry_path(qpn, path, sizeof(path));
-    return registry_read(path, addr_p, port_p, pid_p, lid_p, gids_p);
-}
-
-/* Remove the files of dead processes (a crashed test leaves them). */
-static void registry_reclaim(void)
-{
-    DIR *dir = opendir(fv.knobs.dir);
-    if (dir == NULL)
-        return;
-    struct dirent *entry;
-    while ((entry = readdir(dir)) != NULL) {
-        if (strncmp(entry->d_name, "qp-", 3) != 0)
-            continue;
-        char path[600];
-        snprintf(path, sizeof(path), "%s/%s", fv.knobs.dir, entry->d_name);
-        struct in_addr addr;
-        uint16_t port, lid;
-        pid_t pid;
-        union ibv_gid gids[2];
-        if (registry_read(path, &addr, &port, &pid, &lid, gids) == 0 && !pid_alive(pid))
-            unlink(path);
-    }
-    closedir(dir);
-}
-
-int fv_registry_add_qp(uint32_t *qpn_p)
-{
-    char ip[INET_ADDRSTRLEN], gid0[33], gid1[33];
-    inet_ntop(AF_INET, &fv.ident.addr, ip, sizeof(ip));
-    gid_format(&fv.ident.gid[0], gid0);
-    gid_format(&fv.ident.gid[1], gid1);
-    for (int attempt = 0; attempt < FV_QPN_TRIES; attempt++) {
-        uint32_t qpn = random_u32() & FV_QPN_MASK;
-        if (qpn < FV_QPN_MIN)
-            continue;
-        char path[320];
-        registry_path(qpn, path, sizeof(path));
-        int fd = open(path, O_CREAT | O_EXCL | O_WRONLY | O_CLOEXEC, 0644);
-        if (fd < 0) {
-            if (errno != EEXIST)
-                return -1;
-            continue;
-        }
-        char line[256];
-        int len = snprintf(line, sizeof(line), "%s %u %d %u %s %s\n", ip, fv.listen_port,
-                           (int)getpid(), fv.ident.lid, gid0, gid1);
-        int ok = write(fd, line, (size_t)len) == len;
-        close(fd);
-        if (!ok) {
-            unlink(path);
-            return -1;
-        }
-        *qpn_p = qpn;
-        return 0;
-    }
-    errno = EAGAIN;
-    return -1;
-}
-
-void fv_registry_remove_qp(uint32_t qpn)
-{
-    char path[320];
-    registry_path(qpn, path, sizeof(path));
-    unlink(path);
-}
-
-/* At exit: the files of this process's QPs (never a forked parent's). */
-__attribute__((destructor)) static void registry_cleanup_at_exit(void)
-{
-    pthread_mutex_lock(&fv.lock);
-    for (struct fv_qp *qp = fv.qps; qp != NULL; qp = qp->next) {
-        struct in_addr addr;
-        uint16_t port, lid;
-        pid_t pid;
-        union ibv_gid gids[2];
-        if (qp->registered &&
-            fv_registry_lookup(qp->ibqp.qp_num, &addr, &port, &pid, &lid, gids) == 0 &&
-            pid == getpid())
-            fv_registry_remove_qp(qp->ibqp.qp_num);
-    }
-    pthread_mutex_unlock(&fv.lock);
 }
 
 /* ------------------------------------------------------------ async events */
@@ -402,7 +252,7 @@ FV_EXPORT struct ibv_context *ibv_open_device(struct ibv_device *device)
     knobs_read_once();
     if (fv.n_open == 0) {
         mkdir(fv.knobs.dir, 01777);
-        registry_reclaim();
+        fv_registry_reclaim();
         if (fv_service_start() != 0) {
             pthread_mutex_unlock(&fv.lock);
             goto err_close;
@@ -538,7 +388,7 @@ FV_EXPORT struct ibv_pd *ibv_alloc_pd(struct ibv_context *context)
         return NULL;
     }
     pd->context = context;
-    pd->handle = random_u32();
+    pd->handle = fv_random_u32();
     return pd;
 }
 
@@ -560,7 +410,7 @@ struct fv_mr *fv_mr_find(uint32_t key)
 static uint32_t mr_key_new(void)
 {
     for (;;) {
-        uint32_t key = random_u32();
+        uint32_t key = fv_random_u32();
         if (key != 0 && fv_mr_find(key) == NULL)
             return key;
     }

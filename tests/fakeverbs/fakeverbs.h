@@ -165,6 +165,44 @@ struct fv_qp {
     struct fv_qp *next;
 };
 
+/* The wire protocol between service threads. A requester connection starts
+ * with a hello, then carries messages; the responder answers each message
+ * in sequence with an fv_resp. Host byte order: both ends are this machine. */
+#define FV_HELLO_MAGIC 0x46564831u  /* "FVH1" */
+#define FV_ID_REQ_BIT  (1ull << 62) /* epoll ids of requester connections */
+
+enum fv_resp_status {
+    FV_ACK = 0,
+    FV_NAK_RNR = 1,
+    FV_NAK_NOT_READY = 2,
+    FV_NAK_ACCESS = 3,
+    FV_NAK_INVALID = 4,
+    FV_NO_ANSWER = 5, /* out of sequence after a NAK: dropped */
+};
+
+struct fv_hello {
+    uint32_t magic;
+    uint32_t dest_qpn;
+    uint32_t src_qpn;
+    uint32_t first_seq; /* sequence number of the first message to come */
+};
+
+/* One message: the header, then length payload bytes. */
+struct fv_msg_hdr {
+    uint32_t seq;
+    uint32_t opcode; /* enum ibv_wr_opcode */
+    uint32_t imm;    /* as the user gave it (network order) */
+    uint32_t rkey;
+    uint64_t remote_addr;
+    uint32_t length;
+    uint32_t reserved;
+};
+
+struct fv_resp {
+    uint32_t seq;
+    uint32_t status; /* enum fv_resp_status */
+};
+
 /* Process-wide state. */
 struct fv_global {
     pthread_mutex_t lock;
@@ -198,14 +236,26 @@ extern struct fv_global fv;
 void fv_log(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 uint64_t fv_now_ms(void);
 
-/* device.c: async events, MRs, registry. Callers hold fv.lock. */
+/* device.c: async events, MRs. Callers hold fv.lock. */
 void fv_async_post_ctx(struct fv_context *ctx, enum ibv_event_type type, void *element);
 struct fv_mr *fv_mr_find(uint32_t key);
+/* Random bits (getrandom, else a weaker mix); any thread. */
+uint32_t fv_random_u32(void);
+
+/* requester.c: the registry and the requester side. Callers hold fv.lock. */
 /* Registry record of @p qpn: 0 and fields set, -1 when there is none. */
 int fv_registry_lookup(uint32_t qpn, struct in_addr *addr_p, uint16_t *port_p, pid_t *pid_p,
                        uint16_t *lid_p, union ibv_gid *gids_p);
 int fv_registry_add_qp(uint32_t *qpn_p);
 void fv_registry_remove_qp(uint32_t qpn);
+/* Remove the files of dead processes. */
+void fv_registry_reclaim(void);
+/* Drop the requester connection of @p qp. */
+void fv_wire_conn_close(struct fv_qp *qp);
+/* A requester connection is readable or writable (epoll @p events). */
+void fv_req_event(struct fv_qp *qp, uint32_t events, uint64_t now);
+/* Connect and send what is queued on @p qp, as far as it goes unblocked. */
+void fv_req_progress(struct fv_qp *qp, uint64_t now);
 
 /* qp.c: completions and state changes. Callers hold fv.lock. */
 struct fv_qp *fv_qp_find(uint32_t qpn);
@@ -220,11 +270,16 @@ int fv_qp_post_send(struct ibv_qp *ibqp, struct ibv_send_wr *wr, struct ibv_send
 int fv_qp_post_recv(struct ibv_qp *ibqp, struct ibv_recv_wr *wr, struct ibv_recv_wr **bad_wr);
 int fv_cq_poll(struct ibv_cq *ibcq, int num_entries, struct ibv_wc *wc);
 
-/* wire.c: the service thread. */
+/* wire.c: the service thread and the responder side. fv_service_start:
+ * fv.lock held; stop and wake: not held. */
 int fv_service_start(void);
 void fv_service_stop(void);
 void fv_service_wake(void);
-/* Drop the requester connection of @p qp (fv.lock held). */
-void fv_wire_conn_close(struct fv_qp *qp);
+void fv_wire_nodelay(int fd);
+/* Watch @p fd under @p id for input, and output when @p want_out. */
+void fv_wire_epoll_set(int fd, uint64_t id, int want_out, int op);
+/* Write @p len bytes of @p buf from *@p off on; 1 all written, 0 would
+ * block, -1 broken (errno set). */
+int fv_wire_send_part(int fd, const void *buf, size_t len, size_t *off);
 
 #endif /* CFX_FAKEVERBS_H */

@@ -1,22 +1,19 @@
 /*
- * fake-verbs wire: the one service thread of a process. It owns a TCP
- * listening socket (the "port" of the namespace's device), one connection per
- * requester QP to the process that owns the destination QP, and the
- * connections other processes opened to this one. Requester side: sends the
- * WQEs post_send queued, in order, go-back-N on a NAK (RNR, destination not
- * ready), and completes them when the responder's answer comes back.
- * Responder side: validates each message (sequence, QP state, receive, rkey,
- * bounds, access), writes the payload straight into this process's memory,
- * consumes a receive, and answers ACK or NAK. Both sides always read, so two
- * processes writing large messages at each other cannot deadlock; answers
- * are 8 bytes per message and at most max_send_wr are outstanding.
+ * fake-verbs wire: the one service thread of a process, and the responder
+ * side. The thread owns a TCP listening socket (the "port" of the namespace's
+ * device), the requester connections of this process's QPs (requester.c) and
+ * the connections other processes opened to this one. Responder side:
+ * validates each message (sequence, QP state, receive, rkey, bounds, access),
+ * writes the payload straight into this process's memory, consumes a receive
+ * and answers ACK or NAK. Both sides always read, so two processes writing
+ * large messages at each other cannot deadlock; answers are 8 bytes per
+ * message and at most max_send_wr messages are outstanding per connection.
  */
 #include "fakeverbs.h"
 
 #include <arpa/inet.h>
 #include <errno.h>
 #include <netinet/tcp.h>
-#include <signal.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/epoll.h>
@@ -24,49 +21,13 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-#define FV_HELLO_MAGIC     0x46564831u /* "FVH1" */
-#define FV_ID_WAKE         1u
-#define FV_ID_LISTEN       2u
-#define FV_ID_FIRST_CONN   16u
-#define FV_ID_REQ_BIT      (1ull << 62)
-#define FV_EPOLL_BATCH     64
-#define FV_IDLE_WAIT_MS    100
-#define FV_BUSY_WAIT_MS    1
-#define FV_DISCARD_BYTES   65536
-#define FV_RNR_FOREVER     7
-#define FV_TIMEOUT_UNIT_NS 4096ull
-
-enum fv_resp_status {
-    FV_ACK = 0,
-    FV_NAK_RNR = 1,
-    FV_NAK_NOT_READY = 2,
-    FV_NAK_ACCESS = 3,
-    FV_NAK_INVALID = 4,
-    FV_NO_ANSWER = 5, /* out of sequence after a NAK: dropped */
-};
-
-struct fv_hello {
-    uint32_t magic;
-    uint32_t dest_qpn;
-    uint32_t src_qpn;
-    uint32_t first_seq; /* sequence number of the first message to come */
-};
-
-/* One message: the header, then length payload bytes. */
-struct fv_msg_hdr {
-    uint32_t seq;
-    uint32_t opcode; /* enum ibv_wr_opcode */
-    uint32_t imm;    /* as the user gave it (network order) */
-    uint32_t rkey;
-    uint64_t remote_addr;
-    uint32_t length;
-    uint32_t reserved;
-};
-
-struct fv_resp {
-    uint32_t seq;
-    uint32_t status; /* enum fv_resp_status */
-};
+#define FV_ID_WAKE       1u
+#define FV_ID_LISTEN     2u
+#define FV_ID_FIRST_CONN 16u
+#define FV_EPOLL_BATCH   64
+#define FV_IDLE_WAIT_MS  100
+#define FV_BUSY_WAIT_MS  1
+#define FV_DISCARD_BYTES 65536
 
 /* A connection another process opened to this one. */
 struct fv_resp_conn {
@@ -90,138 +51,19 @@ struct fv_resp_conn {
 
 static unsigned char discard_buf[FV_DISCARD_BYTES];
 
-static void set_nodelay(int fd)
+void fv_wire_nodelay(int fd)
 {
     int one = 1;
     setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
 }
 
-static void epoll_set(int fd, uint64_t id, int want_out, int op)
+void fv_wire_epoll_set(int fd, uint64_t id, int want_out, int op)
 {
     struct epoll_event ev = {.events = EPOLLIN | (want_out ? EPOLLOUT : 0u), .data.u64 = id};
     epoll_ctl(fv.epoll_fd, op, fd, &ev);
 }
 
-/* ------------------------------------------------------------ requester */
-
-void fv_wire_conn_close(struct fv_qp *qp)
-{
-    struct fv_req_conn *conn = &qp->conn;
-    if (conn->fd >= 0) {
-        epoll_ctl(fv.epoll_fd, EPOLL_CTL_DEL, conn->fd, NULL);
-        close(conn->fd);
-    }
-    memset(conn, 0, sizeof(*conn));
-    conn->fd = -1;
-    conn->state = FV_CONN_NONE;
-}
-
-static uint64_t retry_budget_ms(const struct fv_qp *qp)
-{
-    if (qp->timeout == 0)
-        return UINT64_MAX; /* 0: infinite, as the IB spec says */
-    uint64_t once_ns = FV_TIMEOUT_UNIT_NS << (qp->timeout > 31 ? 31 : qp->timeout);
-    return once_ns * (qp->retry_cnt + 1u) / 1000000u + 1u;
-}
-
-static uint64_t retry_spacing_ms(const struct fv_qp *qp)
-{
-    uint64_t budget = retry_budget_ms(qp);
-    uint64_t spacing =
-        budget == UINT64_MAX ? FV_RETRY_MAX_SPACING_MS : budget / (qp->retry_cnt + 1u);
-    if (spacing < 1)
-        spacing = 1;
-    return spacing > FV_RETRY_MAX_SPACING_MS ? FV_RETRY_MAX_SPACING_MS : spacing;
-}
-
-/* The head was dropped (no destination, not ready): retry or give up.
- * Returns 0 to retry, -1 when the QP went to ERR. */
-static int dropped(struct fv_qp *qp, uint64_t now)
-{
-    if (qp->conn.retry_start_ms == 0)
-        qp->conn.retry_start_ms = now;
-    if (now - qp->conn.retry_start_ms >= retry_budget_ms(qp)) {
-        fv_log("QP 0x%x -> 0x%x: destination absent or not ready past the timeout", qp->ibqp.qp_num,
-               qp->dest_qpn);
-        fv_qp_fail_head(qp, IBV_WC_RETRY_EXC_ERR);
-        return -1;
-    }
-    qp->conn.next_try_ms = now + retry_spacing_ms(qp);
-    return 0;
-}
-
-static int gid_is_zero(const union ibv_gid *gid)
-{
-    static const union ibv_gid zero;
-    return memcmp(gid, &zero, sizeof(zero)) == 0;
-}
-
-/* Whether the address vector the QP was given names the device of @p lid /
- * @p gids (what a switch would route it to). */
-static int av_matches(const struct fv_qp *qp, uint16_t lid, const union ibv_gid *gids)
-{
-    if (qp->ah.is_global) {
-        for (int i = 0; i < 2; i++)
-            if (!gid_is_zero(&gids[i]) && memcmp(&gids[i], &qp->ah.grh.dgid, sizeof(gids[i])) == 0)
-                return 1;
-        return 0;
-    }
-    return lid != 0 && qp->ah.dlid == lid;
-}
-
-/* Find the destination and start connecting. */
-static void req_connect(struct fv_qp *qp, uint64_t now)
-{
-    struct fv_req_conn *conn = &qp->conn;
-    if (now < conn->next_try_ms)
-        return;
-    struct sockaddr_in peer = {.sin_family = AF_INET};
-    uint16_t port, lid;
-    pid_t pid;
-    union ibv_gid gids[2];
-    if (fv_registry_lookup(qp->dest_qpn, &peer.sin_addr, &port, &pid, &lid, gids) != 0 ||
-        !av_matches(qp, lid, gids)) {
-        conn->state = FV_CONN_WAIT_DEST;
-        dropped(qp, now);
-        return;
-    }
-    if (kill(pid, 0) != 0 && errno == ESRCH) {
-        fv_log("QP 0x%x -> 0x%x: owner pid %d is dead", qp->ibqp.qp_num, qp->dest_qpn, (int)pid);
-        fv_qp_fail_head(qp, IBV_WC_RETRY_EXC_ERR);
-        return;
-    }
-    peer.sin_port = htons(port);
-    conn->fd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-    if (conn->fd < 0) {
-        fv_qp_fail_head(qp, IBV_WC_RETRY_EXC_ERR);
-        return;
-    }
-    set_nodelay(conn->fd);
-    if (connect(conn->fd, (struct sockaddr *)&peer, sizeof(peer)) != 0 && errno != EINPROGRESS) {
-        fv_log("QP 0x%x -> 0x%x: connect: %s", qp->ibqp.qp_num, qp->dest_qpn, strerror(errno));
-        fv_qp_fail_head(qp, IBV_WC_RETRY_EXC_ERR);
-        return;
-    }
-    conn->id = FV_ID_REQ_BIT | fv.next_conn_id++;
-    conn->state = FV_CONN_CONNECTING;
-    conn->want_out = 1;
-    epoll_set(conn->fd, conn->id, 1, EPOLL_CTL_ADD);
-    fv_log("QP 0x%x connecting to QP 0x%x at %s:%u (pid %d)", qp->ibqp.qp_num, qp->dest_qpn,
-           inet_ntoa(peer.sin_addr), port, (int)pid);
-}
-
-/* The connection broke: outstanding work fails at once (dead peer). */
-static void req_broken(struct fv_qp *qp, const char *why)
-{
-    fv_log("QP 0x%x -> 0x%x: connection lost (%s)", qp->ibqp.qp_num, qp->dest_qpn, why);
-    if (qp->sq_acked != qp->sq_tail)
-        fv_qp_fail_head(qp, IBV_WC_RETRY_EXC_ERR);
-    else
-        fv_wire_conn_close(qp);
-}
-
-/* Write @p len bytes of @p buf from *@p off; 1 done, 0 would block, -1 broken. */
-static int send_part(int fd, const void *buf, size_t len, size_t *off)
+int fv_wire_send_part(int fd, const void *buf, size_t len, size_t *off)
 {
     while (*off < len) {
         ssize_t n = send(fd, (const char *)buf + *off, len - *off, MSG_NOSIGNAL | MSG_DONTWAIT);
@@ -234,127 +76,6 @@ static int send_part(int fd, const void *buf, size_t len, size_t *off)
         return n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK) ? 0 : -1;
     }
     return 1;
-}
-
-/* Send what is queued; stops at a WQE that fails locally. */
-static void req_send(struct fv_qp *qp, uint64_t now)
-{
-    struct fv_req_conn *conn = &qp->conn;
-    struct fv_hello hello = {.magic = FV_HELLO_MAGIC,
-                             .dest_qpn = qp->dest_qpn,
-                             .src_qpn = qp->ibqp.qp_num,
-                             .first_seq = qp->sq_sent};
-    int rc = send_part(conn->fd, &hello, sizeof(hello), &conn->hello_off);
-    while (rc == 1) {
-        if (conn->tx_off == 0 && conn->rewind_pending) {
-            qp->sq_sent = qp->sq_acked;
-            conn->rewind_pending = 0;
-        }
-        if (qp->sq_sent == qp->sq_tail || (conn->tx_off == 0 && now < conn->next_try_ms))
-            break;
-        struct fv_send_wqe *wqe = &qp->sq[qp->sq_sent % qp->cap.max_send_wr];
-        if (wqe->local_status != IBV_WC_SUCCESS) {
-            if (qp->sq_sent == qp->sq_acked)
-                fv_qp_fail_head(qp, wqe->local_status);
-            return;
-        }
-        struct fv_msg_hdr hdr = {.seq = wqe->seq,
-                                 .opcode = (uint32_t)wqe->opcode,
-                                 .imm = wqe->imm,
-                                 .rkey = wqe->rkey,
-                                 .remote_addr = wqe->remote_addr,
-                                 .length = wqe->length};
-        size_t total = sizeof(hdr) + wqe->length;
-        size_t off = conn->tx_off;
-        if (off < sizeof(hdr))
-            rc = send_part(conn->fd, &hdr, sizeof(hdr), &off);
-        if (rc == 1 && wqe->length > 0) {
-            size_t payload_off = off - sizeof(hdr);
-            rc = send_part(conn->fd, wqe->payload, wqe->length, &payload_off);
-            off = sizeof(hdr) + payload_off;
-        }
-        conn->tx_off = off;
-        if (off == total) {
-            conn->tx_off = 0;
-            qp->sq_sent++;
-        }
-    }
-    if (rc < 0) {
-        req_broken(qp, strerror(errno));
-        return;
-    }
-    int want_out = rc == 0;
-    if (want_out != conn->want_out) {
-        conn->want_out = want_out;
-        epoll_set(conn->fd, conn->id, want_out, EPOLL_CTL_MOD);
-    }
-}
-
-static void req_answer(struct fv_qp *qp, const struct fv_resp *resp, uint64_t now)
-{
-    if (qp->sq_acked == qp->sq_sent || resp->seq != qp->sq[qp->sq_acked % qp->cap.max_send_wr].seq)
-        return; /* stale */
-    switch ((enum fv_resp_status)resp->status) {
-    case FV_ACK: fv_qp_complete_acked(qp); return;
-    case FV_NAK_RNR:
-        if (qp->rnr_retry != FV_RNR_FOREVER && ++qp->conn.rnr_count > qp->rnr_retry) {
-            fv_qp_fail_head(qp, IBV_WC_RNR_RETRY_EXC_ERR);
-            return;
-        }
-        qp->conn.next_try_ms = now + FV_RNR_DELAY_MS;
-        break;
-    case FV_NAK_NOT_READY:
-        if (dropped(qp, now) != 0)
-            return;
-        break;
-    case FV_NAK_ACCESS: fv_qp_fail_head(qp, IBV_WC_REM_ACCESS_ERR); return;
-    default: fv_qp_fail_head(qp, IBV_WC_REM_INV_REQ_ERR); return;
-    }
-    qp->conn.rewind_pending = 1;
-}
-
-/* Readable or writable requester connection. */
-static void req_event(struct fv_qp *qp, uint32_t events, uint64_t now)
-{
-    struct fv_req_conn *conn = &qp->conn;
-    if (conn->state == FV_CONN_CONNECTING && (events & (EPOLLOUT | EPOLLERR | EPOLLHUP))) {
-        int err = 0;
-        socklen_t len = sizeof(err);
-        getsockopt(conn->fd, SOL_SOCKET, SO_ERROR, &err, &len);
-        if (err != 0) {
-            req_broken(qp, strerror(err));
-            return;
-        }
-        conn->state = FV_CONN_UP;
-        fv_log("QP 0x%x connected to QP 0x%x", qp->ibqp.qp_num, qp->dest_qpn);
-    }
-    while (conn->state == FV_CONN_UP) {
-        ssize_t n =
-            recv(conn->fd, conn->rx + conn->rx_len, sizeof(conn->rx) - conn->rx_len, MSG_DONTWAIT);
-        if (n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) {
-            req_broken(qp, n == 0 ? "closed by the peer" : strerror(errno));
-            return;
-        }
-        if (n < 0)
-            break;
-        conn->rx_len += (size_t)n;
-        if (conn->rx_len == sizeof(conn->rx)) {
-            struct fv_resp resp;
-            memcpy(&resp, conn->rx, sizeof(resp));
-            conn->rx_len = 0;
-            req_answer(qp, &resp, now);
-        }
-    }
-}
-
-static void req_progress(struct fv_qp *qp, uint64_t now)
-{
-    if (qp->ibqp.state != IBV_QPS_RTS || (qp->sq_sent == qp->sq_tail && !qp->conn.rewind_pending))
-        return;
-    if (qp->conn.state == FV_CONN_NONE || qp->conn.state == FV_CONN_WAIT_DEST)
-        req_connect(qp, now);
-    if (qp->ibqp.state == IBV_QPS_RTS && qp->conn.state == FV_CONN_UP)
-        req_send(qp, now);
 }
 
 /* ------------------------------------------------------------ responder */
@@ -548,7 +269,7 @@ static int resp_flush(struct fv_resp_conn *rc)
     if (rc->tx_len == 0)
         return 0;
     size_t off = 0;
-    int result = send_part(rc->fd, rc->tx, rc->tx_len, &off);
+    int result = fv_wire_send_part(rc->fd, rc->tx, rc->tx_len, &off);
     memmove(rc->tx, rc->tx + off, rc->tx_len - off);
     rc->tx_len -= off;
     if (result < 0)
@@ -556,7 +277,7 @@ static int resp_flush(struct fv_resp_conn *rc)
     int want_out = result == 0;
     if (want_out != rc->want_out) {
         rc->want_out = want_out;
-        epoll_set(rc->fd, rc->id, want_out, EPOLL_CTL_MOD);
+        fv_wire_epoll_set(rc->fd, rc->id, want_out, EPOLL_CTL_MOD);
     }
     return 0;
 }
@@ -572,12 +293,12 @@ static void accept_all(void)
             close(fd);
             return;
         }
-        set_nodelay(fd);
+        fv_wire_nodelay(fd);
         rc->fd = fd;
         rc->id = fv.next_conn_id++;
         rc->next = fv.resp_conns;
         fv.resp_conns = rc;
-        epoll_set(fd, rc->id, 0, EPOLL_CTL_ADD);
+        fv_wire_epoll_set(fd, rc->id, 0, EPOLL_CTL_ADD);
     }
 }
 
@@ -636,7 +357,7 @@ static void dispatch(const struct epoll_event *ev, uint64_t now)
     if (id & FV_ID_REQ_BIT) {
         for (struct fv_qp *qp = fv.qps; qp != NULL; qp = qp->next) {
             if (qp->conn.fd >= 0 && qp->conn.id == id) {
-                req_event(qp, ev->events, now);
+                fv_req_event(qp, ev->events, now);
                 return;
             }
         }
@@ -669,7 +390,7 @@ static void *service_main(void *arg)
             if (qp->conn.next_try_ms != 0 && now >= qp->conn.next_try_ms &&
                 qp->conn.state == FV_CONN_UP && !qp->conn.rewind_pending)
                 qp->conn.next_try_ms = 0;
-            req_progress(qp, now);
+            fv_req_progress(qp, now);
         }
         struct fv_resp_conn *next;
         for (struct fv_resp_conn *rc = fv.resp_conns; rc != NULL; rc = next) {
@@ -716,8 +437,8 @@ int fv_service_start(void)
         goto err_close;
     }
     fv.listen_port = ntohs(addr.sin_port);
-    epoll_set(fv.wake_fd, FV_ID_WAKE, 0, EPOLL_CTL_ADD);
-    epoll_set(fv.listen_fd, FV_ID_LISTEN, 0, EPOLL_CTL_ADD);
+    fv_wire_epoll_set(fv.wake_fd, FV_ID_WAKE, 0, EPOLL_CTL_ADD);
+    fv_wire_epoll_set(fv.listen_fd, FV_ID_LISTEN, 0, EPOLL_CTL_ADD);
     fv.next_conn_id = FV_ID_FIRST_CONN;
     fv.stop = 0;
     if (pthread_create(&fv.thread, NULL, service_main, NULL) != 0)
