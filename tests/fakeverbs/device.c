@@ -191,6 +191,42 @@ FV_EXPORT void ibv_ack_async_event(struct ibv_async_event *event)
     (void)event;
 }
 
+/* ------------------------------------------------------------ fork */
+
+static void atfork_prepare(void)
+{
+    pthread_mutex_lock(&fv.lock);
+}
+
+static void atfork_parent(void)
+{
+    pthread_mutex_unlock(&fv.lock);
+}
+
+/* The child has no service thread and must not touch its parent's sockets:
+ * it starts with no device open, like a fresh process. */
+static void atfork_child(void)
+{
+    fv_wire_forget_inherited();
+    fv.inherited_contexts = fv.contexts;
+    fv.inherited_mrs = fv.mrs;
+    fv.inherited_qps = fv.qps;
+    fv.inherited_resp_conns = fv.resp_conns;
+    fv.contexts = NULL;
+    fv.mrs = NULL;
+    fv.qps = NULL;
+    fv.resp_conns = NULL;
+    fv.n_open = 0;
+    fv.running = 0;
+    fv.stop = 0;
+    pthread_mutex_unlock(&fv.lock);
+}
+
+__attribute__((constructor)) static void fork_handlers_install(void)
+{
+    pthread_atfork(atfork_prepare, atfork_parent, atfork_child);
+}
+
 /* ------------------------------------------------------------ devices */
 
 FV_EXPORT struct ibv_device **ibv_get_device_list(int *num_devices)

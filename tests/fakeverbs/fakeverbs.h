@@ -219,6 +219,12 @@ struct fv_global {
     int epoll_fd, wake_fd, listen_fd;
     uint16_t listen_port;
     struct fv_resp_conn *resp_conns;
+    /* In a child forked after an open: the parent's objects, kept reachable
+     * and never used (the child opens its own device, as with rdma-core). */
+    struct fv_context *inherited_contexts;
+    struct fv_mr *inherited_mrs;
+    struct fv_qp *inherited_qps;
+    struct fv_resp_conn *inherited_resp_conns;
     uint64_t next_conn_id;
     /* Fault knob state. */
     long writes_posted;
@@ -235,6 +241,10 @@ extern struct fv_global fv;
 /* Log one line to stderr when FAKEVERBS_LOG=1. */
 void fv_log(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 uint64_t fv_now_ms(void);
+
+/* wire.c: close the sockets a forked child inherited (no lock: the child
+ * has one thread). */
+void fv_wire_forget_inherited(void);
 
 /* device.c: async events, MRs. Callers hold fv.lock. */
 void fv_async_post_ctx(struct fv_context *ctx, enum ibv_event_type type, void *element);

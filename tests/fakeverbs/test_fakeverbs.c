@@ -976,3 +976,28 @@ Test(fakeverbs, cq_overflow_raises_cq_err_and_moves_its_qps_to_err)
     cr_assert_eq(ibv_destroy_cq(small), 0);
     ep_close(&ep);
 }
+
+/* ------------------------------------------------------------ fork */
+
+Test(fakeverbs, a_child_forked_after_open_opens_its_own_device)
+{
+    struct ep ep;
+    cr_assert_eq(ep_open(&ep, 64, 0), 0, "the parent opens before the fork");
+    int fd;
+    pid_t pid = fork_peer(write_imm_child, &fd);
+    struct ep_info peer;
+    xfer(fd, &peer, &ep.info, sizeof(peer));
+    cr_assert_neq(peer.qpn, ep.info.qpn);
+    cr_assert_eq(connect_qp(&ep, &peer, RNR_FOREVER), 0);
+    pattern_fill(ep.buf, MIB, 7);
+    pattern_fill(ep.buf + MIB, 4096, 9);
+    parent_wait_signal(fd);
+    cr_assert_eq(post_write(&ep, IBV_WR_RDMA_WRITE, 1, 0, MIB, peer.addr, peer.rkey, 0, 0), 0);
+    cr_assert_eq(post_write(&ep, IBV_WR_RDMA_WRITE_WITH_IMM, 2, MIB, 4096, peer.addr + MIB,
+                            peer.rkey, 1, 0xC0FFEE),
+                 0);
+    expect_status(&ep, 2, IBV_WC_SUCCESS);
+    parent_wait_signal(fd);
+    wait_child(pid);
+    ep_close(&ep);
+}

@@ -421,6 +421,20 @@ static void close_fds(void)
     fv.listen_fd = fv.wake_fd = fv.epoll_fd = -1;
 }
 
+void fv_wire_forget_inherited(void)
+{
+    for (struct fv_qp *qp = fv.qps; qp != NULL; qp = qp->next) {
+        if (qp->conn.fd >= 0)
+            close(qp->conn.fd);
+        qp->conn.fd = -1;
+    }
+    for (struct fv_resp_conn *rc = fv.resp_conns; rc != NULL; rc = rc->next) {
+        close(rc->fd);
+        rc->fd = -1;
+    }
+    close_fds();
+}
+
 int fv_service_start(void)
 {
     struct sockaddr_in addr = {.sin_family = AF_INET, .sin_addr = fv.ident.addr};
