@@ -336,11 +336,12 @@ FV_EXPORT int ibv_modify_qp(struct ibv_qp *ibqp, struct ibv_qp_attr *attr, int a
     return result;
 }
 
-/* Whether [addr, addr + length) lies in an MR of @p pd whose lkey is @p lkey. */
-static int lkey_covers(struct ibv_pd *pd, uint32_t lkey, uint64_t addr, uint64_t length)
+/* Whether [addr, addr + length) lies in an MR of @p pd whose lkey is @p lkey,
+ * registered with every flag of @p access. */
+static int lkey_covers(struct ibv_pd *pd, uint32_t lkey, uint64_t addr, uint64_t length, int access)
 {
     struct fv_mr *mr = fv_mr_find(lkey);
-    if (mr == NULL || mr->ibmr.lkey != lkey || mr->ibmr.pd != pd)
+    if (mr == NULL || mr->ibmr.lkey != lkey || mr->ibmr.pd != pd || (mr->access & access) != access)
         return 0;
     uint64_t start = (uint64_t)(uintptr_t)mr->ibmr.addr;
     return addr >= start && length <= mr->ibmr.length && addr - start <= mr->ibmr.length - length;
@@ -375,7 +376,7 @@ static int post_one_send(struct fv_qp *qp, const struct ibv_send_wr *wr)
         wqe->payload = wqe->inline_data;
     } else if (length > 0) {
         wqe->payload = (const void *)(uintptr_t)wr->sg_list[0].addr;
-        if (!lkey_covers(qp->ibqp.pd, wr->sg_list[0].lkey, wr->sg_list[0].addr, length))
+        if (!lkey_covers(qp->ibqp.pd, wr->sg_list[0].lkey, wr->sg_list[0].addr, length, 0))
             wqe->local_status = IBV_WC_LOC_PROT_ERR;
     }
     if (wr->opcode == IBV_WR_RDMA_WRITE || wr->opcode == IBV_WR_RDMA_WRITE_WITH_IMM) {
@@ -438,7 +439,8 @@ int fv_qp_post_recv(struct ibv_qp *ibqp, struct ibv_recv_wr *wr, struct ibv_recv
             rwqe->addr = (void *)(uintptr_t)wr->sg_list[0].addr;
             rwqe->length = wr->sg_list[0].length;
             if (rwqe->length > 0 &&
-                !lkey_covers(qp->ibqp.pd, wr->sg_list[0].lkey, wr->sg_list[0].addr, rwqe->length))
+                !lkey_covers(qp->ibqp.pd, wr->sg_list[0].lkey, wr->sg_list[0].addr, rwqe->length,
+                             IBV_ACCESS_LOCAL_WRITE))
                 rwqe->local_status = IBV_WC_LOC_PROT_ERR;
         }
         qp->rq_tail++;

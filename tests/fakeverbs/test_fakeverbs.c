@@ -1001,3 +1001,20 @@ Test(fakeverbs, a_child_forked_after_open_opens_its_own_device)
     wait_child(pid);
     ep_close(&ep);
 }
+
+Test(fakeverbs, send_larger_than_the_receive_is_loc_len_err_there_and_rem_inv_req_here)
+{
+    struct ep requester, responder;
+    cr_assert_eq(ep_open(&requester, 64, 0), 0);
+    cr_assert_eq(ep_open(&responder, 64, 0), 0, "a second context in the same process");
+    cr_assert_eq(connect_qp(&requester, &responder.info, RNR_FOREVER), 0);
+    cr_assert_eq(connect_qp(&responder, &requester.info, RNR_FOREVER), 0);
+    cr_assert_eq(post_recv(&responder, 5, 0, 8), 0);
+    cr_assert_eq(post_write(&requester, IBV_WR_SEND, 1, 0, 64, 0, 0, 1, 0), 0);
+    expect_status(&requester, 1, IBV_WC_REM_INV_REQ_ERR);
+    expect_status(&responder, 5, IBV_WC_LOC_LEN_ERR);
+    cr_assert_eq(requester.qp->state, IBV_QPS_ERR);
+    cr_assert_eq(responder.qp->state, IBV_QPS_ERR);
+    ep_close(&responder);
+    ep_close(&requester);
+}
