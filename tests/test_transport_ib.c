@@ -135,9 +135,10 @@ static void allreduce_and_check(struct cfx_test_rank *ctx, cfxComm_t comm, size_
     for (size_t i = 0; i < count; i++) {
         float want = ranks_sum + (float)ctx->nranks * (float)(i % 7);
         if (data[i] != want) {
+            double got = data[i];
             free(data);
-            RANK_ASSERT(ctx, 0, "allreduce of %zu: element %zu is %g, not %g", count, i,
-                        (double)data[i], (double)want);
+            RANK_ASSERT(ctx, 0, "allreduce of %zu: element %zu is %g, not %g", count, i, got,
+                        (double)want);
         }
     }
     free(data);
@@ -342,9 +343,10 @@ static void allreduce_until_the_knob_bites(struct cfx_test_rank *ctx)
         for (size_t e = 0; res == cfxSuccess && e < count; e++) {
             float want = (float)(ctx->nranks * (ctx->nranks - 1) / 2 + ctx->nranks * (int)(e % 5));
             if (data[e] != want) {
+                double got = data[e];
                 free(data);
-                RANK_ASSERT(ctx, 0, "allreduce %d: element %zu is %g, not %g", i, e,
-                            (double)data[e], (double)want);
+                RANK_ASSERT(ctx, 0, "allreduce %d: element %zu is %g, not %g", i, e, got,
+                            (double)want);
             }
         }
     }

@@ -34,12 +34,12 @@
 #include "src/util/verbs.h"
 #include "transports/transport.h"
 
-#define IB_NAME_MAX         64
-#define IB_CREDITS_IN_FLIGHT 4 /* Credit writes outstanding at most. */
-#define IB_KEEPALIVE_NS     (100 * 1000 * 1000) /* A waiting side writes this often. */
-#define IB_POLL_NS          (200 * 1000)        /* Proxy pass interval while work is in flight. */
-#define IB_LINGER_NS        (2 * 1000000000LL)  /* close(): posted slots still get this long. */
-#define IB_INFO_MAGIC       0x43464942u         /* "CFIB" */
+#define IB_NAME_MAX          64
+#define IB_CREDITS_IN_FLIGHT 4                   /* Credit writes outstanding at most. */
+#define IB_KEEPALIVE_NS      (100 * 1000 * 1000) /* A waiting side writes this often. */
+#define IB_POLL_NS           (200 * 1000)        /* Proxy pass interval while work is in flight. */
+#define IB_LINGER_NS         (2 * 1000000000LL)  /* close(): posted slots still get this long. */
+#define IB_INFO_MAGIC        0x43464942u         /* "CFIB" */
 
 /* Work request ids: the kind in the top byte, a slot number below. */
 enum ib_wr_kind {
@@ -153,15 +153,15 @@ struct cfx_ib_conn {
      * after the ACK timeout, holding up everything behind it). */
     _Atomic int started;
     struct cfx_proxy_client client;
-    int sq_used;           /* Work requests posted and not completed. */
-    uint64_t sent;         /* Sender: slots whose writes are posted. */
-    uint64_t arrived;      /* Receiver: slots whose immediate came (= the FIFO's tail). */
-    uint64_t credit_sent;  /* Receiver: the head last written to the sender. */
-    int credits_inflight;  /* Receiver: credit writes not completed. */
-    int alive_inflight;    /* A keepalive not completed. */
-    int64_t alive_due_ns;  /* When the next keepalive is due, while waiting. */
+    int sq_used;          /* Work requests posted and not completed. */
+    uint64_t sent;        /* Sender: slots whose writes are posted. */
+    uint64_t arrived;     /* Receiver: slots whose immediate came (= the FIFO's tail). */
+    uint64_t credit_sent; /* Receiver: the head last written to the sender. */
+    int credits_inflight; /* Receiver: credit writes not completed. */
+    int alive_inflight;   /* A keepalive not completed. */
+    int64_t alive_due_ns; /* When the next keepalive is due, while waiting. */
     int poison_posted;
-    _Atomic int poison_done; /* Its write completed (close() lingers for it). */
+    _Atomic int poison_done;   /* Its write completed (close() lingers for it). */
     _Atomic int poison_reason; /* Set by poison(): a poison to write. */
     _Atomic int poison_blame;
     _Alignas(CFX_CACHE_LINE) _Atomic int busy;

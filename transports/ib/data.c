@@ -33,9 +33,8 @@ static const char *dir_name(enum cfx_conn_dir dir)
 }
 
 /* Fail the connector (driving thread): keep the first failure. */
-__attribute__((format(printf, 4, 5))) static void conn_fail(struct cfx_ib_conn *ic,
-                                                            cfxResult_t res, int blame_rank,
-                                                            const char *fmt, ...)
+__attribute__((format(printf, 4, 5))) static void conn_fail(struct cfx_ib_conn *ic, cfxResult_t res,
+                                                            int blame_rank, const char *fmt, ...)
 {
     if (atomic_load_explicit(&ic->failed, memory_order_relaxed))
         return;
@@ -92,10 +91,9 @@ cfxResult_t cfx_ib_post_recvs(struct cfx_ib_conn *ic, int count)
         struct ibv_recv_wr *bad = NULL;
         int err = ibv_post_recv(ic->qp, &wr, &bad);
         if (err != 0)
-            return cfx_error_set_errno(err, CFX_LOG_NET,
-                                       "ib: rank %d cannot post a receive for rank %d on %s:%d",
-                                       ic->self_rank, ic->peer_rank, ic->ctx->port.dev_name,
-                                       ic->ctx->port.port);
+            return cfx_error_set_errno(
+                err, CFX_LOG_NET, "ib: rank %d cannot post a receive for rank %d on %s:%d",
+                ic->self_rank, ic->peer_rank, ic->ctx->port.dev_name, ic->ctx->port.port);
     }
     return cfxSuccess;
 }
@@ -206,18 +204,13 @@ static const char *wc_status_text(const struct cfx_ib_conn *ic, enum ibv_wc_stat
 static const char *wc_status_hint(enum ibv_wc_status status)
 {
     switch (status) {
-    case IBV_WC_RETRY_EXC_ERR:
-        return "the peer or the path to it is gone (IBV_WC_RETRY_EXC_ERR)";
-    case IBV_WC_RNR_RETRY_EXC_ERR:
-        return "the peer posted no receive (IBV_WC_RNR_RETRY_EXC_ERR)";
+    case IBV_WC_RETRY_EXC_ERR: return "the peer or the path to it is gone (IBV_WC_RETRY_EXC_ERR)";
+    case IBV_WC_RNR_RETRY_EXC_ERR: return "the peer posted no receive (IBV_WC_RNR_RETRY_EXC_ERR)";
     case IBV_WC_REM_ACCESS_ERR:
         return "the peer refused the write: its memory key or bounds (IBV_WC_REM_ACCESS_ERR)";
-    case IBV_WC_WR_FLUSH_ERR:
-        return "the queue pair had already failed (IBV_WC_WR_FLUSH_ERR)";
-    case IBV_WC_LOC_PROT_ERR:
-        return "a local memory key or bounds (IBV_WC_LOC_PROT_ERR)";
-    default:
-        return "a transport error";
+    case IBV_WC_WR_FLUSH_ERR: return "the queue pair had already failed (IBV_WC_WR_FLUSH_ERR)";
+    case IBV_WC_LOC_PROT_ERR: return "a local memory key or bounds (IBV_WC_LOC_PROT_ERR)";
+    default: return "a transport error";
     }
 }
 
@@ -277,8 +270,8 @@ static void completion(struct cfx_ib_conn *ic, const struct ibv_wc *wc)
                   "ib: rank %d's %s connection to rank %d failed on %s:%d (peer %s): %s, status "
                   "%d: %s",
                   ic->self_rank, dir_name(ic->dir), ic->peer_rank, ic->ctx->port.dev_name,
-                  ic->ctx->port.port, ic->peer_nic, wc_status_text(ic, wc->status),
-                  (int)wc->status, wc_status_hint(wc->status));
+                  ic->ctx->port.port, ic->peer_nic, wc_status_text(ic, wc->status), (int)wc->status,
+                  wc_status_hint(wc->status));
         return;
     }
     switch (kind) {
@@ -295,7 +288,8 @@ static void completion(struct cfx_ib_conn *ic, const struct ibv_wc *wc)
     case IB_WR_RECV: slot_arrived(ic, wc); break;
     default:
         conn_fail(ic, cfxInternalError, ic->self_rank,
-                  "ib: a completion with an unknown work request id 0x%llx", (unsigned long long)wc->wr_id);
+                  "ib: a completion with an unknown work request id 0x%llx",
+                  (unsigned long long)wc->wr_id);
     }
 }
 
@@ -380,9 +374,8 @@ cfxResult_t cfx_ib_conn_check(struct cfx_ib_conn *ic, struct cfx_connector *conn
         if (takeable)
             return cfxSuccess;
         conn->blame_rank = ic->self_rank;
-        return cfx_error_set(cfxSystemError, CFX_LOG_NET,
-                             "%s (rank %d's connection to rank %d)", ctx->fatal_error,
-                             ic->self_rank, ic->peer_rank);
+        return cfx_error_set(cfxSystemError, CFX_LOG_NET, "%s (rank %d's connection to rank %d)",
+                             ctx->fatal_error, ic->self_rank, ic->peer_rank);
     }
     uint64_t poison = cfx_load_acquire_u64(&ic->box->poison);
     if (poison != 0 && !takeable) {

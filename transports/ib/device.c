@@ -159,7 +159,8 @@ static cfxResult_t gid_pick(struct cfx_ib_ctx *ctx, const struct ibv_port_attr *
 
 /* Open @p device and take its first active port that CFX_IB_HCA lets
  * through; 1 when taken (ctx->dev kept open), else 0. */
-static int try_device(struct cfx_ib_ctx *ctx, struct ibv_device *device, char *seen, size_t seen_size)
+static int try_device(struct cfx_ib_ctx *ctx, struct ibv_device *device, char *seen,
+                      size_t seen_size)
 {
     const struct cfx_verbs_api *ibv = ctx->ibv;
     const char *name = ibv->get_device_name(device);
@@ -236,8 +237,8 @@ cfxResult_t cfx_ib_device_open(struct cfx_ib_ctx *ctx)
         inet_ntop(AF_INET6, ctx->port.gid.raw, gid_text, sizeof(gid_text));
     CFX_INFO(CFX_LOG_NET, "ib: rank %d uses %s port %d (%s, lid %u, GID index %d %s, mtu %d)",
              ctx->rank, ctx->port.dev_name, ctx->port.port,
-             ctx->port.link_layer == IBV_LINK_LAYER_ETHERNET ? "RoCE" : "InfiniBand",
-             ctx->port.lid, ctx->port.gid_index, gid_text, 128 << ctx->port.mtu);
+             ctx->port.link_layer == IBV_LINK_LAYER_ETHERNET ? "RoCE" : "InfiniBand", ctx->port.lid,
+             ctx->port.gid_index, gid_text, 128 << ctx->port.mtu);
     return cfxSuccess;
 }
 

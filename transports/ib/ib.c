@@ -64,7 +64,6 @@ static int async_proxy_progress(void *arg)
     return 0;
 }
 
-
 /* Per-communicator state. Never fails for want of a device: the transport
  * is then only unusable (can_connect says no), and CFX_NET=IB turns that
  * into an error. */
@@ -325,8 +324,8 @@ static cfxResult_t qp_connect(struct cfx_ib_ctx *ctx, struct cfx_ib_conn *ic,
                          IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY |
                              IBV_QP_SQ_PSN | IBV_QP_MAX_QP_RD_ATOMIC);
     if (err != 0)
-        return cfx_error_set_errno(err, CFX_LOG_NET,
-                                   "ib: cannot move the queue pair to rank %d to RTS", ic->peer_rank);
+        return cfx_error_set_errno(
+            err, CFX_LOG_NET, "ib: cannot move the queue pair to rank %d to RTS", ic->peer_rank);
     return cfxSuccess;
 }
 
@@ -367,8 +366,8 @@ static cfxResult_t ib_connect(void *ctx_v, struct cfx_connector *conn, const voi
     ic->client.arg = ic;
     CFX_CHECK(cfx_proxy_add(ctx->proxy, &ic->client, NULL, 0, 0));
     ic->registered = 1;
-    CFX_INFO(CFX_LOG_NET, "ib: rank %d %s rank %d connected (%s:%d qpn %u %s %s qpn %u)",
-             ctx->rank, ic->dir == CFX_CONN_SEND ? "->" : "<-", ic->peer_rank, ctx->port.dev_name,
+    CFX_INFO(CFX_LOG_NET, "ib: rank %d %s rank %d connected (%s:%d qpn %u %s %s qpn %u)", ctx->rank,
+             ic->dir == CFX_CONN_SEND ? "->" : "<-", ic->peer_rank, ctx->port.dev_name,
              ctx->port.port, ic->qp->qp_num, ic->dir == CFX_CONN_SEND ? "->" : "<-", peer.nic,
              peer.qpn);
     return cfxSuccess;
@@ -386,8 +385,8 @@ static void linger(struct cfx_ib_conn *ic)
         int poisoned = atomic_load_explicit(&ic->poison_reason, memory_order_acquire) != 0;
         int flushed = ic->dir == CFX_CONN_RECV || cfx_load_acquire_u64(&ic->fifo->head) ==
                                                       cfx_load_acquire_u64(&ic->fifo->tail);
-        int done = poisoned ? atomic_load_explicit(&ic->poison_done, memory_order_acquire)
-                            : flushed;
+        int done =
+            poisoned ? atomic_load_explicit(&ic->poison_done, memory_order_acquire) : flushed;
         if (done || cfx_time_now_ns() > deadline)
             return;
         if (!cfx_ib_conn_drive(ic))
