@@ -39,6 +39,7 @@
 #define IB_KEEPALIVE_NS      (100 * 1000 * 1000) /* A waiting side writes this often. */
 #define IB_POLL_NS           (200 * 1000)        /* Proxy pass interval while work is in flight. */
 #define IB_LINGER_NS         (2 * 1000000000LL)  /* close(): posted slots still get this long. */
+#define IB_FLUSH_WHY_NS      (100 * 1000 * 1000) /* check() waits this long for a flush's cause. */
 #define IB_INFO_MAGIC        0x43464942u         /* "CFIB" */
 
 /* Work request ids: the kind in the top byte, a slot number below. */
@@ -170,6 +171,7 @@ struct cfx_ib_conn {
     _Alignas(CFX_CACHE_LINE) _Atomic int failed;
     cfxResult_t failed_res;
     int blame_rank;
+    int64_t flushed_ns; /* The failure was a flush (cause unknown), at this time. */
     char error[CFX_ERROR_MAX];
 };
 

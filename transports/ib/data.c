@@ -266,6 +266,9 @@ static void completion(struct cfx_ib_conn *ic, const struct ibv_wc *wc)
                 return;
             }
         }
+        if (wc->status == IBV_WC_WR_FLUSH_ERR &&
+            !atomic_load_explicit(&ic->failed, memory_order_relaxed))
+            ic->flushed_ns = cfx_time_now_ns();
         conn_fail(ic, cfxRemoteError, ic->peer_rank,
                   "ib: rank %d's %s connection to rank %d failed on %s:%d (peer %s): %s, status "
                   "%d: %s",
@@ -364,13 +367,18 @@ cfxResult_t cfx_ib_conn_check(struct cfx_ib_conn *ic, struct cfx_connector *conn
     struct cfx_ib_ctx *ctx = ic->ctx;
     /* Slots that arrived before a failure are still good: let them be taken. */
     int takeable = ic->dir == CFX_CONN_RECV && cfx_conn_can_take(conn);
-    if (atomic_load_explicit(&ic->failed, memory_order_acquire)) {
+    int fatal = atomic_load_explicit(&ctx->fatal, memory_order_acquire);
+    if (atomic_load_explicit(&ic->failed, memory_order_acquire) && !(ic->flushed_ns && fatal)) {
         if (takeable)
+            return cfxSuccess;
+        /* Flushed for a reason not known yet: the async event that says why
+         * (port down) may be on its way through the proxy thread. */
+        if (ic->flushed_ns && cfx_time_now_ns() - ic->flushed_ns < IB_FLUSH_WHY_NS)
             return cfxSuccess;
         conn->blame_rank = ic->blame_rank;
         return cfx_error_set(ic->failed_res, CFX_LOG_NET, "%s", ic->error);
     }
-    if (atomic_load_explicit(&ctx->fatal, memory_order_acquire)) {
+    if (fatal) {
         if (takeable)
             return cfxSuccess;
         conn->blame_rank = ic->self_rank;
