@@ -251,6 +251,50 @@ Test(ib_fake, hca_filter_that_excludes_every_port_leaves_sockets, .timeout = 120
     cr_assert_geq(socket, 1, "sockets did not carry the job");
 }
 
+Test(ib_fake, slots_striped_over_four_queue_pairs_arrive_in_order, .timeout = 120)
+{
+    use_fake(fake_library());
+    cfx_test_setenv("CFX_IB_QPS_PER_CONNECTION", "4");
+    char logs[128];
+    log_to(logs, sizeof(logs), "qps");
+    struct cfx_test_options opts = {
+        .nranks = 3, .mode = CFX_TEST_PROCS, .deadline_s = 90, .before_rank = own_host};
+    CFX_TEST_RUN(&opts, a_few_allreduces);
+    int four = count_in_logs(logs, "; 4 queue pair(s))");
+    remove_logs(logs);
+    cfx_test_setenv("CFX_IB_QPS_PER_CONNECTION", NULL);
+    cr_assert_geq(four, 3, "the connections did not use 4 queue pairs (%d lines)", four);
+}
+
+static void two_queue_pairs_in_rank_one(struct cfx_test_rank *ctx)
+{
+    own_host(ctx);
+    if (ctx->rank == 1)
+        cfx_test_setenv("CFX_IB_QPS_PER_CONNECTION", "2");
+}
+
+static void init_fails_naming_the_setting(struct cfx_test_rank *ctx)
+{
+    cfxComm_t comm = NULL;
+    cfx_test_step(ctx, "init with queue pair counts that differ");
+    cfxResult_t res = cfxCommInitRank(&comm, ctx->nranks, ctx->id, ctx->rank);
+    RANK_ASSERT(ctx, res != cfxSuccess, "init succeeded with different queue pair counts");
+    RANK_ASSERT(ctx, strstr(cfxGetLastError(NULL), "CFX_IB_QPS_PER_CONNECTION") != NULL,
+                "the sentence does not name the setting: %s", cfxGetLastError(NULL));
+}
+
+Test(ib_fake, queue_pair_counts_that_differ_fail_init_naming_the_setting, .timeout = 120)
+{
+    use_fake(fake_library());
+    cfx_test_setenv("CFX_TIMEOUT", "10");
+    struct cfx_test_options opts = {.nranks = 2,
+                                    .mode = CFX_TEST_PROCS,
+                                    .deadline_s = 60,
+                                    .before_rank = two_queue_pairs_in_rank_one};
+    CFX_TEST_RUN(&opts, init_fails_naming_the_setting);
+    cfx_test_setenv("CFX_TIMEOUT", NULL);
+}
+
 /* ------------------------------------------------------------ failures */
 
 static void *kill_me_soon(void *arg)

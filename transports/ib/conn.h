@@ -35,6 +35,7 @@
 #include "transports/transport.h"
 
 #define IB_NAME_MAX          64
+#define IB_MAX_QPS           8                   /* CFX_IB_QPS_PER_CONNECTION at most. */
 #define IB_CREDITS_IN_FLIGHT 4                   /* Credit writes outstanding at most. */
 #define IB_KEEPALIVE_NS      (100 * 1000 * 1000) /* A waiting side writes this often. */
 #define IB_POLL_NS           (200 * 1000)        /* Proxy pass interval while work is in flight. */
@@ -73,7 +74,8 @@ struct cfx_ib_info {
     uint32_t magic;
     int32_t rank;
     uint32_t dir;
-    uint32_t qpn;
+    uint32_t n_qps;
+    uint32_t qpn[IB_MAX_QPS];
     uint32_t psn;
     uint32_t mtu; /* enum ibv_mtu */
     uint16_t lid;
@@ -139,10 +141,14 @@ struct cfx_ib_conn {
     struct cfx_ib_mailbox *box;
     struct ibv_mr *mr;
     struct ibv_cq *cq;
-    struct ibv_qp *qp;
+    /* Slot k travels on qp[k % n_qps] (payload and info line together, so
+     * RC ordering still covers the slot); credits, poisons and keepalives
+     * on qp[0]. One completion queue for all. */
+    struct ibv_qp *qp[IB_MAX_QPS];
+    int n_qps;
     uint32_t psn;
     int max_inline;
-    int sq_depth;
+    int sq_depth; /* Per queue pair. */
     /* The peer's block. */
     uint64_t peer_addr, peer_slots, peer_box;
     uint32_t peer_rkey;
@@ -154,13 +160,17 @@ struct cfx_ib_conn {
      * after the ACK timeout, holding up everything behind it). */
     _Atomic int started;
     struct cfx_proxy_client client;
-    int sq_used;          /* Work requests posted and not completed. */
-    uint64_t sent;        /* Sender: slots whose writes are posted. */
-    uint64_t arrived;     /* Receiver: slots whose immediate came (= the FIFO's tail). */
-    uint64_t credit_sent; /* Receiver: the head last written to the sender. */
-    int credits_inflight; /* Receiver: credit writes not completed. */
-    int alive_inflight;   /* A keepalive not completed. */
-    int64_t alive_due_ns; /* When the next keepalive is due, while waiting. */
+    int sq_used[IB_MAX_QPS]; /* Work requests posted and not completed, per queue pair. */
+    int sq_total;            /* Their sum. */
+    uint64_t sent;           /* Sender: slots whose writes are posted. */
+    uint64_t released;       /* Sender: slots whose writes completed, in order (the head). */
+    uint64_t done_mask;      /* Sender: slots completed past `released` (bit: number % n_steps). */
+    uint64_t arrived;        /* Receiver: slots posted into the FIFO, in order (the tail). */
+    uint64_t arrived_mask;   /* Receiver: immediates come past `arrived` (bit: number % n_steps). */
+    uint64_t credit_sent;    /* Receiver: the head last written to the sender. */
+    int credits_inflight;    /* Receiver: credit writes not completed. */
+    int alive_inflight;      /* A keepalive not completed. */
+    int64_t alive_due_ns;    /* When the next keepalive is due, while waiting. */
     int poison_posted;
     _Atomic int poison_done;   /* Its write completed (close() lingers for it). */
     _Atomic int poison_reason; /* Set by poison(): a poison to write. */
@@ -188,8 +198,9 @@ int cfx_ib_hca_match(const char *spec, const char *name, int port);
 /* data.c */
 int cfx_ib_conn_drive(struct cfx_ib_conn *ic);
 cfxResult_t cfx_ib_conn_check(struct cfx_ib_conn *ic, struct cfx_connector *conn);
-/* Post the receives a receiver keeps (at setup, before the peer connects). */
-cfxResult_t cfx_ib_post_recvs(struct cfx_ib_conn *ic, int count);
+/* Post @p count receives on queue pair @p q (a receiver keeps n_steps on
+ * each; at setup, before the peer connects). */
+cfxResult_t cfx_ib_post_recvs(struct cfx_ib_conn *ic, int q, int count);
 /* The proxy's handler of the device's async events (ctx->async_client). */
 void cfx_ib_async_ready(void *arg, uint32_t events);
 /* Whether the connector still has work in flight (writes posted and not

@@ -54,8 +54,8 @@ __attribute__((format(printf, 4, 5))) static void conn_fail(struct cfx_ib_conn *
  * (the peer's block), signaled; with the immediate @p imm when @p with_imm.
  * Small writes go inline when the NIC allows. 0, or the errno of
  * ibv_post_send. */
-static int post_write(struct cfx_ib_conn *ic, uint64_t wr_id, const void *local, uint32_t len,
-                      uint64_t remote, int with_imm, uint32_t imm)
+static int post_write(struct cfx_ib_conn *ic, int q, uint64_t wr_id, const void *local,
+                      uint32_t len, uint64_t remote, int with_imm, uint32_t imm)
 {
     struct ibv_sge sge = {.addr = (uint64_t)(uintptr_t)local, .length = len, .lkey = ic->mr->lkey};
     struct ibv_send_wr wr = {
@@ -69,9 +69,11 @@ static int post_write(struct cfx_ib_conn *ic, uint64_t wr_id, const void *local,
     wr.wr.rdma.remote_addr = remote;
     wr.wr.rdma.rkey = ic->peer_rkey;
     struct ibv_send_wr *bad = NULL;
-    int err = ibv_post_send(ic->qp, &wr, &bad);
-    if (err == 0)
-        ic->sq_used++;
+    int err = ibv_post_send(ic->qp[q], &wr, &bad);
+    if (err == 0) {
+        ic->sq_used[q]++;
+        ic->sq_total++;
+    }
     return err;
 }
 
@@ -82,14 +84,14 @@ static void post_failed(struct cfx_ib_conn *ic, int err, const char *what)
               ic->peer_rank, ic->ctx->port.dev_name, ic->ctx->port.port, strerror(err));
 }
 
-cfxResult_t cfx_ib_post_recvs(struct cfx_ib_conn *ic, int count)
+cfxResult_t cfx_ib_post_recvs(struct cfx_ib_conn *ic, int q, int count)
 {
     for (int i = 0; i < count; i++) {
         /* No scatter list: the writes land in place; the receive only
          * carries the immediate. */
         struct ibv_recv_wr wr = {.wr_id = IB_WR_ID(IB_WR_RECV, 0), .sg_list = NULL, .num_sge = 0};
         struct ibv_recv_wr *bad = NULL;
-        int err = ibv_post_recv(ic->qp, &wr, &bad);
+        int err = ibv_post_recv(ic->qp[q], &wr, &bad);
         if (err != 0)
             return cfx_error_set_errno(
                 err, CFX_LOG_NET, "ib: rank %d cannot post a receive for rank %d on %s:%d",
@@ -104,9 +106,11 @@ static int send_slots(struct cfx_ib_conn *ic)
     int moved = 0;
     uint64_t tail = cfx_load_acquire_u64(&ic->fifo->tail);
     uint64_t credit = cfx_load_acquire_u64(&ic->box->credit);
-    while (ic->sent < tail && ic->sent < credit + (uint64_t)ic->n_steps &&
-           ic->sq_used + 2 <= ic->sq_depth) {
+    while (ic->sent < tail && ic->sent < credit + (uint64_t)ic->n_steps) {
         uint64_t k = ic->sent;
+        int q = (int)(k % (uint64_t)ic->n_qps);
+        if (ic->sq_used[q] + 2 > ic->sq_depth)
+            break;
         size_t index = (size_t)(k % (uint64_t)ic->n_steps);
         struct cfx_slot_info *info = &ic->fifo->info[index];
         uint32_t size = info->size;
@@ -118,10 +122,10 @@ static int send_slots(struct cfx_ib_conn *ic)
         }
         int err = 0;
         if (size > CFX_SLOT_INLINE_BYTES)
-            err = post_write(ic, IB_WR_ID(IB_WR_PAYLOAD, k), ic->slots + index * ic->slot_bytes,
+            err = post_write(ic, q, IB_WR_ID(IB_WR_PAYLOAD, k), ic->slots + index * ic->slot_bytes,
                              size, ic->peer_slots + index * ic->slot_bytes, 0, 0);
         if (err == 0)
-            err = post_write(ic, IB_WR_ID(IB_WR_SLOT, k), info, sizeof(*info),
+            err = post_write(ic, q, IB_WR_ID(IB_WR_SLOT, k), info, sizeof(*info),
                              ic->peer_box + offsetof(struct cfx_ib_mailbox, staged) +
                                  index * sizeof(struct cfx_slot_info),
                              1, (uint32_t)k);
@@ -140,10 +144,10 @@ static int send_credit(struct cfx_ib_conn *ic)
 {
     uint64_t head = cfx_load_acquire_u64(&ic->fifo->head);
     if (head == ic->credit_sent || ic->credits_inflight >= IB_CREDITS_IN_FLIGHT ||
-        ic->sq_used >= ic->sq_depth)
+        ic->sq_used[0] >= ic->sq_depth)
         return 0;
     ic->box->credit_src = head;
-    int err = post_write(ic, IB_WR_ID(IB_WR_CREDIT, 0), &ic->box->credit_src, sizeof(uint64_t),
+    int err = post_write(ic, 0, IB_WR_ID(IB_WR_CREDIT, 0), &ic->box->credit_src, sizeof(uint64_t),
                          ic->peer_box + offsetof(struct cfx_ib_mailbox, credit), 0, 0);
     if (err != 0) {
         post_failed(ic, err, "a credit");
@@ -157,12 +161,12 @@ static int send_credit(struct cfx_ib_conn *ic)
 static int send_poison(struct cfx_ib_conn *ic)
 {
     int reason = atomic_load_explicit(&ic->poison_reason, memory_order_acquire);
-    if (reason == 0 || ic->poison_posted || ic->sq_used >= ic->sq_depth)
+    if (reason == 0 || ic->poison_posted || ic->sq_used[0] >= ic->sq_depth)
         return 0;
     int blame = atomic_load_explicit(&ic->poison_blame, memory_order_relaxed);
     ic->box->poison_src = ((uint64_t)(uint32_t)reason << 32) | (uint32_t)(blame + 1);
     ic->poison_posted = 1;
-    int err = post_write(ic, IB_WR_ID(IB_WR_POISON, 0), &ic->box->poison_src, sizeof(uint64_t),
+    int err = post_write(ic, 0, IB_WR_ID(IB_WR_POISON, 0), &ic->box->poison_src, sizeof(uint64_t),
                          ic->peer_box + offsetof(struct cfx_ib_mailbox, poison), 0, 0);
     if (err != 0)
         post_failed(ic, err, "a poison");
@@ -173,7 +177,7 @@ static int send_poison(struct cfx_ib_conn *ic)
  * shows as a failed write (IBV_WC_RETRY_EXC_ERR) while this side waits. */
 static int send_keepalive(struct cfx_ib_conn *ic)
 {
-    if (ic->sq_used != 0 || ic->alive_inflight)
+    if (ic->sq_total != 0 || ic->alive_inflight)
         return 0;
     int64_t now = cfx_time_now_ns();
     if (ic->alive_due_ns == 0)
@@ -182,7 +186,7 @@ static int send_keepalive(struct cfx_ib_conn *ic)
         return 0;
     ic->alive_due_ns = now + IB_KEEPALIVE_NS;
     ic->box->alive_src++;
-    int err = post_write(ic, IB_WR_ID(IB_WR_ALIVE, 0), &ic->box->alive_src, sizeof(uint64_t),
+    int err = post_write(ic, 0, IB_WR_ID(IB_WR_ALIVE, 0), &ic->box->alive_src, sizeof(uint64_t),
                          ic->peer_box + offsetof(struct cfx_ib_mailbox, alive), 0, 0);
     if (err != 0) {
         post_failed(ic, err, "a keepalive");
@@ -214,43 +218,97 @@ static const char *wc_status_hint(enum ibv_wc_status status)
     }
 }
 
-/* A slot's immediate came: copy its staged info line into the FIFO and
- * post it; repost the receive. */
-static void slot_arrived(struct cfx_ib_conn *ic, const struct ibv_wc *wc)
+/* Which of the connector's queue pairs a completion is about. */
+static int qp_index(const struct cfx_ib_conn *ic, uint32_t qp_num)
+{
+    for (int q = 0; q < ic->n_qps; q++)
+        if (ic->qp[q]->qp_num == qp_num)
+            return q;
+    return -1;
+}
+
+/* Receiver: post every slot whose immediate came, in order: copy its
+ * staged info line into the FIFO, mark it posted, advance the tail. */
+static void post_arrived(struct cfx_ib_conn *ic)
+{
+    for (;;) {
+        size_t index = (size_t)(ic->arrived % (uint64_t)ic->n_steps);
+        if (!(ic->arrived_mask & (1ull << index)))
+            return;
+        ic->arrived_mask &= ~(1ull << index);
+        const struct cfx_slot_info *staged = &ic->box->staged[index];
+        struct cfx_slot_info *info = &ic->fifo->info[index];
+        if (staged->size > ic->slot_bytes) {
+            conn_fail(ic, cfxInvalidUsage, ic->peer_rank,
+                      "ib: rank %d wrote %u bytes into a %zu-byte slot of rank %d", ic->peer_rank,
+                      staged->size, ic->slot_bytes, ic->self_rank);
+            return;
+        }
+        info->size = staged->size;
+        info->print = staged->print;
+        memcpy(info->inline_data, staged->inline_data, sizeof(info->inline_data));
+        cfx_fifo_mark_posted(ic->fifo->info, ic->n_steps, ic->arrived);
+        ic->arrived++;
+        cfx_store_release_u64(&ic->fifo->tail, ic->arrived);
+    }
+}
+
+/* A slot's immediate came (on queue pair @p q): both its writes have
+ * landed. Slots striped over several queue pairs may come out of turn;
+ * they are posted in order. Reposts the receive. */
+static void slot_arrived(struct cfx_ib_conn *ic, int q, const struct ibv_wc *wc)
 {
     uint32_t number = be32toh(wc->imm_data);
-    if (number != (uint32_t)ic->arrived) {
+    uint32_t ahead = number - (uint32_t)ic->arrived;
+    uint64_t k = ic->arrived + ahead; /* The full slot number. */
+    size_t index = (size_t)(k % (uint64_t)ic->n_steps);
+    if (ahead >= (uint32_t)ic->n_steps || (ic->arrived_mask & (1ull << index)) ||
+        (int)(k % (uint64_t)ic->n_qps) != q) {
         conn_fail(ic, cfxRemoteError, ic->peer_rank,
-                  "ib: rank %d wrote slot %u to rank %d, which expected slot %u: the stream from "
-                  "rank %d is corrupt",
-                  ic->peer_rank, number, ic->self_rank, (uint32_t)ic->arrived, ic->peer_rank);
+                  "ib: rank %d wrote slot %u to rank %d, which expected slots %u to %u: the stream "
+                  "from rank %d is corrupt",
+                  ic->peer_rank, number, ic->self_rank, (uint32_t)ic->arrived,
+                  (uint32_t)ic->arrived + (uint32_t)ic->n_steps - 1, ic->peer_rank);
         return;
     }
-    size_t index = (size_t)(ic->arrived % (uint64_t)ic->n_steps);
-    const struct cfx_slot_info *staged = &ic->box->staged[index];
-    struct cfx_slot_info *info = &ic->fifo->info[index];
     atomic_thread_fence(memory_order_acquire);
-    if (staged->size > ic->slot_bytes) {
-        conn_fail(ic, cfxInvalidUsage, ic->peer_rank,
-                  "ib: rank %d wrote %u bytes into a %zu-byte slot of rank %d", ic->peer_rank,
-                  staged->size, ic->slot_bytes, ic->self_rank);
-        return;
-    }
-    info->size = staged->size;
-    info->print = staged->print;
-    memcpy(info->inline_data, staged->inline_data, sizeof(info->inline_data));
-    cfx_fifo_mark_posted(ic->fifo->info, ic->n_steps, ic->arrived);
-    ic->arrived++;
-    cfx_store_release_u64(&ic->fifo->tail, ic->arrived);
-    if (cfx_ib_post_recvs(ic, 1) != cfxSuccess)
+    ic->arrived_mask |= 1ull << index;
+    post_arrived(ic);
+    if (cfx_ib_post_recvs(ic, q, 1) != cfxSuccess)
         conn_fail(ic, cfxSystemError, ic->self_rank, "%s", cfx_error_thread_last());
+}
+
+/* Sender: slot @p k's writes completed: release every slot done, in order. */
+static void slot_written(struct cfx_ib_conn *ic, uint64_t k)
+{
+    if (k < ic->released || k >= ic->released + (uint64_t)ic->n_steps)
+        return; /* Not a slot in flight (cannot happen on a sane NIC). */
+    ic->done_mask |= 1ull << (k % (uint64_t)ic->n_steps);
+    uint64_t released = ic->released;
+    while (ic->done_mask & (1ull << (released % (uint64_t)ic->n_steps))) {
+        ic->done_mask &= ~(1ull << (released % (uint64_t)ic->n_steps));
+        released++;
+    }
+    if (released != ic->released) {
+        ic->released = released;
+        cfx_store_release_u64(&ic->fifo->head, released);
+    }
 }
 
 static void completion(struct cfx_ib_conn *ic, const struct ibv_wc *wc)
 {
     enum ib_wr_kind kind = IB_WR_KIND(wc->wr_id);
-    if (kind != IB_WR_RECV)
-        ic->sq_used--;
+    int q = qp_index(ic, wc->qp_num);
+    if (q < 0) {
+        conn_fail(ic, cfxInternalError, ic->self_rank,
+                  "ib: a completion for queue pair %u, not one of the connection to rank %d",
+                  wc->qp_num, ic->peer_rank);
+        return;
+    }
+    if (kind != IB_WR_RECV) {
+        ic->sq_used[q]--;
+        ic->sq_total--;
+    }
     if (wc->status != IBV_WC_SUCCESS) {
         if (kind == IB_WR_CREDIT)
             ic->credits_inflight--;
@@ -280,15 +338,10 @@ static void completion(struct cfx_ib_conn *ic, const struct ibv_wc *wc)
     switch (kind) {
     case IB_WR_PAYLOAD: break;
     case IB_WR_POISON: atomic_store_explicit(&ic->poison_done, 1, memory_order_release); break;
-    case IB_WR_SLOT: {
-        /* In order on one queue pair: slot k's writes are done, its memory free. */
-        uint64_t k = IB_WR_VALUE(wc->wr_id);
-        cfx_store_release_u64(&ic->fifo->head, k + 1);
-        break;
-    }
+    case IB_WR_SLOT: slot_written(ic, IB_WR_VALUE(wc->wr_id)); break;
     case IB_WR_CREDIT: ic->credits_inflight--; break;
     case IB_WR_ALIVE: ic->alive_inflight = 0; break;
-    case IB_WR_RECV: slot_arrived(ic, wc); break;
+    case IB_WR_RECV: slot_arrived(ic, q, wc); break;
     default:
         conn_fail(ic, cfxInternalError, ic->self_rank,
                   "ib: a completion with an unknown work request id 0x%llx",
@@ -320,7 +373,7 @@ static int poll_completions(struct cfx_ib_conn *ic)
 
 int cfx_ib_conn_busy(const struct cfx_ib_conn *ic)
 {
-    if (ic->sq_used > 0)
+    if (ic->sq_total > 0)
         return 1;
     if (ic->dir == CFX_CONN_SEND)
         return ic->sent != cfx_load_acquire_u64(&ic->fifo->tail);

@@ -44,6 +44,8 @@ CFX_PARAM_INT(ib_timeout, "IB_TIMEOUT", 20, 1, 31,
 CFX_PARAM_INT(ib_retry_cnt, "IB_RETRY_CNT", 7, 0, 7, "Verbs transport: transport retries");
 CFX_PARAM_INT(ib_sl, "IB_SL", 0, 0, 15, "Verbs transport: InfiniBand service level");
 CFX_PARAM_INT(ib_tc, "IB_TC", 0, 0, 255, "Verbs transport: traffic class (GRH, RoCE)");
+CFX_PARAM_INT(ib_qps_per_connection, "IB_QPS_PER_CONNECTION", 1, 1, IB_MAX_QPS,
+              "Verbs transport: queue pairs per connection; slots are striped over them");
 CFX_PARAM_INT(ib_spin_us, "IB_SPIN_US", 0, 0, 1000000,
               "Verbs transport: microseconds the progress thread spins when idle before it sleeps");
 
@@ -154,8 +156,8 @@ static int ib_can_connect(void *ctx_v, const struct cfx_transport_peer *self,
     return ctx->usable && peer->path == CFX_PATH_CLASS_NET;
 }
 
-/* The queue pair, in INIT, with @p ic->cq for both queues. */
-static cfxResult_t qp_create(struct cfx_ib_ctx *ctx, struct cfx_ib_conn *ic)
+/* Queue pair @p q, in INIT, with @p ic->cq for both queues. */
+static cfxResult_t qp_create(struct cfx_ib_ctx *ctx, struct cfx_ib_conn *ic, int q)
 {
     const struct cfx_verbs_api *ibv = ctx->ibv;
     struct ibv_qp_init_attr init = {
@@ -170,21 +172,24 @@ static cfxResult_t qp_create(struct cfx_ib_ctx *ctx, struct cfx_ib_conn *ic)
         .qp_type = IBV_QPT_RC,
         .sq_sig_all = 0,
     };
-    ic->qp = ibv->create_qp(ctx->pd, &init);
-    if (ic->qp == NULL) {
+    if (q > 0 && ic->max_inline == 0)
+        init.cap.max_inline_data = 0;
+    ic->qp[q] = ibv->create_qp(ctx->pd, &init);
+    if (ic->qp[q] == NULL && q == 0) {
         init.cap.max_inline_data = 0; /* A NIC without inline data: sources are registered. */
-        ic->qp = ibv->create_qp(ctx->pd, &init);
+        ic->qp[q] = ibv->create_qp(ctx->pd, &init);
     }
-    if (ic->qp == NULL)
+    if (ic->qp[q] == NULL)
         return cfx_error_set_errno(errno, CFX_LOG_NET,
                                    "ib: cannot create a queue pair on %s for rank %d",
                                    ctx->port.dev_name, ic->peer_rank);
-    ic->max_inline = (int)init.cap.max_inline_data;
+    if (q == 0 || (int)init.cap.max_inline_data < ic->max_inline)
+        ic->max_inline = (int)init.cap.max_inline_data;
     struct ibv_qp_attr attr = {.qp_state = IBV_QPS_INIT,
                                .pkey_index = 0,
                                .port_num = (uint8_t)ctx->port.port,
                                .qp_access_flags = IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_LOCAL_WRITE};
-    int err = ibv->modify_qp(ic->qp, &attr,
+    int err = ibv->modify_qp(ic->qp[q], &attr,
                              IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS);
     if (err != 0)
         return cfx_error_set_errno(err, CFX_LOG_NET,
@@ -244,15 +249,18 @@ static cfxResult_t ib_setup(void *ctx_v, const struct cfx_transport_peer *peer, 
                                    "ib: cannot register %zu bytes for rank %d on %s (locked-memory "
                                    "limit? see ulimit -l)",
                                    bytes, peer->rank, ctx->port.dev_name);
-    int cqe = ic->sq_depth + n_steps + 8;
+    ic->n_qps = (int)param_ib_qps_per_connection();
+    int cqe = ic->n_qps * (ic->sq_depth + n_steps) + 8;
     ic->cq = ibv->create_cq(ctx->dev, cqe, ic, NULL, 0);
     if (ic->cq == NULL)
         return cfx_error_set_errno(errno, CFX_LOG_NET,
                                    "ib: cannot create a completion queue on %s for rank %d",
                                    ctx->port.dev_name, peer->rank);
-    CFX_CHECK(qp_create(ctx, ic));
-    if (ic->dir == CFX_CONN_RECV)
-        CFX_CHECK(cfx_ib_post_recvs(ic, n_steps));
+    for (int q = 0; q < ic->n_qps; q++) {
+        CFX_CHECK(qp_create(ctx, ic, q));
+        if (ic->dir == CFX_CONN_RECV)
+            CFX_CHECK(cfx_ib_post_recvs(ic, q, n_steps));
+    }
     uint32_t psn = 0;
     if (getrandom(&psn, sizeof(psn), GRND_NONBLOCK) != (ssize_t)sizeof(psn))
         psn = (uint32_t)cfx_time_now_ns();
@@ -261,7 +269,7 @@ static cfxResult_t ib_setup(void *ctx_v, const struct cfx_transport_peer *peer, 
     struct cfx_ib_info info = {.magic = IB_INFO_MAGIC,
                                .rank = ctx->rank,
                                .dir = (uint32_t)conn->dir,
-                               .qpn = ic->qp->qp_num,
+                               .n_qps = (uint32_t)ic->n_qps,
                                .psn = ic->psn,
                                .mtu = (uint32_t)ctx->port.mtu,
                                .lid = ctx->port.lid,
@@ -272,6 +280,8 @@ static cfxResult_t ib_setup(void *ctx_v, const struct cfx_transport_peer *peer, 
                                .slots_offset = slots_off,
                                .box_offset = box_off,
                                .rkey = ic->mr->rkey};
+    for (int q = 0; q < ic->n_qps; q++)
+        info.qpn[q] = ic->qp[q]->qp_num;
     memcpy(info.gid, ctx->port.gid.raw, sizeof(info.gid));
     snprintf(info.nic, sizeof(info.nic), "%.24s:%d", ctx->port.dev_name, ctx->port.port);
     memcpy(info_out, &info, sizeof(info));
@@ -280,16 +290,16 @@ static cfxResult_t ib_setup(void *ctx_v, const struct cfx_transport_peer *peer, 
     return cfxSuccess;
 }
 
-/* RTR then RTS with the peer's queue pair. */
+/* RTR then RTS: queue pair @p q with the peer's queue pair @p q. */
 static cfxResult_t qp_connect(struct cfx_ib_ctx *ctx, struct cfx_ib_conn *ic,
-                              const struct cfx_ib_info *peer)
+                              const struct cfx_ib_info *peer, int q)
 {
     const struct cfx_verbs_api *ibv = ctx->ibv;
     struct ibv_qp_attr attr = {
         .qp_state = IBV_QPS_RTR,
         .path_mtu = (enum ibv_mtu)(peer->mtu < (uint32_t)ctx->port.mtu ? peer->mtu
                                                                        : (uint32_t)ctx->port.mtu),
-        .dest_qp_num = peer->qpn,
+        .dest_qp_num = peer->qpn[q],
         .rq_psn = peer->psn,
         .max_dest_rd_atomic = 1,
         .min_rnr_timer = 12,
@@ -306,13 +316,13 @@ static cfxResult_t qp_connect(struct cfx_ib_ctx *ctx, struct cfx_ib_conn *ic,
         attr.ah_attr.grh.hop_limit = 255;
         attr.ah_attr.grh.traffic_class = (uint8_t)ctx->tc;
     }
-    int err = ibv->modify_qp(ic->qp, &attr,
+    int err = ibv->modify_qp(ic->qp[q], &attr,
                              IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN |
                                  IBV_QP_RQ_PSN | IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER);
     if (err != 0)
         return cfx_error_set_errno(err, CFX_LOG_NET,
                                    "ib: cannot move the queue pair to rank %d (%s, qpn %u) to RTR",
-                                   ic->peer_rank, peer->nic, peer->qpn);
+                                   ic->peer_rank, peer->nic, peer->qpn[q]);
     memset(&attr, 0, sizeof(attr));
     attr.qp_state = IBV_QPS_RTS;
     attr.timeout = (uint8_t)ctx->timeout;
@@ -320,7 +330,7 @@ static cfxResult_t qp_connect(struct cfx_ib_ctx *ctx, struct cfx_ib_conn *ic,
     attr.rnr_retry = 7;
     attr.sq_psn = ic->psn;
     attr.max_rd_atomic = 1;
-    err = ibv->modify_qp(ic->qp, &attr,
+    err = ibv->modify_qp(ic->qp[q], &attr,
                          IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY |
                              IBV_QP_SQ_PSN | IBV_QP_MAX_QP_RD_ATOMIC);
     if (err != 0)
@@ -341,7 +351,8 @@ static cfxResult_t ib_connect(void *ctx_v, struct cfx_connector *conn, const voi
     peer.nic[sizeof(peer.nic) - 1] = '\0';
     enum cfx_conn_dir want = ic->dir == CFX_CONN_SEND ? CFX_CONN_RECV : CFX_CONN_SEND;
     if (peer.magic != IB_INFO_MAGIC || peer.rank != ic->peer_rank || peer.dir != (uint32_t)want ||
-        peer.n_steps != (uint32_t)ic->n_steps || peer.slot_bytes != ic->slot_bytes)
+        peer.n_steps != (uint32_t)ic->n_steps || peer.slot_bytes != ic->slot_bytes ||
+        peer.n_qps > IB_MAX_QPS)
         return cfx_error_set(cfxInternalError, CFX_LOG_NET,
                              "ib: rank %d sent connect info that does not match this connection "
                              "(another build, or a crossed connection)",
@@ -355,21 +366,28 @@ static cfxResult_t ib_connect(void *ctx_v, struct cfx_connector *conn, const voi
                              ctx->port.dev_name, ctx->port.port,
                              ctx->port.link_layer == IBV_LINK_LAYER_ETHERNET ? "RoCE"
                                                                              : "InfiniBand");
+    if (peer.n_qps != (uint32_t)ic->n_qps)
+        return cfx_error_set(cfxInvalidUsage, CFX_LOG_NET,
+                             "ib: rank %d uses %u queue pairs per connection but rank %d uses %d; "
+                             "set CFX_IB_QPS_PER_CONNECTION alike on all ranks",
+                             ic->peer_rank, peer.n_qps, ic->self_rank, ic->n_qps);
     snprintf(ic->peer_nic, sizeof(ic->peer_nic), "%s", peer.nic);
     ic->peer_addr = peer.mem_addr;
     ic->peer_slots = peer.mem_addr + peer.slots_offset;
     ic->peer_box = peer.mem_addr + peer.box_offset;
     ic->peer_rkey = peer.rkey;
-    CFX_CHECK(qp_connect(ctx, ic, &peer));
+    for (int q = 0; q < ic->n_qps; q++)
+        CFX_CHECK(qp_connect(ctx, ic, &peer, q));
     ic->client.progress = conn_proxy_progress;
     ic->client.ready = NULL;
     ic->client.arg = ic;
     CFX_CHECK(cfx_proxy_add(ctx->proxy, &ic->client, NULL, 0, 0));
     ic->registered = 1;
-    CFX_INFO(CFX_LOG_NET, "ib: rank %d %s rank %d connected (%s:%d qpn %u %s %s qpn %u)", ctx->rank,
-             ic->dir == CFX_CONN_SEND ? "->" : "<-", ic->peer_rank, ctx->port.dev_name,
-             ctx->port.port, ic->qp->qp_num, ic->dir == CFX_CONN_SEND ? "->" : "<-", peer.nic,
-             peer.qpn);
+    CFX_INFO(CFX_LOG_NET,
+             "ib: rank %d %s rank %d connected (%s:%d qpn %u %s %s qpn %u; %d queue pair(s))",
+             ctx->rank, ic->dir == CFX_CONN_SEND ? "->" : "<-", ic->peer_rank, ctx->port.dev_name,
+             ctx->port.port, ic->qp[0]->qp_num, ic->dir == CFX_CONN_SEND ? "->" : "<-", peer.nic,
+             peer.qpn[0], ic->n_qps);
     return cfxSuccess;
 }
 
@@ -409,8 +427,9 @@ static void ib_close(void *ctx_v, struct cfx_connector *conn)
         cfx_proxy_remove(ctx->proxy, &ic->client);
         ic->registered = 0;
     }
-    if (ic->qp)
-        ibv->destroy_qp(ic->qp);
+    for (int q = 0; q < IB_MAX_QPS; q++)
+        if (ic->qp[q])
+            ibv->destroy_qp(ic->qp[q]);
     if (ic->cq)
         ibv->destroy_cq(ic->cq);
     if (ic->mr)
