@@ -52,6 +52,22 @@ void cfx_test_setenv(const char *name, const char *value)
     cfx_log_reset();
 }
 
+const char *cfx_test_use_fakeverbs(void)
+{
+    const char *lib = getenv("CFX_TEST_FAKEVERBS");
+    if (lib == NULL || lib[0] == '\0' || access(lib, R_OK) != 0)
+        return NULL;
+    char dir[64];
+    snprintf(dir, sizeof(dir), "/tmp/cfx-fakeverbs-test-%d", (int)getpid());
+    cfx_test_setenv("FAKEVERBS_DIR", dir);
+    cfx_test_setenv("FAKEVERBS_ADDR", "127.0.0.1"); /* Its TCP stays on loopback. */
+    /* 4.096 us x 2^14 x 8 tries: a write to a dead queue pair fails in 0.5 s. */
+    cfx_test_setenv("CFX_IB_TIMEOUT", "14");
+    cfx_test_setenv("CFX_IB_VERBS_LIB", lib);
+    cfx_test_setenv("CFX_NET", "IB");
+    return lib;
+}
+
 void cfx_test_step(struct cfx_test_rank *ctx, const char *fmt, ...)
 {
     (void)ctx;

@@ -91,4 +91,11 @@ void cfx_test_fail(struct cfx_test_rank *ctx, const char *file, int line, const 
  * parameters (threads share this process's environment). */
 void cfx_test_setenv(const char *name, const char *value);
 
+/* Make the ranks of the next run use tests/fakeverbs, the project's own
+ * libibverbs (CFX_TEST_FAKEVERBS, set by ctest), for every connection
+ * between hosts (CFX_NET=IB), with a registry of this process's own and its
+ * TCP on loopback. Returns the library's path, or NULL (nothing set) when
+ * there is none: built without the verbs headers. */
+const char *cfx_test_use_fakeverbs(void);
+
 #endif /* CFX_TEST_HARNESS_H */

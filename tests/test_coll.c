@@ -450,18 +450,9 @@ ParameterizedTestParameters(conformance, collective)
  * skip saying why there is none. */
 static void use_fakeverbs(void)
 {
-    const char *lib = getenv("CFX_TEST_FAKEVERBS");
-    if (lib == NULL || lib[0] == '\0')
+    if (cfx_test_use_fakeverbs() == NULL)
         cr_skip_test("no fake-verbs library (CFX_TEST_FAKEVERBS unset: built without the verbs "
                      "headers?)");
-    char dir[64];
-    snprintf(dir, sizeof(dir), "/tmp/cfx-fakeverbs-test-%d", (int)getpid());
-    cfx_test_setenv("FAKEVERBS_DIR", dir);
-    cfx_test_setenv("FAKEVERBS_ADDR", "127.0.0.1"); /* Its TCP stays on loopback. */
-    /* 4.096 us x 2^14 x 8 tries: a write to a dead queue pair fails in 0.5 s. */
-    cfx_test_setenv("CFX_IB_TIMEOUT", "14");
-    cfx_test_setenv("CFX_IB_VERBS_LIB", lib);
-    cfx_test_setenv("CFX_NET", "IB");
 }
 
 static const char *const transport_names[] = {"shm", "socket", "verbs (fake-verbs)"};

@@ -30,15 +30,14 @@ static double now_s(void)
     return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
-/* The fake library, or a skip saying why there is none. */
-static const char *fake_library(void)
+/* Every connection between hosts over the fake NIC, or a skip saying why
+ * there is none. */
+static void use_fake(void)
 {
-    const char *path = getenv("CFX_TEST_FAKEVERBS");
-    if (path == NULL || path[0] == '\0' || access(path, R_OK) != 0)
+    if (cfx_test_use_fakeverbs() == NULL)
         cr_skip_test("no fake-verbs library (CFX_TEST_FAKEVERBS=%s): built without the verbs "
                      "headers?",
-                     path ? path : "unset");
-    return path;
+                     getenv("CFX_TEST_FAKEVERBS") ? getenv("CFX_TEST_FAKEVERBS") : "unset");
 }
 
 /* Every process its own host: every connection crosses the "network". */
@@ -48,20 +47,6 @@ static void own_host(struct cfx_test_rank *ctx)
     snprintf(host, sizeof(host), "ib-test-host-%d", ctx->rank);
     cfx_test_setenv("CFX_HOSTID", host);
     cfx_verbs_api_reset();
-}
-
-/* Make the ranks of the next run use the fake NIC (CFX_NET=IB: verbs or
- * nothing between hosts), with a registry of this test's own. */
-static void use_fake(const char *lib)
-{
-    char dir[64];
-    snprintf(dir, sizeof(dir), "/tmp/cfx-fakeverbs-test-%d", (int)getpid());
-    cfx_test_setenv("FAKEVERBS_DIR", dir);
-    cfx_test_setenv("FAKEVERBS_ADDR", "127.0.0.1"); /* Its TCP stays on loopback. */
-    /* 4.096 us x 2^14 x 8 tries: a write to a dead queue pair fails in 0.5 s. */
-    cfx_test_setenv("CFX_IB_TIMEOUT", "14");
-    cfx_test_setenv("CFX_IB_VERBS_LIB", lib);
-    cfx_test_setenv("CFX_NET", "IB");
 }
 
 /* Lines of the per-rank log files "<prefix>.<pid>" that contain @p needle. */
@@ -205,7 +190,7 @@ ParameterizedTestParameters(ib_fake, allreduce_over_verbs)
 
 ParameterizedTest(int *nranks, ib_fake, allreduce_over_verbs, .timeout = 120)
 {
-    use_fake(fake_library());
+    use_fake();
     char logs[128];
     log_to(logs, sizeof(logs), "fake");
     struct cfx_test_options opts = {
@@ -220,7 +205,7 @@ ParameterizedTest(int *nranks, ib_fake, allreduce_over_verbs, .timeout = 120)
 
 Test(ib_fake, roce_link_layer_connects_through_the_ipv4_gid, .timeout = 120)
 {
-    use_fake(fake_library());
+    use_fake();
     cfx_test_setenv("FAKEVERBS_LINK_LAYER", "roce");
     char logs[128];
     log_to(logs, sizeof(logs), "roce");
@@ -235,7 +220,7 @@ Test(ib_fake, roce_link_layer_connects_through_the_ipv4_gid, .timeout = 120)
 
 Test(ib_fake, hca_filter_that_excludes_every_port_leaves_sockets, .timeout = 120)
 {
-    use_fake(fake_library());
+    use_fake();
     cfx_test_setenv("CFX_NET", NULL);
     cfx_test_setenv("CFX_IB_HCA", "^fake");
     char logs[128];
@@ -253,7 +238,7 @@ Test(ib_fake, hca_filter_that_excludes_every_port_leaves_sockets, .timeout = 120
 
 Test(ib_fake, slots_striped_over_four_queue_pairs_arrive_in_order, .timeout = 120)
 {
-    use_fake(fake_library());
+    use_fake();
     cfx_test_setenv("CFX_IB_QPS_PER_CONNECTION", "4");
     char logs[128];
     log_to(logs, sizeof(logs), "qps");
@@ -285,7 +270,7 @@ static void init_fails_naming_the_setting(struct cfx_test_rank *ctx)
 
 Test(ib_fake, queue_pair_counts_that_differ_fail_init_naming_the_setting, .timeout = 120)
 {
-    use_fake(fake_library());
+    use_fake();
     cfx_test_setenv("CFX_TIMEOUT", "10");
     struct cfx_test_options opts = {.nranks = 2,
                                     .mode = CFX_TEST_PROCS,
@@ -335,7 +320,7 @@ static void allreduce_until_rank_two_dies(struct cfx_test_rank *ctx)
 
 Test(ib_fake, killed_rank_fails_every_survivor_with_its_name, .timeout = 120)
 {
-    use_fake(fake_library());
+    use_fake();
     cfx_test_setenv("CFX_TIMEOUT", "10");
     struct cfx_test_options opts = {.nranks = 4,
                                     .mode = CFX_TEST_PROCS,
@@ -429,7 +414,7 @@ ParameterizedTest(struct knob_case *kc, ib_fake, fault_knob_fails_the_call_with_
                   .timeout = 120)
 {
     cr_log_info("%s=%s in rank 1", kc->name, kc->value);
-    use_fake(fake_library());
+    use_fake();
     cfx_test_setenv("CFX_TIMEOUT", "5");
     knob_now = kc;
     struct cfx_test_options opts = {.nranks = 3,
