@@ -271,7 +271,6 @@ static void slot_arrived(struct cfx_ib_conn *ic, int q, const struct ibv_wc *wc)
                   (uint32_t)ic->arrived + (uint32_t)ic->n_steps - 1, ic->peer_rank);
         return;
     }
-    atomic_thread_fence(memory_order_acquire);
     ic->arrived_mask |= 1ull << index;
     post_arrived(ic);
     if (cfx_ib_post_recvs(ic, q, 1) != cfxSuccess)
