@@ -20,6 +20,13 @@
  * keeps the two streams in step; the receiver's irecvs are its flow
  * control (the plugin holds a send until the matching receive is posted or
  * buffers it).
+ *
+ * Poison: a sender that is told to stop sends, after the slots it already
+ * sent, one more info line with size NET_POISON_SIZE and seq 0 (from
+ * staging[0] of its block), carrying the reason in print.count and the
+ * rank to blame in print.root; the receiver's check() reports it. A
+ * receiver cannot tell its sender anything (a comm goes one way): its
+ * peer learns of it when the comm is closed, or by its own timeout.
  */
 #ifndef CFX_TRANSPORTS_NET_CONN_H
 #define CFX_TRANSPORTS_NET_CONN_H
@@ -37,7 +44,8 @@
 #define NET_POLL_NS      (200 * 1000)             /* Proxy pass interval while work is in flight. */
 #define NET_IDLE_POLL_NS (1000 * 1000)            /* A receiver waiting for its next slot. */
 #define NET_LINGER_NS    (2 * 1000000000LL)       /* close(): posted slots still get this long. */
-#define NET_INFO_MAGIC   0x43464e50u              /* "CFNP" */
+#define NET_POISON_SIZE  0xffffffffu /* An info line with this size (and seq 0) is a poison. */
+#define NET_INFO_MAGIC   0x43464e50u /* "CFNP" */
 #define NET_NAME_MAX     64
 
 /* The loaded plugin, one per process (plugin.c): v8 and v9 behind one face. */
@@ -143,7 +151,15 @@ struct cfx_net_conn {
      * `decided` has its info receive posted when info_posted. */
     uint64_t arrived, decided;
     int info_posted;
-    _Atomic int poison_reason; /* Set by poison(): stop issuing. */
+    _Atomic int poison_reason; /* Set by poison(): stop issuing (a sender tells its peer). */
+    _Atomic int poison_blame;
+    void *req_poison;        /* Sender: the poison line's send, outstanding. */
+    int poison_sent;         /* Sender: the poison line's send is posted. */
+    _Atomic int poison_done; /* Sender: and completed (close() lingers for it). */
+    /* Receiver: the peer's poison line came (reason, blame rank); set by
+     * the driving thread, read by check(). */
+    _Atomic int peer_poison;
+    int peer_poison_blame;
     _Alignas(CFX_CACHE_LINE) _Atomic int busy;
     _Atomic int wanted;
     /* Failure: written by the driving thread, then `failed` (release). */

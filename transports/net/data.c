@@ -74,6 +74,38 @@ static int request_test(struct cfx_net_conn *nc, void **req, int *bytes_p)
 
 /* ============================================================ sender */
 
+/* Poisoned: once no slot is half sent, send the poison line; test it. */
+static int send_poison(struct cfx_net_conn *nc)
+{
+    if (nc->req_poison != NULL) {
+        if (!request_test(nc, &nc->req_poison, NULL))
+            return 0;
+        atomic_store_explicit(&nc->poison_done, 1, memory_order_release);
+        return 1;
+    }
+    if (nc->poison_sent || nc->info_issued || nc->n_reqs >= NET_MAX_REQUESTS)
+        return 0;
+    struct cfx_slot_info *line = &nc->staging[0];
+    memset(line, 0, sizeof(*line));
+    line->size = NET_POISON_SIZE;
+    line->seq = 0;
+    line->print.count = (uint64_t)atomic_load_explicit(&nc->poison_reason, memory_order_acquire);
+    line->print.root = atomic_load_explicit(&nc->poison_blame, memory_order_relaxed);
+    void *req = NULL;
+    ncclResult_t res =
+        cfx_net_plugin_isend(nc->plugin, nc->comm, line, sizeof(*line), nc->mhandle, &req);
+    if (res != ncclSuccess) {
+        call_failed(nc, "isend", res);
+        return 0;
+    }
+    if (req == NULL)
+        return 0;
+    nc->req_poison = req;
+    nc->n_reqs++;
+    nc->poison_sent = 1;
+    return 1;
+}
+
 static int send_pass(struct cfx_net_conn *nc)
 {
     int moved = 0;
@@ -97,7 +129,7 @@ static int send_pass(struct cfx_net_conn *nc)
         moved = 1;
     }
     if (atomic_load_explicit(&nc->poison_reason, memory_order_acquire))
-        return moved;
+        return moved | send_poison(nc);
     /* Sends of posted slots, in order, within the request limit. */
     uint64_t tail = cfx_load_acquire_u64(&nc->fifo->tail);
     while (nc->issued < tail && nc->n_reqs < NET_MAX_REQUESTS) {
@@ -198,6 +230,14 @@ static int recv_pass(struct cfx_net_conn *nc)
             if (!s->info_done)
                 break;
             uint32_t size = nc->staging[index].size;
+            if (size == NET_POISON_SIZE && nc->staging[index].seq == 0) {
+                if (!atomic_load_explicit(&nc->peer_poison, memory_order_relaxed)) {
+                    nc->peer_poison_blame = nc->staging[index].print.root;
+                    atomic_store_explicit(&nc->peer_poison, (int)nc->staging[index].print.count,
+                                          memory_order_release);
+                }
+                return moved; /* Nothing follows. */
+            }
             if (size > nc->slot_bytes) {
                 conn_fail(nc, cfxInvalidUsage, nc->peer_rank,
                           "net-plugin: rank %d sent %u bytes for a %zu-byte slot of rank %d",
@@ -295,8 +335,11 @@ static int recv_pass(struct cfx_net_conn *nc)
 
 int cfx_net_conn_busy(const struct cfx_net_conn *nc)
 {
-    if (nc->dir == CFX_CONN_SEND)
+    if (nc->dir == CFX_CONN_SEND) {
+        if (atomic_load_explicit(&nc->poison_reason, memory_order_acquire))
+            return !atomic_load_explicit(&nc->poison_done, memory_order_acquire);
         return nc->n_reqs > 0 || nc->issued != cfx_load_acquire_u64(&nc->fifo->tail);
+    }
     /* A receiver waiting for the next info line is left to the thread
      * that waits on it; a payload on its way is the proxy's too. */
     return nc->decided > nc->arrived;
@@ -347,6 +390,18 @@ cfxResult_t cfx_net_conn_check(struct cfx_net_conn *nc, struct cfx_connector *co
             return cfxSuccess;
         conn->blame_rank = nc->blame_rank;
         return cfx_error_set(nc->failed_res, CFX_LOG_NET, "%s", nc->error);
+    }
+    int poison = atomic_load_explicit(&nc->peer_poison, memory_order_acquire);
+    if (poison != 0 && !takeable) {
+        cfxResult_t reason = (cfxResult_t)poison;
+        int blame = nc->peer_poison_blame;
+        conn->blame_rank = blame;
+        return cfx_error_set(reason, CFX_LOG_NET,
+                             "rank %d stopped its connection to rank %d because of rank %d: %s%s",
+                             nc->peer_rank, nc->self_rank, blame, cfxGetErrorString(reason),
+                             reason == cfxInvalidUsage ? " (mismatched collectives; that rank's "
+                                                         "error says which)"
+                                                       : "");
     }
     return cfxSuccess;
 }

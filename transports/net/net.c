@@ -255,18 +255,21 @@ static cfxResult_t net_connect(void *ctx_v, struct cfx_connector *conn, const vo
     return cfxSuccess;
 }
 
-/* Before the comm goes: a sender's posted slots get sent, at most
- * NET_LINGER_NS, and not at all once the connector failed. */
+/* Before the comm goes: a sender's posted slots (or its poison line) get
+ * sent, at most NET_LINGER_NS, and not at all once the connector failed. */
 static void linger(struct cfx_net_conn *nc)
 {
     if (nc->dir != CFX_CONN_SEND)
         return;
     int64_t deadline = cfx_time_now_ns() + NET_LINGER_NS;
     for (;;) {
-        if (atomic_load_explicit(&nc->failed, memory_order_acquire) ||
-            atomic_load_explicit(&nc->poison_reason, memory_order_acquire))
+        if (atomic_load_explicit(&nc->failed, memory_order_acquire))
             return;
-        if (cfx_load_acquire_u64(&nc->fifo->head) == cfx_load_acquire_u64(&nc->fifo->tail))
+        int done =
+            atomic_load_explicit(&nc->poison_reason, memory_order_acquire)
+                ? atomic_load_explicit(&nc->poison_done, memory_order_acquire)
+                : cfx_load_acquire_u64(&nc->fifo->head) == cfx_load_acquire_u64(&nc->fifo->tail);
+        if (done)
             return;
         if (cfx_time_now_ns() > deadline)
             return;
@@ -325,17 +328,20 @@ static void net_kick(void *ctx_v, struct cfx_connector *conn)
     net_progress(ctx_v, conn);
 }
 
-/* Stop issuing on this connector. The peer is not told (a plugin has no
- * side channel): it learns when this side closes its comm, or by its own
- * timeout. */
+/* Stop issuing on this connector; a sender's next pass sends the poison
+ * line after what it already sent. A receiver cannot tell its peer (a comm
+ * goes one way): that peer learns when this side closes its comm, or by
+ * its own timeout. */
 static void net_poison(void *ctx_v, struct cfx_connector *conn, cfxResult_t reason, int blame_rank)
 {
     (void)ctx_v;
-    (void)blame_rank;
     struct cfx_net_conn *nc = conn->priv;
-    if (nc == NULL)
+    if (nc == NULL || reason == cfxSuccess)
         return;
+    atomic_store_explicit(&nc->poison_blame, blame_rank, memory_order_relaxed);
     atomic_store_explicit(&nc->poison_reason, (int)reason, memory_order_release);
+    if (nc->registered)
+        cfx_net_conn_drive(nc);
 }
 
 static cfxResult_t net_check(void *ctx_v, struct cfx_connector *conn)
