@@ -105,9 +105,10 @@ static void allreduce_and_check(struct cfx_test_rank *ctx, cfxComm_t comm, size_
     for (size_t i = 0; i < count; i++) {
         float want = ranks_sum + (float)ctx->nranks * (float)(i % 7);
         if (data[i] != want) {
+            double got = (double)data[i];
             free(data);
-            RANK_ASSERT(ctx, 0, "allreduce of %zu: element %zu is %g, not %g", count, i,
-                        (double)data[i], (double)want);
+            RANK_ASSERT(ctx, 0, "allreduce of %zu: element %zu is %g, not %g", count, i, got,
+                        (double)want);
         }
     }
     free(data);
@@ -145,6 +146,8 @@ static void run_over_plugin(const char *var, int nranks, cfx_test_rank_fn fn, in
     logs_off();
     cfx_test_setenv("CFX_NET_PLUGIN", NULL);
     cr_assert(ok, "%s(logs kept in %s.*)", report, logs);
+    cr_log_info("%d ranks: %d connection lines via net-plugin, %d via socket, %d lines \"%s\"",
+                nranks, *via_plugin_p, *via_socket_p, *loaded_p, loaded_needle);
 }
 
 ParameterizedTestParameters(net_plugin, allreduce_of_every_size_over_the_plugin)

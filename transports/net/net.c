@@ -236,6 +236,10 @@ static cfxResult_t net_connect(void *ctx_v, struct cfx_connector *conn, const vo
     if (nc->dir == CFX_CONN_SEND)
         memcpy(nc->handle, peer.handle, sizeof(nc->handle)); /* The plugin may write into it. */
     CFX_CHECK(comm_establish(ctx, nc));
+    if (nc->listen_comm != NULL) { /* One connection per listener: done with it. */
+        cfx_net_plugin_close_listen(nc->plugin, nc->listen_comm);
+        nc->listen_comm = NULL;
+    }
     ncclResult_t res =
         cfx_net_plugin_reg_mr(nc->plugin, nc->comm, nc->mem, nc->mem_bytes, &nc->mhandle);
     if (res != ncclSuccess)
