@@ -30,6 +30,8 @@ static double now_s(void)
 static const char *test_plugin(const char *var)
 {
     const char *path = getenv(var);
+    if (path != NULL && path[0] && strchr(path, '/') == NULL)
+        return path; /* A plugin name, for the library path. */
     if (path == NULL || path[0] == '\0' || access(path, R_OK) != 0)
         cr_skip_test("no test net plugin (%s=%s): run through ctest, or set it to "
                      "build/tests/netplugin/libnccl-net-cfxtest.so",
@@ -294,4 +296,103 @@ Test(net_plugin, killed_rank_fails_every_survivor_within_the_timeout, .timeout =
     cfx_test_setenv("CFX_NET_PLUGIN", NULL);
     cfx_test_setenv("CFX_TIMEOUT", NULL);
     cr_assert(ok, "%s", report);
+}
+
+static void init_must_fail_for_want_of_a_device(struct cfx_test_rank *ctx)
+{
+    cfxComm_t comm = NULL;
+    cfx_test_step(ctx, "init with a plugin that reports no device");
+    cfxResult_t res = cfxCommInitRank(&comm, ctx->nranks, ctx->id, ctx->rank);
+    RANK_ASSERT(ctx, res == cfxSystemError, "init returned %s with a plugin without devices",
+                cfxGetErrorString(res));
+    const char *why = cfxGetLastError(NULL);
+    RANK_ASSERT(ctx, strstr(why, "cfxtest") != NULL && strstr(why, "no device") != NULL,
+                "the sentence does not say the plugin has no device: %s", why);
+}
+
+Test(net_plugin, a_plugin_without_devices_fails_init_with_a_sentence, .timeout = 60)
+{
+    cfx_test_setenv("CFX_NET_PLUGIN", test_plugin("CFX_TEST_NET_PLUGIN"));
+    cfx_test_setenv("CFXTEST_NDEV", "0");
+    cfx_test_setenv("CFX_TIMEOUT", "5");
+    struct cfx_test_options opts = {
+        .nranks = 2, .mode = CFX_TEST_PROCS, .deadline_s = 40, .before_rank = own_host};
+    char report[8192];
+    int ok = cfx_test_run(&opts, init_must_fail_for_want_of_a_device, report, sizeof(report));
+    cfx_test_setenv("CFX_NET_PLUGIN", NULL);
+    cfx_test_setenv("CFXTEST_NDEV", NULL);
+    cfx_test_setenv("CFX_TIMEOUT", NULL);
+    cr_assert(ok, "%s", report);
+}
+
+/* Rank 1's plugin fails every isend after its first 40. */
+static void isends_fail_in_rank_one(struct cfx_test_rank *ctx)
+{
+    own_host(ctx);
+    if (ctx->rank == 1)
+        cfx_test_setenv("CFXTEST_FAIL_AFTER_SENDS", "40");
+}
+
+static void allreduce_until_an_isend_fails(struct cfx_test_rank *ctx)
+{
+    cfxComm_t comm;
+    RANK_CFX(ctx, cfxCommInitRank(&comm, ctx->nranks, ctx->id, ctx->rank));
+    size_t count = 1 << 16;
+    float *data = calloc(count, sizeof(float));
+    RANK_ASSERT(ctx, data != NULL, "malloc");
+    cfxResult_t res = cfxSuccess;
+    double start = now_s(), call = 0;
+    for (int i = 0; res == cfxSuccess && now_s() - start < 20; i++) {
+        cfx_test_step(ctx, "allreduce %d until rank 1's isend fails", i);
+        call = now_s();
+        res = cfxAllReduce(data, data, count, cfxFloat32, cfxSum, comm, NULL);
+    }
+    free(data);
+    const char *why = cfxGetLastError(comm);
+    RANK_ASSERT(ctx, res != cfxSuccess, "no allreduce failed in 20 s");
+    RANK_ASSERT(ctx, now_s() - call < 8, "the failing call took %.1f s (CFX_TIMEOUT=5)",
+                now_s() - call);
+    RANK_ASSERT(ctx, strstr(why, "rank") != NULL, "the sentence names no rank: %s", why);
+    if (ctx->rank == 1)
+        RANK_ASSERT(ctx, strstr(why, "plugin cfxtest's isend returned ncclSystemError (2)") != NULL,
+                    "rank 1's sentence does not name the plugin, the call and its result: %s", why);
+    cfxCommDestroy(comm);
+}
+
+Test(net_plugin, a_failing_plugin_call_fails_the_call_with_a_sentence_naming_it, .timeout = 120)
+{
+    cfx_test_setenv("CFX_NET_PLUGIN", test_plugin("CFX_TEST_NET_PLUGIN"));
+    cfx_test_setenv("CFX_TIMEOUT", "5");
+    struct cfx_test_options opts = {.nranks = 3,
+                                    .mode = CFX_TEST_PROCS,
+                                    .deadline_s = 90,
+                                    .before_rank = isends_fail_in_rank_one};
+    char report[8192];
+    int ok = cfx_test_run(&opts, allreduce_until_an_isend_fails, report, sizeof(report));
+    cfx_test_setenv("CFX_NET_PLUGIN", NULL);
+    cfx_test_setenv("CFX_TIMEOUT", NULL);
+    cr_assert(ok, "%s", report);
+}
+
+/* CFX_NET_PLUGIN=cfxtest finds libnccl-net-cfxtest.so on the library path
+ * (NCCL's naming rule). ctest puts the plugin's folder on LD_LIBRARY_PATH;
+ * the dynamic loader reads it only at start, so without it: a skip. */
+Test(net_plugin, a_plugin_name_finds_libnccl_net_name_so_on_the_library_path, .timeout = 150)
+{
+    const char *path = test_plugin("CFX_TEST_NET_PLUGIN");
+    char dir[512];
+    snprintf(dir, sizeof(dir), "%s", path);
+    char *slash = strrchr(dir, '/');
+    if (slash != NULL)
+        *slash = '\0';
+    const char *search = getenv("LD_LIBRARY_PATH");
+    if (search == NULL || strstr(search, dir) == NULL)
+        cr_skip_test("LD_LIBRARY_PATH does not hold %s (ctest sets it)", dir);
+    int plugin, socket, loaded;
+    cfx_test_setenv("CFX_TEST_NET_PLUGIN_NAME", "cfxtest");
+    run_over_plugin("CFX_TEST_NET_PLUGIN_NAME", 2, allreduces_of_every_size, &plugin, &socket,
+                    &loaded, "loaded libnccl-net-cfxtest.so (ncclNetPlugin_v9");
+    cfx_test_setenv("CFX_TEST_NET_PLUGIN_NAME", NULL);
+    cr_assert_geq(plugin, 2, "only %d connections via net-plugin in the logs", plugin);
+    cr_assert_geq(loaded, 2, "the ranks did not load the plugin by its name (%d lines)", loaded);
 }

@@ -10,6 +10,11 @@
  * than the receive posted for it is an error (ncclInternalError), and so is
  * anything after the peer went away (ncclRemoteError).
  *
+ * Knobs for failure tests, read at init: CFXTEST_NDEV=n reports n
+ * devices ("lo", "lo1", ...; default 1, 0 for none), CFXTEST_FAIL_AFTER_SENDS=n
+ * makes every isend after the first n of this process fail with
+ * ncclSystemError.
+ *
  * Built twice: libnccl-net-cfxtest.so exports ncclNetPlugin_v9,
  * libnccl-net-cfxtest8.so (CFXTEST_V8) exports ncclNetPlugin_v8 only.
  */
@@ -31,6 +36,9 @@
 #define CFXTEST_MAGIC        0x74786663u /* "cfxt" */
 
 static ncclDebugLogger_t logger;
+static int n_devices = 1;
+static long fail_after_sends = -1; /* -1: never. */
+static long sends;
 
 #define LOG_WARN(...)                                                                              \
     do {                                                                                           \
@@ -78,19 +86,26 @@ struct listen_comm {
 static ncclResult_t tp_init(ncclDebugLogger_t log)
 {
     logger = log;
+    const char *text = getenv("CFXTEST_NDEV");
+    if (text != NULL && text[0])
+        n_devices = atoi(text);
+    n_devices = n_devices < 0 ? 0 : n_devices > 8 ? 8 : n_devices;
+    text = getenv("CFXTEST_FAIL_AFTER_SENDS");
+    if (text != NULL && text[0])
+        fail_after_sends = atol(text);
     if (logger)
         logger(NCCL_LOG_INFO, NCCL_LOG_SUBSYS_NET, __FILE__, __LINE__,
-               "cfxtest plugin: %d device over TCP on %s", 1, "127.0.0.1");
+               "cfxtest plugin: %d device(s) over TCP on %s", n_devices, "127.0.0.1");
     return ncclSuccess;
 }
 
 static ncclResult_t tp_devices(int *ndev)
 {
-    *ndev = 1;
+    *ndev = n_devices;
     return ncclSuccess;
 }
 
-static char dev_name[] = "lo";
+static char *dev_names[] = {"lo", "lo1", "lo2", "lo3", "lo4", "lo5", "lo6", "lo7"};
 
 static ncclResult_t tp_listen(int dev, void *handle_v, void **listen_comm)
 {
@@ -297,10 +312,16 @@ static ncclResult_t tp_isend_any(void *send_comm, void *data, size_t size, void 
     *request = NULL;
     if (c->error != ncclSuccess)
         return c->error;
+    if (fail_after_sends >= 0 && sends >= fail_after_sends) {
+        LOG_WARN("cfxtest: isend fails on purpose after %ld sends (CFXTEST_FAIL_AFTER_SENDS)",
+                 sends);
+        return ncclSystemError;
+    }
     struct request *r = request_new(c, data, size);
     if (r == NULL)
         return ncclSuccess; /* Full: call again later. */
     *request = r;
+    sends++;
     return comm_progress(c);
 }
 
@@ -370,10 +391,10 @@ static ncclResult_t tp_close_listen(void *listen_comm)
 
 static ncclResult_t tp_properties(int dev, ncclNetProperties_v8_t *props)
 {
-    if (dev != 0)
+    if (dev < 0 || dev >= n_devices)
         return ncclInvalidArgument;
     memset(props, 0, sizeof(*props));
-    props->name = dev_name;
+    props->name = dev_names[dev];
     props->ptrSupport = NCCL_PTR_HOST;
     props->speed = 10000;
     props->maxComms = 65536;
@@ -440,17 +461,17 @@ PLUGIN_EXPORT const ncclNet_v8_t ncclNetPlugin_v8 = {
 
 static ncclResult_t tp_properties(int dev, ncclNetProperties_v9_t *props)
 {
-    if (dev != 0)
+    if (dev < 0 || dev >= n_devices)
         return ncclInvalidArgument;
     memset(props, 0, sizeof(*props));
-    props->name = dev_name;
+    props->name = dev_names[dev];
     props->ptrSupport = NCCL_PTR_HOST;
     props->speed = 10000;
     props->maxComms = 65536;
     props->maxRecvs = 1;
     props->netDeviceType = NCCL_NET_DEVICE_HOST;
     props->vProps.ndevs = 1;
-    props->vProps.devs[0] = 0;
+    props->vProps.devs[0] = dev;
     props->maxP2pBytes = (size_t)1 << 31;
     props->maxCollBytes = (size_t)1 << 31;
     return ncclSuccess;

@@ -47,17 +47,18 @@
 #define NET_POISON_SIZE  0xffffffffu /* An info line with this size (and seq 0) is a poison. */
 #define NET_INFO_MAGIC   0x43464e50u /* "CFNP" */
 #define NET_NAME_MAX     64
+#define NET_MAX_DEVS     16 /* Devices of a plugin Conflux looks at. */
 
 /* The loaded plugin, one per process (plugin.c): v8 and v9 behind one face. */
 struct cfx_net_plugin {
     int version; /* 8 or 9. */
     const ncclNet_v8_t *v8;
     const ncclNet_v9_t *v9;
-    char path[256];          /* What dlopen took. */
-    char name[NET_NAME_MAX]; /* The table's name field. */
-    int n_devs;
-    char dev_name[NET_NAME_MAX]; /* Device 0's name. */
-    int ptr_support;
+    char path[256];                            /* What dlopen took. */
+    char name[NET_NAME_MAX];                   /* The table's name field. */
+    int n_devs;                                /* As devices() said. */
+    char dev_name[NET_MAX_DEVS][NET_NAME_MAX]; /* The first NET_MAX_DEVS devices' names. */
+    int ptr_support[NET_MAX_DEVS];
 };
 
 /* The plugin, loaded on first call (thread-safe, once per process), or
@@ -67,6 +68,9 @@ struct cfx_net_plugin {
 cfxResult_t cfx_net_plugin_get(const struct cfx_net_plugin **plugin_p);
 
 /* The plugin's calls, version-independent. Each returns its ncclResult_t. */
+/* The device for a connection to a rank whose nearest NIC is @p nic_name
+ * (the first device of that name that moves host memory), else 0. */
+int cfx_net_plugin_pick_dev(const struct cfx_net_plugin *p, const char *nic_name);
 ncclResult_t cfx_net_plugin_listen(const struct cfx_net_plugin *p, int dev, void *handle,
                                    void **listen_comm_p);
 ncclResult_t cfx_net_plugin_connect(const struct cfx_net_plugin *p, int dev, void *handle,

@@ -128,7 +128,7 @@ static cfxResult_t net_setup(void *ctx_v, const struct cfx_transport_peer *peer,
     nc->blame_rank = -1;
     nc->n_steps = n_steps;
     nc->slot_bytes = slot_bytes;
-    nc->dev = 0;
+    nc->dev = cfx_net_plugin_pick_dev(ctx->plugin, peer->nic_name);
     if (posix_memalign(&nc->mem, 4096, bytes) != 0) {
         nc->mem = NULL;
         return cfx_error_set(cfxSystemError, CFX_LOG_NET,
@@ -153,7 +153,7 @@ static cfxResult_t net_setup(void *ctx_v, const struct cfx_transport_peer *peer,
                                  "net-plugin: rank %d cannot listen for rank %d on %s device %d "
                                  "(%s): listen returned %s",
                                  ctx->rank, peer->rank, nc->plugin->name, nc->dev,
-                                 nc->plugin->dev_name, cfx_net_result_name(res));
+                                 nc->plugin->dev_name[nc->dev], cfx_net_result_name(res));
         memcpy(info.handle, nc->handle, sizeof(info.handle));
     }
     memcpy(info_out, &info, sizeof(info));
@@ -201,7 +201,7 @@ static cfxResult_t comm_establish(struct cfx_net_ctx *ctx, struct cfx_net_conn *
                                  ctx->rank,
                                  send ? "could not connect to" : "saw no connection from",
                                  nc->peer_rank, (long long)ctx->connect_timeout_s, nc->plugin->name,
-                                 nc->plugin->dev_name, nc->peer_rank);
+                                 nc->plugin->dev_name[nc->dev], nc->peer_rank);
         if (now >= next_check && ctx->connect_check) {
             next_check = now + CONNECT_CHECK_NS;
             cfxResult_t verdict = ctx->connect_check(ctx->connect_check_arg, nc->peer_rank);
@@ -255,7 +255,7 @@ static cfxResult_t net_connect(void *ctx_v, struct cfx_connector *conn, const vo
     nc->registered = 1;
     CFX_INFO(CFX_LOG_NET, "net-plugin: rank %d %s rank %d connected (plugin %s, device %d: %s)",
              ctx->rank, dir_arrow(nc->dir), nc->peer_rank, nc->plugin->name, nc->dev,
-             nc->plugin->dev_name);
+             nc->plugin->dev_name[nc->dev]);
     return cfxSuccess;
 }
 

@@ -108,35 +108,43 @@ static cfxResult_t load(const char *spec)
                   cfx_net_result_name(res));
     if (plugin.n_devs < 1)
         LOAD_FAIL("net-plugin: plugin %s (%s) reports no device", plugin.name, plugin.path);
-    char *dev_name = NULL;
-    int speed = 0;
-    if (plugin.version == 9) {
-        ncclNetProperties_v9_t props;
-        memset(&props, 0, sizeof(props));
-        res = plugin.v9->getProperties(0, &props);
-        dev_name = props.name;
-        speed = props.speed;
-        plugin.ptr_support = props.ptrSupport;
-    } else {
-        ncclNetProperties_v8_t props;
-        memset(&props, 0, sizeof(props));
-        res = plugin.v8->getProperties(0, &props);
-        dev_name = props.name;
-        speed = props.speed;
-        plugin.ptr_support = props.ptrSupport;
+    int n_seen = plugin.n_devs < NET_MAX_DEVS ? plugin.n_devs : NET_MAX_DEVS;
+    char list[512] = "";
+    for (int dev = 0; dev < n_seen; dev++) {
+        char *dev_name = NULL;
+        int speed = 0;
+        if (plugin.version == 9) {
+            ncclNetProperties_v9_t props;
+            memset(&props, 0, sizeof(props));
+            res = plugin.v9->getProperties(dev, &props);
+            dev_name = props.name;
+            speed = props.speed;
+            plugin.ptr_support[dev] = props.ptrSupport;
+        } else {
+            ncclNetProperties_v8_t props;
+            memset(&props, 0, sizeof(props));
+            res = plugin.v8->getProperties(dev, &props);
+            dev_name = props.name;
+            speed = props.speed;
+            plugin.ptr_support[dev] = props.ptrSupport;
+        }
+        if (res != ncclSuccess)
+            LOAD_FAIL("net-plugin: plugin %s (%s) failed getProperties(%d): %s", plugin.name,
+                      plugin.path, dev, cfx_net_result_name(res));
+        snprintf(plugin.dev_name[dev], sizeof(plugin.dev_name[dev]), "%s",
+                 dev_name ? dev_name : "?");
+        size_t used = strlen(list);
+        snprintf(list + used, sizeof(list) - used, "%s%d: %s, %d Mbps%s", dev ? "; " : "", dev,
+                 plugin.dev_name[dev], speed,
+                 plugin.ptr_support[dev] & NCCL_PTR_HOST ? "" : " (no host memory: unused)");
     }
-    if (res != ncclSuccess)
-        LOAD_FAIL("net-plugin: plugin %s (%s) failed getProperties(0): %s", plugin.name,
-                  plugin.path, cfx_net_result_name(res));
-    if (!(plugin.ptr_support & NCCL_PTR_HOST))
+    if (!(plugin.ptr_support[0] & NCCL_PTR_HOST))
         LOAD_FAIL("net-plugin: plugin %s (%s): device 0 (%s) cannot move host memory "
                   "(ptrSupport 0x%x), which is all Conflux gives it so far",
-                  plugin.name, plugin.path, dev_name ? dev_name : "?", plugin.ptr_support);
-    snprintf(plugin.dev_name, sizeof(plugin.dev_name), "%s", dev_name ? dev_name : "?");
+                  plugin.name, plugin.path, plugin.dev_name[0], plugin.ptr_support[0]);
     CFX_INFO(CFX_LOG_NET | CFX_LOG_INIT,
-             "net-plugin: loaded %s (ncclNetPlugin_v%d, name \"%s\"), %d device(s); using device "
-             "0: %s, %d Mbps",
-             plugin.path, plugin.version, plugin.name, plugin.n_devs, plugin.dev_name, speed);
+             "net-plugin: loaded %s (ncclNetPlugin_v%d, name \"%s\"), %d device(s): %s",
+             plugin.path, plugin.version, plugin.name, plugin.n_devs, list);
     return cfxSuccess;
 }
 
@@ -158,6 +166,15 @@ cfxResult_t cfx_net_plugin_get(const struct cfx_net_plugin **plugin_p)
         return cfx_error_set(res, CFX_LOG_NET, "%s", load_error);
     *plugin_p = &plugin;
     return cfxSuccess;
+}
+
+int cfx_net_plugin_pick_dev(const struct cfx_net_plugin *p, const char *nic_name)
+{
+    int n_seen = p->n_devs < NET_MAX_DEVS ? p->n_devs : NET_MAX_DEVS;
+    for (int dev = 0; nic_name != NULL && nic_name[0] && dev < n_seen; dev++)
+        if ((p->ptr_support[dev] & NCCL_PTR_HOST) && strcmp(p->dev_name[dev], nic_name) == 0)
+            return dev;
+    return 0;
 }
 
 const char *cfx_net_result_name(ncclResult_t res)
