@@ -180,4 +180,21 @@ typedef struct {
     ncclResult_t (*makeVDevice)(int *d, ncclNetVDeviceProps_v9_t *props); /* New in v9. */
 } ncclNet_v9_t;
 
+/* The layout on LP64 targets, as NCCL's own headers give it (compared
+ * field by field against them when this file was written): a changed field
+ * here breaks every plugin. */
+#if defined(__LP64__)
+_Static_assert(offsetof(ncclNetProperties_v8_t, latency) == 40, "v8 properties layout");
+_Static_assert(sizeof(ncclNetProperties_v8_t) == 64, "v8 properties layout");
+_Static_assert(offsetof(ncclNetProperties_v9_t, speed) == 36, "v9 properties layout");
+_Static_assert(offsetof(ncclNetProperties_v9_t, vProps) == 64, "v9 properties layout");
+_Static_assert(offsetof(ncclNetProperties_v9_t, maxCollBytes) == 96, "v9 properties layout");
+_Static_assert(sizeof(ncclNetProperties_v9_t) == 104, "v9 properties layout");
+_Static_assert(offsetof(ncclNet_v8_t, isend) == 80, "v8 table layout");
+_Static_assert(sizeof(ncclNet_v8_t) == 152, "v8 table layout");
+_Static_assert(offsetof(ncclNet_v9_t, test) == 104, "v9 table layout");
+_Static_assert(sizeof(ncclNet_v9_t) == 160, "v9 table layout");
+_Static_assert(sizeof(ncclNetDeviceHandle_v8_t) == 32, "device handle layout");
+#endif
+
 #endif /* CFX_TRANSPORTS_NET_NCCL_NET_H */
