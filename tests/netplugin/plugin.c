@@ -24,6 +24,7 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
+#include <stdatomic.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -38,7 +39,7 @@
 static ncclDebugLogger_t logger;
 static int n_devices = 1;
 static long fail_after_sends = -1; /* -1: never. */
-static long sends;
+static _Atomic long sends;         /* isends of this process (any thread). */
 
 #define LOG_WARN(...)                                                                              \
     do {                                                                                           \
