@@ -36,8 +36,9 @@
 #include "tests/harness.h"
 
 /* IB: the verbs transport over tests/fakeverbs (CFX_TEST_FAKEVERBS), every
- * process its own host, CFX_NET=IB. */
-enum transport { SHM = 0, SOCKET = 1, IB = 2 };
+ * process its own host, CFX_NET=IB. NET_PLUGIN: the net-plugin transport over
+ * tests/netplugin (CFX_TEST_NET_PLUGIN), every process its own host. */
+enum transport { SHM = 0, SOCKET = 1, IB = 2, NET_PLUGIN = 3 };
 enum coll {
     ALLREDUCE,
     REDUCE,
@@ -414,7 +415,7 @@ static void conformance_rank(struct cfx_test_rank *ctx)
     free(b.recv);
 }
 
-#define N_CASES (2 * 5 * 2 * N_COLLS + 3 * N_COLLS)
+#define N_CASES (2 * 5 * 2 * N_COLLS + 2 * 3 * N_COLLS)
 static struct suite_case all_cases[N_CASES];
 
 ParameterizedTestParameters(conformance, collective)
@@ -437,12 +438,13 @@ ParameterizedTestParameters(conformance, collective)
     /* Over verbs: processes, one host each, so the tree cases are the
      * across-hosts ones already. */
     static const int ib_ranks[] = {2, 3, 8};
-    for (int ri = 0; ri < 3; ri++)
-        for (int c = 0; c <= BROADCAST_TREE; c++)
-            all_cases[k++] = (struct suite_case){.transport = IB,
-                                                 .nranks = ib_ranks[ri],
-                                                 .mode = CFX_TEST_PROCS,
-                                                 .coll = (enum coll)c};
+    for (int tr = IB; tr <= NET_PLUGIN; tr++)
+        for (int ri = 0; ri < 3; ri++)
+            for (int c = 0; c <= BROADCAST_TREE; c++)
+                all_cases[k++] = (struct suite_case){.transport = (enum transport)tr,
+                                                     .nranks = ib_ranks[ri],
+                                                     .mode = CFX_TEST_PROCS,
+                                                     .coll = (enum coll)c};
     return cr_make_param_array(struct suite_case, all_cases, (size_t)k);
 }
 
@@ -455,7 +457,18 @@ static void use_fakeverbs(void)
                      "headers?)");
 }
 
-static const char *const transport_names[] = {"shm", "socket", "verbs (fake-verbs)"};
+/* The test net plugin of tests/netplugin for every connection between
+ * hosts, or a skip saying why there is none. */
+static void use_net_plugin(void)
+{
+    const char *lib = getenv("CFX_TEST_NET_PLUGIN");
+    if (lib == NULL || lib[0] == '\0')
+        cr_skip_test("no test net plugin (CFX_TEST_NET_PLUGIN unset: run through ctest)");
+    cfx_test_setenv("CFX_NET_PLUGIN", lib);
+}
+
+static const char *const transport_names[] = {"shm", "socket", "verbs (fake-verbs)",
+                                              "net-plugin (cfxtest)"};
 
 ParameterizedTest(struct suite_case *sc, conformance, collective, .timeout = 900)
 {
@@ -463,6 +476,8 @@ ParameterizedTest(struct suite_case *sc, conformance, collective, .timeout = 900
                 sc->nranks, sc->mode == CFX_TEST_PROCS ? "processes" : "threads");
     if (sc->transport == IB)
         use_fakeverbs();
+    if (sc->transport == NET_PLUGIN)
+        use_net_plugin();
     cfx_test_setenv("CFX_SHM_DISABLE", sc->transport == SOCKET ? "1" : NULL);
     cfx_test_setenv("CFX_ALGO", on_trees(sc->coll) ? "tree" : NULL);
     struct cfx_test_options opts = {
@@ -470,7 +485,7 @@ ParameterizedTest(struct suite_case *sc, conformance, collective, .timeout = 900
         .mode = sc->mode,
         .deadline_s = 600,
         .arg = sc,
-        .before_rank = one_host_per_rank(sc->coll) || sc->transport == IB ? claim_own_host : NULL};
+        .before_rank = one_host_per_rank(sc->coll) || sc->transport >= IB ? claim_own_host : NULL};
     CFX_TEST_RUN(&opts, conformance_rank);
 }
 

@@ -2,6 +2,7 @@
  * pair of ranks carries their connection. */
 #include "transports/faulty/faulty.h"
 #include "transports/ib/ib.h"
+#include "transports/net/net.h"
 #include "transports/shm/shm.h"
 #include "transports/socket/socket.h"
 #include "transports/transport.h"
@@ -35,8 +36,11 @@ enum cfx_net_choice cfx_transport_net_choice(void)
 
 const struct cfx_transport *const cfx_transports[] = {
     &cfx_faulty_transport, /* Must be first: accepts nothing unless CFX_FAULT is set. */
-    &cfx_shm_transport,    &cfx_ib_transport, /* Between hosts, when a verbs device is usable. */
-    &cfx_socket_transport, NULL,
+    &cfx_shm_transport,
+    &cfx_net_plugin_transport, /* Between hosts, only when CFX_NET_PLUGIN names a plugin. */
+    &cfx_ib_transport,         /* Between hosts, when a verbs device is usable. */
+    &cfx_socket_transport,
+    NULL,
 };
 
 /* ------------------------------------------- helpers over any table */

@@ -1,0 +1,534 @@
+/*
+ * cfxtest: an NCCL net plugin for Conflux's tests only (never installed).
+ * One device, "lo", over plain TCP on 127.0.0.1: listen binds an ephemeral
+ * port and writes it into the handle; connect and accept never block (the
+ * comm stays NULL until the socket is there; connect always returns NULL on
+ * its first call, so callers must retry); isend/irecv queue a request
+ * (NULL when the comm's table of CFXTEST_MAX_REQUESTS is full) and test
+ * moves bytes, in posting order, without blocking. On the wire each message
+ * is an 8-byte size then its bytes; size 0 is allowed; a message larger
+ * than the receive posted for it is an error (ncclInternalError), and so is
+ * anything after the peer went away (ncclRemoteError).
+ *
+ * Knobs for failure tests, read at init: CFXTEST_NDEV=n reports n
+ * devices ("lo", "lo1", ...; default 1, 0 for none), CFXTEST_FAIL_AFTER_SENDS=n
+ * makes every isend after the first n of this process fail with
+ * ncclSystemError.
+ *
+ * Built twice: libnccl-net-cfxtest.so exports ncclNetPlugin_v9,
+ * libnccl-net-cfxtest8.so (CFXTEST_V8) exports ncclNetPlugin_v8 only.
+ */
+#include <arpa/inet.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "transports/net/nccl_net.h"
+
+#define CFXTEST_MAX_REQUESTS 8
+#define CFXTEST_MAGIC        0x74786663u /* "cfxt" */
+
+static ncclDebugLogger_t logger;
+static int n_devices = 1;
+static long fail_after_sends = -1; /* -1: never. */
+static _Atomic long sends;         /* isends of this process (any thread). */
+
+#define LOG_WARN(...)                                                                              \
+    do {                                                                                           \
+        if (logger)                                                                                \
+            logger(NCCL_LOG_WARN, NCCL_LOG_SUBSYS_NET, __FILE__, __LINE__, __VA_ARGS__);           \
+    } while (0)
+
+/* The handle: where to connect, and the connect's own state between calls. */
+struct handle {
+    uint32_t magic;
+    uint32_t addr; /* Network order. */
+    uint16_t port; /* Network order. */
+    int stage;     /* 0: not started, 1: connect in progress. */
+    int fd;
+};
+_Static_assert(sizeof(struct handle) <= NCCL_NET_HANDLE_MAXSIZE, "fits the handle");
+
+struct comm;
+
+struct request {
+    struct comm *comm;
+    int used;
+    int done;
+    char *data;
+    size_t size;     /* Send: bytes; receive: the most accepted. */
+    uint64_t header; /* Send: size; receive: the size that came. */
+    size_t moved;    /* Bytes of header and data moved so far. */
+};
+
+struct comm {
+    int fd;
+    int is_send;
+    ncclResult_t error; /* Sticky. */
+    struct request reqs[CFXTEST_MAX_REQUESTS];
+    int queue[CFXTEST_MAX_REQUESTS]; /* Unfinished requests, in posting order. */
+    int q_first, q_len;
+};
+
+struct listen_comm {
+    int fd;
+};
+
+/* ============================================================ setup */
+
+static ncclResult_t tp_init(ncclDebugLogger_t log)
+{
+    logger = log;
+    const char *text = getenv("CFXTEST_NDEV");
+    if (text != NULL && text[0])
+        n_devices = atoi(text);
+    n_devices = n_devices < 0 ? 0 : n_devices > 8 ? 8 : n_devices;
+    text = getenv("CFXTEST_FAIL_AFTER_SENDS");
+    if (text != NULL && text[0])
+        fail_after_sends = atol(text);
+    if (logger)
+        logger(NCCL_LOG_INFO, NCCL_LOG_SUBSYS_NET, __FILE__, __LINE__,
+               "cfxtest plugin: %d device(s) over TCP on %s", n_devices, "127.0.0.1");
+    return ncclSuccess;
+}
+
+static ncclResult_t tp_devices(int *ndev)
+{
+    *ndev = n_devices;
+    return ncclSuccess;
+}
+
+static char *dev_names[] = {"lo", "lo1", "lo2", "lo3", "lo4", "lo5", "lo6", "lo7"};
+
+static ncclResult_t tp_listen(int dev, void *handle_v, void **listen_comm)
+{
+    (void)dev;
+    struct handle *handle = handle_v;
+    memset(handle_v, 0, NCCL_NET_HANDLE_MAXSIZE);
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    if (fd < 0)
+        return ncclSystemError;
+    struct sockaddr_in addr = {.sin_family = AF_INET, .sin_port = 0};
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t len = sizeof(addr);
+    if (bind(fd, (struct sockaddr *)&addr, sizeof(addr)) != 0 || listen(fd, 16) != 0 ||
+        getsockname(fd, (struct sockaddr *)&addr, &len) != 0) {
+        LOG_WARN("cfxtest: cannot listen: %s", strerror(errno));
+        close(fd);
+        return ncclSystemError;
+    }
+    struct listen_comm *lc = calloc(1, sizeof(*lc));
+    if (lc == NULL) {
+        close(fd);
+        return ncclSystemError;
+    }
+    lc->fd = fd;
+    handle->magic = CFXTEST_MAGIC;
+    handle->addr = addr.sin_addr.s_addr;
+    handle->port = addr.sin_port;
+    handle->fd = -1;
+    *listen_comm = lc;
+    return ncclSuccess;
+}
+
+static struct comm *comm_new(int fd, int is_send)
+{
+    struct comm *c = calloc(1, sizeof(*c));
+    if (c == NULL)
+        return NULL;
+    int one = 1;
+    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+    c->fd = fd;
+    c->is_send = is_send;
+    for (int i = 0; i < CFXTEST_MAX_REQUESTS; i++)
+        c->reqs[i].comm = c;
+    return c;
+}
+
+static ncclResult_t tp_connect_any(int dev, void *handle_v, void **send_comm)
+{
+    (void)dev;
+    struct handle *handle = handle_v;
+    *send_comm = NULL;
+    if (handle->magic != CFXTEST_MAGIC) {
+        LOG_WARN("cfxtest: connect to a handle that is not one of ours");
+        return ncclInternalError;
+    }
+    if (handle->stage == 0) {
+        int fd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+        if (fd < 0)
+            return ncclSystemError;
+        struct sockaddr_in addr = {.sin_family = AF_INET, .sin_port = handle->port};
+        addr.sin_addr.s_addr = handle->addr;
+        if (connect(fd, (struct sockaddr *)&addr, sizeof(addr)) != 0 && errno != EINPROGRESS) {
+            LOG_WARN("cfxtest: connect: %s", strerror(errno));
+            close(fd);
+            return ncclSystemError;
+        }
+        handle->fd = fd;
+        handle->stage = 1;
+        return ncclSuccess; /* Always "not yet" once: callers must call again. */
+    }
+    struct pollfd pfd = {.fd = handle->fd, .events = POLLOUT};
+    if (poll(&pfd, 1, 0) <= 0)
+        return ncclSuccess;
+    int err = 0;
+    socklen_t len = sizeof(err);
+    if (getsockopt(handle->fd, SOL_SOCKET, SO_ERROR, &err, &len) != 0 || err != 0) {
+        LOG_WARN("cfxtest: connect: %s", strerror(err ? err : errno));
+        close(handle->fd);
+        handle->fd = -1;
+        handle->stage = 0;
+        return ncclSystemError;
+    }
+    struct comm *c = comm_new(handle->fd, 1);
+    if (c == NULL)
+        return ncclSystemError;
+    handle->stage = 2;
+    *send_comm = c;
+    return ncclSuccess;
+}
+
+static ncclResult_t tp_accept_any(void *listen_comm, void **recv_comm)
+{
+    struct listen_comm *lc = listen_comm;
+    *recv_comm = NULL;
+    int fd = accept4(lc->fd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
+    if (fd < 0) {
+        if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)
+            return ncclSuccess;
+        LOG_WARN("cfxtest: accept: %s", strerror(errno));
+        return ncclSystemError;
+    }
+    struct comm *c = comm_new(fd, 0);
+    if (c == NULL) {
+        close(fd);
+        return ncclSystemError;
+    }
+    *recv_comm = c;
+    return ncclSuccess;
+}
+
+static ncclResult_t tp_reg_mr(void *comm, void *data, size_t size, int type, void **mhandle)
+{
+    (void)comm;
+    (void)data;
+    (void)size;
+    if (type != NCCL_PTR_HOST)
+        return ncclInternalError;
+    *mhandle = malloc(1);
+    return *mhandle ? ncclSuccess : ncclSystemError;
+}
+
+static ncclResult_t tp_reg_mr_dmabuf(void *comm, void *data, size_t size, int type, uint64_t offset,
+                                     int fd, void **mhandle)
+{
+    (void)comm, (void)data, (void)size, (void)type, (void)offset, (void)fd, (void)mhandle;
+    return ncclInternalError;
+}
+
+static ncclResult_t tp_dereg_mr(void *comm, void *mhandle)
+{
+    (void)comm;
+    free(mhandle);
+    return ncclSuccess;
+}
+
+/* ============================================================ requests */
+
+static struct request *request_new(struct comm *c, char *data, size_t size)
+{
+    if (c->q_len == CFXTEST_MAX_REQUESTS)
+        return NULL;
+    for (int i = 0; i < CFXTEST_MAX_REQUESTS; i++) {
+        struct request *r = &c->reqs[i];
+        if (!r->used) {
+            *r = (struct request){.comm = c, .used = 1, .data = data, .size = size};
+            if (c->is_send)
+                r->header = size;
+            c->queue[(c->q_first + c->q_len) % CFXTEST_MAX_REQUESTS] = i;
+            c->q_len++;
+            return r;
+        }
+    }
+    return NULL;
+}
+
+/* Move bytes of the oldest unfinished requests, without blocking. */
+static ncclResult_t comm_progress(struct comm *c)
+{
+    while (c->error == ncclSuccess && c->q_len > 0) {
+        struct request *r = &c->reqs[c->queue[c->q_first]];
+        for (;;) {
+            size_t total = sizeof(r->header) + (size_t)r->header;
+            if (r->moved >= sizeof(r->header) && r->moved == total)
+                break;
+            char *at;
+            size_t want;
+            if (r->moved < sizeof(r->header)) {
+                at = (char *)&r->header + r->moved;
+                want = sizeof(r->header) - r->moved;
+            } else {
+                at = r->data + (r->moved - sizeof(r->header));
+                want = total - r->moved;
+            }
+            ssize_t n = c->is_send ? send(c->fd, at, want, MSG_NOSIGNAL | MSG_DONTWAIT)
+                                   : recv(c->fd, at, want, MSG_DONTWAIT);
+            if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR))
+                return ncclSuccess;
+            if (n <= 0) {
+                LOG_WARN("cfxtest: %s: %s", c->is_send ? "send" : "recv",
+                         n == 0 ? "the peer closed the connection" : strerror(errno));
+                c->error = ncclRemoteError;
+                return c->error;
+            }
+            r->moved += (size_t)n;
+            if (!c->is_send && r->moved == sizeof(r->header) && r->header > r->size) {
+                LOG_WARN("cfxtest: a %llu-byte message for a %zu-byte receive",
+                         (unsigned long long)r->header, r->size);
+                c->error = ncclInternalError;
+                return c->error;
+            }
+        }
+        r->done = 1;
+        c->q_first = (c->q_first + 1) % CFXTEST_MAX_REQUESTS;
+        c->q_len--;
+    }
+    return c->error;
+}
+
+static ncclResult_t tp_isend_any(void *send_comm, void *data, size_t size, void *mhandle,
+                                 void **request)
+{
+    (void)mhandle;
+    struct comm *c = send_comm;
+    *request = NULL;
+    if (c->error != ncclSuccess)
+        return c->error;
+    if (fail_after_sends >= 0 && sends >= fail_after_sends) {
+        LOG_WARN("cfxtest: isend fails on purpose after %ld sends (CFXTEST_FAIL_AFTER_SENDS)",
+                 sends);
+        return ncclSystemError;
+    }
+    struct request *r = request_new(c, data, size);
+    if (r == NULL)
+        return ncclSuccess; /* Full: call again later. */
+    *request = r;
+    sends++;
+    return comm_progress(c);
+}
+
+static ncclResult_t tp_irecv_any(void *recv_comm, int n, void **data, size_t size, void **request)
+{
+    struct comm *c = recv_comm;
+    *request = NULL;
+    if (n != 1)
+        return ncclInternalError; /* maxRecvs is 1. */
+    if (c->error != ncclSuccess)
+        return c->error;
+    struct request *r = request_new(c, data[0], size);
+    if (r == NULL)
+        return ncclSuccess;
+    *request = r;
+    return ncclSuccess;
+}
+
+static ncclResult_t tp_iflush(void *recv_comm, int n, void **data, int *sizes, void **mhandles,
+                              void **request)
+{
+    (void)recv_comm, (void)n, (void)data, (void)sizes, (void)mhandles;
+    *request = NULL; /* Host memory: nothing to flush. */
+    return ncclSuccess;
+}
+
+static ncclResult_t tp_test(void *request, int *done, int *sizes)
+{
+    struct request *r = request;
+    ncclResult_t res = comm_progress(r->comm);
+    if (res != ncclSuccess)
+        return res;
+    *done = r->done;
+    if (r->done) {
+        if (sizes)
+            *sizes = (int)r->header;
+        r->used = 0;
+    }
+    return ncclSuccess;
+}
+
+static ncclResult_t comm_close(void *comm)
+{
+    struct comm *c = comm;
+    if (c == NULL)
+        return ncclSuccess;
+    close(c->fd);
+    free(c);
+    return ncclSuccess;
+}
+
+static ncclResult_t tp_close_listen(void *listen_comm)
+{
+    struct listen_comm *lc = listen_comm;
+    if (lc == NULL)
+        return ncclSuccess;
+    close(lc->fd);
+    free(lc);
+    return ncclSuccess;
+}
+
+/* ============================================================ tables */
+
+#define PLUGIN_EXPORT __attribute__((visibility("default")))
+
+#ifdef CFXTEST_V8
+
+static ncclResult_t tp_properties(int dev, ncclNetProperties_v8_t *props)
+{
+    if (dev < 0 || dev >= n_devices)
+        return ncclInvalidArgument;
+    memset(props, 0, sizeof(*props));
+    props->name = dev_names[dev];
+    props->ptrSupport = NCCL_PTR_HOST;
+    props->speed = 10000;
+    props->maxComms = 65536;
+    props->maxRecvs = 1;
+    props->netDeviceType = NCCL_NET_DEVICE_HOST;
+    return ncclSuccess;
+}
+
+static ncclResult_t tp_connect(int dev, void *handle, void **send_comm,
+                               ncclNetDeviceHandle_v8_t **dev_comm)
+{
+    (void)dev_comm;
+    return tp_connect_any(dev, handle, send_comm);
+}
+
+static ncclResult_t tp_accept(void *listen_comm, void **recv_comm,
+                              ncclNetDeviceHandle_v8_t **dev_comm)
+{
+    (void)dev_comm;
+    return tp_accept_any(listen_comm, recv_comm);
+}
+
+static ncclResult_t tp_isend(void *send_comm, void *data, int size, int tag, void *mhandle,
+                             void **request)
+{
+    (void)tag;
+    if (size < 0)
+        return ncclInvalidArgument;
+    return tp_isend_any(send_comm, data, (size_t)size, mhandle, request);
+}
+
+static ncclResult_t tp_irecv(void *recv_comm, int n, void **data, int *sizes, int *tags,
+                             void **mhandles, void **request)
+{
+    (void)tags, (void)mhandles;
+    if (n != 1 || sizes[0] < 0)
+        return ncclInvalidArgument;
+    return tp_irecv_any(recv_comm, n, data, (size_t)sizes[0], request);
+}
+
+PLUGIN_EXPORT const ncclNet_v8_t ncclNetPlugin_v8 = {
+    .name = "cfxtest8",
+    .init = tp_init,
+    .devices = tp_devices,
+    .getProperties = tp_properties,
+    .listen = tp_listen,
+    .connect = tp_connect,
+    .accept = tp_accept,
+    .regMr = tp_reg_mr,
+    .regMrDmaBuf = tp_reg_mr_dmabuf,
+    .deregMr = tp_dereg_mr,
+    .isend = tp_isend,
+    .irecv = tp_irecv,
+    .iflush = tp_iflush,
+    .test = tp_test,
+    .closeSend = comm_close,
+    .closeRecv = comm_close,
+    .closeListen = tp_close_listen,
+    .getDeviceMr = NULL,
+    .irecvConsumed = NULL,
+};
+
+#else
+
+static ncclResult_t tp_properties(int dev, ncclNetProperties_v9_t *props)
+{
+    if (dev < 0 || dev >= n_devices)
+        return ncclInvalidArgument;
+    memset(props, 0, sizeof(*props));
+    props->name = dev_names[dev];
+    props->ptrSupport = NCCL_PTR_HOST;
+    props->speed = 10000;
+    props->maxComms = 65536;
+    props->maxRecvs = 1;
+    props->netDeviceType = NCCL_NET_DEVICE_HOST;
+    props->vProps.ndevs = 1;
+    props->vProps.devs[0] = dev;
+    props->maxP2pBytes = (size_t)1 << 31;
+    props->maxCollBytes = (size_t)1 << 31;
+    return ncclSuccess;
+}
+
+static ncclResult_t tp_connect(int dev, void *handle, void **send_comm,
+                               ncclNetDeviceHandle_v9_t **dev_comm)
+{
+    (void)dev_comm;
+    return tp_connect_any(dev, handle, send_comm);
+}
+
+static ncclResult_t tp_accept(void *listen_comm, void **recv_comm,
+                              ncclNetDeviceHandle_v9_t **dev_comm)
+{
+    (void)dev_comm;
+    return tp_accept_any(listen_comm, recv_comm);
+}
+
+static ncclResult_t tp_isend(void *send_comm, void *data, size_t size, int tag, void *mhandle,
+                             void **request)
+{
+    (void)tag;
+    return tp_isend_any(send_comm, data, size, mhandle, request);
+}
+
+static ncclResult_t tp_irecv(void *recv_comm, int n, void **data, size_t *sizes, int *tags,
+                             void **mhandles, void **request)
+{
+    (void)tags, (void)mhandles;
+    if (n != 1)
+        return ncclInvalidArgument;
+    return tp_irecv_any(recv_comm, n, data, sizes[0], request);
+}
+
+PLUGIN_EXPORT const ncclNet_v9_t ncclNetPlugin_v9 = {
+    .name = "cfxtest",
+    .init = tp_init,
+    .devices = tp_devices,
+    .getProperties = tp_properties,
+    .listen = tp_listen,
+    .connect = tp_connect,
+    .accept = tp_accept,
+    .regMr = tp_reg_mr,
+    .regMrDmaBuf = tp_reg_mr_dmabuf,
+    .deregMr = tp_dereg_mr,
+    .isend = tp_isend,
+    .irecv = tp_irecv,
+    .iflush = tp_iflush,
+    .test = tp_test,
+    .closeSend = comm_close,
+    .closeRecv = comm_close,
+    .closeListen = tp_close_listen,
+    .getDeviceMr = NULL,
+    .irecvConsumed = NULL,
+    .makeVDevice = NULL,
+};
+
+#endif

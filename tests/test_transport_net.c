@@ -1,0 +1,398 @@
+/*
+ * The net-plugin transport over cfxtest (tests/netplugin: an NCCL net
+ * plugin of the project's own, over TCP on 127.0.0.1; CFX_TEST_NET_PLUGIN
+ * names its v9 build, CFX_TEST_NET_PLUGIN_V8 its v8 one). Every rank is a
+ * process claiming its own host, so every connection between ranks crosses
+ * the "network" and CFX_NET_PLUGIN makes it a plugin one: collectives with
+ * checked results, the v8 table, a plugin that does not load, a killed
+ * rank. Nothing here measures a real network.
+ */
+#include <criterion/criterion.h>
+#include <criterion/parameterized.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "tests/harness.h"
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+/* The test plugin named by @p var, or a skip saying why there is none. */
+static const char *test_plugin(const char *var)
+{
+    const char *path = getenv(var);
+    if (path != NULL && path[0] && strchr(path, '/') == NULL)
+        return path; /* A plugin name, for the library path. */
+    if (path == NULL || path[0] == '\0' || access(path, R_OK) != 0)
+        cr_skip_test("no test net plugin (%s=%s): run through ctest, or set it to "
+                     "build/tests/netplugin/libnccl-net-cfxtest.so",
+                     var, path ? path : "unset");
+    return path;
+}
+
+/* Every process its own host: every connection crosses the "network". */
+static void own_host(struct cfx_test_rank *ctx)
+{
+    char host[32];
+    snprintf(host, sizeof(host), "net-test-host-%d", ctx->rank);
+    cfx_test_setenv("CFX_HOSTID", host);
+}
+
+/* Lines of the per-rank log files "<prefix>.<pid>" that contain @p needle. */
+static int count_in_logs(const char *prefix, const char *needle)
+{
+    char cmd[256];
+    snprintf(cmd, sizeof(cmd), "cat %s.* 2>/dev/null", prefix);
+    FILE *p = popen(cmd, "r");
+    if (p == NULL)
+        return -1;
+    char line[2048];
+    int n = 0;
+    while (fgets(line, sizeof(line), p))
+        n += strstr(line, needle) != NULL;
+    pclose(p);
+    return n;
+}
+
+static void remove_logs(const char *prefix)
+{
+    char cmd[256];
+    snprintf(cmd, sizeof(cmd), "rm -f %s.*", prefix);
+    if (system(cmd) != 0) {
+        /* Nothing to remove. */
+    }
+}
+
+/* Log INFO lines of the ranks to "<prefix>.<pid>". */
+static void log_to(char *prefix, size_t size, const char *what)
+{
+    snprintf(prefix, size, "/tmp/cfx-net-test-%s-%d", what, (int)getpid());
+    remove_logs(prefix);
+    char pattern[160];
+    snprintf(pattern, sizeof(pattern), "%s.%%p", prefix);
+    cfx_test_setenv("CFX_DEBUG", "INFO");
+    cfx_test_setenv("CFX_DEBUG_SUBSYS", "INIT,NET");
+    cfx_test_setenv("CFX_DEBUG_FILE", pattern);
+}
+
+static void logs_off(void)
+{
+    cfx_test_setenv("CFX_DEBUG", NULL);
+    cfx_test_setenv("CFX_DEBUG_SUBSYS", NULL);
+    cfx_test_setenv("CFX_DEBUG_FILE", NULL);
+}
+
+/* ------------------------------------------------------------ collectives */
+
+static void allreduce_and_check(struct cfx_test_rank *ctx, cfxComm_t comm, size_t count)
+{
+    float *data = malloc(count * sizeof(float));
+    RANK_ASSERT(ctx, data != NULL, "malloc");
+    for (size_t i = 0; i < count; i++)
+        data[i] = (float)(ctx->rank + 1) + (float)(i % 7);
+    cfx_test_step(ctx, "allreduce of %zu floats", count);
+    cfxResult_t res = cfxAllReduce(data, data, count, cfxFloat32, cfxSum, comm, NULL);
+    RANK_ASSERT(ctx, res == cfxSuccess, "allreduce of %zu: %s: %s", count, cfxGetErrorString(res),
+                cfxGetLastError(comm));
+    float ranks_sum = (float)(ctx->nranks * (ctx->nranks + 1) / 2);
+    for (size_t i = 0; i < count; i++) {
+        float want = ranks_sum + (float)ctx->nranks * (float)(i % 7);
+        if (data[i] != want) {
+            double got = (double)data[i];
+            free(data);
+            RANK_ASSERT(ctx, 0, "allreduce of %zu: element %zu is %g, not %g", count, i, got,
+                        (double)want);
+        }
+    }
+    free(data);
+}
+
+static void allreduces_of_every_size(struct cfx_test_rank *ctx)
+{
+    cfxComm_t comm;
+    RANK_CFX(ctx, cfxCommInitRank(&comm, ctx->nranks, ctx->id, ctx->rank));
+    static const size_t counts[] = {1, 5, 6, 7, 1000, 4097, 65536, 1 << 20};
+    for (size_t i = 0; i < sizeof(counts) / sizeof(counts[0]) && !ctx->slot_failed; i++)
+        allreduce_and_check(ctx, comm, counts[i]);
+    if (!ctx->slot_failed)
+        RANK_CFX(ctx, cfxCommFinalize(comm));
+    cfxCommDestroy(comm);
+}
+
+/* Runs @p fn over the plugin in @p var with logs; returns the number of
+ * "via net-plugin" connection lines and of socket ones. */
+static void run_over_plugin(const char *var, int nranks, cfx_test_rank_fn fn, int *via_plugin_p,
+                            int *via_socket_p, int *loaded_p, const char *loaded_needle)
+{
+    cfx_test_setenv("CFX_NET_PLUGIN", test_plugin(var));
+    char logs[128];
+    log_to(logs, sizeof(logs), "coll");
+    struct cfx_test_options opts = {
+        .nranks = nranks, .mode = CFX_TEST_PROCS, .deadline_s = 90, .before_rank = own_host};
+    char report[8192];
+    int ok = cfx_test_run(&opts, fn, report, sizeof(report));
+    *via_plugin_p = count_in_logs(logs, "via net-plugin");
+    *via_socket_p = count_in_logs(logs, "via socket");
+    *loaded_p = count_in_logs(logs, loaded_needle);
+    if (ok)
+        remove_logs(logs);
+    logs_off();
+    cfx_test_setenv("CFX_NET_PLUGIN", NULL);
+    cr_assert(ok, "%s(logs kept in %s.*)", report, logs);
+    cr_log_info("%d ranks: %d connection lines via net-plugin, %d via socket, %d lines \"%s\"",
+                nranks, *via_plugin_p, *via_socket_p, *loaded_p, loaded_needle);
+}
+
+ParameterizedTestParameters(net_plugin, allreduce_of_every_size_over_the_plugin)
+{
+    static int ranks[] = {2, 3, 4};
+    return cr_make_param_array(int, ranks, 3);
+}
+
+ParameterizedTest(int *nranks, net_plugin, allreduce_of_every_size_over_the_plugin, .timeout = 150)
+{
+    int plugin, socket, loaded;
+    run_over_plugin("CFX_TEST_NET_PLUGIN", *nranks, allreduces_of_every_size, &plugin, &socket,
+                    &loaded, "(ncclNetPlugin_v9, name \"cfxtest\")");
+    cr_assert_geq(plugin, *nranks, "only %d connections via net-plugin in the logs", plugin);
+    cr_assert_eq(socket, 0, "%d connections via socket with a net plugin loaded", socket);
+    cr_assert_geq(loaded, *nranks, "the ranks did not log the plugin they loaded (%d lines)",
+                  loaded);
+}
+
+Test(net_plugin, allreduce_over_a_v8_plugin, .timeout = 150)
+{
+    int plugin, socket, loaded;
+    run_over_plugin("CFX_TEST_NET_PLUGIN_V8", 2, allreduces_of_every_size, &plugin, &socket,
+                    &loaded, "(ncclNetPlugin_v8, name \"cfxtest8\")");
+    cr_assert_geq(plugin, 2, "only %d connections via net-plugin in the logs", plugin);
+    cr_assert_eq(socket, 0, "%d connections via socket with a net plugin loaded", socket);
+    cr_assert_geq(loaded, 2, "the ranks did not log the v8 plugin (%d lines)", loaded);
+}
+
+static void broadcast_and_allgather(struct cfx_test_rank *ctx)
+{
+    cfxComm_t comm;
+    RANK_CFX(ctx, cfxCommInitRank(&comm, ctx->nranks, ctx->id, ctx->rank));
+    static const size_t counts[] = {3, 1000, 300000};
+    for (size_t c = 0; c < sizeof(counts) / sizeof(counts[0]); c++) {
+        size_t count = counts[c];
+        int root = (int)(c % (size_t)ctx->nranks);
+        int *data = malloc(count * sizeof(int));
+        int *all = malloc(count * (size_t)ctx->nranks * sizeof(int));
+        RANK_ASSERT(ctx, data && all, "malloc");
+        for (size_t i = 0; i < count; i++)
+            data[i] = ctx->rank == root ? (int)(i * 3 + 1) : -1;
+        RANK_CFX(ctx, cfxBroadcast(data, data, count, cfxInt32, root, comm, NULL));
+        for (size_t i = 0; i < count; i++)
+            RANK_ASSERT(ctx, data[i] == (int)(i * 3 + 1), "broadcast of %zu from %d: [%zu] = %d",
+                        count, root, i, data[i]);
+        for (size_t i = 0; i < count; i++)
+            data[i] = ctx->rank * 1000003 + (int)i;
+        RANK_CFX(ctx, cfxAllGather(data, all, count, cfxInt32, comm, NULL));
+        for (int r = 0; r < ctx->nranks; r++)
+            for (size_t i = 0; i < count; i++)
+                RANK_ASSERT(ctx, all[(size_t)r * count + i] == r * 1000003 + (int)i,
+                            "allgather of %zu: rank %d's [%zu] = %d", count, r, i,
+                            all[(size_t)r * count + i]);
+        free(data);
+        free(all);
+    }
+    RANK_CFX(ctx, cfxCommFinalize(comm));
+    cfxCommDestroy(comm);
+}
+
+Test(net_plugin, broadcast_and_allgather_over_the_plugin_3_ranks, .timeout = 150)
+{
+    int plugin, socket, loaded;
+    run_over_plugin("CFX_TEST_NET_PLUGIN", 3, broadcast_and_allgather, &plugin, &socket, &loaded,
+                    "ncclNetPlugin_v9");
+    cr_assert_geq(plugin, 3, "only %d connections via net-plugin in the logs", plugin);
+    cr_assert_eq(socket, 0, "%d connections via socket with a net plugin loaded", socket);
+}
+
+/* ------------------------------------------------------------ failures */
+
+static void init_must_fail_naming_the_plugin(struct cfx_test_rank *ctx)
+{
+    cfxComm_t comm = NULL;
+    cfx_test_step(ctx, "init with CFX_NET_PLUGIN=/nonexistent");
+    cfxResult_t res = cfxCommInitRank(&comm, ctx->nranks, ctx->id, ctx->rank);
+    RANK_ASSERT(ctx, res != cfxSuccess, "init succeeded with a plugin that does not exist");
+    const char *why = cfxGetLastError(NULL);
+    RANK_ASSERT(ctx, strstr(why, "/nonexistent") != NULL && strstr(why, "CFX_NET_PLUGIN") != NULL,
+                "the sentence does not name the plugin: %s", why);
+}
+
+Test(net_plugin, a_plugin_that_does_not_load_fails_init_with_a_sentence, .timeout = 60)
+{
+    cfx_test_setenv("CFX_NET_PLUGIN", "/nonexistent");
+    cfx_test_setenv("CFX_TIMEOUT", "5");
+    struct cfx_test_options opts = {
+        .nranks = 2, .mode = CFX_TEST_PROCS, .deadline_s = 40, .before_rank = own_host};
+    char report[8192];
+    int ok = cfx_test_run(&opts, init_must_fail_naming_the_plugin, report, sizeof(report));
+    cfx_test_setenv("CFX_NET_PLUGIN", NULL);
+    cfx_test_setenv("CFX_TIMEOUT", NULL);
+    cr_assert(ok, "%s", report);
+}
+
+static void *kill_me_soon(void *arg)
+{
+    (void)arg;
+    usleep(300 * 1000);
+    kill(getpid(), SIGKILL);
+    return NULL;
+}
+
+static void allreduce_until_rank_two_dies(struct cfx_test_rank *ctx)
+{
+    cfxComm_t comm;
+    RANK_CFX(ctx, cfxCommInitRank(&comm, ctx->nranks, ctx->id, ctx->rank));
+    size_t count = 1 << 18;
+    float *data = calloc(count, sizeof(float));
+    RANK_ASSERT(ctx, data != NULL, "malloc");
+    if (ctx->rank == 2) {
+        pthread_t killer;
+        pthread_create(&killer, NULL, kill_me_soon, NULL);
+    }
+    cfxResult_t res = cfxSuccess;
+    double start = 0;
+    for (int i = 0; i < 1000000 && res == cfxSuccess; i++) {
+        cfx_test_step(ctx, "allreduce %d while rank 2 dies", i);
+        start = now_s();
+        res = cfxAllReduce(data, data, count, cfxFloat32, cfxSum, comm, NULL);
+    }
+    double took = now_s() - start;
+    const char *why = cfxGetLastError(comm);
+    RANK_ASSERT(ctx, res == cfxRemoteError, "the call returned %s: %s", cfxGetErrorString(res),
+                why);
+    RANK_ASSERT(ctx, took < 12, "the failing call took %.1f s (CFX_TIMEOUT=10)", took);
+    RANK_ASSERT(ctx, strstr(why, "rank 2") != NULL, "the sentence does not name rank 2: %s", why);
+    cfxCommDestroy(comm);
+    free(data);
+}
+
+Test(net_plugin, killed_rank_fails_every_survivor_within_the_timeout, .timeout = 150)
+{
+    cfx_test_setenv("CFX_NET_PLUGIN", test_plugin("CFX_TEST_NET_PLUGIN"));
+    cfx_test_setenv("CFX_TIMEOUT", "10");
+    struct cfx_test_options opts = {.nranks = 4,
+                                    .mode = CFX_TEST_PROCS,
+                                    .deadline_s = 90,
+                                    .killed_ranks = 1ull << 2,
+                                    .before_rank = own_host};
+    char report[8192];
+    int ok = cfx_test_run(&opts, allreduce_until_rank_two_dies, report, sizeof(report));
+    cfx_test_setenv("CFX_NET_PLUGIN", NULL);
+    cfx_test_setenv("CFX_TIMEOUT", NULL);
+    cr_assert(ok, "%s", report);
+}
+
+static void init_must_fail_for_want_of_a_device(struct cfx_test_rank *ctx)
+{
+    cfxComm_t comm = NULL;
+    cfx_test_step(ctx, "init with a plugin that reports no device");
+    cfxResult_t res = cfxCommInitRank(&comm, ctx->nranks, ctx->id, ctx->rank);
+    RANK_ASSERT(ctx, res == cfxSystemError, "init returned %s with a plugin without devices",
+                cfxGetErrorString(res));
+    const char *why = cfxGetLastError(NULL);
+    RANK_ASSERT(ctx, strstr(why, "cfxtest") != NULL && strstr(why, "no device") != NULL,
+                "the sentence does not say the plugin has no device: %s", why);
+}
+
+Test(net_plugin, a_plugin_without_devices_fails_init_with_a_sentence, .timeout = 60)
+{
+    cfx_test_setenv("CFX_NET_PLUGIN", test_plugin("CFX_TEST_NET_PLUGIN"));
+    cfx_test_setenv("CFXTEST_NDEV", "0");
+    cfx_test_setenv("CFX_TIMEOUT", "5");
+    struct cfx_test_options opts = {
+        .nranks = 2, .mode = CFX_TEST_PROCS, .deadline_s = 40, .before_rank = own_host};
+    char report[8192];
+    int ok = cfx_test_run(&opts, init_must_fail_for_want_of_a_device, report, sizeof(report));
+    cfx_test_setenv("CFX_NET_PLUGIN", NULL);
+    cfx_test_setenv("CFXTEST_NDEV", NULL);
+    cfx_test_setenv("CFX_TIMEOUT", NULL);
+    cr_assert(ok, "%s", report);
+}
+
+/* Rank 1's plugin fails every isend after its first 40. */
+static void isends_fail_in_rank_one(struct cfx_test_rank *ctx)
+{
+    own_host(ctx);
+    if (ctx->rank == 1)
+        cfx_test_setenv("CFXTEST_FAIL_AFTER_SENDS", "40");
+}
+
+static void allreduce_until_an_isend_fails(struct cfx_test_rank *ctx)
+{
+    cfxComm_t comm;
+    RANK_CFX(ctx, cfxCommInitRank(&comm, ctx->nranks, ctx->id, ctx->rank));
+    size_t count = 1 << 16;
+    float *data = calloc(count, sizeof(float));
+    RANK_ASSERT(ctx, data != NULL, "malloc");
+    cfxResult_t res = cfxSuccess;
+    double start = now_s(), call = 0;
+    for (int i = 0; res == cfxSuccess && now_s() - start < 20; i++) {
+        cfx_test_step(ctx, "allreduce %d until rank 1's isend fails", i);
+        call = now_s();
+        res = cfxAllReduce(data, data, count, cfxFloat32, cfxSum, comm, NULL);
+    }
+    free(data);
+    const char *why = cfxGetLastError(comm);
+    RANK_ASSERT(ctx, res != cfxSuccess, "no allreduce failed in 20 s");
+    RANK_ASSERT(ctx, now_s() - call < 8, "the failing call took %.1f s (CFX_TIMEOUT=5)",
+                now_s() - call);
+    RANK_ASSERT(ctx, strstr(why, "rank") != NULL, "the sentence names no rank: %s", why);
+    if (ctx->rank == 1)
+        RANK_ASSERT(ctx, strstr(why, "plugin cfxtest's isend returned ncclSystemError (2)") != NULL,
+                    "rank 1's sentence does not name the plugin, the call and its result: %s", why);
+    cfxCommDestroy(comm);
+}
+
+Test(net_plugin, a_failing_plugin_call_fails_the_call_with_a_sentence_naming_it, .timeout = 120)
+{
+    cfx_test_setenv("CFX_NET_PLUGIN", test_plugin("CFX_TEST_NET_PLUGIN"));
+    cfx_test_setenv("CFX_TIMEOUT", "5");
+    struct cfx_test_options opts = {.nranks = 3,
+                                    .mode = CFX_TEST_PROCS,
+                                    .deadline_s = 90,
+                                    .before_rank = isends_fail_in_rank_one};
+    char report[8192];
+    int ok = cfx_test_run(&opts, allreduce_until_an_isend_fails, report, sizeof(report));
+    cfx_test_setenv("CFX_NET_PLUGIN", NULL);
+    cfx_test_setenv("CFX_TIMEOUT", NULL);
+    cr_assert(ok, "%s", report);
+}
+
+/* CFX_NET_PLUGIN=cfxtest finds libnccl-net-cfxtest.so on the library path
+ * (NCCL's naming rule). ctest puts the plugin's folder on LD_LIBRARY_PATH;
+ * the dynamic loader reads it only at start, so without it: a skip. */
+Test(net_plugin, a_plugin_name_finds_libnccl_net_name_so_on_the_library_path, .timeout = 150)
+{
+    const char *path = test_plugin("CFX_TEST_NET_PLUGIN");
+    char dir[512];
+    snprintf(dir, sizeof(dir), "%s", path);
+    char *slash = strrchr(dir, '/');
+    if (slash != NULL)
+        *slash = '\0';
+    const char *search = getenv("LD_LIBRARY_PATH");
+    if (search == NULL || strstr(search, dir) == NULL)
+        cr_skip_test("LD_LIBRARY_PATH does not hold %s (ctest sets it)", dir);
+    int plugin, socket, loaded;
+    cfx_test_setenv("CFX_TEST_NET_PLUGIN_NAME", "cfxtest");
+    run_over_plugin("CFX_TEST_NET_PLUGIN_NAME", 2, allreduces_of_every_size, &plugin, &socket,
+                    &loaded, "loaded libnccl-net-cfxtest.so (ncclNetPlugin_v9");
+    cfx_test_setenv("CFX_TEST_NET_PLUGIN_NAME", NULL);
+    cr_assert_geq(plugin, 2, "only %d connections via net-plugin in the logs", plugin);
+    cr_assert_geq(loaded, 2, "the ranks did not load the plugin by its name (%d lines)", loaded);
+}

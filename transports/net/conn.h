@@ -1,0 +1,182 @@
+/*
+ * The net-plugin transport's own types, shared by its files: plugin.c
+ * (loading the library once per process, the v8/v9 calls behind one face,
+ * the logger), net.c (the ops table, setup, connect, close), data.c (the
+ * passes that post isend/irecv and test them, failures). Nothing outside
+ * transports/net includes this.
+ *
+ * The protocol (docs/transports.md, "net-plugin"): each side of a
+ * connection has a local FIFO in one block of host memory, registered with
+ * the plugin once after connect: [FIFO control block][slots][staging lines].
+ * For each posted slot k the sender isends, on its one send comm and in
+ * this order, the slot's 64-byte info line, then (only when the payload
+ * does not travel inside the info line, size > CFX_SLOT_INLINE_BYTES) the
+ * payload. It releases slot k once both sends tested done. The receiver
+ * irecvs slot k's info line into staging[k % n_steps] only while slot k of
+ * its FIFO is free (k < head + n_steps); once it is in, the line says
+ * whether a payload follows, and the receiver irecvs it straight into the
+ * slot. When both are in, it copies the line into the FIFO and posts the
+ * slot. The plugin's in-order matching of messages on a comm is what
+ * keeps the two streams in step; the receiver's irecvs are its flow
+ * control (the plugin holds a send until the matching receive is posted or
+ * buffers it).
+ *
+ * Poison: a sender that is told to stop sends, after the slots it already
+ * sent, one more info line with size NET_POISON_SIZE and seq 0 (from
+ * staging[0] of its block), carrying the reason in print.count and the
+ * rank to blame in print.root; the receiver's check() reports it. A
+ * receiver cannot tell its sender anything (a comm goes one way): its
+ * peer learns of it when the comm is closed, or by its own timeout.
+ */
+#ifndef CFX_TRANSPORTS_NET_CONN_H
+#define CFX_TRANSPORTS_NET_CONN_H
+
+#include <stdatomic.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "src/proxy/proxy.h"
+#include "src/util/error.h"
+#include "transports/net/nccl_net.h"
+#include "transports/transport.h"
+
+#define NET_MAX_REQUESTS NCCL_NET_MAX_REQUESTS_V8 /* Outstanding per comm, at most. */
+#define NET_POLL_NS      (200 * 1000)             /* Proxy pass interval while work is in flight. */
+#define NET_IDLE_POLL_NS (1000 * 1000)            /* A receiver waiting for its next slot. */
+#define NET_LINGER_NS    (2 * 1000000000LL)       /* close(): posted slots still get this long. */
+#define NET_POISON_SIZE  0xffffffffu /* An info line with this size (and seq 0) is a poison. */
+#define NET_INFO_MAGIC   0x43464e50u /* "CFNP" */
+#define NET_NAME_MAX     64
+#define NET_MAX_DEVS     16 /* Devices of a plugin Conflux looks at. */
+
+/* The loaded plugin, one per process (plugin.c): v8 and v9 behind one face. */
+struct cfx_net_plugin {
+    int version; /* 8 or 9. */
+    const ncclNet_v8_t *v8;
+    const ncclNet_v9_t *v9;
+    char path[256];                            /* What dlopen took. */
+    char name[NET_NAME_MAX];                   /* The table's name field. */
+    int n_devs;                                /* As devices() said. */
+    char dev_name[NET_MAX_DEVS][NET_NAME_MAX]; /* The first NET_MAX_DEVS devices' names. */
+    int ptr_support[NET_MAX_DEVS];
+};
+
+/* The plugin, loaded on first call (thread-safe, once per process), or
+ * NULL when CFX_NET_PLUGIN is unset. cfxSystemError with a sentence when
+ * it is set and the library cannot be loaded, has neither table, fails
+ * init, or has no device (the same sentence on every later call). */
+cfxResult_t cfx_net_plugin_get(const struct cfx_net_plugin **plugin_p);
+
+/* The plugin's calls, version-independent. Each returns its ncclResult_t. */
+/* The device for a connection to a rank whose nearest NIC is @p nic_name
+ * (the first device of that name that moves host memory), else 0. */
+int cfx_net_plugin_pick_dev(const struct cfx_net_plugin *p, const char *nic_name);
+ncclResult_t cfx_net_plugin_listen(const struct cfx_net_plugin *p, int dev, void *handle,
+                                   void **listen_comm_p);
+ncclResult_t cfx_net_plugin_connect(const struct cfx_net_plugin *p, int dev, void *handle,
+                                    void **send_comm_p);
+ncclResult_t cfx_net_plugin_accept(const struct cfx_net_plugin *p, void *listen_comm,
+                                   void **recv_comm_p);
+ncclResult_t cfx_net_plugin_reg_mr(const struct cfx_net_plugin *p, void *comm, void *data,
+                                   size_t bytes, void **mhandle_p);
+ncclResult_t cfx_net_plugin_dereg_mr(const struct cfx_net_plugin *p, void *comm, void *mhandle);
+ncclResult_t cfx_net_plugin_isend(const struct cfx_net_plugin *p, void *send_comm, void *data,
+                                  size_t bytes, void *mhandle, void **request_p);
+ncclResult_t cfx_net_plugin_irecv(const struct cfx_net_plugin *p, void *recv_comm, void *data,
+                                  size_t bytes, void *mhandle, void **request_p);
+ncclResult_t cfx_net_plugin_test(const struct cfx_net_plugin *p, void *request, int *done_p,
+                                 int *bytes_p);
+ncclResult_t cfx_net_plugin_close_send(const struct cfx_net_plugin *p, void *send_comm);
+ncclResult_t cfx_net_plugin_close_recv(const struct cfx_net_plugin *p, void *recv_comm);
+ncclResult_t cfx_net_plugin_close_listen(const struct cfx_net_plugin *p, void *listen_comm);
+/* "ncclRemoteError (6)", for sentences. */
+const char *cfx_net_result_name(ncclResult_t res);
+
+/* The connect info a side sends its peer (at most CFX_CONNECT_INFO_BYTES). */
+struct cfx_net_info {
+    uint32_t magic;
+    int32_t rank;
+    uint32_t dir;
+    uint32_t n_steps;
+    uint64_t slot_bytes;
+    char handle[NCCL_NET_HANDLE_MAXSIZE]; /* The receiver's listen handle. */
+};
+_Static_assert(sizeof(struct cfx_net_info) <= CFX_CONNECT_INFO_BYTES, "fits the connect info");
+
+/* Per-communicator state. */
+struct cfx_net_ctx {
+    int rank;
+    const struct cfx_net_plugin *plugin; /* NULL: CFX_NET_PLUGIN unset, accepts no pair. */
+    const int *abort_flag;
+    int64_t connect_timeout_s;
+    cfxResult_t (*connect_check)(void *arg, int peer_rank);
+    void *connect_check_arg;
+    struct cfx_proxy *proxy;
+};
+
+/* One slot's requests, on either side. */
+struct cfx_net_slot {
+    void *req_info, *req_data; /* Outstanding requests (NULL: none or done). */
+    int info_done, data_done;
+    int data_bytes; /* Receiver: bytes the payload's test reported. */
+};
+
+/* Per-connector state. */
+struct cfx_net_conn {
+    struct cfx_net_ctx *ctx;
+    const struct cfx_net_plugin *plugin;
+    enum cfx_conn_dir dir;
+    int self_rank;
+    int peer_rank;
+    int dev;
+    /* Memory: one block, registered once connected. */
+    void *mem;
+    size_t mem_bytes;
+    struct cfx_fifo *fifo;
+    char *slots;
+    size_t slot_bytes;
+    int n_steps;
+    struct cfx_slot_info *staging; /* Receiver: [n_steps] info lines as they came. */
+    /* The plugin's objects. */
+    char handle[NCCL_NET_HANDLE_MAXSIZE]; /* Receiver: its listen handle; sender: the peer's. */
+    void *listen_comm;
+    void *comm; /* sendComm or recvComm. */
+    void *mhandle;
+    int registered; /* Added to the proxy. */
+    struct cfx_proxy_client client;
+    /* Progress, by whichever thread drives (cfx_net_conn_drive). */
+    struct cfx_net_slot slot[CFX_MAX_STEPS];
+    int n_reqs; /* Requests outstanding on the comm. */
+    /* Sender: slots [released, issued) have their sends posted; slot
+     * `issued` has its info send posted when info_issued. */
+    uint64_t released, issued;
+    int info_issued;
+    /* Receiver: slots [arrived, decided) have every receive posted; slot
+     * `decided` has its info receive posted when info_posted. */
+    uint64_t arrived, decided;
+    int info_posted;
+    _Atomic int poison_reason; /* Set by poison(): stop issuing (a sender tells its peer). */
+    _Atomic int poison_blame;
+    void *req_poison;        /* Sender: the poison line's send, outstanding. */
+    int poison_sent;         /* Sender: the poison line's send is posted. */
+    _Atomic int poison_done; /* Sender: and completed (close() lingers for it). */
+    /* Receiver: the peer's poison line came (reason, blame rank); set by
+     * the driving thread, read by check(). */
+    _Atomic int peer_poison;
+    int peer_poison_blame;
+    _Alignas(CFX_CACHE_LINE) _Atomic int busy;
+    _Atomic int wanted;
+    /* Failure: written by the driving thread, then `failed` (release). */
+    _Alignas(CFX_CACHE_LINE) _Atomic int failed;
+    cfxResult_t failed_res;
+    int blame_rank;
+    char error[CFX_ERROR_MAX];
+};
+
+/* data.c */
+int cfx_net_conn_drive(struct cfx_net_conn *nc);
+cfxResult_t cfx_net_conn_check(struct cfx_net_conn *nc, struct cfx_connector *conn);
+/* Whether the connector has work in flight the proxy must pass over. */
+int cfx_net_conn_busy(const struct cfx_net_conn *nc);
+
+#endif /* CFX_TRANSPORTS_NET_CONN_H */

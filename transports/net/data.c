@@ -1,0 +1,407 @@
+/*
+ * The net-plugin transport's data path: a pass over a connector tests its
+ * outstanding requests, then posts what may go: a sender's isends (each
+ * posted slot's info line, then its payload unless inline), a receiver's
+ * irecvs (the next free slot's info line into its staging line; once that
+ * came, the payload straight into the slot). At most NET_MAX_REQUESTS per
+ * comm; a call that returns a NULL request is retried on a later pass.
+ * Any plugin call that fails fails the connector once, with a sentence
+ * naming both ranks, the plugin, the call and its result. The protocol is
+ * in conn.h.
+ *
+ * Threads: a pass is made by whichever thread asks first
+ * (cfx_net_conn_drive, lock-free as the ib transport's): the plugin's
+ * isend, irecv and test on a comm are only ever called by the thread
+ * holding `busy`.
+ */
+#include <assert.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "src/util/log.h"
+#include "transports/net/conn.h"
+
+static const char *dir_name(enum cfx_conn_dir dir)
+{
+    return dir == CFX_CONN_SEND ? "send" : "receive";
+}
+
+/* Fail the connector (driving thread): keep the first failure. */
+__attribute__((format(printf, 4, 5))) static void
+conn_fail(struct cfx_net_conn *nc, cfxResult_t res, int blame_rank, const char *fmt, ...)
+{
+    if (atomic_load_explicit(&nc->failed, memory_order_relaxed))
+        return;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(nc->error, sizeof(nc->error), fmt, ap);
+    va_end(ap);
+    nc->failed_res = res;
+    nc->blame_rank = blame_rank;
+    atomic_store_explicit(&nc->failed, 1, memory_order_release);
+    CFX_INFO(CFX_LOG_NET, "%s", nc->error); /* The call that meets it reports it. */
+}
+
+/* A plugin call failed: the connection is gone. */
+static void call_failed(struct cfx_net_conn *nc, const char *call, ncclResult_t res)
+{
+    conn_fail(nc, cfxRemoteError, nc->peer_rank,
+              "net-plugin: rank %d's %s connection to rank %d failed: plugin %s's %s returned %s",
+              nc->self_rank, dir_name(nc->dir), nc->peer_rank, nc->plugin->name, call,
+              cfx_net_result_name(res));
+}
+
+/* Test one request; 1 when it completed (*req cleared, *bytes_p set). */
+static int request_test(struct cfx_net_conn *nc, void **req, int *bytes_p)
+{
+    if (*req == NULL)
+        return 0;
+    int done = 0, bytes = 0;
+    ncclResult_t res = cfx_net_plugin_test(nc->plugin, *req, &done, &bytes);
+    if (res != ncclSuccess) {
+        call_failed(nc, "test", res);
+        return 0;
+    }
+    if (!done)
+        return 0;
+    *req = NULL;
+    nc->n_reqs--;
+    if (bytes_p)
+        *bytes_p = bytes;
+    return 1;
+}
+
+/* ============================================================ sender */
+
+/* Poisoned: once no slot is half sent, send the poison line; test it. */
+static int send_poison(struct cfx_net_conn *nc)
+{
+    if (nc->req_poison != NULL) {
+        if (!request_test(nc, &nc->req_poison, NULL))
+            return 0;
+        atomic_store_explicit(&nc->poison_done, 1, memory_order_release);
+        return 1;
+    }
+    if (nc->poison_sent || nc->info_issued || nc->n_reqs >= NET_MAX_REQUESTS)
+        return 0;
+    struct cfx_slot_info *line = &nc->staging[0];
+    memset(line, 0, sizeof(*line));
+    line->size = NET_POISON_SIZE;
+    line->seq = 0;
+    line->print.count = (uint64_t)atomic_load_explicit(&nc->poison_reason, memory_order_acquire);
+    line->print.root = atomic_load_explicit(&nc->poison_blame, memory_order_relaxed);
+    void *req = NULL;
+    ncclResult_t res =
+        cfx_net_plugin_isend(nc->plugin, nc->comm, line, sizeof(*line), nc->mhandle, &req);
+    if (res != ncclSuccess) {
+        call_failed(nc, "isend", res);
+        return 0;
+    }
+    if (req == NULL)
+        return 0;
+    nc->req_poison = req;
+    nc->n_reqs++;
+    nc->poison_sent = 1;
+    return 1;
+}
+
+static int send_pass(struct cfx_net_conn *nc)
+{
+    int moved = 0;
+    /* Completions, in any order; releases in order. */
+    uint64_t last = nc->issued + (nc->info_issued ? 1 : 0);
+    for (uint64_t k = nc->released; k < last; k++) {
+        struct cfx_net_slot *s = &nc->slot[k % (uint64_t)nc->n_steps];
+        if (request_test(nc, &s->req_info, NULL))
+            s->info_done = 1, moved = 1;
+        if (request_test(nc, &s->req_data, NULL))
+            s->data_done = 1, moved = 1;
+        if (atomic_load_explicit(&nc->failed, memory_order_relaxed))
+            return moved;
+    }
+    while (nc->released < nc->issued) {
+        struct cfx_net_slot *s = &nc->slot[nc->released % (uint64_t)nc->n_steps];
+        if (!s->info_done || !s->data_done)
+            break;
+        nc->released++;
+        cfx_store_release_u64(&nc->fifo->head, nc->released);
+        moved = 1;
+    }
+    if (atomic_load_explicit(&nc->poison_reason, memory_order_acquire))
+        return moved | send_poison(nc);
+    /* Sends of posted slots, in order, within the request limit. */
+    uint64_t tail = cfx_load_acquire_u64(&nc->fifo->tail);
+    while (nc->issued < tail && nc->n_reqs < NET_MAX_REQUESTS) {
+        uint64_t k = nc->issued;
+        size_t index = (size_t)(k % (uint64_t)nc->n_steps);
+        struct cfx_net_slot *s = &nc->slot[index];
+        struct cfx_slot_info *info = &nc->fifo->info[index];
+        uint32_t size = info->size;
+        if (size > nc->slot_bytes) {
+            conn_fail(nc, cfxInvalidUsage, nc->self_rank,
+                      "net-plugin: rank %d posted %u bytes into a %zu-byte slot for rank %d",
+                      nc->self_rank, size, nc->slot_bytes, nc->peer_rank);
+            return moved;
+        }
+        if (!nc->info_issued) {
+            void *req = NULL;
+            ncclResult_t res =
+                cfx_net_plugin_isend(nc->plugin, nc->comm, info, sizeof(*info), nc->mhandle, &req);
+            if (res != ncclSuccess) {
+                call_failed(nc, "isend", res);
+                return moved;
+            }
+            if (req == NULL)
+                return moved; /* Not now. */
+            *s = (struct cfx_net_slot){.req_info = req, .data_done = size <= CFX_SLOT_INLINE_BYTES};
+            nc->n_reqs++;
+            nc->info_issued = 1;
+            moved = 1;
+            if (size > CFX_SLOT_INLINE_BYTES && nc->n_reqs >= NET_MAX_REQUESTS)
+                return moved;
+        }
+        if (size > CFX_SLOT_INLINE_BYTES) {
+            void *req = NULL;
+            ncclResult_t res = cfx_net_plugin_isend(
+                nc->plugin, nc->comm, nc->slots + index * nc->slot_bytes, size, nc->mhandle, &req);
+            if (res != ncclSuccess) {
+                call_failed(nc, "isend", res);
+                return moved;
+            }
+            if (req == NULL)
+                return moved;
+            s->req_data = req;
+            nc->n_reqs++;
+        }
+        nc->info_issued = 0;
+        nc->issued++;
+        moved = 1;
+    }
+    return moved;
+}
+
+/* ============================================================ receiver */
+
+/* Slot `arrived` has everything: copy its line into the FIFO and post it. */
+static void slot_arrived(struct cfx_net_conn *nc)
+{
+    size_t index = (size_t)(nc->arrived % (uint64_t)nc->n_steps);
+    const struct cfx_slot_info *staged = &nc->staging[index];
+    struct cfx_slot_info *info = &nc->fifo->info[index];
+    info->size = staged->size;
+    info->print = staged->print;
+    memcpy(info->inline_data, staged->inline_data, sizeof(info->inline_data));
+    cfx_fifo_mark_posted(nc->fifo->info, nc->n_steps, nc->arrived);
+    nc->arrived++;
+    cfx_store_release_u64(&nc->fifo->tail, nc->arrived);
+}
+
+static int recv_pass(struct cfx_net_conn *nc)
+{
+    int moved = 0;
+    uint64_t last = nc->decided + (nc->info_posted ? 1 : 0);
+    for (uint64_t k = nc->arrived; k < last; k++) {
+        struct cfx_net_slot *s = &nc->slot[k % (uint64_t)nc->n_steps];
+        int bytes = 0;
+        if (request_test(nc, &s->req_info, &bytes)) {
+            s->info_done = 1, moved = 1;
+            if (bytes != (int)sizeof(struct cfx_slot_info)) {
+                conn_fail(nc, cfxRemoteError, nc->peer_rank,
+                          "net-plugin: rank %d sent a %d-byte info line for slot %llu to rank %d "
+                          "(expected %zu): the stream from rank %d is corrupt",
+                          nc->peer_rank, bytes, (unsigned long long)k, nc->self_rank,
+                          sizeof(struct cfx_slot_info), nc->peer_rank);
+                return moved;
+            }
+        }
+        if (request_test(nc, &s->req_data, &bytes)) {
+            s->data_done = 1, moved = 1;
+            s->data_bytes = bytes;
+        }
+        if (atomic_load_explicit(&nc->failed, memory_order_relaxed))
+            return moved;
+    }
+    for (;;) {
+        /* Slot `decided`: its info came, so its payload receive can go. */
+        if (nc->info_posted) {
+            size_t index = (size_t)(nc->decided % (uint64_t)nc->n_steps);
+            struct cfx_net_slot *s = &nc->slot[index];
+            if (!s->info_done)
+                break;
+            uint32_t size = nc->staging[index].size;
+            if (size == NET_POISON_SIZE && nc->staging[index].seq == 0) {
+                if (!atomic_load_explicit(&nc->peer_poison, memory_order_relaxed)) {
+                    nc->peer_poison_blame = nc->staging[index].print.root;
+                    atomic_store_explicit(&nc->peer_poison, (int)nc->staging[index].print.count,
+                                          memory_order_release);
+                }
+                return moved; /* Nothing follows. */
+            }
+            if (size > nc->slot_bytes) {
+                conn_fail(nc, cfxInvalidUsage, nc->peer_rank,
+                          "net-plugin: rank %d sent %u bytes for a %zu-byte slot of rank %d",
+                          nc->peer_rank, size, nc->slot_bytes, nc->self_rank);
+                return moved;
+            }
+            if (size > CFX_SLOT_INLINE_BYTES) {
+                if (nc->n_reqs >= NET_MAX_REQUESTS)
+                    break;
+                void *req = NULL;
+                ncclResult_t res =
+                    cfx_net_plugin_irecv(nc->plugin, nc->comm, nc->slots + index * nc->slot_bytes,
+                                         nc->slot_bytes, nc->mhandle, &req);
+                if (res != ncclSuccess) {
+                    call_failed(nc, "irecv", res);
+                    return moved;
+                }
+                if (req == NULL)
+                    break;
+                s->req_data = req;
+                nc->n_reqs++;
+            } else {
+                s->data_done = 1;
+            }
+            nc->info_posted = 0;
+            nc->decided++;
+            moved = 1;
+        }
+        /* The next slot's info line, once that slot of the FIFO is free. */
+        if (atomic_load_explicit(&nc->poison_reason, memory_order_acquire))
+            break;
+        uint64_t head = cfx_load_acquire_u64(&nc->fifo->head);
+        if (nc->decided >= head + (uint64_t)nc->n_steps || nc->n_reqs >= NET_MAX_REQUESTS)
+            break;
+        size_t index = (size_t)(nc->decided % (uint64_t)nc->n_steps);
+        void *req = NULL;
+        ncclResult_t res = cfx_net_plugin_irecv(nc->plugin, nc->comm, &nc->staging[index],
+                                                sizeof(struct cfx_slot_info), nc->mhandle, &req);
+        if (res != ncclSuccess) {
+            call_failed(nc, "irecv", res);
+            return moved;
+        }
+        if (req == NULL)
+            break;
+        nc->slot[index] = (struct cfx_net_slot){.req_info = req};
+        nc->n_reqs++;
+        nc->info_posted = 1;
+        moved = 1;
+        /* Test it at once: small slots often are in already. */
+        int bytes = 0;
+        if (request_test(nc, &nc->slot[index].req_info, &bytes)) {
+            nc->slot[index].info_done = 1;
+            if (bytes != (int)sizeof(struct cfx_slot_info)) {
+                conn_fail(nc, cfxRemoteError, nc->peer_rank,
+                          "net-plugin: rank %d sent a %d-byte info line to rank %d (expected "
+                          "%zu): the stream from rank %d is corrupt",
+                          nc->peer_rank, bytes, nc->self_rank, sizeof(struct cfx_slot_info),
+                          nc->peer_rank);
+                return moved;
+            }
+        }
+        if (atomic_load_explicit(&nc->failed, memory_order_relaxed))
+            return moved;
+    }
+    /* Slots complete in order go to the FIFO. */
+    while (nc->arrived < nc->decided) {
+        size_t index = (size_t)(nc->arrived % (uint64_t)nc->n_steps);
+        struct cfx_net_slot *s = &nc->slot[index];
+        if (!s->info_done || !s->data_done)
+            break;
+        uint32_t size = nc->staging[index].size;
+        if (size > CFX_SLOT_INLINE_BYTES && s->data_bytes != (int)size) {
+            conn_fail(nc, cfxRemoteError, nc->peer_rank,
+                      "net-plugin: rank %d's slot %llu says %u bytes but %d arrived at rank %d: "
+                      "the stream from rank %d is corrupt",
+                      nc->peer_rank, (unsigned long long)nc->arrived, size, s->data_bytes,
+                      nc->self_rank, nc->peer_rank);
+            return moved;
+        }
+        if (nc->staging[index].seq != (uint32_t)(nc->arrived + 1)) {
+            conn_fail(nc, cfxRemoteError, nc->peer_rank,
+                      "net-plugin: rank %d sent slot %u to rank %d, which expected slot %llu: the "
+                      "stream from rank %d is corrupt",
+                      nc->peer_rank, nc->staging[index].seq - 1, nc->self_rank,
+                      (unsigned long long)nc->arrived, nc->peer_rank);
+            return moved;
+        }
+        slot_arrived(nc);
+        moved = 1;
+    }
+    return moved;
+}
+
+/* ============================================================ passes */
+
+int cfx_net_conn_busy(const struct cfx_net_conn *nc)
+{
+    if (nc->dir == CFX_CONN_SEND) {
+        if (atomic_load_explicit(&nc->poison_reason, memory_order_acquire))
+            return !atomic_load_explicit(&nc->poison_done, memory_order_acquire);
+        return nc->n_reqs > 0 || nc->issued != cfx_load_acquire_u64(&nc->fifo->tail);
+    }
+    /* A receiver waiting for the next info line is left to the thread
+     * that waits on it; a payload on its way is the proxy's too. */
+    return nc->decided > nc->arrived;
+}
+
+static int conn_pass(struct cfx_net_conn *nc)
+{
+    int moved = 0;
+    if (!atomic_load_explicit(&nc->failed, memory_order_relaxed))
+        moved = nc->dir == CFX_CONN_SEND ? send_pass(nc) : recv_pass(nc);
+    int failed = atomic_load_explicit(&nc->failed, memory_order_relaxed);
+    /* A receiver that only waits for the next info line is passed over
+     * now and then too: its user thread may be waiting elsewhere while the
+     * plugin needs a test to move the bytes (a plugin over TCP reads in
+     * test). */
+    int64_t poll_ns = failed                  ? 0
+                      : cfx_net_conn_busy(nc) ? NET_POLL_NS
+                      : nc->info_posted       ? NET_IDLE_POLL_NS
+                                              : 0;
+    atomic_store_explicit(&nc->client.poll_ns, poll_ns, memory_order_relaxed);
+    return moved;
+}
+
+/* Whoever asks first makes the pass; a thread that finds it taken leaves
+ * `wanted` set and the holder passes once more (as the ib transport). */
+int cfx_net_conn_drive(struct cfx_net_conn *nc)
+{
+    int moved = 0;
+    atomic_store_explicit(&nc->wanted, 1, memory_order_seq_cst);
+    while (atomic_load_explicit(&nc->wanted, memory_order_seq_cst)) {
+        if (atomic_exchange_explicit(&nc->busy, 1, memory_order_acquire))
+            return moved;
+        while (atomic_exchange_explicit(&nc->wanted, 0, memory_order_seq_cst))
+            moved |= conn_pass(nc);
+        atomic_store_explicit(&nc->busy, 0, memory_order_seq_cst);
+    }
+    return moved;
+}
+
+/* ============================================================ health */
+
+cfxResult_t cfx_net_conn_check(struct cfx_net_conn *nc, struct cfx_connector *conn)
+{
+    /* Slots that arrived before a failure are still good: let them be taken. */
+    int takeable = nc->dir == CFX_CONN_RECV && cfx_conn_can_take(conn);
+    if (atomic_load_explicit(&nc->failed, memory_order_acquire)) {
+        if (takeable)
+            return cfxSuccess;
+        conn->blame_rank = nc->blame_rank;
+        return cfx_error_set(nc->failed_res, CFX_LOG_NET, "%s", nc->error);
+    }
+    int poison = atomic_load_explicit(&nc->peer_poison, memory_order_acquire);
+    if (poison != 0 && !takeable) {
+        cfxResult_t reason = (cfxResult_t)poison;
+        int blame = nc->peer_poison_blame;
+        conn->blame_rank = blame;
+        return cfx_error_set(reason, CFX_LOG_NET,
+                             "rank %d stopped its connection to rank %d because of rank %d: %s%s",
+                             nc->peer_rank, nc->self_rank, blame, cfxGetErrorString(reason),
+                             reason == cfxInvalidUsage ? " (mismatched collectives; that rank's "
+                                                         "error says which)"
+                                                       : "");
+    }
+    return cfxSuccess;
+}

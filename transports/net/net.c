@@ -1,0 +1,383 @@
+/*
+ * The net-plugin transport: an NCCL net plugin (CFX_NET_PLUGIN, loaded by
+ * plugin.c) carries the traffic between hosts, unchanged. This file holds
+ * the ops table and each connector's life: setup allocates and touches the
+ * FIFO block and (receiver) listens; connect calls the plugin's
+ * non-blocking connect/accept until the comm exists, then registers the
+ * block once; close lingers for a sender's posted slots, then closes the
+ * comms and deregisters. The protocol is in conn.h and docs/transports.md;
+ * data.c moves the bytes.
+ *
+ * Threads: as with the ib transport, a pass over a connector is made by
+ * whichever thread asks first (cfx_net_conn_drive): the user thread after a
+ * post or release and while it waits, or the process's proxy thread, which
+ * passes over connectors with work in flight every NET_POLL_NS. Plugin
+ * calls on one comm are thus never concurrent.
+ */
+#include "transports/net/net.h"
+
+#include <assert.h>
+#include <limits.h>
+#include <sched.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "src/util/check.h"
+#include "src/util/log.h"
+#include "src/util/time.h"
+#include "transports/net/conn.h"
+
+#define CONNECT_NAP_NS   (200 * 1000)        /* Between two connect/accept calls. */
+#define CONNECT_CHECK_NS (100 * 1000 * 1000) /* How often the core is asked about the peer. */
+
+/* ============================================================ lifecycle */
+
+static void net_fini(void *ctx_v);
+
+/* Per-communicator state. With CFX_NET_PLUGIN unset the transport accepts
+ * no pair; set, the plugin must load and have a device, or init fails
+ * (someone who asks for a plugin gets an error, not another network). */
+static cfxResult_t net_init(const struct cfx_transport_env *env, void **ctx_p)
+{
+    const struct cfx_net_plugin *plugin = NULL;
+    cfxResult_t res = cfx_net_plugin_get(&plugin);
+    if (res != cfxSuccess)
+        return res; /* The sentence names the plugin and what failed. */
+    struct cfx_net_ctx *ctx = calloc(1, sizeof(*ctx));
+    if (ctx == NULL)
+        return cfx_error_set(cfxSystemError, CFX_LOG_NET, "net-plugin: out of memory");
+    ctx->rank = env->rank;
+    ctx->plugin = plugin;
+    ctx->abort_flag = env->abort_flag;
+    ctx->connect_timeout_s = env->connect_timeout_s;
+    ctx->connect_check = env->connect_check;
+    ctx->connect_check_arg = env->connect_check_arg;
+    if (plugin != NULL) {
+        res = cfx_proxy_get(0, &ctx->proxy);
+        if (res != cfxSuccess) {
+            net_fini(ctx);
+            return res;
+        }
+    }
+    *ctx_p = ctx;
+    return cfxSuccess;
+}
+
+/* Releases what init made; accepts NULL. Connectors are closed first. */
+static void net_fini(void *ctx_v)
+{
+    struct cfx_net_ctx *ctx = ctx_v;
+    if (ctx == NULL)
+        return;
+    cfx_proxy_put(ctx->proxy);
+    free(ctx);
+}
+
+/* ============================================================ connection */
+
+/* Ranks on different hosts, when a plugin is loaded. Pure. */
+static int net_can_connect(void *ctx_v, const struct cfx_transport_peer *self,
+                           const struct cfx_transport_peer *peer)
+{
+    const struct cfx_net_ctx *ctx = ctx_v;
+    (void)self;
+    return ctx->plugin != NULL && peer->path == CFX_PATH_CLASS_NET;
+}
+
+static const char *dir_arrow(enum cfx_conn_dir dir)
+{
+    return dir == CFX_CONN_SEND ? "->" : "<-";
+}
+
+/* Allocates and touches this side's block; a receiver listens. Writes a
+ * struct cfx_net_info. Does not block on the peer. */
+static cfxResult_t net_setup(void *ctx_v, const struct cfx_transport_peer *peer, size_t slot_bytes,
+                             int n_steps, struct cfx_connector *conn, void *info_out)
+{
+    struct cfx_net_ctx *ctx = ctx_v;
+    assert(ctx->plugin != NULL && n_steps >= 1 && n_steps <= CFX_MAX_STEPS && slot_bytes > 0);
+    if (conn->place.mem != CFX_MEM_HOST)
+        return cfx_error_set(cfxInvalidUsage, CFX_LOG_NET,
+                             "net-plugin: cannot place a FIFO in %s memory yet (host memory only)",
+                             conn->place.mem == CFX_MEM_DEVICE ? "device" : "pinned");
+    if (slot_bytes > INT_MAX)
+        return cfx_error_set(cfxInvalidArgument, CFX_LOG_NET,
+                             "net-plugin: %zu-byte slots are larger than a plugin message may be",
+                             slot_bytes);
+    size_t slots_off = cfx_fifo_slots_offset();
+    if (slot_bytes > (SIZE_MAX / 2 - slots_off) / (size_t)n_steps)
+        return cfx_error_set(cfxInvalidArgument, CFX_LOG_NET,
+                             "net-plugin: %d slots of %zu bytes do not fit in memory", n_steps,
+                             slot_bytes);
+    size_t staging_off = (slots_off + (size_t)n_steps * slot_bytes + 4095) & ~(size_t)4095;
+    size_t bytes =
+        staging_off + (((size_t)n_steps * sizeof(struct cfx_slot_info) + 4095) & ~(size_t)4095);
+
+    struct cfx_net_conn *nc = NULL;
+    if (posix_memalign((void **)&nc, CFX_CACHE_LINE, sizeof(*nc)) != 0)
+        return cfx_error_set(cfxSystemError, CFX_LOG_NET, "net-plugin: out of memory");
+    memset(nc, 0, sizeof(*nc));
+    conn->priv = nc;
+    nc->ctx = ctx;
+    nc->plugin = ctx->plugin;
+    nc->dir = conn->dir;
+    nc->self_rank = ctx->rank;
+    nc->peer_rank = peer->rank;
+    nc->blame_rank = -1;
+    nc->n_steps = n_steps;
+    nc->slot_bytes = slot_bytes;
+    nc->dev = cfx_net_plugin_pick_dev(ctx->plugin, peer->nic_name);
+    if (posix_memalign(&nc->mem, 4096, bytes) != 0) {
+        nc->mem = NULL;
+        return cfx_error_set(cfxSystemError, CFX_LOG_NET,
+                             "net-plugin: out of memory for a %zu-byte FIFO to rank %d", bytes,
+                             peer->rank);
+    }
+    memset(nc->mem, 0, bytes); /* Touch every page now, never on the data path. */
+    nc->mem_bytes = bytes;
+    nc->fifo = nc->mem;
+    nc->slots = (char *)nc->mem + slots_off;
+    nc->staging = (struct cfx_slot_info *)((char *)nc->mem + staging_off);
+
+    struct cfx_net_info info = {.magic = NET_INFO_MAGIC,
+                                .rank = ctx->rank,
+                                .dir = (uint32_t)conn->dir,
+                                .n_steps = (uint32_t)n_steps,
+                                .slot_bytes = slot_bytes};
+    if (nc->dir == CFX_CONN_RECV) {
+        ncclResult_t res = cfx_net_plugin_listen(nc->plugin, nc->dev, nc->handle, &nc->listen_comm);
+        if (res != ncclSuccess || nc->listen_comm == NULL)
+            return cfx_error_set(cfxSystemError, CFX_LOG_NET,
+                                 "net-plugin: rank %d cannot listen for rank %d on %s device %d "
+                                 "(%s): listen returned %s",
+                                 ctx->rank, peer->rank, nc->plugin->name, nc->dev,
+                                 nc->plugin->dev_name[nc->dev], cfx_net_result_name(res));
+        memcpy(info.handle, nc->handle, sizeof(info.handle));
+    }
+    memcpy(info_out, &info, sizeof(info));
+    cfx_connector_set_fifo(conn, nc->fifo, nc->slots, slot_bytes, n_steps);
+    conn->peer_rank = peer->rank;
+    return cfxSuccess;
+}
+
+static void nap(void)
+{
+    struct timespec ts = {0, CONNECT_NAP_NS};
+    nanosleep(&ts, NULL);
+}
+
+/* The plugin's connect (sender) or accept (receiver) until the comm
+ * exists: both are non-blocking, the comm stays NULL until it is ready.
+ * Bounded by the connect timeout, the abort flag and the core's verdict on
+ * the peer. */
+static cfxResult_t comm_establish(struct cfx_net_ctx *ctx, struct cfx_net_conn *nc)
+{
+    int send = nc->dir == CFX_CONN_SEND;
+    int64_t deadline = cfx_time_deadline_s(ctx->connect_timeout_s);
+    int64_t next_check = cfx_time_now_ns() + CONNECT_CHECK_NS;
+    for (;;) {
+        ncclResult_t res = send ? cfx_net_plugin_connect(nc->plugin, nc->dev, nc->handle, &nc->comm)
+                                : cfx_net_plugin_accept(nc->plugin, nc->listen_comm, &nc->comm);
+        if (res != ncclSuccess)
+            return cfx_error_set(cfxRemoteError, CFX_LOG_NET,
+                                 "net-plugin: rank %d cannot %s rank %d through plugin %s: %s "
+                                 "returned %s",
+                                 ctx->rank, send ? "connect to" : "accept the connection of",
+                                 nc->peer_rank, nc->plugin->name, send ? "connect" : "accept",
+                                 cfx_net_result_name(res));
+        if (nc->comm != NULL)
+            return cfxSuccess;
+        if (ctx->abort_flag && __atomic_load_n(ctx->abort_flag, __ATOMIC_ACQUIRE))
+            return cfx_error_set(cfxRemoteError, CFX_LOG_NET,
+                                 "net-plugin: rank %d aborted while connecting with rank %d",
+                                 ctx->rank, nc->peer_rank);
+        int64_t now = cfx_time_now_ns();
+        if (now >= deadline)
+            return cfx_error_set(cfxTimeout, CFX_LOG_NET,
+                                 "net-plugin: rank %d %s rank %d within %lld s through plugin %s "
+                                 "(device %s); check that rank %d is running and reachable",
+                                 ctx->rank,
+                                 send ? "could not connect to" : "saw no connection from",
+                                 nc->peer_rank, (long long)ctx->connect_timeout_s, nc->plugin->name,
+                                 nc->plugin->dev_name[nc->dev], nc->peer_rank);
+        if (now >= next_check && ctx->connect_check) {
+            next_check = now + CONNECT_CHECK_NS;
+            cfxResult_t verdict = ctx->connect_check(ctx->connect_check_arg, nc->peer_rank);
+            if (verdict != cfxSuccess)
+                return verdict;
+        }
+        nap();
+    }
+}
+
+/* The proxy's pass over one connector. */
+static int conn_proxy_progress(void *arg)
+{
+    return cfx_net_conn_drive(arg);
+}
+
+/* Connects the comm (blocking, bounded), registers the block once and
+ * hands the connector to the proxy. */
+static cfxResult_t net_connect(void *ctx_v, struct cfx_connector *conn, const void *peer_info)
+{
+    struct cfx_net_ctx *ctx = ctx_v;
+    struct cfx_net_conn *nc = conn->priv;
+    struct cfx_net_info peer;
+    memcpy(&peer, peer_info, sizeof(peer));
+    enum cfx_conn_dir want = nc->dir == CFX_CONN_SEND ? CFX_CONN_RECV : CFX_CONN_SEND;
+    if (peer.magic != NET_INFO_MAGIC || peer.rank != nc->peer_rank || peer.dir != (uint32_t)want ||
+        peer.n_steps != (uint32_t)nc->n_steps || peer.slot_bytes != nc->slot_bytes)
+        return cfx_error_set(cfxInternalError, CFX_LOG_NET,
+                             "net-plugin: rank %d sent connect info that does not match this "
+                             "connection (another build, or a crossed connection)",
+                             nc->peer_rank);
+    if (nc->dir == CFX_CONN_SEND)
+        memcpy(nc->handle, peer.handle, sizeof(nc->handle)); /* The plugin may write into it. */
+    CFX_CHECK(comm_establish(ctx, nc));
+    if (nc->listen_comm != NULL) { /* One connection per listener: done with it. */
+        cfx_net_plugin_close_listen(nc->plugin, nc->listen_comm);
+        nc->listen_comm = NULL;
+    }
+    ncclResult_t res =
+        cfx_net_plugin_reg_mr(nc->plugin, nc->comm, nc->mem, nc->mem_bytes, &nc->mhandle);
+    if (res != ncclSuccess)
+        return cfx_error_set(cfxSystemError, CFX_LOG_NET,
+                             "net-plugin: rank %d cannot register %zu bytes for rank %d with "
+                             "plugin %s: regMr returned %s",
+                             ctx->rank, nc->mem_bytes, nc->peer_rank, nc->plugin->name,
+                             cfx_net_result_name(res));
+    nc->client.progress = conn_proxy_progress;
+    nc->client.ready = NULL;
+    nc->client.arg = nc;
+    CFX_CHECK(cfx_proxy_add(ctx->proxy, &nc->client, NULL, 0, 0));
+    nc->registered = 1;
+    CFX_INFO(CFX_LOG_NET, "net-plugin: rank %d %s rank %d connected (plugin %s, device %d: %s)",
+             ctx->rank, dir_arrow(nc->dir), nc->peer_rank, nc->plugin->name, nc->dev,
+             nc->plugin->dev_name[nc->dev]);
+    return cfxSuccess;
+}
+
+/* Before the comm goes: a sender's posted slots (or its poison line) get
+ * sent, at most NET_LINGER_NS, and not at all once the connector failed. */
+static void linger(struct cfx_net_conn *nc)
+{
+    if (nc->dir != CFX_CONN_SEND)
+        return;
+    int64_t deadline = cfx_time_now_ns() + NET_LINGER_NS;
+    for (;;) {
+        if (atomic_load_explicit(&nc->failed, memory_order_acquire))
+            return;
+        int done =
+            atomic_load_explicit(&nc->poison_reason, memory_order_acquire)
+                ? atomic_load_explicit(&nc->poison_done, memory_order_acquire)
+                : cfx_load_acquire_u64(&nc->fifo->head) == cfx_load_acquire_u64(&nc->fifo->tail);
+        if (done)
+            return;
+        if (cfx_time_now_ns() > deadline)
+            return;
+        if (!cfx_net_conn_drive(nc))
+            sched_yield();
+    }
+}
+
+/* Takes the connector from the proxy, then closes the plugin's comms,
+ * deregisters and frees. Half-built connectors too. Outstanding requests
+ * are left to the plugin's close (NCCL callers do the same at teardown). */
+static void net_close(void *ctx_v, struct cfx_connector *conn)
+{
+    struct cfx_net_ctx *ctx = ctx_v;
+    struct cfx_net_conn *nc = conn->priv;
+    if (nc == NULL)
+        return;
+    if (nc->registered) {
+        linger(nc);
+        cfx_proxy_remove(ctx->proxy, &nc->client);
+        nc->registered = 0;
+    }
+    const struct cfx_net_plugin *p = nc->plugin;
+    if (nc->mhandle != NULL)
+        cfx_net_plugin_dereg_mr(p, nc->comm, nc->mhandle);
+    if (nc->comm != NULL) {
+        if (nc->dir == CFX_CONN_SEND)
+            cfx_net_plugin_close_send(p, nc->comm);
+        else
+            cfx_net_plugin_close_recv(p, nc->comm);
+    }
+    if (nc->listen_comm != NULL)
+        cfx_net_plugin_close_listen(p, nc->listen_comm);
+    free(nc->mem);
+    free(nc);
+    conn->priv = NULL;
+    conn->fifo = NULL;
+    conn->slots = NULL;
+    memset(&conn->view, 0, sizeof(conn->view));
+}
+
+/* ============================================================ data path */
+
+static int net_progress(void *ctx_v, struct cfx_connector *conn)
+{
+    (void)ctx_v;
+    struct cfx_net_conn *nc = conn->priv;
+    if (nc == NULL || !nc->registered)
+        return 0;
+    return cfx_net_conn_drive(nc);
+}
+
+/* After a post or release: send the slot or post the receive from this thread. */
+static void net_kick(void *ctx_v, struct cfx_connector *conn)
+{
+    net_progress(ctx_v, conn);
+}
+
+/* Stop issuing on this connector; a sender's next pass sends the poison
+ * line after what it already sent. A receiver cannot tell its peer (a comm
+ * goes one way): that peer learns when this side closes its comm, or by
+ * its own timeout. */
+static void net_poison(void *ctx_v, struct cfx_connector *conn, cfxResult_t reason, int blame_rank)
+{
+    (void)ctx_v;
+    struct cfx_net_conn *nc = conn->priv;
+    if (nc == NULL || reason == cfxSuccess)
+        return;
+    atomic_store_explicit(&nc->poison_blame, blame_rank, memory_order_relaxed);
+    atomic_store_explicit(&nc->poison_reason, (int)reason, memory_order_release);
+    if (nc->registered)
+        cfx_net_conn_drive(nc);
+}
+
+static cfxResult_t net_check(void *ctx_v, struct cfx_connector *conn)
+{
+    (void)ctx_v;
+    struct cfx_net_conn *nc = conn->priv;
+    assert(nc != NULL);
+    return cfx_net_conn_check(nc, conn);
+}
+
+const struct cfx_transport cfx_net_plugin_transport = {
+    .version = CFX_TRANSPORT_VERSION,
+    .name = "net-plugin",
+    .flags = CFX_TRANSPORT_FLAG_PROGRESS | CFX_TRANSPORT_FLAG_CONNECT_ACK,
+    /* lifecycle */
+    .init = net_init,
+    .fini = net_fini,
+    /* connection */
+    .can_connect = net_can_connect,
+    .setup = net_setup,
+    .connect = net_connect,
+    .close = net_close,
+    /* data path */
+    .kick = net_kick,
+    .poison = net_poison,
+    .check = net_check,
+    .progress = net_progress,
+    .wait = NULL,
+    .read_peer = NULL,
+    /* memory: host FIFOs only so far */
+    .reg_mem = NULL,
+    .dereg_mem = NULL,
+    .flush = NULL,
+    .map_peer = NULL,
+};

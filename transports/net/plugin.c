@@ -1,0 +1,272 @@
+/*
+ * Loading an NCCL net plugin (CFX_NET_PLUGIN), once per process, and its
+ * calls behind one face for v8 and v9 tables. A name without a slash,
+ * "foo", tries libnccl-net-foo.so first, then "foo" as it is (NCCL's
+ * convention); anything with a slash is a path. The library is dlopened
+ * and never closed (a plugin may have started threads).
+ */
+#include <dlfcn.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "src/util/log.h"
+#include "src/util/param.h"
+#include "transports/net/conn.h"
+
+CFX_PARAM_STR(net_plugin, "NET_PLUGIN", "",
+              "NCCL net plugin carrying traffic between hosts: a path, or a name foo for "
+              "libnccl-net-foo.so (unset: none)");
+
+static pthread_mutex_t load_lock = PTHREAD_MUTEX_INITIALIZER;
+static int load_done;
+static cfxResult_t load_res;
+static char load_error[CFX_ERROR_MAX];
+static struct cfx_net_plugin plugin;
+
+/* The plugin's log lines, into Conflux's log under NET. */
+__attribute__((format(printf, 5, 6))) static void plugin_logger(ncclDebugLogLevel level,
+                                                                unsigned long flags,
+                                                                const char *file, int line,
+                                                                const char *fmt, ...)
+{
+    (void)flags;
+    enum cfx_log_level ours = level == NCCL_LOG_WARN || level == NCCL_LOG_ABORT ? CFX_LOG_WARN
+                              : level == NCCL_LOG_TRACE                         ? CFX_LOG_TRACE
+                                                                                : CFX_LOG_INFO;
+    if (level == NCCL_LOG_NONE || fmt == NULL)
+        return;
+    if (cfx_log_level_value < 0)
+        cfx_log_init();
+    if (cfx_log_level_value < (int)ours)
+        return;
+    char text[1024];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(text, sizeof(text), fmt, ap);
+    va_end(ap);
+    cfx_log(ours, CFX_LOG_NET, file ? file : "net-plugin", line, "net-plugin %s: %s",
+            plugin.name[0] ? plugin.name : plugin.path, text);
+}
+
+/* dlopen @p spec by NCCL's rule; the path that worked into plugin.path. */
+static void *open_library(const char *spec, char *tried, size_t tried_len)
+{
+    void *lib = NULL;
+    if (strchr(spec, '/') == NULL) {
+        snprintf(plugin.path, sizeof(plugin.path), "libnccl-net-%s.so", spec);
+        lib = dlopen(plugin.path, RTLD_NOW | RTLD_LOCAL);
+        if (lib != NULL)
+            return lib;
+        snprintf(tried, tried_len, "%s: %s; ", plugin.path, dlerror());
+    } else {
+        tried[0] = '\0';
+    }
+    snprintf(plugin.path, sizeof(plugin.path), "%s", spec);
+    lib = dlopen(plugin.path, RTLD_NOW | RTLD_LOCAL);
+    if (lib == NULL) {
+        size_t used = strlen(tried);
+        snprintf(tried + used, tried_len - used, "%s", dlerror());
+    }
+    return lib;
+}
+
+#define LOAD_FAIL(...)                                                                             \
+    do {                                                                                           \
+        snprintf(load_error, sizeof(load_error), __VA_ARGS__);                                     \
+        return cfxSystemError;                                                                     \
+    } while (0)
+
+static cfxResult_t load(const char *spec)
+{
+    char tried[600];
+    void *lib = open_library(spec, tried, sizeof(tried));
+    if (lib == NULL)
+        LOAD_FAIL("net-plugin: CFX_NET_PLUGIN=%s cannot be loaded (%s)", spec, tried);
+    plugin.v9 = dlsym(lib, "ncclNetPlugin_v9");
+    if (plugin.v9 != NULL) {
+        plugin.version = 9;
+    } else if ((plugin.v8 = dlsym(lib, "ncclNetPlugin_v8")) != NULL) {
+        plugin.version = 8;
+    } else {
+        LOAD_FAIL("net-plugin: CFX_NET_PLUGIN=%s (%s) exports neither ncclNetPlugin_v9 nor "
+                  "ncclNetPlugin_v8 (older plugins are not supported)",
+                  spec, plugin.path);
+    }
+    const char *name = plugin.version == 9 ? plugin.v9->name : plugin.v8->name;
+    snprintf(plugin.name, sizeof(plugin.name), "%s", name ? name : "?");
+    ncclResult_t res =
+        plugin.version == 9 ? plugin.v9->init(plugin_logger) : plugin.v8->init(plugin_logger);
+    if (res != ncclSuccess)
+        LOAD_FAIL("net-plugin: plugin %s (%s, v%d) failed init: %s", plugin.name, plugin.path,
+                  plugin.version, cfx_net_result_name(res));
+    res = plugin.version == 9 ? plugin.v9->devices(&plugin.n_devs)
+                              : plugin.v8->devices(&plugin.n_devs);
+    if (res != ncclSuccess)
+        LOAD_FAIL("net-plugin: plugin %s (%s) failed devices(): %s", plugin.name, plugin.path,
+                  cfx_net_result_name(res));
+    if (plugin.n_devs < 1)
+        LOAD_FAIL("net-plugin: plugin %s (%s) reports no device", plugin.name, plugin.path);
+    int n_seen = plugin.n_devs < NET_MAX_DEVS ? plugin.n_devs : NET_MAX_DEVS;
+    char list[512] = "";
+    for (int dev = 0; dev < n_seen; dev++) {
+        char *dev_name = NULL;
+        int speed = 0;
+        if (plugin.version == 9) {
+            ncclNetProperties_v9_t props;
+            memset(&props, 0, sizeof(props));
+            res = plugin.v9->getProperties(dev, &props);
+            dev_name = props.name;
+            speed = props.speed;
+            plugin.ptr_support[dev] = props.ptrSupport;
+        } else {
+            ncclNetProperties_v8_t props;
+            memset(&props, 0, sizeof(props));
+            res = plugin.v8->getProperties(dev, &props);
+            dev_name = props.name;
+            speed = props.speed;
+            plugin.ptr_support[dev] = props.ptrSupport;
+        }
+        if (res != ncclSuccess)
+            LOAD_FAIL("net-plugin: plugin %s (%s) failed getProperties(%d): %s", plugin.name,
+                      plugin.path, dev, cfx_net_result_name(res));
+        snprintf(plugin.dev_name[dev], sizeof(plugin.dev_name[dev]), "%s",
+                 dev_name ? dev_name : "?");
+        size_t used = strlen(list);
+        snprintf(list + used, sizeof(list) - used, "%s%d: %s, %d Mbps%s", dev ? "; " : "", dev,
+                 plugin.dev_name[dev], speed,
+                 plugin.ptr_support[dev] & NCCL_PTR_HOST ? "" : " (no host memory: unused)");
+    }
+    if (!(plugin.ptr_support[0] & NCCL_PTR_HOST))
+        LOAD_FAIL("net-plugin: plugin %s (%s): device 0 (%s) cannot move host memory "
+                  "(ptrSupport 0x%x), which is all Conflux gives it so far",
+                  plugin.name, plugin.path, plugin.dev_name[0], plugin.ptr_support[0]);
+    CFX_INFO(CFX_LOG_NET | CFX_LOG_INIT,
+             "net-plugin: loaded %s (ncclNetPlugin_v%d, name \"%s\"), %d device(s): %s",
+             plugin.path, plugin.version, plugin.name, plugin.n_devs, list);
+    return cfxSuccess;
+}
+
+cfxResult_t cfx_net_plugin_get(const struct cfx_net_plugin **plugin_p)
+{
+    const char *spec = param_net_plugin();
+    if (spec == NULL || spec[0] == '\0') {
+        *plugin_p = NULL;
+        return cfxSuccess;
+    }
+    pthread_mutex_lock(&load_lock);
+    if (!load_done) {
+        load_res = load(spec);
+        load_done = 1;
+    }
+    cfxResult_t res = load_res;
+    pthread_mutex_unlock(&load_lock);
+    if (res != cfxSuccess)
+        return cfx_error_set(res, CFX_LOG_NET, "%s", load_error);
+    *plugin_p = &plugin;
+    return cfxSuccess;
+}
+
+int cfx_net_plugin_pick_dev(const struct cfx_net_plugin *p, const char *nic_name)
+{
+    int n_seen = p->n_devs < NET_MAX_DEVS ? p->n_devs : NET_MAX_DEVS;
+    for (int dev = 0; nic_name != NULL && nic_name[0] && dev < n_seen; dev++)
+        if ((p->ptr_support[dev] & NCCL_PTR_HOST) && strcmp(p->dev_name[dev], nic_name) == 0)
+            return dev;
+    return 0;
+}
+
+const char *cfx_net_result_name(ncclResult_t res)
+{
+    switch (res) {
+    case ncclSuccess: return "ncclSuccess (0)";
+    case ncclUnhandledCudaError: return "ncclUnhandledCudaError (1)";
+    case ncclSystemError: return "ncclSystemError (2)";
+    case ncclInternalError: return "ncclInternalError (3)";
+    case ncclInvalidArgument: return "ncclInvalidArgument (4)";
+    case ncclInvalidUsage: return "ncclInvalidUsage (5)";
+    case ncclRemoteError: return "ncclRemoteError (6)";
+    default: return "an unknown result";
+    }
+}
+
+/* ============================================================ calls */
+
+/* Both tables have the same member at the same place up to isend; the
+ * macro picks the loaded one. */
+#define NET_CALL(p, member, ...)                                                                   \
+    ((p)->version == 9 ? (p)->v9->member(__VA_ARGS__) : (p)->v8->member(__VA_ARGS__))
+
+ncclResult_t cfx_net_plugin_listen(const struct cfx_net_plugin *p, int dev, void *handle,
+                                   void **listen_comm_p)
+{
+    return NET_CALL(p, listen, dev, handle, listen_comm_p);
+}
+
+ncclResult_t cfx_net_plugin_connect(const struct cfx_net_plugin *p, int dev, void *handle,
+                                    void **send_comm_p)
+{
+    ncclNetDeviceHandle_v8_t *dev_handle = NULL; /* No offload asked. */
+    return NET_CALL(p, connect, dev, handle, send_comm_p, &dev_handle);
+}
+
+ncclResult_t cfx_net_plugin_accept(const struct cfx_net_plugin *p, void *listen_comm,
+                                   void **recv_comm_p)
+{
+    ncclNetDeviceHandle_v8_t *dev_handle = NULL;
+    return NET_CALL(p, accept, listen_comm, recv_comm_p, &dev_handle);
+}
+
+ncclResult_t cfx_net_plugin_reg_mr(const struct cfx_net_plugin *p, void *comm, void *data,
+                                   size_t bytes, void **mhandle_p)
+{
+    return NET_CALL(p, regMr, comm, data, bytes, NCCL_PTR_HOST, mhandle_p);
+}
+
+ncclResult_t cfx_net_plugin_dereg_mr(const struct cfx_net_plugin *p, void *comm, void *mhandle)
+{
+    return NET_CALL(p, deregMr, comm, mhandle);
+}
+
+ncclResult_t cfx_net_plugin_isend(const struct cfx_net_plugin *p, void *send_comm, void *data,
+                                  size_t bytes, void *mhandle, void **request_p)
+{
+    if (p->version == 9)
+        return p->v9->isend(send_comm, data, bytes, 0, mhandle, request_p);
+    return p->v8->isend(send_comm, data, (int)bytes, 0, mhandle, request_p);
+}
+
+ncclResult_t cfx_net_plugin_irecv(const struct cfx_net_plugin *p, void *recv_comm, void *data,
+                                  size_t bytes, void *mhandle, void **request_p)
+{
+    int tag = 0;
+    void *datas[1] = {data}, *mhandles[1] = {mhandle};
+    if (p->version == 9) {
+        size_t sizes[1] = {bytes};
+        return p->v9->irecv(recv_comm, 1, datas, sizes, &tag, mhandles, request_p);
+    }
+    int sizes[1] = {(int)bytes};
+    return p->v8->irecv(recv_comm, 1, datas, sizes, &tag, mhandles, request_p);
+}
+
+ncclResult_t cfx_net_plugin_test(const struct cfx_net_plugin *p, void *request, int *done_p,
+                                 int *bytes_p)
+{
+    return NET_CALL(p, test, request, done_p, bytes_p);
+}
+
+ncclResult_t cfx_net_plugin_close_send(const struct cfx_net_plugin *p, void *send_comm)
+{
+    return NET_CALL(p, closeSend, send_comm);
+}
+
+ncclResult_t cfx_net_plugin_close_recv(const struct cfx_net_plugin *p, void *recv_comm)
+{
+    return NET_CALL(p, closeRecv, recv_comm);
+}
+
+ncclResult_t cfx_net_plugin_close_listen(const struct cfx_net_plugin *p, void *listen_comm)
+{
+    return NET_CALL(p, closeListen, listen_comm);
+}
