@@ -7,33 +7,6 @@
 #include "transports/socket/socket.h"
 #include "transports/transport.h"
 
-#include "src/util/error.h"
-#include "src/util/log.h"
-#include "src/util/param.h"
-
-#include <strings.h>
-
-/* Accepts "IB", "Socket" or nothing, in any case. */
-static const char *net_check(const char *text, char *buf, size_t len)
-{
-    (void)buf;
-    (void)len;
-    if (text[0] == '\0' || strcasecmp(text, "IB") == 0 || strcasecmp(text, "Socket") == 0)
-        return NULL;
-    return "IB or Socket (NCCL's names), or unset for either";
-}
-CFX_PARAM_STR_CHECKED(net, "NET", "", net_check,
-                      "Network between hosts: IB (verbs only) or Socket (TCP only); unset: verbs "
-                      "where usable, else sockets");
-
-enum cfx_net_choice cfx_transport_net_choice(void)
-{
-    const char *text = param_net();
-    if (text == NULL || text[0] == '\0')
-        return CFX_NET_ANY;
-    return strcasecmp(text, "IB") == 0 ? CFX_NET_IB : CFX_NET_SOCKET;
-}
-
 const struct cfx_transport *const cfx_transports[] = {
     &cfx_faulty_transport, /* Must be first: accepts nothing unless CFX_FAULT is set. */
     &cfx_shm_transport,
@@ -42,31 +15,3 @@ const struct cfx_transport *const cfx_transports[] = {
     &cfx_socket_transport,
     NULL,
 };
-
-/* ------------------------------------------- helpers over any table */
-
-cfxResult_t cfx_conn_map_peer(struct cfx_connector *conn, uint64_t remote, size_t bytes,
-                              void **ptr_p)
-{
-    const struct cfx_transport *tr = conn->transport;
-    if (!(tr->flags & CFX_TRANSPORT_FLAG_PEER_MAP) || tr->map_peer == NULL)
-        return cfx_error_set(cfxInvalidUsage, CFX_LOG_INIT,
-                             "%s: cannot map rank %d's memory into this rank (the transport does "
-                             "not offer peer mappings)",
-                             tr->name, conn->peer_rank);
-    return tr->map_peer(conn->transport_ctx, conn, remote, bytes, ptr_p);
-}
-
-cfxResult_t cfx_transport_place_check(const struct cfx_transport *tr,
-                                      const struct cfx_conn_place *place)
-{
-    if (place->mem == CFX_MEM_DEVICE && !(tr->flags & CFX_TRANSPORT_FLAG_PLACE_DEVICE))
-        return cfx_error_set(cfxInvalidUsage, CFX_LOG_INIT,
-                             "%s: cannot place a FIFO in device memory (device %d)", tr->name,
-                             place->device);
-    if (place->reader == CFX_READER_KERNEL && !(tr->flags & CFX_TRANSPORT_FLAG_READER_KERNEL))
-        return cfx_error_set(cfxInvalidUsage, CFX_LOG_INIT,
-                             "%s: cannot have a FIFO read by a kernel on device %d", tr->name,
-                             place->device);
-    return cfxSuccess;
-}

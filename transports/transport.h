@@ -353,7 +353,7 @@ enum cfx_net_choice { CFX_NET_ANY = 0, CFX_NET_IB = 1, CFX_NET_SOCKET = 2 };
 enum cfx_net_choice cfx_transport_net_choice(void);
 
 /* Whether @p tr can honour @p place at all, from its flags: cfxSuccess, or
- * cfxInvalidUsage with a sentence naming the transport (transports/registry.c). */
+ * cfxInvalidUsage with a sentence naming the transport (transports/transport.c). */
 cfxResult_t cfx_transport_place_check(const struct cfx_transport *tr,
                                       const struct cfx_conn_place *place);
 
