@@ -34,6 +34,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
 
 #include "conflux.h"
 #include "src/conn/fifo.h"
@@ -289,6 +290,16 @@ static inline void cfx_connector_set_fifo(struct cfx_connector *conn, struct cfx
     conn->slot_bytes = slot_bytes;
     conn->n_steps = n_steps;
     cfx_fifo_view(&conn->view, fifo, slots, slot_bytes, n_steps);
+}
+
+/* Forget a connector's FIFO and per-connector state (transports, at the
+ * end of close, after freeing them). */
+static inline void cfx_connector_forget(struct cfx_connector *conn)
+{
+    conn->priv = NULL;
+    conn->fifo = NULL;
+    conn->slots = NULL;
+    memset(&conn->view, 0, sizeof(conn->view));
 }
 
 /* ------------------------------------------------------------ FIFO access */

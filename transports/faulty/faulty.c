@@ -283,10 +283,7 @@ static void faulty_close(void *ctx_v, struct cfx_connector *conn)
     inner_close(fc);
     free(fc->mem);
     free(fc);
-    conn->priv = NULL;
-    conn->fifo = NULL;
-    conn->slots = NULL;
-    memset(&conn->view, 0, sizeof(conn->view));
+    cfx_connector_forget(conn);
 }
 
 /* ------------------------------------------------------------ data path */

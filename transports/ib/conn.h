@@ -163,14 +163,13 @@ struct cfx_ib_conn {
     int sq_used[IB_MAX_QPS]; /* Work requests posted and not completed, per queue pair. */
     int sq_total;            /* Their sum. */
     uint64_t sent;           /* Sender: slots whose writes are posted. */
-    uint64_t released;       /* Sender: slots whose writes completed, in order (the head). */
-    uint64_t done_mask;      /* Sender: slots completed past `released` (bit: number % n_steps). */
-    uint64_t arrived;        /* Receiver: slots posted into the FIFO, in order (the tail). */
-    uint64_t arrived_mask;   /* Receiver: immediates come past `arrived` (bit: number % n_steps). */
-    uint64_t credit_sent;    /* Receiver: the head last written to the sender. */
-    int credits_inflight;    /* Receiver: credit writes not completed. */
-    int alive_inflight;      /* A keepalive not completed. */
-    int64_t alive_due_ns;    /* When the next keepalive is due, while waiting. */
+    uint64_t done_mask; /* Sender: slots completed past the FIFO's head (bit: number % n_steps). */
+    uint64_t arrived;   /* Receiver: slots posted into the FIFO, in order (the tail). */
+    uint64_t arrived_mask; /* Receiver: immediates come past `arrived` (bit: number % n_steps). */
+    uint64_t credit_sent;  /* Receiver: the head last written to the sender. */
+    int credits_inflight;  /* Receiver: credit writes not completed. */
+    int alive_inflight;    /* A keepalive not completed. */
+    int64_t alive_due_ns;  /* When the next keepalive is due, while waiting. */
     int poison_posted;
     _Atomic int poison_done;   /* Its write completed (close() lingers for it). */
     _Atomic int poison_reason; /* Set by poison(): a poison to write. */

@@ -280,18 +280,17 @@ static void slot_arrived(struct cfx_ib_conn *ic, int q, const struct ibv_wc *wc)
 /* Sender: slot @p k's writes completed: release every slot done, in order. */
 static void slot_written(struct cfx_ib_conn *ic, uint64_t k)
 {
-    if (k < ic->released || k >= ic->released + (uint64_t)ic->n_steps)
+    uint64_t head = cfx_load_relaxed_u64(&ic->fifo->head); /* Only this side writes it. */
+    if (k < head || k >= head + (uint64_t)ic->n_steps)
         return; /* Not a slot in flight (cannot happen on a sane NIC). */
     ic->done_mask |= 1ull << (k % (uint64_t)ic->n_steps);
-    uint64_t released = ic->released;
+    uint64_t released = head;
     while (ic->done_mask & (1ull << (released % (uint64_t)ic->n_steps))) {
         ic->done_mask &= ~(1ull << (released % (uint64_t)ic->n_steps));
         released++;
     }
-    if (released != ic->released) {
-        ic->released = released;
+    if (released != head)
         cfx_store_release_u64(&ic->fifo->head, released);
-    }
 }
 
 static void completion(struct cfx_ib_conn *ic, const struct ibv_wc *wc)

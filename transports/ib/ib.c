@@ -436,10 +436,7 @@ static void ib_close(void *ctx_v, struct cfx_connector *conn)
         ibv->dereg_mr(ic->mr);
     free(ic->mem);
     free(ic);
-    conn->priv = NULL;
-    conn->fifo = NULL;
-    conn->slots = NULL;
-    memset(&conn->view, 0, sizeof(conn->view));
+    cfx_connector_forget(conn);
 }
 
 /* ============================================================ data path */
@@ -463,6 +460,7 @@ static void ib_kick(void *ctx_v, struct cfx_connector *conn)
 /* Record the poison; the next pass writes it into the peer's mailbox. */
 static void ib_poison(void *ctx_v, struct cfx_connector *conn, cfxResult_t reason, int blame_rank)
 {
+    (void)ctx_v;
     struct cfx_ib_conn *ic = conn->priv;
     if (ic == NULL)
         return;
@@ -470,7 +468,6 @@ static void ib_poison(void *ctx_v, struct cfx_connector *conn, cfxResult_t reaso
     atomic_store_explicit(&ic->poison_reason, (int)reason, memory_order_release);
     if (ic->registered)
         cfx_ib_conn_drive(ic);
-    (void)ctx_v;
 }
 
 static cfxResult_t ib_check(void *ctx_v, struct cfx_connector *conn)

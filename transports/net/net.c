@@ -309,10 +309,7 @@ static void net_close(void *ctx_v, struct cfx_connector *conn)
         cfx_net_plugin_close_listen(p, nc->listen_comm);
     free(nc->mem);
     free(nc);
-    conn->priv = NULL;
-    conn->fifo = NULL;
-    conn->slots = NULL;
-    memset(&conn->view, 0, sizeof(conn->view));
+    cfx_connector_forget(conn);
 }
 
 /* ============================================================ data path */

@@ -383,10 +383,7 @@ static void shm_close(void *ctx_v, struct cfx_connector *conn)
             free(sc->base);
     }
     free(sc);
-    conn->priv = NULL;
-    conn->fifo = NULL;
-    conn->slots = NULL;
-    memset(&conn->view, 0, sizeof(conn->view));
+    cfx_connector_forget(conn);
 }
 
 /* ------------------------------------------------------------ data path */

@@ -319,10 +319,7 @@ static void sock_close(void *ctx_v, struct cfx_connector *conn)
         cfx_socket_close(&sc->streams[s].fd);
     free(sc->mem);
     free(sc);
-    conn->priv = NULL;
-    conn->fifo = NULL;
-    conn->slots = NULL;
-    memset(&conn->view, 0, sizeof(conn->view));
+    cfx_connector_forget(conn);
 }
 
 /* ============================================================ data path */
