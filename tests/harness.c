@@ -302,3 +302,74 @@ int cfx_test_run(const struct cfx_test_options *opts, cfx_test_rank_fn fn, char 
     free(pids);
     return ok;
 }
+
+/* ------------------------------------------------------------ logs */
+
+void cfx_test_log_to(char *prefix, size_t size, const char *what)
+{
+    snprintf(prefix, size, "/tmp/cfx-test-%s-%d", what, (int)getpid());
+    cfx_test_remove_logs(prefix);
+    char pattern[160];
+    snprintf(pattern, sizeof(pattern), "%s.%%p", prefix);
+    cfx_test_setenv("CFX_DEBUG", "INFO");
+    cfx_test_setenv("CFX_DEBUG_SUBSYS", "INIT,NET");
+    cfx_test_setenv("CFX_DEBUG_FILE", pattern);
+}
+
+void cfx_test_logs_off(void)
+{
+    cfx_test_setenv("CFX_DEBUG", NULL);
+    cfx_test_setenv("CFX_DEBUG_SUBSYS", NULL);
+    cfx_test_setenv("CFX_DEBUG_FILE", NULL);
+}
+
+int cfx_test_count_in_logs(const char *prefix, const char *needle)
+{
+    char cmd[256];
+    snprintf(cmd, sizeof(cmd), "cat %s.* 2>/dev/null", prefix);
+    FILE *p = popen(cmd, "r");
+    if (p == NULL)
+        return -1;
+    char line[2048];
+    int n = 0;
+    while (fgets(line, sizeof(line), p))
+        n += strstr(line, needle) != NULL;
+    pclose(p);
+    return n;
+}
+
+void cfx_test_remove_logs(const char *prefix)
+{
+    char cmd[256];
+    snprintf(cmd, sizeof(cmd), "rm -f %s.*", prefix);
+    if (system(cmd) != 0) {
+        /* Nothing to remove. */
+    }
+}
+
+/* ------------------------------------------------------------ checked calls */
+
+void cfx_test_allreduce_check(struct cfx_test_rank *ctx, cfxComm_t comm, size_t count)
+{
+    float *data = malloc(count * sizeof(float));
+    RANK_ASSERT(ctx, data != NULL, "malloc");
+    for (size_t i = 0; i < count; i++)
+        data[i] = (float)(ctx->rank + 1) + (float)(i % 7);
+    cfx_test_step(ctx, "allreduce of %zu floats", count);
+    cfxResult_t res = cfxAllReduce(data, data, count, cfxFloat32, cfxSum, comm, NULL);
+    if (res != cfxSuccess)
+        free(data);
+    RANK_ASSERT(ctx, res == cfxSuccess, "allreduce of %zu: %s: %s", count, cfxGetErrorString(res),
+                cfxGetLastError(comm));
+    float ranks_sum = (float)(ctx->nranks * (ctx->nranks + 1) / 2);
+    for (size_t i = 0; i < count; i++) {
+        float want = ranks_sum + (float)ctx->nranks * (float)(i % 7);
+        if (data[i] != want) {
+            double got = data[i];
+            free(data);
+            RANK_ASSERT(ctx, 0, "allreduce of %zu: element %zu is %g, not %g", count, i, got,
+                        (double)want);
+        }
+    }
+    free(data);
+}

@@ -98,4 +98,18 @@ void cfx_test_setenv(const char *name, const char *value);
  * there is none: built without the verbs headers. */
 const char *cfx_test_use_fakeverbs(void);
 
+/* Log INFO lines (subsystems INIT and NET) of the ranks of the next run to
+ * "<prefix>.<pid>", the prefix made from @p what and this process's pid
+ * into @p prefix (@p size bytes); old files of that prefix are removed. */
+void cfx_test_log_to(char *prefix, size_t size, const char *what);
+void cfx_test_logs_off(void);
+/* Lines of the files "<prefix>.*" that contain @p needle (-1: cannot read). */
+int cfx_test_count_in_logs(const char *prefix, const char *needle);
+void cfx_test_remove_logs(const char *prefix);
+
+/* Inside a rank: an in-place float allreduce of @p count elements whose
+ * inputs depend on rank and index, each result element checked exactly.
+ * A failure is recorded (ctx->slot_failed) with a sentence. */
+void cfx_test_allreduce_check(struct cfx_test_rank *ctx, cfxComm_t comm, size_t count);
+
 #endif /* CFX_TEST_HARNESS_H */

@@ -47,74 +47,7 @@ static void own_host(struct cfx_test_rank *ctx)
     cfx_test_setenv("CFX_HOSTID", host);
 }
 
-/* Lines of the per-rank log files "<prefix>.<pid>" that contain @p needle. */
-static int count_in_logs(const char *prefix, const char *needle)
-{
-    char cmd[256];
-    snprintf(cmd, sizeof(cmd), "cat %s.* 2>/dev/null", prefix);
-    FILE *p = popen(cmd, "r");
-    if (p == NULL)
-        return -1;
-    char line[2048];
-    int n = 0;
-    while (fgets(line, sizeof(line), p))
-        n += strstr(line, needle) != NULL;
-    pclose(p);
-    return n;
-}
-
-static void remove_logs(const char *prefix)
-{
-    char cmd[256];
-    snprintf(cmd, sizeof(cmd), "rm -f %s.*", prefix);
-    if (system(cmd) != 0) {
-        /* Nothing to remove. */
-    }
-}
-
-/* Log INFO lines of the ranks to "<prefix>.<pid>". */
-static void log_to(char *prefix, size_t size, const char *what)
-{
-    snprintf(prefix, size, "/tmp/cfx-net-test-%s-%d", what, (int)getpid());
-    remove_logs(prefix);
-    char pattern[160];
-    snprintf(pattern, sizeof(pattern), "%s.%%p", prefix);
-    cfx_test_setenv("CFX_DEBUG", "INFO");
-    cfx_test_setenv("CFX_DEBUG_SUBSYS", "INIT,NET");
-    cfx_test_setenv("CFX_DEBUG_FILE", pattern);
-}
-
-static void logs_off(void)
-{
-    cfx_test_setenv("CFX_DEBUG", NULL);
-    cfx_test_setenv("CFX_DEBUG_SUBSYS", NULL);
-    cfx_test_setenv("CFX_DEBUG_FILE", NULL);
-}
-
 /* ------------------------------------------------------------ collectives */
-
-static void allreduce_and_check(struct cfx_test_rank *ctx, cfxComm_t comm, size_t count)
-{
-    float *data = malloc(count * sizeof(float));
-    RANK_ASSERT(ctx, data != NULL, "malloc");
-    for (size_t i = 0; i < count; i++)
-        data[i] = (float)(ctx->rank + 1) + (float)(i % 7);
-    cfx_test_step(ctx, "allreduce of %zu floats", count);
-    cfxResult_t res = cfxAllReduce(data, data, count, cfxFloat32, cfxSum, comm, NULL);
-    RANK_ASSERT(ctx, res == cfxSuccess, "allreduce of %zu: %s: %s", count, cfxGetErrorString(res),
-                cfxGetLastError(comm));
-    float ranks_sum = (float)(ctx->nranks * (ctx->nranks + 1) / 2);
-    for (size_t i = 0; i < count; i++) {
-        float want = ranks_sum + (float)ctx->nranks * (float)(i % 7);
-        if (data[i] != want) {
-            double got = (double)data[i];
-            free(data);
-            RANK_ASSERT(ctx, 0, "allreduce of %zu: element %zu is %g, not %g", count, i, got,
-                        (double)want);
-        }
-    }
-    free(data);
-}
 
 static void allreduces_of_every_size(struct cfx_test_rank *ctx)
 {
@@ -122,7 +55,7 @@ static void allreduces_of_every_size(struct cfx_test_rank *ctx)
     RANK_CFX(ctx, cfxCommInitRank(&comm, ctx->nranks, ctx->id, ctx->rank));
     static const size_t counts[] = {1, 5, 6, 7, 1000, 4097, 65536, 1 << 20};
     for (size_t i = 0; i < sizeof(counts) / sizeof(counts[0]) && !ctx->slot_failed; i++)
-        allreduce_and_check(ctx, comm, counts[i]);
+        cfx_test_allreduce_check(ctx, comm, counts[i]);
     if (!ctx->slot_failed)
         RANK_CFX(ctx, cfxCommFinalize(comm));
     cfxCommDestroy(comm);
@@ -135,17 +68,17 @@ static void run_over_plugin(const char *var, int nranks, cfx_test_rank_fn fn, in
 {
     cfx_test_setenv("CFX_NET_PLUGIN", test_plugin(var));
     char logs[128];
-    log_to(logs, sizeof(logs), "coll");
+    cfx_test_log_to(logs, sizeof(logs), "coll");
     struct cfx_test_options opts = {
         .nranks = nranks, .mode = CFX_TEST_PROCS, .deadline_s = 90, .before_rank = own_host};
     char report[8192];
     int ok = cfx_test_run(&opts, fn, report, sizeof(report));
-    *via_plugin_p = count_in_logs(logs, "via net-plugin");
-    *via_socket_p = count_in_logs(logs, "via socket");
-    *loaded_p = count_in_logs(logs, loaded_needle);
+    *via_plugin_p = cfx_test_count_in_logs(logs, "via net-plugin");
+    *via_socket_p = cfx_test_count_in_logs(logs, "via socket");
+    *loaded_p = cfx_test_count_in_logs(logs, loaded_needle);
     if (ok)
-        remove_logs(logs);
-    logs_off();
+        cfx_test_remove_logs(logs);
+    cfx_test_logs_off();
     cfx_test_setenv("CFX_NET_PLUGIN", NULL);
     cr_assert(ok, "%s(logs kept in %s.*)", report, logs);
     cr_log_info("%d ranks: %d connection lines via net-plugin, %d via socket, %d lines \"%s\"",
