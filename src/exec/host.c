@@ -20,6 +20,7 @@ int64_t cfx_exec_host_timeout_s(void)
 }
 
 #define YIELD_ROUNDS 200     /* sched_yield() rounds before sleeping. */
+#define YIELD_NS     1000000 /* Yield this long (1 ms) in all before napping on memory. */
 #define SLEEP_MAX_NS 200000  /* Longest nap while waiting (0.2 ms). */
 #define HEALTH_EVERY 256     /* Idle rounds between transport health checks. */
 #define WAIT_MAX_NS  1000000 /* Longest sleep in a transport wait (1 ms). */
@@ -290,6 +291,7 @@ static cfxResult_t host_wait(const struct cfx_executor *exec, struct cfx_exec_ba
         adaptive = limit;
     int64_t spins = adaptive;
     uint64_t idle = 0;
+    int64_t yield_until = 0; /* When the yielding ends: set as spinning does. */
     long nap_ns = 1000;
     for (;;) {
         int pending = 0;
@@ -309,6 +311,7 @@ static cfxResult_t host_wait(const struct cfx_executor *exec, struct cfx_exec_ba
             }
             batch->last_progress_ns = 0; /* Read the clock only once idle. */
             idle = 0;
+            yield_until = 0;
             nap_ns = 1000;
             continue;
         }
@@ -328,6 +331,16 @@ static cfxResult_t host_wait(const struct cfx_executor *exec, struct cfx_exec_ba
             sched_yield();
         } else if (block(ops, n_ops, WAIT_MAX_NS) >= 0) {
             /* Slept in the kernel until the peer's bytes came (sockets). */
+        } else if (yield_until == 0 || cfx_time_now_ns() < yield_until) {
+            /* Waiting on memory: yield for a time, not a count, before
+             * napping. A peer busy with a long step (a 512 KiB slot takes
+             * 50-200 us to fill here) must not send this thread to sleep:
+             * a nap overshoots by the timer slack (50 us) and may let the
+             * virtual CPU halt. With nothing else to run a yield is one
+             * system call. */
+            if (yield_until == 0)
+                yield_until = cfx_time_now_ns() + YIELD_NS;
+            sched_yield();
         } else {
             struct timespec nap = {0, nap_ns};
             nanosleep(&nap, NULL);
