@@ -138,6 +138,10 @@ typedef struct cfxConfig_v1 {
     int minCTAs;          /**< GPU: minimum thread blocks per collective. */
     int maxCTAs;          /**< GPU: maximum thread blocks per collective. */
     const char *netName;  /**< Force a network transport by name. */
+    /** Seconds a blocking call of this communicator may go without progress
+     * before it fails with cfxTimeout; 0 waits forever. Default: CFX_TIMEOUT
+     * (600). Conflux's own field (NCCL has none): PyTorch's per-group timeout. */
+    int timeout;
 } cfxConfig_t;
 
 /** @brief Initialiser for cfxConfig_t. */
@@ -151,7 +155,8 @@ typedef struct cfxConfig_v1 {
             CFX_CONFIG_UNDEF_INT,                         /* splitShare */                         \
             CFX_CONFIG_UNDEF_INT,                         /* minCTAs */                            \
             CFX_CONFIG_UNDEF_INT,                         /* maxCTAs */                            \
-            CFX_CONFIG_UNDEF_PTR                          /* netName */                            \
+            CFX_CONFIG_UNDEF_PTR,                         /* netName */                            \
+            CFX_CONFIG_UNDEF_INT                          /* timeout */                            \
     }
 
 /**

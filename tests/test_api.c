@@ -88,6 +88,7 @@ Test(api, config_initializer_sets_size_magic_version_and_undefined_fields)
     cr_assert_eq(config.minCTAs, CFX_CONFIG_UNDEF_INT);
     cr_assert_eq(config.maxCTAs, CFX_CONFIG_UNDEF_INT);
     cr_assert_null(config.netName);
+    cr_assert_eq(config.timeout, CFX_CONFIG_UNDEF_INT);
 }
 
 /* ------------------------------------------------------- entry checks */
@@ -177,6 +178,16 @@ Test(argcheck, malformed_configs_are_refused)
     config.splitShare = -5;
     cr_assert_eq(cfxCommInitRankConfig(&comm, 1, id, 0, &config), cfxInvalidArgument);
     cr_assert_null(comm);
+    config = (cfxConfig_t)CFX_CONFIG_INITIALIZER;
+    config.timeout = -5;
+    cr_assert_eq(cfxCommInitRankConfig(&comm, 1, id, 0, &config), cfxInvalidArgument);
+    ASSERT_SENTENCE("timeout = -5");
+    cr_assert_null(comm);
+    /* A caller built against a header without the field: it is not read. */
+    config.size = offsetof(cfxConfig_t, timeout);
+    cfxResult_t res = cfxCommInitRankConfig(&comm, 1, id, 0, &config);
+    cr_assert_eq(res, cfxSuccess, "%s", cfxGetLastError(NULL));
+    cr_assert_eq(cfxCommDestroy(comm), cfxSuccess);
 }
 
 Test(argcheck, a_valid_config_is_accepted_for_a_one_rank_communicator)

@@ -89,6 +89,53 @@ ParameterizedTest(int *socket, fault, timeout_names_the_rank_that_did_not_answer
     CFX_TEST_RUN(&opts, silent_rank_two);
 }
 
+/* Each communicator keeps its own timeout: config.timeout = 1 on one (and
+ * on its split child, which inherits it), CFX_TIMEOUT = 30 on another. */
+static void silent_rank_two_per_comm(struct cfx_test_rank *ctx)
+{
+    cfxConfig_t config = CFX_CONFIG_INITIALIZER;
+    config.timeout = 1;
+    cfxComm_t quick, slow, child;
+    RANK_CFX(ctx, cfxCommInitRankConfig(&quick, ctx->nranks, ctx->id, ctx->rank, &config));
+    RANK_CFX(ctx, cfxCommSplit(quick, 0, ctx->rank, &slow, NULL));
+    /* slow is quick's child: it inherits 1 s. A fresh init has CFX_TIMEOUT's 30 s. */
+    child = slow;
+    cfxConfig_t fresh = CFX_CONFIG_INITIALIZER;
+    RANK_CFX(ctx, cfxCommSplit(quick, 0, ctx->rank, &slow, &fresh));
+    float data[256] = {0};
+    cfxComm_t quick_ones[2] = {quick, child};
+    for (int c = 0; c < 2; c++) {
+        if (ctx->rank == 2)
+            continue;
+        cfx_test_step(ctx, "allreduce on %s without rank 2", c ? "the child" : "quick");
+        double start = now_s();
+        cfxResult_t res = cfxAllReduce(data, data, 256, cfxFloat32, cfxSum, quick_ones[c], NULL);
+        double took = now_s() - start;
+        RANK_ASSERT(ctx, res == cfxTimeout, "allreduce returned %s: %s", cfxGetErrorString(res),
+                    cfxGetLastError(quick_ones[c]));
+        RANK_ASSERT(ctx, took < 3.5, "the timeout took %.1f s with config.timeout = 1", took);
+    }
+    if (ctx->rank == 2) {
+        cfx_test_step(ctx, "rank 2 stays away from both, then joins slow");
+        sleep(4);
+    }
+    cfx_test_step(ctx, "allreduce on slow (CFX_TIMEOUT=30) with every rank");
+    for (int i = 0; i < 256; i++)
+        data[i] = (float)(ctx->rank + 1);
+    RANK_CFX(ctx, cfxAllReduce(data, data, 256, cfxFloat32, cfxSum, slow, NULL));
+    RANK_ASSERT(ctx, data[255] == 6.0f, "sum %g", (double)data[255]);
+    RANK_CFX(ctx, cfxCommDestroy(slow));
+    RANK_CFX(ctx, cfxCommDestroy(child));
+    RANK_CFX(ctx, cfxCommDestroy(quick));
+}
+
+Test(fault, config_timeout_is_per_communicator, .timeout = 60)
+{
+    cfx_test_setenv("CFX_TIMEOUT", "30");
+    struct cfx_test_options opts = {.nranks = 3, .mode = CFX_TEST_PROCS, .deadline_s = 40};
+    CFX_TEST_RUN(&opts, silent_rank_two_per_comm);
+}
+
 /* ------------------------------------------------------- killed rank */
 
 static void *kill_me_soon(void *arg)

@@ -6,6 +6,7 @@
 
 #include <torch/csrc/distributed/c10d/Types.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -160,11 +161,12 @@ c10::intrusive_ptr<c10::ivalue::Future> WorkConflux::getFuture() { return future
 ProcessGroupConflux::ProcessGroupConflux(const c10::intrusive_ptr<c10d::Store>& store, int rank,
                                          int size, std::chrono::milliseconds timeout)
     : c10d::ProcessGroup(rank, size) {
-  /* Conflux reads CFX_TIMEOUT once per process, at its first use: the first
-   * group's timeout holds for the process unless the user set it. */
+  /* Each group's timeout becomes its communicator's (config.timeout, whole
+   * seconds rounded up), unless the user set CFX_TIMEOUT: that wins. */
+  cfxConfig_t config = CFX_CONFIG_INITIALIZER;
   if (std::getenv("CFX_TIMEOUT") == nullptr && timeout.count() > 0) {
     long long seconds = (timeout.count() + 999) / 1000;
-    setenv("CFX_TIMEOUT", std::to_string(seconds).c_str(), 0);
+    config.timeout = static_cast<int>(std::min<long long>(seconds, 1000000000));
   }
   cfxUniqueId id;
   if (rank == 0) {
@@ -178,7 +180,7 @@ ProcessGroupConflux::ProcessGroupConflux(const c10::intrusive_ptr<c10d::Store>& 
                 bytes.size(), " bytes, not ", sizeof(id));
     std::memcpy(&id, bytes.data(), sizeof(id));
   }
-  check(cfxCommInitRank(&comm_, size, id, rank), "cfxCommInitRank");
+  check(cfxCommInitRankConfig(&comm_, size, id, rank, &config), "cfxCommInitRankConfig");
   init();
   worker_ = std::thread([this] { work_loop(); });
 }

@@ -76,8 +76,9 @@ struct cfx_op {
     /* Called by the executor while the op is blocked (stalled_ns since its
      * last progress); an error fails the op. May be NULL. */
     cfxResult_t (*on_stall)(struct cfx_op *op, int64_t stalled_ns);
-    int probe_sent; /* on_stall's own state. */
-    int spin_limit; /* Idle polls before yielding (the owner knows if cores are scarce). */
+    int probe_sent;    /* on_stall's own state. */
+    int spin_limit;    /* Idle polls before yielding (the owner knows if cores are scarce). */
+    int64_t timeout_s; /* Longest wait without progress, s (0: forever; -1: CFX_TIMEOUT). */
     /* Progress (set by cfx_coll_prepare and cfx_coll_progress). */
     size_t elem_bytes;
     uint64_t step;
@@ -134,6 +135,7 @@ static inline void cfx_op_clear(struct cfx_op *op)
     op->on_stall = NULL;
     op->probe_sent = 0;
     op->spin_limit = 0;
+    op->timeout_s = -1;
     op->elem_bytes = 0;
     op->step = 0;
     op->n_steps = 0;

@@ -8,6 +8,7 @@
 #include "src/core/comm.h"
 #include "src/util/error.h"
 #include "src/util/log.h"
+#include "src/util/param.h"
 
 cfxResult_t cfx_argcheck_ptr(const void *ptr, const char *fn, const char *arg)
 {
@@ -130,5 +131,11 @@ cfxResult_t cfx_argcheck_config(const cfxConfig_t *config, const char *fn)
         return cfx_error_set(cfxInvalidArgument, CFX_LOG_INIT,
                              "%s: config->minCTAs = %d, maxCTAs = %d; need 1 <= min <= max <= 1024",
                              fn, config->minCTAs, config->maxCTAs);
+    /* A caller built against an older conflux.h has no timeout field. */
+    if (config->size >= offsetof(cfxConfig_t, timeout) + sizeof(int) &&
+        !undef_or_range(config->timeout, 0, CFX_PARAM_SECONDS_MAX))
+        return cfx_error_set(cfxInvalidArgument, CFX_LOG_INIT,
+                             "%s: config->timeout = %d; use seconds, 0 (wait forever) to %d", fn,
+                             config->timeout, CFX_PARAM_SECONDS_MAX);
     return cfxSuccess;
 }

@@ -115,7 +115,9 @@ struct cfxComm {
     /* Mismatch detection and the flight recorder. */
     int check_mismatch;
     int spin_limit;    /* Idle polls before yielding: fewer when ranks outnumber cores. */
-    uint64_t coll_seq; /* Collectives submitted so far. */
+    int64_t timeout_s; /* A call's longest wait without progress: config.timeout or CFX_TIMEOUT. */
+    const char *timeout_name; /* Which of the two, for messages. */
+    uint64_t coll_seq;        /* Collectives submitted so far. */
     /* Collectives numbered below coll_settled have finished on this rank (the
      * last of them: settled_print): a slot of one of them still waiting in a
      * FIFO was sent by a rank that called something else (probe.c). */

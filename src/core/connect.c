@@ -173,14 +173,15 @@ static void describe(const struct cfx_conn_request *req, char *text, size_t size
                  kind_name(req->kind), req->dir == CFX_CONN_SEND ? "to" : "from", req->peer);
 }
 
-/* The deadline of a batch: CFX_TIMEOUT when a call needs it, else (init)
+/* The deadline of a batch: the communicator's timeout (config.timeout or
+ * CFX_TIMEOUT) when a call needs it, else (init)
  * CFX_BOOTSTRAP_TIMEOUT; 0: none. *seconds_p and *name_p say which. */
 static int64_t batch_deadline(const struct cfx_conn_request *reqs, int n_reqs, int64_t *seconds_p,
                               const char **name_p)
 {
     int by_call = n_reqs > 0 && reqs[0].op != NULL;
-    *seconds_p = by_call ? cfx_exec_host_timeout_s() : cfx_bootstrap_timeout_s();
-    *name_p = by_call ? "CFX_TIMEOUT" : "CFX_BOOTSTRAP_TIMEOUT";
+    *seconds_p = by_call ? reqs[0].comm->timeout_s : cfx_bootstrap_timeout_s();
+    *name_p = by_call ? reqs[0].comm->timeout_name : "CFX_BOOTSTRAP_TIMEOUT";
     return *seconds_p > 0 ? cfx_time_deadline_s(*seconds_p) : 0;
 }
 

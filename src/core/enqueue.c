@@ -87,6 +87,7 @@ static void fingerprint(struct cfxComm *comm, struct cfx_op *op)
     op->check_prints = comm->check_mismatch;
     op->on_stall = cfx_core_probe_stall;
     op->spin_limit = comm->spin_limit;
+    op->timeout_s = comm->timeout_s;
 }
 
 /* A call on a communicator an earlier error broke, or that was revoked. */

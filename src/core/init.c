@@ -12,6 +12,7 @@
 #include "src/core/argcheck.h"
 #include "src/core/blame.h"
 #include "src/core/comm.h"
+#include "src/exec/host.h"
 #include "src/util/check.h"
 #include "src/util/log.h"
 #include "src/util/param.h"
@@ -80,6 +81,12 @@ static cfxResult_t comm_alloc(int rank, int nranks, const cfxConfig_t *config,
     comm->rank = rank;
     comm->nranks = nranks;
     comm->blocking = config_int(config, offsetof(cfxConfig_t, blocking), 1);
+    comm->timeout_s = config_int(config, offsetof(cfxConfig_t, timeout), -1);
+    comm->timeout_name = "config.timeout";
+    if (comm->timeout_s < 0) {
+        comm->timeout_s = cfx_exec_host_timeout_s();
+        comm->timeout_name = "CFX_TIMEOUT";
+    }
     const char *name = NULL;
     if (config && config->size >= offsetof(cfxConfig_t, commName) + sizeof(char *))
         name = config->commName;
@@ -395,6 +402,8 @@ static cfxResult_t child_setup(struct cfxComm *comm, const cfxConfig_t *config, 
     struct cfxComm *child = *child_p;
     if (config == NULL) {
         child->blocking = comm->blocking;
+        child->timeout_s = comm->timeout_s;
+        child->timeout_name = comm->timeout_name;
         memcpy(child->name, comm->name, sizeof(child->name));
     }
     child->bootstrap = *bs_p;

@@ -113,18 +113,19 @@ static cfxResult_t timed_out(struct cfx_op *ops, int n_ops, int64_t seconds)
         if (conn) {
             int peer = conn->peer_rank;
             ops[i].blame_rank = peer;
-            return cfx_error_set(cfxTimeout, CFX_LOG_COLL,
-                                 "%s on rank %d made no progress for %lld s (CFX_TIMEOUT), at "
-                                 "step %llu of %llu, waiting for %s rank %d; that rank did not "
-                                 "answer: is it alive, and did it call the same operation?",
-                                 op_text, ops[i].rank, (long long)seconds,
-                                 (unsigned long long)ops[i].step,
-                                 (unsigned long long)ops[i].n_steps, what, peer);
+            return cfx_error_set(
+                cfxTimeout, CFX_LOG_COLL,
+                "%s on rank %d made no progress for %lld s (CFX_TIMEOUT or config.timeout), at "
+                "step %llu of %llu, waiting for %s rank %d; that rank did not "
+                "answer: is it alive, and did it call the same operation?",
+                op_text, ops[i].rank, (long long)seconds, (unsigned long long)ops[i].step,
+                (unsigned long long)ops[i].n_steps, what, peer);
         }
-        return cfx_error_set(cfxTimeout, CFX_LOG_COLL,
-                             "%s on rank %d made no progress for %lld s (CFX_TIMEOUT), waiting "
-                             "for %s",
-                             op_text, ops[i].rank, (long long)seconds, what);
+        return cfx_error_set(
+            cfxTimeout, CFX_LOG_COLL,
+            "%s on rank %d made no progress for %lld s (CFX_TIMEOUT or config.timeout), waiting "
+            "for %s",
+            op_text, ops[i].rank, (long long)seconds, what);
     }
     return cfx_error_set(cfxTimeout, CFX_LOG_COLL, "operations made no progress for %lld s",
                          (long long)seconds);
@@ -222,6 +223,19 @@ static inline int pass(struct cfx_op *ops, int n_ops, int *pending_p, cfxResult_
     return progressed;
 }
 
+/* The shortest timeout of the batch's ops (each its communicator's, or
+ * CFX_TIMEOUT); 0 when every op waits forever. */
+static int64_t batch_timeout(const struct cfx_op *ops, int n_ops)
+{
+    int64_t shortest = 0;
+    for (int i = 0; i < n_ops; i++) {
+        int64_t s = ops[i].timeout_s < 0 ? param_timeout() : ops[i].timeout_s;
+        if (s > 0 && (shortest == 0 || s < shortest))
+            shortest = s;
+    }
+    return shortest;
+}
+
 /* Every HEALTH_EVERY idle rounds: CFX_TIMEOUT, aborts, failed peers, and the
  * ops' own stall hooks (the mismatch probe). A failure fails the batch. */
 static cfxResult_t check_idle(struct cfx_exec_batch *batch)
@@ -232,7 +246,7 @@ static cfxResult_t check_idle(struct cfx_exec_batch *batch)
     if (batch->last_progress_ns == 0)
         batch->last_progress_ns = now;
     if (batch->timeout_s < 0)
-        batch->timeout_s = param_timeout();
+        batch->timeout_s = batch_timeout(ops, n_ops);
     if (batch->timeout_s > 0 && now - batch->last_progress_ns > batch->timeout_s * CFX_NS_PER_SEC) {
         cfxResult_t res = timed_out(ops, n_ops, batch->timeout_s);
         fail_all(ops, n_ops, res);

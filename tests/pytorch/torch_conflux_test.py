@@ -15,6 +15,11 @@ named, with every rank's output. Cases:
   subgroup  new_group subgroups on conflux against Gloo
   killed    a rank dies (SIGKILL); the survivors' next collective raises an
             exception naming it within the group's timeout
+  group_timeout
+            each group keeps its own timeout: a subgroup made with a 3 s
+            timeout, whose all_reduce the last rank never joins, raises on
+            the others within seconds, naming that rank, while the world
+            group (60 s) still works after it
 
 Run it with /usr/bin/python3 (Debian's torch) and PYTHONPATH=<build>/python.
 """
@@ -29,6 +34,7 @@ import time
 
 KILLED_RANK = 1
 KILLED_TIMEOUT_S = 5
+SUBGROUP_TIMEOUT_S = 3
 
 
 def free_port():
@@ -96,7 +102,8 @@ def worker(case):
                             timeout=timeout)
     assert dist.get_backend() == "conflux", dist.get_backend()
     {"ops": case_ops, "ddp": case_ddp, "subgroup": case_subgroup,
-     "killed": case_killed, "async": case_async}[case](torch, dist, rank, size)
+     "killed": case_killed, "async": case_async,
+     "group_timeout": case_group_timeout}[case](torch, dist, rank, size)
     # Every group goes now, in order, not at interpreter teardown (whose order
     # of destruction is undefined).
     dist.destroy_process_group()
@@ -438,6 +445,37 @@ def case_killed(torch, dist, rank, size):
         assert elapsed < KILLED_TIMEOUT_S + 10, f"raised after {elapsed:.1f} s"
         os._exit(0)  # The group is broken; skip the interpreter's teardown.
     raise AssertionError(f"rank {rank}: all_reduce with rank {KILLED_RANK} dead did not raise")
+
+
+def case_group_timeout(torch, dist, rank, size):
+    sub = dist.new_group(ranks=list(range(size)),
+                         timeout=datetime.timedelta(seconds=SUBGROUP_TIMEOUT_S))
+    t = torch.ones(256)
+    dist.all_reduce(t, group=sub)
+    assert t[0].item() == size
+    idle = size - 1  # never joins the subgroup's second all_reduce
+    if rank != idle:
+        start = time.monotonic()
+        try:
+            dist.all_reduce(t, group=sub)
+            raise AssertionError(f"rank {rank}: the subgroup all_reduce without rank {idle} "
+                                 "did not raise")
+        except RuntimeError as e:
+            elapsed = time.monotonic() - start
+            print(f"rank {rank}: raised after {elapsed:.1f} s: {e}", flush=True)
+            assert f"rank {idle}" in str(e), f"the error does not name rank {idle}"
+            # The subgroup's own 3 s, not the world's 60 s (plus blame and slack).
+            assert elapsed < SUBGROUP_TIMEOUT_S + 6, f"raised after {elapsed:.1f} s"
+    else:
+        time.sleep(SUBGROUP_TIMEOUT_S + 8)  # alive, elsewhere, past the others' raise
+    w = torch.full((64,), float(rank + 1))
+    dist.all_reduce(w)  # the world group is untouched
+    assert w[0].item() == size * (size + 1) / 2, w[0].item()
+    dist.barrier()
+    # The broken subgroup is not destroyed in order: skip the teardown.
+    print(f"rank {rank}: case group_timeout passed", flush=True)
+    sys.stdout.flush()
+    os._exit(0)
 
 
 if __name__ == "__main__":
