@@ -166,7 +166,7 @@ static int lowest_missing(struct walk *w, int fallback, char *why, size_t size)
 }
 
 /* The chain from this rank: see the file comment. */
-static int follow(struct walk *w, char *why, size_t size)
+static int follow(struct walk *w, char *why, size_t size, cfxResult_t *origin_p)
 {
     int n = w->comm->nranks;
     char chain[160];
@@ -188,6 +188,7 @@ static int follow(struct walk *w, char *why, size_t size)
         if (link == cur) {
             snprintf(why, size, "the failure began at rank %d (%s; links %s)", cur,
                      cfxGetErrorString((cfxResult_t)w->msgs[cur].reason), chain);
+            *origin_p = (cfxResult_t)w->msgs[cur].reason;
             return cur;
         }
         if (link < 0 || link >= n)
@@ -207,9 +208,10 @@ static int follow(struct walk *w, char *why, size_t size)
     }
 }
 
-int cfx_core_blame_agree(struct cfxComm *comm, char *why, size_t why_size)
+int cfx_core_blame_agree(struct cfxComm *comm, char *why, size_t why_size, cfxResult_t *origin_p)
 {
     int n = comm->nranks;
+    *origin_p = cfxSuccess;
     snprintf(why, why_size, "this rank failed here");
     if (comm->bootstrap == NULL || n < 2 || __atomic_load_n(&comm->abort_flag, __ATOMIC_ACQUIRE))
         return comm->rank;
@@ -220,7 +222,7 @@ int cfx_core_blame_agree(struct cfxComm *comm, char *why, size_t why_size)
                      .deadline_ns = cfx_time_now_ns() + param_blame_window_ms() * CFX_NS_PER_MS};
     int blamed = comm->rank;
     if (w.msgs && w.state && w.visited)
-        blamed = follow(&w, why, why_size);
+        blamed = follow(&w, why, why_size, origin_p);
     free(w.msgs);
     free(w.state);
     free(w.visited);
@@ -232,7 +234,13 @@ cfxResult_t cfx_core_blame_explain(struct cfxComm *comm, cfxResult_t res, const 
                                    const char *seen)
 {
     char why[256];
-    int blamed = cfx_core_blame_agree(comm, why, sizeof(why));
+    cfxResult_t origin;
+    int blamed = cfx_core_blame_agree(comm, why, sizeof(why), &origin);
+    /* Every rank returns what the failure was where it began (a mismatch
+     * stays cfxInvalidUsage on the ranks whose connection to it broke
+     * first), as a poisoned connector would have told them. */
+    if (origin != cfxSuccess && blamed != comm->rank)
+        res = origin;
     return cfx_error_set(res, CFX_LOG_COLL,
                          "%s on rank %d failed because of rank %d: %s. This "
                          "rank saw: %s",

@@ -25,13 +25,16 @@ void cfx_core_blame_tell(struct cfxComm *comm, cfxResult_t reason, int link_rank
  * the other ranks' messages, to the rank the failure began at; every rank
  * that told computes the same. Waits at most CFX_BLAME_WINDOW_MS for ranks
  * that have not told yet (a rank that never does is the one blamed). Returns
- * the blamed rank and writes why into @p why (@p why_size bytes). */
-int cfx_core_blame_agree(struct cfxComm *comm, char *why, size_t why_size);
+ * the blamed rank and writes why into @p why (@p why_size bytes);
+ * *origin_p is the result the failure had where it began, when that rank
+ * told it, else cfxSuccess. */
+int cfx_core_blame_agree(struct cfxComm *comm, char *why, size_t why_size, cfxResult_t *origin_p);
 
 /* cfx_core_blame_agree, then this thread's error sentence becomes "@p what
  * on rank R failed because of rank B: why. This rank saw: @p seen" (the
  * sentence of the failure, kept before cfx_core_blame_tell, which may
- * clear it). Returns @p res. */
+ * clear it). Returns the failure's result where it began when another rank
+ * told it (so every rank returns the same), else @p res. */
 cfxResult_t cfx_core_blame_explain(struct cfxComm *comm, cfxResult_t res, const char *what,
                                    const char *seen);
 

@@ -287,11 +287,12 @@ static cfxResult_t claim_all(struct cfx_op *ops, int *n_ops_p, int *dropped_p)
 /* After a failure: every communicator of the batch is broken, its peers are
  * told (so they stop waiting), its flight recorder goes to the log, and its
  * ranks agree on the rank to blame (blame.c), which the sentence names. */
-static void break_comms(struct cfx_op *ops, int n_ops, cfxResult_t res)
+static cfxResult_t break_comms(struct cfx_op *ops, int n_ops, cfxResult_t res)
 {
     char seen[CFX_ERROR_MAX];
     snprintf(seen, sizeof(seen), "%s", cfx_error_thread_last());
     int told = 0;
+    cfxResult_t agreed = cfxSuccess; /* The first communicator's, after agreeing. */
     for (int i = 0; i < n_ops; i++) {
         struct cfxComm *comm = ops[i].owner;
         if (comm->async_error != cfxSuccess)
@@ -311,8 +312,11 @@ static void break_comms(struct cfx_op *ops, int n_ops, cfxResult_t res)
         char op_text[160];
         cfx_coll_print_format(&ops[i].print, op_text, sizeof(op_text));
         struct cfxComm *comm = ops[i].owner;
-        cfx_core_blame_explain(comm, comm->async_error, op_text, seen);
+        comm->async_error = cfx_core_blame_explain(comm, comm->async_error, op_text, seen);
+        if (agreed == cfxSuccess)
+            agreed = comm->async_error;
     }
+    return agreed == cfxSuccess ? res : agreed;
 }
 
 /* Number the operations (the collectives of a communicator; the messages
@@ -358,8 +362,7 @@ static cfxResult_t check_leftovers(struct cfx_op *ops, int n_ops)
             ops[i].blame_rank = blame;
             for (int j = 0; j < n_ops; j++)
                 cfx_core_flight_update(ops[j].owner, ops[j].record, CFX_FLIGHT_FAILED, res, 0, 0);
-            break_comms(ops, n_ops, res);
-            return res;
+            return break_comms(ops, n_ops, res);
         }
     }
     return cfxSuccess;
@@ -412,7 +415,7 @@ static cfxResult_t check_self_matches(const struct cfx_op *ops, int n_ops)
     return cfxSuccess;
 }
 
-static void complete(struct cfx_op *ops, int n_ops, cfxResult_t res);
+static cfxResult_t complete(struct cfx_op *ops, int n_ops, cfxResult_t res);
 
 cfxResult_t cfx_core_launch(struct cfx_op *ops, int n_ops)
 {
@@ -436,8 +439,7 @@ cfxResult_t cfx_core_launch(struct cfx_op *ops, int n_ops)
             cfx_core_flight_update(ops[i].owner, ops[i].record, CFX_FLIGHT_FAILED, res, 0,
                                    ops[i].n_steps);
         }
-        break_comms(ops, n_ops, res);
-        return res;
+        return break_comms(ops, n_ops, res);
     }
     for (int i = 0; i < n_ops; i++) {
         if (ops[i].tree || ops[i].direct) {
@@ -468,15 +470,15 @@ cfxResult_t cfx_core_launch(struct cfx_op *ops, int n_ops)
     res = exec->launch(exec, &batch);
     if (res == cfxInProgress) /* Stream NULL: the call completes before it returns. */
         res = exec->wait(exec, &batch);
-    complete(ops, n_ops, res);
-    return res;
+    return complete(ops, n_ops, res);
 }
 
 /* After a batch is over (a final result from its executor): the flight
  * recorder, and either the communicators' settled collectives or, after a
- * failure, broken communicators. A launch on a stream will call this when
- * its batch ends, after the call returned. */
-static void complete(struct cfx_op *ops, int n_ops, cfxResult_t res)
+ * failure, broken communicators (and the result the ranks agreed on). A
+ * launch on a stream will call this when its batch ends, after the call
+ * returned. */
+static cfxResult_t complete(struct cfx_op *ops, int n_ops, cfxResult_t res)
 {
     for (int i = 0; i < n_ops; i++)
         cfx_core_flight_update(ops[i].owner, ops[i].record,
@@ -484,9 +486,9 @@ static void complete(struct cfx_op *ops, int n_ops, cfxResult_t res)
                                                                                 : CFX_FLIGHT_FAILED,
                                ops[i].result, ops[i].step, ops[i].n_steps);
     if (res != cfxSuccess)
-        break_comms(ops, n_ops, res);
-    else
-        settle(ops, n_ops);
+        return break_comms(ops, n_ops, res);
+    settle(ops, n_ops);
+    return cfxSuccess;
 }
 
 CFX_API cfxResult_t cfxGroupStart(void)
