@@ -182,6 +182,10 @@ struct cfx_ib_conn {
     int blame_rank;
     int64_t flushed_ns; /* The failure was a flush (cause unknown), at this time. */
     char error[CFX_ERROR_MAX];
+    /* An async event failed a queue pair of this connection: its name
+     * (ibv_event_type_str's), stored by whichever thread read the event, so
+     * a pass that holds `busy` meanwhile can still say why it was flushed. */
+    _Atomic(const char *) qp_event;
 };
 
 /* device.c: pick and open the port for @p ctx (ctx->ibv set); fills

@@ -48,6 +48,21 @@ __attribute__((format(printf, 4, 5))) static void conn_fail(struct cfx_ib_conn *
     CFX_INFO(CFX_LOG_NET, "%s", ic->error); /* The call that meets it reports it. */
 }
 
+/* Fail the connector (driving thread) for the async event @p what on one of
+ * its queue pairs. A flush recorded just before, whose cause was not known
+ * yet (check() holds it back for IB_FLUSH_WHY_NS), gives way to it. */
+static void conn_fail_qp_event(struct cfx_ib_conn *ic, const char *what)
+{
+    if (atomic_load_explicit(&ic->failed, memory_order_relaxed) && ic->flushed_ns != 0 &&
+        cfx_time_now_ns() - ic->flushed_ns < IB_FLUSH_WHY_NS) {
+        ic->flushed_ns = 0;
+        atomic_store_explicit(&ic->failed, 0, memory_order_relaxed);
+    }
+    conn_fail(ic, cfxSystemError, ic->self_rank,
+              "ib: rank %d's queue pair to rank %d on %s:%d failed: %s", ic->self_rank,
+              ic->peer_rank, ic->ctx->port.dev_name, ic->ctx->port.port, what);
+}
+
 /* ============================================================ posting */
 
 /* One RDMA write of @p len bytes at @p local (inside the block) to @p remote
@@ -321,6 +336,11 @@ static void completion(struct cfx_ib_conn *ic, const struct ibv_wc *wc)
                           ic->ctx->fatal_error, ic->self_rank, dir_name(ic->dir), ic->peer_rank);
                 return;
             }
+            const char *what = atomic_load_explicit(&ic->qp_event, memory_order_acquire);
+            if (what != NULL) {
+                conn_fail_qp_event(ic, what);
+                return;
+            }
         }
         if (wc->status == IBV_WC_WR_FLUSH_ERR &&
             !atomic_load_explicit(&ic->failed, memory_order_relaxed))
@@ -469,13 +489,15 @@ void cfx_ib_async_ready(void *arg, uint32_t events)
         case IBV_EVENT_QP_ACCESS_ERR:
         case IBV_EVENT_PATH_MIG_ERR: {
             struct cfx_ib_conn *ic = event.element.qp ? event.element.qp->qp_context : NULL;
+            if (ic == NULL)
+                break;
             /* The failure record belongs to the thread holding `busy`:
-             * take it if free; if a pass runs now, its polls will bring the
-             * queue pair's flushed completions instead. */
-            if (ic != NULL && !atomic_exchange_explicit(&ic->busy, 1, memory_order_acquire)) {
-                conn_fail(ic, cfxSystemError, ic->self_rank,
-                          "ib: rank %d's queue pair to rank %d on %s:%d failed: %s", ic->self_rank,
-                          ic->peer_rank, ctx->port.dev_name, ctx->port.port, what);
+             * take it if free; if a pass runs now (on this thread too, one
+             * that met a flushed request), its flushed completions find
+             * the event's name here. */
+            atomic_store_explicit(&ic->qp_event, what, memory_order_release);
+            if (!atomic_exchange_explicit(&ic->busy, 1, memory_order_acquire)) {
+                conn_fail_qp_event(ic, what);
                 atomic_store_explicit(&ic->busy, 0, memory_order_seq_cst);
                 if (atomic_load_explicit(&ic->wanted, memory_order_seq_cst))
                     cfx_ib_conn_drive(ic); /* A pass asked for meanwhile. */
