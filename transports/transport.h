@@ -290,6 +290,7 @@ static inline void cfx_connector_set_fifo(struct cfx_connector *conn, struct cfx
     conn->slot_bytes = slot_bytes;
     conn->n_steps = n_steps;
     cfx_fifo_view(&conn->view, fifo, slots, slot_bytes, n_steps);
+    conn->view.peer = conn->peer_rank;
 }
 
 /* Forget a connector's FIFO and per-connector state (transports, at the

@@ -10,8 +10,20 @@
  * (a transport's kick; a kernel's FIFOs are in memory both sides reach),
  * timeouts, and sentences. It reports what went wrong as a status and the
  * index of the connector it happened on; the host turns that into an error
- * naming the peer. A step here is run by one thread, element by element;
- * the CUDA executor spreads a step's elements over the threads of a block.
+ * naming the peer.
+ *
+ * A step runs in three parts, so that a thread block can share one:
+ *   cfx_steploop_plan   (one thread) checks the received slots, reserves the
+ *                       slot to send, and writes where every byte comes from
+ *                       and goes to into a plan;
+ *   cfx_steploop_data   (every thread, each its share of the elements) moves
+ *                       and reduces the bytes the plan names;
+ *   cfx_steploop_commit (one thread, after the others) releases the received
+ *                       slots and posts the sent one.
+ * Each element is read, reduced (in registers) and written by one thread,
+ * so the threads need no synchronisation between the parts of the data;
+ * the executor synchronises them between plan, data and commit.
+ * cfx_steploop_progress runs all three on one thread (the CPU test).
  * The host executor runs the same schedules through src/coll/prims.c,
  * whose copies and reductions are the host's vector kernels.
  *
@@ -58,48 +70,75 @@ cfx_steploop_init(struct cfx_steploop *l, const struct cfx_work *work, struct cf
     l->copy_bytes = 0;
 }
 
-/* dst[i] = a[i] (op) b[i] for n elements of the work's type. */
-static inline CFX_HOST_DEVICE void cfx_steploop_reduce(char *dst, const char *a, const char *b,
-                                                       uint64_t n, int type, int redop)
+/* Where one step's bytes come from and go to (cfx_steploop_plan). */
+struct cfx_steploop_plan {
+    uint64_t n; /* Elements (for a byte copy: bytes). */
+    /* A step that moves bytes as they are (single copy): copy_bytes from
+     * copy_from to copy_to (either may be NULL: nothing to copy). */
+    const char *copy_from;
+    char *copy_to;
+    /* A step on elements: each element is the fold of operands[0..n_operands)
+     * (or operands[0] alone when n_operands is 1), finished when avg, then
+     * stored at each of out and slot_out that is not NULL. */
+    const char *operands[CFX_PRIM_MAX_RECV + 1];
+    int n_operands;
+    int avg;
+    char *out;
+    char *slot_out;
+};
+
+/* The finish of cfxAvg (x / nranks) or of a PreMulSum (x * scalar). */
+#define CFX_SL_FINISH(w, name, T, x, scalar)                                                       \
+    ((w)->premul ? cfx_prod_##name(x, scalar) : cfx_avg_finish_##name(x, (w)->nranks))
+
+/* One element of type T: fold the operands, finish, store. */
+#define CFX_SL_ELEMENT(p, w, name, T, OPFN, e, scalar)                                             \
+    do {                                                                                           \
+        T v_ = ((const T *)(p)->operands[0])[e];                                                   \
+        for (int k_ = 1; k_ < (p)->n_operands; k_++)                                               \
+            v_ = OPFN(v_, ((const T *)(p)->operands[k_])[e]);                                      \
+        if ((p)->avg)                                                                              \
+            v_ = CFX_SL_FINISH(w, name, T, v_, scalar);                                            \
+        if ((p)->out)                                                                              \
+            ((T *)(p)->out)[e] = v_;                                                               \
+        if ((p)->slot_out)                                                                         \
+            ((T *)(p)->slot_out)[e] = v_;                                                          \
+    } while (0)
+
+#define CFX_SL_LOOP(p, w, name, T, OPFN, tid, nthreads, scalar)                                    \
+    for (uint64_t e_ = (tid); e_ < (p)->n; e_ += (nthreads))                                       \
+    CFX_SL_ELEMENT(p, w, name, T, OPFN, e_, scalar)
+
+/* Data: this thread's share (elements tid, tid + nthreads, ...) of what
+ * @p p moves. Every thread of a step calls it with the same plan. */
+static inline CFX_HOST_DEVICE void cfx_steploop_data(const struct cfx_work *w,
+                                                     const struct cfx_steploop_plan *p,
+                                                     unsigned tid, unsigned nthreads)
 {
-    switch (type) {
+    if (p->copy_from != 0 && p->copy_to != 0 && p->copy_from != p->copy_to) {
+        for (uint64_t i = tid; i < p->n; i += nthreads)
+            p->copy_to[i] = p->copy_from[i];
+        return;
+    }
+    if (p->n_operands == 0 || p->n == 0)
+        return;
+    switch (w->type) {
 #define CFX_SL_TYPE(enumv, name, T)                                                                \
     case enumv: {                                                                                  \
-        T *d = (T *)dst;                                                                           \
-        const T *x = (const T *)a, *y = (const T *)b;                                              \
-        for (uint64_t i = 0; i < n; i++) {                                                         \
-            switch (redop) {                                                                       \
-            case cfxProd: d[i] = cfx_prod_##name(x[i], y[i]); break;                               \
-            case cfxMax: d[i] = cfx_max_##name(x[i], y[i]); break;                                 \
-            case cfxMin: d[i] = cfx_min_##name(x[i], y[i]); break;                                 \
-            default: d[i] = cfx_sum_##name(x[i], y[i]); break; /* Sum, Avg, PreMulSum. */          \
-            }                                                                                      \
+        T scalar;                                                                                  \
+        memcpy(&scalar, &w->premul_bits, sizeof(T));                                               \
+        switch (w->redop) {                                                                        \
+        case cfxProd: CFX_SL_LOOP(p, w, name, T, cfx_prod_##name, tid, nthreads, scalar); break;   \
+        case cfxMax: CFX_SL_LOOP(p, w, name, T, cfx_max_##name, tid, nthreads, scalar); break;     \
+        case cfxMin: CFX_SL_LOOP(p, w, name, T, cfx_min_##name, tid, nthreads, scalar); break;     \
+        default: /* Sum, Avg, PreMulSum. */                                                        \
+            CFX_SL_LOOP(p, w, name, T, cfx_sum_##name, tid, nthreads, scalar);                     \
+            break;                                                                                 \
         }                                                                                          \
         break;                                                                                     \
     }
         CFX_REDUCE_FOR_EACH_TYPE(CFX_SL_TYPE)
 #undef CFX_SL_TYPE
-    default: break;
-    }
-}
-
-/* The finish of cfxAvg (x / nranks) or of a PreMulSum (x * scalar), in place. */
-static inline CFX_HOST_DEVICE void cfx_steploop_finish(const struct cfx_work *w, char *out,
-                                                       uint64_t n)
-{
-    switch (w->type) {
-#define CFX_SL_FINISH(enumv, name, T)                                                              \
-    case enumv: {                                                                                  \
-        T *d = (T *)out;                                                                           \
-        T scalar;                                                                                  \
-        memcpy(&scalar, &w->premul_bits, sizeof(T));                                               \
-        for (uint64_t i = 0; i < n; i++)                                                           \
-            d[i] = w->premul ? cfx_prod_##name(d[i], scalar)                                       \
-                             : cfx_avg_finish_##name(d[i], w->nranks);                             \
-        break;                                                                                     \
-    }
-        CFX_REDUCE_FOR_EACH_TYPE(CFX_SL_FINISH)
-#undef CFX_SL_FINISH
     default: break;
     }
 }
@@ -152,14 +191,24 @@ static inline CFX_HOST_DEVICE const char *cfx_steploop_take(struct cfx_steploop 
     return slot;
 }
 
-/* Runs ready step @p s whole. Returns 0, or a failure status (also in l->status). */
-static inline CFX_HOST_DEVICE int cfx_steploop_run(struct cfx_steploop *l, const struct cfx_step *s)
+/* Plan ready step @p s (one thread): check and take its received slots,
+ * reserve the slot it sends, and fill @p p. Returns 0, or a failure status
+ * (also in l->status; nothing is then released or posted). */
+static inline CFX_HOST_DEVICE int
+cfx_steploop_plan(struct cfx_steploop *l, const struct cfx_step *s, struct cfx_steploop_plan *p)
 {
     const struct cfx_work *w = l->work;
     uint32_t flags = s->flags;
     uint64_t n = s->n_elems, bytes = n * w->elem_bytes;
+    p->copy_from = 0;
+    p->copy_to = 0;
+    p->n_operands = 0;
+    p->avg = 0;
+    p->out = 0;
+    p->slot_out = 0;
     if (flags & (CFX_PRIM_PULL | CFX_PRIM_ADDR)) {
-        /* Single copy: slots carry addresses. */
+        /* Single copy: slots carry addresses; the data is one byte copy. */
+        p->n = bytes;
         const char *value = s->input;
         if (flags & CFX_PRIM_RECV) {
             const char *slot = cfx_steploop_take(l, s->recv, sizeof(uint64_t));
@@ -167,25 +216,18 @@ static inline CFX_HOST_DEVICE int cfx_steploop_run(struct cfx_steploop *l, const
                 return l->status;
             uint64_t remote;
             memcpy(&remote, slot, sizeof(remote));
-            cfx_fifo_release(&l->conns[s->recv]);
-            if (bytes)
-                memcpy(s->output, (const char *)(uintptr_t)remote, bytes);
-            l->copy_bytes += bytes;
-            value = s->output;
+            value = (const char *)(uintptr_t)remote;
         }
-        if (flags & CFX_PRIM_SEND) {
-            struct cfx_conn *c = &l->conns[s->send];
-            uint64_t addr = (uint64_t)(uintptr_t)value;
-            memcpy(cfx_fifo_post_slot(c, sizeof(addr)), &addr, sizeof(addr));
-            cfx_fifo_post(c, sizeof(addr), &w->print);
+        if ((flags & (CFX_PRIM_RECV | CFX_PRIM_OUT)) && bytes) {
+            p->copy_from = value;
+            p->copy_to = s->output;
         }
-        if ((flags & CFX_PRIM_OUT) && s->output != value && bytes)
-            memcpy(s->output, value, bytes);
+        l->copy_bytes += bytes;
         return 0;
     }
+    p->n = n;
     const char *received = 0;
     const char *more[CFX_PRIM_MAX_RECV - 1];
-    char *slot_out = 0;
     if (flags & CFX_PRIM_RECV) {
         received = cfx_steploop_take(l, s->recv, bytes);
         for (int i = 0; received && i < s->n_recv_more; i++)
@@ -195,53 +237,55 @@ static inline CFX_HOST_DEVICE int cfx_steploop_run(struct cfx_steploop *l, const
             return l->status;
     }
     if (flags & CFX_PRIM_SEND)
-        slot_out = cfx_fifo_post_slot(&l->conns[s->send], bytes);
-    const char *value = received ? received : s->input;
+        p->slot_out = cfx_fifo_post_slot(&l->conns[s->send], bytes);
     if (flags & CFX_PRIM_REDUCE) {
-        char *sum = (flags & CFX_PRIM_OUT) ? s->output : slot_out;
         /* Operands in order: recv, recv_more..., with the input at input_pos
-         * when ORDERED, else second. Folded left to right; a fold that would
-         * overwrite the input before reading it (in place) reads it first
-         * because the input is always among the first two operands there. */
-        const char *operands[CFX_PRIM_MAX_RECV + 1];
-        int n_operands = 0;
+         * when ORDERED, else second; folded left to right per element. */
         int input_pos = (flags & CFX_PRIM_ORDERED) ? s->input_pos : 1;
         for (int i = 0; i <= s->n_recv_more; i++) {
             if (i == input_pos)
-                operands[n_operands++] = s->input;
-            operands[n_operands++] = i == 0 ? received : more[i - 1];
+                p->operands[p->n_operands++] = s->input;
+            p->operands[p->n_operands++] = i == 0 ? received : more[i - 1];
         }
         if (input_pos == s->n_recv_more + 1)
-            operands[n_operands++] = s->input;
-        if (n > 0 && sum == s->input && input_pos >= 2) {
-            /* In place with the input late in the fold: element by element,
-             * so each input element is read before it is written. */
-            for (uint64_t e = 0; e < n; e++) {
-                uint64_t at = e * w->elem_bytes;
-                char acc[8];
-                cfx_steploop_reduce(acc, operands[0] + at, operands[1] + at, 1, w->type, w->redop);
-                for (int k = 2; k < n_operands; k++)
-                    cfx_steploop_reduce(acc, acc, operands[k] + at, 1, w->type, w->redop);
-                memcpy(sum + at, acc, w->elem_bytes);
-            }
-        } else if (n > 0) {
-            cfx_steploop_reduce(sum, operands[0], operands[1], n, w->type, w->redop);
-            for (int k = 2; k < n_operands; k++)
-                cfx_steploop_reduce(sum, sum, operands[k], n, w->type, w->redop);
-        }
-        l->copy_bytes += bytes * (uint64_t)(n_operands - 1);
-        value = sum;
+            p->operands[p->n_operands++] = s->input;
+        l->copy_bytes += bytes * (uint64_t)(p->n_operands - 1);
+    } else {
+        p->operands[0] = received ? received : s->input;
+        p->n_operands = 1;
     }
     if (flags & CFX_PRIM_OUT) {
-        if (s->output != value && bytes)
-            memcpy(s->output, value, bytes);
-        if (flags & CFX_PRIM_AVG)
-            cfx_steploop_finish(w, s->output, n);
-        value = s->output;
+        p->out = s->output;
+        p->avg = (flags & CFX_PRIM_AVG) != 0;
     }
-    if ((flags & CFX_PRIM_SEND) && value != slot_out && bytes)
-        memcpy(slot_out, value, bytes);
+    if (p->out == p->operands[0] && p->n_operands == 1 && !p->avg)
+        p->out = 0; /* In place: the output already holds the value. */
     l->copy_bytes += bytes;
+    return 0;
+}
+
+/* Commit planned step @p s (one thread, after every thread's data): hand
+ * back the received slots and post the sent one. */
+static inline CFX_HOST_DEVICE void cfx_steploop_commit(struct cfx_steploop *l,
+                                                       const struct cfx_step *s)
+{
+    const struct cfx_work *w = l->work;
+    uint32_t flags = s->flags;
+    uint64_t bytes = s->n_elems * w->elem_bytes;
+    if (flags & (CFX_PRIM_PULL | CFX_PRIM_ADDR)) {
+        const char *value = s->input;
+        if (flags & CFX_PRIM_RECV) {
+            cfx_fifo_release(&l->conns[s->recv]);
+            value = s->output;
+        }
+        if (flags & CFX_PRIM_SEND) {
+            struct cfx_conn *c = &l->conns[s->send];
+            uint64_t addr = (uint64_t)(uintptr_t)value;
+            memcpy(cfx_fifo_post_slot(c, sizeof(addr)), &addr, sizeof(addr));
+            cfx_fifo_post(c, sizeof(addr), &w->print);
+        }
+        return;
+    }
     if (flags & CFX_PRIM_RECV) {
         cfx_fifo_release(&l->conns[s->recv]);
         for (int i = 0; i < s->n_recv_more; i++)
@@ -249,28 +293,41 @@ static inline CFX_HOST_DEVICE int cfx_steploop_run(struct cfx_steploop *l, const
     }
     if (flags & CFX_PRIM_SEND)
         cfx_fifo_post(&l->conns[s->send], bytes, &w->print);
-    return 0;
 }
 
-/* Runs every step that is ready; returns how many ran (0: blocked, done or
- * failed: see l->status). Never blocks. */
+/* The step the loop is at, described (once per index). NULL when the loop
+ * is over (done or failed). */
+static inline CFX_HOST_DEVICE const struct cfx_step *cfx_steploop_current(struct cfx_steploop *l)
+{
+    if (l->status != CFX_STEPLOOP_RUNNING)
+        return 0;
+    if (l->step >= l->work->n_steps) {
+        l->status = CFX_STEPLOOP_DONE;
+        return 0;
+    }
+    if (l->described != l->step) {
+        cfx_schedule_describe(l->work, l->step, &l->next);
+        l->described = l->step;
+    }
+    return &l->next;
+}
+
+/* Runs every step that is ready, on this one thread; returns how many ran
+ * (0: blocked, done or failed: see l->status). Never blocks. */
 static inline CFX_HOST_DEVICE int cfx_steploop_progress(struct cfx_steploop *l)
 {
     int ran = 0;
-    while (l->status == CFX_STEPLOOP_RUNNING && l->step < l->work->n_steps) {
-        if (l->described != l->step) {
-            cfx_schedule_describe(l->work, l->step, &l->next);
-            l->described = l->step;
-        }
-        if (!cfx_steploop_ready(l, &l->next))
-            break;
-        if (cfx_steploop_run(l, &l->next) != 0)
+    const struct cfx_step *s;
+    struct cfx_steploop_plan plan;
+    while ((s = cfx_steploop_current(l)) != 0 && cfx_steploop_ready(l, s)) {
+        if (cfx_steploop_plan(l, s, &plan) != 0)
             return ran;
+        cfx_steploop_data(l->work, &plan, 0, 1);
+        cfx_steploop_commit(l, s);
         l->step++;
         ran++;
     }
-    if (l->status == CFX_STEPLOOP_RUNNING && l->step == l->work->n_steps)
-        l->status = CFX_STEPLOOP_DONE;
+    cfx_steploop_current(l); /* Marks a finished loop DONE. */
     return ran;
 }
 

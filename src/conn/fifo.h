@@ -90,8 +90,11 @@ struct cfx_conn {
     char *slots;                /* [n_steps * slot_bytes] payloads. */
     uint64_t slot_bytes;
     int32_t n_steps;
-    int32_t reserved;
+    int32_t peer;       /* The rank at the other end (for a kernel's failure report). */
     uint64_t head_seen; /* Producer: the consumer's head when last read (cfx_fifo_can_post). */
+    /* Nonzero once a side broke the connection (a cfxResult_t), in memory
+     * the reader of this view can poll: a kernel that waits here stops. */
+    const int32_t *closed;
 };
 
 /* Point @p view at a FIFO whose parts are all in one block. */
@@ -104,8 +107,9 @@ static inline void cfx_fifo_view(struct cfx_conn *view, struct cfx_fifo *fifo, c
     view->slots = slots;
     view->slot_bytes = slot_bytes;
     view->n_steps = n_steps;
-    view->reserved = 0;
+    view->peer = -1;
     view->head_seen = 0;
+    view->closed = &fifo->closed;
 }
 
 /* Mark slot @p number posted (its info and data written before). */
@@ -187,6 +191,12 @@ static inline CFX_HOST_DEVICE void cfx_fifo_release(struct cfx_conn *c)
 {
     uint64_t head = cfx_load_relaxed_u64(c->head);
     cfx_store_release_u64(c->head, head + 1);
+}
+
+/* Whether a side broke the connection (a cfxResult_t, 0 while healthy). */
+static inline CFX_HOST_DEVICE int32_t cfx_fifo_closed(const struct cfx_conn *c)
+{
+    return c->closed ? (int32_t)cfx_load_acquire_u32((const uint32_t *)c->closed) : 0;
 }
 
 /* Consumer: the number of the next slot it will take (low 32 bits). */

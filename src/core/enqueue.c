@@ -13,6 +13,7 @@
 #include "src/core/probe.h"
 #include "src/core/redop.h"
 #include "src/util/check.h"
+#include "src/util/cuda.h"
 #include "src/util/log.h"
 
 /* Whether this thread's current call holds its communicator, or was refused
@@ -167,6 +168,39 @@ static cfxResult_t finish(struct cfxComm *comm, cfxResult_t res)
     return res;
 }
 
+/* Make host buffers safe to use for a call given @p stream: NULL needs
+ * nothing; a CUDA stream is synchronised first. cfxInvalidArgument when a
+ * stream is given without a usable GPU, or a buffer is device memory. */
+static cfxResult_t stream_prepare(cfxStream_t stream, const void *buf_a, const void *buf_b,
+                                  const char *fn)
+{
+    if (stream == NULL)
+        return cfxSuccess;
+#if CFX_HAVE_CUDA
+    const char *why;
+    const struct cfx_cuda_api *cu = cfx_cuda_api(&why);
+    if (cu == NULL)
+        return cfx_error_set(cfxInvalidArgument, CFX_LOG_COLL,
+                             "%s: a CUDA stream was given but no GPU is usable (%s); pass NULL for "
+                             "host buffers",
+                             fn, why);
+    if (cfx_cuda_is_device_ptr(buf_a, NULL) || cfx_cuda_is_device_ptr(buf_b, NULL))
+        return cfx_error_set(cfxInvalidArgument, CFX_LOG_COLL,
+                             "%s: GPU buffers are not supported by this version (host buffers "
+                             "only)",
+                             fn);
+    CFX_CU_CHECK(cu, stream_synchronize((CUstream)stream), CFX_LOG_COLL, "cuStreamSynchronize");
+    return cfxSuccess;
+#else
+    (void)buf_a;
+    (void)buf_b;
+    return cfx_error_set(cfxInvalidArgument, CFX_LOG_COLL,
+                         "%s: a CUDA stream was given but this Conflux has no CUDA; pass NULL for "
+                         "host buffers",
+                         fn);
+#endif
+}
+
 static cfxResult_t check_common(struct cfxComm *comm, cfxDataType_t type, cfxStream_t stream,
                                 const void *a, const void *b, const char *fn)
 {
@@ -178,7 +212,7 @@ static cfxResult_t check_common(struct cfxComm *comm, cfxDataType_t type, cfxStr
     }
     cfx_core_held_by_me = 1;
     CFX_CHECK(cfx_argcheck_type(type, fn));
-    return cfx_host_stream_prepare(stream, a, b, fn);
+    return stream_prepare(stream, a, b, fn);
 }
 
 CFX_API cfxResult_t cfxAllReduce(const void *sendbuff, void *recvbuff, size_t count,

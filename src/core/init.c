@@ -14,6 +14,7 @@
 #include "src/core/comm.h"
 #include "src/exec/host.h"
 #include "src/util/check.h"
+#include "src/util/cuda.h"
 #include "src/util/log.h"
 #include "src/util/param.h"
 #include "src/util/time.h"
@@ -91,7 +92,7 @@ static cfxResult_t comm_alloc(int rank, int nranks, const cfxConfig_t *config,
     if (config && config->size >= offsetof(cfxConfig_t, commName) + sizeof(char *))
         name = config->commName;
     snprintf(comm->name, sizeof(comm->name), "%s", name ? name : "");
-    comm->cuda_dev = cfx_host_cuda_device();
+    comm->cuda_dev = cfx_cuda_rank_device();
     *comm_p = comm;
     return cfxSuccess;
 }
@@ -332,7 +333,7 @@ static void *init_all_thread(void *arg)
     struct init_all_rank *job = arg;
     job->res = cfxSuccess;
     if (job->device >= 0)
-        job->res = cfx_host_cuda_select(job->device);
+        job->res = cfx_cuda_select(job->device);
     if (job->res == cfxSuccess)
         job->res = cfxCommInitRank(&job->comm, job->nranks, job->id, job->rank);
     snprintf(job->error, sizeof(job->error), "%s", cfx_error_thread_last());

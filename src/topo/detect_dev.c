@@ -17,10 +17,8 @@
 #include "src/util/error.h"
 #include "src/util/log.h"
 
+#include "src/util/cuda.h"
 #include "src/util/verbs.h"
-#if CFX_HAVE_CUDA
-#include <cuda_runtime_api.h>
-#endif
 
 #define DEFAULT_MBPS   10000 /* A network interface that does not report its speed. */
 #define NVML_MAX_LINKS 18
@@ -195,12 +193,12 @@ cfxResult_t cfx_topo_detect_nvlinks(struct detection *det)
 void cfx_topo_detect_gpus(struct detection *det)
 {
 #if CFX_HAVE_CUDA
+    const char *why = "this process does not use CUDA";
+    const struct cfx_cuda_api *cu = cfx_cuda_in_process() ? cfx_cuda_api(&why) : NULL;
     int count = 0;
-    cudaError_t err = cudaGetDeviceCount(&count);
-    if (err != cudaSuccess || count == 0) {
-        snprintf(det->no_gpu_reason, sizeof(det->no_gpu_reason), "CUDA runtime: %s",
-                 err != cudaSuccess ? cudaGetErrorString(err) : "no device");
-        (void)cudaGetLastError();
+    if (cu == NULL || cu->device_get_count(&count) != CUDA_SUCCESS || count == 0) {
+        snprintf(det->no_gpu_reason, sizeof(det->no_gpu_reason), "CUDA driver: %s",
+                 cu == NULL ? why : "no device");
         return;
     }
     for (int d = 0; d < count && det->n_devs < CFX_TOPO_MAX_DEVICES; d++) {
@@ -208,12 +206,12 @@ void cfx_topo_detect_gpus(struct detection *det)
         memset(dev, 0, sizeof(*dev));
         char busid[64];
         int major = 0, minor = 0;
-        if (cudaDeviceGetPCIBusId(busid, sizeof(busid), d) != cudaSuccess) {
-            (void)cudaGetLastError();
+        CUdevice handle;
+        if (cu->device_get(&handle, d) != CUDA_SUCCESS ||
+            cu->device_get_pci_bus_id(busid, sizeof(busid), handle) != CUDA_SUCCESS)
             continue;
-        }
-        cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, d);
-        cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, d);
+        cu->device_get_attribute(&major, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, handle);
+        cu->device_get_attribute(&minor, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, handle);
         dev->type = CFX_TOPO_GPU;
         cfx_topo_busid_normalize(busid, dev->busid, sizeof(dev->busid));
         cfx_topo_busid_parse(dev->busid, &dev->id);

@@ -22,19 +22,4 @@ uint64_t cfx_host_hash(const char *text);
 /* Fill @p buf with random bytes from the kernel. */
 cfxResult_t cfx_host_random(void *buf, size_t size);
 
-/* The current CUDA device, or -1 when this build has no CUDA or the machine
- * has no usable GPU (no driver, "driver insufficient", no device). */
-int cfx_host_cuda_device(void);
-
-/* Make @p device current for this thread. cfxInvalidArgument with a
- * sentence when there is no such usable device. */
-cfxResult_t cfx_host_cuda_select(int device);
-
-/* Make host buffers safe to use for a call given @p stream: NULL needs
- * nothing; a CUDA stream is synchronised first. cfxInvalidArgument when a
- * stream is given without a usable GPU, or a buffer is device memory (the
- * GPU data path is not built yet). */
-cfxResult_t cfx_host_stream_prepare(cfxStream_t stream, const void *buf_a, const void *buf_b,
-                                    const char *fn);
-
 #endif /* CFX_UTIL_HOST_H */

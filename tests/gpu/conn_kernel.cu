@@ -39,7 +39,8 @@ static __global__ void produce_consume(struct gpu_fifo *fifo, unsigned long long
     c.slots = fifo->slots;
     c.slot_bytes = SLOT_BYTES;
     c.n_steps = N_STEPS;
-    c.reserved = 0;
+    c.peer = -1;
+    c.closed = 0;
     c.head_seen = 0;
     if (blockIdx.x == 0) {
         for (uint64_t i = 0; i < N_SLOTS; i++) {

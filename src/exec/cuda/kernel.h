@@ -1,0 +1,240 @@
+/*
+ * The CUDA executor's kernel, as code both a GPU and a CPU compile: what
+ * one launch carries (struct cfx_kernel_args, its one by-value parameter),
+ * what its blocks report to the host (struct cfx_kernel_report, in
+ * host-mapped memory), and how one block runs its operation
+ * (cfx_kernel_lead / cfx_kernel_data / cfx_kernel_commit over
+ * src/coll/steploop.h). kernel.cu wraps these in the __global__ function
+ * the GPU runs; tests/fakecuda runs the very same functions on a CPU
+ * thread, one block after another, so the kernel's logic (its steps,
+ * failures, abort and poison checks, reports) is tested without a GPU.
+ *
+ * One launch runs one batch (a call or a group) of one communicator: block
+ * b runs operation b. A block's leader thread (thread 0) decides each step
+ * (cfx_kernel_lead: ready? then plan it), every thread of the block moves
+ * its share of the step's elements (cfx_kernel_data), and the leader
+ * commits it (cfx_kernel_commit); the kernel synchronises the block between
+ * the three. While a block waits it polls, every spin_check idle rounds,
+ * the communicator's abort word and the closed words of the connectors it
+ * waits on, so an abort, a timeout the host declares, or a peer's poison
+ * ends it.
+ *
+ * The report: each block owns report[b] while it runs (launches of one
+ * communicator never overlap: they are stream ordered), counts the steps it
+ * ran (heartbeat), says which peer it waits for, and on its way out why it
+ * ended. Plain stores at system scope; the host reads them (exec/cuda.c).
+ */
+#ifndef CFX_EXEC_CUDA_KERNEL_H
+#define CFX_EXEC_CUDA_KERNEL_H
+
+#include <stdint.h>
+
+#include "src/coll/steploop.h"
+
+#define CFX_KERNEL_NAME "cfx_kernel_batch"
+
+/* What one launch can carry (its parameter stays within CUDA's 4 KiB). */
+#define CFX_KERNEL_MAX_OPS   16
+#define CFX_KERNEL_MAX_VIEWS 19
+/* Threads per block the executor launches (the CPU runs one). */
+#define CFX_KERNEL_THREADS 512
+/* Idle rounds between a waiting block's checks of the abort and closed
+ * words (each a load from host memory). */
+#define CFX_KERNEL_SPIN_CHECK 4096
+
+/* How a block ended (report.end_status); 0 while it runs. */
+enum cfx_kernel_end {
+    CFX_KERNEL_END_NONE = 0,
+    CFX_KERNEL_END_DONE = 1,
+    CFX_KERNEL_END_MISMATCH = 2,  /* CFX_STEPLOOP_MISMATCH. */
+    CFX_KERNEL_END_LOST_SLOT = 3, /* CFX_STEPLOOP_LOST_SLOT. */
+    CFX_KERNEL_END_BAD_SIZE = 4,  /* CFX_STEPLOOP_BAD_SIZE. */
+    CFX_KERNEL_END_CLOSED = 5,    /* A connector it waited on was closed (end_detail: why). */
+    CFX_KERNEL_END_ABORTED = 6,   /* The abort word was set (end_detail: its value). */
+};
+
+/* One block's report (host-mapped, one cache line). */
+struct cfx_kernel_report {
+    CFX_ALIGNAS(CFX_CACHE_LINE) uint64_t begun; /* Blocks started in this slot. */
+    uint64_t ended;                             /* Blocks finished in this slot. */
+    uint64_t heartbeat;                         /* Steps run, all launches. */
+    uint64_t seq;                               /* The running op's fingerprint seq. */
+    uint32_t step;                              /* The step it is at (low 32 bits). */
+    int32_t waiting_peer;                       /* The peer it waits on, or -1. */
+    int32_t end_status;                         /* enum cfx_kernel_end of the last block. */
+    int32_t end_detail;                         /* The closed/abort value; the failed peer. */
+    int32_t end_peer;                           /* The peer a failure came through, or -1. */
+    int32_t end_kind;                           /* The op's kind (enum cfx_coll_kind). */
+};
+CFX_STATIC_ASSERT(sizeof(struct cfx_kernel_report) == CFX_CACHE_LINE, "one line per block");
+CFX_STATIC_ASSERT((int)CFX_KERNEL_END_MISMATCH == (int)CFX_STEPLOOP_MISMATCH &&
+                      (int)CFX_KERNEL_END_LOST_SLOT == (int)CFX_STEPLOOP_LOST_SLOT &&
+                      (int)CFX_KERNEL_END_BAD_SIZE == (int)CFX_STEPLOOP_BAD_SIZE,
+                  "a step loop's failure is its block's end");
+
+/* One operation of a launch: its work and where its views start. */
+struct cfx_kernel_op {
+    struct cfx_work work;
+    uint8_t first_view; /* Its peer table: views[first_view .. + work.n_conns). */
+    uint8_t reserved[7];
+};
+
+/* The kernel's one parameter, by value. */
+struct cfx_kernel_args {
+    const int32_t *abort_word;         /* Host-mapped: nonzero stops every block. */
+    struct cfx_kernel_report *reports; /* Host-mapped [CFX_KERNEL_MAX_OPS]. */
+    uint32_t n_ops;
+    uint32_t n_views;
+    uint32_t spin_check;
+    uint32_t reserved;
+    struct cfx_kernel_op ops[CFX_KERNEL_MAX_OPS];
+    struct cfx_conn views[CFX_KERNEL_MAX_VIEWS];
+};
+CFX_STATIC_ASSERT(sizeof(struct cfx_kernel_args) <= 4096, "a launch's parameter fits CUDA's 4 KiB");
+
+/* What the leader decided (cfx_kernel_lead). */
+enum cfx_kernel_action {
+    CFX_KERNEL_IDLE = 0,     /* Nothing ready: lead again. */
+    CFX_KERNEL_STEP = 1,     /* A step is planned: data, then commit. */
+    CFX_KERNEL_FINISHED = 2, /* The block is over (its report says how). */
+};
+
+/* A block's state: __shared__ on the GPU, zeroed memory on the CPU. */
+struct cfx_kernel_block {
+    struct cfx_steploop loop;
+    struct cfx_steploop_plan plan;
+    const struct cfx_step *step; /* The planned step. */
+    struct cfx_conn conns[CFX_OP_MAX_CONNS];
+    uint64_t idle;
+    int started;
+};
+
+static inline CFX_HOST_DEVICE void cfx_kernel_store_i32(int32_t *p, int32_t v)
+{
+    cfx_store_relaxed_u32((uint32_t *)p, (uint32_t)v);
+}
+
+/* End block @p block's report with @p end. */
+static inline CFX_HOST_DEVICE void cfx_kernel_end(const struct cfx_kernel_args *a, unsigned block,
+                                                  int32_t end, int32_t detail, int32_t peer)
+{
+    struct cfx_kernel_report *r = &a->reports[block];
+    cfx_kernel_store_i32(&r->end_detail, detail);
+    cfx_kernel_store_i32(&r->end_peer, peer);
+    cfx_kernel_store_i32(&r->waiting_peer, -1);
+    cfx_kernel_store_i32(&r->end_status, end);
+    cfx_store_release_u64(&r->ended, cfx_load_relaxed_u64(&r->ended) + 1);
+}
+
+/* The connectors step @p s waits on, checked for a closed one: the closed
+ * value (and *peer_p) of the first, or 0. */
+static inline CFX_HOST_DEVICE int32_t cfx_kernel_closed(struct cfx_kernel_block *b,
+                                                        const struct cfx_step *s, int32_t *peer_p)
+{
+    int8_t waits[CFX_PRIM_MAX_RECV + 1];
+    int n = 0;
+    if (s->flags & CFX_PRIM_RECV) {
+        waits[n++] = s->recv;
+        for (int i = 0; i < s->n_recv_more; i++)
+            waits[n++] = s->recv_more[i];
+    }
+    if (s->flags & CFX_PRIM_SEND)
+        waits[n++] = s->send;
+    for (int i = 0; i < n; i++) {
+        int32_t why = cfx_fifo_closed(&b->conns[waits[i]]);
+        if (why != 0) {
+            *peer_p = b->conns[waits[i]].peer;
+            return why;
+        }
+    }
+    return 0;
+}
+
+/* The peer step @p s waits on first (for the host's timeout sentence). */
+static inline CFX_HOST_DEVICE int32_t cfx_kernel_waiting_peer(struct cfx_kernel_block *b,
+                                                              const struct cfx_step *s)
+{
+    if ((s->flags & CFX_PRIM_RECV) && !cfx_fifo_can_take(&b->conns[s->recv]))
+        return b->conns[s->recv].peer;
+    for (int i = 0; (s->flags & CFX_PRIM_RECV) && i < s->n_recv_more; i++)
+        if (!cfx_fifo_can_take(&b->conns[s->recv_more[i]]))
+            return b->conns[s->recv_more[i]].peer;
+    if (s->flags & CFX_PRIM_SEND)
+        return b->conns[s->send].peer;
+    return -1;
+}
+
+/* Leader of block @p block: start the block's operation on first call, then
+ * decide the next step. Never blocks. */
+static inline CFX_HOST_DEVICE int cfx_kernel_lead(struct cfx_kernel_block *b,
+                                                  const struct cfx_kernel_args *a, unsigned block)
+{
+    struct cfx_kernel_report *r = &a->reports[block];
+    const struct cfx_kernel_op *op = &a->ops[block];
+    if (!b->started) {
+        b->started = 1;
+        for (int i = 0; i < op->work.n_conns; i++)
+            b->conns[i] = a->views[op->first_view + i];
+        cfx_steploop_init(&b->loop, &op->work, b->conns);
+        b->idle = 0;
+        cfx_store_relaxed_u64(&r->seq, op->work.print.seq);
+        cfx_kernel_store_i32(&r->end_kind, op->work.kind);
+        cfx_kernel_store_i32(&r->end_status, CFX_KERNEL_END_NONE);
+        cfx_store_release_u64(&r->begun, cfx_load_relaxed_u64(&r->begun) + 1);
+    }
+    const struct cfx_step *s = cfx_steploop_current(&b->loop);
+    if (s != 0 && cfx_steploop_ready(&b->loop, s)) {
+        b->idle = 0;
+        if (cfx_steploop_plan(&b->loop, s, &b->plan) == 0) {
+            b->step = s;
+            return CFX_KERNEL_STEP;
+        }
+        s = 0; /* The plan failed: the loop's status says why. */
+    }
+    if (s == 0) {
+        const struct cfx_steploop *l = &b->loop;
+        if (l->status == CFX_STEPLOOP_DONE) {
+            cfx_kernel_end(a, block, CFX_KERNEL_END_DONE, 0, -1);
+        } else {
+            int32_t peer = l->failed_conn >= 0 ? b->conns[l->failed_conn].peer : -1;
+            cfx_kernel_end(a, block, l->status, 0, peer);
+        }
+        return CFX_KERNEL_FINISHED;
+    }
+    if (++b->idle % (a->spin_check ? a->spin_check : CFX_KERNEL_SPIN_CHECK) == 0) {
+        cfx_store_relaxed_u32(&r->step, (uint32_t)b->loop.step);
+        cfx_kernel_store_i32(&r->waiting_peer, cfx_kernel_waiting_peer(b, s));
+        int32_t aborted = (int32_t)cfx_load_acquire_u32((const uint32_t *)a->abort_word);
+        if (aborted != 0) {
+            cfx_kernel_end(a, block, CFX_KERNEL_END_ABORTED, aborted, -1);
+            return CFX_KERNEL_FINISHED;
+        }
+        int32_t peer = -1;
+        int32_t closed = cfx_kernel_closed(b, s, &peer);
+        if (closed != 0) {
+            cfx_kernel_end(a, block, CFX_KERNEL_END_CLOSED, closed, peer);
+            return CFX_KERNEL_FINISHED;
+        }
+    }
+    return CFX_KERNEL_IDLE;
+}
+
+/* Every thread of the block: its share of the planned step. */
+static inline CFX_HOST_DEVICE void cfx_kernel_data(struct cfx_kernel_block *b, unsigned tid,
+                                                   unsigned nthreads)
+{
+    cfx_steploop_data(b->loop.work, &b->plan, tid, nthreads);
+}
+
+/* Leader, after every thread's data: publish the step. On a GPU the caller
+ * has synchronised the block and fenced its stores at system scope. */
+static inline CFX_HOST_DEVICE void
+cfx_kernel_commit(struct cfx_kernel_block *b, const struct cfx_kernel_args *a, unsigned block)
+{
+    cfx_steploop_commit(&b->loop, b->step);
+    b->loop.step++;
+    struct cfx_kernel_report *r = &a->reports[block];
+    cfx_store_relaxed_u64(&r->heartbeat, cfx_load_relaxed_u64(&r->heartbeat) + 1);
+}
+
+#endif /* CFX_EXEC_CUDA_KERNEL_H */

@@ -1,0 +1,426 @@
+/*
+ * The CUDA driver at run time (see cuda.h): dlopen, dlsym of every function
+ * by the ABI name <cuda.h> gives it, cuInit once.
+ */
+#include "src/util/cuda.h"
+
+#include <dlfcn.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "src/util/check.h"
+#include "src/util/error.h"
+#include "src/util/log.h"
+#include "src/util/param.h"
+
+CFX_PARAM_STR(cuda_driver_lib, "CUDA_DRIVER_LIB", "libcuda.so.1",
+              "CUDA driver library to load at run time (a file name or a path)");
+
+static pthread_mutex_t load_lock = PTHREAD_MUTEX_INITIALIZER;
+static int load_done;
+static const struct cfx_cuda_api *loaded_api;
+static char load_why[400];
+
+static const char *driver_lib_name(void)
+{
+    const char *name = param_cuda_driver_lib();
+    return name != NULL && name[0] != '\0' ? name : "libcuda.so.1";
+}
+
+int cfx_cuda_in_process(void)
+{
+    const char *set = getenv("CFX_CUDA_DRIVER_LIB");
+    if (set != NULL && set[0] != '\0')
+        return 1;
+    void *lib = dlopen(driver_lib_name(), RTLD_LAZY | RTLD_LOCAL | RTLD_NOLOAD);
+    if (lib == NULL)
+        return 0;
+    dlclose(lib); /* Drops the reference RTLD_NOLOAD took; the program's stays. */
+    return 1;
+}
+
+#if CFX_HAVE_CUDA
+
+static struct cfx_cuda_api api_table;
+static void *api_lib;
+
+#define CU_XSTR(x) CU_STR(x)
+#define CU_STR(x)  #x
+
+/* Every function: where it goes, its ABI name (the macro <cuda.h> maps the
+ * plain name to, expanded), and whether it is required. The static assert
+ * holds each field's type to <cuda.h>'s prototype. */
+#define CU_SYM(field, fn, required)                                                                \
+    {                                                                                              \
+        offsetof(struct cfx_cuda_api, field), CU_XSTR(fn), required                                \
+    }
+
+#define CU_SAME_TYPE(field, fn)                                                                    \
+    _Static_assert(__builtin_types_compatible_p(__typeof__(((struct cfx_cuda_api *)0)->field),     \
+                                                __typeof__(&fn)),                                  \
+                   #field " has the signature of " #fn)
+
+static const struct cu_sym {
+    size_t offset;
+    const char *name;
+    int required;
+} cu_syms[] = {
+    CU_SYM(get_error_string, cuGetErrorString, 1),
+    CU_SYM(get_error_name, cuGetErrorName, 1),
+    CU_SYM(init, cuInit, 1),
+    CU_SYM(driver_get_version, cuDriverGetVersion, 1),
+    CU_SYM(device_get_count, cuDeviceGetCount, 1),
+    CU_SYM(device_get, cuDeviceGet, 1),
+    CU_SYM(device_get_attribute, cuDeviceGetAttribute, 1),
+    CU_SYM(device_get_name, cuDeviceGetName, 1),
+    CU_SYM(device_get_pci_bus_id, cuDeviceGetPCIBusId, 1),
+    CU_SYM(device_can_access_peer, cuDeviceCanAccessPeer, 1),
+    CU_SYM(device_total_mem, cuDeviceTotalMem, 1),
+    CU_SYM(primary_ctx_retain, cuDevicePrimaryCtxRetain, 1),
+    CU_SYM(primary_ctx_release, cuDevicePrimaryCtxRelease, 1),
+    CU_SYM(ctx_get_current, cuCtxGetCurrent, 1),
+    CU_SYM(ctx_set_current, cuCtxSetCurrent, 1),
+    CU_SYM(ctx_get_device, cuCtxGetDevice, 1),
+    CU_SYM(ctx_enable_peer_access, cuCtxEnablePeerAccess, 1),
+    CU_SYM(pointer_get_attribute, cuPointerGetAttribute, 1),
+    CU_SYM(mem_alloc, cuMemAlloc, 1),
+    CU_SYM(mem_free, cuMemFree, 1),
+    CU_SYM(mem_host_alloc, cuMemHostAlloc, 1),
+    CU_SYM(mem_free_host, cuMemFreeHost, 1),
+    CU_SYM(mem_host_register, cuMemHostRegister, 1),
+    CU_SYM(mem_host_unregister, cuMemHostUnregister, 1),
+    CU_SYM(mem_host_get_device_pointer, cuMemHostGetDevicePointer, 1),
+    CU_SYM(memcpy_htod, cuMemcpyHtoD, 1),
+    CU_SYM(memcpy_dtoh, cuMemcpyDtoH, 1),
+    CU_SYM(memcpy_async, cuMemcpyAsync, 1),
+    CU_SYM(memcpy_htod_async, cuMemcpyHtoDAsync, 1),
+    CU_SYM(memcpy_dtoh_async, cuMemcpyDtoHAsync, 1),
+    CU_SYM(memset_d8, cuMemsetD8, 1),
+    CU_SYM(memset_d8_async, cuMemsetD8Async, 1),
+    CU_SYM(stream_create, cuStreamCreate, 1),
+    CU_SYM(stream_destroy, cuStreamDestroy, 1),
+    CU_SYM(stream_synchronize, cuStreamSynchronize, 1),
+    CU_SYM(stream_query, cuStreamQuery, 1),
+    CU_SYM(stream_wait_event, cuStreamWaitEvent, 1),
+    CU_SYM(stream_is_capturing, cuStreamIsCapturing, 1),
+    CU_SYM(launch_host_func, cuLaunchHostFunc, 1),
+    CU_SYM(event_create, cuEventCreate, 1),
+    CU_SYM(event_record, cuEventRecord, 1),
+    CU_SYM(event_query, cuEventQuery, 1),
+    CU_SYM(event_synchronize, cuEventSynchronize, 1),
+    CU_SYM(event_destroy, cuEventDestroy, 1),
+    CU_SYM(event_elapsed_time, cuEventElapsedTime, 0),
+    CU_SYM(module_load_data, cuModuleLoadData, 1),
+    CU_SYM(module_get_function, cuModuleGetFunction, 1),
+    CU_SYM(module_unload, cuModuleUnload, 1),
+    CU_SYM(launch_kernel, cuLaunchKernel, 1),
+    CU_SYM(stream_begin_capture, cuStreamBeginCapture, 0),
+    CU_SYM(stream_end_capture, cuStreamEndCapture, 0),
+    CU_SYM(graph_instantiate, cuGraphInstantiate, 0),
+    CU_SYM(graph_launch, cuGraphLaunch, 0),
+    CU_SYM(graph_destroy, cuGraphDestroy, 0),
+    CU_SYM(graph_exec_destroy, cuGraphExecDestroy, 0),
+};
+
+CU_SAME_TYPE(get_error_string, cuGetErrorString);
+CU_SAME_TYPE(get_error_name, cuGetErrorName);
+CU_SAME_TYPE(init, cuInit);
+CU_SAME_TYPE(driver_get_version, cuDriverGetVersion);
+CU_SAME_TYPE(device_get_count, cuDeviceGetCount);
+CU_SAME_TYPE(device_get, cuDeviceGet);
+CU_SAME_TYPE(device_get_attribute, cuDeviceGetAttribute);
+CU_SAME_TYPE(device_get_name, cuDeviceGetName);
+CU_SAME_TYPE(device_get_pci_bus_id, cuDeviceGetPCIBusId);
+CU_SAME_TYPE(device_can_access_peer, cuDeviceCanAccessPeer);
+CU_SAME_TYPE(device_total_mem, cuDeviceTotalMem);
+CU_SAME_TYPE(primary_ctx_retain, cuDevicePrimaryCtxRetain);
+CU_SAME_TYPE(primary_ctx_release, cuDevicePrimaryCtxRelease);
+CU_SAME_TYPE(ctx_get_current, cuCtxGetCurrent);
+CU_SAME_TYPE(ctx_set_current, cuCtxSetCurrent);
+CU_SAME_TYPE(ctx_get_device, cuCtxGetDevice);
+CU_SAME_TYPE(ctx_enable_peer_access, cuCtxEnablePeerAccess);
+CU_SAME_TYPE(pointer_get_attribute, cuPointerGetAttribute);
+CU_SAME_TYPE(mem_alloc, cuMemAlloc);
+CU_SAME_TYPE(mem_free, cuMemFree);
+CU_SAME_TYPE(mem_host_alloc, cuMemHostAlloc);
+CU_SAME_TYPE(mem_free_host, cuMemFreeHost);
+CU_SAME_TYPE(mem_host_register, cuMemHostRegister);
+CU_SAME_TYPE(mem_host_unregister, cuMemHostUnregister);
+CU_SAME_TYPE(mem_host_get_device_pointer, cuMemHostGetDevicePointer);
+CU_SAME_TYPE(memcpy_htod, cuMemcpyHtoD);
+CU_SAME_TYPE(memcpy_dtoh, cuMemcpyDtoH);
+CU_SAME_TYPE(memcpy_async, cuMemcpyAsync);
+CU_SAME_TYPE(memcpy_htod_async, cuMemcpyHtoDAsync);
+CU_SAME_TYPE(memcpy_dtoh_async, cuMemcpyDtoHAsync);
+CU_SAME_TYPE(memset_d8, cuMemsetD8);
+CU_SAME_TYPE(memset_d8_async, cuMemsetD8Async);
+CU_SAME_TYPE(stream_create, cuStreamCreate);
+CU_SAME_TYPE(stream_destroy, cuStreamDestroy);
+CU_SAME_TYPE(stream_synchronize, cuStreamSynchronize);
+CU_SAME_TYPE(stream_query, cuStreamQuery);
+CU_SAME_TYPE(stream_wait_event, cuStreamWaitEvent);
+CU_SAME_TYPE(stream_is_capturing, cuStreamIsCapturing);
+CU_SAME_TYPE(launch_host_func, cuLaunchHostFunc);
+CU_SAME_TYPE(event_create, cuEventCreate);
+CU_SAME_TYPE(event_record, cuEventRecord);
+CU_SAME_TYPE(event_query, cuEventQuery);
+CU_SAME_TYPE(event_synchronize, cuEventSynchronize);
+CU_SAME_TYPE(event_destroy, cuEventDestroy);
+CU_SAME_TYPE(event_elapsed_time, cuEventElapsedTime);
+CU_SAME_TYPE(module_load_data, cuModuleLoadData);
+CU_SAME_TYPE(module_get_function, cuModuleGetFunction);
+CU_SAME_TYPE(module_unload, cuModuleUnload);
+CU_SAME_TYPE(launch_kernel, cuLaunchKernel);
+CU_SAME_TYPE(stream_begin_capture, cuStreamBeginCapture);
+CU_SAME_TYPE(stream_end_capture, cuStreamEndCapture);
+CU_SAME_TYPE(graph_instantiate, cuGraphInstantiate);
+CU_SAME_TYPE(graph_launch, cuGraphLaunch);
+CU_SAME_TYPE(graph_destroy, cuGraphDestroy);
+CU_SAME_TYPE(graph_exec_destroy, cuGraphExecDestroy);
+
+/* The driver's name for @p err ("CUDA_ERROR_NO_DEVICE"), or its number. */
+static const char *error_name(CUresult err, char *buf, size_t len)
+{
+    const char *name = NULL;
+    if (api_table.get_error_name != NULL && api_table.get_error_name(err, &name) == CUDA_SUCCESS &&
+        name != NULL)
+        return name;
+    snprintf(buf, len, "CUDA error %d", (int)err);
+    return buf;
+}
+
+/* Fill api_table from @p lib; 0, or -1 with load_why set. */
+static int resolve_all(void *lib, const char *lib_name)
+{
+    for (size_t i = 0; i < sizeof(cu_syms) / sizeof(cu_syms[0]); i++) {
+        const struct cu_sym *sym = &cu_syms[i];
+        void *fn = dlsym(lib, sym->name);
+        if (fn == NULL && sym->required) {
+            snprintf(load_why, sizeof(load_why),
+                     "%s has no %s (a CUDA driver older than 11.0, or not the CUDA driver)",
+                     lib_name, sym->name);
+            return -1;
+        }
+        memcpy((char *)&api_table + sym->offset, &fn, sizeof(fn));
+    }
+    return 0;
+}
+
+static void load_locked(void)
+{
+    const char *lib_name = driver_lib_name();
+    void *lib = dlopen(lib_name, RTLD_NOW | RTLD_LOCAL);
+    if (lib == NULL) {
+        const char *err = dlerror();
+        snprintf(load_why, sizeof(load_why),
+                 "no CUDA driver (%s): this host has no NVIDIA driver, or CFX_CUDA_DRIVER_LIB "
+                 "names the wrong file",
+                 err != NULL ? err : lib_name);
+        return;
+    }
+    memset(&api_table, 0, sizeof(api_table));
+    if (resolve_all(lib, lib_name) != 0) {
+        dlclose(lib);
+        return;
+    }
+    char buf[32];
+    CUresult err = api_table.init(0);
+    if (err != CUDA_SUCCESS) {
+        const char *hint = err == CUDA_ERROR_NO_DEVICE ? "the CUDA driver found no GPU"
+                           : err == CUDA_ERROR_SYSTEM_DRIVER_MISMATCH ||
+                                   err == CUDA_ERROR_COMPAT_NOT_SUPPORTED_ON_DEVICE
+                               ? "the CUDA driver is older than this CUDA needs, or no GPU is "
+                                 "usable"
+                               : "cuInit failed";
+        snprintf(load_why, sizeof(load_why), "%s (%s from %s)", hint, error_name(err, buf, 32),
+                 lib_name);
+        dlclose(lib);
+        memset(&api_table, 0, sizeof(api_table));
+        return;
+    }
+    if (api_table.driver_get_version(&api_table.driver_version) != CUDA_SUCCESS)
+        api_table.driver_version = 0;
+    api_lib = lib;
+    loaded_api = &api_table;
+    CFX_INFO(CFX_LOG_INIT, "cuda: loaded %s (driver API %d.%d)", lib_name,
+             api_table.driver_version / 1000, api_table.driver_version % 1000 / 10);
+}
+
+cfxResult_t cfx_cuda_error(CUresult err, int subsys, const char *what)
+{
+    char buf[32];
+    const char *text = NULL;
+    if (api_table.get_error_string == NULL || api_table.get_error_string(err, &text) != 0 ||
+        text == NULL)
+        text = "unknown error";
+    cfxResult_t res = err == CUDA_ERROR_OUT_OF_MEMORY ? cfxSystemError : cfxUnhandledCudaError;
+    return cfx_error_set(res, subsys, "%s: %s (%s)", what, text, error_name(err, buf, sizeof(buf)));
+}
+
+/* Primary contexts retained so far, by device (retained once, for life). */
+#define CUDA_MAX_DEVICES 64
+static CUcontext primary[CUDA_MAX_DEVICES];
+static pthread_mutex_t primary_lock = PTHREAD_MUTEX_INITIALIZER;
+
+static cfxResult_t primary_of(const struct cfx_cuda_api *cu, int device, CUcontext *ctx_p)
+{
+    if (device < 0 || device >= CUDA_MAX_DEVICES)
+        return cfx_error_set(cfxInvalidArgument, CFX_LOG_INIT, "CUDA device %d is out of range",
+                             device);
+    pthread_mutex_lock(&primary_lock);
+    CUresult err = CUDA_SUCCESS;
+    if (primary[device] == NULL) {
+        CUdevice dev;
+        err = cu->device_get(&dev, device);
+        if (err == CUDA_SUCCESS)
+            err = cu->primary_ctx_retain(&primary[device], dev);
+    }
+    CUcontext ctx = primary[device];
+    pthread_mutex_unlock(&primary_lock);
+    if (err != CUDA_SUCCESS)
+        return cfx_cuda_error(err, CFX_LOG_INIT, "cannot retain the GPU's primary context");
+    *ctx_p = ctx;
+    return cfxSuccess;
+}
+
+cfxResult_t cfx_cuda_enter(int device)
+{
+    const char *why;
+    const struct cfx_cuda_api *cu = cfx_cuda_api(&why);
+    if (cu == NULL)
+        return cfx_error_set(cfxInvalidUsage, CFX_LOG_INIT, "CUDA is not usable here: %s", why);
+    CUcontext current = NULL;
+    CUdevice dev;
+    if (cu->ctx_get_current(&current) == CUDA_SUCCESS && current != NULL &&
+        cu->ctx_get_device(&dev) == CUDA_SUCCESS && (int)dev == device)
+        return cfxSuccess;
+    CUcontext ctx = NULL;
+    CFX_CHECK(primary_of(cu, device, &ctx));
+    CFX_CU_CHECK(cu, ctx_set_current(ctx), CFX_LOG_INIT, "cannot make the GPU's context current");
+    return cfxSuccess;
+}
+
+cfxResult_t cfx_cuda_current_device(int *device_p)
+{
+    const char *why;
+    const struct cfx_cuda_api *cu = cfx_cuda_api(&why);
+    if (cu == NULL)
+        return cfx_error_set(cfxInvalidUsage, CFX_LOG_INIT, "CUDA is not usable here: %s", why);
+    CUcontext current = NULL;
+    CFX_CU_CHECK(cu, ctx_get_current(&current), CFX_LOG_INIT, "cuCtxGetCurrent");
+    if (current == NULL) {
+        CFX_CHECK(cfx_cuda_enter(0));
+        *device_p = 0;
+        return cfxSuccess;
+    }
+    CUdevice dev;
+    CFX_CU_CHECK(cu, ctx_get_device(&dev), CFX_LOG_INIT, "cuCtxGetDevice");
+    *device_p = (int)dev;
+    return cfxSuccess;
+}
+
+int cfx_cuda_is_device_ptr(const void *ptr, int *device_p)
+{
+    const struct cfx_cuda_api *cu = loaded_api;
+    if (cu == NULL || ptr == NULL)
+        return 0;
+    unsigned int type = 0;
+    if (cu->pointer_get_attribute(&type, CU_POINTER_ATTRIBUTE_MEMORY_TYPE,
+                                  (CUdeviceptr)(uintptr_t)ptr) != CUDA_SUCCESS ||
+        type != CU_MEMORYTYPE_DEVICE)
+        return 0;
+    int ordinal = 0;
+    if (cu->pointer_get_attribute(&ordinal, CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL,
+                                  (CUdeviceptr)(uintptr_t)ptr) != CUDA_SUCCESS)
+        ordinal = 0;
+    if (device_p != NULL)
+        *device_p = ordinal;
+    return 1;
+}
+
+int cfx_cuda_rank_device(void)
+{
+    if (!cfx_cuda_in_process())
+        return -1;
+    const struct cfx_cuda_api *cu = cfx_cuda_api(NULL);
+    CUcontext current = NULL;
+    CUdevice dev;
+    if (cu == NULL || cu->ctx_get_current(&current) != CUDA_SUCCESS || current == NULL ||
+        cu->ctx_get_device(&dev) != CUDA_SUCCESS)
+        return -1;
+    return (int)dev;
+}
+
+cfxResult_t cfx_cuda_select(int device)
+{
+    const char *why;
+    const struct cfx_cuda_api *cu = cfx_cuda_api(&why);
+    if (cu == NULL)
+        return cfx_error_set(cfxInvalidArgument, CFX_LOG_INIT,
+                             "CUDA device %d requested but no GPU is usable (%s); pass devlist = "
+                             "NULL for host ranks",
+                             device, why);
+    int count = 0;
+    CFX_CU_CHECK(cu, device_get_count(&count), CFX_LOG_INIT, "cuDeviceGetCount");
+    if (device < 0 || device >= count)
+        return cfx_error_set(cfxInvalidArgument, CFX_LOG_INIT,
+                             "CUDA device %d requested but this machine has %d", device, count);
+    return cfx_cuda_enter(device);
+}
+
+#else /* !CFX_HAVE_CUDA */
+
+static void load_locked(void)
+{
+    snprintf(load_why, sizeof(load_why), "this Conflux was built without the CUDA toolkit");
+}
+
+#endif
+
+#if !CFX_HAVE_CUDA
+int cfx_cuda_rank_device(void)
+{
+    return -1;
+}
+
+cfxResult_t cfx_cuda_select(int device)
+{
+    return cfx_error_set(cfxInvalidArgument, CFX_LOG_INIT,
+                         "CUDA device %d requested but this Conflux was built without CUDA; pass "
+                         "devlist = NULL for host ranks",
+                         device);
+}
+#endif
+
+const struct cfx_cuda_api *cfx_cuda_api(const char **why_p)
+{
+    pthread_mutex_lock(&load_lock);
+    if (!load_done) {
+        load_done = 1;
+        load_locked();
+        if (loaded_api == NULL)
+            CFX_INFO(CFX_LOG_INIT, "cuda: off: %s", load_why);
+    }
+    const struct cfx_cuda_api *api = loaded_api;
+    pthread_mutex_unlock(&load_lock);
+    if (api == NULL && why_p != NULL)
+        *why_p = load_why;
+    return api;
+}
+
+void cfx_cuda_api_reset(void)
+{
+    pthread_mutex_lock(&load_lock);
+#if CFX_HAVE_CUDA
+    if (api_lib != NULL)
+        dlclose(api_lib);
+    api_lib = NULL;
+    memset(primary, 0, sizeof(primary));
+#endif
+    loaded_api = NULL;
+    load_done = 0;
+    load_why[0] = '\0';
+    pthread_mutex_unlock(&load_lock);
+}

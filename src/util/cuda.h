@@ -1,0 +1,172 @@
+/*
+ * The CUDA driver API loaded at run time. libconflux links neither libcuda
+ * nor libcudart: the first caller of cfx_cuda_api() dlopens CFX_CUDA_DRIVER_LIB
+ * (default "libcuda.so.1", the driver every CUDA install puts on the loader's
+ * path) and resolves each function by the ABI name <cuda.h> maps it to
+ * (cuMemAlloc is cuMemAlloc_v2), so one build runs on hosts with and without
+ * a GPU, and a test library with the same names (tests/fakecuda) can stand in
+ * for the driver on machines without one.
+ *
+ * Contexts: Conflux works in each device's primary context, the one the CUDA
+ * runtime (and so PyTorch) uses, so streams and pointers a program got from
+ * cudart are valid here as they are. cfx_cuda_enter() makes it current on
+ * the calling thread when no context is.
+ *
+ * Built only when the CUDA toolkit was found (CFX_HAVE_CUDA); without it
+ * cfx_cuda_api() always answers NULL with a reason.
+ */
+#ifndef CFX_UTIL_CUDA_H
+#define CFX_UTIL_CUDA_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "cfx_build_config.h"
+#include "conflux.h"
+
+#if CFX_HAVE_CUDA
+#include <cuda.h>
+
+/* The functions Conflux (and its tests) call, each with <cuda.h>'s signature
+ * of the ABI name cuda.c resolves. Append only. Optional ones are NULL when
+ * the driver lacks them. */
+struct cfx_cuda_api {
+    int driver_version; /* cuDriverGetVersion: 12040 is CUDA 12.4. */
+    /* Errors. */
+    CUresult (*get_error_string)(CUresult error, const char **str);
+    CUresult (*get_error_name)(CUresult error, const char **str);
+    /* Devices. */
+    CUresult (*init)(unsigned int flags);
+    CUresult (*driver_get_version)(int *version);
+    CUresult (*device_get_count)(int *count);
+    CUresult (*device_get)(CUdevice *device, int ordinal);
+    CUresult (*device_get_attribute)(int *value, CUdevice_attribute attrib, CUdevice dev);
+    CUresult (*device_get_name)(char *name, int len, CUdevice dev);
+    CUresult (*device_get_pci_bus_id)(char *bus_id, int len, CUdevice dev);
+    CUresult (*device_can_access_peer)(int *can, CUdevice dev, CUdevice peer);
+    CUresult (*device_total_mem)(size_t *bytes, CUdevice dev);
+    /* Contexts. */
+    CUresult (*primary_ctx_retain)(CUcontext *ctx, CUdevice dev);
+    CUresult (*primary_ctx_release)(CUdevice dev);
+    CUresult (*ctx_get_current)(CUcontext *ctx);
+    CUresult (*ctx_set_current)(CUcontext ctx);
+    CUresult (*ctx_get_device)(CUdevice *device);
+    CUresult (*ctx_enable_peer_access)(CUcontext peer, unsigned int flags);
+    /* Memory. */
+    CUresult (*pointer_get_attribute)(void *data, CUpointer_attribute attribute, CUdeviceptr ptr);
+    CUresult (*mem_alloc)(CUdeviceptr *dptr, size_t bytes);
+    CUresult (*mem_free)(CUdeviceptr dptr);
+    CUresult (*mem_host_alloc)(void **pp, size_t bytes, unsigned int flags);
+    CUresult (*mem_free_host)(void *p);
+    CUresult (*mem_host_register)(void *p, size_t bytes, unsigned int flags);
+    CUresult (*mem_host_unregister)(void *p);
+    CUresult (*mem_host_get_device_pointer)(CUdeviceptr *dptr, void *p, unsigned int flags);
+    CUresult (*memcpy_htod)(CUdeviceptr dst, const void *src, size_t bytes);
+    CUresult (*memcpy_dtoh)(void *dst, CUdeviceptr src, size_t bytes);
+    CUresult (*memcpy_async)(CUdeviceptr dst, CUdeviceptr src, size_t bytes, CUstream stream);
+    CUresult (*memcpy_htod_async)(CUdeviceptr dst, const void *src, size_t bytes, CUstream stream);
+    CUresult (*memcpy_dtoh_async)(void *dst, CUdeviceptr src, size_t bytes, CUstream stream);
+    CUresult (*memset_d8)(CUdeviceptr dst, unsigned char value, size_t n);
+    CUresult (*memset_d8_async)(CUdeviceptr dst, unsigned char value, size_t n, CUstream stream);
+    /* Streams and events. */
+    CUresult (*stream_create)(CUstream *stream, unsigned int flags);
+    CUresult (*stream_destroy)(CUstream stream);
+    CUresult (*stream_synchronize)(CUstream stream);
+    CUresult (*stream_query)(CUstream stream);
+    CUresult (*stream_wait_event)(CUstream stream, CUevent event, unsigned int flags);
+    CUresult (*stream_is_capturing)(CUstream stream, CUstreamCaptureStatus *status);
+    CUresult (*launch_host_func)(CUstream stream, CUhostFn fn, void *user_data);
+    CUresult (*event_create)(CUevent *event, unsigned int flags);
+    CUresult (*event_record)(CUevent event, CUstream stream);
+    CUresult (*event_query)(CUevent event);
+    CUresult (*event_synchronize)(CUevent event);
+    CUresult (*event_destroy)(CUevent event);
+    CUresult (*event_elapsed_time)(float *ms, CUevent start, CUevent end);
+    /* Kernels. */
+    CUresult (*module_load_data)(CUmodule *module, const void *image);
+    CUresult (*module_get_function)(CUfunction *fn, CUmodule module, const char *name);
+    CUresult (*module_unload)(CUmodule module);
+    CUresult (*launch_kernel)(CUfunction f, unsigned int grid_x, unsigned int grid_y,
+                              unsigned int grid_z, unsigned int block_x, unsigned int block_y,
+                              unsigned int block_z, unsigned int shared_bytes, CUstream stream,
+                              void **params, void **extra);
+    /* Graphs (capture and replay; tests drive them, the executor only asks
+     * whether a stream captures). */
+    CUresult (*stream_begin_capture)(CUstream stream, CUstreamCaptureMode mode);
+    CUresult (*stream_end_capture)(CUstream stream, CUgraph *graph);
+    CUresult (*graph_instantiate)(CUgraphExec *exec, CUgraph graph, unsigned long long flags);
+    CUresult (*graph_launch)(CUgraphExec exec, CUstream stream);
+    CUresult (*graph_destroy)(CUgraph graph);
+    CUresult (*graph_exec_destroy)(CUgraphExec exec);
+};
+#else
+struct cfx_cuda_api; /* Never defined: no CUDA toolkit at build time. */
+#endif
+
+/* The loaded table, or NULL when CUDA cannot be used here; then, when
+ * @p why_p is not NULL, *why_p says why in a sentence ("no CUDA driver
+ * (libcuda.so.1: cannot open ...)", "the CUDA driver found no GPU
+ * (CUDA_ERROR_NO_DEVICE)", "... driver too old (CUDA_ERROR_INSUFFICIENT_DRIVER)").
+ * Loads and calls cuInit once per process, thread-safe; the first failure
+ * is logged at INFO (subsystem INIT). The library stays loaded until the
+ * process exits. */
+const struct cfx_cuda_api *cfx_cuda_api(const char **why_p);
+
+/* Whether this process uses CUDA already: the driver library is loaded
+ * (the program, or its CUDA runtime, opened it), or CFX_CUDA_DRIVER_LIB
+ * names one. Loads nothing and never calls cuInit, so a host-only program
+ * on a GPU machine pays nothing for CUDA (the core asks this before it
+ * treats a rank as a GPU rank). */
+int cfx_cuda_in_process(void);
+
+/* The CUDA device of a rank this thread starts now: the device of the
+ * context current on this thread, when this process uses CUDA
+ * (cfx_cuda_in_process) and one is current; else -1, a host rank. So a
+ * program makes its ranks GPU ranks as with NCCL, by cudaSetDevice (or any
+ * CUDA call on the device) before init, and a host-only program on a GPU
+ * machine never loads CUDA. */
+int cfx_cuda_rank_device(void);
+
+/* Make device @p device's primary context current on this thread
+ * (cfxCommInitAll's devlist). cfxInvalidArgument with a sentence when CUDA
+ * is not usable or there is no such device. */
+cfxResult_t cfx_cuda_select(int device);
+
+/* Forget the loaded library so the next call loads again (tests that point
+ * CFX_CUDA_DRIVER_LIB elsewhere). Not thread-safe; nothing may use it. */
+void cfx_cuda_api_reset(void);
+
+#if CFX_HAVE_CUDA
+
+/* Set the sentence for a failed driver call (what the caller tried, the
+ * driver's name and text for @p err) at @p subsys and return the result it
+ * maps to: cfxUnhandledCudaError, or cfxSystemError for out-of-memory. */
+cfxResult_t cfx_cuda_error(CUresult err, int subsys, const char *what);
+
+/* Return cfx_cuda_error() from the enclosing function when @p call fails. */
+#define CFX_CU_CHECK(cu, call, subsys, what)                                                       \
+    do {                                                                                           \
+        CUresult cfx_cu_err_ = (cu)->call;                                                         \
+        if (cfx_cu_err_ != CUDA_SUCCESS)                                                           \
+            return cfx_cuda_error(cfx_cu_err_, subsys, what);                                      \
+    } while (0)
+
+/* The device of the context current on this thread, or when none is
+ * current, device 0's primary context made current (as the runtime does at
+ * its first call). cfxSuccess with *device_p, or a sentence. */
+cfxResult_t cfx_cuda_current_device(int *device_p);
+
+/* Make device @p device's primary context current on this thread unless a
+ * context of that device already is. The context stays retained for the
+ * process's life (the runtime keeps it too). */
+cfxResult_t cfx_cuda_enter(int device);
+
+/* Where @p ptr points: CFX_MEM_DEVICE-like answers without transport.h:
+ * 1 with *device_p for device memory (cuMemAlloc, cudaMalloc, managed), 0
+ * for host memory of any kind (pageable, pinned, registered) and for
+ * pointers the driver does not know. Never fails. */
+int cfx_cuda_is_device_ptr(const void *ptr, int *device_p);
+
+#endif
+
+#endif /* CFX_UTIL_CUDA_H */
