@@ -1,6 +1,8 @@
 /* Multi-rank test harness: see harness.h. */
 #include "tests/harness.h"
+#include "tests/harness_gpu.h"
 
+#include <dlfcn.h>
 #include <errno.h>
 #include <pthread.h>
 #include <signal.h>
@@ -67,6 +69,130 @@ const char *cfx_test_use_fakeverbs(void)
     cfx_test_setenv("CFX_NET", "IB");
     return lib;
 }
+
+/* Whether this machine's CUDA driver finds a GPU, asked in a child so that
+ * this process stays without CUDA. */
+static int real_gpu_present(void)
+{
+    pid_t pid = fork();
+    if (pid == 0) {
+        void *lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+        int (*init)(unsigned) = lib ? (int (*)(unsigned))dlsym(lib, "cuInit") : NULL;
+        int (*count)(int *) = lib ? (int (*)(int *))dlsym(lib, "cuDeviceGetCount") : NULL;
+        int n = 0;
+        _exit(init && count && init(0) == 0 && count(&n) == 0 && n > 0 ? 0 : 1);
+    }
+    int status = 0;
+    return pid > 0 && waitpid(pid, &status, 0) == pid && WIFEXITED(status) &&
+           WEXITSTATUS(status) == 0;
+}
+
+const char *cfx_test_use_cuda(const char **why_p)
+{
+#if !CFX_HAVE_CUDA
+    *why_p = "built without the CUDA toolkit";
+    return NULL;
+#else
+    const char *gpu = getenv("CFX_TEST_GPU");
+    if (gpu != NULL && strcmp(gpu, "1") == 0) {
+        if (!real_gpu_present()) {
+            *why_p = "CFX_TEST_GPU=1 but this machine's CUDA driver finds no GPU";
+            return NULL;
+        }
+        cfx_test_setenv("CFX_CUDA_DRIVER_LIB", NULL);
+        return "GPU";
+    }
+    const char *lib = getenv("CFX_TEST_FAKECUDA");
+    if (lib == NULL || lib[0] == '\0' || access(lib, R_OK) != 0) {
+        *why_p = "no fake-cuda driver (CFX_TEST_FAKECUDA unset: run through ctest) and "
+                 "CFX_TEST_GPU is not 1";
+        return NULL;
+    }
+    cfx_test_setenv("CFX_CUDA_DRIVER_LIB", lib);
+    return "fake-cuda";
+#endif
+}
+
+#if CFX_HAVE_CUDA
+#define GPU_CHECK(ctx, call, what)                                                                 \
+    do {                                                                                           \
+        CUresult gpu_err_ = (call);                                                                \
+        if (gpu_err_ != CUDA_SUCCESS) {                                                            \
+            cfx_test_fail((ctx), __FILE__, __LINE__, "%s: CUDA error %d", what, (int)gpu_err_);    \
+            return 0;                                                                              \
+        }                                                                                          \
+    } while (0)
+
+int cfx_test_gpu_open(struct cfx_test_rank *ctx, int device, struct cfx_test_gpu *gpu)
+{
+    const char *why = NULL;
+    memset(gpu, 0, sizeof(*gpu));
+    gpu->cu = cfx_cuda_api(&why);
+    if (gpu->cu == NULL) {
+        cfx_test_fail(ctx, __FILE__, __LINE__, "CUDA: %s", why);
+        return 0;
+    }
+    if (cfx_cuda_select(device) != cfxSuccess) {
+        cfx_test_fail(ctx, __FILE__, __LINE__, "device %d: %s", device, cfxGetLastError(NULL));
+        return 0;
+    }
+    gpu->device = device;
+    GPU_CHECK(ctx, gpu->cu->stream_create(&gpu->stream, CU_STREAM_NON_BLOCKING), "stream");
+    return 1;
+}
+
+void *cfx_test_gpu_alloc(struct cfx_test_rank *ctx, struct cfx_test_gpu *gpu, size_t bytes)
+{
+    CUdeviceptr ptr = 0;
+    CUresult err = gpu->cu->mem_alloc(&ptr, bytes > 0 ? bytes : 1);
+    if (err == CUDA_SUCCESS)
+        err = gpu->cu->memset_d8(ptr, 0xee, bytes);
+    if (err != CUDA_SUCCESS) {
+        cfx_test_fail(ctx, __FILE__, __LINE__, "cuMemAlloc(%zu): CUDA error %d", bytes, (int)err);
+        return NULL;
+    }
+    return (void *)(uintptr_t)ptr;
+}
+
+void cfx_test_gpu_free(struct cfx_test_gpu *gpu, void *ptr)
+{
+    if (ptr != NULL)
+        gpu->cu->mem_free((CUdeviceptr)(uintptr_t)ptr);
+}
+
+int cfx_test_gpu_sync(struct cfx_test_rank *ctx, struct cfx_test_gpu *gpu)
+{
+    GPU_CHECK(ctx, gpu->cu->stream_synchronize(gpu->stream), "cuStreamSynchronize");
+    return 1;
+}
+
+int cfx_test_gpu_put(struct cfx_test_rank *ctx, struct cfx_test_gpu *gpu, void *dst,
+                     const void *src, size_t bytes)
+{
+    if (bytes == 0)
+        return 1;
+    GPU_CHECK(ctx, gpu->cu->memcpy_htod_async((CUdeviceptr)(uintptr_t)dst, src, bytes, gpu->stream),
+              "cuMemcpyHtoDAsync");
+    return cfx_test_gpu_sync(ctx, gpu);
+}
+
+int cfx_test_gpu_get(struct cfx_test_rank *ctx, struct cfx_test_gpu *gpu, void *dst,
+                     const void *src, size_t bytes)
+{
+    if (bytes == 0)
+        return 1;
+    GPU_CHECK(ctx, gpu->cu->memcpy_dtoh_async(dst, (CUdeviceptr)(uintptr_t)src, bytes, gpu->stream),
+              "cuMemcpyDtoHAsync");
+    return cfx_test_gpu_sync(ctx, gpu);
+}
+
+void cfx_test_gpu_close(struct cfx_test_gpu *gpu)
+{
+    if (gpu->cu != NULL && gpu->stream != NULL)
+        gpu->cu->stream_destroy(gpu->stream);
+    gpu->stream = NULL;
+}
+#endif
 
 void cfx_test_step(struct cfx_test_rank *ctx, const char *fmt, ...)
 {

@@ -98,6 +98,14 @@ void cfx_test_setenv(const char *name, const char *value);
  * there is none: built without the verbs headers. */
 const char *cfx_test_use_fakeverbs(void);
 
+/* GPU tests: point the ranks of the next run at a CUDA driver: the
+ * machine's own when CFX_TEST_GPU=1 (scripts/gpu_check.sh on a GPU host),
+ * else tests/fakecuda's (CFX_TEST_FAKECUDA, set by ctest), which runs
+ * Conflux's kernel on CPU threads. Returns "GPU" or "fake-cuda", or NULL
+ * with *why_p saying why neither can run (then skip). Loads no CUDA in the
+ * calling process (its ranks do: CUDA does not survive fork). */
+const char *cfx_test_use_cuda(const char **why_p);
+
 /* Log INFO lines (subsystems INIT and NET) of the ranks of the next run to
  * "<prefix>.<pid>", the prefix made from @p what and this process's pid
  * into @p prefix (@p size bytes); old files of that prefix are removed. */

@@ -10,6 +10,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "cfx_build_config.h"
 #include "src/core/comm.h"
 #include "src/core/enqueue.h"
 #include "src/exec/exec.h"
@@ -220,10 +221,11 @@ Test(exec, a_group_runs_on_the_executor_of_its_memory_kind_and_waits_for_it, .ti
         cr_assert_eq(cfxCommDestroy(comms[r]), cfxSuccess);
 }
 
-/* An operation on memory no executor serves (device memory, until the CUDA
- * executor is built) is refused with a sentence before it takes a sequence
- * number, so its communicator stays usable and in step with its peers. */
-Test(exec, device_memory_without_an_executor_is_refused_before_anything_runs, .timeout = 60)
+/* An operation on device memory of a host rank (no CUDA state; in a build
+ * without CUDA no executor serves device memory at all) is refused with a
+ * sentence before it takes a sequence number, so its communicator stays
+ * usable and in step with its peers. */
+Test(exec, device_memory_of_a_host_rank_is_refused_before_anything_runs, .timeout = 60)
 {
     cfxComm_t comm;
     cr_assert_eq(cfxCommInitAll(&comm, 1, NULL), cfxSuccess, "%s", cfxGetLastError(NULL));
@@ -242,10 +244,16 @@ Test(exec, device_memory_without_an_executor_is_refused_before_anything_runs, .t
     op.owner = comm;
     op.mem_kind = CFX_MEM_DEVICE;
     uint64_t seq = comm->coll_seq;
+#if CFX_HAVE_CUDA
+    cr_assert_eq(cfx_core_launch(&op, 1), cfxInvalidUsage);
+    cr_assert(strstr(cfxGetLastError(NULL), "cfxAllReduce: GPU buffers on rank 0, a host rank"),
+              "sentence: %s", cfxGetLastError(NULL));
+#else
     cr_assert_eq(cfx_core_launch(&op, 1), cfxInvalidArgument);
     cr_assert(strstr(cfxGetLastError(NULL),
-                     "cfxAllReduce: GPU buffers are not supported by this version"),
+                     "cfxAllReduce: GPU buffers are not supported by this build (no CUDA)"),
               "sentence: %s", cfxGetLastError(NULL));
+#endif
     cr_assert_eq(comm->coll_seq, seq, "the refused call took a sequence number");
     cr_assert_eq(comm->async_error, cfxSuccess);
     fill(in, 0);

@@ -64,7 +64,9 @@ struct cfx_op {
      * ring_recv is peer_readable; src/coll/pull.h). */
     int pull;
     enum cfx_mem_kind mem_kind; /* Of both buffers. */
-    int n_conns;                /* Entries of conns (below). */
+    cfxStream_t stream;         /* The call's stream (NULL: the legacy stream / at once). */
+    void *exec_state; /* The communicator's state in a stream executor (src/exec/cuda.h). */
+    int n_conns;      /* Entries of conns (below). */
     const int *abort_flag;
     void *owner; /* The communicator (opaque below the core). */
     /* Mismatch detection: what this op stamps on the slots it sends and
@@ -125,6 +127,8 @@ static inline void cfx_op_clear(struct cfx_op *op)
     op->direct = NULL;
     op->pull = 0;
     op->mem_kind = CFX_MEM_HOST;
+    op->stream = NULL;
+    op->exec_state = NULL;
     op->n_conns = 0;
     op->abort_flag = NULL;
     op->owner = NULL;

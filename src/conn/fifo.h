@@ -73,6 +73,8 @@ struct cfx_fifo {
     CFX_ALIGNAS(CFX_CACHE_LINE) int32_t closed; /* 0, or the cfxResult_t that broke a side (shm). */
     int32_t attached;                           /* Set by the sender once mapped (shm). */
     int32_t refs;                               /* Sides holding process-local memory (shm). */
+    int32_t pinned; /* Process-local memory registered with CUDA: its device + 1 (shm; the last
+                     * side to let go unpins); -1 while a side registers it; 0: not. */
 };
 
 /* Bytes from the FIFO control block to slot 0 (page aligned). */

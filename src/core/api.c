@@ -6,6 +6,7 @@
 #include "src/core/argcheck.h"
 #include "src/core/comm.h"
 #include "src/core/probe.h"
+#include "src/exec/cuda.h"
 #include "src/util/check.h"
 #include "src/util/log.h"
 #include "src/util/param.h"
@@ -111,8 +112,21 @@ CFX_API cfxResult_t cfxCommGetAsyncError(cfxComm_t comm, cfxResult_t *asyncError
         res = cfx_argcheck_ptr(asyncError, fn, "asyncError");
     /* Not only what this rank's calls hit: a mismatch its finished calls
      * could not see at return (probe.c). */
+    if (res == cfxSuccess && comm->cuda != NULL) {
+        /* A GPU rank's work on streams: what the CUDA watcher found (when no
+         * other thread holds the communicator; its call surfaces it). */
+        if (cfx_core_claim(comm, fn) == cfxSuccess) {
+            cfx_core_gpu_reap(comm);
+            cfx_core_gpu_surface(comm);
+            cfx_core_release(comm);
+        }
+        cfx_error_thread_clear(); /* A failure is the comm's (last_error), not this call's. */
+    }
+    /* The FIFOs of a GPU rank whose kernels still run are theirs. */
     if (res == cfxSuccess)
-        *asyncError = cfx_core_probe_async(comm);
+        *asyncError = comm->cuda != NULL && cfx_exec_cuda_comm_busy(comm->cuda)
+                          ? comm->async_error
+                          : cfx_core_probe_async(comm);
     return cfx_core_api_exit(comm, res);
 }
 

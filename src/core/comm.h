@@ -156,6 +156,10 @@ struct cfxComm {
     /* Alltoall, gather, scatter (enqueue.c): room for their sends and
      * receives, 2 * nranks ops, allocated at the first such call. */
     struct cfx_op *batch_ops;
+    /* A GPU rank's CUDA state (gpu.c, src/exec/cuda.h); NULL for a host rank. */
+    struct cfx_cuda_comm *cuda;
+    int gpu_poison_pending; /* The watcher found a failure but could not tell the peers. */
+    uint64_t gpu_unreaped;  /* Flight entries from here on may be GPU work not yet seen done. */
     struct cfxComm *registry_next;
     struct cfxComm *quarantine_next; /* handle.c: destroyed headers, oldest first. */
     char name[64];
@@ -172,12 +176,8 @@ struct cfx_conn_request {
     struct cfxComm *comm;
     int peer;
     enum cfx_conn_dir dir;
-    int kind;    /* CFX_CONN_KIND_*: keeps bootstrap tags apart. */
-    int channel; /* 0..CFX_CONN_MAX_CHANNELS-1: so does this. */
-    /* Where this side's FIFO lives and who reads it; {0} is host memory
-     * read by a host thread (CFX_CONN_PLACE_HOST, what every caller asks
-     * for today). */
-    struct cfx_conn_place place;
+    int kind;                     /* CFX_CONN_KIND_*: keeps bootstrap tags apart. */
+    int channel;                  /* 0..CFX_CONN_MAX_CHANNELS-1: so does this. */
     struct cfx_connector **out_p; /* Where the finished connector goes. */
     size_t slot_bytes;            /* FIFO slot size; 0: the communicator's. */
     const struct cfx_op *op;      /* The call that needs it at first use; NULL at init. */
@@ -273,6 +273,18 @@ void cfx_core_algo_direct_op(struct cfxComm *comm, struct cfx_op *op);
 /* Mark every connector of @p comm failed with @p reason, about @p blame_rank
  * (-1: this rank), so peers stop waiting and can say whom it is about. */
 void cfx_core_poison_all(struct cfxComm *comm, cfxResult_t reason, int blame_rank);
+
+/* GPU ranks (gpu.c). gpu_setup: at init, once the peers are known, refuse
+ * two ranks on one GPU (unless CFX_MULTI_RANK_GPU_ENABLE=1) and make a GPU
+ * rank's CUDA state. gpu_surface: at the entry of a call (holding the
+ * communicator), turn a failure the CUDA watcher recorded into the
+ * communicator's error (the peers told, the ranks agreed on the blame);
+ * returns comm->async_error. gpu_reap: mark the flight entries of GPU work
+ * that has run as done. gpu_close: wait for the work, free the state. */
+cfxResult_t cfx_core_gpu_setup(struct cfxComm *comm);
+cfxResult_t cfx_core_gpu_surface(struct cfxComm *comm);
+void cfx_core_gpu_reap(struct cfxComm *comm);
+void cfx_core_gpu_close(struct cfxComm *comm);
 
 /* Flight recorder (flight.c). Record returns the entry's index. */
 cfxResult_t cfx_core_flight_init(struct cfxComm *comm);

@@ -265,9 +265,25 @@ static struct cfx_transport_peer peer_of(const struct cfxComm *comm, int rank)
     return peer;
 }
 
-static cfxResult_t pick_transport(struct cfxComm *comm, int peer, int *index_p)
+/* Where this rank's side of every connection lives: host memory for a host
+ * rank; for a GPU rank, host memory pinned and mapped for its device, which
+ * its kernels and host threads (host buffers on a GPU rank) both reach. */
+static struct cfx_conn_place place_of(const struct cfxComm *comm)
+{
+    if (comm->cuda_dev < 0)
+        return CFX_CONN_PLACE_HOST;
+    return (struct cfx_conn_place){
+        .mem = CFX_MEM_HOST_PINNED, .device = comm->cuda_dev, .reader = CFX_READER_KERNEL};
+}
+
+/* The first transport, in priority order, that can connect this rank and
+ * @p peer and honour @p place; else the sentence of the last refusal. */
+static cfxResult_t pick_transport(struct cfxComm *comm, int peer,
+                                  const struct cfx_conn_place *place, int *index_p)
 {
     struct cfx_transport_peer self = peer_of(comm, comm->rank), other = peer_of(comm, peer);
+    cfxResult_t refused = cfxSuccess;
+    char why[CFX_ERROR_MAX] = "";
     for (int t = 0; cfx_transports[t] != NULL && t < CFX_MAX_TRANSPORTS; t++) {
         const struct cfx_transport *tr = cfx_transports[t];
         if (comm->transport_ctx[t] == NULL) {
@@ -279,11 +295,22 @@ static cfxResult_t pick_transport(struct cfxComm *comm, int peer, int *index_p)
                                             .connect_check_arg = comm};
             CFX_CHECK(tr->init(&env, &comm->transport_ctx[t]));
         }
-        if (tr->can_connect(comm->transport_ctx[t], &self, &other)) {
+        if (!tr->can_connect(comm->transport_ctx[t], &self, &other))
+            continue;
+        refused = cfx_transport_place_check(tr, place);
+        if (refused == cfxSuccess) {
             *index_p = t;
             return cfxSuccess;
         }
+        snprintf(why, sizeof(why), "%s", cfx_error_thread_last());
     }
+    if (refused != cfxSuccess)
+        return cfx_error_set(refused, CFX_LOG_INIT,
+                             "rank %d: no transport that reaches rank %d (host %s) can serve this "
+                             "rank's side (%s); %s",
+                             comm->rank, peer, comm->peers[peer].host_id,
+                             place->reader == CFX_READER_KERNEL ? "a GPU rank" : "a host rank",
+                             why);
     return cfx_error_set(cfxSystemError, CFX_LOG_INIT,
                          "rank %d: no transport can reach rank %d (host %s)", comm->rank, peer,
                          comm->peers[peer].host_id);
@@ -326,7 +353,8 @@ static cfxResult_t setup_one(struct cfx_conn_request *req, int64_t deadline, int
                              const char *timeout_name, int *blame_p)
 {
     struct cfxComm *comm = req->comm;
-    CFX_CHECK(pick_transport(comm, req->peer, &req->transport));
+    struct cfx_conn_place place = place_of(comm);
+    CFX_CHECK(pick_transport(comm, req->peer, &place, &req->transport));
     const struct cfx_transport *tr = cfx_transports[req->transport];
     struct cfx_connector *conn = calloc(1, sizeof(*conn));
     if (conn == NULL)
@@ -334,11 +362,10 @@ static cfxResult_t setup_one(struct cfx_conn_request *req, int64_t deadline, int
     conn->peer_rank = req->peer;
     conn->dir = req->dir;
     conn->channel = req->channel;
-    conn->place = req->place;
+    conn->place = place;
     conn->transport = tr;
     conn->transport_ctx = comm->transport_ctx[req->transport];
     req->conn = conn;
-    CFX_CHECK(cfx_transport_place_check(tr, &conn->place));
     struct conn_msg msg = {.transport = (uint32_t)req->transport, .slot_bytes = slot_bytes_of(req)};
     struct cfx_transport_peer peer = peer_of(comm, req->peer);
     CFX_CHECK(

@@ -20,6 +20,9 @@
  * it because another thread does. */
 static _Thread_local int cfx_core_held_by_me;
 static _Thread_local int cfx_core_claim_lost;
+/* The stream and memory kind of this thread's current call (classify). */
+static _Thread_local cfxStream_t call_stream;
+static _Thread_local enum cfx_mem_kind call_mem;
 
 /* NCCL's in-place rules allow exact aliasing only: refuse partial overlap. */
 static cfxResult_t check_overlap(const void *send, size_t send_bytes, const void *recv,
@@ -105,13 +108,23 @@ static cfxResult_t broken(const struct cfxComm *comm, enum cfx_coll_kind kind)
                          cfx_coll_name(kind), cfxGetErrorString(comm->async_error));
 }
 
-/* Run or queue; on failure record the sentence on the communicator. */
-static cfxResult_t submit(struct cfxComm *comm, struct cfx_op *op)
+/* An op of this thread's current call on @p comm: its rank, owner, stream,
+ * memory kind and executor state. */
+static void op_bind(struct cfxComm *comm, struct cfx_op *op)
 {
     op->rank = comm->rank;
     op->nranks = comm->nranks;
     op->abort_flag = &comm->stop_ops;
     op->owner = comm;
+    op->stream = call_stream;
+    op->mem_kind = call_mem;
+    op->exec_state = comm->cuda;
+}
+
+/* Run or queue; on failure record the sentence on the communicator. */
+static cfxResult_t submit(struct cfxComm *comm, struct cfx_op *op)
+{
+    op_bind(comm, op);
     if (comm->async_error != cfxSuccess)
         return broken(comm, op->kind);
     fingerprint(comm, op);
@@ -123,8 +136,8 @@ static cfxResult_t submit(struct cfxComm *comm, struct cfx_op *op)
     /* Large allgathers between ranks that read each other's memory: one
      * copy per byte and rank fewer (src/coll/pull.h). */
     if (comm->single_copy && op->kind == CFX_COLL_ALLGATHER && bytes > 0 &&
-        bytes >= comm->single_copy_min)
-        op->pull = 1;
+        bytes >= comm->single_copy_min && op->mem_kind == CFX_MEM_HOST)
+        op->pull = 1; /* Not for GPU memory: a peer's device pointer is not this kernel's. */
     if (algo == CFX_CORE_ALGO_DIRECT)
         op->direct = &comm->direct; /* Its connectors are filled in at launch. */
     if (algo == CFX_CORE_ALGO_TREE) {
@@ -168,13 +181,17 @@ static cfxResult_t finish(struct cfxComm *comm, cfxResult_t res)
     return res;
 }
 
-/* Make host buffers safe to use for a call given @p stream: NULL needs
- * nothing; a CUDA stream is synchronised first. cfxInvalidArgument when a
- * stream is given without a usable GPU, or a buffer is device memory. */
-static cfxResult_t stream_prepare(cfxStream_t stream, const void *buf_a, const void *buf_b,
-                                  const char *fn)
+/* Where a call's buffers live and on what it runs. A GPU rank: device
+ * buffers (of its own device) run on the CUDA executor on @p stream (NULL:
+ * the legacy stream); host buffers with a stream run in stream order on
+ * the host executor, without one at once. A host rank: host buffers only;
+ * a stream is synchronised first. */
+static cfxResult_t classify(struct cfxComm *comm, cfxStream_t stream, const void *buf_a,
+                            const void *buf_b, const char *fn)
 {
-    if (stream == NULL)
+    call_stream = stream;
+    call_mem = CFX_MEM_HOST;
+    if (comm->cuda == NULL && stream == NULL)
         return cfxSuccess;
 #if CFX_HAVE_CUDA
     const char *why;
@@ -184,12 +201,32 @@ static cfxResult_t stream_prepare(cfxStream_t stream, const void *buf_a, const v
                              "%s: a CUDA stream was given but no GPU is usable (%s); pass NULL for "
                              "host buffers",
                              fn, why);
-    if (cfx_cuda_is_device_ptr(buf_a, NULL) || cfx_cuda_is_device_ptr(buf_b, NULL))
+    int dev_a = -1, dev_b = -1;
+    int on_a = cfx_cuda_is_device_ptr(buf_a, &dev_a), on_b = cfx_cuda_is_device_ptr(buf_b, &dev_b);
+    if (comm->cuda == NULL) {
+        if (on_a || on_b)
+            return cfx_error_set(cfxInvalidUsage, CFX_LOG_COLL,
+                                 "%s: GPU buffers on rank %d, a host rank (no CUDA context was "
+                                 "current when it was initialised); call cudaSetDevice before "
+                                 "cfxCommInitRank to make it a GPU rank",
+                                 fn, comm->rank);
+        CFX_CU_CHECK(cu, stream_synchronize((CUstream)stream), CFX_LOG_COLL, "cuStreamSynchronize");
+        call_stream = NULL;
+        return cfxSuccess;
+    }
+    if (!on_a && !on_b)
+        return cfxSuccess;
+    if ((buf_a != NULL && !on_a) || (buf_b != NULL && !on_b))
         return cfx_error_set(cfxInvalidArgument, CFX_LOG_COLL,
-                             "%s: GPU buffers are not supported by this version (host buffers "
-                             "only)",
+                             "%s: one buffer is GPU memory and the other host memory; both must "
+                             "be of one kind",
                              fn);
-    CFX_CU_CHECK(cu, stream_synchronize((CUstream)stream), CFX_LOG_COLL, "cuStreamSynchronize");
+    int dev = on_a ? dev_a : dev_b;
+    if ((on_a && dev_a != comm->cuda_dev) || (on_b && dev_b != comm->cuda_dev))
+        return cfx_error_set(cfxInvalidArgument, CFX_LOG_COLL,
+                             "%s: a buffer is on GPU %d but rank %d runs on GPU %d", fn, dev,
+                             comm->rank, comm->cuda_dev);
+    call_mem = CFX_MEM_DEVICE;
     return cfxSuccess;
 #else
     (void)buf_a;
@@ -212,7 +249,11 @@ static cfxResult_t check_common(struct cfxComm *comm, cfxDataType_t type, cfxStr
     }
     cfx_core_held_by_me = 1;
     CFX_CHECK(cfx_argcheck_type(type, fn));
-    return stream_prepare(stream, a, b, fn);
+    if (comm->cuda != NULL) {
+        cfx_core_gpu_reap(comm);
+        cfx_core_gpu_surface(comm); /* A failure found meanwhile breaks the communicator. */
+    }
+    return classify(comm, stream, a, b, fn);
 }
 
 CFX_API cfxResult_t cfxAllReduce(const void *sendbuff, void *recvbuff, size_t count,
@@ -399,10 +440,7 @@ static void batch_op(struct cfxComm *comm, struct cfx_op *o, enum cfx_coll_kind 
                      cfxDataType_t type, int peer, int root)
 {
     op_start(o, p2p_kind, sendbuff, recvbuff, count, type, cfxSum, peer);
-    o->rank = comm->rank;
-    o->nranks = comm->nranks;
-    o->abort_flag = &comm->stop_ops;
-    o->owner = comm;
+    op_bind(comm, o);
     fingerprint(comm, o);
     o->print.kind = o->expect.kind = (uint8_t)kind;
     o->print.root = o->expect.root = root;
@@ -442,7 +480,9 @@ static cfxResult_t submit_batch(struct cfxComm *comm, enum cfx_coll_kind kind, c
         /* Offsets only into buffers this rank uses (a non-root's may be NULL). */
         const char *from = !sends || kind == CFX_COLL_GATHER ? send : send + (size_t)peer * block;
         char *to = !receives || kind == CFX_COLL_SCATTER ? recv : recv + (size_t)peer * block;
-        if (peer == rank) {
+        if (peer == rank && call_mem != CFX_MEM_DEVICE) {
+            /* Host memory: copied here. GPU memory: a send to itself and its
+             * receive, in the kernel with the rest. */
             if (sends && receives) {
                 own_from = from;
                 own_to = to;

@@ -13,11 +13,13 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "cfx_build_config.h"
 #include "kernels/reduce.h"
 #include "src/core/blame.h"
 #include "src/core/comm.h"
 #include "src/core/enqueue.h"
 #include "src/core/probe.h"
+#include "src/exec/cuda.h"
 #include "src/exec/exec.h"
 #include "src/util/check.h"
 #include "src/util/log.h"
@@ -76,6 +78,9 @@ void cfx_core_group_fail(cfxResult_t res)
  * registers for CFX_MEM_DEVICE here. */
 static const struct cfx_executor *executors[CFX_MEM_KINDS] = {
     [CFX_MEM_HOST] = &cfx_exec_host,
+#if CFX_HAVE_CUDA
+    [CFX_MEM_DEVICE] = &cfx_exec_cuda,
+#endif
 };
 
 const struct cfx_executor *cfx_core_exec_set(enum cfx_mem_kind kind,
@@ -122,9 +127,30 @@ static cfxResult_t choose_executor(const struct cfx_op *ops, int n_ops,
     const struct cfx_executor *exec = executors[kind];
     if (exec == NULL)
         return cfx_error_set(cfxInvalidArgument, CFX_LOG_COLL,
-                             "%s: GPU buffers are not supported by this version (host buffers "
-                             "only)",
+                             "%s: GPU buffers are not supported by this build (no CUDA)",
                              api_name(ops[0].kind));
+    for (int i = 0; i < n_ops && kind == CFX_MEM_DEVICE; i++)
+        if (ops[i].exec_state == NULL)
+            return cfx_error_set(cfxInvalidUsage, CFX_LOG_COLL,
+                                 "%s: GPU buffers on rank %d, a host rank (no CUDA context was "
+                                 "current when it was initialised)",
+                                 api_name(ops[i].kind), ops[i].rank);
+    /* One kernel launch per stream carries at most CFX_KERNEL_MAX_OPS; host
+     * buffers on a stream go as one host function on one stream. */
+    for (int i = 0; i < n_ops; i++) {
+        int on_stream = 0;
+        for (int j = 0; j < n_ops; j++)
+            on_stream += ops[j].stream == ops[i].stream;
+        if (kind == CFX_MEM_DEVICE && on_stream > CFX_EXEC_CUDA_MAX_OPS)
+            return cfx_error_set(cfxInvalidUsage, CFX_LOG_COLL,
+                                 "cfxGroupEnd: %d GPU operations on one stream; one kernel "
+                                 "launch carries at most %d: split the group",
+                                 on_stream, CFX_EXEC_CUDA_MAX_OPS);
+        if (kind == CFX_MEM_HOST && ops[i].stream != ops[0].stream)
+            return cfx_error_set(cfxInvalidUsage, CFX_LOG_COLL,
+                                 "cfxGroupEnd: host buffers on two streams in one group; a "
+                                 "group of host buffers runs on one stream");
+    }
     *exec_p = exec;
     return cfxSuccess;
 }
@@ -355,6 +381,8 @@ static cfxResult_t check_leftovers(struct cfx_op *ops, int n_ops)
     for (int i = 0; i < n_ops; i++) {
         if (i > 0 && ops[i].owner == ops[i - 1].owner)
             continue;
+        if (ops[i].exec_state != NULL)
+            continue; /* A GPU rank's kernels check every slot themselves. */
         int blame;
         cfxResult_t res = cfx_core_probe_leftovers(ops[i].owner, &blame);
         if (res != cfxSuccess) {
@@ -416,6 +444,7 @@ static cfxResult_t check_self_matches(const struct cfx_op *ops, int n_ops)
 }
 
 static cfxResult_t complete(struct cfx_op *ops, int n_ops, cfxResult_t res);
+static void host_batch_done(struct cfx_op *ops, int n_ops, cfxResult_t res);
 
 cfxResult_t cfx_core_launch(struct cfx_op *ops, int n_ops)
 {
@@ -464,13 +493,44 @@ cfxResult_t cfx_core_launch(struct cfx_op *ops, int n_ops)
         cfx_core_flight_update(ops[i].owner, ops[i].record, CFX_FLIGHT_RUNNING, cfxSuccess, 0,
                                ops[i].n_steps);
     }
+    if (ops[0].mem_kind == CFX_MEM_HOST && ops[0].stream != NULL)
+        return cfx_exec_cuda_host_enqueue(ops[0].stream, ops, n_ops, host_batch_done);
+    if (ops[0].mem_kind == CFX_MEM_HOST)
+        for (int i = 0; i < n_ops; i++)
+            if (ops[i].exec_state != NULL && first_of_comm(ops, i)) {
+                /* Host buffers at once: after the rank's work on streams. */
+                res = cfx_exec_cuda_comm_quiesce(ops[i].exec_state);
+                if (res != cfxSuccess)
+                    return complete(ops, n_ops, res);
+            }
     /* One indirect call per launch; the executor loops over the steps. */
     struct cfx_exec_batch batch;
     cfx_exec_batch_init(&batch, ops, n_ops, NULL);
     res = exec->launch(exec, &batch);
+    if (batch.enqueued)
+        return res;           /* On streams: the flight entries stay running until reaped. */
     if (res == cfxInProgress) /* Stream NULL: the call completes before it returns. */
         res = exec->wait(exec, &batch);
     return complete(ops, n_ops, res);
+}
+
+/* A batch of host buffers a stream ran (the stream's callback thread, which
+ * must not call CUDA nor use the bootstrap a call may be using): the flight
+ * recorder, and a failure handed to the rank's CUDA state, which the next
+ * call surfaces (cfx_core_gpu_surface) as if a kernel had failed. */
+static void host_batch_done(struct cfx_op *ops, int n_ops, cfxResult_t res)
+{
+    for (int i = 0; i < n_ops; i++) {
+        int ok = ops[i].result == cfxSuccess && res == cfxSuccess;
+        cfx_core_flight_update(ops[i].owner, ops[i].record,
+                               ok ? CFX_FLIGHT_DONE : CFX_FLIGHT_FAILED, ops[i].result, ops[i].step,
+                               ops[i].n_steps);
+        if (!ok)
+            cfx_exec_cuda_comm_fail(ops[i].exec_state,
+                                    ops[i].result != cfxSuccess ? ops[i].result : res,
+                                    ops[i].blame_rank >= 0 ? ops[i].blame_rank : ops[i].rank,
+                                    &ops[i].print, cfx_error_thread_last());
+    }
 }
 
 /* After a batch is over (a final result from its executor): the flight

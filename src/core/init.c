@@ -12,6 +12,7 @@
 #include "src/core/argcheck.h"
 #include "src/core/blame.h"
 #include "src/core/comm.h"
+#include "src/exec/cuda.h"
 #include "src/exec/host.h"
 #include "src/util/check.h"
 #include "src/util/cuda.h"
@@ -58,6 +59,7 @@ static void comm_free(struct cfxComm *comm)
     if (comm == NULL)
         return;
     cfx_core_registry_remove(comm);
+    cfx_core_gpu_close(comm); /* Its kernels are done with the connectors first. */
     cfx_core_disconnect_all(comm);
     cfx_core_algo_fini(comm);
     cfx_bootstrap_destroy(comm->bootstrap);
@@ -256,6 +258,7 @@ static cfxResult_t comm_setup(struct cfxComm *comm)
         }
     }
     CFX_CHECK(cfx_core_peers_watch(comm));
+    CFX_CHECK(cfx_core_gpu_setup(comm));
     CFX_CHECK(connect_ring(comm));
     CFX_CHECK(agree_single_copy(comm));
     CFX_CHECK(cfx_core_algo_init(comm));
@@ -667,6 +670,7 @@ CFX_API cfxResult_t cfxCommRevoke(cfxComm_t comm, int revokeFlags)
     }
     if (__atomic_exchange_n(&comm->revoked, 1, __ATOMIC_ACQ_REL) == 0) {
         __atomic_store_n(&comm->stop_ops, 1, __ATOMIC_RELEASE);
+        cfx_exec_cuda_comm_abort(comm->cuda, 0);
         cfx_core_poison_all(comm, cfxRemoteError, comm->rank);
     }
     /* Wait for a call of another thread to leave (it ends at its next idle
@@ -712,8 +716,18 @@ CFX_API cfxResult_t cfxCommFinalize(cfxComm_t comm)
         cfx_core_release(comm);
         return cfx_core_api_exit(comm, res);
     }
-    /* Nothing is outstanding yet (every call completes before it returns);
-     * the barrier makes sure no peer still needs us when we are destroyed. */
+    /* Work on streams runs out first (a GPU rank's); the barrier makes sure
+     * no peer still needs us when we are destroyed. */
+    res = comm->cuda != NULL ? cfx_exec_cuda_comm_quiesce(comm->cuda) : cfxSuccess;
+    if (res == cfxSuccess && comm->cuda != NULL) {
+        cfx_core_gpu_reap(comm);
+        res = cfx_core_gpu_surface(comm);
+    }
+    if (res != cfxSuccess) {
+        res = cfx_core_api_exit(comm, res);
+        cfx_core_release(comm);
+        return res;
+    }
     comm->finalized = 1;
     res = cfx_bootstrap_barrier(comm->bootstrap);
     if (res != cfxSuccess) {
@@ -749,6 +763,7 @@ static cfxResult_t comm_close(struct cfxComm *comm, int abort, const char *fn)
         if (abort && !aborted) {
             __atomic_store_n(&comm->abort_flag, 1, __ATOMIC_RELEASE);
             __atomic_store_n(&comm->stop_ops, 1, __ATOMIC_RELEASE);
+            cfx_exec_cuda_comm_abort(comm->cuda, 0);
             cfx_core_poison_all(comm, cfxRemoteError, -1);
             aborted = 1;
         }

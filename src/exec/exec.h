@@ -7,9 +7,9 @@
  * the schedules, never the core; the core never calls a schedule's steps.
  *
  * An executor is a `static const struct cfx_executor`, version first, ops
- * append-only. Today there is one, the host executor (src/exec/host.c:
- * cfx_exec_host). A CUDA executor (a kernel that runs the same schedules on
- * the caller's stream) registers for CFX_MEM_DEVICE beside it.
+ * append-only: the host executor (src/exec/host.c: cfx_exec_host) for host
+ * memory, the CUDA executor (src/exec/cuda.h: cfx_exec_cuda, a kernel that
+ * runs the same schedules on the caller's stream) for device memory.
  *
  * A launch may end before its operations do (a kernel queued on a stream):
  * launch answers cfxInProgress, and the caller then calls test until it
@@ -34,6 +34,10 @@ struct cfx_exec_batch {
     int n_ops;
     cfxStream_t stream; /* NULL: the launch completes before it returns. */
     int aborted;        /* Set by abort from any thread (atomic). */
+    /* Set by an executor whose launch put the batch on streams: the ops
+     * now run there (the stream observes them), and the caller neither
+     * tests nor waits for them. */
+    int enqueued;
     /* The host executor's waiting state (idle rounds, last progress). */
     uint64_t idle;
     int64_t last_progress_ns; /* 0: progress in the last round. */
@@ -80,6 +84,7 @@ static inline void cfx_exec_batch_init(struct cfx_exec_batch *batch, struct cfx_
     batch->n_ops = n_ops;
     batch->stream = stream;
     batch->aborted = 0;
+    batch->enqueued = 0;
     batch->idle = 0;
     batch->last_progress_ns = 0;
     batch->timeout_s = -1;

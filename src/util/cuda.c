@@ -6,6 +6,7 @@
 
 #include <dlfcn.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -20,7 +21,11 @@ CFX_PARAM_STR(cuda_driver_lib, "CUDA_DRIVER_LIB", "libcuda.so.1",
 
 static pthread_mutex_t load_lock = PTHREAD_MUTEX_INITIALIZER;
 static int load_done;
-static const struct cfx_cuda_api *loaded_api;
+/* Set once, under load_lock, with release: read anywhere with acquire. */
+static const struct cfx_cuda_api *_Atomic loaded_api;
+/* Set in a child forked after this process loaded the driver: CUDA does not
+ * survive fork, so the child must not use the parent's table. */
+static int forked_after_load;
 static char load_why[400];
 
 static const char *driver_lib_name(void)
@@ -31,9 +36,8 @@ static const char *driver_lib_name(void)
 
 int cfx_cuda_in_process(void)
 {
-    const char *set = getenv("CFX_CUDA_DRIVER_LIB");
-    if (set != NULL && set[0] != '\0')
-        return 1;
+    if (strcmp(driver_lib_name(), "libcuda.so.1") != 0)
+        return 1; /* CFX_CUDA_DRIVER_LIB names a driver: use it. */
     void *lib = dlopen(driver_lib_name(), RTLD_LAZY | RTLD_LOCAL | RTLD_NOLOAD);
     if (lib == NULL)
         return 0;
@@ -243,7 +247,7 @@ static void load_locked(void)
     if (api_table.driver_get_version(&api_table.driver_version) != CUDA_SUCCESS)
         api_table.driver_version = 0;
     api_lib = lib;
-    loaded_api = &api_table;
+    atomic_store_explicit(&loaded_api, &api_table, memory_order_release);
     CFX_INFO(CFX_LOG_INIT, "cuda: loaded %s (driver API %d.%d)", lib_name,
              api_table.driver_version / 1000, api_table.driver_version % 1000 / 10);
 }
@@ -323,7 +327,7 @@ cfxResult_t cfx_cuda_current_device(int *device_p)
 
 int cfx_cuda_is_device_ptr(const void *ptr, int *device_p)
 {
-    const struct cfx_cuda_api *cu = loaded_api;
+    const struct cfx_cuda_api *cu = atomic_load_explicit(&loaded_api, memory_order_acquire);
     if (cu == NULL || ptr == NULL)
         return 0;
     unsigned int type = 0;
@@ -370,6 +374,27 @@ cfxResult_t cfx_cuda_select(int device)
     return cfx_cuda_enter(device);
 }
 
+cfxResult_t cfx_cuda_host_register(void *ptr, size_t bytes, int device)
+{
+    CFX_CHECK(cfx_cuda_enter(device));
+    const struct cfx_cuda_api *cu = atomic_load_explicit(&loaded_api, memory_order_acquire);
+    CFX_CU_CHECK(
+        cu,
+        mem_host_register(ptr, bytes, CU_MEMHOSTREGISTER_PORTABLE | CU_MEMHOSTREGISTER_DEVICEMAP),
+        CFX_LOG_ALLOC, "cannot pin a FIFO's host memory for the GPU (cuMemHostRegister)");
+    return cfxSuccess;
+}
+
+void cfx_cuda_host_unregister(void *ptr, int device)
+{
+    const struct cfx_cuda_api *cu = atomic_load_explicit(&loaded_api, memory_order_acquire);
+    if (ptr == NULL || cu == NULL || cfx_cuda_enter(device) != cfxSuccess)
+        return;
+    CUresult err = cu->mem_host_unregister(ptr);
+    if (err != CUDA_SUCCESS)
+        CFX_INFO(CFX_LOG_ALLOC, "cuMemHostUnregister(%p) failed with CUDA error %d", ptr, (int)err);
+}
+
 #else /* !CFX_HAVE_CUDA */
 
 static void load_locked(void)
@@ -385,6 +410,22 @@ int cfx_cuda_rank_device(void)
     return -1;
 }
 
+cfxResult_t cfx_cuda_host_register(void *ptr, size_t bytes, int device)
+{
+    (void)ptr;
+    (void)bytes;
+    return cfx_error_set(cfxInvalidUsage, CFX_LOG_ALLOC,
+                         "cannot pin memory for CUDA device %d: this Conflux was built without "
+                         "CUDA",
+                         device);
+}
+
+void cfx_cuda_host_unregister(void *ptr, int device)
+{
+    (void)ptr;
+    (void)device;
+}
+
 cfxResult_t cfx_cuda_select(int device)
 {
     return cfx_error_set(cfxInvalidArgument, CFX_LOG_INIT,
@@ -394,33 +435,40 @@ cfxResult_t cfx_cuda_select(int device)
 }
 #endif
 
+static void forked_child(void)
+{
+    if (atomic_load_explicit(&loaded_api, memory_order_relaxed) != NULL)
+        forked_after_load = 1;
+    pthread_mutex_init(&load_lock, NULL);
+}
+
+static pthread_once_t atfork_once = PTHREAD_ONCE_INIT;
+
+static void atfork_install(void)
+{
+    pthread_atfork(NULL, NULL, forked_child);
+}
+
 const struct cfx_cuda_api *cfx_cuda_api(const char **why_p)
 {
+    pthread_once(&atfork_once, atfork_install);
     pthread_mutex_lock(&load_lock);
+    if (forked_after_load) {
+        pthread_mutex_unlock(&load_lock);
+        if (why_p != NULL)
+            *why_p = "this process was forked from one that had loaded CUDA, and CUDA does not "
+                     "survive fork: start the ranks' processes before any CUDA call";
+        return NULL;
+    }
     if (!load_done) {
         load_done = 1;
         load_locked();
-        if (loaded_api == NULL)
+        if (atomic_load_explicit(&loaded_api, memory_order_relaxed) == NULL)
             CFX_INFO(CFX_LOG_INIT, "cuda: off: %s", load_why);
     }
-    const struct cfx_cuda_api *api = loaded_api;
+    const struct cfx_cuda_api *api = atomic_load_explicit(&loaded_api, memory_order_relaxed);
     pthread_mutex_unlock(&load_lock);
     if (api == NULL && why_p != NULL)
         *why_p = load_why;
     return api;
-}
-
-void cfx_cuda_api_reset(void)
-{
-    pthread_mutex_lock(&load_lock);
-#if CFX_HAVE_CUDA
-    if (api_lib != NULL)
-        dlclose(api_lib);
-    api_lib = NULL;
-    memset(primary, 0, sizeof(primary));
-#endif
-    loaded_api = NULL;
-    load_done = 0;
-    load_why[0] = '\0';
-    pthread_mutex_unlock(&load_lock);
 }

@@ -109,7 +109,8 @@ struct cfx_cuda_api; /* Never defined: no CUDA toolkit at build time. */
  * (CUDA_ERROR_NO_DEVICE)", "... driver too old (CUDA_ERROR_INSUFFICIENT_DRIVER)").
  * Loads and calls cuInit once per process, thread-safe; the first failure
  * is logged at INFO (subsystem INIT). The library stays loaded until the
- * process exits. */
+ * process exits. In a child forked after the parent loaded it: NULL (CUDA
+ * does not survive fork). */
 const struct cfx_cuda_api *cfx_cuda_api(const char **why_p);
 
 /* Whether this process uses CUDA already: the driver library is loaded
@@ -131,10 +132,6 @@ int cfx_cuda_rank_device(void);
  * (cfxCommInitAll's devlist). cfxInvalidArgument with a sentence when CUDA
  * is not usable or there is no such device. */
 cfxResult_t cfx_cuda_select(int device);
-
-/* Forget the loaded library so the next call loads again (tests that point
- * CFX_CUDA_DRIVER_LIB elsewhere). Not thread-safe; nothing may use it. */
-void cfx_cuda_api_reset(void);
 
 #if CFX_HAVE_CUDA
 
@@ -168,5 +165,16 @@ cfxResult_t cfx_cuda_enter(int device);
 int cfx_cuda_is_device_ptr(const void *ptr, int *device_p);
 
 #endif
+
+/* Pin and map @p bytes of host memory at @p ptr for every GPU of the process
+ * (cuMemHostRegister, portable and device-mapped), device @p device's
+ * context made current first: kernels then read and write it at the same
+ * address (CFX_CUDA needs unified addressing). Setup time only. cfxSuccess,
+ * or a sentence (no CUDA, out of pinnable memory). */
+cfxResult_t cfx_cuda_host_register(void *ptr, size_t bytes, int device);
+
+/* Undo cfx_cuda_host_register (accepts NULL), device @p device's context
+ * made current first (any thread may unpin). Never fails loudly. */
+void cfx_cuda_host_unregister(void *ptr, int device);
 
 #endif /* CFX_UTIL_CUDA_H */

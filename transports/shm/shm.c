@@ -22,9 +22,14 @@
  *
  * Peer mappings (map_peer, CFX_TRANSPORT_FLAG_PEER_MAP): between threads of
  * one process a peer's address is a pointer here already; between processes
- * shm maps nothing but FIFOs, so map_peer refuses with a sentence. FIFOs
- * live in host memory and are read by host threads: setup refuses device
- * placements and kernel readers.
+ * shm maps nothing but FIFOs, so map_peer refuses with a sentence.
+ *
+ * GPU ranks (place.mem CFX_MEM_HOST_PINNED, reader CFX_READER_KERNEL): the
+ * FIFO is still host memory, and each side registers its mapping with CUDA
+ * (cuMemHostRegister, device-mapped), so a kernel reads and writes it at the
+ * same address and a host thread still can; between threads the memory is
+ * registered once, by the side that needs it first, and unregistered by the
+ * side that frees it. FIFOs in device memory are another transport's.
  */
 #include "transports/shm/shm.h"
 
@@ -39,6 +44,8 @@
 #include <sys/uio.h>
 #include <unistd.h>
 
+#include "src/util/check.h"
+#include "src/util/cuda.h"
 #include "src/util/error.h"
 #include "src/util/host.h"
 #include "src/util/log.h"
@@ -59,6 +66,7 @@ struct shm_conn {
     size_t bytes;
     int memfd; /* Receiver, CFX_SHM_KIND_MEMFD: open until the sender has mapped it; else -1. */
     int peer_pid;
+    int pinned; /* CFX_SHM_KIND_MEMFD: this side's mapping is registered, device + 1; else 0. */
 };
 
 /* Per-communicator state. */
@@ -168,20 +176,49 @@ static void close_memfd(struct shm_conn *sc)
     sc->memfd = -1;
 }
 
+/* For a GPU rank's side: register this side's view of the FIFO with CUDA
+ * (a memfd mapping of its own; process-local memory once for both sides). */
+static cfxResult_t pin(struct cfx_connector *conn, struct shm_conn *sc)
+{
+    if (conn->place.mem != CFX_MEM_HOST_PINNED)
+        return cfxSuccess;
+    int32_t device_plus_1 = conn->place.device + 1;
+    if (sc->kind != CFX_SHM_KIND_LOCAL) {
+        CFX_CHECK(cfx_cuda_host_register(sc->base, sc->bytes, conn->place.device));
+        sc->pinned = device_plus_1;
+        return cfxSuccess;
+    }
+    /* Process-local: the first side registers it (-1 while it does). */
+    struct cfx_fifo *fifo = sc->base;
+    int32_t seen = 0;
+    if (!cfx_cas_i32(&fifo->pinned, &seen, -1)) {
+        while (seen == -1)
+            seen = cfx_load_acquire_i32(&fifo->pinned); /* The other side is registering. */
+        return seen > 0 ? cfxSuccess
+                        : cfx_error_set(cfxSystemError, CFX_LOG_SHM,
+                                        "shm: rank %d could not pin the FIFO it shares with this "
+                                        "rank",
+                                        conn->peer_rank);
+    }
+    cfxResult_t res = cfx_cuda_host_register(sc->base, sc->bytes, conn->place.device);
+    cfx_store_release_i32(&fifo->pinned, res == cfxSuccess ? device_plus_1 : 0);
+    return res;
+}
+
 static cfxResult_t shm_setup(void *ctx_v, const struct cfx_transport_peer *peer, size_t slot_bytes,
                              int n_steps, struct cfx_connector *conn, void *info_out)
 {
-    /* Host memory, read by a host thread or a proxy: a FIFO in device
-     * memory or polled by a kernel is another transport's business. */
+    /* Host memory (pinned for a GPU rank): a FIFO in device memory is
+     * another transport's business. */
     if (conn->place.mem == CFX_MEM_DEVICE)
         return cfx_error_set(cfxInvalidUsage, CFX_LOG_SHM,
                              "shm: cannot place a FIFO in device memory (device %d, connection "
                              "with rank %d)",
                              conn->place.device, peer->rank);
-    if (conn->place.reader == CFX_READER_KERNEL)
+    if (conn->place.reader == CFX_READER_KERNEL && conn->place.mem != CFX_MEM_HOST_PINNED)
         return cfx_error_set(cfxInvalidUsage, CFX_LOG_SHM,
-                             "shm: cannot have a FIFO read by a kernel (device %d, connection "
-                             "with rank %d)",
+                             "shm: cannot have a FIFO read by a kernel in pageable host memory "
+                             "(device %d, connection with rank %d); it must be pinned",
                              conn->place.device, peer->rank);
     struct shm_conn *sc = calloc(1, sizeof(*sc));
     if (sc == NULL)
@@ -214,6 +251,9 @@ static cfxResult_t shm_setup(void *ctx_v, const struct cfx_transport_peer *peer,
         info.kind = sc->kind;
         info.bytes = sc->bytes;
         attach_fifo(conn, sc->base, slot_bytes, n_steps);
+        cfxResult_t res = pin(conn, sc);
+        if (res != cfxSuccess)
+            return res;
     } else {
         /* The sender learns the geometry from its own request. */
         conn->slot_bytes = slot_bytes;
@@ -303,6 +343,7 @@ static cfxResult_t connect_send(const struct shm_ctx *ctx, struct cfx_connector 
             return res;
     }
     attach_fifo(conn, sc->base, conn->slot_bytes, conn->n_steps);
+    CFX_CHECK(pin(conn, sc));
     cfx_store_release_i32(&conn->fifo->attached, 1);
     return cfxSuccess;
 }
@@ -376,11 +417,17 @@ static void shm_close(void *ctx_v, struct cfx_connector *conn)
     }
     close_memfd(sc);
     if (sc->kind == CFX_SHM_KIND_MEMFD && sc->base) {
+        if (sc->pinned > 0)
+            cfx_cuda_host_unregister(sc->base, sc->pinned - 1);
         munmap(sc->base, sc->bytes);
     } else if (sc->kind == CFX_SHM_KIND_LOCAL && sc->base) {
         struct cfx_fifo *fifo = sc->base;
-        if (cfx_fetch_add_i32(&fifo->refs, -1) == 1)
+        if (cfx_fetch_add_i32(&fifo->refs, -1) == 1) {
+            int32_t pinned = cfx_load_acquire_i32(&fifo->pinned);
+            if (pinned > 0)
+                cfx_cuda_host_unregister(sc->base, pinned - 1);
             free(sc->base);
+        }
     }
     free(sc);
     cfx_connector_forget(conn);
@@ -526,7 +573,9 @@ static cfxResult_t shm_map_peer(void *ctx_v, struct cfx_connector *conn, uint64_
 const struct cfx_transport cfx_shm_transport = {
     .version = CFX_TRANSPORT_VERSION,
     .name = "shm",
-    .flags = CFX_TRANSPORT_FLAG_PEER_MAP, /* map_peer, between threads of one process. */
+    /* map_peer between threads of one process; FIFOs a kernel can poll
+     * (pinned, for GPU ranks). */
+    .flags = CFX_TRANSPORT_FLAG_PEER_MAP | CFX_TRANSPORT_FLAG_READER_KERNEL,
     /* lifecycle */
     .init = shm_init,
     .fini = shm_fini,

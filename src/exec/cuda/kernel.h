@@ -35,7 +35,7 @@
 
 /* What one launch can carry (its parameter stays within CUDA's 4 KiB). */
 #define CFX_KERNEL_MAX_OPS   16
-#define CFX_KERNEL_MAX_VIEWS 19
+#define CFX_KERNEL_MAX_VIEWS 17
 /* Threads per block the executor launches (the CPU runs one). */
 #define CFX_KERNEL_THREADS 512
 /* Idle rounds between a waiting block's checks of the abort and closed
@@ -49,40 +49,69 @@ enum cfx_kernel_end {
     CFX_KERNEL_END_MISMATCH = 2,  /* CFX_STEPLOOP_MISMATCH. */
     CFX_KERNEL_END_LOST_SLOT = 3, /* CFX_STEPLOOP_LOST_SLOT. */
     CFX_KERNEL_END_BAD_SIZE = 4,  /* CFX_STEPLOOP_BAD_SIZE. */
-    CFX_KERNEL_END_CLOSED = 5,    /* A connector it waited on was closed (end_detail: why). */
-    CFX_KERNEL_END_ABORTED = 6,   /* The abort word was set (end_detail: its value). */
+    CFX_KERNEL_END_CLOSED = 5,    /* A connector it waited on was closed (detail: its word). */
+    CFX_KERNEL_END_ABORTED = 6,   /* The abort word was set (detail: its value). */
 };
-
-/* One block's report (host-mapped, one cache line). */
-struct cfx_kernel_report {
-    CFX_ALIGNAS(CFX_CACHE_LINE) uint64_t begun; /* Blocks started in this slot. */
-    uint64_t ended;                             /* Blocks finished in this slot. */
-    uint64_t heartbeat;                         /* Steps run, all launches. */
-    uint64_t seq;                               /* The running op's fingerprint seq. */
-    uint32_t step;                              /* The step it is at (low 32 bits). */
-    int32_t waiting_peer;                       /* The peer it waits on, or -1. */
-    int32_t end_status;                         /* enum cfx_kernel_end of the last block. */
-    int32_t end_detail;                         /* The closed/abort value; the failed peer. */
-    int32_t end_peer;                           /* The peer a failure came through, or -1. */
-    int32_t end_kind;                           /* The op's kind (enum cfx_coll_kind). */
-};
-CFX_STATIC_ASSERT(sizeof(struct cfx_kernel_report) == CFX_CACHE_LINE, "one line per block");
 CFX_STATIC_ASSERT((int)CFX_KERNEL_END_MISMATCH == (int)CFX_STEPLOOP_MISMATCH &&
                       (int)CFX_KERNEL_END_LOST_SLOT == (int)CFX_STEPLOOP_LOST_SLOT &&
                       (int)CFX_KERNEL_END_BAD_SIZE == (int)CFX_STEPLOOP_BAD_SIZE,
                   "a step loop's failure is its block's end");
 
-/* One operation of a launch: its work and where its views start. */
-struct cfx_kernel_op {
-    struct cfx_work work;
-    uint8_t first_view; /* Its peer table: views[first_view .. + work.n_conns). */
-    uint8_t reserved[7];
+/* Values of the abort word (nonzero stops every block that reads it). */
+enum cfx_kernel_abort {
+    CFX_KERNEL_ABORT_NONE = 0,
+    CFX_KERNEL_ABORT_USER = 1,    /* cfxCommAbort (or a revoke). */
+    CFX_KERNEL_ABORT_TIMEOUT = 2, /* The host saw no progress for the timeout. */
+    CFX_KERNEL_ABORT_FAILED = 3,  /* A block of the communicator failed (set by the kernel). */
+    CFX_KERNEL_ABORT_BROKEN = 4,  /* The host learnt of a failure elsewhere (a poisoned peer). */
 };
 
-/* The kernel's one parameter, by value. */
+/* How one block ended, kept: the first failure of a slot is never
+ * overwritten (later launches of a broken communicator end ABORTED). */
+struct cfx_kernel_failure {
+    int32_t status; /* enum cfx_kernel_end, 0 while none. */
+    int32_t detail; /* The closed or abort word. */
+    int32_t peer;   /* The peer it came through, or -1. */
+    int32_t kind;   /* The op's enum cfx_coll_kind. */
+    uint64_t seq;   /* The op's fingerprint seq. */
+    uint64_t step;  /* The step it failed at. */
+};
+
+/* One block's report (host-mapped, two cache lines). */
+struct cfx_kernel_report {
+    CFX_ALIGNAS(CFX_CACHE_LINE) uint64_t begun; /* Blocks started in this slot. */
+    uint64_t ended;                             /* Blocks finished in this slot. */
+    uint64_t heartbeat;                         /* Steps run, all launches. */
+    uint64_t seq;                               /* The running op's fingerprint seq. */
+    uint64_t step;                              /* The step it is at (while waiting). */
+    int32_t waiting_peer;                       /* The peer it waits on, or -1. */
+    int32_t end_status;                         /* enum cfx_kernel_end of the last block. */
+    CFX_ALIGNAS(CFX_CACHE_LINE) struct cfx_kernel_failure failure;
+};
+CFX_STATIC_ASSERT(sizeof(struct cfx_kernel_report) == 2 * CFX_CACHE_LINE, "two lines per block");
+
+/* What the kernels of one communicator share with the host (host-mapped
+ * memory, one block per communicator): its abort word and a report slot
+ * per block of a launch. */
+struct cfx_kernel_comm {
+    CFX_ALIGNAS(CFX_CACHE_LINE)
+    int32_t abort_word; /* Nonzero stops every block (enum cfx_kernel_abort). */
+    struct cfx_kernel_report reports[CFX_KERNEL_MAX_OPS];
+};
+
+/* One operation of a launch: its work, its communicator's shared memory and
+ * its report slot there, and where its views start. */
+struct cfx_kernel_op {
+    struct cfx_work work;
+    struct cfx_kernel_comm *comm; /* Host-mapped. */
+    uint8_t slot;                 /* Its report: comm->reports[slot]. */
+    uint8_t first_view;           /* Its peer table: views[first_view .. + work.n_conns). */
+    uint8_t reserved[6];
+};
+
+/* The kernel's one parameter, by value. Operations of several
+ * communicators (ranks a thread drives in one group) may share a launch. */
 struct cfx_kernel_args {
-    const int32_t *abort_word;         /* Host-mapped: nonzero stops every block. */
-    struct cfx_kernel_report *reports; /* Host-mapped [CFX_KERNEL_MAX_OPS]. */
     uint32_t n_ops;
     uint32_t n_views;
     uint32_t spin_check;
@@ -114,16 +143,32 @@ static inline CFX_HOST_DEVICE void cfx_kernel_store_i32(int32_t *p, int32_t v)
     cfx_store_relaxed_u32((uint32_t *)p, (uint32_t)v);
 }
 
-/* End block @p block's report with @p end. */
-static inline CFX_HOST_DEVICE void cfx_kernel_end(const struct cfx_kernel_args *a, unsigned block,
-                                                  int32_t end, int32_t detail, int32_t peer)
+/* End the block with @p end. A failure is kept in the slot's failure
+ * record (when it holds none) and stops the communicator's other blocks. */
+static inline CFX_HOST_DEVICE void cfx_kernel_end(struct cfx_kernel_block *b,
+                                                  const struct cfx_kernel_op *op, int32_t end,
+                                                  int32_t detail, int32_t peer)
 {
-    struct cfx_kernel_report *r = &a->reports[block];
-    cfx_kernel_store_i32(&r->end_detail, detail);
-    cfx_kernel_store_i32(&r->end_peer, peer);
+    struct cfx_kernel_report *r = &op->comm->reports[op->slot];
+    if (end != CFX_KERNEL_END_DONE && cfx_load_relaxed_u32((uint32_t *)&r->failure.status) == 0) {
+        r->failure.detail = detail;
+        r->failure.peer = peer;
+        r->failure.kind = op->work.kind;
+        r->failure.seq = op->work.print.seq;
+        r->failure.step = b->loop.step;
+        cfx_store_release_u32((uint32_t *)&r->failure.status, (uint32_t)end);
+    }
+    if (end != CFX_KERNEL_END_DONE && end != CFX_KERNEL_END_ABORTED)
+        cfx_store_release_u32((uint32_t *)&op->comm->abort_word, CFX_KERNEL_ABORT_FAILED);
     cfx_kernel_store_i32(&r->waiting_peer, -1);
     cfx_kernel_store_i32(&r->end_status, end);
     cfx_store_release_u64(&r->ended, cfx_load_relaxed_u64(&r->ended) + 1);
+}
+
+/* The abort word of @p op's communicator (acquire). */
+static inline CFX_HOST_DEVICE int32_t cfx_kernel_aborted(const struct cfx_kernel_op *op)
+{
+    return (int32_t)cfx_load_acquire_u32((const uint32_t *)&op->comm->abort_word);
 }
 
 /* The connectors step @p s waits on, checked for a closed one: the closed
@@ -169,8 +214,8 @@ static inline CFX_HOST_DEVICE int32_t cfx_kernel_waiting_peer(struct cfx_kernel_
 static inline CFX_HOST_DEVICE int cfx_kernel_lead(struct cfx_kernel_block *b,
                                                   const struct cfx_kernel_args *a, unsigned block)
 {
-    struct cfx_kernel_report *r = &a->reports[block];
     const struct cfx_kernel_op *op = &a->ops[block];
+    struct cfx_kernel_report *r = &op->comm->reports[op->slot];
     if (!b->started) {
         b->started = 1;
         for (int i = 0; i < op->work.n_conns; i++)
@@ -178,9 +223,13 @@ static inline CFX_HOST_DEVICE int cfx_kernel_lead(struct cfx_kernel_block *b,
         cfx_steploop_init(&b->loop, &op->work, b->conns);
         b->idle = 0;
         cfx_store_relaxed_u64(&r->seq, op->work.print.seq);
-        cfx_kernel_store_i32(&r->end_kind, op->work.kind);
         cfx_kernel_store_i32(&r->end_status, CFX_KERNEL_END_NONE);
         cfx_store_release_u64(&r->begun, cfx_load_relaxed_u64(&r->begun) + 1);
+        int32_t aborted = cfx_kernel_aborted(op);
+        if (aborted != 0) { /* A broken communicator runs nothing more. */
+            cfx_kernel_end(b, op, CFX_KERNEL_END_ABORTED, aborted, -1);
+            return CFX_KERNEL_FINISHED;
+        }
     }
     const struct cfx_step *s = cfx_steploop_current(&b->loop);
     if (s != 0 && cfx_steploop_ready(&b->loop, s)) {
@@ -194,25 +243,25 @@ static inline CFX_HOST_DEVICE int cfx_kernel_lead(struct cfx_kernel_block *b,
     if (s == 0) {
         const struct cfx_steploop *l = &b->loop;
         if (l->status == CFX_STEPLOOP_DONE) {
-            cfx_kernel_end(a, block, CFX_KERNEL_END_DONE, 0, -1);
+            cfx_kernel_end(b, op, CFX_KERNEL_END_DONE, 0, -1);
         } else {
             int32_t peer = l->failed_conn >= 0 ? b->conns[l->failed_conn].peer : -1;
-            cfx_kernel_end(a, block, l->status, 0, peer);
+            cfx_kernel_end(b, op, l->status, 0, peer);
         }
         return CFX_KERNEL_FINISHED;
     }
     if (++b->idle % (a->spin_check ? a->spin_check : CFX_KERNEL_SPIN_CHECK) == 0) {
-        cfx_store_relaxed_u32(&r->step, (uint32_t)b->loop.step);
+        cfx_store_relaxed_u64(&r->step, b->loop.step);
         cfx_kernel_store_i32(&r->waiting_peer, cfx_kernel_waiting_peer(b, s));
-        int32_t aborted = (int32_t)cfx_load_acquire_u32((const uint32_t *)a->abort_word);
+        int32_t aborted = cfx_kernel_aborted(op);
         if (aborted != 0) {
-            cfx_kernel_end(a, block, CFX_KERNEL_END_ABORTED, aborted, -1);
+            cfx_kernel_end(b, op, CFX_KERNEL_END_ABORTED, aborted, -1);
             return CFX_KERNEL_FINISHED;
         }
         int32_t peer = -1;
         int32_t closed = cfx_kernel_closed(b, s, &peer);
         if (closed != 0) {
-            cfx_kernel_end(a, block, CFX_KERNEL_END_CLOSED, closed, peer);
+            cfx_kernel_end(b, op, CFX_KERNEL_END_CLOSED, closed, peer);
             return CFX_KERNEL_FINISHED;
         }
     }
@@ -233,7 +282,7 @@ cfx_kernel_commit(struct cfx_kernel_block *b, const struct cfx_kernel_args *a, u
 {
     cfx_steploop_commit(&b->loop, b->step);
     b->loop.step++;
-    struct cfx_kernel_report *r = &a->reports[block];
+    struct cfx_kernel_report *r = &a->ops[block].comm->reports[a->ops[block].slot];
     cfx_store_relaxed_u64(&r->heartbeat, cfx_load_relaxed_u64(&r->heartbeat) + 1);
 }
 

@@ -1,0 +1,120 @@
+/*
+ * GPU ranks in the core: the checks and state a communicator of GPU ranks
+ * needs beside the host path (see comm.h: cfx_core_gpu_*). The executor
+ * itself is src/exec/cuda.h; this file decides which ranks are GPU ranks'
+ * peers on one device, and carries failures the CUDA watcher finds into
+ * the communicator's error with the same machinery as the host path
+ * (poison, flight recorder, blame agreement).
+ */
+#include <stdio.h>
+#include <string.h>
+
+#include "src/core/blame.h"
+#include "src/core/comm.h"
+#include "src/exec/cuda.h"
+#include "src/util/check.h"
+#include "src/util/log.h"
+#include "src/util/param.h"
+
+CFX_PARAM_INT(multi_rank_gpu_enable, "MULTI_RANK_GPU_ENABLE", 0, 0, 1,
+              "1: ranks of one communicator may share a GPU (as threads or processes); each "
+              "rank then needs a stream of its own");
+
+/* Whether ranks @p a and @p b of @p comm are on one GPU. */
+static int same_gpu(const struct cfxComm *comm, int a, int b)
+{
+    const struct cfx_peer_info *x = &comm->peers[a], *y = &comm->peers[b];
+    if (x->cuda_dev < 0 || y->cuda_dev < 0 || x->host_hash != y->host_hash)
+        return 0;
+    if (x->busid[0] && y->busid[0])
+        return strcmp(x->busid, y->busid) == 0;
+    return x->cuda_dev == y->cuda_dev; /* The topology does not know the bus ids. */
+}
+
+/* Watcher thread: a failure is recorded. Tell the peers now when no call
+ * holds the communicator; else the call's gpu_surface does. */
+static void gpu_failed(void *owner)
+{
+    struct cfxComm *comm = owner;
+    int state = CFX_COMM_IDLE;
+    if (!__atomic_compare_exchange_n(&comm->active_calls, &state, CFX_COMM_IN_CALL, 0,
+                                     __ATOMIC_ACQUIRE, __ATOMIC_RELAXED)) {
+        __atomic_store_n(&comm->gpu_poison_pending, 1, __ATOMIC_RELEASE);
+        return;
+    }
+    int blame = comm->rank;
+    struct cfx_fingerprint print;
+    cfxResult_t res = cfx_exec_cuda_comm_failure(comm->cuda, &blame, &print);
+    if (res != cfxSuccess)
+        cfx_core_poison_all(comm, res, blame);
+    cfx_core_release(comm);
+}
+
+cfxResult_t cfx_core_gpu_setup(struct cfxComm *comm)
+{
+    if (!param_multi_rank_gpu_enable())
+        for (int a = 0; a < comm->nranks; a++)
+            for (int b = a + 1; b < comm->nranks; b++)
+                if (same_gpu(comm, a, b))
+                    return cfx_error_set(cfxInvalidUsage, CFX_LOG_INIT,
+                                         "ranks %d and %d of this communicator are both on GPU "
+                                         "%s of host %s; one rank per GPU, unless "
+                                         "CFX_MULTI_RANK_GPU_ENABLE=1 lets ranks share it",
+                                         a, b,
+                                         comm->peers[a].busid[0] ? comm->peers[a].busid : "(index)",
+                                         comm->peers[a].host_id);
+    if (comm->cuda_dev < 0)
+        return cfxSuccess;
+    struct cfx_cuda_comm_desc desc = {.device = comm->cuda_dev,
+                                      .rank = comm->rank,
+                                      .timeout_s = comm->timeout_s,
+                                      .timeout_name = comm->timeout_name,
+                                      .owner = comm,
+                                      .failed = gpu_failed};
+    CFX_CHECK(cfx_exec_cuda_comm_open(&desc, &comm->cuda));
+    comm->gpu_unreaped = comm->flight_count;
+    return cfxSuccess;
+}
+
+cfxResult_t cfx_core_gpu_surface(struct cfxComm *comm)
+{
+    if (comm->cuda == NULL || comm->async_error != cfxSuccess)
+        return comm->async_error;
+    int blame = comm->rank;
+    struct cfx_fingerprint print;
+    cfxResult_t res = cfx_exec_cuda_comm_failure(comm->cuda, &blame, &print);
+    if (res == cfxSuccess)
+        return cfxSuccess;
+    char seen[CFX_ERROR_MAX];
+    snprintf(seen, sizeof(seen), "%s", cfx_error_thread_last());
+    comm->async_error = res;
+    cfx_core_poison_all(comm, res, blame); /* Again is harmless: the first reason stays. */
+    __atomic_store_n(&comm->gpu_poison_pending, 0, __ATOMIC_RELAXED);
+    if (comm->flight_size > 0)
+        cfx_core_flight_dump(comm, cfxGetErrorString(res));
+    cfx_core_blame_tell(comm, res, blame);
+    char op_text[160];
+    cfx_coll_print_format(&print, op_text, sizeof(op_text));
+    comm->async_error = cfx_core_blame_explain(comm, res, op_text, seen);
+    snprintf(comm->last_error, sizeof(comm->last_error), "%s", cfx_error_thread_last());
+    return comm->async_error;
+}
+
+void cfx_core_gpu_reap(struct cfxComm *comm)
+{
+    if (comm->cuda == NULL || comm->gpu_unreaped == comm->flight_count ||
+        cfx_exec_cuda_comm_busy(comm->cuda))
+        return;
+    for (uint64_t i = comm->gpu_unreaped; comm->flight_size > 0 && i < comm->flight_count; i++) {
+        const struct cfx_flight_entry *e = &comm->flight[i & comm->flight_mask];
+        if (i + comm->flight_mask + 1 >= comm->flight_count && e->state == CFX_FLIGHT_RUNNING)
+            cfx_core_flight_update(comm, i, CFX_FLIGHT_DONE, cfxSuccess, e->n_steps, e->n_steps);
+    }
+    comm->gpu_unreaped = comm->flight_count;
+}
+
+void cfx_core_gpu_close(struct cfxComm *comm)
+{
+    cfx_exec_cuda_comm_close(comm->cuda);
+    comm->cuda = NULL;
+}

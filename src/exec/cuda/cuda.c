@@ -1,0 +1,751 @@
+/*
+ * The CUDA executor: see src/exec/cuda.h. Launches the kernel of kernel.h
+ * on the callers' streams through the driver API (src/util/cuda.h), keeps
+ * each communicator's work in order across streams with one event, runs
+ * host buffers on streams through host functions, and watches every
+ * communicator's reports from one thread per process.
+ */
+#include "src/exec/cuda.h"
+
+#include <errno.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "src/exec/cuda/kernel.h"
+#include "src/exec/host.h"
+#include "src/util/check.h"
+#include "src/util/cuda.h"
+#include "src/util/error.h"
+#include "src/util/log.h"
+#include "src/util/param.h"
+#include "src/util/time.h"
+
+#if CFX_HAVE_CUDA
+
+CFX_PARAM_INT(cuda_host_batches, "CUDA_HOST_BATCHES", 32, 1, 4096,
+              "Batches of host buffers that may wait on CUDA streams at once (per process)");
+CFX_PARAM_INT(cuda_threads, "CUDA_THREADS", CFX_KERNEL_THREADS, 32, CFX_KERNEL_THREADS,
+              "Threads per block of the CUDA executor's kernel (a multiple of 32)");
+
+/* The kernel image (src/exec/CMakeLists.txt: the fatbin of kernel.cu). */
+extern const unsigned char cfx_kernel_image[];
+extern const unsigned long cfx_kernel_image_size;
+
+CFX_STATIC_ASSERT(CFX_EXEC_CUDA_MAX_OPS == CFX_KERNEL_MAX_OPS,
+                  "the interface says what a launch carries");
+
+#define WATCH_EVERY_NS (1 * CFX_NS_PER_MS)
+#define MAX_DEVICES    64
+
+struct cfx_cuda_comm {
+    struct cfx_cuda_comm_desc desc;
+    CUfunction fn;
+    struct cfx_kernel_comm *mapped; /* Host-mapped (the same address on the device). */
+    CUevent done;                   /* Recorded after the last eager launch. */
+    CUstream last_stream;           /* The stream of that launch. */
+    int launched;                   /* done was recorded at least once. */
+    /* The watcher's (under watch_lock). */
+    uint64_t last_beats;
+    int64_t stalled_since_ns;
+    struct cfx_cuda_comm *next;
+    /* The recorded failure: written once by the watcher, then `failed`. */
+    _Atomic int failed;
+    cfxResult_t fail_res;
+    int fail_blame;
+    struct cfx_fingerprint fail_print;
+    char fail_text[CFX_ERROR_MAX];
+};
+
+/* ------------------------------------------------------------ kernel per device */
+
+static pthread_mutex_t module_lock = PTHREAD_MUTEX_INITIALIZER;
+static CUfunction device_fn[MAX_DEVICES];
+
+static cfxResult_t kernel_of(const struct cfx_cuda_api *cu, int device, CUfunction *fn_p)
+{
+    if (device < 0 || device >= MAX_DEVICES)
+        return cfx_error_set(cfxInvalidArgument, CFX_LOG_INIT, "CUDA device %d is out of range",
+                             device);
+    cfxResult_t res = cfxSuccess;
+    pthread_mutex_lock(&module_lock);
+    if (device_fn[device] == NULL) {
+        CUmodule module;
+        CUresult err = cu->module_load_data(&module, cfx_kernel_image);
+        if (err == CUDA_SUCCESS) {
+            err = cu->module_get_function(&device_fn[device], module, CFX_KERNEL_NAME);
+            if (err != CUDA_SUCCESS)
+                cu->module_unload(module);
+        }
+        if (err != CUDA_SUCCESS)
+            res = cfx_cuda_error(err, CFX_LOG_INIT,
+                                 "cannot load Conflux's kernel on this GPU (built for the "
+                                 "architectures of CMAKE_CUDA_ARCHITECTURES)");
+        else
+            CFX_INFO(CFX_LOG_INIT, "cuda: kernel loaded on device %d (%lu-byte image)", device,
+                     cfx_kernel_image_size);
+    }
+    *fn_p = device_fn[device];
+    pthread_mutex_unlock(&module_lock);
+    return res;
+}
+
+/* ------------------------------------------------------------ watcher */
+
+static pthread_mutex_t watch_lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t watch_cond = PTHREAD_COND_INITIALIZER;
+static struct cfx_cuda_comm *watched;
+static int watch_running;
+static pthread_t watch_thread;
+
+static const char *kind_name(int kind)
+{
+    return cfx_coll_name((enum cfx_coll_kind)kind);
+}
+
+/* Record @p c's failure (first one only) and stop its kernels. */
+__attribute__((format(printf, 5, 6))) static int record_failure(struct cfx_cuda_comm *c,
+                                                                cfxResult_t res, int blame,
+                                                                const struct cfx_kernel_failure *f,
+                                                                const char *fmt, ...)
+{
+    if (atomic_load_explicit(&c->failed, memory_order_relaxed))
+        return 0;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(c->fail_text, sizeof(c->fail_text), fmt, ap);
+    va_end(ap);
+    c->fail_res = res;
+    c->fail_blame = blame;
+    memset(&c->fail_print, 0, sizeof(c->fail_print));
+    if (f != NULL) {
+        c->fail_print.seq = f->seq;
+        c->fail_print.kind = (uint8_t)f->kind;
+        c->fail_print.valid = 1;
+    }
+    if (cfx_load_relaxed_u32((uint32_t *)&c->mapped->abort_word) == 0)
+        cfx_store_release_u32((uint32_t *)&c->mapped->abort_word, CFX_KERNEL_ABORT_BROKEN);
+    atomic_store_explicit(&c->failed, 1, memory_order_release);
+    CFX_WARN(CFX_LOG_COLL, "%s", c->fail_text);
+    return 1;
+}
+
+/* A failure record of a block, as a sentence. Returns 1 when recorded. */
+static int failure_of(struct cfx_cuda_comm *c, const struct cfx_kernel_failure *f)
+{
+    int rank = c->desc.rank;
+    const char *what = kind_name(f->kind);
+    unsigned long long seq = (unsigned long long)f->seq, step = (unsigned long long)f->step;
+    switch (f->status) {
+    case CFX_KERNEL_END_MISMATCH:
+        return record_failure(c, cfxInvalidUsage, rank, f,
+                              "%s #%llu on rank %d (GPU) received a slot from rank %d that belongs "
+                              "to another operation: the ranks called mismatched collectives "
+                              "(another kind, count, type, op or root)",
+                              what, seq, rank, f->peer);
+    case CFX_KERNEL_END_LOST_SLOT:
+        return record_failure(c, cfxInternalError, rank, f,
+                              "%s #%llu on rank %d (GPU): a slot from rank %d is out of turn at "
+                              "step %llu (a slot was lost)",
+                              what, seq, rank, f->peer, step);
+    case CFX_KERNEL_END_BAD_SIZE:
+        return record_failure(c, cfxInvalidUsage, rank, f,
+                              "%s #%llu on rank %d (GPU): a slot from rank %d has the wrong size "
+                              "at step %llu: the ranks called mismatched collectives",
+                              what, seq, rank, f->peer, step);
+    case CFX_KERNEL_END_CLOSED: {
+        /* The closed word: the reason in the low byte, blame + 1 above. */
+        cfxResult_t reason = (cfxResult_t)(f->detail & 0xff);
+        int blame = (f->detail >> 8) - 1;
+        if (blame < 0)
+            blame = f->peer;
+        return record_failure(c, reason == cfxSuccess ? cfxRemoteError : reason, f->peer, f,
+                              "%s #%llu on rank %d (GPU) stopped at step %llu: rank %d closed its "
+                              "connection because of rank %d (%s)",
+                              what, seq, rank, step, f->peer, blame,
+                              cfxGetErrorString(reason == cfxSuccess ? cfxRemoteError : reason));
+    }
+    case CFX_KERNEL_END_ABORTED:
+        if (f->detail == CFX_KERNEL_ABORT_USER)
+            return record_failure(c, cfxRemoteError, rank, f,
+                                  "%s #%llu on rank %d (GPU) was aborted (cfxCommAbort)", what, seq,
+                                  rank);
+        return 0; /* Stopped for a failure recorded elsewhere. */
+    default: return 0;
+    }
+}
+
+static void watch_one(struct cfx_cuda_comm *c, int64_t now)
+{
+    if (atomic_load_explicit(&c->failed, memory_order_acquire))
+        return;
+    uint64_t beats = 0;
+    int running = -1;
+    const struct cfx_kernel_failure *aborted = NULL;
+    for (int b = 0; b < CFX_KERNEL_MAX_OPS; b++) {
+        struct cfx_kernel_report *r = &c->mapped->reports[b];
+        uint32_t status = cfx_load_acquire_u32((const uint32_t *)&r->failure.status);
+        if (status == CFX_KERNEL_END_ABORTED)
+            aborted = &r->failure;
+        else if (status != 0 && failure_of(c, &r->failure))
+            break;
+        uint64_t begun = cfx_load_acquire_u64(&r->begun), ended = cfx_load_acquire_u64(&r->ended);
+        beats += cfx_load_relaxed_u64(&r->heartbeat);
+        if (begun != ended && running < 0)
+            running = b;
+    }
+    if (atomic_load_explicit(&c->failed, memory_order_relaxed))
+        goto failed;
+    if (aborted != NULL && failure_of(c, aborted))
+        goto failed;
+    if (running < 0 || beats != c->last_beats) {
+        c->last_beats = beats;
+        c->stalled_since_ns = now;
+        return;
+    }
+    if (c->desc.timeout_s <= 0 || now - c->stalled_since_ns < c->desc.timeout_s * CFX_NS_PER_SEC)
+        return;
+    struct cfx_kernel_report *r = &c->mapped->reports[running];
+    struct cfx_kernel_failure f = {.kind = (int32_t)CFX_COLL_ALLREDUCE,
+                                   .seq = cfx_load_relaxed_u64(&r->seq),
+                                   .step = cfx_load_relaxed_u64(&r->step)};
+    int peer = (int)cfx_load_relaxed_u32((const uint32_t *)&r->waiting_peer);
+    if (record_failure(c, cfxTimeout, peer >= 0 ? peer : c->desc.rank, NULL,
+                       "an operation #%llu on rank %d (GPU) made no progress for %s=%lld s: step "
+                       "%llu waits for rank %d",
+                       (unsigned long long)f.seq, c->desc.rank, c->desc.timeout_name,
+                       (long long)c->desc.timeout_s, (unsigned long long)f.step, peer))
+        cfx_store_release_u32((uint32_t *)&c->mapped->abort_word, CFX_KERNEL_ABORT_TIMEOUT);
+failed:
+    c->desc.failed(c->desc.owner);
+}
+
+static void *watch_main(void *arg)
+{
+    (void)arg;
+    pthread_mutex_lock(&watch_lock);
+    while (watch_running) {
+        if (watched == NULL) {
+            pthread_cond_wait(&watch_cond, &watch_lock);
+            continue;
+        }
+        int64_t now = cfx_time_now_ns();
+        for (struct cfx_cuda_comm *c = watched; c != NULL; c = c->next)
+            watch_one(c, now);
+        struct timespec until;
+        clock_gettime(CLOCK_REALTIME, &until);
+        until.tv_nsec += WATCH_EVERY_NS;
+        if (until.tv_nsec >= 1000000000L) {
+            until.tv_sec++;
+            until.tv_nsec -= 1000000000L;
+        }
+        pthread_cond_timedwait(&watch_cond, &watch_lock, &until);
+    }
+    pthread_mutex_unlock(&watch_lock);
+    return NULL;
+}
+
+static cfxResult_t watch_add(struct cfx_cuda_comm *c)
+{
+    pthread_mutex_lock(&watch_lock);
+    if (!watch_running) {
+        watch_running = 1;
+        int err = pthread_create(&watch_thread, NULL, watch_main, NULL);
+        if (err != 0) {
+            watch_running = 0;
+            pthread_mutex_unlock(&watch_lock);
+            return cfx_error_set_errno(err, CFX_LOG_INIT, "cuda: cannot start the watcher thread");
+        }
+        pthread_setname_np(watch_thread, "cfx-cuda-watch");
+    }
+    c->stalled_since_ns = cfx_time_now_ns();
+    c->next = watched;
+    watched = c;
+    pthread_cond_signal(&watch_cond);
+    pthread_mutex_unlock(&watch_lock);
+    return cfxSuccess;
+}
+
+/* Unlink @p c; the last one stops the thread. */
+static void watch_remove(struct cfx_cuda_comm *c)
+{
+    pthread_mutex_lock(&watch_lock);
+    for (struct cfx_cuda_comm **p = &watched; *p != NULL; p = &(*p)->next)
+        if (*p == c) {
+            *p = c->next;
+            break;
+        }
+    int stop = watched == NULL && watch_running;
+    if (stop) {
+        watch_running = 0;
+        pthread_cond_signal(&watch_cond);
+    }
+    pthread_mutex_unlock(&watch_lock);
+    if (stop)
+        pthread_join(watch_thread, NULL);
+}
+
+/* ------------------------------------------------------------ communicator */
+
+cfxResult_t cfx_exec_cuda_comm_open(const struct cfx_cuda_comm_desc *desc,
+                                    struct cfx_cuda_comm **state_p)
+{
+    const char *why;
+    const struct cfx_cuda_api *cu = cfx_cuda_api(&why);
+    if (cu == NULL)
+        return cfx_error_set(cfxInvalidUsage, CFX_LOG_INIT, "rank %d: CUDA is not usable: %s",
+                             desc->rank, why);
+    CFX_CHECK(cfx_cuda_enter(desc->device));
+    CUdevice dev;
+    int unified = 0, host_ptr = 0;
+    CFX_CU_CHECK(cu, device_get(&dev, desc->device), CFX_LOG_INIT, "cuDeviceGet");
+    CFX_CU_CHECK(cu, device_get_attribute(&unified, CU_DEVICE_ATTRIBUTE_UNIFIED_ADDRESSING, dev),
+                 CFX_LOG_INIT, "cuDeviceGetAttribute");
+    CFX_CU_CHECK(cu,
+                 device_get_attribute(
+                     &host_ptr, CU_DEVICE_ATTRIBUTE_CAN_USE_HOST_POINTER_FOR_REGISTERED_MEM, dev),
+                 CFX_LOG_INIT, "cuDeviceGetAttribute");
+    if (!unified || !host_ptr)
+        return cfx_error_set(cfxInvalidUsage, CFX_LOG_INIT,
+                             "rank %d: CUDA device %d lacks unified addressing of registered host "
+                             "memory, which Conflux's GPU path needs",
+                             desc->rank, desc->device);
+    struct cfx_cuda_comm *c = calloc(1, sizeof(*c));
+    if (c == NULL)
+        return cfx_error_set(cfxSystemError, CFX_LOG_INIT, "out of memory");
+    c->desc = *desc;
+    cfxResult_t res = kernel_of(cu, desc->device, &c->fn);
+    if (res != cfxSuccess)
+        goto err_free;
+    void *mapped = NULL;
+    CUresult err = cu->mem_host_alloc(&mapped, sizeof(struct cfx_kernel_comm),
+                                      CU_MEMHOSTALLOC_PORTABLE | CU_MEMHOSTALLOC_DEVICEMAP);
+    if (err != CUDA_SUCCESS) {
+        res = cfx_cuda_error(err, CFX_LOG_INIT, "cannot allocate the kernels' reports");
+        goto err_free;
+    }
+    memset(mapped, 0, sizeof(struct cfx_kernel_comm));
+    c->mapped = mapped;
+    err = cu->event_create(&c->done, CU_EVENT_DISABLE_TIMING);
+    if (err != CUDA_SUCCESS) {
+        res = cfx_cuda_error(err, CFX_LOG_INIT, "cannot create the communicator's event");
+        goto err_mapped;
+    }
+    res = watch_add(c);
+    if (res != cfxSuccess)
+        goto err_event;
+    *state_p = c;
+    return cfxSuccess;
+
+err_event:
+    cu->event_destroy(c->done);
+err_mapped:
+    cu->mem_free_host(c->mapped);
+err_free:
+    free(c);
+    return res;
+}
+
+cfxResult_t cfx_exec_cuda_comm_quiesce(struct cfx_cuda_comm *c)
+{
+    const struct cfx_cuda_api *cu = cfx_cuda_api(NULL);
+    if (c->launched) {
+        CFX_CU_CHECK(cu, event_synchronize(c->done), CFX_LOG_COLL,
+                     "waiting for the communicator's work on its streams");
+        c->launched = 0;
+    }
+    return cfxSuccess;
+}
+
+int cfx_exec_cuda_comm_busy(struct cfx_cuda_comm *c)
+{
+    const struct cfx_cuda_api *cu = cfx_cuda_api(NULL);
+    if (c == NULL || !c->launched)
+        return 0;
+    return cu->event_query(c->done) == CUDA_ERROR_NOT_READY; /* Read only: any thread. */
+}
+
+void cfx_exec_cuda_comm_abort(struct cfx_cuda_comm *c, int broken)
+{
+    if (c == NULL)
+        return;
+    uint32_t why = broken ? CFX_KERNEL_ABORT_BROKEN : CFX_KERNEL_ABORT_USER;
+    uint32_t expected = 0;
+    __atomic_compare_exchange_n((uint32_t *)&c->mapped->abort_word, &expected, why, 0,
+                                __ATOMIC_RELEASE, __ATOMIC_RELAXED);
+}
+
+cfxResult_t cfx_exec_cuda_comm_failure(struct cfx_cuda_comm *c, int *blame_p,
+                                       struct cfx_fingerprint *print_p)
+{
+    if (c == NULL || !atomic_load_explicit(&c->failed, memory_order_acquire))
+        return cfxSuccess;
+    *blame_p = c->fail_blame;
+    *print_p = c->fail_print;
+    return cfx_error_set(c->fail_res, CFX_LOG_COLL, "%s", c->fail_text);
+}
+
+void cfx_exec_cuda_comm_fail(struct cfx_cuda_comm *c, cfxResult_t res, int blame,
+                             const struct cfx_fingerprint *print, const char *text)
+{
+    struct cfx_kernel_failure f = {.kind = print->kind, .seq = print->seq};
+    pthread_mutex_lock(&watch_lock);
+    int recorded = record_failure(c, res, blame, &f, "%s", text);
+    pthread_mutex_unlock(&watch_lock);
+    if (recorded)
+        c->desc.failed(c->desc.owner);
+}
+
+void cfx_exec_cuda_comm_close(struct cfx_cuda_comm *c)
+{
+    if (c == NULL)
+        return;
+    const struct cfx_cuda_api *cu = cfx_cuda_api(NULL);
+    if (cfx_cuda_enter(c->desc.device) == cfxSuccess && c->launched)
+        cu->event_synchronize(c->done);
+    watch_remove(c);
+    cu->event_destroy(c->done);
+    cu->mem_free_host(c->mapped);
+    free(c);
+}
+
+cfxResult_t cfx_exec_cuda_stream_capturing(cfxStream_t stream, int *capturing_p)
+{
+    const struct cfx_cuda_api *cu = cfx_cuda_api(NULL);
+    CUstreamCaptureStatus status = CU_STREAM_CAPTURE_STATUS_NONE;
+    if (stream != NULL)
+        CFX_CU_CHECK(cu, stream_is_capturing((CUstream)stream, &status), CFX_LOG_COLL,
+                     "cuStreamIsCapturing");
+    if (status == CU_STREAM_CAPTURE_STATUS_INVALIDATED)
+        return cfx_error_set(cfxInvalidUsage, CFX_LOG_COLL,
+                             "the stream's graph capture was invalidated by an earlier call; end "
+                             "the capture (cudaStreamEndCapture) first");
+    *capturing_p = status == CU_STREAM_CAPTURE_STATUS_ACTIVE;
+    return cfxSuccess;
+}
+
+/* Before work for @p c goes on @p stream: order it after @p c's previous
+ * work when that went on another stream (not while capturing: a captured
+ * launch is ordered by its graph). */
+static cfxResult_t order_after_previous(const struct cfx_cuda_api *cu, struct cfx_cuda_comm *c,
+                                        CUstream stream, int capturing)
+{
+    if (!capturing && c->launched && c->last_stream != stream)
+        CFX_CU_CHECK(cu, stream_wait_event(stream, c->done, 0), CFX_LOG_COLL,
+                     "cannot order the call after the communicator's previous one");
+    return cfxSuccess;
+}
+
+/* After work for @p c went on @p stream: remember it. */
+static cfxResult_t note_launched(const struct cfx_cuda_api *cu, struct cfx_cuda_comm *c,
+                                 CUstream stream, int capturing)
+{
+    if (capturing)
+        return cfxSuccess;
+    CFX_CU_CHECK(cu, event_record(c->done, stream), CFX_LOG_COLL,
+                 "cannot record the communicator's event");
+    c->last_stream = stream;
+    c->launched = 1;
+    return cfxSuccess;
+}
+
+/* ------------------------------------------------------------ device launches */
+
+/* The launch of the batch's ops on @p stream: ops[i] of every i with that
+ * stream, a block each, into @p args. */
+static cfxResult_t build_args(struct cfx_op *ops, int n_ops, cfxStream_t stream,
+                              struct cfx_kernel_args *args)
+{
+    args->n_ops = 0;
+    args->n_views = 0;
+    args->spin_check = CFX_KERNEL_SPIN_CHECK;
+    args->reserved = 0;
+    for (int i = 0; i < n_ops; i++) {
+        struct cfx_op *op = &ops[i];
+        if (op->stream != stream)
+            continue;
+        struct cfx_cuda_comm *c = op->exec_state;
+        /* This op's report slot: its place among its communicator's ops here. */
+        int slot = 0;
+        for (uint32_t j = 0; j < args->n_ops; j++)
+            slot += args->ops[j].comm == c->mapped;
+        if (args->n_ops == CFX_KERNEL_MAX_OPS || slot == CFX_KERNEL_MAX_OPS ||
+            args->n_views + (uint32_t)op->n_conns > CFX_KERNEL_MAX_VIEWS)
+            return cfx_error_set(cfxInvalidUsage, CFX_LOG_COLL,
+                                 "a group puts more on one CUDA stream than one kernel launch "
+                                 "carries (%d operations, %d connectors in all): split the group",
+                                 CFX_KERNEL_MAX_OPS, CFX_KERNEL_MAX_VIEWS);
+        struct cfx_kernel_op *k = &args->ops[args->n_ops++];
+        k->work = op->work;
+        k->comm = c->mapped;
+        k->slot = (uint8_t)slot;
+        k->first_view = (uint8_t)args->n_views;
+        memset(k->reserved, 0, sizeof(k->reserved));
+        for (int v = 0; v < op->n_conns; v++)
+            args->views[args->n_views++] = op->conns[v]->view;
+    }
+    return cfxSuccess;
+}
+
+static cfxResult_t launch_stream(const struct cfx_cuda_api *cu, struct cfx_op *ops, int n_ops,
+                                 cfxStream_t stream)
+{
+    struct cfx_kernel_args args;
+    CFX_CHECK(build_args(ops, n_ops, stream, &args));
+    struct cfx_cuda_comm *first = NULL;
+    for (int i = 0; i < n_ops && first == NULL; i++)
+        if (ops[i].stream == stream)
+            first = ops[i].exec_state;
+    CFX_CHECK(cfx_cuda_enter(first->desc.device));
+    int capturing = 0;
+    CFX_CHECK(cfx_exec_cuda_stream_capturing(stream, &capturing));
+    CUstream s = (CUstream)stream;
+    for (int i = 0; i < n_ops; i++)
+        if (ops[i].stream == stream)
+            CFX_CHECK(order_after_previous(cu, ops[i].exec_state, s, capturing));
+    void *params[] = {&args};
+    CFX_CU_CHECK(cu,
+                 launch_kernel(first->fn, args.n_ops, 1, 1, (unsigned)param_cuda_threads(), 1, 1, 0,
+                               s, params, NULL),
+                 CFX_LOG_COLL, "cannot launch the collective's kernel");
+    for (int i = 0; i < n_ops; i++)
+        if (ops[i].stream == stream)
+            CFX_CHECK(note_launched(cu, ops[i].exec_state, s, capturing));
+    return cfxSuccess;
+}
+
+/* Whether ops[i] is the first op of the batch on its stream. */
+static int first_on_stream(const struct cfx_op *ops, int i)
+{
+    for (int j = 0; j < i; j++)
+        if (ops[j].stream == ops[i].stream)
+            return 0;
+    return 1;
+}
+
+static cfxResult_t cuda_launch(const struct cfx_executor *exec, struct cfx_exec_batch *batch)
+{
+    (void)exec;
+    const struct cfx_cuda_api *cu = cfx_cuda_api(NULL);
+    struct cfx_op *ops = batch->ops;
+    int n_ops = batch->n_ops;
+    /* One communicator's ops go on one stream (one kernel runs them). */
+    for (int i = 0; i < n_ops; i++)
+        for (int j = 0; j < i; j++)
+            if (ops[j].exec_state == ops[i].exec_state && ops[j].stream != ops[i].stream)
+                return cfx_error_set(cfxInvalidUsage, CFX_LOG_COLL,
+                                     "a group gives rank %d's GPU operations two streams; one "
+                                     "communicator's operations in a group must share a stream",
+                                     ops[i].rank);
+    for (int i = 0; i < n_ops; i++) {
+        if (!first_on_stream(ops, i))
+            continue;
+        cfxResult_t res = launch_stream(cu, ops, n_ops, ops[i].stream);
+        if (res != cfxSuccess)
+            return res;
+    }
+    batch->enqueued = 1;
+    return cfxSuccess;
+}
+
+/* A launch is enqueued whole or not at all: test and wait never run. */
+static cfxResult_t cuda_test(const struct cfx_executor *exec, struct cfx_exec_batch *batch)
+{
+    (void)exec;
+    (void)batch;
+    return cfxSuccess;
+}
+
+static void cuda_abort(const struct cfx_executor *exec, struct cfx_exec_batch *batch)
+{
+    (void)exec;
+    for (int i = 0; i < batch->n_ops; i++)
+        cfx_exec_cuda_comm_abort(batch->ops[i].exec_state, 0);
+}
+
+const struct cfx_executor cfx_exec_cuda = {
+    .version = CFX_EXEC_VERSION,
+    .name = "cuda",
+    .launch = cuda_launch,
+    .test = cuda_test,
+    .wait = cuda_test,
+    .abort = cuda_abort,
+};
+
+/* ------------------------------------------------------------ host buffers on streams */
+
+/* A batch of host buffers waiting for its stream. */
+struct host_batch {
+    _Atomic int busy; /* Enqueued and not finished. */
+    struct cfx_op *ops;
+    int n_ops, capacity;
+    void (*on_done)(struct cfx_op *ops, int n_ops, cfxResult_t res);
+};
+
+static pthread_mutex_t host_lock = PTHREAD_MUTEX_INITIALIZER;
+static struct host_batch *host_batches;
+static int n_host_batches;
+
+static void CUDA_CB run_host_batch(void *arg)
+{
+    struct host_batch *hb = arg;
+    struct cfx_exec_batch batch;
+    cfx_exec_batch_init(&batch, hb->ops, hb->n_ops, NULL);
+    cfxResult_t res = cfx_exec_host.launch(&cfx_exec_host, &batch);
+    if (res == cfxInProgress)
+        res = cfx_exec_host.wait(&cfx_exec_host, &batch);
+    hb->on_done(hb->ops, hb->n_ops, res);
+    atomic_store_explicit(&hb->busy, 0, memory_order_release);
+}
+
+/* A free batch record with room for @p n_ops (waits for one to finish when
+ * all are busy), marked busy. */
+static cfxResult_t take_batch(int n_ops, struct host_batch **hb_p)
+{
+    pthread_mutex_lock(&host_lock);
+    if (host_batches == NULL) {
+        n_host_batches = (int)param_cuda_host_batches();
+        host_batches = calloc((size_t)n_host_batches, sizeof(*host_batches));
+        if (host_batches == NULL) {
+            pthread_mutex_unlock(&host_lock);
+            return cfx_error_set(cfxSystemError, CFX_LOG_COLL, "out of memory");
+        }
+    }
+    struct host_batch *hb = NULL;
+    for (int spins = 0; hb == NULL; spins++) {
+        for (int i = 0; i < n_host_batches && hb == NULL; i++)
+            if (!atomic_load_explicit(&host_batches[i].busy, memory_order_acquire))
+                hb = &host_batches[i];
+        if (hb == NULL) {
+            pthread_mutex_unlock(&host_lock);
+            struct timespec nap = {0, spins < 100 ? 10000 : 1000000};
+            nanosleep(&nap, NULL);
+            pthread_mutex_lock(&host_lock);
+        }
+    }
+    if (hb->capacity < n_ops) {
+        /* Grows to the largest group seen: once per size, not per call. */
+        struct cfx_op *grown = realloc(hb->ops, (size_t)n_ops * sizeof(*grown));
+        if (grown == NULL) {
+            pthread_mutex_unlock(&host_lock);
+            return cfx_error_set(cfxSystemError, CFX_LOG_COLL, "out of memory");
+        }
+        hb->ops = grown;
+        hb->capacity = n_ops;
+    }
+    atomic_store_explicit(&hb->busy, 1, memory_order_relaxed);
+    pthread_mutex_unlock(&host_lock);
+    *hb_p = hb;
+    return cfxSuccess;
+}
+
+cfxResult_t cfx_exec_cuda_host_enqueue(cfxStream_t stream, const struct cfx_op *ops, int n_ops,
+                                       void (*on_done)(struct cfx_op *ops, int n_ops,
+                                                       cfxResult_t res))
+{
+    const struct cfx_cuda_api *cu = cfx_cuda_api(NULL);
+    struct cfx_cuda_comm *first = ops[0].exec_state;
+    CFX_CHECK(cfx_cuda_enter(first->desc.device));
+    int capturing = 0;
+    CFX_CHECK(cfx_exec_cuda_stream_capturing(stream, &capturing));
+    if (capturing)
+        return cfx_error_set(cfxInvalidUsage, CFX_LOG_COLL,
+                             "host buffers on a stream that captures a graph: a replay would run "
+                             "the host operation again with the buffers of this call; capture "
+                             "GPU buffers only");
+    struct host_batch *hb = NULL;
+    CFX_CHECK(take_batch(n_ops, &hb));
+    memcpy(hb->ops, ops, (size_t)n_ops * sizeof(*ops));
+    hb->n_ops = n_ops;
+    hb->on_done = on_done;
+    CUstream s = (CUstream)stream;
+    cfxResult_t res = cfxSuccess;
+    for (int i = 0; i < n_ops && res == cfxSuccess; i++)
+        res = order_after_previous(cu, ops[i].exec_state, s, 0);
+    CUresult err = res == cfxSuccess ? cu->launch_host_func(s, run_host_batch, hb) : CUDA_SUCCESS;
+    if (res != cfxSuccess || err != CUDA_SUCCESS) {
+        atomic_store_explicit(&hb->busy, 0, memory_order_release);
+        return res != cfxSuccess ? res
+                                 : cfx_cuda_error(err, CFX_LOG_COLL,
+                                                  "cannot put the host operation on the stream");
+    }
+    for (int i = 0; i < n_ops; i++)
+        CFX_CHECK(note_launched(cu, ops[i].exec_state, s, 0));
+    return cfxSuccess;
+}
+
+#else /* !CFX_HAVE_CUDA: no GPU rank can exist (cfx_cuda_rank_device is -1). */
+
+cfxResult_t cfx_exec_cuda_comm_open(const struct cfx_cuda_comm_desc *desc,
+                                    struct cfx_cuda_comm **state_p)
+{
+    (void)state_p;
+    return cfx_error_set(cfxInvalidUsage, CFX_LOG_INIT,
+                         "rank %d: this Conflux was built without CUDA", desc->rank);
+}
+
+void cfx_exec_cuda_comm_close(struct cfx_cuda_comm *state)
+{
+    (void)state;
+}
+
+cfxResult_t cfx_exec_cuda_comm_quiesce(struct cfx_cuda_comm *state)
+{
+    (void)state;
+    return cfxSuccess;
+}
+
+int cfx_exec_cuda_comm_busy(struct cfx_cuda_comm *state)
+{
+    (void)state;
+    return 0;
+}
+
+cfxResult_t cfx_exec_cuda_comm_failure(struct cfx_cuda_comm *state, int *blame_p,
+                                       struct cfx_fingerprint *print_p)
+{
+    (void)state;
+    (void)blame_p;
+    (void)print_p;
+    return cfxSuccess;
+}
+
+void cfx_exec_cuda_comm_abort(struct cfx_cuda_comm *state, int broken)
+{
+    (void)state;
+    (void)broken;
+}
+
+void cfx_exec_cuda_comm_fail(struct cfx_cuda_comm *state, cfxResult_t res, int blame,
+                             const struct cfx_fingerprint *print, const char *text)
+{
+    (void)state;
+    (void)res;
+    (void)blame;
+    (void)print;
+    (void)text;
+}
+
+cfxResult_t cfx_exec_cuda_host_enqueue(cfxStream_t stream, const struct cfx_op *ops, int n_ops,
+                                       void (*on_done)(struct cfx_op *ops, int n_ops,
+                                                       cfxResult_t res))
+{
+    (void)stream;
+    (void)ops;
+    (void)n_ops;
+    (void)on_done;
+    return cfx_error_set(cfxInvalidUsage, CFX_LOG_COLL, "this Conflux was built without CUDA");
+}
+
+cfxResult_t cfx_exec_cuda_stream_capturing(cfxStream_t stream, int *capturing_p)
+{
+    (void)stream;
+    *capturing_p = 0;
+    return cfxSuccess;
+}
+
+#endif

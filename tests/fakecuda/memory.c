@@ -1,0 +1,475 @@
+/*
+ * fake-cuda memory: device allocations (host memory, 256-byte aligned),
+ * pinned host allocations, registered host ranges, pointer attributes,
+ * and the copies and sets with their bounds checks. All of it is host
+ * memory: a host-side access to "device" memory is not caught (ASan still
+ * sees one past the allocation's rounded size, or after cuMemFree). See
+ * fakecuda.h.
+ */
+#include "fakecuda.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#define HOST_ALLOC_FLAGS                                                                           \
+    (CU_MEMHOSTALLOC_PORTABLE | CU_MEMHOSTALLOC_DEVICEMAP | CU_MEMHOSTALLOC_WRITECOMBINED)
+#define HOST_REGISTER_FLAGS                                                                        \
+    (CU_MEMHOSTREGISTER_PORTABLE | CU_MEMHOSTREGISTER_DEVICEMAP | CU_MEMHOSTREGISTER_IOMEMORY |    \
+     CU_MEMHOSTREGISTER_READ_ONLY)
+
+static size_t round_up(size_t bytes, size_t align)
+{
+    return (bytes + align - 1) / align * align;
+}
+
+/* ------------------------------------------------------------ registry */
+
+/* Index of the first allocation whose base is above @p addr. */
+static size_t upper_index(uintptr_t addr)
+{
+    size_t lo = 0, hi = fc.n_allocs;
+    while (lo < hi) {
+        size_t mid = lo + (hi - lo) / 2;
+        if (fc.allocs[mid].base <= addr)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return lo;
+}
+
+struct fc_alloc *fc_alloc_find(uintptr_t addr)
+{
+    size_t i = upper_index(addr);
+    if (i == 0)
+        return NULL;
+    struct fc_alloc *alloc = &fc.allocs[i - 1];
+    return addr - alloc->base < alloc->bytes ? alloc : NULL;
+}
+
+/* An allocation overlapping [addr, addr + bytes), or NULL. */
+static struct fc_alloc *alloc_overlapping(uintptr_t addr, size_t bytes)
+{
+    size_t i = upper_index(addr + bytes - 1);
+    if (i == 0)
+        return NULL;
+    struct fc_alloc *alloc = &fc.allocs[i - 1];
+    return alloc->base + alloc->bytes > addr ? alloc : NULL;
+}
+
+static int alloc_insert(const struct fc_alloc *alloc)
+{
+    unsigned cap = (unsigned)fc.cap_allocs;
+    if (fc_grow((void **)&fc.allocs, &cap, (unsigned)fc.n_allocs + 1, sizeof(*fc.allocs)) != 0)
+        return -1;
+    fc.cap_allocs = cap;
+    size_t i = upper_index(alloc->base);
+    memmove(&fc.allocs[i + 1], &fc.allocs[i], (fc.n_allocs - i) * sizeof(*fc.allocs));
+    fc.allocs[i] = *alloc;
+    fc.n_allocs++;
+    return 0;
+}
+
+static void alloc_remove(struct fc_alloc *alloc)
+{
+    size_t i = (size_t)(alloc - fc.allocs);
+    memmove(&fc.allocs[i], &fc.allocs[i + 1], (fc.n_allocs - i - 1) * sizeof(*fc.allocs));
+    fc.n_allocs--;
+}
+
+/* The allocation of @p kind that starts exactly at @p addr, or NULL. */
+static struct fc_alloc *alloc_at(uintptr_t addr, enum fc_mem_kind kind)
+{
+    struct fc_alloc *alloc = fc_alloc_find(addr);
+    return alloc != NULL && alloc->base == addr && alloc->kind == kind ? alloc : NULL;
+}
+
+/* Forget @p alloc, freeing what the fake allocated. */
+static void alloc_release(struct fc_alloc *alloc)
+{
+    if (alloc->kind == FC_MEM_DEVICE)
+        fc.used_bytes[alloc->ctx->device] -= alloc->bytes;
+    if (alloc->kind != FC_MEM_REGISTERED)
+        free((void *)alloc->base);
+    alloc_remove(alloc);
+}
+
+void fc_mem_reset_ctx(struct CUctx_st *ctx)
+{
+    size_t i = 0;
+    while (i < fc.n_allocs) {
+        if (fc.allocs[i].ctx == ctx)
+            alloc_release(&fc.allocs[i]);
+        else
+            i++;
+    }
+}
+
+CUresult fc_mem_check(uintptr_t addr, size_t bytes, int must_be_known)
+{
+    if (bytes == 0)
+        return CUDA_SUCCESS;
+    if (addr == 0)
+        return CUDA_ERROR_INVALID_VALUE;
+    const struct fc_alloc *alloc = fc_alloc_find(addr);
+    if (alloc == NULL)
+        return must_be_known ? CUDA_ERROR_INVALID_VALUE : CUDA_SUCCESS;
+    if (bytes > alloc->bytes - (addr - alloc->base)) {
+        fc_log("%zu bytes at %#lx run %zu bytes past the end of an allocation of %zu", bytes,
+               (unsigned long)addr, bytes - (alloc->bytes - (addr - alloc->base)), alloc->bytes);
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    return CUDA_SUCCESS;
+}
+
+/* Common head of the calls that allocate, free or (un)register: a current
+ * context and no capture that forbids them. */
+static CUresult unsafe_call_head(struct CUctx_st **ctx_p)
+{
+    CUresult err = fc_ctx_current(ctx_p);
+    if (err != CUDA_SUCCESS)
+        return err;
+    return fc_capture_unsafe_call();
+}
+
+/* ------------------------------------------------------------ allocation */
+
+FC_EXPORT CUresult cuMemAlloc(CUdeviceptr *dptr, size_t bytesize)
+{
+    CUresult err = fc_lock_enter();
+    if (err != CUDA_SUCCESS)
+        return fc_ret(__func__, err);
+    struct CUctx_st *ctx = NULL;
+    err = dptr == NULL || bytesize == 0 ? CUDA_ERROR_INVALID_VALUE : unsafe_call_head(&ctx);
+    if (err == CUDA_SUCCESS && bytesize > FC_TOTAL_MEM - fc.used_bytes[ctx->device])
+        err = CUDA_ERROR_OUT_OF_MEMORY;
+    if (err == CUDA_SUCCESS) {
+        void *block = aligned_alloc(FC_DEVICE_ALIGN, round_up(bytesize, FC_DEVICE_ALIGN));
+        struct fc_alloc alloc = {(uintptr_t)block, bytesize, FC_MEM_DEVICE, ctx, 0};
+        if (block == NULL || alloc_insert(&alloc) != 0) {
+            free(block);
+            err = CUDA_ERROR_OUT_OF_MEMORY;
+        } else {
+            fc.used_bytes[ctx->device] += bytesize;
+            *dptr = (CUdeviceptr)(uintptr_t)block;
+            fc_log("cuMemAlloc: %zu bytes at %p on device %d", bytesize, block, ctx->device);
+        }
+    }
+    fc_unlock();
+    return fc_ret(__func__, err);
+}
+
+/* Forget the allocation of @p kind at @p addr. Memory the fake frees is
+ * freed once the work of its context is done (cudaFree synchronizes too);
+ * a registration, whose memory stays the user's, is dropped at once. */
+static CUresult free_at(uintptr_t addr, enum fc_mem_kind kind, CUresult not_found)
+{
+    struct fc_alloc *alloc = alloc_at(addr, kind);
+    if (alloc == NULL)
+        return not_found;
+    if (kind != FC_MEM_REGISTERED) {
+        fc_ctx_drain(alloc->ctx);
+        alloc = alloc_at(addr, kind); /* fc.lock was dropped: look again */
+        if (alloc == NULL)
+            return not_found;
+    }
+    alloc_release(alloc);
+    return CUDA_SUCCESS;
+}
+
+FC_EXPORT CUresult cuMemFree(CUdeviceptr dptr)
+{
+    CUresult err = fc_lock_enter();
+    if (err != CUDA_SUCCESS)
+        return fc_ret(__func__, err);
+    struct CUctx_st *ctx = NULL;
+    err = unsafe_call_head(&ctx);
+    if (err == CUDA_SUCCESS && dptr != 0)
+        err = free_at((uintptr_t)dptr, FC_MEM_DEVICE, CUDA_ERROR_INVALID_VALUE);
+    fc_unlock();
+    return fc_ret(__func__, err);
+}
+
+FC_EXPORT CUresult cuMemHostAlloc(void **pp, size_t bytesize, unsigned int Flags)
+{
+    CUresult err = fc_lock_enter();
+    if (err != CUDA_SUCCESS)
+        return fc_ret(__func__, err);
+    struct CUctx_st *ctx = NULL;
+    if (pp == NULL || bytesize == 0 || (Flags & ~(unsigned)HOST_ALLOC_FLAGS) != 0)
+        err = CUDA_ERROR_INVALID_VALUE;
+    else
+        err = unsafe_call_head(&ctx);
+    if (err == CUDA_SUCCESS && bytesize > SIZE_MAX - FC_HOST_ALIGN)
+        err = CUDA_ERROR_OUT_OF_MEMORY;
+    if (err == CUDA_SUCCESS) {
+        void *block = aligned_alloc(FC_HOST_ALIGN, round_up(bytesize, FC_HOST_ALIGN));
+        struct fc_alloc alloc = {(uintptr_t)block, bytesize, FC_MEM_HOST_ALLOC, ctx, Flags};
+        if (block == NULL || alloc_insert(&alloc) != 0) {
+            free(block);
+            err = CUDA_ERROR_OUT_OF_MEMORY;
+        } else {
+            *pp = block;
+        }
+    }
+    fc_unlock();
+    return fc_ret(__func__, err);
+}
+
+FC_EXPORT CUresult cuMemFreeHost(void *p)
+{
+    CUresult err = fc_lock_enter();
+    if (err != CUDA_SUCCESS)
+        return fc_ret(__func__, err);
+    struct CUctx_st *ctx = NULL;
+    err = unsafe_call_head(&ctx);
+    if (err == CUDA_SUCCESS)
+        err = free_at((uintptr_t)p, FC_MEM_HOST_ALLOC, CUDA_ERROR_INVALID_VALUE);
+    fc_unlock();
+    return fc_ret(__func__, err);
+}
+
+FC_EXPORT CUresult cuMemHostRegister(void *p, size_t bytesize, unsigned int Flags)
+{
+    CUresult err = fc_lock_enter();
+    if (err != CUDA_SUCCESS)
+        return fc_ret(__func__, err);
+    struct CUctx_st *ctx = NULL;
+    if (p == NULL || bytesize == 0 || bytesize > UINTPTR_MAX - (uintptr_t)p ||
+        (Flags & ~(unsigned)HOST_REGISTER_FLAGS) != 0)
+        err = CUDA_ERROR_INVALID_VALUE;
+    else
+        err = unsafe_call_head(&ctx);
+    if (err == CUDA_SUCCESS) {
+        const struct fc_alloc *overlap = alloc_overlapping((uintptr_t)p, bytesize);
+        struct fc_alloc alloc = {(uintptr_t)p, bytesize, FC_MEM_REGISTERED, ctx, Flags};
+        if (overlap != NULL && overlap->kind == FC_MEM_DEVICE)
+            err = CUDA_ERROR_INVALID_VALUE; /* device memory is not host memory */
+        else if (overlap != NULL)
+            err = CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED;
+        else if (alloc_insert(&alloc) != 0)
+            err = CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    fc_unlock();
+    return fc_ret(__func__, err);
+}
+
+FC_EXPORT CUresult cuMemHostUnregister(void *p)
+{
+    CUresult err = fc_lock_enter();
+    if (err != CUDA_SUCCESS)
+        return fc_ret(__func__, err);
+    struct CUctx_st *ctx = NULL;
+    err = unsafe_call_head(&ctx);
+    if (err == CUDA_SUCCESS)
+        err = free_at((uintptr_t)p, FC_MEM_REGISTERED, CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED);
+    fc_unlock();
+    return fc_ret(__func__, err);
+}
+
+FC_EXPORT CUresult cuMemHostGetDevicePointer(CUdeviceptr *pdptr, void *p, unsigned int Flags)
+{
+    CUresult err = fc_lock_enter();
+    if (err != CUDA_SUCCESS)
+        return fc_ret(__func__, err);
+    struct CUctx_st *ctx = NULL;
+    err = pdptr == NULL || Flags != 0 ? CUDA_ERROR_INVALID_VALUE : fc_ctx_current(&ctx);
+    if (err == CUDA_SUCCESS) {
+        const struct fc_alloc *alloc = fc_alloc_find((uintptr_t)p);
+        if (alloc == NULL || alloc->kind == FC_MEM_DEVICE)
+            err = CUDA_ERROR_INVALID_VALUE;
+        else
+            *pdptr = (CUdeviceptr)(uintptr_t)p; /* unified addressing: the same address */
+    }
+    fc_unlock();
+    return fc_ret(__func__, err);
+}
+
+/* ------------------------------------------------------------ attributes */
+
+static CUresult pointer_attribute(void *data, CUpointer_attribute attribute,
+                                  const struct fc_alloc *alloc, uintptr_t ptr)
+{
+    int device = alloc->kind == FC_MEM_DEVICE;
+    switch (attribute) {
+    case CU_POINTER_ATTRIBUTE_CONTEXT: *(CUcontext *)data = alloc->ctx; return CUDA_SUCCESS;
+    case CU_POINTER_ATTRIBUTE_MEMORY_TYPE:
+        *(unsigned int *)data = device ? CU_MEMORYTYPE_DEVICE : CU_MEMORYTYPE_HOST;
+        return CUDA_SUCCESS;
+    case CU_POINTER_ATTRIBUTE_DEVICE_POINTER: *(CUdeviceptr *)data = ptr; return CUDA_SUCCESS;
+    case CU_POINTER_ATTRIBUTE_HOST_POINTER:
+        if (device)
+            return CUDA_ERROR_INVALID_VALUE; /* device memory has no host address */
+        *(void **)data = (void *)ptr;
+        return CUDA_SUCCESS;
+    case CU_POINTER_ATTRIBUTE_IS_MANAGED: *(unsigned int *)data = 0; return CUDA_SUCCESS;
+    case CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL:
+        *(int *)data = alloc->ctx->device;
+        return CUDA_SUCCESS;
+    case CU_POINTER_ATTRIBUTE_RANGE_START_ADDR:
+        *(CUdeviceptr *)data = alloc->base;
+        return CUDA_SUCCESS;
+    case CU_POINTER_ATTRIBUTE_RANGE_SIZE: *(size_t *)data = alloc->bytes; return CUDA_SUCCESS;
+    case CU_POINTER_ATTRIBUTE_MAPPED: *(int *)data = 1; return CUDA_SUCCESS;
+    default: return CUDA_ERROR_NOT_SUPPORTED; /* a real attribute the fake does not answer */
+    }
+}
+
+FC_EXPORT CUresult cuPointerGetAttribute(void *data, CUpointer_attribute attribute, CUdeviceptr ptr)
+{
+    CUresult err = fc_lock_enter();
+    if (err != CUDA_SUCCESS)
+        return fc_ret(__func__, err);
+    const struct fc_alloc *alloc = fc_alloc_find((uintptr_t)ptr);
+    if (data == NULL || alloc == NULL)
+        err = CUDA_ERROR_INVALID_VALUE; /* unknown pointers have no attributes */
+    else
+        err = pointer_attribute(data, attribute, alloc, (uintptr_t)ptr);
+    fc_unlock();
+    return fc_ret(__func__, err);
+}
+
+/* ------------------------------------------------------------ copies */
+
+/* A copy of @p bytes from @p src to @p dst; each side must be known memory
+ * when its flag says so (the device side of HtoD, DtoH and sets). */
+static CUresult copy_work(uintptr_t dst, int dst_known, uintptr_t src, int src_known, size_t bytes,
+                          struct fc_work *work_p)
+{
+    CUresult err = fc_mem_check(dst, bytes, dst_known);
+    if (err == CUDA_SUCCESS)
+        err = fc_mem_check(src, bytes, src_known);
+    if (err == CUDA_SUCCESS)
+        *work_p =
+            (struct fc_work){.kind = FC_WORK_COPY, .copy = {(void *)dst, (const void *)src, bytes}};
+    return err;
+}
+
+/* The synchronous ones: on the legacy stream, returning once done. */
+static CUresult copy_sync(uintptr_t dst, int dst_known, uintptr_t src, int src_known, size_t bytes)
+{
+    struct CUctx_st *ctx = NULL;
+    struct fc_work work;
+    CUresult err = unsafe_call_head(&ctx);
+    if (err == CUDA_SUCCESS)
+        err = copy_work(dst, dst_known, src, src_known, bytes, &work);
+    if (err == CUDA_SUCCESS && bytes != 0)
+        err = fc_legacy_run(ctx, &work);
+    return err;
+}
+
+/* The asynchronous ones: a stream op. A capture refuses pageable host
+ * memory (memory the fake does not know) on either side, as graphs do. */
+static CUresult copy_async(uintptr_t dst, int dst_known, uintptr_t src, int src_known, size_t bytes,
+                           CUstream hStream)
+{
+    struct CUctx_st *ctx = NULL;
+    struct CUstream_st *stream = NULL;
+    struct fc_work work;
+    CUresult err = fc_ctx_current(&ctx);
+    if (err == CUDA_SUCCESS)
+        err = fc_stream_resolve(hStream, ctx, &stream);
+    if (err == CUDA_SUCCESS)
+        err = copy_work(dst, dst_known, src, src_known, bytes, &work);
+    if (err != CUDA_SUCCESS || bytes == 0)
+        return err;
+    if (stream->capture != NULL && (fc_alloc_find(dst) == NULL || fc_alloc_find(src) == NULL)) {
+        fc_log("a captured copy touches pageable host memory");
+        fc_capture_invalidate(stream->capture);
+        return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+    }
+    return fc_stream_do(stream, &work);
+}
+
+FC_EXPORT CUresult cuMemcpyHtoD(CUdeviceptr dstDevice, const void *srcHost, size_t ByteCount)
+{
+    CUresult err = fc_lock_enter();
+    if (err != CUDA_SUCCESS)
+        return fc_ret(__func__, err);
+    err = copy_sync((uintptr_t)dstDevice, 1, (uintptr_t)srcHost, 0, ByteCount);
+    fc_unlock();
+    return fc_ret(__func__, err);
+}
+
+FC_EXPORT CUresult cuMemcpyDtoH(void *dstHost, CUdeviceptr srcDevice, size_t ByteCount)
+{
+    CUresult err = fc_lock_enter();
+    if (err != CUDA_SUCCESS)
+        return fc_ret(__func__, err);
+    err = copy_sync((uintptr_t)dstHost, 0, (uintptr_t)srcDevice, 1, ByteCount);
+    fc_unlock();
+    return fc_ret(__func__, err);
+}
+
+FC_EXPORT CUresult cuMemcpyAsync(CUdeviceptr dst, CUdeviceptr src, size_t ByteCount,
+                                 CUstream hStream)
+{
+    CUresult err = fc_lock_enter();
+    if (err != CUDA_SUCCESS)
+        return fc_ret(__func__, err);
+    err = copy_async((uintptr_t)dst, 0, (uintptr_t)src, 0, ByteCount, hStream);
+    fc_unlock();
+    return fc_ret(__func__, err);
+}
+
+FC_EXPORT CUresult cuMemcpyHtoDAsync(CUdeviceptr dstDevice, const void *srcHost, size_t ByteCount,
+                                     CUstream hStream)
+{
+    CUresult err = fc_lock_enter();
+    if (err != CUDA_SUCCESS)
+        return fc_ret(__func__, err);
+    err = copy_async((uintptr_t)dstDevice, 1, (uintptr_t)srcHost, 0, ByteCount, hStream);
+    fc_unlock();
+    return fc_ret(__func__, err);
+}
+
+FC_EXPORT CUresult cuMemcpyDtoHAsync(void *dstHost, CUdeviceptr srcDevice, size_t ByteCount,
+                                     CUstream hStream)
+{
+    CUresult err = fc_lock_enter();
+    if (err != CUDA_SUCCESS)
+        return fc_ret(__func__, err);
+    err = copy_async((uintptr_t)dstHost, 0, (uintptr_t)srcDevice, 1, ByteCount, hStream);
+    fc_unlock();
+    return fc_ret(__func__, err);
+}
+
+/* ------------------------------------------------------------ sets */
+
+FC_EXPORT CUresult cuMemsetD8(CUdeviceptr dstDevice, unsigned char uc, size_t N)
+{
+    CUresult err = fc_lock_enter();
+    if (err != CUDA_SUCCESS)
+        return fc_ret(__func__, err);
+    struct CUctx_st *ctx = NULL;
+    err = unsafe_call_head(&ctx);
+    if (err == CUDA_SUCCESS)
+        err = fc_mem_check((uintptr_t)dstDevice, N, 1);
+    if (err == CUDA_SUCCESS && N != 0) {
+        struct fc_work work = {.kind = FC_WORK_SET, .set = {(void *)(uintptr_t)dstDevice, uc, N}};
+        err = fc_legacy_run(ctx, &work);
+    }
+    fc_unlock();
+    return fc_ret(__func__, err);
+}
+
+FC_EXPORT CUresult cuMemsetD8Async(CUdeviceptr dstDevice, unsigned char uc, size_t N,
+                                   CUstream hStream)
+{
+    CUresult err = fc_lock_enter();
+    if (err != CUDA_SUCCESS)
+        return fc_ret(__func__, err);
+    struct CUctx_st *ctx = NULL;
+    struct CUstream_st *stream = NULL;
+    err = fc_ctx_current(&ctx);
+    if (err == CUDA_SUCCESS)
+        err = fc_stream_resolve(hStream, ctx, &stream);
+    if (err == CUDA_SUCCESS)
+        err = fc_mem_check((uintptr_t)dstDevice, N, 1);
+    if (err == CUDA_SUCCESS && N != 0) {
+        struct fc_work work = {.kind = FC_WORK_SET, .set = {(void *)(uintptr_t)dstDevice, uc, N}};
+        err = fc_stream_do(stream, &work);
+    }
+    fc_unlock();
+    return fc_ret(__func__, err);
+}
