@@ -129,6 +129,7 @@ struct enqueue_case {
     int nranks;
     enum cfx_test_mode mode;
     size_t count;
+    int sockets; /* CFX_SHM_DISABLE=1: the socket transport, its proxy polling the FIFOs. */
 };
 
 /* The call returns while the stream is held (it only enqueued); once the
@@ -166,8 +167,10 @@ static void allreduce_returns_before_the_stream_runs(struct cfx_test_rank *ctx)
 ParameterizedTestParameters(cuda, allreduce_is_enqueued_and_the_stream_completes_it)
 {
     static struct enqueue_case cases[] = {
-        {1, CFX_TEST_THREADS, 1000}, {2, CFX_TEST_THREADS, 7},     {2, CFX_TEST_THREADS, 1 << 20},
-        {3, CFX_TEST_THREADS, 4099}, {4, CFX_TEST_PROCS, 1 << 18}, {2, CFX_TEST_PROCS, 1},
+        {1, CFX_TEST_THREADS, 1000, 0},    {2, CFX_TEST_THREADS, 7, 0},
+        {2, CFX_TEST_THREADS, 1 << 20, 0}, {3, CFX_TEST_THREADS, 4099, 0},
+        {4, CFX_TEST_PROCS, 1 << 18, 0},   {2, CFX_TEST_PROCS, 1, 0},
+        {3, CFX_TEST_THREADS, 70001, 1},   {2, CFX_TEST_PROCS, 1 << 20, 1},
     };
     return cr_make_param_array(struct enqueue_case, cases, sizeof(cases) / sizeof(cases[0]));
 }
@@ -175,11 +178,547 @@ ParameterizedTestParameters(cuda, allreduce_is_enqueued_and_the_stream_completes
 ParameterizedTest(struct enqueue_case *ec, cuda, allreduce_is_enqueued_and_the_stream_completes_it,
                   .timeout = 300)
 {
-    cr_log_info("%d ranks as %s, %zu floats, on %s", ec->nranks,
-                ec->mode == CFX_TEST_PROCS ? "processes" : "threads", ec->count, use_gpu());
+    cr_log_info("%d ranks as %s, %zu floats, over %s, on %s", ec->nranks,
+                ec->mode == CFX_TEST_PROCS ? "processes" : "threads", ec->count,
+                ec->sockets ? "sockets" : "shm", use_gpu());
+    cfx_test_setenv("CFX_SHM_DISABLE", ec->sockets ? "1" : NULL);
     struct cfx_test_options opts = {
         .nranks = ec->nranks, .mode = ec->mode, .deadline_s = 240, .arg = ec};
     CFX_TEST_RUN(&opts, allreduce_returns_before_the_stream_runs);
+}
+
+/* ------------------------------------------------ stream order */
+
+/* Held streams: a host function waits for released[rank]. */
+static volatile int released[8];
+
+static int hold(struct cfx_test_rank *ctx, struct gpu_rank *g)
+{
+    released[ctx->rank] = 0;
+    if (g->gpu.cu->launch_host_func(g->gpu.stream, hold_stream, (void *)&released[ctx->rank]) ==
+        CUDA_SUCCESS)
+        return 1;
+    cfx_test_fail(ctx, __FILE__, __LINE__, "cuLaunchHostFunc");
+    return 0;
+}
+
+/* A copy queued on the stream before the call (behind a held stream, so it
+ * has not run when the call is made) is what the call reduces. */
+static void call_sees_work_queued_before_it(struct cfx_test_rank *ctx)
+{
+    struct gpu_rank g;
+    size_t n = 5000;
+    if (!gpu_rank_open(ctx, &g, n) || !hold(ctx, &g)) {
+        gpu_rank_close(&g);
+        return;
+    }
+    for (size_t i = 0; i < n; i++)
+        g.host[i] = input_of(ctx->rank, i);
+    RANK_ASSERT(ctx,
+                g.gpu.cu->memcpy_htod_async((CUdeviceptr)(uintptr_t)g.dsend, g.host,
+                                            n * sizeof(float), g.gpu.stream) == CUDA_SUCCESS,
+                "cuMemcpyHtoDAsync");
+    cfx_test_step(ctx, "allreduce behind the queued copy");
+    cfxResult_t res = cfxAllReduce(g.dsend, g.drecv, n, cfxFloat32, cfxSum, g.comm, g.gpu.stream);
+    released[ctx->rank] = 1;
+    RANK_ASSERT(ctx, res == cfxSuccess, "allreduce: %s", cfxGetLastError(g.comm));
+    /* The host buffer is pageable: its copy may be taken at the call, or
+     * when the stream reaches it; either way the inputs are the ones above. */
+    if (cfx_test_gpu_sync(ctx, &g.gpu))
+        check_sums(ctx, &g, g.drecv);
+    gpu_rank_close(&g);
+}
+
+Test(cuda, a_call_reduces_what_work_queued_before_it_on_the_stream_wrote, .timeout = 120)
+{
+    cr_log_info("on %s", use_gpu());
+    struct cfx_test_options opts = {.nranks = 3, .mode = CFX_TEST_THREADS, .deadline_s = 90};
+    CFX_TEST_RUN(&opts, call_sees_work_queued_before_it);
+}
+
+/* Rank 0 alternates two streams, the first held: its second call must wait
+ * for its first (a communicator's calls run in call order, whatever their
+ * streams), else it would meet the peers' first call and fail. */
+static void two_streams_in_call_order(struct cfx_test_rank *ctx)
+{
+    struct gpu_rank g;
+    size_t n = 2048;
+    if (!gpu_rank_open(ctx, &g, n) || !put_inputs(ctx, &g)) {
+        gpu_rank_close(&g);
+        return;
+    }
+    CUstream other = NULL;
+    RANK_ASSERT(ctx, g.gpu.cu->stream_create(&other, CU_STREAM_NON_BLOCKING) == CUDA_SUCCESS,
+                "stream");
+    if (ctx->rank == 0 && !hold(ctx, &g))
+        return;
+    cfx_test_step(ctx, "allreduce on the first stream");
+    RANK_CFX(ctx, cfxAllReduce(g.dsend, g.drecv, n, cfxFloat32, cfxSum, g.comm, g.gpu.stream));
+    cfx_test_step(ctx, "allreduce on the second stream");
+    RANK_CFX(ctx, cfxAllReduce(g.drecv, g.drecv, n, cfxFloat32, cfxSum, g.comm,
+                               ctx->rank == 0 ? other : g.gpu.stream));
+    usleep(200 * 1000); /* Time for a second call that did not wait to go wrong. */
+    released[0] = 1;
+    RANK_ASSERT(ctx, g.gpu.cu->stream_synchronize(other) == CUDA_SUCCESS, "sync");
+    RANK_ASSERT(ctx, cfx_test_gpu_sync(ctx, &g.gpu), "sync");
+    cfxResult_t seen = cfxSuccess;
+    RANK_CFX(ctx, cfxCommGetAsyncError(g.comm, &seen));
+    RANK_ASSERT(ctx, seen == cfxSuccess, "async error: %s", cfxGetLastError(g.comm));
+    RANK_ASSERT(ctx, cfx_test_gpu_get(ctx, &g.gpu, g.host, g.drecv, n * sizeof(float)), "get");
+    for (size_t i = 0; i < n; i++)
+        RANK_ASSERT(ctx, g.host[i] == sum_of(ctx->nranks, i) * (float)ctx->nranks,
+                    "element %zu is %g", i, (double)g.host[i]);
+    g.gpu.cu->stream_destroy(other);
+    gpu_rank_close(&g);
+}
+
+Test(cuda, calls_of_one_communicator_on_two_streams_run_in_call_order, .timeout = 120)
+{
+    cr_log_info("on %s", use_gpu());
+    struct cfx_test_options opts = {.nranks = 2, .mode = CFX_TEST_THREADS, .deadline_s = 90};
+    CFX_TEST_RUN(&opts, two_streams_in_call_order);
+}
+
+/* Host buffers of a GPU rank with a stream: the host executor runs them
+ * when the stream reaches them, after what was queued before. */
+struct host_on_stream {
+    float *send;
+    int rank;
+    size_t n;
+};
+
+static void CUDA_CB write_inputs(void *arg)
+{
+    struct host_on_stream *h = arg;
+    for (size_t i = 0; i < h->n; i++)
+        h->send[i] = input_of(h->rank, i);
+}
+
+static void host_buffers_in_stream_order(struct cfx_test_rank *ctx)
+{
+    struct gpu_rank g;
+    size_t n = 70000;
+    if (!gpu_rank_open(ctx, &g, 1) || !hold(ctx, &g)) {
+        gpu_rank_close(&g);
+        return;
+    }
+    float *send = calloc(n, sizeof(float)), *recv = calloc(n, sizeof(float));
+    RANK_ASSERT(ctx, send && recv, "out of memory");
+    struct host_on_stream h = {.send = send, .rank = ctx->rank, .n = n};
+    RANK_ASSERT(ctx, g.gpu.cu->launch_host_func(g.gpu.stream, write_inputs, &h) == CUDA_SUCCESS,
+                "cuLaunchHostFunc");
+    cfx_test_step(ctx, "allreduce of host buffers on the held stream");
+    double start = now_s();
+    cfxResult_t res = cfxAllReduce(send, recv, n, cfxFloat32, cfxSum, g.comm, g.gpu.stream);
+    double took = now_s() - start;
+    released[ctx->rank] = 1;
+    RANK_ASSERT(ctx, res == cfxSuccess, "allreduce: %s", cfxGetLastError(g.comm));
+    RANK_ASSERT(ctx, took < 2.0, "the call took %.2f s: it did not wait for the stream", took);
+    RANK_ASSERT(ctx, cfx_test_gpu_sync(ctx, &g.gpu), "sync");
+    for (size_t i = 0; i < n; i++)
+        RANK_ASSERT(ctx, recv[i] == sum_of(ctx->nranks, i), "element %zu is %g, not %g", i,
+                    (double)recv[i], (double)sum_of(ctx->nranks, i));
+    /* The same buffers at once (NULL stream) right after: in order too. */
+    cfx_test_step(ctx, "allreduce of host buffers, NULL stream");
+    RANK_CFX(ctx, cfxAllReduce(send, recv, n, cfxFloat32, cfxSum, g.comm, NULL));
+    for (size_t i = 0; i < n; i++)
+        RANK_ASSERT(ctx, recv[i] == sum_of(ctx->nranks, i), "element %zu is %g", i,
+                    (double)recv[i]);
+    free(send);
+    free(recv);
+    gpu_rank_close(&g);
+}
+
+Test(cuda, host_buffers_on_a_stream_run_when_the_stream_reaches_them, .timeout = 120)
+{
+    cr_log_info("on %s", use_gpu());
+    struct cfx_test_options opts = {.nranks = 2, .mode = CFX_TEST_THREADS, .deadline_s = 90};
+    CFX_TEST_RUN(&opts, host_buffers_in_stream_order);
+}
+
+/* The legacy (NULL) stream: one rank per process and GPU works; ranks that
+ * share a GPU in one process are refused (their kernels would wait for each
+ * other forever). */
+static void legacy_stream_allreduce(struct cfx_test_rank *ctx)
+{
+    struct gpu_rank g;
+    size_t n = 3000;
+    if (!gpu_rank_open(ctx, &g, n) || !put_inputs(ctx, &g)) {
+        gpu_rank_close(&g);
+        return;
+    }
+    cfx_test_step(ctx, "allreduce on the NULL stream");
+    cfxResult_t res = cfxAllReduce(g.dsend, g.drecv, n, cfxFloat32, cfxSum, g.comm, NULL);
+    if (ctx->mode == CFX_TEST_THREADS) {
+        RANK_ASSERT(ctx, res == cfxInvalidUsage, "NULL stream on a shared GPU: %s",
+                    cfxGetErrorString(res));
+        RANK_ASSERT(ctx, strstr(cfxGetLastError(g.comm), "legacy (NULL) stream") != NULL, "%s",
+                    cfxGetLastError(g.comm));
+    } else {
+        RANK_ASSERT(ctx, res == cfxSuccess, "allreduce: %s", cfxGetLastError(g.comm));
+        RANK_ASSERT(ctx, g.gpu.cu->stream_synchronize(NULL) == CUDA_SUCCESS, "sync legacy");
+        check_sums(ctx, &g, g.drecv);
+    }
+    gpu_rank_close(&g);
+}
+
+Test(cuda, the_legacy_stream_runs_one_rank_per_process_and_refuses_shared_gpus, .timeout = 120)
+{
+    cr_log_info("on %s", use_gpu());
+    struct cfx_test_options procs = {.nranks = 2, .mode = CFX_TEST_PROCS, .deadline_s = 60};
+    CFX_TEST_RUN(&procs, legacy_stream_allreduce);
+    struct cfx_test_options threads = {.nranks = 2, .mode = CFX_TEST_THREADS, .deadline_s = 60};
+    CFX_TEST_RUN(&threads, legacy_stream_allreduce);
+}
+
+/* ------------------------------------------------ several communicators, one thread */
+
+#define GROUP_RANKS 4
+
+/* One thread drives GROUP_RANKS GPU ranks (cfxCommInitAll) in one group:
+ * on one stream each, and all on one stream (one kernel for all). */
+static void one_thread_group(int one_stream)
+{
+    const struct cfx_cuda_api *cu = cfx_cuda_api(NULL);
+    cr_assert_not_null(cu);
+    int devs[GROUP_RANKS] = {0, 0, 0, 0};
+    cfxComm_t comms[GROUP_RANKS];
+    cr_assert_eq(cfxCommInitAll(comms, GROUP_RANKS, devs), cfxSuccess, "%s", cfxGetLastError(NULL));
+    cr_assert_eq(cfx_cuda_select(0), cfxSuccess);
+    CUstream streams[GROUP_RANKS];
+    CUdeviceptr send[GROUP_RANKS], recv[GROUP_RANKS];
+    size_t n = 10007;
+    float *host = malloc(n * sizeof(float));
+    for (int r = 0; r < GROUP_RANKS; r++) {
+        cr_assert_eq(cu->stream_create(&streams[r], CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+        cr_assert_eq(cu->mem_alloc(&send[r], n * sizeof(float)), CUDA_SUCCESS);
+        cr_assert_eq(cu->mem_alloc(&recv[r], n * sizeof(float)), CUDA_SUCCESS);
+        for (size_t i = 0; i < n; i++)
+            host[i] = input_of(r, i);
+        cr_assert_eq(cu->memcpy_htod(send[r], host, n * sizeof(float)), CUDA_SUCCESS);
+    }
+    for (int round = 0; round < 3; round++) {
+        cr_assert_eq(cfxGroupStart(), cfxSuccess);
+        for (int r = 0; r < GROUP_RANKS; r++)
+            cr_assert_eq(cfxAllReduce((void *)(uintptr_t)send[r], (void *)(uintptr_t)recv[r], n,
+                                      cfxFloat32, cfxSum, comms[r], streams[one_stream ? 0 : r]),
+                         cfxSuccess, "%s", cfxGetLastError(comms[r]));
+        cr_assert_eq(cfxGroupEnd(), cfxSuccess, "%s", cfxGetLastError(NULL));
+    }
+    for (int r = 0; r < GROUP_RANKS; r++) {
+        cr_assert_eq(cu->stream_synchronize(streams[r]), CUDA_SUCCESS);
+        cr_assert_eq(cu->memcpy_dtoh(host, recv[r], n * sizeof(float)), CUDA_SUCCESS);
+        for (size_t i = 0; i < n; i++)
+            cr_assert_eq(host[i], sum_of(GROUP_RANKS, i), "rank %d element %zu: %g", r, i,
+                         (double)host[i]);
+    }
+    for (int r = 0; r < GROUP_RANKS; r++) {
+        cr_assert_eq(cfxCommDestroy(comms[r]), cfxSuccess);
+        cu->mem_free(send[r]);
+        cu->mem_free(recv[r]);
+        cu->stream_destroy(streams[r]);
+    }
+    free(host);
+}
+
+Test(cuda, one_thread_drives_four_gpu_ranks_in_a_group_on_their_own_streams, .timeout = 120)
+{
+    cr_log_info("on %s", use_gpu());
+    one_thread_group(0);
+}
+
+Test(cuda, one_thread_drives_four_gpu_ranks_in_a_group_on_one_stream, .timeout = 120)
+{
+    cr_log_info("on %s", use_gpu());
+    one_thread_group(1);
+}
+
+/* ------------------------------------------------ devices */
+
+static void two_ranks_on_one_gpu_are_refused(struct cfx_test_rank *ctx)
+{
+    struct cfx_test_gpu gpu;
+    if (!cfx_test_gpu_open(ctx, 0, &gpu))
+        return;
+    cfxComm_t comm = NULL;
+    cfxResult_t res = cfxCommInitRank(&comm, ctx->nranks, ctx->id, ctx->rank);
+    const char *why = cfxGetLastError(NULL);
+    RANK_ASSERT(ctx, res == cfxInvalidUsage, "init gave %s", cfxGetErrorString(res));
+    RANK_ASSERT(ctx,
+                strstr(why, "ranks 0 and 1 of this communicator are both on GPU") != NULL &&
+                    strstr(why, "CFX_MULTI_RANK_GPU_ENABLE=1") != NULL,
+                "%s", why);
+    cfx_test_gpu_close(&gpu);
+}
+
+static void each_rank_reports_its_device(struct cfx_test_rank *ctx)
+{
+    struct cfx_test_gpu gpu;
+    if (!cfx_test_gpu_open(ctx, ctx->rank, &gpu))
+        return;
+    cfxComm_t comm;
+    RANK_CFX(ctx, cfxCommInitRank(&comm, ctx->nranks, ctx->id, ctx->rank));
+    int device = -2;
+    RANK_CFX(ctx, cfxCommCuDevice(comm, &device));
+    RANK_ASSERT(ctx, device == ctx->rank, "cfxCommCuDevice says %d on rank %d", device, ctx->rank);
+    cfx_test_allreduce_check(ctx, comm, 1000); /* Host buffers on a GPU rank, at once. */
+    RANK_CFX(ctx, cfxCommDestroy(comm));
+    cfx_test_gpu_close(&gpu);
+}
+
+Test(cuda, two_ranks_on_one_gpu_are_refused_unless_multi_rank_gpu_is_enabled, .timeout = 60)
+{
+    cr_log_info("on %s", use_gpu());
+    cfx_test_setenv("CFX_MULTI_RANK_GPU_ENABLE", NULL);
+    struct cfx_test_options opts = {.nranks = 2, .mode = CFX_TEST_THREADS, .deadline_s = 40};
+    CFX_TEST_RUN(&opts, two_ranks_on_one_gpu_are_refused);
+}
+
+Test(cuda, each_rank_is_bound_to_the_device_current_at_init, .timeout = 60)
+{
+    const char *driver = use_gpu();
+    if (strcmp(driver, "fake-cuda") != 0)
+        cr_skip_test("needs 3 GPUs; the fake driver has them (FAKECUDA_DEVICES=3)");
+    cfx_test_setenv("FAKECUDA_DEVICES", "3");
+    cfx_test_setenv("CFX_MULTI_RANK_GPU_ENABLE", NULL);
+    struct cfx_test_options opts = {.nranks = 3, .mode = CFX_TEST_THREADS, .deadline_s = 40};
+    CFX_TEST_RUN(&opts, each_rank_reports_its_device);
+}
+
+/* ------------------------------------------------ failures inside kernels */
+
+/* Poll cfxCommGetAsyncError until it reports something, at most @p limit_s. */
+static cfxResult_t async_error_within(cfxComm_t comm, double limit_s)
+{
+    double start = now_s();
+    cfxResult_t seen = cfxSuccess;
+    while (now_s() - start < limit_s) {
+        if (cfxCommGetAsyncError(comm, &seen) != cfxSuccess || seen != cfxSuccess)
+            break;
+        usleep(10000);
+    }
+    return seen;
+}
+
+/* Rank 1 calls with another count: every rank's kernel stops, and the
+ * failure surfaces on every rank as cfxInvalidUsage naming a mismatch. */
+static void mismatched_counts_on_gpu(struct cfx_test_rank *ctx)
+{
+    struct gpu_rank g;
+    if (!gpu_rank_open(ctx, &g, 4096) || !put_inputs(ctx, &g)) {
+        gpu_rank_close(&g);
+        return;
+    }
+    size_t count = ctx->rank == 1 ? 2048 : 4096;
+    cfx_test_step(ctx, "mismatched allreduce");
+    RANK_CFX(ctx, cfxAllReduce(g.dsend, g.drecv, count, cfxFloat32, cfxSum, g.comm, g.gpu.stream));
+    cfx_test_step(ctx, "waiting for the asynchronous error");
+    cfxResult_t seen = async_error_within(g.comm, 20);
+    RANK_ASSERT(ctx, seen == cfxInvalidUsage, "async error %s: %s", cfxGetErrorString(seen),
+                cfxGetLastError(g.comm));
+    RANK_ASSERT(ctx, g.gpu.cu->stream_synchronize(g.gpu.stream) == CUDA_SUCCESS,
+                "the stream did not finish after the failure");
+    cfxResult_t next =
+        cfxAllReduce(g.dsend, g.drecv, count, cfxFloat32, cfxSum, g.comm, g.gpu.stream);
+    RANK_ASSERT(ctx, next == cfxInvalidUsage, "the next call gave %s", cfxGetErrorString(next));
+    RANK_ASSERT(ctx, strstr(cfxGetLastError(g.comm), "broken by an earlier error") != NULL, "%s",
+                cfxGetLastError(g.comm));
+    gpu_rank_close(&g);
+}
+
+Test(cuda, mismatched_calls_on_gpu_fail_every_rank_with_invalid_usage, .timeout = 120)
+{
+    cr_log_info("on %s", use_gpu());
+    struct cfx_test_options opts = {.nranks = 3, .mode = CFX_TEST_THREADS, .deadline_s = 90};
+    CFX_TEST_RUN(&opts, mismatched_counts_on_gpu);
+}
+
+/* Rank 0 waits in its kernel for rank 1, which never calls; another thread
+ * aborts rank 0's communicator: the kernel ends (the stream completes)
+ * within a second. */
+struct abort_job {
+    cfxComm_t comm;
+    double at;
+    cfxResult_t res;
+};
+
+static void *abort_soon(void *arg)
+{
+    struct abort_job *job = arg;
+    usleep(300 * 1000);
+    job->at = now_s();
+    job->res = cfxCommAbort(job->comm);
+    return NULL;
+}
+
+static void abort_ends_the_kernel(struct cfx_test_rank *ctx)
+{
+    struct gpu_rank g;
+    if (!gpu_rank_open(ctx, &g, 1 << 16) || !put_inputs(ctx, &g)) {
+        gpu_rank_close(&g);
+        return;
+    }
+    if (ctx->rank == 1) {
+        sleep(3); /* Never calls: rank 0's kernel waits for it. */
+        gpu_rank_close(&g);
+        return;
+    }
+    RANK_CFX(ctx, cfxAllReduce(g.dsend, g.drecv, g.n, cfxFloat32, cfxSum, g.comm, g.gpu.stream));
+    struct abort_job job = {.comm = g.comm};
+    pthread_t thread;
+    pthread_create(&thread, NULL, abort_soon, &job);
+    cfx_test_step(ctx, "waiting for the stream after the abort");
+    CUresult err = g.gpu.cu->stream_synchronize(g.gpu.stream);
+    double done = now_s();
+    pthread_join(thread, NULL);
+    g.comm = NULL; /* Aborted: freed. */
+    RANK_ASSERT(ctx, err == CUDA_SUCCESS, "stream: CUDA error %d", (int)err);
+    RANK_ASSERT(ctx, job.res == cfxSuccess, "abort: %s", cfxGetErrorString(job.res));
+    RANK_ASSERT(ctx, done - job.at < 1.0, "the kernel ended %.2f s after the abort", done - job.at);
+    gpu_rank_close(&g);
+}
+
+Test(cuda, abort_from_another_thread_ends_a_waiting_kernel_within_a_second, .timeout = 60)
+{
+    cr_log_info("on %s", use_gpu());
+    struct cfx_test_options opts = {.nranks = 2, .mode = CFX_TEST_THREADS, .deadline_s = 40};
+    CFX_TEST_RUN(&opts, abort_ends_the_kernel);
+}
+
+/* Rank 1 never calls: rank 0's kernel makes no progress, and after
+ * CFX_TIMEOUT the watcher stops it; the error names rank 1. */
+static void timeout_names_the_peer(struct cfx_test_rank *ctx)
+{
+    struct gpu_rank g;
+    if (!gpu_rank_open(ctx, &g, 1024) || !put_inputs(ctx, &g)) {
+        gpu_rank_close(&g);
+        return;
+    }
+    if (ctx->rank == 1) {
+        sleep(6);
+        gpu_rank_close(&g);
+        return;
+    }
+    RANK_CFX(ctx, cfxAllReduce(g.dsend, g.drecv, g.n, cfxFloat32, cfxSum, g.comm, g.gpu.stream));
+    double start = now_s();
+    cfx_test_step(ctx, "waiting for the timeout");
+    cfxResult_t seen = async_error_within(g.comm, 10);
+    double took = now_s() - start;
+    const char *why = cfxGetLastError(g.comm);
+    RANK_ASSERT(ctx, seen == cfxTimeout, "async error %s: %s", cfxGetErrorString(seen), why);
+    RANK_ASSERT(ctx, took > 1.5 && took < 5, "the timeout came after %.2f s (CFX_TIMEOUT=2)", took);
+    RANK_ASSERT(ctx, strstr(why, "waits for rank 1") != NULL, "%s", why);
+    RANK_ASSERT(ctx, g.gpu.cu->stream_synchronize(g.gpu.stream) == CUDA_SUCCESS,
+                "the stream did not finish after the timeout");
+    gpu_rank_close(&g);
+}
+
+Test(cuda, a_kernel_without_progress_times_out_naming_the_rank_it_waits_for, .timeout = 60)
+{
+    cr_log_info("on %s", use_gpu());
+    cfx_test_setenv("CFX_TIMEOUT", "2");
+    struct cfx_test_options opts = {.nranks = 2, .mode = CFX_TEST_THREADS, .deadline_s = 40};
+    CFX_TEST_RUN(&opts, timeout_names_the_peer);
+    cfx_test_setenv("CFX_TIMEOUT", NULL);
+}
+
+/* Rank 2 of 3 (processes) is killed while the others loop allreduces on
+ * their streams: each survivor's error names rank 2, well before the
+ * timeout (the watcher asks the transports while a kernel stalls). */
+static void killed_peer_is_named(struct cfx_test_rank *ctx)
+{
+    struct gpu_rank g;
+    if (!gpu_rank_open(ctx, &g, 1 << 14) || !put_inputs(ctx, &g)) {
+        gpu_rank_close(&g);
+        return;
+    }
+    double start = now_s();
+    cfxResult_t res = cfxSuccess;
+    for (int i = 0; res == cfxSuccess && now_s() - start < 20; i++) {
+        if (ctx->rank == 2 && i == 20)
+            kill(getpid(), SIGKILL);
+        cfx_test_step(ctx, "allreduce %d", i);
+        res = cfxAllReduce(g.dsend, g.drecv, g.n, cfxFloat32, cfxSum, g.comm, g.gpu.stream);
+        if (res == cfxSuccess && g.gpu.cu->stream_synchronize(g.gpu.stream) != CUDA_SUCCESS)
+            break;
+        cfxResult_t seen = cfxSuccess;
+        if (res == cfxSuccess && cfxCommGetAsyncError(g.comm, &seen) == cfxSuccess)
+            res = seen;
+    }
+    double took = now_s() - start;
+    const char *why = cfxGetLastError(g.comm);
+    RANK_ASSERT(ctx, res != cfxSuccess, "no error after %.1f s", took);
+    RANK_ASSERT(ctx, took < 8, "the failure took %.1f s (CFX_TIMEOUT=15)", took);
+    RANK_ASSERT(ctx, strstr(why, "rank 2") != NULL, "the sentence does not name rank 2: %s", why);
+    gpu_rank_close(&g);
+}
+
+Test(cuda, a_killed_peer_process_is_named_by_every_survivor, .timeout = 90)
+{
+    cr_log_info("on %s", use_gpu());
+    cfx_test_setenv("CFX_TIMEOUT", "15");
+    struct cfx_test_options opts = {
+        .nranks = 3, .mode = CFX_TEST_PROCS, .deadline_s = 60, .killed_ranks = 1ull << 2};
+    CFX_TEST_RUN(&opts, killed_peer_is_named);
+    cfx_test_setenv("CFX_TIMEOUT", NULL);
+}
+
+/* ------------------------------------------------ graph capture */
+
+/* An allreduce captured on a stream replays correctly three times, with new
+ * inputs copied in before each replay (every rank captures the same). */
+static void capture_and_replay(struct cfx_test_rank *ctx)
+{
+    struct gpu_rank g;
+    size_t n = 9000;
+    if (!gpu_rank_open(ctx, &g, n)) {
+        gpu_rank_close(&g);
+        return;
+    }
+    const struct cfx_cuda_api *cu = g.gpu.cu;
+    RANK_ASSERT(ctx, cu->stream_begin_capture != NULL, "the driver cannot capture");
+    /* A first call outside the capture: connectors exist before it. */
+    RANK_ASSERT(ctx, put_inputs(ctx, &g), "inputs");
+    RANK_CFX(ctx, cfxAllReduce(g.dsend, g.drecv, n, cfxFloat32, cfxSum, g.comm, g.gpu.stream));
+    RANK_ASSERT(ctx, cfx_test_gpu_sync(ctx, &g.gpu) && check_sums(ctx, &g, g.drecv), "eager");
+    cfx_test_step(ctx, "capture");
+    RANK_ASSERT(
+        ctx, cu->stream_begin_capture(g.gpu.stream, CU_STREAM_CAPTURE_MODE_GLOBAL) == CUDA_SUCCESS,
+        "cuStreamBeginCapture");
+    cfxResult_t res = cfxAllReduce(g.dsend, g.drecv, n, cfxFloat32, cfxSum, g.comm, g.gpu.stream);
+    CUgraph graph = NULL;
+    CUresult err = cu->stream_end_capture(g.gpu.stream, &graph);
+    RANK_ASSERT(ctx, res == cfxSuccess, "captured allreduce: %s", cfxGetLastError(g.comm));
+    RANK_ASSERT(ctx, err == CUDA_SUCCESS, "cuStreamEndCapture: CUDA error %d", (int)err);
+    CUgraphExec exec = NULL;
+    RANK_ASSERT(ctx, cu->graph_instantiate(&exec, graph, 0) == CUDA_SUCCESS, "instantiate");
+    for (int replay = 0; replay < 3; replay++) {
+        cfx_test_step(ctx, "replay %d", replay);
+        for (size_t i = 0; i < n; i++)
+            g.host[i] = input_of(ctx->rank, i) * (float)(replay + 2);
+        RANK_ASSERT(ctx, cfx_test_gpu_put(ctx, &g.gpu, g.dsend, g.host, n * sizeof(float)),
+                    "inputs");
+        RANK_ASSERT(ctx, cu->graph_launch(exec, g.gpu.stream) == CUDA_SUCCESS, "cuGraphLaunch");
+        RANK_ASSERT(ctx, cfx_test_gpu_sync(ctx, &g.gpu), "sync");
+        RANK_ASSERT(ctx, cfx_test_gpu_get(ctx, &g.gpu, g.host, g.drecv, n * sizeof(float)), "get");
+        for (size_t i = 0; i < n; i++)
+            RANK_ASSERT(ctx, g.host[i] == sum_of(ctx->nranks, i) * (float)(replay + 2),
+                        "replay %d element %zu is %g", replay, i, (double)g.host[i]);
+    }
+    /* An eager call after the replays still agrees with every peer. */
+    RANK_ASSERT(ctx, put_inputs(ctx, &g), "inputs");
+    RANK_CFX(ctx, cfxAllReduce(g.dsend, g.drecv, n, cfxFloat32, cfxSum, g.comm, g.gpu.stream));
+    RANK_ASSERT(ctx, cfx_test_gpu_sync(ctx, &g.gpu) && check_sums(ctx, &g, g.drecv), "after");
+    cu->graph_exec_destroy(exec);
+    cu->graph_destroy(graph);
+    gpu_rank_close(&g);
+}
+
+Test(cuda, a_captured_allreduce_replays_correctly, .timeout = 120)
+{
+    cr_log_info("on %s", use_gpu());
+    struct cfx_test_options opts = {.nranks = 2, .mode = CFX_TEST_THREADS, .deadline_s = 90};
+    CFX_TEST_RUN(&opts, capture_and_replay);
 }
 
 #else

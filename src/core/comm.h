@@ -159,6 +159,7 @@ struct cfxComm {
     /* A GPU rank's CUDA state (gpu.c, src/exec/cuda.h); NULL for a host rank. */
     struct cfx_cuda_comm *cuda;
     int gpu_poison_pending; /* The watcher found a failure but could not tell the peers. */
+    int gpu_shared;         /* Another rank of this process is on the same GPU. */
     uint64_t gpu_unreaped;  /* Flight entries from here on may be GPU work not yet seen done. */
     struct cfxComm *registry_next;
     struct cfxComm *quarantine_next; /* handle.c: destroyed headers, oldest first. */

@@ -226,6 +226,12 @@ static cfxResult_t classify(struct cfxComm *comm, cfxStream_t stream, const void
         return cfx_error_set(cfxInvalidArgument, CFX_LOG_COLL,
                              "%s: a buffer is on GPU %d but rank %d runs on GPU %d", fn, dev,
                              comm->rank, comm->cuda_dev);
+    if (stream == NULL && comm->gpu_shared)
+        return cfx_error_set(cfxInvalidUsage, CFX_LOG_COLL,
+                             "%s: rank %d shares its GPU with another rank of this process, and "
+                             "their kernels on the legacy (NULL) stream would wait for each other "
+                             "forever: give each rank a stream of its own",
+                             fn, comm->rank);
     call_mem = CFX_MEM_DEVICE;
     return cfxSuccess;
 #else

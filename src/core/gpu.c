@@ -11,6 +11,7 @@
 
 #include "src/core/blame.h"
 #include "src/core/comm.h"
+#include "src/core/probe.h"
 #include "src/exec/cuda.h"
 #include "src/util/check.h"
 #include "src/util/log.h"
@@ -50,6 +51,20 @@ static void gpu_failed(void *owner)
     cfx_core_release(comm);
 }
 
+/* Watcher thread, while a kernel of the communicator stalls: the peers'
+ * health, as cfxCommGetAsyncError asks it (when no call holds it). */
+static cfxResult_t gpu_stalled(void *owner, int *blame_p)
+{
+    struct cfxComm *comm = owner;
+    int state = CFX_COMM_IDLE;
+    if (!__atomic_compare_exchange_n(&comm->active_calls, &state, CFX_COMM_IN_CALL, 0,
+                                     __ATOMIC_ACQUIRE, __ATOMIC_RELAXED))
+        return cfxSuccess; /* A call is in: ask again later. */
+    cfxResult_t res = cfx_core_probe_connectors(comm, 1, blame_p);
+    cfx_core_release(comm);
+    return res;
+}
+
 cfxResult_t cfx_core_gpu_setup(struct cfxComm *comm)
 {
     if (!param_multi_rank_gpu_enable())
@@ -65,15 +80,37 @@ cfxResult_t cfx_core_gpu_setup(struct cfxComm *comm)
                                          comm->peers[a].host_id);
     if (comm->cuda_dev < 0)
         return cfxSuccess;
+    for (int r = 0; r < comm->nranks; r++)
+        if (r != comm->rank && comm->peers[r].pid == comm->peers[comm->rank].pid &&
+            same_gpu(comm, r, comm->rank))
+            comm->gpu_shared = 1;
     struct cfx_cuda_comm_desc desc = {.device = comm->cuda_dev,
                                       .rank = comm->rank,
                                       .timeout_s = comm->timeout_s,
                                       .timeout_name = comm->timeout_name,
                                       .owner = comm,
-                                      .failed = gpu_failed};
+                                      .failed = gpu_failed,
+                                      .stalled = gpu_stalled};
     CFX_CHECK(cfx_exec_cuda_comm_open(&desc, &comm->cuda));
     comm->gpu_unreaped = comm->flight_count;
     return cfxSuccess;
+}
+
+/* Settle the flight entries of GPU work enqueued since the last time: done,
+ * or with @p failed (the failure's op fingerprint; NULL: none) that op and
+ * those after it failed with @p res. */
+static void settle_flight(struct cfxComm *comm, const struct cfx_fingerprint *failed,
+                          cfxResult_t res)
+{
+    for (uint64_t i = comm->gpu_unreaped; comm->flight_size > 0 && i < comm->flight_count; i++) {
+        const struct cfx_flight_entry *e = &comm->flight[i & comm->flight_mask];
+        if (i + comm->flight_mask + 1 < comm->flight_count || e->state != CFX_FLIGHT_RUNNING)
+            continue;
+        int ok = failed == NULL || !failed->valid || e->print.seq < failed->seq;
+        cfx_core_flight_update(comm, i, ok ? CFX_FLIGHT_DONE : CFX_FLIGHT_FAILED,
+                               ok ? cfxSuccess : res, e->n_steps, e->n_steps);
+    }
+    comm->gpu_unreaped = comm->flight_count;
 }
 
 cfxResult_t cfx_core_gpu_surface(struct cfxComm *comm)
@@ -90,6 +127,7 @@ cfxResult_t cfx_core_gpu_surface(struct cfxComm *comm)
     comm->async_error = res;
     cfx_core_poison_all(comm, res, blame); /* Again is harmless: the first reason stays. */
     __atomic_store_n(&comm->gpu_poison_pending, 0, __ATOMIC_RELAXED);
+    settle_flight(comm, &print, res);
     if (comm->flight_size > 0)
         cfx_core_flight_dump(comm, cfxGetErrorString(res));
     cfx_core_blame_tell(comm, res, blame);
@@ -103,14 +141,17 @@ cfxResult_t cfx_core_gpu_surface(struct cfxComm *comm)
 void cfx_core_gpu_reap(struct cfxComm *comm)
 {
     if (comm->cuda == NULL || comm->gpu_unreaped == comm->flight_count ||
-        cfx_exec_cuda_comm_busy(comm->cuda))
+        cfx_exec_cuda_comm_busy(comm->cuda) ||
+        __atomic_load_n(&comm->gpu_poison_pending, __ATOMIC_ACQUIRE) ||
+        comm->async_error != cfxSuccess)
+        return; /* Running, or failed: gpu_surface settles them. */
+    int blame;
+    struct cfx_fingerprint print;
+    if (cfx_exec_cuda_comm_failure(comm->cuda, &blame, &print) != cfxSuccess) {
+        cfx_error_thread_clear(); /* gpu_surface reports it. */
         return;
-    for (uint64_t i = comm->gpu_unreaped; comm->flight_size > 0 && i < comm->flight_count; i++) {
-        const struct cfx_flight_entry *e = &comm->flight[i & comm->flight_mask];
-        if (i + comm->flight_mask + 1 >= comm->flight_count && e->state == CFX_FLIGHT_RUNNING)
-            cfx_core_flight_update(comm, i, CFX_FLIGHT_DONE, cfxSuccess, e->n_steps, e->n_steps);
     }
-    comm->gpu_unreaped = comm->flight_count;
+    settle_flight(comm, NULL, cfxSuccess);
 }
 
 void cfx_core_gpu_close(struct cfxComm *comm)

@@ -211,12 +211,13 @@ cfxResult_t cfx_core_probe_leftovers(struct cfxComm *comm, int *blame_p)
  * after a clean cfxCommDestroy it looks the same; then the transports are
  * not asked again (comm->async_peer_left), so a program that polls after
  * its peers left gets one log line about it, not one per poll. */
-static cfxResult_t poisoned(struct cfxComm *comm, struct cfx_connector *conn, int *blame_p)
+static cfxResult_t poisoned(struct cfxComm *comm, struct cfx_connector *conn, int gone_too,
+                            int *blame_p)
 {
     if (conn == NULL || conn->transport == NULL || conn->transport->check == NULL)
         return cfxSuccess;
     cfxResult_t res = conn->transport->check(conn->transport_ctx, conn);
-    if (res != cfxInvalidUsage && res != cfxTimeout) {
+    if (res != cfxInvalidUsage && res != cfxTimeout && !(gone_too && res != cfxSuccess)) {
         if (res != cfxSuccess)
             comm->async_peer_left = 1;
         cfx_error_thread_clear();
@@ -226,30 +227,30 @@ static cfxResult_t poisoned(struct cfxComm *comm, struct cfx_connector *conn, in
     return res;
 }
 
-static cfxResult_t any_poisoned(struct cfxComm *comm, int *blame_p)
+cfxResult_t cfx_core_probe_connectors(struct cfxComm *comm, int gone_too, int *blame_p)
 {
-    CFX_CHECK(poisoned(comm, comm->ring_send, blame_p));
-    CFX_CHECK(poisoned(comm, comm->ring_recv, blame_p));
+    CFX_CHECK(poisoned(comm, comm->ring_send, gone_too, blame_p));
+    CFX_CHECK(poisoned(comm, comm->ring_recv, gone_too, blame_p));
     for (int peer = 0; peer < CFX_DIRECT_MAX_RANKS; peer++) {
-        CFX_CHECK(poisoned(comm, comm->direct.to[peer], blame_p));
-        CFX_CHECK(poisoned(comm, comm->direct.from[peer], blame_p));
+        CFX_CHECK(poisoned(comm, comm->direct.to[peer], gone_too, blame_p));
+        CFX_CHECK(poisoned(comm, comm->direct.from[peer], gone_too, blame_p));
     }
     for (int t = 0; t < 2; t++) {
         const struct cfx_tree_links *links = &comm->trees[t];
-        CFX_CHECK(poisoned(comm, links->to_parent, blame_p));
-        CFX_CHECK(poisoned(comm, links->from_parent, blame_p));
+        CFX_CHECK(poisoned(comm, links->to_parent, gone_too, blame_p));
+        CFX_CHECK(poisoned(comm, links->from_parent, gone_too, blame_p));
         for (int c = 0; c < links->n_children; c++) {
-            CFX_CHECK(poisoned(comm, links->to_child[c], blame_p));
-            CFX_CHECK(poisoned(comm, links->from_child[c], blame_p));
+            CFX_CHECK(poisoned(comm, links->to_child[c], gone_too, blame_p));
+            CFX_CHECK(poisoned(comm, links->from_child[c], gone_too, blame_p));
         }
         for (int r = 0; comm->relay_send[t] && comm->relay_recv[t] && r < comm->nranks; r++) {
-            CFX_CHECK(poisoned(comm, comm->relay_send[t][r], blame_p));
-            CFX_CHECK(poisoned(comm, comm->relay_recv[t][r], blame_p));
+            CFX_CHECK(poisoned(comm, comm->relay_send[t][r], gone_too, blame_p));
+            CFX_CHECK(poisoned(comm, comm->relay_recv[t][r], gone_too, blame_p));
         }
     }
     for (int r = 0; comm->p2p_send && comm->p2p_recv && r < comm->nranks; r++) {
-        CFX_CHECK(poisoned(comm, comm->p2p_send[r], blame_p));
-        CFX_CHECK(poisoned(comm, comm->p2p_recv[r], blame_p));
+        CFX_CHECK(poisoned(comm, comm->p2p_send[r], gone_too, blame_p));
+        CFX_CHECK(poisoned(comm, comm->p2p_recv[r], gone_too, blame_p));
     }
     return cfxSuccess;
 }
@@ -273,7 +274,7 @@ cfxResult_t cfx_core_probe_async(struct cfxComm *comm)
             now - comm->async_checked_ns < ASYNC_CHECK_EVERY_NS)
             return cfxSuccess;
         comm->async_checked_ns = now;
-        res = any_poisoned(comm, &blame);
+        res = cfx_core_probe_connectors(comm, 0, &blame);
         if (res == cfxSuccess)
             return cfxSuccess;
     }

@@ -27,6 +27,12 @@ cfxResult_t cfx_core_probe_leftovers(struct cfxComm *comm, int *blame_p);
  * found the mismatch). Cheap (a cache line per connector); never blocks. */
 cfxResult_t cfx_core_probe_conflict(struct cfxComm *comm, const struct cfx_op *op, int *blame_p);
 
+/* Every connector of @p comm asked of its transport (check): a connector a
+ * peer poisoned (a mismatch, a timeout) and, with @p gone_too, a peer gone.
+ * cfxSuccess, or the first failure with its sentence and *blame_p the rank
+ * it is about. Never blocks. */
+cfxResult_t cfx_core_probe_connectors(struct cfxComm *comm, int gone_too, int *blame_p);
+
 /* cfxCommGetAsyncError's look around while no call uses @p comm: leftover
  * slots (above), and connectors a peer poisoned because it found a mismatch
  * or timed out (asked of the transports at most every few milliseconds, and

@@ -43,8 +43,14 @@ struct cfx_cuda_comm_desc {
     int rank;
     int64_t timeout_s; /* A running kernel's longest time without progress; 0: forever. */
     const char *timeout_name;
-    void *owner;                 /* Handed to failed(). */
+    void *owner;                 /* Handed to the hooks. */
     void (*failed)(void *owner); /* Watcher thread, once, after a failure is recorded. */
+    /* Watcher thread, every 100 ms that a running kernel of the
+     * communicator makes no progress: whether its peers are all right (a
+     * peer process that died, a connector a peer poisoned). cfxSuccess, or
+     * the failure with its sentence and *blame_p, which the watcher records.
+     * Must not block. */
+    cfxResult_t (*stalled)(void *owner, int *blame_p);
 };
 
 /* Make @p desc's communicator's CUDA state: the kernel loaded on its device

@@ -144,6 +144,10 @@ static void proxy_sleep(struct cfx_proxy *proxy)
         struct timespec nap = {(time_t)(left / CFX_NS_PER_SEC), (long)(left % CFX_NS_PER_SEC)};
         ppoll(&wake, 1, &nap, NULL);
         n = epoll_wait(proxy->epoll_fd, events, MAX_EVENTS, 0);
+    } else if (limit_ns < CFX_NS_PER_MS) {
+        /* A client polls faster than epoll_wait's milliseconds. */
+        struct timespec until = {0, (long)limit_ns};
+        n = epoll_pwait2(proxy->epoll_fd, events, MAX_EVENTS, &until, NULL);
     } else {
         n = epoll_wait(proxy->epoll_fd, events, MAX_EVENTS, (int)((limit_ns + 999999) / 1000000));
     }

@@ -45,7 +45,9 @@ struct cfx_sock_conn {
     char *slots;
     size_t slot_bytes;
     int n_steps;
-    void *mem; /* The FIFO block: control block, then the slots. */
+    void *mem;        /* The FIFO block: control block, then the slots. */
+    int pinned;       /* A GPU rank's: mem registered with CUDA for device pinned - 1; else 0. */
+    int64_t moved_ns; /* Pinned: when a pass last moved bytes (the proxy polls faster after). */
     uint64_t conn_id;
     int nsocks;
     struct cfx_sock_stream streams[MAX_SOCKS];

@@ -35,6 +35,7 @@
 #include <unistd.h>
 
 #include "src/proxy/proxy.h"
+#include "src/util/cuda.h"
 #include "src/util/error.h"
 #include "src/util/log.h"
 #include "src/util/param.h"
@@ -62,10 +63,28 @@ static void *zalloc_aligned(size_t bytes)
     return mem;
 }
 
+/* A GPU rank's connector: its kernel posts and releases slots without a
+ * kick, so the proxy polls it, every KERNEL_POLL_FAST_NS for a while after
+ * bytes moved, else every KERNEL_POLL_IDLE_NS. */
+#define KERNEL_POLL_FAST_NS  (20 * 1000)
+#define KERNEL_POLL_IDLE_NS  (1000 * 1000)
+#define KERNEL_POLL_AFTER_NS (50 * 1000 * 1000)
+
 /* The proxy's pass over one connector (proxy thread, under its lock). */
 static int conn_proxy_progress(void *arg)
 {
-    return cfx_sock_conn_drive(arg);
+    struct cfx_sock_conn *sc = arg;
+    int moved = cfx_sock_conn_drive(sc);
+    if (sc->pinned) {
+        int64_t now = cfx_time_now_ns();
+        if (moved)
+            sc->moved_ns = now;
+        atomic_store_explicit(&sc->client.poll_ns,
+                              now - sc->moved_ns < KERNEL_POLL_AFTER_NS ? KERNEL_POLL_FAST_NS
+                                                                        : KERNEL_POLL_IDLE_NS,
+                              memory_order_relaxed);
+    }
+    return moved;
 }
 
 /* A socket of the connector turned ready (proxy thread): a sender's socket
@@ -88,6 +107,8 @@ static cfxResult_t proxy_add(struct cfx_sock_ctx *ctx, struct cfx_sock_conn *sc)
     sc->client.progress = conn_proxy_progress;
     sc->client.ready = conn_proxy_ready;
     sc->client.arg = sc;
+    atomic_store_explicit(&sc->client.poll_ns, sc->pinned ? KERNEL_POLL_FAST_NS : 0,
+                          memory_order_relaxed);
     uint32_t events = EPOLLIN | EPOLLRDHUP | (sc->dir == CFX_CONN_SEND ? EPOLLOUT : 0);
     cfxResult_t res = cfx_proxy_add(ctx->proxy, &sc->client, fds, sc->nsocks, events);
     if (res != cfxSuccess) {
@@ -235,6 +256,23 @@ static cfxResult_t sock_setup(void *ctx_v, const struct cfx_transport_peer *peer
                              bytes, peer->rank);
     }
     memset(sc->mem, 0, bytes); /* Touch every page now, never on the data path. */
+    if (conn->place.reader == CFX_READER_KERNEL) {
+        /* A GPU rank: its kernel reads and writes this FIFO; the proxy
+         * moves it over TCP (polling: a kernel cannot kick). */
+        cfxResult_t res =
+            conn->place.mem != CFX_MEM_HOST_PINNED
+                ? cfx_error_set(cfxInvalidUsage, CFX_LOG_NET,
+                                "socket transport: a FIFO a kernel reads must be pinned host "
+                                "memory (connection with rank %d)",
+                                peer->rank)
+                : cfx_cuda_host_register(sc->mem, bytes, conn->place.device);
+        if (res != cfxSuccess) {
+            free(sc->mem);
+            free(sc);
+            return res;
+        }
+        sc->pinned = conn->place.device + 1;
+    }
     sc->dir = conn->dir;
     sc->self_rank = ctx->rank;
     sc->peer_rank = peer->rank;
@@ -317,6 +355,8 @@ static void sock_close(void *ctx_v, struct cfx_connector *conn)
     pthread_mutex_unlock(&ctx->accept_lock);
     for (int s = 0; s < MAX_SOCKS; s++)
         cfx_socket_close(&sc->streams[s].fd);
+    if (sc->pinned)
+        cfx_cuda_host_unregister(sc->mem, sc->pinned - 1);
     free(sc->mem);
     free(sc);
     cfx_connector_forget(conn);
@@ -423,7 +463,8 @@ static cfxResult_t sock_check(void *ctx_v, struct cfx_connector *conn)
 const struct cfx_transport cfx_socket_transport = {
     .version = CFX_TRANSPORT_VERSION,
     .name = "socket",
-    .flags = CFX_TRANSPORT_FLAG_PROGRESS,
+    /* Kicks after host posts; FIFOs a kernel can use (pinned, polled). */
+    .flags = CFX_TRANSPORT_FLAG_PROGRESS | CFX_TRANSPORT_FLAG_READER_KERNEL,
     /* lifecycle */
     .init = sock_init,
     .fini = sock_fini,

@@ -40,6 +40,7 @@ CFX_STATIC_ASSERT(CFX_EXEC_CUDA_MAX_OPS == CFX_KERNEL_MAX_OPS,
                   "the interface says what a launch carries");
 
 #define WATCH_EVERY_NS (1 * CFX_NS_PER_MS)
+#define STALL_ASK_NS   (100 * CFX_NS_PER_MS) /* How often a stall asks stalled(). */
 #define MAX_DEVICES    64
 
 struct cfx_cuda_comm {
@@ -52,6 +53,7 @@ struct cfx_cuda_comm {
     /* The watcher's (under watch_lock). */
     uint64_t last_beats;
     int64_t stalled_since_ns;
+    int64_t stall_asked_ns; /* When stalled() was last called. */
     struct cfx_cuda_comm *next;
     /* The recorded failure: written once by the watcher, then `failed`. */
     _Atomic int failed;
@@ -122,11 +124,8 @@ __attribute__((format(printf, 5, 6))) static int record_failure(struct cfx_cuda_
     c->fail_res = res;
     c->fail_blame = blame;
     memset(&c->fail_print, 0, sizeof(c->fail_print));
-    if (f != NULL) {
-        c->fail_print.seq = f->seq;
-        c->fail_print.kind = (uint8_t)f->kind;
-        c->fail_print.valid = 1;
-    }
+    if (f != NULL)
+        c->fail_print = f->print;
     if (cfx_load_relaxed_u32((uint32_t *)&c->mapped->abort_word) == 0)
         cfx_store_release_u32((uint32_t *)&c->mapped->abort_word, CFX_KERNEL_ABORT_BROKEN);
     atomic_store_explicit(&c->failed, 1, memory_order_release);
@@ -138,8 +137,8 @@ __attribute__((format(printf, 5, 6))) static int record_failure(struct cfx_cuda_
 static int failure_of(struct cfx_cuda_comm *c, const struct cfx_kernel_failure *f)
 {
     int rank = c->desc.rank;
-    const char *what = kind_name(f->kind);
-    unsigned long long seq = (unsigned long long)f->seq, step = (unsigned long long)f->step;
+    const char *what = kind_name(f->print.kind);
+    unsigned long long seq = (unsigned long long)f->print.seq, step = (unsigned long long)f->step;
     switch (f->status) {
     case CFX_KERNEL_END_MISMATCH:
         return record_failure(c, cfxInvalidUsage, rank, f,
@@ -205,20 +204,28 @@ static void watch_one(struct cfx_cuda_comm *c, int64_t now)
     if (running < 0 || beats != c->last_beats) {
         c->last_beats = beats;
         c->stalled_since_ns = now;
+        c->stall_asked_ns = now;
         return;
+    }
+    if (now - c->stall_asked_ns >= STALL_ASK_NS && c->desc.stalled != NULL) {
+        c->stall_asked_ns = now;
+        int blame = c->desc.rank;
+        cfxResult_t res = c->desc.stalled(c->desc.owner, &blame);
+        if (res != cfxSuccess && record_failure(c, res, blame, NULL, "%s", cfx_error_thread_last()))
+            goto failed;
     }
     if (c->desc.timeout_s <= 0 || now - c->stalled_since_ns < c->desc.timeout_s * CFX_NS_PER_SEC)
         return;
     struct cfx_kernel_report *r = &c->mapped->reports[running];
-    struct cfx_kernel_failure f = {.kind = (int32_t)CFX_COLL_ALLREDUCE,
-                                   .seq = cfx_load_relaxed_u64(&r->seq),
-                                   .step = cfx_load_relaxed_u64(&r->step)};
+    struct cfx_kernel_failure f = {.step = cfx_load_relaxed_u64(&r->step)};
+    f.print = r->running;
     int peer = (int)cfx_load_relaxed_u32((const uint32_t *)&r->waiting_peer);
-    if (record_failure(c, cfxTimeout, peer >= 0 ? peer : c->desc.rank, NULL,
-                       "an operation #%llu on rank %d (GPU) made no progress for %s=%lld s: step "
-                       "%llu waits for rank %d",
-                       (unsigned long long)f.seq, c->desc.rank, c->desc.timeout_name,
-                       (long long)c->desc.timeout_s, (unsigned long long)f.step, peer))
+    if (record_failure(c, cfxTimeout, peer >= 0 ? peer : c->desc.rank, &f,
+                       "%s #%llu on rank %d (GPU) made no progress for %s=%lld s: step %llu waits "
+                       "for rank %d",
+                       kind_name(f.print.kind), (unsigned long long)f.print.seq, c->desc.rank,
+                       c->desc.timeout_name, (long long)c->desc.timeout_s,
+                       (unsigned long long)f.step, peer))
         cfx_store_release_u32((uint32_t *)&c->mapped->abort_word, CFX_KERNEL_ABORT_TIMEOUT);
 failed:
     c->desc.failed(c->desc.owner);
@@ -392,7 +399,7 @@ cfxResult_t cfx_exec_cuda_comm_failure(struct cfx_cuda_comm *c, int *blame_p,
 void cfx_exec_cuda_comm_fail(struct cfx_cuda_comm *c, cfxResult_t res, int blame,
                              const struct cfx_fingerprint *print, const char *text)
 {
-    struct cfx_kernel_failure f = {.kind = print->kind, .seq = print->seq};
+    struct cfx_kernel_failure f = {.print = *print};
     pthread_mutex_lock(&watch_lock);
     int recorded = record_failure(c, res, blame, &f, "%s", text);
     pthread_mutex_unlock(&watch_lock);

@@ -72,23 +72,24 @@ struct cfx_kernel_failure {
     int32_t status; /* enum cfx_kernel_end, 0 while none. */
     int32_t detail; /* The closed or abort word. */
     int32_t peer;   /* The peer it came through, or -1. */
-    int32_t kind;   /* The op's enum cfx_coll_kind. */
-    uint64_t seq;   /* The op's fingerprint seq. */
-    uint64_t step;  /* The step it failed at. */
+    int32_t reserved;
+    uint64_t step;                /* The step it failed at. */
+    struct cfx_fingerprint print; /* The op's. */
 };
 
-/* One block's report (host-mapped, two cache lines). */
+/* One block's report (host-mapped, three cache lines: what changes while it
+ * runs, what it runs, how it failed). */
 struct cfx_kernel_report {
     CFX_ALIGNAS(CFX_CACHE_LINE) uint64_t begun; /* Blocks started in this slot. */
     uint64_t ended;                             /* Blocks finished in this slot. */
     uint64_t heartbeat;                         /* Steps run, all launches. */
-    uint64_t seq;                               /* The running op's fingerprint seq. */
     uint64_t step;                              /* The step it is at (while waiting). */
     int32_t waiting_peer;                       /* The peer it waits on, or -1. */
     int32_t end_status;                         /* enum cfx_kernel_end of the last block. */
+    CFX_ALIGNAS(CFX_CACHE_LINE) struct cfx_fingerprint running; /* The op it runs. */
     CFX_ALIGNAS(CFX_CACHE_LINE) struct cfx_kernel_failure failure;
 };
-CFX_STATIC_ASSERT(sizeof(struct cfx_kernel_report) == 2 * CFX_CACHE_LINE, "two lines per block");
+CFX_STATIC_ASSERT(sizeof(struct cfx_kernel_report) == 3 * CFX_CACHE_LINE, "three lines per block");
 
 /* What the kernels of one communicator share with the host (host-mapped
  * memory, one block per communicator): its abort word and a report slot
@@ -153,9 +154,8 @@ static inline CFX_HOST_DEVICE void cfx_kernel_end(struct cfx_kernel_block *b,
     if (end != CFX_KERNEL_END_DONE && cfx_load_relaxed_u32((uint32_t *)&r->failure.status) == 0) {
         r->failure.detail = detail;
         r->failure.peer = peer;
-        r->failure.kind = op->work.kind;
-        r->failure.seq = op->work.print.seq;
         r->failure.step = b->loop.step;
+        r->failure.print = op->work.print;
         cfx_store_release_u32((uint32_t *)&r->failure.status, (uint32_t)end);
     }
     if (end != CFX_KERNEL_END_DONE && end != CFX_KERNEL_END_ABORTED)
@@ -222,7 +222,7 @@ static inline CFX_HOST_DEVICE int cfx_kernel_lead(struct cfx_kernel_block *b,
             b->conns[i] = a->views[op->first_view + i];
         cfx_steploop_init(&b->loop, &op->work, b->conns);
         b->idle = 0;
-        cfx_store_relaxed_u64(&r->seq, op->work.print.seq);
+        r->running = op->work.print;
         cfx_kernel_store_i32(&r->end_status, CFX_KERNEL_END_NONE);
         cfx_store_release_u64(&r->begun, cfx_load_relaxed_u64(&r->begun) + 1);
         int32_t aborted = cfx_kernel_aborted(op);
