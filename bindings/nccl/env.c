@@ -60,12 +60,15 @@ static const struct env_twin twins[] = {
     {"NCCL_TOPO_FILE", "CFX_TOPO_FILE", NULL, 0},
     {"NCCL_TOPO_DUMP_FILE", "CFX_TOPO_DUMP_FILE", NULL, 0},
     {"NCCL_HOSTID", "CFX_HOSTID", NULL, 0},
+    {"NCCL_MULTI_RANK_GPU_ENABLE", "CFX_MULTI_RANK_GPU_ENABLE", NULL, 0},
+    {"NCCL_IB_HCA", "CFX_IB_HCA", NULL, 0},
+    {"NCCL_IB_DISABLE", "CFX_IB_DISABLE", NULL, 0},
+    {"NCCL_NET", "CFX_NET", NULL, 0},
 };
 #define N_TWINS (sizeof(twins) / sizeof(twins[0]))
 
 /* Common NCCL settings with no Conflux twin: said so at CFX_DEBUG=INFO. */
 static const char *const orphans[] = {
-    "NCCL_IB_HCA",        "NCCL_IB_DISABLE",  "NCCL_NET",
     "NCCL_NET_GDR_LEVEL", "NCCL_P2P_DISABLE", "NCCL_P2P_LEVEL",
     "NCCL_NVLS_ENABLE",   "NCCL_CONF_FILE",   "NCCL_MIN_NCHANNELS",
 };

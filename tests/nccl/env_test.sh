@@ -22,7 +22,8 @@ run() { env "${unset_args[@]}" CFX_CONF_FILE=/nonexistent "$@"; }
 twins=(DEBUG:ABORT:WARN DEBUG_SUBSYS:INIT,NET DEBUG_FILE:/tmp/x.%h.%p COMM_ID:127.0.0.1:29999
        SOCKET_IFNAME:=eth9 SOCKET_FAMILY:AF_INET6:6 SOCKET_NTHREADS:3 NSOCKS_PERTHREAD:5
        ALGO:^tree PROTO:Simple BUFFSIZE:1048576 MAX_NCHANNELS:7 SHM_DISABLE:1
-       TOPO_FILE:/tmp/topo.xml TOPO_DUMP_FILE:/tmp/dump.xml HOSTID:host-a)
+       TOPO_FILE:/tmp/topo.xml TOPO_DUMP_FILE:/tmp/dump.xml HOSTID:host-a
+       MULTI_RANK_GPU_ENABLE:1 IB_HCA:=mlx5_0:1 IB_DISABLE:1 NET:Socket)
 settings=() names=()
 for twin in "${twins[@]}"; do
   name=${twin%%:*} rest=${twin#*:}
