@@ -663,6 +663,98 @@ Test(cuda, a_killed_peer_process_is_named_by_every_survivor, .timeout = 90)
     cfx_test_setenv("CFX_TIMEOUT", NULL);
 }
 
+/* ------------------------------------------------ the rest of the API on device buffers */
+
+#define API_RANKS 4
+#define API_COUNT 1031 /* Elements per block: odd, several chunks of nothing. */
+
+static int32_t block_value(int from, int to, size_t i)
+{
+    return from * 1000000 + to * 10000 + (int32_t)(i % 9973);
+}
+
+/* Alltoall, gather and scatter (root 1) of device buffers, then an
+ * allreduce with a PreMulSum op (host scalar), on each rank's stream. */
+static void rest_of_the_api(struct cfx_test_rank *ctx)
+{
+    struct gpu_rank g;
+    size_t all = (size_t)API_COUNT * API_RANKS;
+    if (!gpu_rank_open(ctx, &g, all)) {
+        gpu_rank_close(&g);
+        return;
+    }
+    int r = ctx->rank, n = ctx->nranks, root = 1;
+    int32_t *host = (int32_t *)g.host;
+    int32_t *dsend = (int32_t *)g.dsend, *drecv = (int32_t *)g.drecv;
+    for (int to = 0; to < n; to++)
+        for (size_t i = 0; i < API_COUNT; i++)
+            host[(size_t)to * API_COUNT + i] = block_value(r, to, i);
+    RANK_ASSERT(ctx, cfx_test_gpu_put(ctx, &g.gpu, dsend, host, all * 4), "put");
+
+    cfx_test_step(ctx, "alltoall");
+    RANK_CFX(ctx, cfxAlltoAll(dsend, drecv, API_COUNT, cfxInt32, g.comm, g.gpu.stream));
+    RANK_ASSERT(ctx, cfx_test_gpu_get(ctx, &g.gpu, host, drecv, all * 4), "get");
+    for (int from = 0; from < n; from++)
+        for (size_t i = 0; i < API_COUNT; i++)
+            RANK_ASSERT(ctx, host[(size_t)from * API_COUNT + i] == block_value(from, r, i),
+                        "alltoall: block %d element %zu is %d", from, i,
+                        host[(size_t)from * API_COUNT + i]);
+
+    cfx_test_step(ctx, "gather to rank %d", root);
+    for (size_t i = 0; i < API_COUNT; i++)
+        host[i] = block_value(r, root, i);
+    RANK_ASSERT(ctx, cfx_test_gpu_put(ctx, &g.gpu, dsend, host, API_COUNT * 4), "put");
+    RANK_CFX(ctx, cfxGather(dsend, drecv, API_COUNT, cfxInt32, root, g.comm, g.gpu.stream));
+    if (r == root) {
+        RANK_ASSERT(ctx, cfx_test_gpu_get(ctx, &g.gpu, host, drecv, all * 4), "get");
+        for (int from = 0; from < n; from++)
+            for (size_t i = 0; i < API_COUNT; i++)
+                RANK_ASSERT(ctx, host[(size_t)from * API_COUNT + i] == block_value(from, root, i),
+                            "gather: block %d element %zu", from, i);
+    }
+
+    cfx_test_step(ctx, "scatter from rank %d", root);
+    for (int to = 0; to < n; to++)
+        for (size_t i = 0; i < API_COUNT; i++)
+            host[(size_t)to * API_COUNT + i] = block_value(r, to, i) + 7;
+    RANK_ASSERT(ctx, cfx_test_gpu_put(ctx, &g.gpu, dsend, host, all * 4), "put");
+    RANK_CFX(ctx, cfxScatter(dsend, drecv, API_COUNT, cfxInt32, root, g.comm, g.gpu.stream));
+    RANK_ASSERT(ctx, cfx_test_gpu_get(ctx, &g.gpu, host, drecv, API_COUNT * 4), "get");
+    for (size_t i = 0; i < API_COUNT; i++)
+        RANK_ASSERT(ctx, host[i] == block_value(root, r, i) + 7, "scatter: element %zu is %d", i,
+                    host[i]);
+
+    cfx_test_step(ctx, "allreduce with a PreMulSum op");
+    RANK_ASSERT(ctx, put_inputs(ctx, &g), "put");
+    float scalar = 0.5f;
+    cfxRedOp_t premul;
+    RANK_CFX(ctx,
+             cfxRedOpCreatePreMulSum(&premul, &scalar, cfxFloat32, cfxScalarHostImmediate, g.comm));
+    RANK_CFX(ctx, cfxAllReduce(g.dsend, g.drecv, all, cfxFloat32, premul, g.comm, g.gpu.stream));
+    RANK_ASSERT(ctx, cfx_test_gpu_get(ctx, &g.gpu, g.host, g.drecv, all * 4), "get");
+    for (size_t i = 0; i < all; i++)
+        RANK_ASSERT(ctx, g.host[i] == sum_of(n, i) * 0.5f, "premulsum: element %zu is %g", i,
+                    (double)g.host[i]);
+    RANK_CFX(ctx, cfxRedOpDestroy(premul, g.comm));
+
+    cfx_test_step(ctx, "cfxMemAlloc on a GPU rank's thread");
+    void *mem = NULL;
+    RANK_CFX(ctx, cfxMemAlloc(&mem, 4096));
+    int device = -1;
+    RANK_ASSERT(ctx, cfx_cuda_is_device_ptr(mem, &device) && device == 0,
+                "cfxMemAlloc gave no device memory");
+    RANK_CFX(ctx, cfxMemFree(mem));
+    gpu_rank_close(&g);
+}
+
+Test(cuda, alltoall_gather_scatter_and_premulsum_run_on_device_buffers, .timeout = 120)
+{
+    cr_log_info("on %s", use_gpu());
+    struct cfx_test_options opts = {
+        .nranks = API_RANKS, .mode = CFX_TEST_THREADS, .deadline_s = 90};
+    CFX_TEST_RUN(&opts, rest_of_the_api);
+}
+
 /* ------------------------------------------------ graph capture */
 
 /* An allreduce captured on a stream replays correctly three times, with new

@@ -15,6 +15,7 @@
 #include "src/core/comm.h"
 #include "src/core/redop.h"
 #include "src/util/check.h"
+#include "src/util/cuda.h"
 #include "src/util/log.h"
 
 /* ------------------------------------------------------------- memory */
@@ -29,7 +30,11 @@ CFX_API cfxResult_t cfxMemAlloc(void **ptr, size_t size)
     if (res == cfxSuccess && size > PTRDIFF_MAX)
         res = cfx_error_set(cfxInvalidArgument, CFX_LOG_INIT,
                             "%s: size %zu is larger than any allocation can be", fn, size);
-    if (res == cfxSuccess) {
+    int device = res == cfxSuccess ? cfx_cuda_rank_device() : -1;
+    if (device >= 0) {
+        /* A thread with a CUDA context current: device memory, as NCCL. */
+        res = cfx_cuda_mem_alloc(ptr, size);
+    } else if (res == cfxSuccess) {
         long page = sysconf(_SC_PAGESIZE);
         void *mem = NULL;
         int err = posix_memalign(&mem, page > 0 ? (size_t)page : 4096, size);
@@ -47,8 +52,12 @@ CFX_API cfxResult_t cfxMemAlloc(void **ptr, size_t size)
 CFX_API cfxResult_t cfxMemFree(void *ptr)
 {
     cfx_core_api_enter(NULL);
-    free(ptr);
-    return cfx_core_api_exit(NULL, cfxSuccess);
+    cfxResult_t res = cfxSuccess;
+    if (cfx_cuda_is_device_ptr(ptr, NULL))
+        res = cfx_cuda_mem_free(ptr);
+    else
+        free(ptr);
+    return cfx_core_api_exit(NULL, res);
 }
 
 /* Shared start of the communicator's entry points: a live, claimed

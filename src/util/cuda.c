@@ -385,6 +385,30 @@ cfxResult_t cfx_cuda_host_register(void *ptr, size_t bytes, int device)
     return cfxSuccess;
 }
 
+cfxResult_t cfx_cuda_mem_alloc(void **ptr_p, size_t bytes)
+{
+    const struct cfx_cuda_api *cu = atomic_load_explicit(&loaded_api, memory_order_acquire);
+    if (cu == NULL)
+        return cfx_error_set(cfxInvalidUsage, CFX_LOG_ALLOC, "CUDA is not loaded");
+    CUdeviceptr ptr = 0;
+    CFX_CU_CHECK(cu, mem_alloc(&ptr, bytes), CFX_LOG_ALLOC, "cannot allocate device memory");
+    CUresult err = cu->memset_d8(ptr, 0, bytes); /* Touched now, not by the first call. */
+    if (err != CUDA_SUCCESS) {
+        cu->mem_free(ptr);
+        return cfx_cuda_error(err, CFX_LOG_ALLOC, "cannot clear device memory");
+    }
+    *ptr_p = (void *)(uintptr_t)ptr;
+    return cfxSuccess;
+}
+
+cfxResult_t cfx_cuda_mem_free(void *ptr)
+{
+    const struct cfx_cuda_api *cu = atomic_load_explicit(&loaded_api, memory_order_acquire);
+    CFX_CU_CHECK(cu, mem_free((CUdeviceptr)(uintptr_t)ptr), CFX_LOG_ALLOC,
+                 "cannot free device memory");
+    return cfxSuccess;
+}
+
 void cfx_cuda_host_unregister(void *ptr, int device)
 {
     const struct cfx_cuda_api *cu = atomic_load_explicit(&loaded_api, memory_order_acquire);
@@ -424,6 +448,19 @@ void cfx_cuda_host_unregister(void *ptr, int device)
 {
     (void)ptr;
     (void)device;
+}
+
+cfxResult_t cfx_cuda_mem_alloc(void **ptr_p, size_t bytes)
+{
+    (void)ptr_p;
+    (void)bytes;
+    return cfx_error_set(cfxInvalidUsage, CFX_LOG_ALLOC, "this Conflux was built without CUDA");
+}
+
+cfxResult_t cfx_cuda_mem_free(void *ptr)
+{
+    (void)ptr;
+    return cfxSuccess;
 }
 
 cfxResult_t cfx_cuda_select(int device)

@@ -173,6 +173,11 @@ int cfx_cuda_is_device_ptr(const void *ptr, int *device_p);
  * or a sentence (no CUDA, out of pinnable memory). */
 cfxResult_t cfx_cuda_host_register(void *ptr, size_t bytes, int device);
 
+/* @p bytes of device memory on the current context's device, zeroed
+ * (cfxMemAlloc on a GPU rank's thread); free with cfx_cuda_mem_free. */
+cfxResult_t cfx_cuda_mem_alloc(void **ptr_p, size_t bytes);
+cfxResult_t cfx_cuda_mem_free(void *ptr);
+
 /* Undo cfx_cuda_host_register (accepts NULL), device @p device's context
  * made current first (any thread may unpin). Never fails loudly. */
 void cfx_cuda_host_unregister(void *ptr, int device);
