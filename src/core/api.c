@@ -1,4 +1,5 @@
 /* Small API entry points: version, ids, queries, errors. */
+#include <sched.h>
 #include <stdio.h>
 
 #include "cfx_build_config.h"
@@ -40,6 +41,19 @@ cfxResult_t cfx_core_claim_refused(struct cfxComm *comm, int state, const char *
                          "time per communicator: serialize the threads, or give each its own "
                          "communicator (cfxCommSplit)",
                          fn, (void *)comm, comm->rank);
+}
+
+cfxResult_t cfx_core_claim_slow(struct cfxComm *comm, int state, const char *fn)
+{
+    while (state == CFX_COMM_INSPECTED || state == CFX_COMM_IDLE) {
+        if (state == CFX_COMM_INSPECTED)
+            sched_yield(); /* An inspector holds it for a moment. */
+        state = CFX_COMM_IDLE;
+        if (__atomic_compare_exchange_n(&comm->active_calls, &state, CFX_COMM_IN_CALL, 0,
+                                        __ATOMIC_ACQUIRE, __ATOMIC_RELAXED))
+            return cfxSuccess;
+    }
+    return cfx_core_claim_refused(comm, state, fn);
 }
 
 void cfx_core_print_version(void)
@@ -115,7 +129,7 @@ CFX_API cfxResult_t cfxCommGetAsyncError(cfxComm_t comm, cfxResult_t *asyncError
     if (res == cfxSuccess && comm->cuda != NULL) {
         /* A GPU rank's work on streams: what the CUDA watcher found (when no
          * other thread holds the communicator; its call surfaces it). */
-        if (cfx_core_claim(comm, fn) == cfxSuccess) {
+        if (cfx_core_inspect(comm)) {
             cfx_core_gpu_reap(comm);
             cfx_core_gpu_surface(comm);
             cfx_core_release(comm);

@@ -132,7 +132,7 @@ struct cfxComm {
     uint64_t flight_mask;
     struct cfx_time_ticks_origin flight_origin; /* Converts the entries' ticks. */
     uint64_t flight_count;                      /* Entries ever recorded. */
-    /* Who uses the communicator (CFX_COMM_IDLE, _IN_CALL, _CLOSED): one call
+    /* Who uses the communicator (CFX_COMM_IDLE, _IN_CALL, _CLOSED, _INSPECTED): one call
      * at a time holds it (cfx_core_claim); destroy and abort close it. */
     int active_calls;
     int closing; /* Set once by the first cfxCommDestroy or cfxCommAbort. */
@@ -302,6 +302,9 @@ void cfx_core_registry_remove(struct cfxComm *comm);
 #define CFX_COMM_IDLE    0
 #define CFX_COMM_IN_CALL 1
 #define CFX_COMM_CLOSED  2 /* Being destroyed, or destroyed: never leaves this state. */
+/* Held for a moment by an inspector (cfxCommGetAsyncError, the CUDA
+ * watcher): a call that finds it waits instead of being refused. */
+#define CFX_COMM_INSPECTED 3
 
 /* Whether @p comm (not NULL, and a header from cfx_core_handle_alloc or
  * garbage the caller passed) is a live communicator. */
@@ -313,6 +316,10 @@ static inline int cfx_core_comm_live(const struct cfxComm *comm)
 /* The refusal of a claim that found @p state: cfxInvalidUsage naming the
  * rule (another call holds it) or cfxInvalidArgument (destroyed). */
 cfxResult_t cfx_core_claim_refused(struct cfxComm *comm, int state, const char *fn);
+
+/* A claim that found @p state: waits out an inspector, then claims; else
+ * cfx_core_claim_refused. */
+cfxResult_t cfx_core_claim_slow(struct cfxComm *comm, int state, const char *fn);
 
 /* One call at a time per communicator: a call (a collective, its queueing in
  * a group, the launch of a group, split, finalize) claims a live
@@ -326,11 +333,22 @@ static inline cfxResult_t cfx_core_claim(struct cfxComm *comm, const char *fn)
     if (__atomic_compare_exchange_n(&comm->active_calls, &state, CFX_COMM_IN_CALL, 0,
                                     __ATOMIC_ACQUIRE, __ATOMIC_RELAXED))
         return cfxSuccess;
-    return cfx_core_claim_refused(comm, state, fn);
+    return cfx_core_claim_slow(comm, state, fn);
 }
 static inline void cfx_core_release(struct cfxComm *comm)
 {
     __atomic_store_n(&comm->active_calls, CFX_COMM_IDLE, __ATOMIC_RELEASE);
+}
+
+/* An inspector's hold on an idle communicator (returns 1; 0 when a call
+ * holds it or it is closed: look later); give it back with cfx_core_release.
+ * Never waits. An inspector may poison connectors, surface a failure and
+ * agree on the blame, but makes no call. */
+static inline int cfx_core_inspect(struct cfxComm *comm)
+{
+    int state = CFX_COMM_IDLE;
+    return __atomic_compare_exchange_n(&comm->active_calls, &state, CFX_COMM_INSPECTED, 0,
+                                       __ATOMIC_ACQUIRE, __ATOMIC_RELAXED);
 }
 
 /* Headers of communicators (handle.c): alloc returns a zeroed header (NULL:

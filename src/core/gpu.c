@@ -37,9 +37,7 @@ static int same_gpu(const struct cfxComm *comm, int a, int b)
 static void gpu_failed(void *owner)
 {
     struct cfxComm *comm = owner;
-    int state = CFX_COMM_IDLE;
-    if (!__atomic_compare_exchange_n(&comm->active_calls, &state, CFX_COMM_IN_CALL, 0,
-                                     __ATOMIC_ACQUIRE, __ATOMIC_RELAXED)) {
+    if (!cfx_core_inspect(comm)) {
         __atomic_store_n(&comm->gpu_poison_pending, 1, __ATOMIC_RELEASE);
         return;
     }
@@ -56,9 +54,7 @@ static void gpu_failed(void *owner)
 static cfxResult_t gpu_stalled(void *owner, int *blame_p)
 {
     struct cfxComm *comm = owner;
-    int state = CFX_COMM_IDLE;
-    if (!__atomic_compare_exchange_n(&comm->active_calls, &state, CFX_COMM_IN_CALL, 0,
-                                     __ATOMIC_ACQUIRE, __ATOMIC_RELAXED))
+    if (!cfx_core_inspect(comm))
         return cfxSuccess; /* A call is in: ask again later. */
     cfxResult_t res = cfx_core_probe_connectors(comm, 1, blame_p);
     cfx_core_release(comm);

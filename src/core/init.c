@@ -774,8 +774,10 @@ static cfxResult_t comm_close(struct cfxComm *comm, int abort, const char *fn)
         if (state == CFX_COMM_CLOSED)
             return cfx_core_claim_refused(comm, state, fn);
         /* Another thread is in a call: make its waits fail, then wait for it
-         * to leave before freeing what it uses. */
-        abort = 1;
+         * to leave before freeing what it uses (an inspector only takes a
+         * moment: no need to fail anything for it). */
+        if (state != CFX_COMM_INSPECTED)
+            abort = 1;
         if (cfx_time_now_ns() >= deadline) {
             CFX_WARN(CFX_LOG_INIT,
                      "%s: a call on comm %p is still running after 5 s; leaking the "
