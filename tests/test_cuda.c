@@ -433,6 +433,49 @@ Test(cuda, one_thread_drives_four_gpu_ranks_in_a_group_on_one_stream, .timeout =
     one_thread_group(1);
 }
 
+/* Several collectives of one communicator in one group share its ring:
+ * their slots must not mix (one chain of blocks runs them in call order),
+ * while independent ones (sends to other peers) still run side by side. */
+static void group_of_calls_sharing_the_ring(struct cfx_test_rank *ctx)
+{
+    enum { CALLS = 3, ROUNDS = 10 };
+    struct gpu_rank g;
+    size_t n = 50000;
+    if (!gpu_rank_open(ctx, &g, n * CALLS)) {
+        gpu_rank_close(&g);
+        return;
+    }
+    for (size_t i = 0; i < n * CALLS; i++)
+        g.host[i] = input_of(ctx->rank, i);
+    RANK_ASSERT(ctx, cfx_test_gpu_put(ctx, &g.gpu, g.dsend, g.host, n * CALLS * sizeof(float)),
+                "put");
+    for (int round = 0; round < ROUNDS; round++) {
+        cfx_test_step(ctx, "round %d: a group of %d allreduces", round, CALLS);
+        RANK_CFX(ctx, cfxGroupStart());
+        for (int c = 0; c < CALLS; c++)
+            RANK_CFX(ctx, cfxAllReduce(g.dsend + (size_t)c * n, g.drecv + (size_t)c * n, n,
+                                       cfxFloat32, cfxSum, g.comm, g.gpu.stream));
+        RANK_CFX(ctx, cfxGroupEnd());
+        RANK_ASSERT(ctx, cfx_test_gpu_sync(ctx, &g.gpu), "sync");
+        cfxResult_t seen = cfxSuccess;
+        RANK_CFX(ctx, cfxCommGetAsyncError(g.comm, &seen));
+        RANK_ASSERT(ctx, seen == cfxSuccess, "round %d: %s", round, cfxGetLastError(g.comm));
+    }
+    RANK_ASSERT(ctx, cfx_test_gpu_get(ctx, &g.gpu, g.host, g.drecv, n * CALLS * sizeof(float)),
+                "get");
+    for (size_t i = 0; i < n * CALLS; i++)
+        RANK_ASSERT(ctx, g.host[i] == sum_of(ctx->nranks, i), "element %zu is %g, not %g", i,
+                    (double)g.host[i], (double)sum_of(ctx->nranks, i));
+    gpu_rank_close(&g);
+}
+
+Test(cuda, a_group_of_calls_sharing_connectors_runs_them_in_call_order, .timeout = 120)
+{
+    cr_log_info("on %s", use_gpu());
+    struct cfx_test_options opts = {.nranks = 3, .mode = CFX_TEST_PROCS, .deadline_s = 90};
+    CFX_TEST_RUN(&opts, group_of_calls_sharing_the_ring);
+}
+
 /* ------------------------------------------------ devices */
 
 static void two_ranks_on_one_gpu_are_refused(struct cfx_test_rank *ctx)

@@ -207,18 +207,19 @@ static void watch_one(struct cfx_cuda_comm *c, int64_t now)
         c->stall_asked_ns = now;
         return;
     }
+    /* The op a stalled block runs: what a failure found now is about. */
+    struct cfx_kernel_report *r = &c->mapped->reports[running];
+    struct cfx_kernel_failure f = {.step = cfx_load_relaxed_u64(&r->step)};
+    f.print = r->running;
     if (now - c->stall_asked_ns >= STALL_ASK_NS && c->desc.stalled != NULL) {
         c->stall_asked_ns = now;
         int blame = c->desc.rank;
         cfxResult_t res = c->desc.stalled(c->desc.owner, &blame);
-        if (res != cfxSuccess && record_failure(c, res, blame, NULL, "%s", cfx_error_thread_last()))
+        if (res != cfxSuccess && record_failure(c, res, blame, &f, "%s", cfx_error_thread_last()))
             goto failed;
     }
     if (c->desc.timeout_s <= 0 || now - c->stalled_since_ns < c->desc.timeout_s * CFX_NS_PER_SEC)
         return;
-    struct cfx_kernel_report *r = &c->mapped->reports[running];
-    struct cfx_kernel_failure f = {.step = cfx_load_relaxed_u64(&r->step)};
-    f.print = r->running;
     int peer = (int)cfx_load_relaxed_u32((const uint32_t *)&r->waiting_peer);
     if (record_failure(c, cfxTimeout, peer >= 0 ? peer : c->desc.rank, &f,
                        "%s #%llu on rank %d (GPU) made no progress for %s=%lld s: step %llu waits "
@@ -462,39 +463,83 @@ static cfxResult_t note_launched(const struct cfx_cuda_api *cu, struct cfx_cuda_
 
 /* ------------------------------------------------------------ device launches */
 
-/* The launch of the batch's ops on @p stream: ops[i] of every i with that
- * stream, a block each, into @p args. */
+/* Union-find over a launch's ops: the root of @p i's chain. */
+static int chain_root(int *parent, int i)
+{
+    while (parent[i] != i)
+        i = parent[i] = parent[parent[i]];
+    return i;
+}
+
+/* Whether ops @p x and @p y use a connector in common. */
+static int share_a_connector(const struct cfx_op *x, const struct cfx_op *y)
+{
+    for (int i = 0; i < x->n_conns; i++)
+        for (int j = 0; j < y->n_conns; j++)
+            if (x->conns[i] == y->conns[j])
+                return 1;
+    return 0;
+}
+
+/* The launch of the batch's ops on @p stream into @p args: the ops in
+ * chains (those that share a connector, transitively, in one chain in call
+ * order), a block per chain. */
 static cfxResult_t build_args(struct cfx_op *ops, int n_ops, cfxStream_t stream,
                               struct cfx_kernel_args *args)
 {
+    int on[CFX_KERNEL_MAX_OPS], parent[CFX_KERNEL_MAX_OPS], n = 0;
+    for (int i = 0; i < n_ops; i++) {
+        if (ops[i].stream != stream)
+            continue;
+        if (n == CFX_KERNEL_MAX_OPS)
+            return cfx_error_set(cfxInvalidUsage, CFX_LOG_COLL,
+                                 "a group puts more than %d GPU operations on one CUDA stream; "
+                                 "split the group",
+                                 CFX_KERNEL_MAX_OPS);
+        on[n] = i;
+        parent[n] = n;
+        for (int j = 0; j < n; j++)
+            if (share_a_connector(&ops[on[j]], &ops[i]))
+                parent[chain_root(parent, n)] = chain_root(parent, j);
+        n++;
+    }
     args->n_ops = 0;
     args->n_views = 0;
+    args->n_blocks = 0;
     args->spin_check = CFX_KERNEL_SPIN_CHECK;
-    args->reserved = 0;
-    for (int i = 0; i < n_ops; i++) {
-        struct cfx_op *op = &ops[i];
-        if (op->stream != stream)
+    memset(args->reserved, 0, sizeof(args->reserved));
+    int placed[CFX_KERNEL_MAX_OPS] = {0};
+    for (int first = 0; first < n; first++) {
+        if (placed[first])
             continue;
-        struct cfx_cuda_comm *c = op->exec_state;
-        /* This op's report slot: its place among its communicator's ops here. */
-        int slot = 0;
-        for (uint32_t j = 0; j < args->n_ops; j++)
-            slot += args->ops[j].comm == c->mapped;
-        if (args->n_ops == CFX_KERNEL_MAX_OPS || slot == CFX_KERNEL_MAX_OPS ||
-            args->n_views + (uint32_t)op->n_conns > CFX_KERNEL_MAX_VIEWS)
-            return cfx_error_set(cfxInvalidUsage, CFX_LOG_COLL,
-                                 "a group puts more on one CUDA stream than one kernel launch "
-                                 "carries (%d operations, %d connectors in all): split the group",
-                                 CFX_KERNEL_MAX_OPS, CFX_KERNEL_MAX_VIEWS);
-        struct cfx_kernel_op *k = &args->ops[args->n_ops++];
-        k->work = op->work;
-        k->comm = c->mapped;
-        k->slot = (uint8_t)slot;
-        k->first_view = (uint8_t)args->n_views;
-        memset(k->reserved, 0, sizeof(k->reserved));
-        for (int v = 0; v < op->n_conns; v++)
-            args->views[args->n_views++] = op->conns[v]->view;
+        int root = chain_root(parent, first);
+        args->block_first[args->n_blocks++] = (uint8_t)args->n_ops;
+        for (int k = first; k < n; k++) {
+            if (placed[k] || chain_root(parent, k) != root)
+                continue;
+            placed[k] = 1;
+            struct cfx_op *op = &ops[on[k]];
+            struct cfx_cuda_comm *c = op->exec_state;
+            /* Its report slot: its place among its communicator's ops here. */
+            int slot = 0;
+            for (uint32_t j = 0; j < args->n_ops; j++)
+                slot += args->ops[j].comm == c->mapped;
+            if (args->n_views + (uint32_t)op->n_conns > CFX_KERNEL_MAX_VIEWS)
+                return cfx_error_set(cfxInvalidUsage, CFX_LOG_COLL,
+                                     "a group puts more connectors on one CUDA stream than one "
+                                     "kernel launch carries (%d): split the group",
+                                     CFX_KERNEL_MAX_VIEWS);
+            struct cfx_kernel_op *k_op = &args->ops[args->n_ops++];
+            k_op->work = op->work;
+            k_op->comm = c->mapped;
+            k_op->slot = (uint8_t)slot;
+            k_op->first_view = (uint8_t)args->n_views;
+            memset(k_op->reserved, 0, sizeof(k_op->reserved));
+            for (int v = 0; v < op->n_conns; v++)
+                args->views[args->n_views++] = op->conns[v]->view;
+        }
     }
+    args->block_first[args->n_blocks] = (uint8_t)args->n_ops;
     return cfxSuccess;
 }
 
@@ -516,8 +561,8 @@ static cfxResult_t launch_stream(const struct cfx_cuda_api *cu, struct cfx_op *o
             CFX_CHECK(order_after_previous(cu, ops[i].exec_state, s, capturing));
     void *params[] = {&args};
     CFX_CU_CHECK(cu,
-                 launch_kernel(first->fn, args.n_ops, 1, 1, (unsigned)param_cuda_threads(), 1, 1, 0,
-                               s, params, NULL),
+                 launch_kernel(first->fn, args.n_blocks, 1, 1, (unsigned)param_cuda_threads(), 1, 1,
+                               0, s, params, NULL),
                  CFX_LOG_COLL, "cannot launch the collective's kernel");
     for (int i = 0; i < n_ops; i++)
         if (ops[i].stream == stream)

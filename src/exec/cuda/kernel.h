@@ -9,20 +9,24 @@
  * thread, one block after another, so the kernel's logic (its steps,
  * failures, abort and poison checks, reports) is tested without a GPU.
  *
- * One launch runs one batch (a call or a group) of one communicator: block
- * b runs operation b. A block's leader thread (thread 0) decides each step
- * (cfx_kernel_lead: ready? then plan it), every thread of the block moves
- * its share of the step's elements (cfx_kernel_data), and the leader
- * commits it (cfx_kernel_commit); the kernel synchronises the block between
- * the three. While a block waits it polls, every spin_check idle rounds,
- * the communicator's abort word and the closed words of the connectors it
+ * One launch runs the operations of a batch (a call or a group) on one
+ * stream: each block runs a chain of them (args.block_first), one after
+ * the other; operations that share a connector are in one chain. A
+ * block's leader thread (thread 0) decides each step (cfx_kernel_lead:
+ * ready? then plan it), every thread of the block moves its share of the
+ * step's elements (cfx_kernel_data), and the leader commits it
+ * (cfx_kernel_commit); the kernel synchronises the block between the
+ * three. While a block waits it polls, every spin_check idle rounds, the
+ * communicator's abort word and the closed words of the connectors it
  * waits on, so an abort, a timeout the host declares, or a peer's poison
  * ends it.
  *
- * The report: each block owns report[b] while it runs (launches of one
- * communicator never overlap: they are stream ordered), counts the steps it
- * ran (heartbeat), says which peer it waits for, and on its way out why it
- * ended. Plain stores at system scope; the host reads them (exec/cuda.c).
+ * The report: each operation owns a report slot of its communicator's
+ * shared memory while it runs (launches of one communicator never overlap:
+ * they are stream ordered), counts the steps it ran (heartbeat), says
+ * which peer it waits for, and on its way out why it ended; a failure is
+ * kept in the slot and sets the communicator's abort word. Plain stores at
+ * system scope; the host reads them (exec/cuda/cuda.c).
  */
 #ifndef CFX_EXEC_CUDA_KERNEL_H
 #define CFX_EXEC_CUDA_KERNEL_H
@@ -116,7 +120,12 @@ struct cfx_kernel_args {
     uint32_t n_ops;
     uint32_t n_views;
     uint32_t spin_check;
-    uint32_t reserved;
+    uint32_t n_blocks;
+    /* Block b runs ops[block_first[b] .. block_first[b + 1]) one after the
+     * other: operations that share a connector go in one block, in call
+     * order (two blocks posting to one FIFO would mix their slots). */
+    uint8_t block_first[CFX_KERNEL_MAX_OPS + 1];
+    uint8_t reserved[7];
     struct cfx_kernel_op ops[CFX_KERNEL_MAX_OPS];
     struct cfx_conn views[CFX_KERNEL_MAX_VIEWS];
 };
@@ -136,7 +145,9 @@ struct cfx_kernel_block {
     const struct cfx_step *step; /* The planned step. */
     struct cfx_conn conns[CFX_OP_MAX_CONNS];
     uint64_t idle;
-    int started;
+    int started;    /* The block has begun (op is set). */
+    int op;         /* The op it runs: an index into args.ops. */
+    int op_started; /* That op has begun. */
 };
 
 static inline CFX_HOST_DEVICE void cfx_kernel_store_i32(int32_t *p, int32_t v)
@@ -209,63 +220,89 @@ static inline CFX_HOST_DEVICE int32_t cfx_kernel_waiting_peer(struct cfx_kernel_
     return -1;
 }
 
-/* Leader of block @p block: start the block's operation on first call, then
- * decide the next step. Never blocks. */
+/* Start block @p b's current op: its views, its step loop, its report. 0,
+ * or CFX_KERNEL_FINISHED-worthy when the communicator was stopped (the op
+ * ends ABORTED). */
+static inline CFX_HOST_DEVICE int cfx_kernel_op_start(struct cfx_kernel_block *b,
+                                                      const struct cfx_kernel_args *a)
+{
+    const struct cfx_kernel_op *op = &a->ops[b->op];
+    struct cfx_kernel_report *r = &op->comm->reports[op->slot];
+    b->op_started = 1;
+    for (int i = 0; i < op->work.n_conns; i++)
+        b->conns[i] = a->views[op->first_view + i];
+    cfx_steploop_init(&b->loop, &op->work, b->conns);
+    b->idle = 0;
+    r->running = op->work.print;
+    cfx_kernel_store_i32(&r->end_status, CFX_KERNEL_END_NONE);
+    cfx_store_release_u64(&r->begun, cfx_load_relaxed_u64(&r->begun) + 1);
+    int32_t aborted = cfx_kernel_aborted(op);
+    if (aborted != 0) { /* A broken communicator runs nothing more. */
+        cfx_kernel_end(b, op, CFX_KERNEL_END_ABORTED, aborted, -1);
+        return 1;
+    }
+    return 0;
+}
+
+/* Leader of block @p block: start its ops in turn, and decide each op's
+ * next step. Never blocks. */
 static inline CFX_HOST_DEVICE int cfx_kernel_lead(struct cfx_kernel_block *b,
                                                   const struct cfx_kernel_args *a, unsigned block)
 {
-    const struct cfx_kernel_op *op = &a->ops[block];
-    struct cfx_kernel_report *r = &op->comm->reports[op->slot];
     if (!b->started) {
         b->started = 1;
-        for (int i = 0; i < op->work.n_conns; i++)
-            b->conns[i] = a->views[op->first_view + i];
-        cfx_steploop_init(&b->loop, &op->work, b->conns);
-        b->idle = 0;
-        r->running = op->work.print;
-        cfx_kernel_store_i32(&r->end_status, CFX_KERNEL_END_NONE);
-        cfx_store_release_u64(&r->begun, cfx_load_relaxed_u64(&r->begun) + 1);
-        int32_t aborted = cfx_kernel_aborted(op);
-        if (aborted != 0) { /* A broken communicator runs nothing more. */
-            cfx_kernel_end(b, op, CFX_KERNEL_END_ABORTED, aborted, -1);
+        b->op = a->block_first[block];
+        b->op_started = 0;
+    }
+    for (;;) {
+        if (b->op >= a->block_first[block + 1])
             return CFX_KERNEL_FINISHED;
+        const struct cfx_kernel_op *op = &a->ops[b->op];
+        if (!b->op_started && cfx_kernel_op_start(b, a)) {
+            b->op++; /* Ended ABORTED: the next one ends the same way. */
+            b->op_started = 0;
+            continue;
         }
+        struct cfx_kernel_report *r = &op->comm->reports[op->slot];
+        const struct cfx_step *s = cfx_steploop_current(&b->loop);
+        if (s != 0 && cfx_steploop_ready(&b->loop, s)) {
+            b->idle = 0;
+            if (cfx_steploop_plan(&b->loop, s, &b->plan) == 0) {
+                b->step = s;
+                return CFX_KERNEL_STEP;
+            }
+            s = 0; /* The plan failed: the loop's status says why. */
+        }
+        if (s == 0) {
+            const struct cfx_steploop *l = &b->loop;
+            if (l->status == CFX_STEPLOOP_DONE) {
+                cfx_kernel_end(b, op, CFX_KERNEL_END_DONE, 0, -1);
+            } else {
+                int32_t peer = l->failed_conn >= 0 ? b->conns[l->failed_conn].peer : -1;
+                cfx_kernel_end(b, op, l->status, 0, peer);
+            }
+            b->op++;
+            b->op_started = 0;
+            continue;
+        }
+        if (++b->idle % (a->spin_check ? a->spin_check : CFX_KERNEL_SPIN_CHECK) == 0) {
+            cfx_store_relaxed_u64(&r->step, b->loop.step);
+            cfx_kernel_store_i32(&r->waiting_peer, cfx_kernel_waiting_peer(b, s));
+            int32_t aborted = cfx_kernel_aborted(op);
+            int32_t peer = -1;
+            int32_t closed = aborted ? 0 : cfx_kernel_closed(b, s, &peer);
+            if (aborted != 0 || closed != 0) {
+                if (aborted != 0)
+                    cfx_kernel_end(b, op, CFX_KERNEL_END_ABORTED, aborted, -1);
+                else
+                    cfx_kernel_end(b, op, CFX_KERNEL_END_CLOSED, closed, peer);
+                b->op++;
+                b->op_started = 0;
+                continue;
+            }
+        }
+        return CFX_KERNEL_IDLE;
     }
-    const struct cfx_step *s = cfx_steploop_current(&b->loop);
-    if (s != 0 && cfx_steploop_ready(&b->loop, s)) {
-        b->idle = 0;
-        if (cfx_steploop_plan(&b->loop, s, &b->plan) == 0) {
-            b->step = s;
-            return CFX_KERNEL_STEP;
-        }
-        s = 0; /* The plan failed: the loop's status says why. */
-    }
-    if (s == 0) {
-        const struct cfx_steploop *l = &b->loop;
-        if (l->status == CFX_STEPLOOP_DONE) {
-            cfx_kernel_end(b, op, CFX_KERNEL_END_DONE, 0, -1);
-        } else {
-            int32_t peer = l->failed_conn >= 0 ? b->conns[l->failed_conn].peer : -1;
-            cfx_kernel_end(b, op, l->status, 0, peer);
-        }
-        return CFX_KERNEL_FINISHED;
-    }
-    if (++b->idle % (a->spin_check ? a->spin_check : CFX_KERNEL_SPIN_CHECK) == 0) {
-        cfx_store_relaxed_u64(&r->step, b->loop.step);
-        cfx_kernel_store_i32(&r->waiting_peer, cfx_kernel_waiting_peer(b, s));
-        int32_t aborted = cfx_kernel_aborted(op);
-        if (aborted != 0) {
-            cfx_kernel_end(b, op, CFX_KERNEL_END_ABORTED, aborted, -1);
-            return CFX_KERNEL_FINISHED;
-        }
-        int32_t peer = -1;
-        int32_t closed = cfx_kernel_closed(b, s, &peer);
-        if (closed != 0) {
-            cfx_kernel_end(b, op, CFX_KERNEL_END_CLOSED, closed, peer);
-            return CFX_KERNEL_FINISHED;
-        }
-    }
-    return CFX_KERNEL_IDLE;
 }
 
 /* Every thread of the block: its share of the planned step. */
@@ -280,9 +317,10 @@ static inline CFX_HOST_DEVICE void cfx_kernel_data(struct cfx_kernel_block *b, u
 static inline CFX_HOST_DEVICE void
 cfx_kernel_commit(struct cfx_kernel_block *b, const struct cfx_kernel_args *a, unsigned block)
 {
+    (void)block;
     cfx_steploop_commit(&b->loop, b->step);
     b->loop.step++;
-    struct cfx_kernel_report *r = &a->ops[block].comm->reports[a->ops[block].slot];
+    struct cfx_kernel_report *r = &a->ops[b->op].comm->reports[a->ops[b->op].slot];
     cfx_store_relaxed_u64(&r->heartbeat, cfx_load_relaxed_u64(&r->heartbeat) + 1);
 }
 
