@@ -70,6 +70,7 @@ const char *cfx_test_use_fakeverbs(void)
     return lib;
 }
 
+#if CFX_HAVE_CUDA
 /* Whether this machine's CUDA driver finds a GPU, asked in a child so that
  * this process stays without CUDA. */
 static int real_gpu_present(void)
@@ -86,6 +87,8 @@ static int real_gpu_present(void)
     return pid > 0 && waitpid(pid, &status, 0) == pid && WIFEXITED(status) &&
            WEXITSTATUS(status) == 0;
 }
+
+#endif
 
 const char *cfx_test_use_cuda(const char **why_p)
 {

@@ -434,6 +434,13 @@ int cfx_cuda_rank_device(void)
     return -1;
 }
 
+int cfx_cuda_is_device_ptr(const void *ptr, int *device_p)
+{
+    (void)ptr;
+    (void)device_p;
+    return 0;
+}
+
 cfxResult_t cfx_cuda_host_register(void *ptr, size_t bytes, int device)
 {
     (void)ptr;

@@ -158,13 +158,13 @@ cfxResult_t cfx_cuda_current_device(int *device_p);
  * process's life (the runtime keeps it too). */
 cfxResult_t cfx_cuda_enter(int device);
 
+#endif
+
 /* Where @p ptr points: CFX_MEM_DEVICE-like answers without transport.h:
  * 1 with *device_p for device memory (cuMemAlloc, cudaMalloc, managed), 0
  * for host memory of any kind (pageable, pinned, registered) and for
  * pointers the driver does not know. Never fails. */
 int cfx_cuda_is_device_ptr(const void *ptr, int *device_p);
-
-#endif
 
 /* Pin and map @p bytes of host memory at @p ptr for every GPU of the process
  * (cuMemHostRegister, portable and device-mapped), device @p device's
