@@ -1,16 +1,23 @@
 /*
  * One rank's run of conflux-perf, the loop nccl-tests runs:
- *   allocate the send and receive buffers once, at the largest size, and
- *   touch them; for each type, op and root: warm up (-w calls at the largest
- *   size, then at the smallest); then for each size, out of place and in
- *   place: one untimed call, -n timed iterations of -m calls each with no
- *   barrier in between (host calls complete before they return, so the wall
- *   time of the loop is the time of the calls), the mean per call combined
- *   across ranks as -a says, then -c checked calls.
+ *   choose host or device memory (--mem; device: the GPU's context current
+ *   before cfxCommInitRank, a stream of the rank's own); allocate the send
+ *   and receive buffers once, at the largest size, and touch them; for each
+ *   type, op and root: warm up (-w calls at the largest size, then at the
+ *   smallest); then for each size, out of place and in place: one untimed
+ *   call, -n timed iterations of -m calls each with no barrier in between
+ *   (host calls complete before they return; device calls are enqueued and
+ *   the stream is synchronised before the clock stops, so the wall time of
+ *   the loop is the time of the calls), the mean per call combined across
+ *   ranks as -a says, then -c checked calls.
+ * Device mode checks through host staging copies: inputs are filled there
+ * and copied to the GPU, outputs copied back after a sync and verified
+ * there, with check.c as for host buffers.
  * Like nccl-tests, iteration i works at offset (i mod steps) * size inside the
  * buffers, so small sizes do not run from one hot cache line.
  * Rules: every rank runs the same sequence of Conflux calls (the timing and
- * error totals are Conflux collectives too); only rank 0 prints.
+ * error totals are Conflux collectives too, on host buffers with stream
+ * NULL, after the rank's stream is synchronised); only rank 0 prints.
  */
 #include <math.h>
 #include <stdlib.h>
@@ -22,15 +29,20 @@
 
 #define CHECK_SEED_TIMED 99 /* inputs of the timed calls, when checking */
 
-struct bench {
+struct perf_bench {
     const struct perf_options *opt;
     const struct perf_coll *coll;
     cfxComm_t comm;
     int rank;
     int nranks;
-    char *send_buf;
+    struct perf_gpu *gpu; /* device mode: this rank's GPU; NULL: host buffers */
+    cfxStream_t stream;   /* of the timed and checked calls: the GPU's, or NULL */
+    char *send_buf;       /* the call's buffers: host or device memory */
     char *recv_buf;
+    char *send_host; /* where checks fill and verify: the buffers themselves (host), */
+    char *recv_host; /* or host staging copies of them (device; NULL without -c) */
     size_t buf_bytes;
+    char notes[512];         /* "# ..." lines of the header: what --mem chose, and why */
     struct perf_report *rep; /* rank 0 only */
     long long errors;        /* this rank's checks with wrong elements */
     double busbw_sum;
@@ -53,7 +65,7 @@ static double now_s(void)
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
-static void report_failure(const struct bench *b, const char *call, cfxResult_t res)
+static void report_failure(const struct perf_bench *b, const char *call, cfxResult_t res)
 {
     fprintf(stderr, "conflux-perf: rank %d: %s failed: %s: %s\n", b->rank, call,
             cfxGetErrorString(res), cfxGetLastError(b->comm));
@@ -69,7 +81,8 @@ static void report_failure(const struct bench *b, const char *call, cfxResult_t 
         }                                                                                          \
     } while (0)
 
-static void sizing_init(const struct bench *b, size_t bytes, cfxDataType_t type, struct sizing *sz)
+static void sizing_init(const struct perf_bench *b, size_t bytes, cfxDataType_t type,
+                        struct sizing *sz)
 {
     sz->elem_bytes = perf_type_size(type);
     b->coll->counts(bytes / sz->elem_bytes, b->nranks, &sz->counts);
@@ -80,48 +93,83 @@ static void sizing_init(const struct bench *b, size_t bytes, cfxDataType_t type,
         sz->steps = 1;
 }
 
-/* The send and receive pointers of iteration `iter`. */
-static void call_buffers(const struct bench *b, const struct sizing *sz, int inplace, long iter,
-                         char **send_p, char **recv_p)
+/* The send and receive pointers of iteration `iter` inside the buffers at
+ * send_base and recv_base (the call's, or the host copies of them). */
+static void place_buffers(const struct perf_bench *b, const struct sizing *sz, char *send_base,
+                          char *recv_base, int inplace, long iter, char **send_p, char **recv_p)
 {
     size_t shift = sz->total_bytes * ((size_t)iter % sz->steps);
     size_t rank = (size_t)b->rank;
-    char *recv = b->recv_buf + shift;
-    *send_p = inplace ? recv + sz->counts.send_inplace_offset * sz->elem_bytes * rank
-                      : b->send_buf + shift;
+    char *recv = recv_base + shift;
+    *send_p =
+        inplace ? recv + sz->counts.send_inplace_offset * sz->elem_bytes * rank : send_base + shift;
     *recv_p = inplace ? recv + sz->counts.recv_inplace_offset * sz->elem_bytes * rank : recv;
 }
 
-static cfxResult_t start_call(const struct bench *b, const struct sizing *sz, cfxDataType_t type,
-                              cfxRedOp_t op, int root, int inplace, long iter)
+static cfxResult_t start_call(const struct perf_bench *b, const struct sizing *sz,
+                              cfxDataType_t type, cfxRedOp_t op, int root, int inplace, long iter)
 {
     char *send, *recv;
-    call_buffers(b, sz, inplace, iter, &send, &recv);
-    return b->coll->run(send, recv, sz->counts.param, type, op, root, b->comm);
+    place_buffers(b, sz, b->send_buf, b->recv_buf, inplace, iter, &send, &recv);
+    return b->coll->run(send, recv, sz->counts.param, type, op, root, b->comm, b->stream);
+}
+
+/* Wait until the calls enqueued so far are done (device mode; a host call
+ * is done when it returns), and surface an error the GPU work hit. */
+static int complete_calls(const struct perf_bench *b)
+{
+    if (b->gpu == NULL)
+        return 0;
+    if (perf_gpu_sync(b->gpu) != 0)
+        return -1;
+    cfxResult_t async_res = cfxSuccess;
+    BENCH_CALL(b, "cfxCommGetAsyncError", cfxCommGetAsyncError(b->comm, &async_res));
+    BENCH_CALL(b, "the calls on the stream", async_res);
+    return 0;
 }
 
 /* ------------------------------------------------------------ check */
 
-/* Inputs for the call at offset 0, outputs set to 0xff. */
-static void prepare_data(const struct bench *b, const struct sizing *sz,
-                         const struct perf_values *values, int root, int inplace)
+/* Inputs for the call at offset 0, outputs set to 0xff; in device mode
+ * filled on the host and copied to the GPU (the first total_bytes of both
+ * buffers: everything the call at offset 0 reads or writes). */
+static int prepare_data(const struct perf_bench *b, const struct sizing *sz,
+                        const struct perf_values *values, int root, int inplace)
 {
     char *send, *recv;
-    call_buffers(b, sz, inplace, 0, &send, &recv);
-    memset(inplace ? b->recv_buf : recv, 0xff,
+    place_buffers(b, sz, b->send_host, b->recv_host, inplace, 0, &send, &recv);
+    memset(inplace ? b->recv_host : recv, 0xff,
            inplace ? sz->total_bytes : sz->counts.recv * sz->elem_bytes);
     /* Broadcast and scatter read sendbuff on the root only. */
     int from_root = b->coll->kind == PERF_BROADCAST || b->coll->kind == PERF_SCATTER;
     if (!from_root || b->rank == root)
         perf_values_fill(values, send, sz->counts.send, from_root ? root : b->rank, 0);
+    if (b->gpu == NULL || sz->total_bytes == 0)
+        return 0;
+    if (perf_gpu_to_device(b->gpu, b->recv_buf, b->recv_host, sz->total_bytes) != 0)
+        return -1;
+    if (!inplace && perf_gpu_to_device(b->gpu, b->send_buf, b->send_host, sz->total_bytes) != 0)
+        return -1;
+    return 0;
 }
 
-/* Wrong elements of this rank's output of the call at offset 0. */
-static size_t verify_data(const struct bench *b, const struct sizing *sz,
+/* Device mode: the outputs of the call at offset 0 back on the host, once
+ * the call is done. */
+static int fetch_outputs(const struct perf_bench *b, const struct sizing *sz)
+{
+    if (complete_calls(b) != 0)
+        return -1;
+    if (b->gpu == NULL || sz->total_bytes == 0)
+        return 0;
+    return perf_gpu_to_host(b->gpu, b->recv_host, b->recv_buf, sz->total_bytes);
+}
+
+/* Wrong elements of this rank's output of the call at offset 0 (host copy). */
+static size_t verify_data(const struct perf_bench *b, const struct sizing *sz,
                           const struct perf_values *values, int root, int inplace)
 {
     char *send, *recv;
-    call_buffers(b, sz, inplace, 0, &send, &recv);
+    place_buffers(b, sz, b->send_host, b->recv_host, inplace, 0, &send, &recv);
     size_t block = sz->counts.param, n = (size_t)b->nranks, wrong = 0;
     switch (b->coll->kind) {
     case PERF_ALLREDUCE: return perf_values_verify(values, recv, block, 0, -1);
@@ -153,15 +201,18 @@ static size_t verify_data(const struct bench *b, const struct sizing *sz,
 }
 
 /* -c checked calls; *wrong_p is the total over ranks of the last one. */
-static int run_checks(struct bench *b, const struct sizing *sz, cfxDataType_t type, cfxRedOp_t op,
-                      int root, int inplace, long long *wrong_p)
+static int run_checks(struct perf_bench *b, const struct sizing *sz, cfxDataType_t type,
+                      cfxRedOp_t op, int root, int inplace, long long *wrong_p)
 {
     long long wrong = 0;
     for (int c = 0; c < b->opt->check_iters; c++) {
         struct perf_values values;
         perf_values_init(&values, b->coll, type, op, b->nranks, ++b->check_seed);
-        prepare_data(b, sz, &values, root, inplace);
+        if (prepare_data(b, sz, &values, root, inplace) != 0)
+            return -1;
         BENCH_CALL(b, b->coll->name, start_call(b, sz, type, op, root, inplace, 0));
+        if (fetch_outputs(b, sz) != 0)
+            return -1;
         long long local = (long long)verify_data(b, sz, &values, root, inplace);
         if (local > 0)
             b->errors++;
@@ -178,7 +229,7 @@ static int run_checks(struct bench *b, const struct sizing *sz, cfxDataType_t ty
 /* ------------------------------------------------------------ timing */
 
 /* Combine this rank's seconds per call across ranks, as -a says. */
-static int combine_time(struct bench *b, double *seconds)
+static int combine_time(struct perf_bench *b, double *seconds)
 {
     static const cfxRedOp_t ops[] = {cfxSum, cfxSum, cfxMin, cfxMax};
     if (b->opt->average == 0) {
@@ -193,8 +244,8 @@ static int combine_time(struct bench *b, double *seconds)
     return 0;
 }
 
-static int time_one(struct bench *b, const struct sizing *sz, cfxDataType_t type, cfxRedOp_t op,
-                    int root, int inplace, struct perf_result *res)
+static int time_one(struct perf_bench *b, const struct sizing *sz, cfxDataType_t type,
+                    cfxRedOp_t op, int root, int inplace, struct perf_result *res)
 {
     const struct perf_options *opt = b->opt;
     const char *name = b->coll->name;
@@ -212,9 +263,12 @@ static int time_one(struct bench *b, const struct sizing *sz, cfxDataType_t type
     if (opt->check_iters > 0) {
         struct perf_values values;
         perf_values_init(&values, b->coll, type, op, b->nranks, CHECK_SEED_TIMED);
-        prepare_data(b, sz, &values, root, inplace);
+        if (prepare_data(b, sz, &values, root, inplace) != 0)
+            return -1;
     }
     BENCH_CALL(b, name, start_call(b, sz, type, op, root, inplace, 0));
+    if (complete_calls(b) != 0)
+        return -1;
 
     double start = now_s();
     for (long iter = 0; iter < opt->iters; iter++) {
@@ -226,6 +280,8 @@ static int time_one(struct bench *b, const struct sizing *sz, cfxDataType_t type
         if (opt->agg_iters > 1)
             BENCH_CALL(b, "cfxGroupEnd", cfxGroupEnd());
     }
+    if (complete_calls(b) != 0) /* the time includes completion, as nccl-tests' */
+        return -1;
     double seconds = (now_s() - start) / ((double)opt->iters * opt->agg_iters);
     if (combine_time(b, &seconds) != 0)
         return -1;
@@ -245,17 +301,18 @@ static int time_one(struct bench *b, const struct sizing *sz, cfxDataType_t type
     return 0;
 }
 
-static int warmup(struct bench *b, size_t bytes, cfxDataType_t type, cfxRedOp_t op, int root)
+static int warmup(struct perf_bench *b, size_t bytes, cfxDataType_t type, cfxRedOp_t op, int root)
 {
     struct sizing sz;
     sizing_init(b, bytes, type, &sz);
     for (long iter = 0; iter < b->opt->warmup_iters; iter++)
         BENCH_CALL(b, b->coll->name, start_call(b, &sz, type, op, root, 0, iter));
-    return 0;
+    return complete_calls(b);
 }
 
 /* The sweep over sizes for one type, op and root. */
-static int sweep(struct bench *b, cfxDataType_t type, cfxRedOp_t op, const char *op_name, int root)
+static int sweep(struct perf_bench *b, cfxDataType_t type, cfxRedOp_t op, const char *op_name,
+                 int root)
 {
     const struct perf_options *opt = b->opt;
     int call_root = root < 0 ? 0 : root;
@@ -283,19 +340,40 @@ static int sweep(struct bench *b, cfxDataType_t type, cfxRedOp_t op, const char 
 
 /* ------------------------------------------------------------ setup */
 
-/* "#  Rank ..." lines for every rank, gathered with cfxAllGather. */
+/* "#  Rank ..." lines for every rank, gathered with cfxAllGather, and the
+ * memory kind of the run: "host", "device", or "mixed" when ranks differ. */
 struct rank_line {
     int32_t rank;
     int32_t pid;
+    int32_t device; /* -1: host buffers */
     char host[56];
+    char busid[20];
+    char gpu_name[64];
 };
 
-static int gather_rank_lines(struct bench *b, char **text_p)
+static void format_rank_line(const struct rank_line *line, char *out, size_t out_bytes)
 {
-    struct rank_line mine = {.rank = b->rank, .pid = (int32_t)getpid()};
+    if (line->device < 0)
+        snprintf(out, out_bytes,
+                 "#  Rank %2d Group  0 Pid %6d on %10s device -1 [cpu] host memory\n",
+                 (int)line->rank, (int)line->pid, line->host);
+    else
+        snprintf(out, out_bytes, "#  Rank %2d Group  0 Pid %6d on %10s device %2d [%s] %s\n",
+                 (int)line->rank, (int)line->pid, line->host, (int)line->device, line->busid,
+                 line->gpu_name);
+}
+
+static int gather_rank_lines(struct perf_bench *b, char **text_p, const char **memory_p)
+{
+    struct rank_line mine = {.rank = b->rank, .pid = (int32_t)getpid(), .device = -1};
     gethostname(mine.host, sizeof(mine.host) - 1);
+    if (b->gpu != NULL) {
+        mine.device = perf_gpu_device(b->gpu);
+        snprintf(mine.busid, sizeof(mine.busid), "%s", perf_gpu_busid(b->gpu));
+        snprintf(mine.gpu_name, sizeof(mine.gpu_name), "%s", perf_gpu_name(b->gpu));
+    }
     struct rank_line *all = calloc((size_t)b->nranks, sizeof(*all));
-    size_t text_bytes = (size_t)b->nranks * 160 + 1;
+    size_t line_bytes = 256, text_bytes = (size_t)b->nranks * line_bytes + 1;
     char *text = malloc(text_bytes);
     if (all == NULL || text == NULL) {
         fprintf(stderr, "conflux-perf: rank %d: out of memory\n", b->rank);
@@ -310,13 +388,13 @@ static int gather_rank_lines(struct bench *b, char **text_p)
         free(text);
         return -1;
     }
-    size_t used = 0;
+    int on_gpu = 0;
     text[0] = '\0';
-    for (int r = 0; r < b->nranks && used < text_bytes; r++)
-        used += (size_t)snprintf(text + used, text_bytes - used,
-                                 "#  Rank %2d Group  0 Pid %6d on %10s device -1 [cpu] host "
-                                 "memory\n",
-                                 (int)all[r].rank, (int)all[r].pid, all[r].host);
+    for (int r = 0; r < b->nranks; r++) {
+        format_rank_line(&all[r], text + strlen(text), line_bytes);
+        on_gpu += all[r].device >= 0;
+    }
+    *memory_p = on_gpu == 0 ? "host" : on_gpu == b->nranks ? "device" : "mixed";
     free(all);
     *text_p = text;
     return 0;
@@ -337,33 +415,85 @@ static double measure_memcpy(char *dst, const char *src, size_t bytes)
     return (double)bytes * reps / elapsed / 1e9;
 }
 
-static int alloc_buffers(struct bench *b)
+/* The footer's copy reference: a host memcpy, or in device mode the GPU's
+ * device-to-device copy, so the copy ceiling stands next to the busbw. */
+static int measure_copy(struct perf_bench *b, struct perf_copy *copy_p)
+{
+    size_t bytes = b->opt->max_bytes;
+    *copy_p = (struct perf_copy){0};
+    if (bytes == 0)
+        return 0;
+    if (b->gpu != NULL)
+        return perf_gpu_copy_bandwidth(b->gpu, b->recv_buf, b->send_buf, bytes, copy_p);
+    copy_p->bytes = bytes;
+    copy_p->gbps = measure_memcpy(b->recv_buf, b->send_buf, bytes);
+    return 0;
+}
+
+/* --mem (memory.c): host buffers, or this rank's GPU opened, its stream
+ * the one of the timed and checked calls. 0, or -1 printed. */
+static int choose_memory(struct perf_bench *b, int local_rank)
+{
+    if (perf_memory_choose(b->opt, b->rank, local_rank, &b->gpu, b->notes, sizeof(b->notes)) != 0)
+        return -1;
+    b->stream = b->gpu != NULL ? perf_gpu_stream(b->gpu) : NULL;
+    return 0;
+}
+
+static int alloc_buffers(struct perf_bench *b)
 {
     size_t page = 4096;
     b->buf_bytes = b->opt->max_bytes;
     size_t alloc_bytes = (b->buf_bytes + page - 1) / page * page;
     if (alloc_bytes == 0)
         alloc_bytes = page;
-    b->send_buf = aligned_alloc(page, alloc_bytes);
-    b->recv_buf = aligned_alloc(page, alloc_bytes);
-    if (b->send_buf == NULL || b->recv_buf == NULL) {
+    if (b->gpu != NULL) {
+        /* Touched by perf_gpu_alloc (cuMemsetD8); printed when it fails. */
+        b->send_buf = perf_gpu_alloc(b->gpu, alloc_bytes);
+        b->recv_buf = b->send_buf != NULL ? perf_gpu_alloc(b->gpu, alloc_bytes) : NULL;
+        if (b->recv_buf == NULL)
+            return -1;
+        if (b->opt->check_iters == 0)
+            return 0;
+        b->send_host = aligned_alloc(page, alloc_bytes);
+        b->recv_host = aligned_alloc(page, alloc_bytes);
+    } else {
+        b->send_buf = b->send_host = aligned_alloc(page, alloc_bytes);
+        b->recv_buf = b->recv_host = aligned_alloc(page, alloc_bytes);
+    }
+    if (b->send_host == NULL || b->recv_host == NULL) {
         fprintf(stderr, "conflux-perf: rank %d: cannot allocate 2 x %zu bytes\n", b->rank,
                 alloc_bytes);
         return -1;
     }
-    memset(b->send_buf, 0, alloc_bytes); /* touch every page now, not in the timed loop */
-    memset(b->recv_buf, 0, alloc_bytes);
+    memset(b->send_host, 0, alloc_bytes); /* touch every page now, not in the timed loop */
+    memset(b->recv_host, 0, alloc_bytes);
     return 0;
 }
 
-static int run_all(struct bench *b)
+static void free_buffers(struct perf_bench *b)
+{
+    if (b->gpu != NULL) {
+        perf_gpu_free(b->gpu, b->send_buf);
+        perf_gpu_free(b->gpu, b->recv_buf);
+        free(b->send_host);
+        free(b->recv_host);
+    } else {
+        free(b->send_buf);
+        free(b->recv_buf);
+    }
+}
+
+static int run_all(struct perf_bench *b)
 {
     const struct perf_options *opt = b->opt;
     const struct perf_coll *coll = b->coll;
+    struct perf_header header = {.notes = b->notes};
     char *rank_lines = NULL;
-    if (gather_rank_lines(b, &rank_lines) != 0)
+    if (gather_rank_lines(b, &rank_lines, &header.memory) != 0)
         return -1;
-    perf_report_header(b->rep, rank_lines);
+    header.rank_lines = rank_lines;
+    perf_report_header(b->rep, &header);
     free(rank_lines);
 
     int type_first = opt->type == PERF_ALL ? 0 : opt->type;
@@ -383,57 +513,83 @@ static int run_all(struct bench *b)
     return 0;
 }
 
-int perf_bench_run(const struct perf_options *opt, cfxUniqueId id, int rank, int nranks,
-                   const char *launch)
+struct perf_bench *perf_bench_open(const struct perf_options *opt, int rank, int nranks,
+                                   int local_rank, int *status_p)
 {
-    struct bench b = {.opt = opt, .coll = opt->coll, .rank = rank, .nranks = nranks};
-    int status = -1;
     if (opt->root != PERF_ALL && opt->root >= nranks && (opt->coll->flags & PERF_COLL_HAS_ROOT)) {
         if (rank == 0)
             fprintf(stderr, "conflux-perf: -r %d: there are only %d ranks\n", opt->root, nranks);
-        return PERF_EXIT_USAGE;
+        *status_p = PERF_EXIT_USAGE;
+        return NULL;
     }
-    if (alloc_buffers(&b) != 0)
-        goto out_free;
-    cfxResult_t res = cfxCommInitRank(&b.comm, nranks, id, rank);
+    struct perf_bench *b = calloc(1, sizeof(*b));
+    if (b == NULL) {
+        fprintf(stderr, "conflux-perf: rank %d: out of memory\n", rank);
+        *status_p = -1;
+        return NULL;
+    }
+    *b = (struct perf_bench){.opt = opt, .coll = opt->coll, .rank = rank, .nranks = nranks};
+    if (choose_memory(b, local_rank) != 0 || alloc_buffers(b) != 0) {
+        perf_bench_close(b);
+        *status_p = -1;
+        return NULL;
+    }
+    return b;
+}
+
+void perf_bench_close(struct perf_bench *b)
+{
+    if (b == NULL)
+        return;
+    free_buffers(b);
+    perf_gpu_close(b->gpu);
+    free(b);
+}
+
+int perf_bench_run(struct perf_bench *b, cfxUniqueId id, const char *launch)
+{
+    const struct perf_options *opt = b->opt;
+    int status = -1;
+    cfxResult_t res = cfxCommInitRank(&b->comm, b->nranks, id, b->rank);
     if (res != cfxSuccess) {
-        fprintf(stderr, "conflux-perf: rank %d: cfxCommInitRank failed: %s: %s\n", rank,
+        fprintf(stderr, "conflux-perf: rank %d: cfxCommInitRank failed: %s: %s\n", b->rank,
                 cfxGetErrorString(res), cfxGetLastError(NULL));
-        goto out_free;
+        goto out_close;
     }
-    if (rank == 0)
-        b.rep = perf_report_open(opt, nranks, launch);
-    if (run_all(&b) != 0)
+    if (b->rank == 0)
+        b->rep = perf_report_open(opt, b->nranks, launch);
+    if (run_all(b) != 0)
         goto out_abort;
 
-    long long errors = b.errors;
-    res = cfxAllReduce(&errors, &errors, 1, cfxInt64, cfxSum, b.comm, NULL);
+    long long errors = b->errors;
+    res = cfxAllReduce(&errors, &errors, 1, cfxInt64, cfxSum, b->comm, NULL);
     if (res != cfxSuccess) {
-        report_failure(&b, "cfxAllReduce (error count)", res);
+        report_failure(b, "cfxAllReduce (error count)", res);
         goto out_abort;
     }
     status = errors ? PERF_EXIT_FAILED : PERF_EXIT_OK;
-    if (rank == 0) {
+    if (b->rank == 0) {
         /* The other ranks wait in cfxCommFinalize, idle, while rank 0 copies. */
-        double gbps = opt->max_bytes ? measure_memcpy(b.recv_buf, b.send_buf, opt->max_bytes) : 0;
-        double avg = b.busbw_count ? b.busbw_sum / b.busbw_count : 0.0;
-        if (perf_report_close(b.rep, gbps, opt->max_bytes, errors, avg) != 0)
+        struct perf_copy copy;
+        if (measure_copy(b, &copy) != 0)
             status = PERF_EXIT_FAILED;
-        b.rep = NULL;
+        double avg = b->busbw_count ? b->busbw_sum / b->busbw_count : 0.0;
+        if (perf_report_close(b->rep, &copy, errors, avg) != 0)
+            status = PERF_EXIT_FAILED;
+        b->rep = NULL;
     }
-    res = cfxCommFinalize(b.comm);
+    res = cfxCommFinalize(b->comm);
     if (res != cfxSuccess) {
-        report_failure(&b, "cfxCommFinalize", res);
+        report_failure(b, "cfxCommFinalize", res);
         status = -1;
     }
-    cfxCommDestroy(b.comm);
-    goto out_free;
+    cfxCommDestroy(b->comm);
+    goto out_close;
 
 out_abort:
-    perf_report_abandon(b.rep);
-    cfxCommAbort(b.comm);
-out_free:
-    free(b.send_buf);
-    free(b.recv_buf);
+    perf_report_abandon(b->rep);
+    cfxCommAbort(b->comm);
+out_close:
+    perf_bench_close(b);
     return status;
 }

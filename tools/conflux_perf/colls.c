@@ -80,44 +80,50 @@ static double factor_gather_scatter(int nranks)
 /* ------------------------------------------------------------ calls */
 
 static cfxResult_t run_allreduce(const void *sendbuff, void *recvbuff, size_t count,
-                                 cfxDataType_t type, cfxRedOp_t op, int root, cfxComm_t comm)
+                                 cfxDataType_t type, cfxRedOp_t op, int root, cfxComm_t comm,
+                                 cfxStream_t stream)
 {
     (void)root;
-    return cfxAllReduce(sendbuff, recvbuff, count, type, op, comm, NULL);
+    return cfxAllReduce(sendbuff, recvbuff, count, type, op, comm, stream);
 }
 
 static cfxResult_t run_broadcast(const void *sendbuff, void *recvbuff, size_t count,
-                                 cfxDataType_t type, cfxRedOp_t op, int root, cfxComm_t comm)
+                                 cfxDataType_t type, cfxRedOp_t op, int root, cfxComm_t comm,
+                                 cfxStream_t stream)
 {
     (void)op;
-    return cfxBroadcast(sendbuff, recvbuff, count, type, root, comm, NULL);
+    return cfxBroadcast(sendbuff, recvbuff, count, type, root, comm, stream);
 }
 
 static cfxResult_t run_reduce(const void *sendbuff, void *recvbuff, size_t count,
-                              cfxDataType_t type, cfxRedOp_t op, int root, cfxComm_t comm)
+                              cfxDataType_t type, cfxRedOp_t op, int root, cfxComm_t comm,
+                              cfxStream_t stream)
 {
-    return cfxReduce(sendbuff, recvbuff, count, type, op, root, comm, NULL);
+    return cfxReduce(sendbuff, recvbuff, count, type, op, root, comm, stream);
 }
 
 static cfxResult_t run_allgather(const void *sendbuff, void *recvbuff, size_t count,
-                                 cfxDataType_t type, cfxRedOp_t op, int root, cfxComm_t comm)
+                                 cfxDataType_t type, cfxRedOp_t op, int root, cfxComm_t comm,
+                                 cfxStream_t stream)
 {
     (void)op;
     (void)root;
-    return cfxAllGather(sendbuff, recvbuff, count, type, comm, NULL);
+    return cfxAllGather(sendbuff, recvbuff, count, type, comm, stream);
 }
 
 static cfxResult_t run_reducescatter(const void *sendbuff, void *recvbuff, size_t count,
-                                     cfxDataType_t type, cfxRedOp_t op, int root, cfxComm_t comm)
+                                     cfxDataType_t type, cfxRedOp_t op, int root, cfxComm_t comm,
+                                     cfxStream_t stream)
 {
     (void)root;
-    return cfxReduceScatter(sendbuff, recvbuff, count, type, op, comm, NULL);
+    return cfxReduceScatter(sendbuff, recvbuff, count, type, op, comm, stream);
 }
 
 /* A ring shift, as nccl-tests' sendrecv_perf: send to rank+1, receive from
  * rank-1, both in one group. */
 static cfxResult_t run_sendrecv(const void *sendbuff, void *recvbuff, size_t count,
-                                cfxDataType_t type, cfxRedOp_t op, int root, cfxComm_t comm)
+                                cfxDataType_t type, cfxRedOp_t op, int root, cfxComm_t comm,
+                                cfxStream_t stream)
 {
     (void)op;
     (void)root;
@@ -130,34 +136,37 @@ static cfxResult_t run_sendrecv(const void *sendbuff, void *recvbuff, size_t cou
     res = cfxGroupStart();
     if (res != cfxSuccess)
         return res;
-    res = cfxSend(sendbuff, count, type, (rank + 1) % nranks, comm, NULL);
+    res = cfxSend(sendbuff, count, type, (rank + 1) % nranks, comm, stream);
     if (res == cfxSuccess)
-        res = cfxRecv(recvbuff, count, type, (rank - 1 + nranks) % nranks, comm, NULL);
+        res = cfxRecv(recvbuff, count, type, (rank - 1 + nranks) % nranks, comm, stream);
     /* Always close the group, so a failure does not leave it open. */
     cfxResult_t end_res = cfxGroupEnd();
     return res != cfxSuccess ? res : end_res;
 }
 
 static cfxResult_t run_alltoall(const void *sendbuff, void *recvbuff, size_t count,
-                                cfxDataType_t type, cfxRedOp_t op, int root, cfxComm_t comm)
+                                cfxDataType_t type, cfxRedOp_t op, int root, cfxComm_t comm,
+                                cfxStream_t stream)
 {
     (void)op;
     (void)root;
-    return cfxAlltoAll(sendbuff, recvbuff, count, type, comm, NULL);
+    return cfxAlltoAll(sendbuff, recvbuff, count, type, comm, stream);
 }
 
 static cfxResult_t run_gather(const void *sendbuff, void *recvbuff, size_t count,
-                              cfxDataType_t type, cfxRedOp_t op, int root, cfxComm_t comm)
+                              cfxDataType_t type, cfxRedOp_t op, int root, cfxComm_t comm,
+                              cfxStream_t stream)
 {
     (void)op;
-    return cfxGather(sendbuff, recvbuff, count, type, root, comm, NULL);
+    return cfxGather(sendbuff, recvbuff, count, type, root, comm, stream);
 }
 
 static cfxResult_t run_scatter(const void *sendbuff, void *recvbuff, size_t count,
-                               cfxDataType_t type, cfxRedOp_t op, int root, cfxComm_t comm)
+                               cfxDataType_t type, cfxRedOp_t op, int root, cfxComm_t comm,
+                               cfxStream_t stream)
 {
     (void)op;
-    return cfxScatter(sendbuff, recvbuff, count, type, root, comm, NULL);
+    return cfxScatter(sendbuff, recvbuff, count, type, root, comm, stream);
 }
 
 /* ------------------------------------------------------------ the table */

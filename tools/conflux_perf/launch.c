@@ -63,6 +63,22 @@ static int parse_env_int(const char *name, long min, long max, int *value_p)
     return 0;
 }
 
+/* Set the rank up (before its id: see perf_bench_open), make or join the
+ * unique id from the environment (CFX_COMM_ID), and run it. */
+static int run_rank(const struct perf_options *opt, int rank, int nranks, const char *launch)
+{
+    int status;
+    struct perf_bench *bench = perf_bench_open(opt, rank, nranks, -1, &status);
+    if (bench == NULL)
+        return exit_code(status);
+    cfxUniqueId id;
+    if (get_unique_id(rank, &id) != 0) {
+        perf_bench_close(bench);
+        return PERF_EXIT_FAILED;
+    }
+    return exit_code(perf_bench_run(bench, id, launch));
+}
+
 /* ------------------------------------------------------------ --np */
 
 static int read_full(int fd, void *buf, size_t bytes)
@@ -85,14 +101,19 @@ static int fork_rank(const struct perf_options *opt, int rank, const int id_pipe
     cfxUniqueId id;
     char launch[64];
     snprintf(launch, sizeof(launch), "fork (--np %d, one process per rank)", opt->np);
+    int status;
+    /* Exiting closes the pipe: the others read EOF. */
+    struct perf_bench *bench = perf_bench_open(opt, rank, opt->np, rank, &status);
+    if (bench == NULL)
+        return exit_code(status);
     if (rank == 0) {
         close(id_pipe[0]);
         if (get_unique_id(0, &id) != 0)
-            return PERF_EXIT_FAILED; /* exiting closes the pipe: the others read EOF */
+            goto out_failed;
         for (int r = 1; r < opt->np; r++)
             if (write(id_pipe[1], &id, sizeof(id)) != (ssize_t)sizeof(id)) {
                 fprintf(stderr, "conflux-perf: rank 0: cannot pass the unique id on\n");
-                return PERF_EXIT_FAILED;
+                goto out_failed;
             }
         close(id_pipe[1]);
     } else {
@@ -100,10 +121,14 @@ static int fork_rank(const struct perf_options *opt, int rank, const int id_pipe
         close(id_pipe[0]);
         if (got != 0) {
             fprintf(stderr, "conflux-perf: rank %d: rank 0 sent no unique id\n", rank);
-            return PERF_EXIT_FAILED;
+            goto out_failed;
         }
     }
-    return exit_code(perf_bench_run(opt, id, rank, opt->np, launch));
+    return exit_code(perf_bench_run(bench, id, launch));
+
+out_failed:
+    perf_bench_close(bench);
+    return PERF_EXIT_FAILED;
 }
 
 static double now_s(void)
@@ -231,12 +256,9 @@ static int launch_env(const struct perf_options *opt)
                         "address) and MASTER_PORT (a free port there), or CFX_COMM_ID=host:port\n");
         return PERF_EXIT_USAGE;
     }
-    cfxUniqueId id;
-    if (get_unique_id(rank, &id) != 0)
-        return PERF_EXIT_FAILED;
     char launch[400];
     snprintf(launch, sizeof(launch), "RANK/WORLD_SIZE, CFX_COMM_ID=%s", getenv("CFX_COMM_ID"));
-    return exit_code(perf_bench_run(opt, id, rank, nranks, launch));
+    return run_rank(opt, rank, nranks, launch);
 }
 
 /* ------------------------------------------------------------ mpirun */
@@ -254,11 +276,9 @@ static int launch_mpi(const struct perf_options *opt)
                     size_var);
             return PERF_EXIT_USAGE;
         }
-        if (get_unique_id(rank, &id) != 0)
-            return PERF_EXIT_FAILED;
         char launch[400];
         snprintf(launch, sizeof(launch), "mpirun, CFX_COMM_ID=%s", getenv("CFX_COMM_ID"));
-        return exit_code(perf_bench_run(opt, id, rank, nranks, launch));
+        return run_rank(opt, rank, nranks, launch);
     }
     if (!perf_mpi_available()) {
         fprintf(stderr, "conflux-perf: started by mpirun, but built without MPI: set "
@@ -270,7 +290,10 @@ static int launch_mpi(const struct perf_options *opt)
         perf_mpi_finish(1);
         return PERF_EXIT_FAILED;
     }
-    int status = perf_bench_run(opt, id, rank, nranks, "mpirun, unique id by MPI_Bcast");
+    int status;
+    struct perf_bench *bench = perf_bench_open(opt, rank, nranks, -1, &status);
+    if (bench != NULL)
+        status = perf_bench_run(bench, id, "mpirun, unique id by MPI_Bcast");
     perf_mpi_finish(status >= 0); /* a failed call: MPI_Abort stops the other ranks */
     return exit_code(status);
 }
@@ -310,13 +333,10 @@ static int launch_slurm(const struct perf_options *opt)
                  slurm_port(job_id, step_id));
         setenv("CFX_COMM_ID", comm_id, 1);
     }
-    cfxUniqueId id;
-    if (get_unique_id(rank, &id) != 0)
-        return PERF_EXIT_FAILED;
     char launch[400];
     snprintf(launch, sizeof(launch), "srun (SLURM_PROCID/%s), CFX_COMM_ID=%s", size_var,
              getenv("CFX_COMM_ID"));
-    return exit_code(perf_bench_run(opt, id, rank, nranks, launch));
+    return run_rank(opt, rank, nranks, launch);
 }
 
 /* ------------------------------------------------------------ choose */
@@ -334,8 +354,5 @@ int perf_launch(const struct perf_options *opt)
         return launch_mpi(opt);
     if (srun)
         return launch_slurm(opt);
-    cfxUniqueId id;
-    if (get_unique_id(0, &id) != 0)
-        return PERF_EXIT_FAILED;
-    return exit_code(perf_bench_run(opt, id, 0, 1, "one process (no --np, RANK, mpirun or srun)"));
+    return run_rank(opt, 0, 1, "one process (no --np, RANK, mpirun or srun)");
 }

@@ -1,8 +1,8 @@
 /*
  * The command line of conflux-perf: a subcommand naming the collective, then
  * nccl-tests' flags with nccl-tests' meanings and defaults, then our own
- * (--np, --json). Every value is checked here, once; a bad one is a usage
- * error (exit 2) that names the flag.
+ * (--np, --mem, --json). Every value is checked here, once; a bad one is a
+ * usage error (exit 2) that names the flag.
  */
 #include <errno.h>
 #include <getopt.h>
@@ -50,6 +50,14 @@ size_t perf_type_size(cfxDataType_t type)
     return type_sizes[type];
 }
 
+/* Keep in enum perf_mem order. */
+static const char *const mem_names[] = {"auto", "host", "device"};
+
+const char *perf_mem_name(enum perf_mem mem)
+{
+    return mem_names[mem];
+}
+
 void perf_options_usage(FILE *out, const char *prog)
 {
     fprintf(out,
@@ -72,6 +80,9 @@ void perf_options_usage(FILE *out, const char *prog)
             "                          bfloat16 f8e4m3 f8e5m2, or all (default float)\n"
             "  -o, --op OP             sum prod max min avg, or all (default sum)\n"
             "  -r, --root RANK         root of broadcast and reduce, or all (default 0)\n"
+            "  --mem host|device|auto  buffers in host memory (stream NULL) or GPU memory\n"
+            "                          (cuMemAlloc, a stream per rank); auto: GPU memory when\n"
+            "                          this rank can use a GPU (default auto)\n"
             "Ranks:\n"
             "  --np N                  fork N ranks on this host (one process each)\n"
             "                          without --np: RANK, WORLD_SIZE, MASTER_ADDR and\n"
@@ -82,7 +93,8 @@ void perf_options_usage(FILE *out, const char *prog)
             "  --json FILE             also write the results to FILE as JSON\n"
             "  -h, --help              this text\n"
             "Accepted so nccl-tests command lines run: -t 1, -g 1, -z 0|1, -y 0|1, -G 0\n"
-            "(one rank per process; host calls always complete on the NULL stream).\n",
+            "(one rank per process; host calls complete on the NULL stream, device calls\n"
+            "on the rank's own stream, synchronised after each timed loop).\n",
             prog, perf_coll_names());
 }
 
@@ -193,7 +205,7 @@ static void join_command(int argc, char **argv, char *out, size_t out_bytes)
 
 /* ------------------------------------------------------------ parse */
 
-enum { OPT_NP = 1000, OPT_JSON };
+enum { OPT_NP = 1000, OPT_JSON, OPT_MEM };
 
 static const struct option long_options[] = {
     {"minbytes", required_argument, NULL, 'b'},
@@ -215,6 +227,7 @@ static const struct option long_options[] = {
     {"cudagraph", required_argument, NULL, 'G'},
     {"np", required_argument, NULL, OPT_NP},
     {"json", required_argument, NULL, OPT_JSON},
+    {"mem", required_argument, NULL, OPT_MEM},
     {"help", no_argument, NULL, 'h'},
     {NULL, 0, NULL, 0},
 };
@@ -237,6 +250,7 @@ int perf_options_parse(int argc, char **argv, struct perf_options *opt_p, int *h
         .root = 0,
         .average = 1,
         .np = 0,
+        .mem = PERF_MEM_AUTO,
         .json_path = NULL,
     };
     *help_p = 0;
@@ -336,7 +350,7 @@ int perf_options_parse(int argc, char **argv, struct perf_options *opt_p, int *h
             break;
         case 'G':
             if (strcmp(optarg, "0") != 0)
-                return usage_error(prog, "%s '%s': no CUDA graphs on host buffers",
+                return usage_error(prog, "%s '%s': conflux-perf does not capture CUDA graphs",
                                    "-G/--cudagraph", optarg);
             break;
         case OPT_NP:
@@ -344,6 +358,21 @@ int perf_options_parse(int argc, char **argv, struct perf_options *opt_p, int *h
                 return usage_error(prog, "bad %s '%s' (1 to 1024)", "--np", optarg);
             opt.np = (int)value;
             break;
+        case OPT_MEM: {
+            int found = 0;
+            for (int m = 0; m < (int)(sizeof(mem_names) / sizeof(mem_names[0])); m++)
+                if (strcasecmp(optarg, mem_names[m]) == 0) {
+                    opt.mem = (enum perf_mem)m;
+                    found = 1;
+                }
+            if (!found)
+                return usage_error(prog, "bad %s '%s' (host, device or auto)", "--mem", optarg);
+            if (opt.mem == PERF_MEM_DEVICE && !perf_gpu_built())
+                return usage_error(prog,
+                                   "--mem device: this conflux-perf was built without CUDA (CMake "
+                                   "found no CUDA toolkit); use --mem host");
+            break;
+        }
         case OPT_JSON:
             if (optarg[0] == '\0')
                 return usage_error(prog, "--json needs a file name");

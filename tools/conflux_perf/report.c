@@ -4,8 +4,9 @@
  * lines, one row per size with the out-of-place then the in-place columns
  * (time in us, algbw and busbw in GB/s, #wrong or N/A), then the footer
  * "# Out of bounds values : N OK|FAILED" and "# Avg bus bandwidth    : X".
- * We add '#' lines only: the launch, the CFX_ environment, how times are
- * combined across ranks, and "# memcpy bandwidth: X GB/s".
+ * We add '#' lines only: the launch, the memory the buffers are in, the CFX_
+ * environment, how times are combined across ranks, and "# memcpy bandwidth:
+ * X GB/s" (a host memcpy, or in device mode a device-to-device copy).
  *
  * The JSON goes to FILE.tmp and is renamed to FILE when the run ends, so a
  * reader never sees half a file.
@@ -24,9 +25,10 @@ struct perf_report {
     int nranks;
     FILE *json;
     char *json_tmp;
-    int json_results; /* result objects written so far */
-    int json_failed;  /* --json given but the file could not be opened */
-    int row_open;     /* a row is printed up to its last column */
+    int json_results;   /* result objects written so far */
+    int json_failed;    /* --json given but the file could not be opened */
+    int row_open;       /* a row is printed up to its last column */
+    const char *memory; /* perf_header.memory, for the JSON */
 };
 
 static const char *const average_names[] = {"rank 0's", "the mean of the ranks'",
@@ -108,17 +110,31 @@ struct perf_report *perf_report_open(const struct perf_options *opt, int nranks,
         fprintf(j,
                 ",\n  \"config\": {\"min_bytes\": %zu, \"max_bytes\": %zu, \"step_factor\": %zu, "
                 "\"step_bytes\": %zu, \"iters\": %d, \"warmup_iters\": %d, \"agg_iters\": %d, "
-                "\"check\": %d, \"average\": %d},\n  \"results\": [",
+                "\"check\": %d, \"average\": %d, \"mem\": \"%s\"},\n  \"results\": [",
                 opt->min_bytes, opt->max_bytes, opt->step_factor, opt->step_bytes, opt->iters,
-                opt->warmup_iters, opt->agg_iters, opt->check_iters, opt->average);
+                opt->warmup_iters, opt->agg_iters, opt->check_iters, opt->average,
+                perf_mem_name(opt->mem));
     }
     return rep;
 }
 
-void perf_report_header(struct perf_report *rep, const char *rank_lines)
+/* The buffers line: "host" keeps the words of the host-only tool. */
+static const char *memory_text(const char *memory)
+{
+    if (strcmp(memory, "device") == 0)
+        return "Device buffers (cuMemAlloc), a non-blocking stream per rank, synchronised at the "
+               "end of each timed loop.";
+    if (strcmp(memory, "mixed") == 0)
+        return "Device buffers on the GPU ranks (a stream each), host buffers (stream NULL) on "
+               "the others.";
+    return "Host buffers, stream NULL.";
+}
+
+void perf_report_header(struct perf_report *rep, const struct perf_header *header)
 {
     if (rep == NULL)
         return;
+    rep->memory = header->memory;
     const struct perf_options *opt = rep->opt;
     int by_factor = opt->step_factor > 1;
     printf("# nThread 1 nGpus 1 minBytes %zu maxBytes %zu step: %zu(%s) warmup iters: %d "
@@ -126,8 +142,9 @@ void perf_report_header(struct perf_report *rep, const char *rank_lines)
            opt->min_bytes, opt->max_bytes, by_factor ? opt->step_factor : opt->step_bytes,
            by_factor ? "factor" : "bytes", opt->warmup_iters, opt->iters, opt->agg_iters,
            opt->check_iters);
-    printf("#\n# Using devices\n%s#\n", rank_lines);
-    printf("# Host buffers, stream NULL. Time: %s mean per call, no barrier between calls.\n",
+    printf("#\n# Using devices\n%s#\n", header->rank_lines);
+    printf("%s", header->notes);
+    printf("# %s Time: %s mean per call, no barrier between calls.\n", memory_text(header->memory),
            average_names[opt->average]);
     printf("# Environment:");
     int any = 0;
@@ -199,25 +216,35 @@ void perf_report_row_end(struct perf_report *rep)
     rep->row_open = 0;
 }
 
-int perf_report_close(struct perf_report *rep, double memcpy_gbps, size_t memcpy_bytes,
-                      long long errors, double avg_busbw)
+int perf_report_close(struct perf_report *rep, const struct perf_copy *copy, long long errors,
+                      double avg_busbw)
 {
     if (rep == NULL)
         return 0;
     int status = rep->json_failed ? -1 : 0;
-    if (memcpy_bytes > 0) {
+    if (copy->bytes > 0 && copy->device)
+        printf("# memcpy: %zu bytes device to device on rank 0's GPU (cuMemcpyAsync, %s); GB/s "
+               "counts bytes read + written (2 x size / time, as CUDA's bandwidthTest)\n",
+               copy->bytes,
+               copy->events ? "timed with CUDA events" : "wall time to cuEventSynchronize");
+    else if (copy->bytes > 0)
         printf("# memcpy: %zu bytes between two touched buffers, one thread, rank 0\n",
-               memcpy_bytes);
-        printf("# memcpy bandwidth: %.2f GB/s\n", memcpy_gbps);
-    }
+               copy->bytes);
+    if (copy->bytes > 0)
+        printf("# memcpy bandwidth: %.2f GB/s\n", copy->gbps);
     printf("# Out of bounds values : %lld %s\n", errors, errors ? "FAILED" : "OK");
     printf("# Avg bus bandwidth    : %g \n", avg_busbw);
     printf("#\n");
     fflush(stdout);
     if (rep->json != NULL) {
         FILE *j = rep->json;
-        fprintf(j, "\n  ],\n  \"memcpy_bytes\": %zu,\n  \"memcpy_gbps\": ", memcpy_bytes);
-        json_number(j, memcpy_bytes > 0 ? memcpy_gbps : NAN);
+        fprintf(j,
+                "\n  ],\n  \"memory\": \"%s\",\n  \"memcpy_kind\": \"%s\",\n  "
+                "\"memcpy_bytes\": %zu,\n  \"memcpy_gbps\": ",
+                rep->memory != NULL ? rep->memory : "host",
+                copy->device ? "device_to_device_read_plus_written" : "host_memcpy_bytes_copied",
+                copy->bytes);
+        json_number(j, copy->bytes > 0 ? copy->gbps : NAN);
         fprintf(j, ",\n  \"out_of_bounds\": %lld,\n  \"avg_busbw\": ", errors);
         json_number(j, avg_busbw);
         fputs("\n}\n", j);
