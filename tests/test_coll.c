@@ -20,12 +20,24 @@
  * be on over shared memory and off over sockets, and with it turned off, also
  * when only one rank turns it off (the ranks agree: all or none).
  *
+ * The suite also runs on device buffers (GPU ranks, the CUDA executor, on
+ * each rank's stream), over shm with 1, 2, 3, 4 and 8 ranks as threads and
+ * 2 and 4 as processes on one GPU (CFX_MULTI_RANK_GPU_ENABLE=1), every
+ * collective but the one-host-per-rank trees (those need sockets, which
+ * cannot serve GPU ranks yet). The same run_* bodies serve both: they fill
+ * and check host buffers, and on device buffers CALL_ON copies those to
+ * device mirrors before each call and back after it. On this machine the
+ * driver is tests/fakecuda (CFX_TEST_FAKECUDA), which runs Conflux's kernel
+ * on CPU threads; CFX_TEST_GPU=1 runs them on the machine's GPU. Without
+ * either they report SKIP.
+ *
  * Trimmed to fit CI: the 1M+3-element count runs for a few (type, op) pairs
  * per collective rather than all of them, and reduce/broadcast try every
  * root for small counts but only the first and last root for large ones.
  */
 #include <criterion/criterion.h>
 #include <criterion/parameterized.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -34,6 +46,7 @@
 #include "src/core/comm.h"
 #include "tests/coll_check.h"
 #include "tests/harness.h"
+#include "tests/harness_gpu.h"
 
 /* IB: the verbs transport over tests/fakeverbs (CFX_TEST_FAKEVERBS), every
  * process its own host, CFX_NET=IB. NET_PLUGIN: the net-plugin transport over
@@ -84,11 +97,16 @@ static const char *op_names[] = {"sum", "prod", "max", "min", "avg"};
 #define LARGE_COUNT ((size_t)(1u << 20) + 3)
 static const size_t small_counts[] = {0, 1, 7, 1023};
 
+/* Where a case's buffers live: host memory, or device memory of the rank's
+ * GPU (a GPU rank: the CUDA executor, on the rank's stream). */
+enum mem_kind { HOST_MEM = 0, DEVICE_MEM = 1 };
+
 struct suite_case {
     enum transport transport;
     int nranks;
     enum cfx_test_mode mode;
     enum coll coll;
+    enum mem_kind mem;
 };
 
 /* Large counts for these (type, op) pairs only. */
@@ -98,27 +116,158 @@ static int large_for(cfxDataType_t t, cfxRedOp_t op)
            (t == cfxInt64 && op == cfxMax);
 }
 
+/* A rank's buffers. The checks fill and read send and recv, host memory,
+ * in both kinds. On device buffers dsend and drecv mirror them (the same
+ * size) on the rank's GPU: the calls get the mirrors, D(), and the rank's
+ * stream, S(), and CALL_ON copies the first span bytes of both buffers to
+ * the device before each call and back after it. */
 struct ctx_bufs {
     char *send;
     char *recv;
     size_t bytes;
+    char *dsend; /* NULL on host buffers. */
+    char *drecv;
+    size_t span; /* Bytes of each buffer the next call touches, guard bytes included. */
+#if CFX_HAVE_CUDA
+    struct cfx_test_gpu gpu;
+#endif
 };
 
 /* Buffers sized for the largest case, allocated once per rank. */
 static int bufs_init(struct ctx_bufs *b, int nranks)
 {
+    memset(b, 0, sizeof(*b));
     b->bytes = LARGE_COUNT * 8 * (size_t)nranks + 64; /* + the guard bytes the checks write */
     b->send = malloc(b->bytes);
     b->recv = malloc(b->bytes);
     return b->send && b->recv;
 }
 
-#define CALL(ctx, desc, call)                                                                      \
+static int on_device(const struct ctx_bufs *b)
+{
+    return b != NULL && b->dsend != NULL;
+}
+
+/* The buffer a call gets for @p host, a pointer into send or recv: on device
+ * buffers the same offset of its mirror (NULL stays NULL), else itself. */
+static void *buf_for_call(const struct ctx_bufs *b, const void *host)
+{
+    const char *p = host;
+    if (!on_device(b) || p == NULL)
+        return (void *)p;
+    if (p >= b->send && p <= b->send + b->bytes)
+        return b->dsend + (p - b->send);
+    if (p >= b->recv && p <= b->recv + b->bytes)
+        return b->drecv + (p - b->recv);
+    fprintf(stderr, "test_coll: %p is in neither buffer of a device case\n", host);
+    abort();
+}
+#define D(b, host) buf_for_call((b), (host))
+
+#if CFX_HAVE_CUDA
+/* The stream a call gets: the rank's on device buffers, else none. */
+#define S(b) (on_device(b) ? (b)->gpu.stream : NULL)
+
+/* Make this rank a GPU rank (device 0 current, a stream of its own) and
+ * allocate the device mirrors: before cfxCommInitRank. 0: failure recorded. */
+static int bufs_open_gpu(struct cfx_test_rank *ctx, struct ctx_bufs *b)
+{
+    if (!cfx_test_gpu_open(ctx, 0, &b->gpu))
+        return 0;
+    b->dsend = cfx_test_gpu_alloc(ctx, &b->gpu, b->bytes);
+    b->drecv = cfx_test_gpu_alloc(ctx, &b->gpu, b->bytes);
+    return b->dsend != NULL && b->drecv != NULL;
+}
+
+/* Before a call on device buffers: the first span bytes of send and recv to
+ * their mirrors, on the rank's stream (the call is behind them). After it
+ * (!to_device): wait for the call, then those bytes back to the host. */
+static int bufs_copy(struct cfx_test_rank *ctx, struct ctx_bufs *b, int to_device, const char *desc)
+{
+    if (!on_device(b))
+        return 1;
+    const struct cfx_cuda_api *cu = b->gpu.cu;
+    CUstream stream = b->gpu.stream;
+    size_t span = b->span < b->bytes ? b->span : b->bytes;
+    CUdeviceptr dsend = (CUdeviceptr)(uintptr_t)b->dsend, drecv = (CUdeviceptr)(uintptr_t)b->drecv;
+    const char *what = to_device ? "cuMemcpyHtoDAsync" : "cuStreamSynchronize";
+    CUresult err = CUDA_SUCCESS;
+    if (to_device) {
+        err = cu->memcpy_htod_async(dsend, b->send, span, stream);
+        if (err == CUDA_SUCCESS)
+            err = cu->memcpy_htod_async(drecv, b->recv, span, stream);
+    } else {
+        err = cu->stream_synchronize(stream);
+        if (err == CUDA_SUCCESS) {
+            what = "cuMemcpyDtoHAsync";
+            err = cu->memcpy_dtoh_async(b->send, dsend, span, stream);
+        }
+        if (err == CUDA_SUCCESS)
+            err = cu->memcpy_dtoh_async(b->recv, drecv, span, stream);
+        if (err == CUDA_SUCCESS) {
+            what = "cuStreamSynchronize";
+            err = cu->stream_synchronize(stream);
+        }
+    }
+    if (err != CUDA_SUCCESS) {
+        const char *name = NULL;
+        cu->get_error_name(err, &name);
+        cfx_test_fail(ctx, __FILE__, __LINE__, "%s: %s of %zu bytes %s the device: %s (%d)", desc,
+                      what, span, to_device ? "to" : "from", name ? name : "?", (int)err);
+        return 0;
+    }
+    return 1;
+}
+
+static void bufs_close_gpu(struct ctx_bufs *b)
+{
+    if (b->gpu.cu == NULL)
+        return;
+    cfx_test_gpu_free(&b->gpu, b->dsend);
+    cfx_test_gpu_free(&b->gpu, b->drecv);
+    cfx_test_gpu_close(&b->gpu);
+    b->dsend = b->drecv = NULL;
+}
+#else
+#define S(b) ((cfxStream_t)NULL)
+
+static int bufs_open_gpu(struct cfx_test_rank *ctx, struct ctx_bufs *b)
+{
+    (void)b;
+    cfx_test_fail(ctx, __FILE__, __LINE__, "device buffers in a build without CUDA");
+    return 0;
+}
+
+static int bufs_copy(struct cfx_test_rank *ctx, struct ctx_bufs *b, int to_device, const char *desc)
+{
+    (void)ctx;
+    (void)b;
+    (void)to_device;
+    (void)desc;
+    return 1;
+}
+
+static void bufs_close_gpu(struct ctx_bufs *b)
+{
+    (void)b;
+}
+#endif
+
+/* A call that must succeed. With buffers @p b on the device, span bytes of
+ * both go there first, and after the call (and its stream) back, so the
+ * checks read the host buffers in both kinds. */
+#define CALL_ON(ctx, b, desc, call)                                                                \
     do {                                                                                           \
+        if (!bufs_copy((ctx), (b), 1, (desc)))                                                     \
+            return;                                                                                \
         cfxResult_t call_res_ = (call);                                                            \
         RANK_ASSERT(ctx, call_res_ == cfxSuccess, "%s: %s: %s", desc,                              \
                     cfxGetErrorString(call_res_), cfxGetLastError(comm));                          \
+        if (!bufs_copy((ctx), (b), 0, (desc)))                                                     \
+            return;                                                                                \
     } while (0)
+/* A call on host buffers. */
+#define CALL(ctx, desc, call) CALL_ON(ctx, (struct ctx_bufs *)NULL, desc, call)
 
 /* ---------------------------------------------------------------- reductions */
 
@@ -140,9 +289,10 @@ static void run_allreduce(struct cfx_test_rank *ctx, cfxComm_t comm, struct ctx_
                     ref_fill((cfxDataType_t)t, (cfxRedOp_t)op, r, seed, b->send, count);
                     memset(b->recv, 0xee, count * ref_size((cfxDataType_t)t) + 8);
                     char *out = in_place ? b->send : b->recv;
-                    CALL(ctx, desc,
-                         cfxAllReduce(b->send, out, count, (cfxDataType_t)t, (cfxRedOp_t)op, comm,
-                                      NULL));
+                    b->span = count * ref_size((cfxDataType_t)t) + 64;
+                    CALL_ON(ctx, b, desc,
+                            cfxAllReduce(D(b, b->send), D(b, out), count, (cfxDataType_t)t,
+                                         (cfxRedOp_t)op, comm, S(b)));
                     for (size_t i = 0; i < count; i++) {
                         double v;
                         uint64_t bits;
@@ -182,9 +332,10 @@ static void run_reduce(struct cfx_test_rank *ctx, cfxComm_t comm, struct ctx_buf
                     ref_fill((cfxDataType_t)t, (cfxRedOp_t)op, r, seed, b->send, count);
                     memset(b->recv, 0xee, bytes + 8);
                     char *out = in_place ? b->send : b->recv;
-                    CALL(ctx, desc,
-                         cfxReduce(b->send, out, count, (cfxDataType_t)t, (cfxRedOp_t)op, root,
-                                   comm, NULL));
+                    b->span = bytes + 64;
+                    CALL_ON(ctx, b, desc,
+                            cfxReduce(D(b, b->send), D(b, out), count, (cfxDataType_t)t,
+                                      (cfxRedOp_t)op, root, comm, S(b)));
                     if (r != root) {
                         /* Non-roots keep their input and their untouched recvbuff. */
                         RANK_ASSERT(ctx,
@@ -226,9 +377,10 @@ static void run_reducescatter(struct cfx_test_rank *ctx, cfxComm_t comm, struct 
                     ref_fill((cfxDataType_t)t, (cfxRedOp_t)op, r, seed, b->send, count * (size_t)n);
                     memset(b->recv, 0xee, count * es + 8);
                     char *out = in_place ? b->send + (size_t)r * count * es : b->recv;
-                    CALL(ctx, desc,
-                         cfxReduceScatter(b->send, out, count, (cfxDataType_t)t, (cfxRedOp_t)op,
-                                          comm, NULL));
+                    b->span = count * es * (size_t)n + 64;
+                    CALL_ON(ctx, b, desc,
+                            cfxReduceScatter(D(b, b->send), D(b, out), count, (cfxDataType_t)t,
+                                             (cfxRedOp_t)op, comm, S(b)));
                     for (size_t i = 0; i < count; i++) {
                         double v;
                         uint64_t bits;
@@ -277,9 +429,11 @@ static void run_broadcast(struct cfx_test_rank *ctx, cfxComm_t comm, struct ctx_
                         b->send[i] = (char)pattern(r, i, seed);
                     memset(b->recv, 0xee, bytes + 8);
                     char *out = in_place ? b->send : b->recv;
-                    CALL(ctx, desc,
-                         in_place ? cfxBcast(b->send, count, t, root, comm, NULL)
-                                  : cfxBroadcast(b->send, b->recv, count, t, root, comm, NULL));
+                    b->span = bytes + 64;
+                    CALL_ON(ctx, b, desc,
+                            in_place ? cfxBcast(D(b, b->send), count, t, root, comm, S(b))
+                                     : cfxBroadcast(D(b, b->send), D(b, b->recv), count, t, root,
+                                                    comm, S(b)));
                     for (size_t i = 0; i < bytes; i++)
                         RANK_ASSERT(ctx, (unsigned char)out[i] == pattern(root, i, seed),
                                     "%s: byte %zu wrong", desc, i);
@@ -297,7 +451,8 @@ static void run_broadcast(struct cfx_test_rank *ctx, cfxComm_t comm, struct ctx_
     for (size_t i = 0; i < count; i++)
         send[i] = (char)pattern(r, i, 99);
     memset(b->recv, 0xee, count + 16);
-    CALL(ctx, desc, cfxBroadcast(send, recv, count, cfxInt8, n - 1, comm, NULL));
+    b->span = count + 64;
+    CALL_ON(ctx, b, desc, cfxBroadcast(D(b, send), D(b, recv), count, cfxInt8, n - 1, comm, S(b)));
     for (size_t i = 0; i < count; i++)
         RANK_ASSERT(ctx, (unsigned char)recv[i] == pattern(n - 1, i, 99), "%s: byte %zu wrong",
                     desc, i);
@@ -323,7 +478,8 @@ static void run_allgather(struct cfx_test_rank *ctx, cfxComm_t comm, struct ctx_
                 char *src = in_place ? b->recv + (size_t)r * block : b->send;
                 for (size_t i = 0; i < block; i++)
                     src[i] = (char)pattern(r, i, seed);
-                CALL(ctx, desc, cfxAllGather(src, b->recv, count, t, comm, NULL));
+                b->span = block * (size_t)n + 64;
+                CALL_ON(ctx, b, desc, cfxAllGather(D(b, src), D(b, b->recv), count, t, comm, S(b)));
                 for (int q = 0; q < n; q++)
                     for (size_t i = 0; i < block; i++)
                         RANK_ASSERT(ctx,
@@ -352,15 +508,17 @@ static void run_sendrecv(struct cfx_test_rank *ctx, cfxComm_t comm, struct ctx_b
             for (size_t i = 0; i < bytes; i++)
                 b->send[(size_t)q * bytes + i] = (char)pattern(r * 64 + q, i, (int)c);
         memset(b->recv, 0xee, bytes * (size_t)n);
-        CALL(ctx, desc, cfxGroupStart());
+        b->span = bytes * (size_t)n + 64;
+        CALL_ON(ctx, b, desc, cfxGroupStart());
         for (int k = 0; k < n; k++) {
             int to = (r + k) % n, from = (r - k + n) % n;
-            CALL(ctx, desc,
-                 cfxRecv(b->recv + (size_t)from * bytes, count, cfxFloat32, from, comm, NULL));
-            CALL(ctx, desc,
-                 cfxSend(b->send + (size_t)to * bytes, count, cfxFloat32, to, comm, NULL));
+            CALL_ON(
+                ctx, b, desc,
+                cfxRecv(D(b, b->recv + (size_t)from * bytes), count, cfxFloat32, from, comm, S(b)));
+            CALL_ON(ctx, b, desc,
+                    cfxSend(D(b, b->send + (size_t)to * bytes), count, cfxFloat32, to, comm, S(b)));
         }
-        CALL(ctx, desc, cfxGroupEnd());
+        CALL_ON(ctx, b, desc, cfxGroupEnd());
         for (int q = 0; q < n; q++)
             for (size_t i = 0; i < bytes; i++)
                 RANK_ASSERT(ctx,
@@ -368,19 +526,26 @@ static void run_sendrecv(struct cfx_test_rank *ctx, cfxComm_t comm, struct ctx_b
                                 pattern(q * 64 + r, i, (int)c),
                             "%s: byte %zu from rank %d wrong", desc, i, q);
     }
-    /* Outside a group, a plain ring exchange: even ranks send first. */
+    /* Outside a group, a plain ring exchange: even ranks send first. The
+     * ints are on the stack, or on device buffers the first bytes of send
+     * and recv. */
     if (n > 1) {
         int next = (r + 1) % n, prev = (r + n - 1) % n;
-        int out = r * 1000 + 1, in = -1;
+        int out_int, in_int;
+        int *out = on_device(b) ? (int *)b->send : &out_int;
+        int *in = on_device(b) ? (int *)b->recv : &in_int;
+        *out = r * 1000 + 1;
+        *in = -1;
+        b->span = 64;
         cfx_test_step(ctx, "blocking send/recv ring");
         if (r % 2 == 0) {
-            CALL(ctx, "send", cfxSend(&out, 1, cfxInt32, next, comm, NULL));
-            CALL(ctx, "recv", cfxRecv(&in, 1, cfxInt32, prev, comm, NULL));
+            CALL_ON(ctx, b, "send", cfxSend(D(b, out), 1, cfxInt32, next, comm, S(b)));
+            CALL_ON(ctx, b, "recv", cfxRecv(D(b, in), 1, cfxInt32, prev, comm, S(b)));
         } else {
-            CALL(ctx, "recv", cfxRecv(&in, 1, cfxInt32, prev, comm, NULL));
-            CALL(ctx, "send", cfxSend(&out, 1, cfxInt32, next, comm, NULL));
+            CALL_ON(ctx, b, "recv", cfxRecv(D(b, in), 1, cfxInt32, prev, comm, S(b)));
+            CALL_ON(ctx, b, "send", cfxSend(D(b, out), 1, cfxInt32, next, comm, S(b)));
         }
-        RANK_ASSERT(ctx, in == prev * 1000 + 1, "ring exchange got %d", in);
+        RANK_ASSERT(ctx, *in == prev * 1000 + 1, "ring exchange got %d", *in);
     }
 }
 
@@ -399,11 +564,15 @@ static void claim_own_host(struct cfx_test_rank *ctx)
     cfx_test_setenv("CFX_HOSTID", host);
 }
 
+/* On device buffers the rank opens its GPU before init, which makes it a
+ * GPU rank. */
 static void conformance_rank(struct cfx_test_rank *ctx)
 {
     const struct suite_case *sc = ctx->arg;
     struct ctx_bufs b;
     RANK_ASSERT(ctx, bufs_init(&b, ctx->nranks), "out of memory");
+    if (sc->mem == DEVICE_MEM && !bufs_open_gpu(ctx, &b))
+        return;
     cfxComm_t comm;
     RANK_CFX(ctx, cfxCommInitRank(&comm, ctx->nranks, ctx->id, ctx->rank));
     coll_fns[sc->coll](ctx, comm, &b);
@@ -411,11 +580,12 @@ static void conformance_rank(struct cfx_test_rank *ctx)
         RANK_CFX(ctx, cfxCommFinalize(comm));
     }
     cfxCommDestroy(comm);
+    bufs_close_gpu(&b);
     free(b.send);
     free(b.recv);
 }
 
-#define N_CASES (2 * 5 * 2 * N_COLLS + 2 * 3 * N_COLLS)
+#define N_CASES (2 * 5 * 2 * N_COLLS + 2 * 3 * N_COLLS + (5 + 2) * N_COLLS)
 static struct suite_case all_cases[N_CASES];
 
 ParameterizedTestParameters(conformance, collective)
@@ -445,6 +615,20 @@ ParameterizedTestParameters(conformance, collective)
                                                      .nranks = ib_ranks[ri],
                                                      .mode = CFX_TEST_PROCS,
                                                      .coll = (enum coll)c};
+    /* On device buffers: shm (GPU ranks' FIFOs are pinned host memory in
+     * its segments), every rank on one GPU, 2 and 4 ranks as processes; the
+     * trees on one host only (one host per rank is sockets). */
+    for (int ri = 0; ri < 5; ri++)
+        for (int m = 0; m < 2; m++)
+            for (int c = 0; c <= BROADCAST_TREE; c++) {
+                if (m == CFX_TEST_PROCS && ranks[ri] != 2 && ranks[ri] != 4)
+                    continue;
+                all_cases[k++] = (struct suite_case){.transport = SHM,
+                                                     .nranks = ranks[ri],
+                                                     .mode = (enum cfx_test_mode)m,
+                                                     .coll = (enum coll)c,
+                                                     .mem = DEVICE_MEM};
+            }
     return cr_make_param_array(struct suite_case, all_cases, (size_t)k);
 }
 
@@ -472,8 +656,20 @@ static const char *const transport_names[] = {"shm", "socket", "verbs (fake-verb
 
 ParameterizedTest(struct suite_case *sc, conformance, collective, .timeout = 900)
 {
-    cr_log_info("%s over %s, %d ranks as %s", coll_names[sc->coll], transport_names[sc->transport],
-                sc->nranks, sc->mode == CFX_TEST_PROCS ? "processes" : "threads");
+    /* Device buffers: the driver (the GPU, or fake-cuda) for the ranks. */
+    const char *why = NULL, *driver = NULL;
+    char where[64] = "";
+    if (sc->mem == DEVICE_MEM) {
+        driver = cfx_test_use_cuda(&why);
+        snprintf(where, sizeof(where), " on device buffers (%s)",
+                 driver ? driver : "no CUDA driver");
+    }
+    cr_log_info("%s over %s, %d ranks as %s%s", coll_names[sc->coll],
+                transport_names[sc->transport], sc->nranks,
+                sc->mode == CFX_TEST_PROCS ? "processes" : "threads", where);
+    if (sc->mem == DEVICE_MEM && driver == NULL)
+        cr_skip_test("%s", why);
+    cfx_test_setenv("CFX_MULTI_RANK_GPU_ENABLE", sc->mem == DEVICE_MEM ? "1" : NULL);
     if (sc->transport == IB)
         use_fakeverbs();
     if (sc->transport == NET_PLUGIN)

@@ -9,6 +9,9 @@
  */
 #include "kernels.h"
 
+#include <stdio.h>
+#include <stdlib.h>
+
 #include "src/exec/cuda/kernel.h"
 
 static int conflux_pass(void *state, const void *params, unsigned block, unsigned n_blocks,
@@ -17,6 +20,14 @@ static int conflux_pass(void *state, const void *params, unsigned block, unsigne
     (void)n_blocks;
     struct cfx_kernel_block *b = state;
     const struct cfx_kernel_args *args = params;
+    if (args->abi != CFX_KERNEL_ABI) {
+        /* A library built from another kernel.h than this fake: rebuild both. */
+        fprintf(stderr,
+                "fake-cuda: cfx_kernel_batch launched with parameter layout %#x, this fake "
+                "knows %#x: rebuild the library and the fake from one tree\n",
+                args->abi, CFX_KERNEL_ABI);
+        abort();
+    }
     switch (cfx_kernel_lead(b, args, block)) {
     case CFX_KERNEL_FINISHED: return 0;
     case CFX_KERNEL_IDLE: return 2;

@@ -503,6 +503,7 @@ static cfxResult_t build_args(struct cfx_op *ops, int n_ops, cfxStream_t stream,
                 parent[chain_root(parent, n)] = chain_root(parent, j);
         n++;
     }
+    args->abi = CFX_KERNEL_ABI;
     args->n_ops = 0;
     args->n_views = 0;
     args->n_blocks = 0;

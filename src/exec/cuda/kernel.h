@@ -117,6 +117,7 @@ struct cfx_kernel_op {
 /* The kernel's one parameter, by value. Operations of several
  * communicators (ranks a thread drives in one group) may share a launch. */
 struct cfx_kernel_args {
+    uint32_t abi; /* CFX_KERNEL_ABI: a kernel built from another kernel.h refuses it. */
     uint32_t n_ops;
     uint32_t n_views;
     uint32_t spin_check;
@@ -125,11 +126,14 @@ struct cfx_kernel_args {
      * other: operations that share a connector go in one block, in call
      * order (two blocks posting to one FIFO would mix their slots). */
     uint8_t block_first[CFX_KERNEL_MAX_OPS + 1];
-    uint8_t reserved[7];
+    uint8_t reserved[3];
     struct cfx_kernel_op ops[CFX_KERNEL_MAX_OPS];
     struct cfx_conn views[CFX_KERNEL_MAX_VIEWS];
 };
 CFX_STATIC_ASSERT(sizeof(struct cfx_kernel_args) <= 4096, "a launch's parameter fits CUDA's 4 KiB");
+
+/* The parameter's layout, as a number: its version and size. */
+#define CFX_KERNEL_ABI ((uint32_t)(2u << 16) | (uint32_t)sizeof(struct cfx_kernel_args))
 
 /* What the leader decided (cfx_kernel_lead). */
 enum cfx_kernel_action {
