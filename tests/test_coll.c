@@ -669,6 +669,9 @@ ParameterizedTest(struct suite_case *sc, conformance, collective, .timeout = 900
                 sc->mode == CFX_TEST_PROCS ? "processes" : "threads", where);
     if (sc->mem == DEVICE_MEM && driver == NULL)
         cr_skip_test("%s", why);
+    const char *device_only = getenv("CFX_TEST_DEVICE_ONLY");
+    if (sc->mem == HOST_MEM && device_only != NULL && strcmp(device_only, "1") == 0)
+        cr_skip_test("host buffers: CFX_TEST_DEVICE_ONLY=1 (scripts/gpu_check.sh)");
     cfx_test_setenv("CFX_MULTI_RANK_GPU_ENABLE", sc->mem == DEVICE_MEM ? "1" : NULL);
     if (sc->transport == IB)
         use_fakeverbs();
