@@ -572,8 +572,21 @@ static void mismatched_counts_on_gpu(struct cfx_test_rank *ctx)
 Test(cuda, mismatched_calls_on_gpu_fail_every_rank_with_invalid_usage, .timeout = 120)
 {
     cr_log_info("on %s", use_gpu());
+    char logs[128];
+    cfx_test_log_to(logs, sizeof(logs), "gpu-mismatch");
     struct cfx_test_options opts = {.nranks = 3, .mode = CFX_TEST_THREADS, .deadline_s = 90};
     CFX_TEST_RUN(&opts, mismatched_counts_on_gpu);
+    /* The flight recorder shows the GPU operation, failed, on each rank. */
+    int failed_4096 =
+        cfx_test_count_in_logs(logs, "allreduce #0 (float32 sum, count 4096): failed");
+    int failed_2048 =
+        cfx_test_count_in_logs(logs, "allreduce #0 (float32 sum, count 2048): failed");
+    cfx_test_remove_logs(logs);
+    cfx_test_logs_off();
+    cr_assert(failed_4096 == 2 && failed_2048 == 1,
+              "flight recorder lines of the failed GPU allreduce: %d of count 4096 (2 ranks), %d "
+              "of 2048 (1 rank)",
+              failed_4096, failed_2048);
 }
 
 /* Rank 0 waits in its kernel for rank 1, which never calls; another thread
