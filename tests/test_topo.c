@@ -15,6 +15,7 @@
 #include "src/topo/topo.h"
 #include "src/util/error.h"
 #include "tests/harness.h"
+#include "tests/topo_check.h"
 
 static const char *fixture(const char *name)
 {
@@ -183,57 +184,14 @@ Test(topo, partial_files_describe_devices_by_pci_class)
 
 /* ------------------------------------------------------------ round trip */
 
-static char *dump_to_text(const struct cfx_topo_system *sys)
-{
-    char *text = NULL;
-    size_t size = 0;
-    FILE *f = open_memstream(&text, &size);
-    cr_assert_not_null(f);
-    cr_assert_eq(cfx_topo_dump_xml_file(sys, f), cfxSuccess);
-    fclose(f);
-    return text;
-}
-
-static void assert_same_system(const struct cfx_topo_system *a, const struct cfx_topo_system *b,
-                               const char *what)
-{
-    cr_assert_eq(a->n_nodes, b->n_nodes, "%s: node count", what);
-    for (int n = 0; n < a->n_nodes; n++) {
-        const struct cfx_topo_node *x = &a->nodes[n], *y = &b->nodes[n];
-        cr_assert_eq(x->type, y->type, "%s node %d type", what, n);
-        cr_assert_eq(x->id, y->id, "%s node %d id", what, n);
-        cr_assert_eq(x->parent, y->parent, "%s node %d parent", what, n);
-        cr_assert_str_eq(x->busid, y->busid, "%s node %d", what, n);
-        cr_assert_eq(x->n_links, y->n_links, "%s node %d links", what, n);
-        for (int l = 0; l < x->n_links; l++) {
-            cr_assert_eq(x->links[l].type, y->links[l].type);
-            cr_assert_eq(x->links[l].remote, y->links[l].remote);
-            cr_assert_float_eq(x->links[l].bw, y->links[l].bw, 1e-9);
-        }
-        if (x->type == CFX_TOPO_GPU) {
-            cr_assert_eq(x->gpu.dev, y->gpu.dev);
-            cr_assert_eq(x->gpu.sm, y->gpu.sm);
-        }
-        if (x->type == CFX_TOPO_NET) {
-            cr_assert_str_eq(x->net.name, y->net.name);
-            cr_assert_eq(x->net.speed_mbps, y->net.speed_mbps);
-            cr_assert_eq(x->net.guid, y->net.guid);
-        }
-    }
-    for (size_t i = 0; i < (size_t)a->n_nodes * (size_t)a->n_nodes; i++) {
-        cr_assert_eq(a->paths[i].type, b->paths[i].type, "%s path %zu", what, i);
-        cr_assert_float_eq(a->paths[i].bw, b->paths[i].bw, 1e-9);
-    }
-}
-
 Test(topo, every_fixture_round_trips_through_the_writer)
 {
     for (size_t f = 0; f < N_FIXTURES; f++) {
         struct cfx_topo_system *first = load(fixtures[f].file);
-        char *text1 = dump_to_text(first);
+        char *text1 = topo_dump_to_text(first);
         struct cfx_topo_system *second = load_text(text1, cfxSuccess);
-        assert_same_system(first, second, fixtures[f].file);
-        char *text2 = dump_to_text(second);
+        topo_assert_same_system(first, second, fixtures[f].file);
+        char *text2 = topo_dump_to_text(second);
         cr_expect_str_eq(text1, text2, "%s: a second dump differs", fixtures[f].file);
         free(text1);
         free(text2);
@@ -284,12 +242,12 @@ Test(topo, odd_pci_nestings_load_once_and_dump_stably)
         cr_expect_eq(first->count[CFX_TOPO_PCI], c->n_pci, "%s: switches", c->what);
         cr_expect_eq(first->count[CFX_TOPO_GPU], c->n_gpu, "%s: GPUs", c->what);
         cr_expect_eq(first->count[CFX_TOPO_NIC], c->n_nic, "%s: NICs", c->what);
-        char *text1 = dump_to_text(first);
+        char *text1 = topo_dump_to_text(first);
         struct cfx_topo_system *second = load_text(text1, cfxSuccess);
         for (int t = 0; t < CFX_TOPO_NODE_TYPES; t++)
             cr_expect_eq(second->count[t], first->count[t], "%s: type %d after a reload\n%s",
                          c->what, t, text1);
-        char *text2 = dump_to_text(second);
+        char *text2 = topo_dump_to_text(second);
         cr_expect_str_eq(text1, text2, "%s: a second dump differs", c->what);
         free(text1);
         free(text2);
@@ -309,7 +267,7 @@ Test(topo, topo_file_replaces_detection_and_dump_file_receives_it)
     cr_expect_eq(sys->count[CFX_TOPO_GPU], 8);
     struct cfx_topo_system *again = NULL;
     cr_assert_eq(cfx_topo_load_xml(dump, &again), cfxSuccess, "%s", cfx_error_thread_last());
-    assert_same_system(sys, again, "CFX_TOPO_DUMP_FILE");
+    topo_assert_same_system(sys, again, "CFX_TOPO_DUMP_FILE");
     unlink(dump);
     cfx_topo_free(sys);
     cfx_topo_free(again);
@@ -410,9 +368,9 @@ Test(topo, detection_describes_this_host_and_says_why_there_is_no_gpu)
         cr_log_info("detection found %d GPUs", sys->count[CFX_TOPO_GPU]);
     }
     /* What detection found round-trips like any file. */
-    char *dumped = dump_to_text(sys);
+    char *dumped = topo_dump_to_text(sys);
     struct cfx_topo_system *again = load_text(dumped, cfxSuccess);
-    assert_same_system(sys, again, "detected");
+    topo_assert_same_system(sys, again, "detected");
     free(dumped);
     cfx_topo_free(again);
     cfx_topo_free(sys);

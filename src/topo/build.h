@@ -43,6 +43,15 @@ double cfx_topo_pci_bw(const char *speed, int width);
  * capability x10 (0: unknown, taken as 25). */
 double cfx_topo_nvlink_bw(int sm);
 
+/* PCI classes of devices detection finds without sysfs telling their class:
+ * a CUDA device sysfs does not show (a container without /sys/bus/pci, a
+ * test's fake driver) is a 3D controller, the class of NVIDIA's data-centre
+ * GPUs (NCCL's reader needs a class on every <pci>, and takes any 0x03xxxx
+ * for a GPU); an NVLink peer that is neither visible nor one of the GPUs is
+ * an NVSwitch, as NCCL assumes. */
+#define CFX_TOPO_CLASS_GPU      0x030200u
+#define CFX_TOPO_CLASS_NVSWITCH 0x068000u
+
 /* Defaults for missing PCI attributes: Gen3 x16. */
 #define CFX_TOPO_PCI_DEFAULT_SPEED "8.0 GT/s PCIe"
 #define CFX_TOPO_PCI_DEFAULT_WIDTH 16

@@ -3,8 +3,9 @@
  *
  *  CPUs     one node per NUMA domain (hwloc; sysfs when built without it):
  *           affinity, vendor, family and model, cores and L3 for the log.
- *  GPUs     the CUDA runtime's devices (only when this build has CUDA and a
- *           GPU is usable), with NVLinks from NVML, loaded at run time.
+ *  GPUs     the CUDA driver's devices (only when this build has CUDA and a
+ *           GPU is usable): bus id, compute capability, SM count; their
+ *           NVLinks from NVML, loaded at run time (CFX_NVML_LIB).
  *  NICs     libibverbs devices (active ports, speed from the port) and
  *           physical network interfaces (speed from sysfs).
  *  PCI      each device's chain of PCI switches (its sysfs path, as NCCL reads it;
@@ -278,6 +279,9 @@ static cfxResult_t build_devices(struct detection *det)
         if (dev->type == CFX_TOPO_GPU) {
             node->gpu.dev = dev->cuda_dev;
             node->gpu.sm = dev->sm;
+            node->gpu.sm_count = dev->sm_count;
+            if (node->pci_class == 0)
+                node->pci_class = CFX_TOPO_CLASS_GPU; /* Not in sysfs (build.h). */
             continue;
         }
         for (int p = 0; p < dev->n_nets; p++) {
@@ -304,6 +308,22 @@ static cfxResult_t build_devices(struct detection *det)
 
 /* ------------------------------------------------------------ entry */
 
+static void log_gpu(const struct cfx_topo_node *gpu)
+{
+    int links = 0;
+    double nvl_bw = 0;
+    for (int r = 0; r < gpu->gpu.n_nvlinks; r++)
+        links += gpu->gpu.nvlinks[r].count;
+    for (int l = 0; l < gpu->n_links; l++)
+        if (gpu->links[l].type == CFX_LINK_NVL)
+            nvl_bw += gpu->links[l].bw;
+    char sms[24] = "SM count unknown"; /* A file does not carry it. */
+    if (gpu->gpu.sm_count > 0)
+        snprintf(sms, sizeof(sms), "%d SMs", gpu->gpu.sm_count);
+    CFX_INFO(CFX_LOG_GRAPH, "GPU/%d: %s sm%d, %s, %d NVLinks to %d target(s), %.1f GB/s",
+             gpu->gpu.dev, gpu->busid, gpu->gpu.sm, sms, links, gpu->gpu.n_nvlinks, nvl_bw);
+}
+
 static void log_system(const struct cfx_topo_system *sys, struct detection *det)
 {
     char summary[256];
@@ -314,8 +334,7 @@ static void log_system(const struct cfx_topo_system *sys, struct detection *det)
         if (node->type == CFX_TOPO_CPU && det)
             describe_cpu_for_log(det, node);
         else if (node->type == CFX_TOPO_GPU)
-            CFX_INFO(CFX_LOG_GRAPH, "GPU/%d: %s sm%d, %d NVLink target(s)", node->gpu.dev,
-                     node->busid, node->gpu.sm, node->gpu.n_nvlinks);
+            log_gpu(node);
         else if (node->type == CFX_TOPO_NET)
             CFX_INFO(CFX_LOG_GRAPH, "NET/%d: %s port %d, %d Gb/s, on %s", node->net.dev,
                      node->net.name, node->net.port, node->net.speed_mbps / 1000,

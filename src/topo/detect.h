@@ -33,7 +33,7 @@ struct found_dev {
     enum cfx_topo_node_type type;   /* GPU or NIC. */
     char busid[CFX_TOPO_BUSID_MAX]; /* "" for a NIC with no PCI function. */
     uint64_t id;
-    int cuda_dev, sm;
+    int cuda_dev, sm, sm_count; /* GPUs: CUDA device, compute capability x10, SMs. */
     int n_nets;
     struct found_net nets[CFX_TOPO_MAX_PORTS];
 };
@@ -63,9 +63,11 @@ int cfx_topo_sysfs_busid(const char *real, char *busid, size_t size);
 /* Class, ids, and maximum link speed and width of a PCI node from sysfs. */
 void cfx_topo_sysfs_pci_fill(struct cfx_topo_node *node, const char *busid);
 
-/* GPUs from the CUDA runtime into det->devs, or det->no_gpu_reason. */
+/* GPUs from the CUDA driver (bus id, compute capability, SM count) into
+ * det->devs, or det->no_gpu_reason. */
 void cfx_topo_detect_gpus(struct detection *det);
-/* NVLink records of the GPUs of det->sys, from NVML loaded at run time. */
+/* NVLink records of the GPUs of det->sys, from NVML loaded at run time
+ * (CFX_NVML_LIB); when it cannot, det->nvml_note says why. */
 cfxResult_t cfx_topo_detect_nvlinks(struct detection *det);
 /* NICs: libibverbs devices (verbs builds) and physical network interfaces. */
 void cfx_topo_detect_nics(struct detection *det);

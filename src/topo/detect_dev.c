@@ -16,12 +16,12 @@
 #include "src/topo/detect.h"
 #include "src/util/error.h"
 #include "src/util/log.h"
+#include "src/util/param.h"
 
 #include "src/util/cuda.h"
 #include "src/util/verbs.h"
 
-#define DEFAULT_MBPS   10000 /* A network interface that does not report its speed. */
-#define NVML_MAX_LINKS 18
+#define DEFAULT_MBPS 10000 /* A network interface that does not report its speed. */
 
 /* ------------------------------------------------------------ sysfs */
 
@@ -99,8 +99,21 @@ void cfx_topo_sysfs_pci_fill(struct cfx_topo_node *node, const char *busid)
 
 /* ------------------------------------------------------------ GPUs */
 
+CFX_PARAM_STR(nvml_lib, "NVML_LIB", "libnvidia-ml.so.1",
+              "NVML library to load at run time for the GPUs' NVLinks (a file name or a path)");
+
 #if CFX_HAVE_CUDA
-/* The part of NVML's interface used here (NVML's own header is not needed). */
+/* The part of NVML's interface used here, as nvml.h declares it (NVML's own
+ * header is not needed): nvmlReturn_t and the enums are ints, a device is an
+ * opaque handle, and nvmlPciInfo_t is the layout nvml.h has had since its
+ * _v2 calls (busIdLegacy, then the 32-byte busId). Each call is resolved by
+ * the ABI name nvml.h maps it to. */
+#define NVML_SUCCESS          0
+#define NVML_FEATURE_ENABLED  1
+#define NVML_NVLINK_CAP_P2P   0 /* NVML_NVLINK_CAP_P2P_SUPPORTED */
+#define NVML_NVLINK_MAX_LINKS 18
+/* NCCL's name for a peer NVML does not show (empty or unprintable bus id). */
+#define NVML_HIDDEN_TARGET "fffffff:ffff:ff"
 typedef struct nvml_device *nvml_device_t;
 struct nvml_pci_info {
     char bus_id_legacy[16];
@@ -108,18 +121,33 @@ struct nvml_pci_info {
     char bus_id[32];
 };
 struct nvml_api {
+    /* nvmlInit_v2, nvmlShutdown, nvmlDeviceGetHandleByPciBusId_v2,
+     * nvmlDeviceGetNvLinkState, nvmlDeviceGetNvLinkRemotePciInfo_v2. */
     int (*init)(void);
     int (*shutdown)(void);
     int (*by_busid)(const char *, nvml_device_t *);
     int (*link_state)(nvml_device_t, unsigned int, int *);
     int (*remote_pci)(nvml_device_t, unsigned int, struct nvml_pci_info *);
+    /* Optional, NULL when this NVML lacks them: nvmlDeviceGetNvLinkCapability,
+     * nvmlErrorString. */
+    int (*link_cap)(nvml_device_t, unsigned int, int, unsigned int *);
+    const char *(*error_string)(int);
 };
+
+static const char *nvml_lib_name(void)
+{
+    const char *name = param_nvml_lib();
+    return name != NULL && name[0] != '\0' ? name : "libnvidia-ml.so.1";
+}
 
 static int nvml_open(struct nvml_api *api, char *note, size_t size)
 {
-    void *lib = dlopen("libnvidia-ml.so.1", RTLD_NOW | RTLD_LOCAL);
+    const char *name = nvml_lib_name();
+    void *lib = dlopen(name, RTLD_NOW | RTLD_LOCAL);
     if (lib == NULL) {
-        snprintf(note, size, "NVML not loadable (libnvidia-ml.so.1): NVLinks unknown");
+        const char *err = dlerror();
+        snprintf(note, size, "NVLinks unknown: NVML not loadable (CFX_NVML_LIB=%s: %s)", name,
+                 err ? err : "dlopen failed");
         return -1;
     }
     *(void **)&api->init = dlsym(lib, "nvmlInit_v2");
@@ -127,42 +155,105 @@ static int nvml_open(struct nvml_api *api, char *note, size_t size)
     *(void **)&api->by_busid = dlsym(lib, "nvmlDeviceGetHandleByPciBusId_v2");
     *(void **)&api->link_state = dlsym(lib, "nvmlDeviceGetNvLinkState");
     *(void **)&api->remote_pci = dlsym(lib, "nvmlDeviceGetNvLinkRemotePciInfo_v2");
-    if (!api->init || !api->shutdown || !api->by_busid || !api->link_state || !api->remote_pci) {
-        snprintf(note, size, "NVML lacks NVLink queries: NVLinks unknown");
+    *(void **)&api->link_cap = dlsym(lib, "nvmlDeviceGetNvLinkCapability");
+    *(void **)&api->error_string = dlsym(lib, "nvmlErrorString");
+    const char *missing = !api->init         ? "nvmlInit_v2"
+                          : !api->shutdown   ? "nvmlShutdown"
+                          : !api->by_busid   ? "nvmlDeviceGetHandleByPciBusId_v2"
+                          : !api->link_state ? "nvmlDeviceGetNvLinkState"
+                          : !api->remote_pci ? "nvmlDeviceGetNvLinkRemotePciInfo_v2"
+                                             : NULL;
+    if (missing != NULL) {
+        snprintf(note, size, "NVLinks unknown: %s has no %s (an old driver's NVML, or not NVML)",
+                 name, missing);
         return -1;
     }
-    if (api->init() != 0) {
-        snprintf(note, size, "nvmlInit failed: NVLinks unknown");
+    int err = api->init();
+    if (err != NVML_SUCCESS) {
+        const char *text = api->error_string ? api->error_string(err) : NULL;
+        snprintf(note, size, "NVLinks unknown: nvmlInit_v2 of %s failed (NVML error %d: %s)", name,
+                 err, text ? text : "no description");
         return -1;
     }
     return 0; /* The library stays loaded, as NCCL keeps it. */
 }
 
-/* NVLinks of each GPU, grouped by remote device. */
+/* Links NVML may report for a GPU of compute capability @p sm (x10), as
+ * NCCL bounds its queries: P100 4, V100 6, A100 12, H100 and later 18. */
+static unsigned nvml_max_links(int sm)
+{
+    if (sm <= 0)
+        return NVML_NVLINK_MAX_LINKS; /* Unknown: ask them all. */
+    return sm < 60 ? 0 : sm < 70 ? 4 : sm < 80 ? 6 : sm < 90 ? 12 : NVML_NVLINK_MAX_LINKS;
+}
+
+/* The peer of link @p link of @p dev, normalized; -1 when the link is not
+ * usable for P2P, down, or NVML does not say where it goes. */
+static int nvml_link_peer(const struct nvml_api *api, nvml_device_t dev, unsigned link, char *busid,
+                          size_t size)
+{
+    unsigned int p2p = 1;
+    if (api->link_cap &&
+        (api->link_cap(dev, link, NVML_NVLINK_CAP_P2P, &p2p) != NVML_SUCCESS || p2p == 0))
+        return -1;
+    int state = 0;
+    if (api->link_state(dev, link, &state) != NVML_SUCCESS || state != NVML_FEATURE_ENABLED)
+        return -1;
+    struct nvml_pci_info pci;
+    memset(&pci, 0, sizeof(pci));
+    if (api->remote_pci(dev, link, &pci) != NVML_SUCCESS)
+        return -1;
+    pci.bus_id_legacy[sizeof(pci.bus_id_legacy) - 1] = '\0';
+    pci.bus_id[sizeof(pci.bus_id) - 1] = '\0';
+    const char *text = pci.bus_id_legacy[0] ? pci.bus_id_legacy : pci.bus_id;
+    int printable = text[0] != '\0';
+    for (const char *c = text; *c; c++)
+        printable &= isprint((unsigned char)*c) != 0;
+    /* A peer NVML does not show (a VM's NVSwitch): NCCL's sentinel. */
+    cfx_topo_busid_normalize(printable ? text : NVML_HIDDEN_TARGET, busid, size);
+    return 0;
+}
+
+/* The PCI class of an NVLink's far end: sysfs's; a GPU of this graph's;
+ * else an NVSwitch, as NCCL assumes of a peer it cannot see. */
+static uint32_t nvlink_target_class(const struct cfx_topo_system *sys, const char *busid)
+{
+    char text[32];
+    uint64_t id;
+    if (cfx_topo_sysfs_pci_attr(busid, "class", text, sizeof(text)) == 0)
+        return (uint32_t)strtoul(text, NULL, 16);
+    if (cfx_topo_busid_parse(busid, &id) == 0)
+        for (int g = 0; g < sys->n_nodes; g++)
+            if (sys->nodes[g].type == CFX_TOPO_GPU && sys->nodes[g].id == id)
+                return sys->nodes[g].pci_class ? sys->nodes[g].pci_class : CFX_TOPO_CLASS_GPU;
+    return CFX_TOPO_CLASS_NVSWITCH;
+}
+
+/* NVLinks of each GPU from NVML, grouped by remote device: one record per
+ * peer GPU, NVSwitch or CPU, its count the links to it (NCCL's <nvlink>). */
 cfxResult_t cfx_topo_detect_nvlinks(struct detection *det)
 {
     struct nvml_api api;
+    memset(&api, 0, sizeof(api));
     if (nvml_open(&api, det->nvml_note, sizeof(det->nvml_note)) != 0)
         return cfxSuccess;
     cfxResult_t res = cfxSuccess;
+    int n_unknown = 0;
     for (int n = 0; n < det->sys->n_nodes && res == cfxSuccess; n++) {
         if (det->sys->nodes[n].type != CFX_TOPO_GPU)
             continue;
         nvml_device_t dev;
-        if (api.by_busid(det->sys->nodes[n].busid, &dev) != 0)
+        if (api.by_busid(det->sys->nodes[n].busid, &dev) != NVML_SUCCESS) {
+            n_unknown++;
             continue;
-        char targets[NVML_MAX_LINKS][CFX_TOPO_BUSID_MAX];
-        int counts[NVML_MAX_LINKS], n_targets = 0;
-        for (unsigned l = 0; l < NVML_MAX_LINKS; l++) {
-            int active = 0;
-            struct nvml_pci_info pci;
-            if (api.link_state(dev, l, &active) != 0 || !active)
-                continue;
-            if (api.remote_pci(dev, l, &pci) != 0)
-                continue;
+        }
+        char targets[NVML_NVLINK_MAX_LINKS][CFX_TOPO_BUSID_MAX];
+        int counts[NVML_NVLINK_MAX_LINKS], n_targets = 0;
+        unsigned max_links = nvml_max_links(det->sys->nodes[n].gpu.sm);
+        for (unsigned l = 0; l < max_links; l++) {
             char busid[CFX_TOPO_BUSID_MAX];
-            cfx_topo_busid_normalize(pci.bus_id_legacy[0] ? pci.bus_id_legacy : pci.bus_id, busid,
-                                     sizeof(busid));
+            if (nvml_link_peer(&api, dev, l, busid, sizeof(busid)) != 0)
+                continue;
             int t = 0;
             while (t < n_targets && strcmp(targets[t], busid) != 0)
                 t++;
@@ -172,19 +263,14 @@ cfxResult_t cfx_topo_detect_nvlinks(struct detection *det)
             }
             counts[t]++;
         }
-        for (int t = 0; t < n_targets && res == cfxSuccess; t++) {
-            char text[32];
-            uint32_t tclass = 0x068000; /* Not visible: an NVSwitch (as NCCL assumes). */
-            uint64_t id;
-            if (cfx_topo_sysfs_pci_attr(targets[t], "class", text, sizeof(text)) == 0)
-                tclass = (uint32_t)strtoul(text, NULL, 16);
-            else if (cfx_topo_busid_parse(targets[t], &id) == 0)
-                for (int g = 0; g < det->sys->n_nodes; g++)
-                    if (det->sys->nodes[g].type == CFX_TOPO_GPU && det->sys->nodes[g].id == id)
-                        tclass = 0x030200;
-            res = cfx_topo_gpu_add_nvlink(det->sys, n, targets[t], counts[t], tclass);
-        }
+        for (int t = 0; t < n_targets && res == cfxSuccess; t++)
+            res = cfx_topo_gpu_add_nvlink(det->sys, n, targets[t], counts[t],
+                                          nvlink_target_class(det->sys, targets[t]));
     }
+    if (n_unknown > 0)
+        snprintf(det->nvml_note, sizeof(det->nvml_note),
+                 "NVML (%s) does not know %d of the CUDA GPUs' bus ids: their NVLinks unknown",
+                 nvml_lib_name(), n_unknown);
     api.shutdown();
     return res;
 }
@@ -205,18 +291,26 @@ void cfx_topo_detect_gpus(struct detection *det)
         struct found_dev *dev = &det->devs[det->n_devs];
         memset(dev, 0, sizeof(*dev));
         char busid[64];
-        int major = 0, minor = 0;
+        int major = 0, minor = 0, sm_count = 0;
         CUdevice handle;
         if (cu->device_get(&handle, d) != CUDA_SUCCESS ||
             cu->device_get_pci_bus_id(busid, sizeof(busid), handle) != CUDA_SUCCESS)
             continue;
-        cu->device_get_attribute(&major, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, handle);
-        cu->device_get_attribute(&minor, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, handle);
+        /* An attribute the driver does not answer stays 0: unknown. */
+        if (cu->device_get_attribute(&major, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR,
+                                     handle) != CUDA_SUCCESS ||
+            cu->device_get_attribute(&minor, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR,
+                                     handle) != CUDA_SUCCESS)
+            major = minor = 0;
+        if (cu->device_get_attribute(&sm_count, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, handle) !=
+            CUDA_SUCCESS)
+            sm_count = 0;
         dev->type = CFX_TOPO_GPU;
         cfx_topo_busid_normalize(busid, dev->busid, sizeof(dev->busid));
         cfx_topo_busid_parse(dev->busid, &dev->id);
         dev->cuda_dev = d;
         dev->sm = major * 10 + minor;
+        dev->sm_count = sm_count;
         det->n_devs++;
     }
 #else

@@ -5,8 +5,9 @@
  * classified in NCCL's vocabulary (NVL, NVB, PIX, PXB, PHB, SYS).
  *
  * A system comes from detection (cfx_topo_detect: hwloc, sysfs, libibverbs,
- * CUDA runtime, NVML loaded at run time) or from an NCCL topology XML file
- * (cfx_topo_load_xml; CFX_TOPO_FILE makes detection read the file instead).
+ * the CUDA driver and NVML, both loaded at run time) or from an NCCL
+ * topology XML file (cfx_topo_load_xml; CFX_TOPO_FILE makes detection read
+ * the file instead).
  * cfx_topo_dump_xml writes the same format (CFX_TOPO_DUMP_FILE).
  *
  * Rules:
@@ -93,9 +94,11 @@ struct cfx_topo_node {
     double up_bw;        /* Bandwidth of the link to the parent. */
     union {
         struct {
-            int dev;  /* CUDA device index. */
-            int sm;   /* Compute capability x10 (90: Hopper); 0: unknown. */
-            int rank; /* Rank recorded by the file (-1: none). */
+            int dev;      /* CUDA device index. */
+            int sm;       /* Compute capability x10 (90: Hopper); 0: unknown. */
+            int sm_count; /* Multiprocessors, from CUDA; 0: unknown (NCCL's XML has
+                           * no attribute for it, so a file never gives it). */
+            int rank;     /* Rank recorded by the file (-1: none). */
             int gdr;
             int n_nvlinks;
             struct cfx_topo_nvlink *nvlinks;

@@ -583,10 +583,13 @@ static void put_pci_open(FILE *out, const struct cfx_topo_node *node, int depth)
         put_attr(out, "subsystem_vendor", node->subsys_vendor);
     if (node->subsys_device[0])
         put_attr(out, "subsystem_device", node->subsys_device);
-    if (node->link_speed[0])
-        put_attr(out, "link_speed", node->link_speed);
+    /* Always both: NCCL's reader requires them, and writes "" itself for a
+     * device whose sysfs entry does not say. */
+    put_attr(out, "link_speed", node->link_speed);
     if (node->link_width > 0)
         put_attr_int(out, "link_width", node->link_width);
+    else
+        put_attr(out, "link_width", "");
 }
 
 static void put_nic_body(FILE *out, const struct cfx_topo_system *sys, int nic, int depth)
