@@ -793,6 +793,34 @@ static void rest_of_the_api(struct cfx_test_rank *ctx)
                     (double)g.host[i]);
     RANK_CFX(ctx, cfxRedOpDestroy(premul, g.comm));
 
+    /* A scalar in device memory (cfxScalarDevice) is read when the call
+     * runs: here a copy queued before it (behind a held stream) sets it. */
+    cfx_test_step(ctx, "allreduce with a PreMulSum op, device scalar");
+    float *dscalar = cfx_test_gpu_alloc(ctx, &g.gpu, sizeof(float));
+    RANK_ASSERT(ctx, dscalar != NULL && cfx_test_gpu_put(ctx, &g.gpu, dscalar, &scalar, 4),
+                "scalar");
+    RANK_CFX(ctx, cfxRedOpCreatePreMulSum(&premul, dscalar, cfxFloat32, cfxScalarDevice, g.comm));
+    RANK_ASSERT(ctx, hold(ctx, &g), "hold");
+    static float quarter = 0.25f;
+    RANK_ASSERT(ctx,
+                g.gpu.cu->memcpy_htod_async((CUdeviceptr)(uintptr_t)dscalar, &quarter, 4,
+                                            g.gpu.stream) == CUDA_SUCCESS,
+                "scalar copy");
+    cfxResult_t res = cfxAllReduce(g.dsend, g.drecv, all, cfxFloat32, premul, g.comm, g.gpu.stream);
+    released[ctx->rank] = 1;
+    RANK_ASSERT(ctx, res == cfxSuccess, "device-scalar allreduce: %s", cfxGetLastError(g.comm));
+    RANK_ASSERT(ctx, cfx_test_gpu_get(ctx, &g.gpu, g.host, g.drecv, all * 4), "get");
+    for (size_t i = 0; i < all; i++)
+        RANK_ASSERT(ctx, g.host[i] == sum_of(n, i) * 0.25f,
+                    "device premulsum: element %zu is %g, not %g", i, (double)g.host[i],
+                    (double)(sum_of(n, i) * 0.25f));
+    float host_in[4] = {1, 2, 3, 4}, host_out[4];
+    res = cfxAllReduce(host_in, host_out, 4, cfxFloat32, premul, g.comm, NULL);
+    RANK_ASSERT(ctx, res == cfxInvalidUsage, "a device scalar on host buffers gave %s",
+                cfxGetErrorString(res));
+    RANK_CFX(ctx, cfxRedOpDestroy(premul, g.comm));
+    cfx_test_gpu_free(&g.gpu, dscalar);
+
     cfx_test_step(ctx, "cfxMemAlloc on a GPU rank's thread");
     void *mem = NULL;
     RANK_CFX(ctx, cfxMemAlloc(&mem, 4096));

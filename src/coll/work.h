@@ -76,8 +76,10 @@ struct cfx_work {
     uint8_t kind;  /* enum cfx_coll_kind. */
     uint8_t type;  /* cfxDataType_t. */
     uint8_t redop; /* cfxRedOp_t (cfxAvg also for PreMulSum, see premul). */
-    /* cfxRedOpCreatePreMulSum: reduce as a sum, then multiply by the scalar
-     * (one element of type in premul_bits). */
+    /* cfxRedOpCreatePreMulSum: reduce as a sum, then multiply by the scalar:
+     * CFX_PREMUL_HOST, one element of type in premul_bits; CFX_PREMUL_DEVICE,
+     * premul_bits holds the device address of that element, which the kernel
+     * reads when the operation starts (cfxScalarDevice). */
     uint8_t premul;
     uint8_t check_prints; /* Compare received fingerprints (CFX_CHECK_MISMATCH). */
     uint8_t n_conns;      /* Entries of the peer table. */
@@ -96,6 +98,10 @@ struct cfx_work {
     struct cfx_links links;
 };
 CFX_STATIC_ASSERT(sizeof(struct cfx_work) == 168, "the work descriptor keeps its size");
+
+/* Values of cfx_work.premul (0: no PreMulSum). */
+#define CFX_PREMUL_HOST   1
+#define CFX_PREMUL_DEVICE 2
 
 /* Step flags: what one step does (the primitives of src/coll/prims.h). */
 #define CFX_PRIM_RECV   0x1u

@@ -57,7 +57,8 @@ struct cfx_flight_entry {
 struct cfx_core_premul {
     int in_use;
     cfxDataType_t type;
-    uint64_t scalar_bits; /* One element of type, in its low bytes. */
+    int premul;           /* CFX_PREMUL_HOST or CFX_PREMUL_DEVICE (src/coll/work.h). */
+    uint64_t scalar_bits; /* HOST: one element of type, in its low bytes; DEVICE: its address. */
 };
 
 /* A buffer of cfxCommRegister (no transport uses it yet). */

@@ -127,6 +127,11 @@ static cfxResult_t submit(struct cfxComm *comm, struct cfx_op *op)
     op_bind(comm, op);
     if (comm->async_error != cfxSuccess)
         return broken(comm, op->kind);
+    if (op->premul == CFX_PREMUL_DEVICE && op->mem_kind != CFX_MEM_DEVICE)
+        return cfx_error_set(cfxInvalidUsage, CFX_LOG_COLL,
+                             "%s: a PreMulSum op whose scalar is in device memory "
+                             "(cfxScalarDevice) runs on GPU buffers only",
+                             cfx_coll_name(op->kind));
     fingerprint(comm, op);
     struct cfx_op halves[2];
     int n_ops = 1;

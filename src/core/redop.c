@@ -155,15 +155,17 @@ CFX_API cfxResult_t cfxRedOpCreatePreMulSum(cfxRedOp_t *op, void *scalar, cfxDat
     CFX_CHECK_GOTO(cfx_argcheck_ptr(op, fn, "op"), res, out);
     CFX_CHECK_GOTO(cfx_argcheck_ptr(scalar, fn, "scalar"), res, out);
     CFX_CHECK_GOTO(cfx_argcheck_type(datatype, fn), res, out);
-    if (residence == cfxScalarDevice) {
+    int device = -1;
+    if (residence == cfxScalarDevice &&
+        (comm->cuda == NULL || !cfx_cuda_is_device_ptr(scalar, &device) ||
+         device != comm->cuda_dev)) {
         res = cfx_error_set(cfxInvalidArgument, CFX_LOG_INIT,
-                            "%s: residence cfxScalarDevice (a scalar in device memory) needs a "
-                            "GPU executor, which this build does not have; pass the scalar in "
-                            "host memory with cfxScalarHostImmediate",
-                            fn);
+                            "%s: residence cfxScalarDevice needs a scalar in the device memory of "
+                            "a GPU rank's own device (rank %d is %s)",
+                            fn, comm->rank, comm->cuda == NULL ? "a host rank" : "on another GPU");
         goto out;
     }
-    if (residence != cfxScalarHostImmediate) {
+    if (residence != cfxScalarHostImmediate && residence != cfxScalarDevice) {
         res = cfx_error_set(cfxInvalidArgument, CFX_LOG_INIT,
                             "%s: residence %d is not a cfxScalarResidence_t", fn, (int)residence);
         goto out;
@@ -180,7 +182,11 @@ CFX_API cfxResult_t cfxRedOpCreatePreMulSum(cfxRedOp_t *op, void *scalar, cfxDat
     }
     struct cfx_core_premul *entry = &comm->premul[slot];
     entry->scalar_bits = 0;
-    memcpy(&entry->scalar_bits, scalar, cfx_type_size(datatype));
+    entry->premul = residence == cfxScalarDevice ? CFX_PREMUL_DEVICE : CFX_PREMUL_HOST;
+    if (entry->premul == CFX_PREMUL_DEVICE)
+        entry->scalar_bits = (uint64_t)(uintptr_t)scalar; /* Read when each call runs. */
+    else
+        memcpy(&entry->scalar_bits, scalar, cfx_type_size(datatype));
     entry->type = datatype;
     entry->in_use = 1;
     *op = (cfxRedOp_t)(cfxNumOps + slot);
@@ -243,6 +249,7 @@ cfxResult_t cfx_core_redop_resolve(struct cfxComm *comm, cfxRedOp_t op, cfxDataT
                              "cfxRedOpCreatePreMulSum op per datatype",
                              fn, (int)op, (int)entry->type, (int)type);
     /* cfxAvg reduces as a sum; with premul set its finish multiplies. */
-    *red_p = (struct cfx_core_redop){.op = cfxAvg, .premul = 1, .premul_bits = entry->scalar_bits};
+    *red_p = (struct cfx_core_redop){
+        .op = cfxAvg, .premul = entry->premul, .premul_bits = entry->scalar_bits};
     return cfxSuccess;
 }

@@ -144,6 +144,7 @@ enum cfx_kernel_action {
 
 /* A block's state: __shared__ on the GPU, zeroed memory on the CPU. */
 struct cfx_kernel_block {
+    struct cfx_work work; /* The op's, with a device scalar read in (PreMulSum). */
     struct cfx_steploop loop;
     struct cfx_steploop_plan plan;
     const struct cfx_step *step; /* The planned step. */
@@ -235,7 +236,15 @@ static inline CFX_HOST_DEVICE int cfx_kernel_op_start(struct cfx_kernel_block *b
     b->op_started = 1;
     for (int i = 0; i < op->work.n_conns; i++)
         b->conns[i] = a->views[op->first_view + i];
-    cfx_steploop_init(&b->loop, &op->work, b->conns);
+    b->work = op->work;
+    if (b->work.premul == CFX_PREMUL_DEVICE) {
+        /* cfxScalarDevice: the scalar as it is when the operation runs. */
+        const char *scalar = (const char *)(uintptr_t)op->work.premul_bits;
+        b->work.premul_bits = 0;
+        memcpy(&b->work.premul_bits, scalar, op->work.elem_bytes);
+        b->work.premul = CFX_PREMUL_HOST;
+    }
+    cfx_steploop_init(&b->loop, &b->work, b->conns);
     b->idle = 0;
     r->running = op->work.print;
     cfx_kernel_store_i32(&r->end_status, CFX_KERNEL_END_NONE);
