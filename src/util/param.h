@@ -112,7 +112,7 @@ void cfx_param_reset_all(void);
 /* Same, and @p check (a cfx_param_check_fn) must accept the value too. */
 #define CFX_PARAM_INT_CHECKED(fn, suffix, def, lo, hi, check, desc)                                \
     CFX_PARAM_DEFINE_(fn, "CFX_" suffix, CFX_PARAM_TYPE_INT, def, lo, hi, NULL, check, desc);      \
-    static inline int64_t param_##fn(void)                                                         \
+    static inline __attribute__((unused)) int64_t param_##fn(void)                                 \
     {                                                                                              \
         return cfx_param_get_int(&param_def_##fn);                                                 \
     }                                                                                              \
@@ -122,7 +122,7 @@ void cfx_param_reset_all(void);
  * [lo, hi] written as a decimal integer with an optional K, M or G. */
 #define CFX_PARAM_SIZE(fn, suffix, def, lo, hi, desc)                                              \
     CFX_PARAM_DEFINE_(fn, "CFX_" suffix, CFX_PARAM_TYPE_SIZE, def, lo, hi, NULL, NULL, desc);      \
-    static inline int64_t param_##fn(void)                                                         \
+    static inline __attribute__((unused)) int64_t param_##fn(void)                                 \
     {                                                                                              \
         return cfx_param_get_int(&param_def_##fn);                                                 \
     }                                                                                              \
@@ -134,7 +134,7 @@ void cfx_param_reset_all(void);
 /* Same, and @p check (a cfx_param_check_fn) must accept the value. */
 #define CFX_PARAM_STR_CHECKED(fn, suffix, def, check, desc)                                        \
     CFX_PARAM_DEFINE_(fn, "CFX_" suffix, CFX_PARAM_TYPE_STR, 0, 0, 0, def, check, desc);           \
-    static inline const char *param_##fn(void)                                                     \
+    static inline __attribute__((unused)) const char *param_##fn(void)                             \
     {                                                                                              \
         return cfx_param_get_str(&param_def_##fn);                                                 \
     }                                                                                              \

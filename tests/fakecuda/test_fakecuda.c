@@ -972,6 +972,11 @@ Test(fakecuda, launch_configuration_is_checked)
     CU_OK(cuCtxSetCurrent(ctx0));
     CU_IS(launch(fn, 1, stream1, &fill), CUDA_ERROR_INVALID_HANDLE); /* stream of device 1 */
     CU_OK(cuStreamSynchronize(NULL));
+    /* The fill on stream1 writes this frame's word: wait for it before the
+     * frame goes (a late write once smashed a later frame's canary). */
+    CU_OK(cuStreamSynchronize(stream1));
+    CU_OK(cuStreamDestroy(stream1));
+    cr_assert_eq(word, 1);
 }
 
 Test(fakecuda, launch_fail_after_knob_fails_every_later_launch)
