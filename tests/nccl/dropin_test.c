@@ -11,11 +11,23 @@
  * and ncclCommSplit; refused calls and their sentences. The parent then
  * checks ncclGetVersion, error strings, config checks and ncclCommInitAll.
  *
+ * --device-buffers: the same, with each rank a GPU rank. After the fork it
+ * loads the CUDA driver (CFX_CUDA_DRIVER_LIB, default libcuda.so.1), makes
+ * device rank % count's primary context current (what cudaSetDevice does)
+ * and creates a non-blocking stream; every call that takes buffers runs on
+ * device memory on that stream, the host arrays copied in before it and
+ * back after cuStreamSynchronize, so the checks are the same ("twins",
+ * below). ncclCommCuDevice must name that device and ncclMemAlloc give
+ * device memory. Host-only in both modes: ncclCommWindowRegister's refusal (refused
+ * whatever the buffer) and everything the parent checks (ncclCommInitAll
+ * makes host ranks in one process).
+ *
  * Deadline: each rank dies by SIGALRM after RANK_DEADLINE_S, naming the
  * step it hung at; the parent kills what is left after PARENT_DEADLINE_S
  * and names the ranks that hung.
  * Exit 0 when all passed, 1 otherwise.
  */
+#include <cuda.h>
 #include <dlfcn.h>
 #include <errno.h>
 #include <limits.h>
@@ -93,6 +105,219 @@ static void deadline_passed(int sig)
     do {                                                                                           \
         if ((call) != 0)                                                                           \
             return 1;                                                                              \
+    } while (0)
+
+/* ---------------------------------------------------------------- device mode */
+
+static int device_mode;          /* --device-buffers */
+static cudaStream_t coll_stream; /* Every collective's stream: NULL in host mode. */
+static int device_ordinal = -1;  /* Device mode: this rank's device. */
+
+#define CU_XSTR(x) CU_STR(x)
+#define CU_STR(x)  #x
+
+/* The driver functions device mode calls, each with <cuda.h>'s prototype,
+ * resolved by the ABI name <cuda.h> maps it to (cuMemAlloc_v2, ...), as
+ * src/util/cuda.c resolves them. */
+static struct cu_driver {
+    __typeof__(&cuGetErrorString) get_error_string;
+    __typeof__(&cuInit) init;
+    __typeof__(&cuDeviceGetCount) device_get_count;
+    __typeof__(&cuDeviceGet) device_get;
+    __typeof__(&cuDevicePrimaryCtxRetain) primary_ctx_retain;
+    __typeof__(&cuDevicePrimaryCtxRelease) primary_ctx_release;
+    __typeof__(&cuCtxSetCurrent) ctx_set_current;
+    __typeof__(&cuStreamCreate) stream_create;
+    __typeof__(&cuStreamSynchronize) stream_synchronize;
+    __typeof__(&cuStreamDestroy) stream_destroy;
+    __typeof__(&cuMemAlloc) mem_alloc;
+    __typeof__(&cuMemFree) mem_free;
+    __typeof__(&cuMemcpyHtoDAsync) memcpy_htod_async;
+    __typeof__(&cuMemcpyDtoH) memcpy_dtoh;
+    __typeof__(&cuPointerGetAttribute) pointer_get_attribute;
+} cu;
+
+#define CU_FN(field, fn)                                                                           \
+    {                                                                                              \
+        offsetof(struct cu_driver, field), CU_XSTR(fn)                                             \
+    }
+
+static const struct cu_fn {
+    size_t offset;
+    const char *name;
+} cu_fns[] = {
+    CU_FN(get_error_string, cuGetErrorString),
+    CU_FN(init, cuInit),
+    CU_FN(device_get_count, cuDeviceGetCount),
+    CU_FN(device_get, cuDeviceGet),
+    CU_FN(primary_ctx_retain, cuDevicePrimaryCtxRetain),
+    CU_FN(primary_ctx_release, cuDevicePrimaryCtxRelease),
+    CU_FN(ctx_set_current, cuCtxSetCurrent),
+    CU_FN(stream_create, cuStreamCreate),
+    CU_FN(stream_synchronize, cuStreamSynchronize),
+    CU_FN(stream_destroy, cuStreamDestroy),
+    CU_FN(mem_alloc, cuMemAlloc),
+    CU_FN(mem_free, cuMemFree),
+    CU_FN(memcpy_htod_async, cuMemcpyHtoDAsync),
+    CU_FN(memcpy_dtoh, cuMemcpyDtoH),
+    CU_FN(pointer_get_attribute, cuPointerGetAttribute),
+};
+
+static const char *cu_error(CUresult res)
+{
+    const char *text = NULL;
+    if (cu.get_error_string == NULL || cu.get_error_string(res, &text) != CUDA_SUCCESS ||
+        text == NULL)
+        text = "an unknown CUresult";
+    return text;
+}
+
+/* Leaves step as it is: a wait for the stream that hangs names the call it waits for. */
+#define CU_OK(call)                                                                                \
+    do {                                                                                           \
+        CUresult cu_res_ = (call);                                                                 \
+        CHECK(cu_res_ == CUDA_SUCCESS, "%s returned %d (%s)", #call, (int)cu_res_,                 \
+              cu_error(cu_res_));                                                                  \
+    } while (0)
+
+static CUdevice cu_device;
+static CUcontext cu_ctx;
+
+/* In a rank, after the fork (CUDA does not survive one): the driver,
+ * device my_rank % count's primary context current on this thread, which
+ * makes the rank a GPU rank at ncclCommInitRank, and a non-blocking stream. */
+static int device_open(void)
+{
+    const char *lib_name = getenv("CFX_CUDA_DRIVER_LIB");
+    if (lib_name == NULL || lib_name[0] == '\0')
+        lib_name = "libcuda.so.1";
+    snprintf(step, sizeof(step), "loading the CUDA driver %s", lib_name);
+    void *lib = dlopen(lib_name, RTLD_NOW | RTLD_LOCAL);
+    CHECK(lib != NULL, "dlopen: %s", dlerror());
+    for (size_t i = 0; i < sizeof(cu_fns) / sizeof(cu_fns[0]); i++) {
+        void *fn = dlsym(lib, cu_fns[i].name);
+        CHECK(fn != NULL, "%s has no %s", lib_name, cu_fns[i].name);
+        memcpy((char *)&cu + cu_fns[i].offset, &fn, sizeof(fn));
+    }
+    snprintf(step, sizeof(step), "opening a CUDA device on %s", lib_name);
+    int n_devices = 0;
+    CU_OK(cu.init(0));
+    CU_OK(cu.device_get_count(&n_devices));
+    CHECK(n_devices > 0, "the driver has no device");
+    device_ordinal = my_rank % n_devices;
+    CU_OK(cu.device_get(&cu_device, device_ordinal));
+    CU_OK(cu.primary_ctx_retain(&cu_ctx, cu_device));
+    CU_OK(cu.ctx_set_current(cu_ctx));
+    CUstream stream;
+    CU_OK(cu.stream_create(&stream, CU_STREAM_NON_BLOCKING));
+    coll_stream = stream;
+    printf("rank %d: device %d of %d, a non-blocking stream\n", my_rank, device_ordinal, n_devices);
+    return 0;
+}
+
+static int device_close(void)
+{
+    CU_OK(cu.stream_destroy(coll_stream));
+    coll_stream = NULL;
+    CU_OK(cu.ctx_set_current(NULL));
+    CU_OK(cu.primary_ctx_release(cu_device));
+    return 0;
+}
+
+/* Twins: the checks read host arrays; each array a collective touches has a
+ * twin, where the call sees it: in host mode the array itself, in device
+ * mode device memory of its size (twin) or a device buffer given (twin_at,
+ * for ncclMemAlloc's). twins_in copies every array into its twin on the
+ * stream before a call; twins_out waits for the stream and copies every
+ * twin back. Made at a function's start, freed at its end. */
+struct twin {
+    char *host;
+    size_t bytes;
+    char *dev;
+    int owned; /* cuMemAlloc'd here: twins_free frees it. */
+};
+
+enum { MAX_TWINS = 4 };
+static struct twin twins[MAX_TWINS];
+static int n_twins;
+
+static int twin_at(void *host, size_t bytes, void *where)
+{
+    CHECK(n_twins < MAX_TWINS, "more than %d twins", MAX_TWINS);
+    twins[n_twins++] = (struct twin){.host = host, .bytes = bytes, .dev = where};
+    return 0;
+}
+
+static int twin(void *host, size_t bytes)
+{
+    if (!device_mode)
+        return twin_at(host, bytes, host);
+    CUdeviceptr mem;
+    CU_OK(cu.mem_alloc(&mem, bytes));
+    RUN(twin_at(host, bytes, (void *)(uintptr_t)mem));
+    twins[n_twins - 1].owned = 1;
+    return 0;
+}
+
+/* Where the call sees @p host, which lies in a twinned array; NULL (and a
+ * FAIL line) elsewhere, which the call then refuses. */
+static void *dev(const void *host)
+{
+    for (int i = 0; i < n_twins; i++) {
+        const struct twin *t = &twins[i];
+        if ((const char *)host >= t->host && (const char *)host < t->host + t->bytes)
+            return t->dev + ((const char *)host - t->host);
+    }
+    say_fail(__LINE__, "%p is in no twinned array", host);
+    return NULL;
+}
+
+/* In device mode the copy in is queued on the stream, so the collective
+ * follows it in stream order (cuMemcpyHtoD from pageable memory can return
+ * before its DMA lands, unordered with a non-blocking stream). */
+static int twins_in(void)
+{
+    for (int i = 0; i < n_twins; i++) {
+        const struct twin *t = &twins[i];
+        if (device_mode)
+            CU_OK(cu.memcpy_htod_async((CUdeviceptr)(uintptr_t)t->dev, t->host, t->bytes,
+                                       coll_stream));
+        else if (t->dev != t->host)
+            memcpy(t->dev, t->host, t->bytes);
+    }
+    return 0;
+}
+
+static int twins_out(void)
+{
+    if (device_mode)
+        CU_OK(cu.stream_synchronize(coll_stream));
+    for (int i = 0; i < n_twins; i++) {
+        const struct twin *t = &twins[i];
+        if (device_mode)
+            CU_OK(cu.memcpy_dtoh(t->host, (CUdeviceptr)(uintptr_t)t->dev, t->bytes));
+        else if (t->dev != t->host)
+            memcpy(t->host, t->dev, t->bytes);
+    }
+    return 0;
+}
+
+static int twins_free(void)
+{
+    for (int i = 0; i < n_twins; i++)
+        if (twins[i].owned)
+            CU_OK(cu.mem_free((CUdeviceptr)(uintptr_t)twins[i].dev));
+    n_twins = 0;
+    return 0;
+}
+
+/* A call that takes buffers, on the twins: copied in, run, waited for,
+ * copied back. */
+#define NCCL_TWINS(call)                                                                           \
+    do {                                                                                           \
+        RUN(twins_in());                                                                           \
+        NCCL_OK(call);                                                                             \
+        RUN(twins_out());                                                                          \
     } while (0)
 
 /* ---------------------------------------------------------------- typed values */
@@ -222,6 +447,8 @@ static int allreduce_case(ncclComm_t comm, ncclDataType_t type, ncclRedOp_t op, 
     size_t bytes = COUNT * type_size(type);
     char *send = malloc(bytes), *recv = malloc(bytes);
     CHECK(send && recv, "out of memory");
+    RUN(twin(send, bytes));
+    RUN(twin(recv, bytes));
     for (size_t i = 0; i < COUNT; i++)
         store(type, send, i, input(my_rank, i));
     ncclRedOp_t use = op;
@@ -235,8 +462,10 @@ static int allreduce_case(ncclComm_t comm, ncclDataType_t type, ncclRedOp_t op, 
         snprintf(step, sizeof(step), "ncclAllReduce %s type %d%s", op_name(use), (int)type,
                  in_place ? " in place" : "");
         char *out = in_place ? send : recv;
-        ncclResult_t res = ncclAllReduce(send, out, COUNT, type, use, comm, NULL);
+        RUN(twins_in());
+        ncclResult_t res = ncclAllReduce(dev(send), dev(out), COUNT, type, use, comm, coll_stream);
         CHECK(res == ncclSuccess, "%s", ncclGetLastError(comm));
+        RUN(twins_out());
         for (size_t i = 0; i < COUNT; i++) {
             double want = reduced(op, type, i, premul), got = load(type, out, i);
             CHECK(got == want, "element %zu is %g, expected %g", i, got, want);
@@ -244,6 +473,7 @@ static int allreduce_case(ncclComm_t comm, ncclDataType_t type, ncclRedOp_t op, 
     }
     if (premul != 0)
         NCCL_OK(ncclRedOpDestroy(use, comm));
+    RUN(twins_free());
     free(send);
     free(recv);
     return 0;
@@ -274,29 +504,32 @@ static int rooted_and_gathers(ncclComm_t comm)
 {
     int32_t a[COUNT], b[NRANKS * COUNT];
     double d[COUNT];
+    RUN(twin(a, sizeof(a)));
+    RUN(twin(b, sizeof(b)));
+    RUN(twin(d, sizeof(d)));
     /* Broadcast from rank 2, out of place. */
     for (size_t i = 0; i < COUNT; i++)
         a[i] = (int32_t)(my_rank * 1000 + (int)i), b[i] = -1;
-    NCCL_OK(ncclBroadcast(a, b, COUNT, ncclInt32, 2, comm, NULL));
+    NCCL_TWINS(ncclBroadcast(dev(a), dev(b), COUNT, ncclInt32, 2, comm, coll_stream));
     for (size_t i = 0; i < COUNT; i++)
         CHECK(b[i] == (int32_t)(2000 + i), "broadcast element %zu is %d", i, b[i]);
     /* Bcast from rank 1, in place. */
     for (size_t i = 0; i < COUNT; i++)
         d[i] = my_rank == 1 ? 0.25 * (double)i : -1;
-    NCCL_OK(ncclBcast(d, COUNT, ncclFloat64, 1, comm, NULL));
+    NCCL_TWINS(ncclBcast(dev(d), COUNT, ncclFloat64, 1, comm, coll_stream));
     for (size_t i = 0; i < COUNT; i++)
         CHECK(d[i] == 0.25 * (double)i, "bcast element %zu is %g", i, d[i]);
     /* Reduce (max) to rank 3. */
     for (size_t i = 0; i < COUNT; i++)
         a[i] = (int32_t)input(my_rank, i), b[i] = -1;
-    NCCL_OK(ncclReduce(a, b, COUNT, ncclInt32, ncclMax, 3, comm, NULL));
+    NCCL_TWINS(ncclReduce(dev(a), dev(b), COUNT, ncclInt32, ncclMax, 3, comm, coll_stream));
     if (my_rank == 3)
         for (size_t i = 0; i < COUNT; i++)
             CHECK(b[i] == reduced(ncclMax, ncclInt32, i, 0), "reduce element %zu is %d", i, b[i]);
     /* All-gather: block r holds r*100 + i. */
     for (size_t i = 0; i < COUNT; i++)
         a[i] = (int32_t)(my_rank * 100 + (int)i);
-    NCCL_OK(ncclAllGather(a, b, COUNT, ncclInt32, comm, NULL));
+    NCCL_TWINS(ncclAllGather(dev(a), dev(b), COUNT, ncclInt32, comm, coll_stream));
     for (int r = 0; r < NRANKS; r++)
         for (size_t i = 0; i < COUNT; i++)
             CHECK(b[r * COUNT + i] == (int32_t)(r * 100 + (int)i), "allgather block %d[%zu] = %d",
@@ -304,30 +537,35 @@ static int rooted_and_gathers(ncclComm_t comm)
     /* Reduce-scatter (sum): rank r gets block r of the sum. */
     for (size_t i = 0; i < NRANKS * COUNT; i++)
         b[i] = (int32_t)input(my_rank, i);
-    NCCL_OK(ncclReduceScatter(b, a, COUNT, ncclInt32, ncclSum, comm, NULL));
+    NCCL_TWINS(ncclReduceScatter(dev(b), dev(a), COUNT, ncclInt32, ncclSum, comm, coll_stream));
     for (size_t i = 0; i < COUNT; i++) {
         double want = reduced(ncclSum, ncclInt32, (size_t)my_rank * COUNT + i, 0);
         CHECK(a[i] == want, "reducescatter element %zu is %d, expected %g", i, a[i], want);
     }
+    RUN(twins_free());
     return 0;
 }
 
 static int personalized(ncclComm_t comm)
 {
     enum { N = 97 };
-    int32_t send[NRANKS * N], recv[NRANKS * N];
+    int32_t send[NRANKS * N], recv[NRANKS * N], ring_in[N], pair_in[N];
+    RUN(twin(send, sizeof(send)));
+    RUN(twin(recv, sizeof(recv)));
+    RUN(twin(ring_in, sizeof(ring_in)));
+    RUN(twin(pair_in, sizeof(pair_in)));
     /* All-to-all: the block from s to d holds s*10000 + d*100 + i. */
     for (int d = 0; d < NRANKS; d++)
         for (int i = 0; i < N; i++)
             send[d * N + i] = my_rank * 10000 + d * 100 + i;
-    NCCL_OK(ncclAlltoAll(send, recv, N, ncclInt32, comm, NULL));
+    NCCL_TWINS(ncclAlltoAll(dev(send), dev(recv), N, ncclInt32, comm, coll_stream));
     for (int s = 0; s < NRANKS; s++)
         for (int i = 0; i < N; i++)
             CHECK(recv[s * N + i] == s * 10000 + my_rank * 100 + i, "alltoall from %d [%d] = %d", s,
                   i, recv[s * N + i]);
     /* Gather to rank 1. */
     memset(recv, 0xff, sizeof(recv));
-    NCCL_OK(ncclGather(send, recv, N, ncclInt32, 1, comm, NULL));
+    NCCL_TWINS(ncclGather(dev(send), dev(recv), N, ncclInt32, 1, comm, coll_stream));
     if (my_rank == 1)
         for (int s = 0; s < NRANKS; s++)
             for (int i = 0; i < N; i++)
@@ -335,24 +573,26 @@ static int personalized(ncclComm_t comm)
                       recv[s * N + i]);
     /* Scatter from rank 2: rank d gets 20000 + d*100 + i. */
     memset(recv, 0xff, sizeof(recv));
-    NCCL_OK(ncclScatter(send, recv, N, ncclInt32, 2, comm, NULL));
+    NCCL_TWINS(ncclScatter(dev(send), dev(recv), N, ncclInt32, 2, comm, coll_stream));
     for (int i = 0; i < N; i++)
         CHECK(recv[i] == 20000 + my_rank * 100 + i, "scatter [%d] = %d", i, recv[i]);
     /* A ring and a pairwise swap, all in one group. */
-    int32_t ring_in[N], pair_in[N];
     int next = (my_rank + 1) % NRANKS, prev = (my_rank + NRANKS - 1) % NRANKS;
     int partner = my_rank ^ 1;
+    RUN(twins_in());
     NCCL_OK(ncclGroupStart());
-    NCCL_OK(ncclSend(send + next * N, N, ncclInt32, next, comm, NULL));
-    NCCL_OK(ncclRecv(ring_in, N, ncclInt32, prev, comm, NULL));
-    NCCL_OK(ncclRecv(pair_in, N, ncclInt32, partner, comm, NULL));
-    NCCL_OK(ncclSend(send + partner * N, N, ncclInt32, partner, comm, NULL));
+    NCCL_OK(ncclSend(dev(send + next * N), N, ncclInt32, next, comm, coll_stream));
+    NCCL_OK(ncclRecv(dev(ring_in), N, ncclInt32, prev, comm, coll_stream));
+    NCCL_OK(ncclRecv(dev(pair_in), N, ncclInt32, partner, comm, coll_stream));
+    NCCL_OK(ncclSend(dev(send + partner * N), N, ncclInt32, partner, comm, coll_stream));
     NCCL_OK(ncclGroupEnd());
+    RUN(twins_out());
     for (int i = 0; i < N; i++) {
         CHECK(ring_in[i] == prev * 10000 + my_rank * 100 + i, "ring recv [%d] = %d", i, ring_in[i]);
         CHECK(pair_in[i] == partner * 10000 + my_rank * 100 + i, "pair recv [%d] = %d", i,
               pair_in[i]);
     }
+    RUN(twins_free());
     return 0;
 }
 
@@ -368,8 +608,10 @@ static int split(ncclComm_t comm)
     CHECK(count == 2, "child has %d ranks", count);
     CHECK(rank == (my_rank < 2 ? 1 : 0), "parent rank %d is rank %d of its child", my_rank, rank);
     int sum = my_rank;
-    NCCL_OK(ncclAllReduce(&sum, &sum, 1, ncclInt32, ncclSum, child, NULL));
+    RUN(twin(&sum, sizeof(sum)));
+    NCCL_TWINS(ncclAllReduce(dev(&sum), dev(&sum), 1, ncclInt32, ncclSum, child, coll_stream));
     CHECK(sum == (my_rank % 2 ? 1 + 3 : 0 + 2), "child all-reduce gave %d", sum);
+    RUN(twins_free());
     NCCL_OK(ncclCommFinalize(child));
     NCCL_OK(ncclCommDestroy(child));
     /* Rank 3 out: NCCL_SPLIT_NOCOLOR gives it NULL. */
@@ -398,21 +640,24 @@ static int shrink(ncclComm_t comm)
         return 0;
     int exclude = 3, count = 0, sum = my_rank;
     ncclComm_t shrunk = NULL, again = NULL;
+    RUN(twin(&sum, sizeof(sum)));
     NCCL_OK(ncclCommShrink(comm, &exclude, 1, &shrunk, NULL, NCCL_SHRINK_DEFAULT));
     NCCL_OK(ncclCommCount(shrunk, &count));
     CHECK(count == 3, "shrunk communicator has %d ranks", count);
-    NCCL_OK(ncclAllReduce(&sum, &sum, 1, ncclInt32, ncclSum, shrunk, NULL));
+    NCCL_TWINS(ncclAllReduce(dev(&sum), dev(&sum), 1, ncclInt32, ncclSum, shrunk, coll_stream));
     CHECK(sum == 0 + 1 + 2, "all-reduce on the shrunk communicator gave %d", sum);
     NCCL_OK(ncclCommRevoke(shrunk, NCCL_REVOKE_DEFAULT));
-    ncclResult_t res = ncclAllReduce(&sum, &sum, 1, ncclInt32, ncclSum, shrunk, NULL);
+    ncclResult_t res =
+        ncclAllReduce(dev(&sum), dev(&sum), 1, ncclInt32, ncclSum, shrunk, coll_stream);
     CHECK(res == ncclInvalidUsage && strstr(ncclGetLastError(shrunk), "revoked") != NULL,
           "all-reduce after ncclCommRevoke returned %d: %s", (int)res, ncclGetLastError(shrunk));
     NCCL_OK(ncclCommShrink(shrunk, NULL, 0, &again, NULL, NCCL_SHRINK_ABORT));
     NCCL_OK(ncclCommDestroy(shrunk));
     sum = 1;
-    NCCL_OK(ncclAllReduce(&sum, &sum, 1, ncclInt32, ncclSum, again, NULL));
+    NCCL_TWINS(ncclAllReduce(dev(&sum), dev(&sum), 1, ncclInt32, ncclSum, again, coll_stream));
     CHECK(sum == 3, "all-reduce after the second shrink gave %d", sum);
     NCCL_OK(ncclCommDestroy(again));
+    RUN(twins_free());
     return 0;
 }
 
@@ -427,16 +672,20 @@ static int refusals(ncclComm_t comm)
     CHECK(res == ncclInvalidUsage, "ncclCommWindowRegister returned %d", (int)res);
     CHECK(strstr(ncclGetLastError(comm), "window") != NULL, "last error: \"%s\"",
           ncclGetLastError(comm));
-    /* The cost model's time for a group that does not run. */
+    /* The cost model's time for a group that does not run (so nothing to
+     * copy in or out). */
     float sim_buf[1024] = {0};
+    int x = 0;
+    RUN(twin(sim_buf, sizeof(sim_buf)));
+    RUN(twin(&x, sizeof(x)));
     ncclSimInfo_t sim = NCCL_SIM_INFO_INITIALIZER;
     NCCL_OK(ncclGroupStart());
-    NCCL_OK(ncclAllReduce(sim_buf, sim_buf, 1024, ncclFloat32, ncclSum, comm, NULL));
+    NCCL_OK(
+        ncclAllReduce(dev(sim_buf), dev(sim_buf), 1024, ncclFloat32, ncclSum, comm, coll_stream));
     NCCL_OK(ncclGroupSimulateEnd(&sim));
     CHECK(sim.estimatedTime > 0, "ncclGroupSimulateEnd estimated %g us", sim.estimatedTime);
     /* A failure inside Conflux replaces the drop-in's sentence. */
-    int x = 0;
-    res = ncclAllReduce(&x, &x, 1, (ncclDataType_t)99, ncclSum, comm, NULL);
+    res = ncclAllReduce(dev(&x), dev(&x), 1, (ncclDataType_t)99, ncclSum, comm, coll_stream);
     CHECK(res == ncclInvalidArgument, "a bad type returned %d", (int)res);
     const char *last = ncclGetLastError(comm);
     CHECK(last[0] != '\0' && strstr(last, "ncclCommRevoke") == NULL,
@@ -444,20 +693,32 @@ static int refusals(ncclComm_t comm)
     ncclResult_t async = ncclInternalError;
     NCCL_OK(ncclCommGetAsyncError(comm, &async));
     CHECK(async == ncclSuccess, "async error %d", (int)async);
+    RUN(twins_free());
     return 0;
 }
 
+/* ncclMemAlloc's buffer (device memory on a GPU rank, host memory on a
+ * host rank), registered, is the twin of a host array. */
 static int memory(ncclComm_t comm)
 {
-    float *buf = NULL;
+    float *buf = NULL, vals[COUNT];
     void *handle = NULL;
-    NCCL_OK(ncclMemAlloc((void **)&buf, COUNT * sizeof(float)));
-    NCCL_OK(ncclCommRegister(comm, buf, COUNT * sizeof(float), &handle));
+    NCCL_OK(ncclMemAlloc((void **)&buf, sizeof(vals)));
+    if (device_mode) {
+        CUmemorytype type = 0;
+        CU_OK(cu.pointer_get_attribute(&type, CU_POINTER_ATTRIBUTE_MEMORY_TYPE,
+                                       (CUdeviceptr)(uintptr_t)buf));
+        CHECK(type == CU_MEMORYTYPE_DEVICE, "ncclMemAlloc on a GPU rank gave memory of type %d",
+              (int)type);
+    }
+    NCCL_OK(ncclCommRegister(comm, buf, sizeof(vals), &handle));
+    RUN(twin_at(vals, sizeof(vals), buf));
     for (size_t i = 0; i < COUNT; i++)
-        buf[i] = (float)input(my_rank, i);
-    NCCL_OK(ncclAllReduce(buf, buf, COUNT, ncclFloat32, ncclMin, comm, NULL));
+        vals[i] = (float)input(my_rank, i);
+    NCCL_TWINS(ncclAllReduce(buf, buf, COUNT, ncclFloat32, ncclMin, comm, coll_stream));
     for (size_t i = 0; i < COUNT; i++)
-        CHECK(buf[i] == reduced(ncclMin, ncclFloat32, i, 0), "element %zu is %g", i, buf[i]);
+        CHECK(vals[i] == reduced(ncclMin, ncclFloat32, i, 0), "element %zu is %g", i, vals[i]);
+    RUN(twins_free());
     NCCL_OK(ncclCommDeregister(comm, handle));
     NCCL_OK(ncclMemFree(buf));
     return 0;
@@ -491,6 +752,8 @@ static int share_ids(struct id_area *area)
 
 static int run_rank(struct id_area *area)
 {
+    if (device_mode)
+        RUN(device_open());
     RUN(share_ids(area));
     const ncclUniqueId *ids = area->ids;
     ncclComm_t plain, configured, scalable;
@@ -498,7 +761,7 @@ static int run_rank(struct id_area *area)
     ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
     config.blocking = 1;
     config.commName = "dropin-config";
-    config.cgaClusterSize = 2; /* A GPU hint: accepted, of no use to host ranks. */
+    config.cgaClusterSize = 2; /* A GPU hint: accepted and ignored. */
     NCCL_OK(ncclCommInitRankConfig(&configured, NRANKS, ids[1], my_rank, &config));
     NCCL_OK(ncclCommInitRankScalable(&scalable, NRANKS, my_rank, 2, &area->ids[2], NULL));
 
@@ -507,6 +770,8 @@ static int run_rank(struct id_area *area)
     NCCL_OK(ncclCommUserRank(configured, &rank));
     NCCL_OK(ncclCommCuDevice(configured, &device));
     CHECK(count == NRANKS && rank == my_rank, "count %d, rank %d", count, rank);
+    CHECK(device == device_ordinal, "ncclCommCuDevice gave %d, expected %d", device,
+          device_ordinal);
 
     RUN(allreduce_all(plain));
     RUN(rooted_and_gathers(configured));
@@ -521,6 +786,8 @@ static int run_rank(struct id_area *area)
     NCCL_OK(ncclCommFinalize(configured));
     NCCL_OK(ncclCommDestroy(configured));
     NCCL_OK(ncclCommAbort(scalable));
+    if (device_mode)
+        RUN(device_close());
     return 0;
 }
 
@@ -612,9 +879,15 @@ static int process_local(void)
     return 0;
 }
 
-int main(void)
+int main(int argc, char **argv)
 {
     setvbuf(stdout, NULL, _IONBF, 0);
+    if (argc == 2 && strcmp(argv[1], "--device-buffers") == 0) {
+        device_mode = 1;
+    } else if (argc != 1) {
+        fprintf(stderr, "usage: %s [--device-buffers]\n", argv[0]);
+        return 2;
+    }
     if (loaded_dropin() != 0)
         return 1;
     struct id_area *area =
@@ -672,11 +945,12 @@ int main(void)
         usleep(20000);
     }
     if (!failed)
-        printf("%d ranks: every collective matched\n", NRANKS);
+        printf("%d ranks: every collective matched on %s buffers\n", NRANKS,
+               device_mode ? "device" : "host");
     if (process_local() != 0)
         failed = 1;
     if (failed)
         return 1;
-    printf("nccl drop-in test: all passed\n");
+    printf("nccl drop-in test: all passed%s\n", device_mode ? " on device buffers" : "");
     return 0;
 }
