@@ -1,23 +1,29 @@
 #!/usr/bin/env bash
 # The GPU check: one prepared command for a machine with one NVIDIA GPU
 # (docs/performance.md, "GPU"). It
-#   1. builds Conflux for this GPU's architecture only, on every core (or,
-#      where the machine cannot build it, unpacks the bundle that
-#      scripts/gpu_bundle.sh made on a build machine: .gpu-bundle/);
-#   2. runs every GPU test on the real driver (CFX_TEST_GPU=1): tests/test_cuda
-#      (streams, groups, host buffers on streams, failures, graph capture) and
-#      the conformance suite's device-buffer cases (tests/test_coll);
-#   3. sweeps conflux-perf on device buffers, 2 and 4 ranks on the one GPU,
-#      8 B to 1 GiB, allreduce, allgather, broadcast and reduce-scatter, and,
-#      where PyTorch's NCCL is importable, the same allreduce sweep through NCCL
-#      (ranks sharing the GPU: NCCL_MULTI_RANK_GPU_ENABLE=1, when its version
-#      takes it);
-#   4. writes a short report (gpu_report.md) and the logs to $OUT (or ./gpu-out).
-# It must finish in under 8 minutes: each step has its own time limit.
+#   1. builds Conflux for this GPU's architecture only, on every core, or
+#      unpacks the bundle that scripts/gpu_bundle.sh made on a build machine
+#      (.gpu-bundle/; GPU_CHECK_BUNDLE=1 uses it without trying to build);
+#   2. smoke: one 2-rank allreduce on device buffers with CFX_DEBUG=INFO;
+#   3. every GPU test on the real driver (CFX_TEST_GPU=1): tests/test_cuda
+#      (streams, groups, host buffers on streams, failures, graph capture);
+#      then, side by side, the conformance suite's device-buffer cases
+#      (tests/test_coll), the connector and step-loop kernel tests
+#      (tests/gpu) and the NCCL drop-in's every-collective program on device
+#      buffers;
+#   4. sweeps conflux-perf on device buffers, 2 and 4 ranks on the one GPU
+#      (allreduce; GPU_CHECK_COLLS for more), and, where PyTorch's NCCL is
+#      importable, the same allreduce sweep through NCCL (ranks sharing the
+#      GPU: NCCL_MULTI_RANK_GPU_ENABLE=1, when its version takes it);
+#   5. writes a short report (gpu_report.md), the first failures
+#      (failures.log) and every log (logs.tar.gz) to $OUT (or ./gpu-out).
+# It stops starting steps once GPU_CHECK_BUDGET seconds (default 380) have
+# passed, and every step's time limit is cut to what is left, so the report
+# is always written.
 #
 #   scripts/gpu_check.sh            everything
-#   GPU_CHECK_STEPS="build tests" scripts/gpu_check.sh
-#   GPU_CHECK_FAKE=build/tests/fakecuda/libcuda.so.1 scripts/gpu_check.sh
+#   GPU_CHECK_STEPS="bundle tests" scripts/gpu_check.sh
+#   GPU_CHECK_FAKE=build/tests/fakecuda/libcuda.so.1 GPU_CHECK_BUILD_DIR=build scripts/gpu_check.sh
 #       a rehearsal on a machine without a GPU, over tests/fakecuda (its
 #       figures are not GPU figures; it checks the script's plumbing)
 set -uo pipefail
@@ -25,95 +31,173 @@ cd "$(dirname "$0")/.."
 root=$(pwd)
 out=${OUT:-$root/gpu-out}
 mkdir -p "$out"
-steps=${GPU_CHECK_STEPS:-build tests perf nccl}
+logs=$(mktemp -d)
+steps=${GPU_CHECK_STEPS:-build smoke tests side perf nccl}
 report=$out/gpu_report.md
 jobs=$(nproc)
 build=${GPU_CHECK_BUILD_DIR:-$root/build-gpu}
+budget=${GPU_CHECK_BUDGET:-380}
+colls=${GPU_CHECK_COLLS:-allreduce}
+nps=${GPU_CHECK_NPS:-2 4}
 start_all=$(date +%s)
 : > "$report"
+: > "$logs/failures.log"
 say() { echo "$*" | tee -a "$report"; }
 want() { case " $steps " in *" $1 "*) return 0 ;; esac; return 1; }
+elapsed() { echo $(($(date +%s) - start_all)); }
+# limit N: N seconds, or what is left of the budget (0: skip the step).
+limit() {
+  local left=$((budget - $(elapsed)))
+  [ "$left" -lt 10 ] && { echo 0; return; }
+  [ "$1" -lt "$left" ] && echo "$1" || echo "$left"
+}
+finish() {
+  say ""
+  say "Total: $(elapsed) s"
+  cp "$logs/failures.log" "$out/failures.log"
+  tar -czf "$out/logs.tar.gz" -C "$logs" . 2> /dev/null
+  rm -rf "$logs"
+  exit "${1:-0}"
+}
 
 say "# Conflux GPU check, $(date -u +%Y-%m-%dT%H:%M:%SZ), $(git rev-parse --short HEAD 2>/dev/null || echo '?')"
 say ""
 say '```'
-nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv 2>&1 | tee -a "$report"
+nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm,compute_cap --format=csv 2>&1 | tee -a "$report"
 (command -v nvcc > /dev/null && nvcc --version | tail -2) 2>&1 | tee -a "$report"
+say "$(nproc) cores; $(uname -r)"
 say '```'
 
 # ---------------------------------------------------------------- build
 arch=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2> /dev/null | head -1 | tr -d '. ')
 arch=${arch:-90}
 libdirs=""
-if want build; then
+use_bundle() {
+  say "using .gpu-bundle (made by scripts/gpu_bundle.sh: $(cat .gpu-bundle/made-on 2>/dev/null || echo '?'))"
+  build=$root/build-gpu-bundle-x
+  rm -rf "$build" && mkdir -p "$build" && tar -xJf .gpu-bundle/bundle.tar.xz -C "$build" || finish 1
+  libdirs=$build/deps
+}
+if [ "${GPU_CHECK_BUNDLE:-0}" = 1 ]; then
+  say ""
+  say "## Bundle"
+  use_bundle
+elif want build; then
   say ""
   say "## Build (sm_$arch)"
   t0=$(date +%s)
   if timeout 300 cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES="$arch" \
-       -DCFX_WITH_TORCH=OFF > "$out/build.log" 2>&1 &&
+       -DCFX_WITH_TORCH=OFF > "$logs/build.log" 2>&1 &&
      timeout 300 cmake --build "$build" -j"$jobs" --target test_cuda test_coll conflux-perf \
-       >> "$out/build.log" 2>&1; then
+       conn_kernel_test steploop_kernel_test >> "$logs/build.log" 2>&1; then
     say "built here in $(( $(date +%s) - t0 )) s"
   elif [ -f .gpu-bundle/bundle.tar.xz ]; then
-    say "cannot build here (build.log: $(grep -m1 -iE 'error|not found' "$out/build.log" || echo '?'));"
-    say "using .gpu-bundle (made by scripts/gpu_bundle.sh on $(cat .gpu-bundle/made-on 2>/dev/null || echo '?'))"
-    rm -rf "$build" && mkdir -p "$build" && tar -xJf .gpu-bundle/bundle.tar.xz -C "$build"
-    libdirs=$build/deps
+    say "cannot build here (build.log: $(grep -m1 -iE 'error|not found' "$logs/build.log" || echo '?'));"
+    use_bundle
   else
     say "cannot build here and no .gpu-bundle: see build.log"
-    tail -20 "$out/build.log" >> "$report"
-    exit 1
+    tail -20 "$logs/build.log" >> "$report"
+    finish 1
   fi
 fi
-export LD_LIBRARY_PATH=${libdirs:+$libdirs:}$build:${LD_LIBRARY_PATH:-}
-perf_max=${GPU_CHECK_MAX:-1G}
+# Our programs see the bundle's libraries; nothing else does (PyTorch keeps its own).
+ours() { LD_LIBRARY_PATH=${libdirs:+$libdirs:}$build:$build/lib/nccl:${LD_LIBRARY_PATH:-} "$@"; }
+perf_max=${GPU_CHECK_MAX:-256M}
 export CFX_SOCKET_IFNAME=lo CFX_CONF_FILE=/nonexistent
+# A stuck call fails within this, naming the rank it waits for (tests set their own).
+export CFX_TIMEOUT=${CFX_TIMEOUT:-30}
 if [ -n "${GPU_CHECK_FAKE:-}" ]; then
   fake=$(realpath "$GPU_CHECK_FAKE")
   export CFX_TEST_FAKECUDA=$fake CFX_CUDA_DRIVER_LIB=$fake
-  perf_max=${GPU_CHECK_MAX:-4M} # The fake is a CPU: 1 GiB sweeps take minutes.
+  perf_max=${GPU_CHECK_MAX:-4M} # The fake is a CPU: large sweeps take minutes.
   say ""
   say "**Rehearsal over fake-cuda ($fake): no figure below is a GPU figure.**"
 else
   export CFX_TEST_GPU=1
   unset CFX_CUDA_DRIVER_LIB
 fi
+perf=$build/tools/conflux-perf
+
+# first_failures LOG: its failing tests' lines into failures.log.
+first_failures() {
+  { echo "== $(basename "$1")"; grep -a -E '^\[FAIL\]|Assertion Failed|FAIL|hung|timed out|Timeout' -A4 "$1" | head -60; } \
+    >> "$logs/failures.log"
+}
+
+# ---------------------------------------------------------------- smoke
+if want smoke && [ "$(limit 40)" -gt 0 ]; then
+  say ""
+  say "## Smoke: allreduce of 1 MiB, 2 ranks, device buffers, CFX_DEBUG=INFO"
+  t0=$(date +%s)
+  CFX_DEBUG=INFO ours timeout "$(limit 40)" "$perf" allreduce --np 2 --mem device -b 1M -e 1M -n 3 -w 1 -c 1 \
+    > "$logs/smoke.log" 2>&1
+  rc=$?
+  say "exit $rc in $(( $(date +%s) - t0 )) s"
+  say '```'
+  grep -a -E '^ +[0-9]+ |wrong|WARN|rror' "$logs/smoke.log" | head -12 | tee -a "$report" > /dev/null
+  say '```'
+  [ $rc -ne 0 ] && first_failures "$logs/smoke.log"
+fi
+
+# run_suite NAME LIMIT ARGS...: a Criterion program of the bundle, its summary line.
+run_suite() {
+  local name=$1 lim
+  lim=$(limit "$2")
+  shift 2
+  [ "$lim" -gt 0 ] || { say "- $name: skipped (out of time)"; return; }
+  local t0 rc synth
+  t0=$(date +%s)
+  ours timeout "$lim" "$@" > "$logs/$name.log" 2>&1
+  rc=$?
+  synth=$(grep -a 'Synthesis' "$logs/$name.log" | tail -1)
+  [ -z "$synth" ] && synth=$(tail -1 "$logs/$name.log")
+  say "- $name: exit $rc in $(( $(date +%s) - t0 )) s: ${synth:-no output}"
+  [ $rc -ne 0 ] && first_failures "$logs/$name.log"
+}
 
 # ---------------------------------------------------------------- tests
 if want tests; then
   say ""
-  say "## GPU tests (the real driver, CFX_TEST_GPU=1)"
-  for t in test_cuda test_coll; do
-    filter=()
-    [ $t = test_coll ] && filter=(--filter 'conformance/*')
-    t0=$(date +%s)
-    # The conformance suite's device cases only (its host cases are CI's).
-    CFX_TEST_DEVICE_ONLY=1 timeout 180 "$build/tests/$t" --jobs "$([ $t = test_coll ] && echo 2 || echo 1)" \
-      --short-filename "${filter[@]}" > "$out/$t.log" 2>&1
-    rc=$?
-    synth=$(grep -a 'Synthesis' "$out/$t.log" | tail -1)
-    say "- $t: exit $rc in $(( $(date +%s) - t0 )) s: ${synth:-no summary (see $t.log)}"
-    grep -a -E '^\[FAIL\]|Assertion Failed' -A3 "$out/$t.log" | head -40 >> "$out/failures.log"
-  done
-  [ -s "$out/failures.log" ] && { say ""; say "First failures:"; say '```'; head -40 "$out/failures.log" | tee -a "$report" > /dev/null; say '```'; }
+  say "## GPU tests (CFX_TEST_GPU=1, or the fake)"
+  # Alone: some of its tests time what the GPU does (abort within a second).
+  run_suite test_cuda 150 "$build/tests/test_cuda" --jobs 1 --timeout 60 --short-filename
+fi
+if want side; then
+  say ""
+  say "## Side by side: the conformance suite's device cases, the kernel tests, the NCCL drop-in"
+  lim=$(limit 150)
+  if [ "$lim" -gt 0 ]; then
+    ( export CFX_TEST_DEVICE_ONLY=1
+      run_suite test_coll "$lim" "$build/tests/test_coll" --jobs 4 --timeout 90 \
+        --short-filename --filter 'conformance/*' ) &
+    ( run_suite conn_kernel 40 "$build/tests/conn_kernel_test"
+      run_suite steploop_kernel 40 "$build/tests/steploop_kernel_test" ) &
+    if [ -x "$build/tests/nccl/nccl_dropin_test" ]; then
+      CFX_DROPIN_PATH=$build/lib/nccl/libnccl.so.2 NCCL_MULTI_RANK_GPU_ENABLE=1 \
+        run_suite nccl_dropin_device 60 "$build/tests/nccl/nccl_dropin_test" --device-buffers &
+    fi
+    wait
+  fi
 fi
 
 # ---------------------------------------------------------------- perf
-perf=$build/tools/conflux-perf
 if want perf; then
   say ""
-  say "## conflux-perf on device buffers (ranks share the one GPU)"
-  for np in 2 4; do
-    for coll in allreduce allgather broadcast reducescatter; do
-      log=$out/perf_${coll}_${np}.txt
-      timeout 90 "$perf" "$coll" --np "$np" --mem device -b 8 -e "$perf_max" -f 4 -n 5 -w 2 -c 1 \
+  say "## conflux-perf on device buffers (ranks share the one GPU, one process each)"
+  for np in $nps; do
+    for coll in $colls; do
+      lim=$(limit 60)
+      [ "$lim" -gt 0 ] || { say "- $coll $np ranks: skipped (out of time)"; continue; }
+      log=$logs/perf_${coll}_${np}.txt
+      ours timeout "$lim" "$perf" "$coll" --np "$np" --mem device -b 8 -e "$perf_max" -f 4 -n 5 -w 2 -c 1 \
         > "$log" 2>&1
       rc=$?
       say ""
       say "### $coll, $np ranks (exit $rc)"
       say '```'
-      grep -a -E '^#  Rank|^ +[0-9]+ |Avg bus|memcpy|Out of bounds|wrong' "$log" | tee -a "$report" > /dev/null
+      grep -a -E '^#  Rank|^ +[0-9]+ |Avg bus|memcpy|copy|Out of bounds|wrong' "$log" | tee -a "$report" > /dev/null
       say '```'
+      [ $rc -ne 0 ] && first_failures "$log"
     done
   done
 fi
@@ -126,14 +210,16 @@ if want nccl; then
   if "$py" -c 'import torch, torch.distributed as d; assert torch.cuda.is_available() and d.is_nccl_available()' 2> /dev/null; then
     ver=$("$py" -c 'import torch; print(".".join(map(str, torch.cuda.nccl.version())))')
     say "torch $("$py" -c 'import torch; print(torch.__version__)'), NCCL $ver"
-    for np in 2 4; do
-      NCCL_MULTI_RANK_GPU_ENABLE=1 timeout 120 "$py" "$root/bench/nccl_allreduce_sweep.py" --np "$np" \
-        -b 8 -e "$perf_max" -f 4 -n 5 -w 2 > "$out/nccl_allreduce_$np.txt" 2>&1
+    for np in $nps; do
+      lim=$(limit 60)
+      [ "$lim" -gt 0 ] || { say "- NCCL $np ranks: skipped (out of time)"; continue; }
+      NCCL_MULTI_RANK_GPU_ENABLE=1 timeout "$lim" "$py" "$root/bench/nccl_allreduce_sweep.py" --np "$np" \
+        -b 8 -e "$perf_max" -f 4 -n 5 -w 2 > "$logs/nccl_allreduce_$np.txt" 2>&1
       rc=$?
       say ""
       say "### NCCL allreduce, $np ranks (exit $rc)"
       say '```'
-      tail -25 "$out/nccl_allreduce_$np.txt" | tee -a "$report" > /dev/null
+      tail -25 "$logs/nccl_allreduce_$np.txt" | tee -a "$report" > /dev/null
       say '```'
     done
   else
@@ -141,5 +227,4 @@ if want nccl; then
   fi
 fi
 
-say ""
-say "Total: $(( $(date +%s) - start_all )) s"
+finish 0

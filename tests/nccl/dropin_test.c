@@ -793,14 +793,19 @@ static int run_rank(struct id_area *area)
 
 /* ---------------------------------------------------------------- the parent */
 
-/* The library that serves ncclAllReduce is the drop-in, not NVIDIA's. */
+/* The library that serves ncclAllReduce is the drop-in, not NVIDIA's: the
+ * one this build made, or CFX_DROPIN_PATH from the environment (the GPU
+ * check runs a copy of it, scripts/gpu_bundle.sh). */
 static int loaded_dropin(void)
 {
     Dl_info info;
     CHECK(dladdr((void *)ncclAllReduce, &info) && info.dli_fname, "dladdr(ncclAllReduce) failed");
+    const char *path = getenv("CFX_DROPIN_PATH");
+    if (path == NULL || path[0] == '\0')
+        path = CFX_DROPIN_PATH;
     char got[PATH_MAX], want[PATH_MAX];
-    CHECK(realpath(info.dli_fname, got) && realpath(CFX_DROPIN_PATH, want),
-          "realpath: %s or %s: %s", info.dli_fname, CFX_DROPIN_PATH, strerror(errno));
+    CHECK(realpath(info.dli_fname, got) && realpath(path, want), "realpath: %s or %s: %s",
+          info.dli_fname, path, strerror(errno));
     CHECK(strcmp(got, want) == 0, "ncclAllReduce comes from %s, not the drop-in %s", got, want);
     printf("ncclAllReduce comes from %s\n", got);
     return 0;
