@@ -141,6 +141,12 @@ int cfx_test_gpu_open(struct cfx_test_rank *ctx, int device, struct cfx_test_gpu
     }
     gpu->device = device;
     GPU_CHECK(ctx, gpu->cu->stream_create(&gpu->stream, CU_STREAM_NON_BLOCKING), "stream");
+    const char *pageable = getenv("CFX_TEST_GPU_PAGEABLE");
+    if (pageable == NULL || strcmp(pageable, "1") != 0) {
+        gpu->bounce_bytes = 4u << 20;
+        GPU_CHECK(ctx, gpu->cu->mem_host_alloc((void **)&gpu->bounce, gpu->bounce_bytes, 0),
+                  "cuMemHostAlloc");
+    }
     return 1;
 }
 
@@ -148,8 +154,12 @@ void *cfx_test_gpu_alloc(struct cfx_test_rank *ctx, struct cfx_test_gpu *gpu, si
 {
     CUdeviceptr ptr = 0;
     CUresult err = gpu->cu->mem_alloc(&ptr, bytes > 0 ? bytes : 1);
+    /* On the rank's stream: cuMemsetD8 lands late, on the legacy stream,
+     * which the rank's non-blocking stream does not wait for. */
     if (err == CUDA_SUCCESS)
-        err = gpu->cu->memset_d8(ptr, 0xee, bytes);
+        err = gpu->cu->memset_d8_async(ptr, 0xee, bytes, gpu->stream);
+    if (err == CUDA_SUCCESS)
+        err = gpu->cu->stream_synchronize(gpu->stream);
     if (err != CUDA_SUCCESS) {
         cfx_test_fail(ctx, __FILE__, __LINE__, "cuMemAlloc(%zu): CUDA error %d", bytes, (int)err);
         return NULL;
@@ -174,9 +184,24 @@ int cfx_test_gpu_put(struct cfx_test_rank *ctx, struct cfx_test_gpu *gpu, void *
 {
     if (bytes == 0)
         return 1;
-    GPU_CHECK(ctx, gpu->cu->memcpy_htod_async((CUdeviceptr)(uintptr_t)dst, src, bytes, gpu->stream),
-              "cuMemcpyHtoDAsync");
-    return cfx_test_gpu_sync(ctx, gpu);
+    if (gpu->bounce == NULL) {
+        GPU_CHECK(ctx,
+                  gpu->cu->memcpy_htod_async((CUdeviceptr)(uintptr_t)dst, src, bytes, gpu->stream),
+                  "cuMemcpyHtoDAsync");
+        return cfx_test_gpu_sync(ctx, gpu);
+    }
+    for (size_t done = 0; done < bytes;) {
+        size_t n = bytes - done < gpu->bounce_bytes ? bytes - done : gpu->bounce_bytes;
+        memcpy(gpu->bounce, (const char *)src + done, n);
+        GPU_CHECK(ctx,
+                  gpu->cu->memcpy_htod_async((CUdeviceptr)(uintptr_t)((char *)dst + done),
+                                             gpu->bounce, n, gpu->stream),
+                  "cuMemcpyHtoDAsync");
+        if (!cfx_test_gpu_sync(ctx, gpu))
+            return 0;
+        done += n;
+    }
+    return 1;
 }
 
 int cfx_test_gpu_get(struct cfx_test_rank *ctx, struct cfx_test_gpu *gpu, void *dst,
@@ -184,9 +209,25 @@ int cfx_test_gpu_get(struct cfx_test_rank *ctx, struct cfx_test_gpu *gpu, void *
 {
     if (bytes == 0)
         return 1;
-    GPU_CHECK(ctx, gpu->cu->memcpy_dtoh_async(dst, (CUdeviceptr)(uintptr_t)src, bytes, gpu->stream),
-              "cuMemcpyDtoHAsync");
-    return cfx_test_gpu_sync(ctx, gpu);
+    if (gpu->bounce == NULL) {
+        GPU_CHECK(ctx,
+                  gpu->cu->memcpy_dtoh_async(dst, (CUdeviceptr)(uintptr_t)src, bytes, gpu->stream),
+                  "cuMemcpyDtoHAsync");
+        return cfx_test_gpu_sync(ctx, gpu);
+    }
+    for (size_t done = 0; done < bytes;) {
+        size_t n = bytes - done < gpu->bounce_bytes ? bytes - done : gpu->bounce_bytes;
+        GPU_CHECK(ctx,
+                  gpu->cu->memcpy_dtoh_async(gpu->bounce,
+                                             (CUdeviceptr)(uintptr_t)((const char *)src + done), n,
+                                             gpu->stream),
+                  "cuMemcpyDtoHAsync");
+        if (!cfx_test_gpu_sync(ctx, gpu))
+            return 0;
+        memcpy((char *)dst + done, gpu->bounce, n);
+        done += n;
+    }
+    return 1;
 }
 
 void cfx_test_gpu_close(struct cfx_test_gpu *gpu)
@@ -194,6 +235,9 @@ void cfx_test_gpu_close(struct cfx_test_gpu *gpu)
     if (gpu->cu != NULL && gpu->stream != NULL)
         gpu->cu->stream_destroy(gpu->stream);
     gpu->stream = NULL;
+    if (gpu->cu != NULL && gpu->bounce != NULL)
+        gpu->cu->mem_free_host(gpu->bounce);
+    gpu->bounce = NULL;
 }
 #endif
 

@@ -397,6 +397,8 @@ static void one_thread_group(int one_stream)
             host[i] = input_of(r, i);
         cr_assert_eq(cu->memcpy_htod(send[r], host, n * sizeof(float)), CUDA_SUCCESS);
     }
+    /* From pageable memory the copies land late, on the legacy stream. */
+    cr_assert_eq(cu->stream_synchronize(NULL), CUDA_SUCCESS);
     for (int round = 0; round < 3; round++) {
         cr_assert_eq(cfxGroupStart(), cfxSuccess);
         for (int r = 0; r < GROUP_RANKS; r++)
@@ -664,6 +666,9 @@ static void timeout_names_the_peer(struct cfx_test_rank *ctx)
     RANK_ASSERT(ctx, seen == cfxTimeout, "async error %s: %s", cfxGetErrorString(seen), why);
     RANK_ASSERT(ctx, took > 1.5 && took < 5, "the timeout came after %.2f s (CFX_TIMEOUT=2)", took);
     RANK_ASSERT(ctx, strstr(why, "waits for rank 1") != NULL, "%s", why);
+    /* Rank 1 never posted into its fresh FIFO to rank 0: the sentence says so. */
+    RANK_ASSERT(ctx, strstr(why, "(to receive; the FIFO's head 0, tail 0, slot 0's seq 0)") != NULL,
+                "%s", why);
     RANK_ASSERT(ctx, g.gpu.cu->stream_synchronize(g.gpu.stream) == CUDA_SUCCESS,
                 "the stream did not finish after the timeout");
     gpu_rank_close(&g);
@@ -841,8 +846,15 @@ Test(cuda, alltoall_gather_scatter_and_premulsum_run_on_device_buffers, .timeout
 
 /* ------------------------------------------------ graph capture */
 
+/* Both ranks (threads) between their eager calls and their captures: in
+ * CUDA's default GLOBAL mode one thread's synchronous copy during another
+ * thread's capture invalidates that capture, so the test's own calls must
+ * not overlap a capture (Conflux's calls may: it queries in RELAXED mode). */
+static pthread_barrier_t capture_barrier;
+
 /* An allreduce captured on a stream replays correctly three times, with new
- * inputs copied in before each replay (every rank captures the same). */
+ * inputs copied in before each replay (every rank captures the same, in
+ * GLOBAL mode, at the same time). */
 static void capture_and_replay(struct cfx_test_rank *ctx)
 {
     struct gpu_rank g;
@@ -856,7 +868,9 @@ static void capture_and_replay(struct cfx_test_rank *ctx)
     /* A first call outside the capture: connectors exist before it. */
     RANK_ASSERT(ctx, put_inputs(ctx, &g), "inputs");
     RANK_CFX(ctx, cfxAllReduce(g.dsend, g.drecv, n, cfxFloat32, cfxSum, g.comm, g.gpu.stream));
-    RANK_ASSERT(ctx, cfx_test_gpu_sync(ctx, &g.gpu) && check_sums(ctx, &g, g.drecv), "eager");
+    int eager_ok = cfx_test_gpu_sync(ctx, &g.gpu) && check_sums(ctx, &g, g.drecv);
+    pthread_barrier_wait(&capture_barrier);
+    RANK_ASSERT(ctx, eager_ok, "eager");
     cfx_test_step(ctx, "capture");
     RANK_ASSERT(
         ctx, cu->stream_begin_capture(g.gpu.stream, CU_STREAM_CAPTURE_MODE_GLOBAL) == CUDA_SUCCESS,
@@ -864,6 +878,7 @@ static void capture_and_replay(struct cfx_test_rank *ctx)
     cfxResult_t res = cfxAllReduce(g.dsend, g.drecv, n, cfxFloat32, cfxSum, g.comm, g.gpu.stream);
     CUgraph graph = NULL;
     CUresult err = cu->stream_end_capture(g.gpu.stream, &graph);
+    pthread_barrier_wait(&capture_barrier);
     RANK_ASSERT(ctx, res == cfxSuccess, "captured allreduce: %s", cfxGetLastError(g.comm));
     RANK_ASSERT(ctx, err == CUDA_SUCCESS, "cuStreamEndCapture: CUDA error %d", (int)err);
     CUgraphExec exec = NULL;
@@ -894,7 +909,9 @@ Test(cuda, a_captured_allreduce_replays_correctly, .timeout = 120)
 {
     cr_log_info("on %s", use_gpu());
     struct cfx_test_options opts = {.nranks = 2, .mode = CFX_TEST_THREADS, .deadline_s = 90};
+    pthread_barrier_init(&capture_barrier, NULL, (unsigned)opts.nranks);
     CFX_TEST_RUN(&opts, capture_and_replay);
+    pthread_barrier_destroy(&capture_barrier);
 }
 
 #else

@@ -137,10 +137,14 @@ cfxResult_t cfx_core_gpu_surface(struct cfxComm *comm)
 void cfx_core_gpu_reap(struct cfxComm *comm)
 {
     if (comm->cuda == NULL || comm->gpu_unreaped == comm->flight_count ||
-        cfx_exec_cuda_comm_busy(comm->cuda) ||
-        __atomic_load_n(&comm->gpu_poison_pending, __ATOMIC_ACQUIRE) ||
+        cfx_exec_cuda_comm_busy(comm->cuda))
+        return; /* Running: gpu_surface or a later reap settles them. */
+    /* Over: a failure a block reported that the watcher has not read yet
+     * is recorded now, or its entry would settle as done. */
+    cfx_exec_cuda_comm_scan(comm->cuda);
+    if (__atomic_load_n(&comm->gpu_poison_pending, __ATOMIC_ACQUIRE) ||
         comm->async_error != cfxSuccess)
-        return; /* Running, or failed: gpu_surface settles them. */
+        return; /* Failed: gpu_surface settles them. */
     int blame;
     struct cfx_fingerprint print;
     if (cfx_exec_cuda_comm_failure(comm->cuda, &blame, &print) != cfxSuccess) {

@@ -514,8 +514,8 @@ cfxResult_t cfx_core_launch(struct cfx_op *ops, int n_ops)
     return complete(ops, n_ops, res);
 }
 
-/* A batch of host buffers a stream ran (the stream's callback thread, which
- * must not call CUDA nor use the bootstrap a call may be using): the flight
+/* A batch of host buffers a stream ran (the host-batch thread of
+ * src/exec/cuda, which must not call CUDA nor use the bootstrap a call may be using): the flight
  * recorder, and a failure handed to the rank's CUDA state, which the next
  * call surfaces (cfx_core_gpu_surface) as if a kernel had failed. */
 static void host_batch_done(struct cfx_op *ops, int n_ops, cfxResult_t res)

@@ -88,6 +88,12 @@ cfxResult_t cfx_exec_cuda_comm_failure(struct cfx_cuda_comm *state, int *blame_p
 void cfx_exec_cuda_comm_fail(struct cfx_cuda_comm *state, cfxResult_t res, int blame,
                              const struct cfx_fingerprint *print, const char *text);
 
+/* Record now a failure the communicator's blocks reported that the watcher
+ * has not read yet (and call the failed hook), as the watcher would: for a
+ * caller that found the communicator's work over and is about to settle it
+ * as done. Any thread; does not wait for the GPU. */
+void cfx_exec_cuda_comm_scan(struct cfx_cuda_comm *state);
+
 /* Stop the communicator's kernels (cfxCommAbort, revoke, a failure the core
  * learnt of): they end at their next check of the abort word. Any thread,
  * never blocks. */
@@ -95,7 +101,9 @@ void cfx_exec_cuda_comm_abort(struct cfx_cuda_comm *state, int broken);
 
 /* Run @p ops (host buffers, prepared and connected; copied here) on the
  * host executor when @p stream reaches them, then on_done(ops, n_ops, result)
- * on that thread (the stream's callback thread: it must not call CUDA).
+ * on the thread that ran them (this process's host-batch thread, or with a
+ * driver without cuStreamWaitValue32 the stream's callback thread: either
+ * way it must not call CUDA); the stream's later work waits until then.
  * Every communicator of the ops must have CUDA state (op->exec_state).
  * Waits for a free slot when CFX_CUDA_HOST_BATCHES batches are pending. */
 cfxResult_t cfx_exec_cuda_host_enqueue(cfxStream_t stream, const struct cfx_op *ops, int n_ops,

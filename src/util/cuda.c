@@ -110,6 +110,8 @@ static const struct cu_sym {
     CU_SYM(stream_wait_event, cuStreamWaitEvent, 1),
     CU_SYM(stream_is_capturing, cuStreamIsCapturing, 1),
     CU_SYM(launch_host_func, cuLaunchHostFunc, 1),
+    CU_SYM(stream_wait_value_32, cuStreamWaitValue32, 0),
+    CU_SYM(thread_exchange_capture_mode, cuThreadExchangeStreamCaptureMode, 0),
     CU_SYM(event_create, cuEventCreate, 1),
     CU_SYM(event_record, cuEventRecord, 1),
     CU_SYM(event_query, cuEventQuery, 1),
@@ -167,6 +169,8 @@ CU_SAME_TYPE(stream_query, cuStreamQuery);
 CU_SAME_TYPE(stream_wait_event, cuStreamWaitEvent);
 CU_SAME_TYPE(stream_is_capturing, cuStreamIsCapturing);
 CU_SAME_TYPE(launch_host_func, cuLaunchHostFunc);
+CU_SAME_TYPE(stream_wait_value_32, cuStreamWaitValue32);
+CU_SAME_TYPE(thread_exchange_capture_mode, cuThreadExchangeStreamCaptureMode);
 CU_SAME_TYPE(event_create, cuEventCreate);
 CU_SAME_TYPE(event_record, cuEventRecord);
 CU_SAME_TYPE(event_query, cuEventQuery);
@@ -306,6 +310,22 @@ cfxResult_t cfx_cuda_enter(int device)
     return cfxSuccess;
 }
 
+CUstreamCaptureMode cfx_cuda_relaxed_begin(const struct cfx_cuda_api *cu)
+{
+    CUstreamCaptureMode mode = CU_STREAM_CAPTURE_MODE_RELAXED;
+    if (cu == NULL || cu->thread_exchange_capture_mode == NULL ||
+        cu->thread_exchange_capture_mode(&mode) != CUDA_SUCCESS)
+        return CU_STREAM_CAPTURE_MODE_RELAXED; /* Nothing to restore. */
+    return mode;
+}
+
+void cfx_cuda_relaxed_end(const struct cfx_cuda_api *cu, CUstreamCaptureMode previous)
+{
+    if (cu != NULL && cu->thread_exchange_capture_mode != NULL &&
+        previous != CU_STREAM_CAPTURE_MODE_RELAXED)
+        cu->thread_exchange_capture_mode(&previous);
+}
+
 cfxResult_t cfx_cuda_current_device(int *device_p)
 {
     const char *why;
@@ -392,7 +412,13 @@ cfxResult_t cfx_cuda_mem_alloc(void **ptr_p, size_t bytes)
         return cfx_error_set(cfxInvalidUsage, CFX_LOG_ALLOC, "CUDA is not loaded");
     CUdeviceptr ptr = 0;
     CFX_CU_CHECK(cu, mem_alloc(&ptr, bytes), CFX_LOG_ALLOC, "cannot allocate device memory");
-    CUresult err = cu->memset_d8(ptr, 0, bytes); /* Touched now, not by the first call. */
+    /* Touched now, not by the first call. cuMemsetD8 of device memory
+     * returns before it is done, on the legacy stream, which is not ordered
+     * with non-blocking streams: wait for it, or it could land after the
+     * caller's first copy into the buffer (seen on an H200). */
+    CUresult err = cu->memset_d8(ptr, 0, bytes);
+    if (err == CUDA_SUCCESS)
+        err = cu->stream_synchronize(NULL);
     if (err != CUDA_SUCCESS) {
         cu->mem_free(ptr);
         return cfx_cuda_error(err, CFX_LOG_ALLOC, "cannot clear device memory");

@@ -76,6 +76,12 @@ struct cfx_cuda_api {
     CUresult (*stream_wait_event)(CUstream stream, CUevent event, unsigned int flags);
     CUresult (*stream_is_capturing)(CUstream stream, CUstreamCaptureStatus *status);
     CUresult (*launch_host_func)(CUstream stream, CUhostFn fn, void *user_data);
+    /* Optional (NULL: the driver lacks it): a stream waits until a 32-bit
+     * word in mapped memory reaches a value (host buffers on streams). */
+    CUresult (*stream_wait_value_32)(CUstream stream, CUdeviceptr addr, cuuint32_t value,
+                                     unsigned int flags);
+    /* Optional: the calling thread's stream-capture mode (cfx_cuda_relaxed_begin). */
+    CUresult (*thread_exchange_capture_mode)(CUstreamCaptureMode *mode);
     CUresult (*event_create)(CUevent *event, unsigned int flags);
     CUresult (*event_record)(CUevent event, CUstream stream);
     CUresult (*event_query)(CUevent event);
@@ -147,6 +153,16 @@ cfxResult_t cfx_cuda_error(CUresult err, int subsys, const char *what);
         if (cfx_cu_err_ != CUDA_SUCCESS)                                                           \
             return cfx_cuda_error(cfx_cu_err_, subsys, what);                                      \
     } while (0)
+
+/* Make the calling thread's stream-capture mode RELAXED until
+ * cfx_cuda_relaxed_end(previous). CUDA forbids "potentially unsafe" calls
+ * (cuEventQuery and cuEventSynchronize among them) on a thread while it or,
+ * in the default GLOBAL mode, any other thread captures a graph, and such a
+ * call invalidates the capture; Conflux's own queries of work recorded
+ * outside any capture are safe, so it makes them in RELAXED mode, as
+ * PyTorch's NCCL watchdog does. A driver without the call: a no-op. */
+CUstreamCaptureMode cfx_cuda_relaxed_begin(const struct cfx_cuda_api *cu);
+void cfx_cuda_relaxed_end(const struct cfx_cuda_api *cu, CUstreamCaptureMode previous);
 
 /* The device of the context current on this thread, or when none is
  * current, device 0's primary context made current (as the runtime does at

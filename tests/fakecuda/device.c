@@ -24,6 +24,7 @@ struct fc_global fc = {
 
 _Thread_local struct CUctx_st *fc_tls_ctx;
 _Thread_local int fc_tls_worker;
+_Thread_local CUstreamCaptureMode fc_tls_capture_mode = CU_STREAM_CAPTURE_MODE_GLOBAL;
 
 static atomic_int debug_state = -1; /* -1: FAKECUDA_DEBUG not read yet */
 
@@ -192,6 +193,9 @@ FC_EXPORT CUresult cuInit(unsigned int Flags)
         fc.knobs.no_device = env_long("FAKECUDA_NO_DEVICE", 0) != 0;
         fc.knobs.no_peer = env_long("FAKECUDA_NO_PEER", 0) != 0;
         fc.knobs.launch_fail_after = env_long("FAKECUDA_LAUNCH_FAIL_AFTER", -1);
+        fc.knobs.lazy_ns = (uint64_t)env_long("FAKECUDA_LAZY_US", 2000) * 1000u;
+        fc.knobs.host_fn_serial = env_long("FAKECUDA_HOST_FN_SERIAL", 1) != 0;
+        fc.knobs.concurrent_blocks = env_long("FAKECUDA_CONCURRENT_BLOCKS", 1) != 0;
         if (fc.knobs.no_device || fc.knobs.n_devices == 0) {
             err = CUDA_ERROR_NO_DEVICE;
         } else {

@@ -116,6 +116,8 @@ FC_EXPORT CUresult cuEventQuery(CUevent hEvent)
         err = CUDA_ERROR_INVALID_HANDLE;
     else if (hEvent->cap_id != 0)
         err = CUDA_ERROR_CAPTURED_EVENT;
+    else if ((err = fc_capture_unsafe_call()) != CUDA_SUCCESS)
+        ; /* Potentially unsafe while a capture forbids it (PyTorch's NCCL watchdog met this). */
     else if (hEvent->rec != NULL && !hEvent->rec->done)
         err = CUDA_ERROR_NOT_READY;
     fc_unlock();
@@ -131,6 +133,8 @@ FC_EXPORT CUresult cuEventSynchronize(CUevent hEvent)
         err = CUDA_ERROR_INVALID_HANDLE;
     } else if (hEvent->cap_id != 0) {
         err = CUDA_ERROR_CAPTURED_EVENT;
+    } else if ((err = fc_capture_unsafe_call()) != CUDA_SUCCESS) {
+        /* Potentially unsafe while a capture forbids it. */
     } else if (hEvent->rec != NULL) {
         struct fc_mark *mark = hEvent->rec;
         fc_mark_ref(mark); /* the event may be recorded again or destroyed meanwhile */

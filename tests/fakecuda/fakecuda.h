@@ -16,6 +16,12 @@
  *   FAKECUDA_NO_PEER=1            cuDeviceCanAccessPeer answers 0
  *   FAKECUDA_LAUNCH_FAIL_AFTER=N  cuLaunchKernel calls after the first N
  *                                 fail with CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES
+ *   FAKECUDA_LAZY_US=N            cuMemsetD8 of device memory and cuMemcpyHtoD
+ *                                 from pageable memory land N us late (2000)
+ *   FAKECUDA_HOST_FN_SERIAL=0     host functions of different streams may run
+ *                                 at once (default 1: one at a time)
+ *   FAKECUDA_CONCURRENT_BLOCKS=0  a launch's blocks take turns on its stream's
+ *                                 thread (default 1: a thread each, at once)
  *   FAKECUDA_DEBUG=1              one "fakecuda:" line per call on stderr
  *
  * Locking: one process-wide mutex (fc.lock) guards every object below.
@@ -53,6 +59,9 @@ struct fc_knobs {
     int no_device;
     int no_peer;
     long launch_fail_after; /* -1: off */
+    uint64_t lazy_ns;       /* FAKECUDA_LAZY_US: how late a "synchronous" set or copy lands */
+    int host_fn_serial;     /* FAKECUDA_HOST_FN_SERIAL (default 1): one host function at a time */
+    int concurrent_blocks;  /* FAKECUDA_CONCURRENT_BLOCKS (default 1): a thread per block */
 };
 
 /* Every handle the user holds starts with this, so that a handle can be
@@ -88,6 +97,7 @@ enum fc_work_kind {
     FC_WORK_COPY,       /* any memcpy (already bounds-checked) */
     FC_WORK_SET,        /* cuMemsetD8 */
     FC_WORK_WAIT_EVENT, /* graph only: an external event wait node */
+    FC_WORK_WAIT_VALUE, /* cuStreamWaitValue32: until a word in memory meets a condition */
 };
 
 struct fc_work {
@@ -106,12 +116,20 @@ struct fc_work {
             void *dst;
             const void *src;
             size_t bytes;
+            void *staging;     /* owned copy of a pageable source (src points into it), or NULL */
+            uint64_t delay_ns; /* lands this late (the lazy "synchronous" copies) */
         } copy;
         struct {
             void *dst;
             unsigned char value;
             size_t bytes;
+            uint64_t delay_ns; /* lands this late (cuMemsetD8 of device memory) */
         } set;
+        struct {
+            const uint32_t *addr;
+            uint32_t value;
+            unsigned flags; /* CUstreamWaitValue_flags */
+        } wait_value;
         struct {
             struct CUevent_st *event;
         } wait;
@@ -262,6 +280,8 @@ extern struct fc_global fc;
 extern _Thread_local struct CUctx_st *fc_tls_ctx;
 /* Set on the fake's own threads: CUDA calls there are not permitted. */
 extern _Thread_local int fc_tls_worker;
+/* This thread's stream-capture interaction mode (cuThreadExchangeStreamCaptureMode). */
+extern _Thread_local CUstreamCaptureMode fc_tls_capture_mode;
 
 /* ------------------------------------------------------------ device.c */
 
@@ -316,6 +336,10 @@ CUresult fc_stream_do(struct CUstream_st *stream, struct fc_work *work);
 /* Enqueue @p work on @p ctx's legacy stream and wait until it is done:
  * the synchronous copies and sets. Consumes the work's payload. */
 CUresult fc_legacy_run(struct CUctx_st *ctx, struct fc_work *work);
+/* Enqueue @p work on @p ctx's legacy stream and return at once: the
+ * "synchronous" calls that CUDA lets return before they land (cuMemsetD8 of
+ * device memory, cuMemcpyHtoD from pageable memory). Consumes the payload. */
+CUresult fc_legacy_enqueue(struct CUctx_st *ctx, struct fc_work *work);
 /* Wait until the work enqueued so far on every stream of @p ctx is done. */
 void fc_ctx_drain(struct CUctx_st *ctx);
 /* Destroy every stream of @p ctx (drained first). */
@@ -348,9 +372,12 @@ void fc_ctx_destroy_modules(struct CUctx_st *ctx);
 
 /* ------------------------------------------------------------ graph.c */
 
-/* A "potentially unsafe" call (cuMemAlloc, synchronous copies, ...):
- * CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED (and the captures that forbid it
- * invalidated) when an ongoing capture forbids it on this thread. */
+/* A "potentially unsafe" call (cuMemAlloc, synchronous copies, event
+ * queries, ...): CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED (and the captures
+ * that forbid it invalidated) when an ongoing capture forbids it on this
+ * thread, by this thread's mode: GLOBAL (the default) is forbidden by its
+ * own captures that are not RELAXED and by other threads' GLOBAL ones,
+ * THREAD_LOCAL by its own that are not RELAXED, RELAXED by none. */
 CUresult fc_capture_unsafe_call(void);
 /* Work on @p ctx's legacy stream: CUDA_ERROR_STREAM_CAPTURE_IMPLICIT when a
  * blocking stream of @p ctx captures (those captures invalidated, unless

@@ -123,10 +123,13 @@ CUresult fc_capture_unsafe_call(void)
 {
     pthread_t self = pthread_self();
     CUresult err = CUDA_SUCCESS;
+    if (fc_tls_capture_mode == CU_STREAM_CAPTURE_MODE_RELAXED)
+        return err;
+    int others_count = fc_tls_capture_mode == CU_STREAM_CAPTURE_MODE_GLOBAL;
     for (struct fc_capture *c = fc.captures; c != NULL; c = c->next) {
         int mine = pthread_equal(c->thread, self);
         if ((mine && c->mode != CU_STREAM_CAPTURE_MODE_RELAXED) ||
-            (!mine && c->mode == CU_STREAM_CAPTURE_MODE_GLOBAL)) {
+            (!mine && others_count && c->mode == CU_STREAM_CAPTURE_MODE_GLOBAL)) {
             fc_log("a potentially unsafe call during capture %llu", (unsigned long long)c->id);
             fc_capture_invalidate(c);
             err = CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
@@ -293,6 +296,23 @@ static int capture_joined(const struct fc_capture *capture)
 }
 
 /* ------------------------------------------------------------ API: capture */
+
+FC_EXPORT CUresult cuThreadExchangeStreamCaptureMode(CUstreamCaptureMode *mode)
+{
+    CUresult err = fc_lock_enter();
+    if (err != CUDA_SUCCESS)
+        return fc_ret(__func__, err);
+    if (mode == NULL || *mode < CU_STREAM_CAPTURE_MODE_GLOBAL ||
+        *mode > CU_STREAM_CAPTURE_MODE_RELAXED) {
+        err = CUDA_ERROR_INVALID_VALUE;
+    } else {
+        CUstreamCaptureMode previous = fc_tls_capture_mode;
+        fc_tls_capture_mode = *mode;
+        *mode = previous;
+    }
+    fc_unlock();
+    return fc_ret(__func__, err);
+}
 
 FC_EXPORT CUresult cuStreamBeginCapture(CUstream hStream, CUstreamCaptureMode mode)
 {

@@ -159,20 +159,19 @@ FC_EXPORT CUresult cuMemAlloc(CUdeviceptr *dptr, size_t bytesize)
     return fc_ret(__func__, err);
 }
 
-/* Forget the allocation of @p kind at @p addr. Memory the fake frees is
- * freed once the work of its context is done (cudaFree synchronizes too);
- * a registration, whose memory stays the user's, is dropped at once. */
+/* Forget the allocation of @p kind at @p addr, once the work of its
+ * context is done: cudaFree, cudaFreeHost and cudaHostUnregister all wait
+ * for the context's running kernels (tests/gpu/blocking_probe.cu on an
+ * H200), so a caller whose peer's kernel waits for it hangs here too. */
 static CUresult free_at(uintptr_t addr, enum fc_mem_kind kind, CUresult not_found)
 {
     struct fc_alloc *alloc = alloc_at(addr, kind);
     if (alloc == NULL)
         return not_found;
-    if (kind != FC_MEM_REGISTERED) {
-        fc_ctx_drain(alloc->ctx);
-        alloc = alloc_at(addr, kind); /* fc.lock was dropped: look again */
-        if (alloc == NULL)
-            return not_found;
-    }
+    fc_ctx_drain(alloc->ctx);
+    alloc = alloc_at(addr, kind); /* fc.lock was dropped: look again */
+    if (alloc == NULL)
+        return not_found;
     alloc_release(alloc);
     return CUDA_SUCCESS;
 }
@@ -381,12 +380,37 @@ static CUresult copy_async(uintptr_t dst, int dst_known, uintptr_t src, int src_
     return fc_stream_do(stream, &work);
 }
 
+/* From pageable memory CUDA returns once the source is staged; the DMA
+ * lands later, on the legacy stream: late here too (FAKECUDA_LAZY_US). */
+static CUresult copy_htod_staged(uintptr_t dst, const void *src, size_t bytes)
+{
+    struct CUctx_st *ctx = NULL;
+    struct fc_work work;
+    CUresult err = unsafe_call_head(&ctx);
+    if (err == CUDA_SUCCESS)
+        err = copy_work(dst, 1, (uintptr_t)src, 0, bytes, &work);
+    if (err != CUDA_SUCCESS || bytes == 0)
+        return err;
+    void *staging = malloc(bytes);
+    if (staging == NULL)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    memcpy(staging, src, bytes);
+    work.copy.src = staging;
+    work.copy.staging = staging;
+    work.copy.delay_ns = fc.knobs.lazy_ns;
+    return fc_legacy_enqueue(ctx, &work);
+}
+
 FC_EXPORT CUresult cuMemcpyHtoD(CUdeviceptr dstDevice, const void *srcHost, size_t ByteCount)
 {
     CUresult err = fc_lock_enter();
     if (err != CUDA_SUCCESS)
         return fc_ret(__func__, err);
-    err = copy_sync((uintptr_t)dstDevice, 1, (uintptr_t)srcHost, 0, ByteCount);
+    if (fc_alloc_find((uintptr_t)srcHost) == NULL && fc_alloc_find((uintptr_t)dstDevice) != NULL &&
+        fc_alloc_find((uintptr_t)dstDevice)->kind == FC_MEM_DEVICE)
+        err = copy_htod_staged((uintptr_t)dstDevice, srcHost, ByteCount);
+    else
+        err = copy_sync((uintptr_t)dstDevice, 1, (uintptr_t)srcHost, 0, ByteCount);
     fc_unlock();
     return fc_ret(__func__, err);
 }
@@ -447,7 +471,15 @@ FC_EXPORT CUresult cuMemsetD8(CUdeviceptr dstDevice, unsigned char uc, size_t N)
         err = fc_mem_check((uintptr_t)dstDevice, N, 1);
     if (err == CUDA_SUCCESS && N != 0) {
         struct fc_work work = {.kind = FC_WORK_SET, .set = {(void *)(uintptr_t)dstDevice, uc, N}};
-        err = fc_legacy_run(ctx, &work);
+        /* Of device memory it returns before it lands, on the legacy stream
+         * (CUDA's "API synchronization behavior"), which non-blocking
+         * streams do not wait for: it lands late here, FAKECUDA_LAZY_US. */
+        if (fc_alloc_find((uintptr_t)dstDevice)->kind == FC_MEM_DEVICE) {
+            work.set.delay_ns = fc.knobs.lazy_ns;
+            err = fc_legacy_enqueue(ctx, &work);
+        } else {
+            err = fc_legacy_run(ctx, &work);
+        }
     }
     fc_unlock();
     return fc_ret(__func__, err);

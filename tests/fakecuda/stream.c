@@ -62,12 +62,22 @@ void fc_work_release(struct fc_work *work)
     if (work->kind == FC_WORK_KERNEL) {
         free(work->kernel.params);
         work->kernel.params = NULL;
+    } else if (work->kind == FC_WORK_COPY) {
+        free(work->copy.staging);
+        work->copy.staging = NULL;
     }
 }
 
 int fc_work_clone(struct fc_work *dst, const struct fc_work *src)
 {
     *dst = *src;
+    if (src->kind == FC_WORK_COPY && src->copy.staging != NULL) {
+        if ((dst->copy.staging = malloc(src->copy.bytes)) == NULL)
+            return -1;
+        memcpy(dst->copy.staging, src->copy.staging, src->copy.bytes);
+        dst->copy.src = dst->copy.staging;
+        return 0;
+    }
     if (src->kind != FC_WORK_KERNEL)
         return 0;
     size_t bytes = src->kernel.kernel->param_bytes;
@@ -95,6 +105,71 @@ static void *states_new(size_t stride, unsigned n_blocks)
     return states;
 }
 
+/* One block on a thread of its own, as a GPU runs a launch's blocks at
+ * once: passes until it finishes; idle passes yield, then nap. */
+struct block_run {
+    const struct fc_work *work;
+    void *state;
+    unsigned block;
+};
+
+static void *block_main(void *arg)
+{
+    struct block_run *run = arg;
+    const struct fakecuda_kernel *kernel = run->work->kernel.kernel;
+    fc_tls_worker = 1;
+    uint64_t idle_since = 0;
+    for (;;) {
+        int result = kernel->pass(run->state, run->work->kernel.params, run->block,
+                                  run->work->kernel.n_blocks, run->work->kernel.threads);
+        if (result == 0)
+            return NULL;
+        if (result == 1) {
+            idle_since = 0;
+            continue;
+        }
+        uint64_t now = fc_now_ns();
+        if (idle_since == 0)
+            idle_since = now;
+        if (now - idle_since < IDLE_YIELD_NS) {
+            sched_yield();
+        } else {
+            struct timespec nap = {.tv_sec = 0, .tv_nsec = IDLE_NAP_NS};
+            nanosleep(&nap, NULL);
+        }
+    }
+}
+
+/* The blocks of a launch at once, a thread each (FAKECUDA_CONCURRENT_BLOCKS,
+ * the default); 0 when threads could not be made (then run_kernel goes
+ * round-robin). */
+static int run_kernel_concurrently(const struct fc_work *work, void *block_states, size_t stride)
+{
+    unsigned n_blocks = work->kernel.n_blocks;
+    struct block_run *runs = calloc(n_blocks, sizeof(*runs));
+    pthread_t *threads = calloc(n_blocks, sizeof(*threads));
+    if (runs == NULL || threads == NULL) {
+        free(runs);
+        free(threads);
+        return 0;
+    }
+    unsigned started = 0;
+    for (; started < n_blocks; started++) {
+        runs[started] = (struct block_run){
+            work, stride != 0 ? (char *)block_states + (size_t)started * stride : NULL, started};
+        if (pthread_create(&threads[started], NULL, block_main, &runs[started]) != 0)
+            break;
+    }
+    /* Blocks that got no thread run here (they may wait on the others). */
+    for (unsigned b = started; b < n_blocks; b++)
+        block_main(&runs[b]);
+    for (unsigned b = 0; b < started; b++)
+        pthread_join(threads[b], NULL);
+    free(runs);
+    free(threads);
+    return 1;
+}
+
 /* Every block in turn until all are finished; idle rounds yield, then nap,
  * so that many launches on few cores all progress. */
 static void run_kernel(const struct fc_work *work, void *block_states)
@@ -102,6 +177,9 @@ static void run_kernel(const struct fc_work *work, void *block_states)
     const struct fakecuda_kernel *kernel = work->kernel.kernel;
     unsigned n_blocks = work->kernel.n_blocks;
     size_t stride = state_stride(kernel);
+    if (n_blocks > 1 && fc.knobs.concurrent_blocks &&
+        run_kernel_concurrently(work, block_states, stride))
+        return;
     unsigned char *finished = calloc(n_blocks, 1);
     if (finished == NULL) {
         fprintf(stderr, "fakecuda: out of memory running kernel %s\n", kernel->name);
@@ -142,15 +220,67 @@ static void run_kernel(const struct fc_work *work, void *block_states)
     free(finished);
 }
 
+/* CUDA may run every stream's host functions on one thread, one after the
+ * other ("may be serialized"): so does the fake, always, so that a host
+ * function that waits for another stream's host function hangs here too. */
+static pthread_mutex_t host_fn_lock = PTHREAD_MUTEX_INITIALIZER;
+
+static void sleep_ns(uint64_t ns)
+{
+    struct timespec ts = {.tv_sec = (time_t)(ns / 1000000000u),
+                          .tv_nsec = (long)(ns % 1000000000u)};
+    if (ns > 0)
+        nanosleep(&ts, NULL);
+}
+
+/* Whether cuStreamWaitValue32's condition holds for @p w. */
+static int wait_value_met(const struct fc_work *w)
+{
+    uint32_t now = __atomic_load_n(w->wait_value.addr, __ATOMIC_ACQUIRE);
+    uint32_t value = w->wait_value.value;
+    switch (w->wait_value.flags & 3u) {
+    case CU_STREAM_WAIT_VALUE_GEQ: return (int32_t)(now - value) >= 0;
+    case CU_STREAM_WAIT_VALUE_EQ: return now == value;
+    case CU_STREAM_WAIT_VALUE_AND: return (now & value) != 0;
+    default: return ~(now | value) != 0; /* NOR */
+    }
+}
+
+/* The stream's thread waits for the word like a kernel for memory: yield,
+ * then nap. */
+static void wait_value(const struct fc_work *work)
+{
+    uint64_t idle_since = fc_now_ns();
+    while (!wait_value_met(work)) {
+        if (fc_now_ns() - idle_since < IDLE_YIELD_NS)
+            sched_yield();
+        else
+            sleep_ns(IDLE_NAP_NS);
+    }
+}
+
 void fc_work_run(const struct fc_work *work, void *block_states)
 {
     switch (work->kind) {
     case FC_WORK_NOP: break;
     case FC_WORK_WAIT_EVENT: break;
     case FC_WORK_KERNEL: run_kernel(work, block_states); break;
-    case FC_WORK_HOST_FN: work->host.fn(work->host.user_data); break;
-    case FC_WORK_COPY: memcpy(work->copy.dst, work->copy.src, work->copy.bytes); break;
-    case FC_WORK_SET: memset(work->set.dst, work->set.value, work->set.bytes); break;
+    case FC_WORK_HOST_FN:
+        if (fc.knobs.host_fn_serial)
+            pthread_mutex_lock(&host_fn_lock);
+        work->host.fn(work->host.user_data);
+        if (fc.knobs.host_fn_serial)
+            pthread_mutex_unlock(&host_fn_lock);
+        break;
+    case FC_WORK_COPY:
+        sleep_ns(work->copy.delay_ns);
+        memcpy(work->copy.dst, work->copy.src, work->copy.bytes);
+        break;
+    case FC_WORK_SET:
+        sleep_ns(work->set.delay_ns);
+        memset(work->set.dst, work->set.value, work->set.bytes);
+        break;
+    case FC_WORK_WAIT_VALUE: wait_value(work); break;
     }
 }
 
@@ -455,6 +585,16 @@ CUresult fc_legacy_run(struct CUctx_st *ctx, struct fc_work *work)
     return CUDA_SUCCESS;
 }
 
+CUresult fc_legacy_enqueue(struct CUctx_st *ctx, struct fc_work *work)
+{
+    CUresult err = fc_capture_legacy_use(ctx, 0);
+    if (err != CUDA_SUCCESS) {
+        fc_work_release(work);
+        return err;
+    }
+    return fc_stream_submit(ctx->legacy, work, NULL, NULL);
+}
+
 void fc_ctx_drain(struct CUctx_st *ctx)
 {
     for (;;) {
@@ -621,6 +761,30 @@ FC_EXPORT CUresult cuStreamWaitEvent(CUstream hStream, CUevent hEvent, unsigned 
             struct fc_work nop = {.kind = FC_WORK_NOP};
             err = fc_stream_submit(stream, &nop, hEvent->rec, NULL);
         }
+    }
+    fc_unlock();
+    return fc_ret(__func__, err);
+}
+
+FC_EXPORT CUresult cuStreamWaitValue32(CUstream stream, CUdeviceptr addr, cuuint32_t value,
+                                       unsigned int flags)
+{
+    CUresult err = fc_lock_enter();
+    if (err != CUDA_SUCCESS)
+        return fc_ret(__func__, err);
+    struct CUstream_st *s = NULL;
+    err = stream_of_call(stream, &s);
+    /* Memory the GPU reaches (device, pinned or registered), aligned, known flags. */
+    if (err == CUDA_SUCCESS &&
+        (addr % 4 != 0 || (flags & ~(3u | (unsigned)CU_STREAM_WAIT_VALUE_FLUSH)) != 0 ||
+         fc_alloc_find((uintptr_t)addr) == NULL))
+        err = CUDA_ERROR_INVALID_VALUE;
+    if (err == CUDA_SUCCESS)
+        err = fc_mem_check((uintptr_t)addr, 4, 1);
+    if (err == CUDA_SUCCESS) {
+        struct fc_work work = {.kind = FC_WORK_WAIT_VALUE,
+                               .wait_value = {(const uint32_t *)(uintptr_t)addr, value, flags}};
+        err = fc_stream_do(s, &work);
     }
     fc_unlock();
     return fc_ret(__func__, err);

@@ -157,7 +157,23 @@ static CUresult launch(CUfunction fn, unsigned blocks, CUstream stream, void *pa
     return cuLaunchKernel(fn, blocks, 1, 1, 128, 1, 1, 0, stream, args, NULL);
 }
 
-TestSuite(fakecuda, .timeout = 60);
+/* Most tests hold streams with host functions that wait for a gate, and
+ * read what a synchronous set or copy wrote at once: they run with host
+ * functions of different streams at once and nothing landing late. The
+ * tests of those two CUDA behaviours (the fake's defaults) unset these. */
+static void suite_init(void)
+{
+    setenv("FAKECUDA_HOST_FN_SERIAL", "0", 1);
+    setenv("FAKECUDA_LAZY_US", "0", 1);
+}
+
+static void cuda_defaults(void)
+{
+    unsetenv("FAKECUDA_HOST_FN_SERIAL");
+    unsetenv("FAKECUDA_LAZY_US");
+}
+
+TestSuite(fakecuda, .timeout = 60, .init = suite_init);
 
 /* ------------------------------------------------------------ init, devices */
 
@@ -534,6 +550,95 @@ Test(fakecuda, synchronous_and_asynchronous_copies_and_sets_move_the_bytes)
         int want = i < 4 ? 0xCD : i >= 16 && i < 32 ? 0xAB : i;
         cr_assert_eq(out[i], want, "byte %d", i);
     }
+}
+
+/* cuMemsetD8 of device memory and cuMemcpyHtoD from pageable memory return
+ * before they land, on the legacy stream: a non-blocking stream does not
+ * see them yet (an H200 showed it), the legacy stream's sync does. */
+Test(fakecuda, a_device_memset_and_a_pageable_htod_land_late_on_the_legacy_stream)
+{
+    cuda_defaults();
+    setenv("FAKECUDA_LAZY_US", "300000", 1); /* Late enough to see on a loaded machine. */
+    init_one();
+    CUdeviceptr a = 0, b = 0;
+    CU_OK(cuMemAlloc(&a, 256));
+    CU_OK(cuMemAlloc(&b, 256));
+    CU_OK(cuMemsetD8Async(a, 0x11, 256, NULL));
+    CU_OK(cuMemsetD8Async(b, 0x11, 256, NULL));
+    CU_OK(cuStreamSynchronize(NULL));
+    CUstream free_running = NULL;
+    CU_OK(cuStreamCreate(&free_running, CU_STREAM_NON_BLOCKING));
+    unsigned char in[256], out[256];
+    memset(in, 0x22, sizeof(in));
+    uint64_t start = now_ms();
+    CU_OK(cuMemsetD8(a, 0xAB, 256));
+    CU_OK(cuMemcpyHtoD(b, in, 256));
+    memset(in, 0x33, sizeof(in)); /* The staged copy keeps what it saw. */
+    cr_assert_lt(now_ms() - start, 250, "the set and the copy waited to land");
+    CU_OK(cuMemcpyDtoHAsync(out, a, 256, free_running));
+    CU_OK(cuStreamSynchronize(free_running));
+    cr_assert_eq(out[0], 0x11, "the set landed before a non-blocking stream read it");
+    CU_OK(cuStreamSynchronize(NULL));
+    CU_OK(cuMemcpyDtoHAsync(out, a, 256, free_running));
+    CU_OK(cuStreamSynchronize(free_running));
+    cr_assert(out[0] == 0xAB && out[255] == 0xAB, "after the legacy sync: %#x", out[0]);
+    CU_OK(cuMemcpyDtoHAsync(out, b, 256, free_running));
+    CU_OK(cuStreamSynchronize(free_running));
+    cr_assert(out[0] == 0x22 && out[255] == 0x22, "the pageable copy: %#x", out[0]);
+}
+
+/* CUDA may run the host functions of independent streams on one thread,
+ * one after the other: the fake always does. */
+Test(fakecuda, host_functions_of_two_streams_run_one_at_a_time)
+{
+    cuda_defaults();
+    init_one();
+    CUstream s1 = NULL, s2 = NULL;
+    CU_OK(cuStreamCreate(&s1, CU_STREAM_NON_BLOCKING));
+    CU_OK(cuStreamCreate(&s2, CU_STREAM_NON_BLOCKING));
+    struct order order = {0};
+    atomic_int gate = 0;
+    struct step a = {&order, 'A', &gate, 0}, b = {&order, 'B', NULL, 0};
+    CU_OK(cuLaunchHostFunc(s1, step_run, &a));
+    sleep_ms(SETTLE_MS); /* A holds the host functions' turn. */
+    CU_OK(cuLaunchHostFunc(s2, step_run, &b));
+    sleep_ms(SETTLE_MS);
+    cr_assert_eq(atomic_load(&order.n), 0, "B ran while A's host function waited");
+    atomic_store(&gate, 1);
+    CU_OK(cuStreamSynchronize(s1));
+    CU_OK(cuStreamSynchronize(s2));
+    order_is(&order, "AB");
+}
+
+/* cuStreamWaitValue32: the stream waits until a word of pinned (or device)
+ * memory meets the condition; GEQ is cyclic. */
+Test(fakecuda, a_stream_waits_for_a_word_in_pinned_memory)
+{
+    init_one();
+    CUstream stream = NULL;
+    CU_OK(cuStreamCreate(&stream, CU_STREAM_NON_BLOCKING));
+    uint32_t *word = NULL;
+    CU_OK(cuMemHostAlloc((void **)&word, 64, CU_MEMHOSTALLOC_DEVICEMAP));
+    CUdeviceptr dev = 0;
+    CU_OK(cuMemHostGetDevicePointer(&dev, word, 0));
+    *word = 0xFFFFFFF0u;
+    atomic_int ran = 0;
+    CU_OK(cuStreamWaitValue32(stream, dev, 0x10, CU_STREAM_WAIT_VALUE_GEQ));
+    CU_OK(cuLaunchHostFunc(stream, count_up, &ran));
+    sleep_ms(SETTLE_MS);
+    cr_assert_eq(atomic_load(&ran), 0, "0xfffffff0 is before 0x10, cyclically");
+    __atomic_store_n(word, 0x0Fu, __ATOMIC_RELEASE);
+    sleep_ms(SETTLE_MS);
+    cr_assert_eq(atomic_load(&ran), 0);
+    __atomic_store_n(word, 0x11u, __ATOMIC_RELEASE);
+    cr_assert(wait_for(&ran, 1), "the stream never went on");
+    CU_OK(cuStreamWaitValue32(stream, dev, 0x11, CU_STREAM_WAIT_VALUE_EQ));
+    CU_OK(cuStreamSynchronize(stream));
+    char pageable[64];
+    CU_IS(cuStreamWaitValue32(stream, (CUdeviceptr)(uintptr_t)pageable, 1, 0),
+          CUDA_ERROR_INVALID_VALUE);
+    CU_IS(cuStreamWaitValue32(stream, dev + 2, 1, 0), CUDA_ERROR_INVALID_VALUE);
+    CU_OK(cuMemFreeHost(word));
 }
 
 Test(fakecuda, free_needs_the_base_of_an_allocation_of_its_kind)
@@ -1068,6 +1173,7 @@ Test(fakecuda, the_legacy_stream_cannot_capture)
 /* The "potentially unsafe" calls, each against a capturing stream. */
 struct unsafe_env {
     CUstream capturing;
+    CUevent recorded; /* Recorded before the capture began. */
     CUdeviceptr dptr;
     void *pinned;
     char *registered;
@@ -1133,6 +1239,16 @@ static CUresult call_stream_query(struct unsafe_env *env)
     return cuStreamQuery(env->capturing);
 }
 
+static CUresult call_event_query(struct unsafe_env *env)
+{
+    return cuEventQuery(env->recorded);
+}
+
+static CUresult call_event_synchronize(struct unsafe_env *env)
+{
+    return cuEventSynchronize(env->recorded);
+}
+
 static const struct unsafe_call {
     const char *name;
     CUresult (*call)(struct unsafe_env *env);
@@ -1148,6 +1264,8 @@ static const struct unsafe_call {
     {"cuMemsetD8", call_memset_d8},
     {"cuStreamSynchronize of the capturing stream", call_stream_synchronize},
     {"cuStreamQuery of the capturing stream", call_stream_query},
+    {"cuEventQuery of an event recorded before", call_event_query},
+    {"cuEventSynchronize of an event recorded before", call_event_synchronize},
 };
 #define N_UNSAFE_CALLS (sizeof(unsafe_calls) / sizeof(unsafe_calls[0]))
 
@@ -1160,6 +1278,9 @@ static void unsafe_env_init(struct unsafe_env *env)
     CU_OK(cuMemHostAlloc(&env->pinned, 64, 0));
     env->registered = registered;
     CU_OK(cuMemHostRegister(registered, sizeof(registered), 0));
+    CU_OK(cuEventCreate(&env->recorded, CU_EVENT_DISABLE_TIMING));
+    CU_OK(cuEventRecord(env->recorded, env->capturing));
+    CU_OK(cuEventSynchronize(env->recorded));
 }
 
 ParameterizedTestParameters(fakecuda, unsafe_calls_during_a_global_capture_fail_and_invalidate_it)
@@ -1216,6 +1337,33 @@ Test(fakecuda, a_global_capture_forbids_unsafe_calls_on_other_threads_too)
     CU_OK(cuStreamBeginCapture(stream, CU_STREAM_CAPTURE_MODE_GLOBAL));
     CU_IS(alloc_from_another_thread(ctx), CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
     capture_ends_invalidated(stream);
+}
+
+/* What Conflux does around its event queries (cfx_cuda_relaxed_begin):
+ * a thread switched to RELAXED may make them during its own GLOBAL capture
+ * and another thread's; the exchange hands back the mode it replaced. */
+Test(fakecuda, a_relaxed_thread_may_make_unsafe_calls_during_global_captures)
+{
+    init_one();
+    struct unsafe_env env;
+    unsafe_env_init(&env);
+    CU_OK(cuStreamBeginCapture(env.capturing, CU_STREAM_CAPTURE_MODE_GLOBAL));
+    CUstreamCaptureMode mode = CU_STREAM_CAPTURE_MODE_RELAXED;
+    CU_OK(cuThreadExchangeStreamCaptureMode(&mode));
+    cr_assert_eq(mode, CU_STREAM_CAPTURE_MODE_GLOBAL, "the default mode is GLOBAL");
+    CU_OK(cuEventQuery(env.recorded));
+    CU_OK(cuEventSynchronize(env.recorded));
+    CU_IS(cuStreamSynchronize(env.capturing), CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
+    capture_ends_invalidated(env.capturing); /* That sync was never allowed. */
+    CU_OK(cuStreamBeginCapture(env.capturing, CU_STREAM_CAPTURE_MODE_GLOBAL));
+    CU_OK(cuEventQuery(env.recorded));
+    cr_assert_eq(capture_status(env.capturing), CU_STREAM_CAPTURE_STATUS_ACTIVE);
+    CU_OK(cuThreadExchangeStreamCaptureMode(&mode)); /* Back to GLOBAL. */
+    cr_assert_eq(mode, CU_STREAM_CAPTURE_MODE_RELAXED);
+    CU_IS(cuEventQuery(env.recorded), CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
+    capture_ends_invalidated(env.capturing);
+    mode = (CUstreamCaptureMode)7;
+    CU_IS(cuThreadExchangeStreamCaptureMode(&mode), CUDA_ERROR_INVALID_VALUE);
 }
 
 Test(fakecuda, a_thread_local_capture_forbids_unsafe_calls_on_its_own_thread_only)

@@ -270,7 +270,11 @@ void *perf_gpu_alloc(struct perf_gpu *gpu, size_t bytes)
         gpu_failed(gpu, what, err);
         return NULL;
     }
+    /* cuMemsetD8 lands late, on the legacy stream, which the rank's
+     * non-blocking stream does not wait for: wait for it here. */
     err = drv.memset_d8(ptr, 0, bytes);
+    if (err == CUDA_SUCCESS)
+        err = drv.stream_synchronize(NULL);
     if (err != CUDA_SUCCESS) {
         gpu_failed(gpu, "cuMemsetD8", err);
         drv.mem_free(ptr);
@@ -297,6 +301,8 @@ int perf_gpu_to_device(struct perf_gpu *gpu, void *dst, const void *src, size_t 
     if (perf_gpu_sync(gpu) != 0)
         return -1;
     GPU_CALL(gpu, "cuMemcpyHtoD", drv.memcpy_htod(device_ptr(dst), src, bytes));
+    /* From pageable memory it returns before the DMA lands (legacy stream). */
+    GPU_CALL(gpu, "cuStreamSynchronize(NULL)", drv.stream_synchronize(NULL));
     return 0;
 }
 

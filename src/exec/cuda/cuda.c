@@ -9,6 +9,7 @@
 
 #include <errno.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdarg.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -178,29 +179,74 @@ static int failure_of(struct cfx_cuda_comm *c, const struct cfx_kernel_failure *
     }
 }
 
+/* At a timeout: every report of every communicator of this process that a
+ * block used, at WARN (which FIFO each waits on, and where each last
+ * posted), so a slot that never arrived can be traced to its sender when
+ * the ranks share the process. watch_lock held. */
+static void dump_reports(const struct cfx_cuda_comm *stuck)
+{
+    for (const struct cfx_cuda_comm *c = watched; c != NULL; c = c->next)
+        for (int b = 0; b < CFX_KERNEL_MAX_OPS; b++) {
+            const struct cfx_kernel_report *r = &c->mapped->reports[b];
+            uint64_t begun = cfx_load_acquire_u64(&r->begun);
+            if (begun == 0)
+                continue;
+            CFX_WARN(CFX_LOG_COLL,
+                     "cuda: %s rank %d report %d: %s #%llu, begun %llu, ended %llu, end %d, "
+                     "waits for rank %d (tail word %#llx: head %llu, tail %llu), last posted "
+                     "tail word %#llx = %llu",
+                     c == stuck ? "stuck" : "other", c->desc.rank, b, kind_name(r->running.kind),
+                     (unsigned long long)r->running.seq, (unsigned long long)begun,
+                     (unsigned long long)cfx_load_acquire_u64(&r->ended), (int)r->end_status,
+                     (int)r->waiting_peer, (unsigned long long)r->wait_tail_at,
+                     (unsigned long long)r->seen_head, (unsigned long long)r->seen_tail,
+                     (unsigned long long)r->posted_tail_at, (unsigned long long)r->posted_tail);
+        }
+}
+
+/* Record the first failure @p c's blocks reported (a block's own before
+ * one that only stopped for another's). 1 when one was recorded now.
+ * watch_lock held. */
+static int record_reported(struct cfx_cuda_comm *c)
+{
+    const struct cfx_kernel_failure *aborted = NULL;
+    for (int b = 0; b < CFX_KERNEL_MAX_OPS; b++) {
+        const struct cfx_kernel_failure *f = &c->mapped->reports[b].failure;
+        uint32_t status = cfx_load_acquire_u32((const uint32_t *)&f->status);
+        if (status == CFX_KERNEL_END_ABORTED)
+            aborted = f;
+        else if (status != 0 && failure_of(c, f))
+            return 1;
+    }
+    return aborted != NULL && failure_of(c, aborted);
+}
+
+void cfx_exec_cuda_comm_scan(struct cfx_cuda_comm *c)
+{
+    if (c == NULL || atomic_load_explicit(&c->failed, memory_order_acquire))
+        return;
+    pthread_mutex_lock(&watch_lock);
+    int recorded = record_reported(c);
+    pthread_mutex_unlock(&watch_lock);
+    if (recorded)
+        c->desc.failed(c->desc.owner);
+}
+
 static void watch_one(struct cfx_cuda_comm *c, int64_t now)
 {
     if (atomic_load_explicit(&c->failed, memory_order_acquire))
         return;
+    if (record_reported(c))
+        goto failed;
     uint64_t beats = 0;
     int running = -1;
-    const struct cfx_kernel_failure *aborted = NULL;
     for (int b = 0; b < CFX_KERNEL_MAX_OPS; b++) {
         struct cfx_kernel_report *r = &c->mapped->reports[b];
-        uint32_t status = cfx_load_acquire_u32((const uint32_t *)&r->failure.status);
-        if (status == CFX_KERNEL_END_ABORTED)
-            aborted = &r->failure;
-        else if (status != 0 && failure_of(c, &r->failure))
-            break;
         uint64_t begun = cfx_load_acquire_u64(&r->begun), ended = cfx_load_acquire_u64(&r->ended);
         beats += cfx_load_relaxed_u64(&r->heartbeat);
         if (begun != ended && running < 0)
             running = b;
     }
-    if (atomic_load_explicit(&c->failed, memory_order_relaxed))
-        goto failed;
-    if (aborted != NULL && failure_of(c, aborted))
-        goto failed;
     if (running < 0 || beats != c->last_beats) {
         c->last_beats = beats;
         c->stalled_since_ns = now;
@@ -221,12 +267,20 @@ static void watch_one(struct cfx_cuda_comm *c, int64_t now)
     if (c->desc.timeout_s <= 0 || now - c->stalled_since_ns < c->desc.timeout_s * CFX_NS_PER_SEC)
         return;
     int peer = (int)cfx_load_relaxed_u32((const uint32_t *)&r->waiting_peer);
+    /* The FIFO as the block last saw it: a slot posted but not seen, or
+     * never posted, or a full FIFO. */
+    unsigned long long head = cfx_load_relaxed_u64(&r->seen_head),
+                       tail = cfx_load_relaxed_u64(&r->seen_tail);
+    unsigned seq = cfx_load_relaxed_u32(&r->seen_seq);
+    int send = (int)cfx_load_relaxed_u32((const uint32_t *)&r->seen_send);
+    dump_reports(c);
     if (record_failure(c, cfxTimeout, peer >= 0 ? peer : c->desc.rank, &f,
                        "%s #%llu on rank %d (GPU) made no progress for %s=%lld s: step %llu waits "
-                       "for rank %d",
+                       "for rank %d (to %s; the FIFO's head %llu, tail %llu, slot %llu's seq %u)",
                        kind_name(f.print.kind), (unsigned long long)f.print.seq, c->desc.rank,
                        c->desc.timeout_name, (long long)c->desc.timeout_s,
-                       (unsigned long long)f.step, peer))
+                       (unsigned long long)f.step, peer, send ? "send" : "receive", head, tail,
+                       send ? tail : head, seq))
         cfx_store_release_u32((uint32_t *)&c->mapped->abort_word, CFX_KERNEL_ABORT_TIMEOUT);
 failed:
     c->desc.failed(c->desc.owner);
@@ -361,11 +415,16 @@ err_free:
 cfxResult_t cfx_exec_cuda_comm_quiesce(struct cfx_cuda_comm *c)
 {
     const struct cfx_cuda_api *cu = cfx_cuda_api(NULL);
-    if (c->launched) {
-        CFX_CU_CHECK(cu, event_synchronize(c->done), CFX_LOG_COLL,
-                     "waiting for the communicator's work on its streams");
-        c->launched = 0;
-    }
+    if (!c->launched)
+        return cfxSuccess;
+    /* The event was recorded outside any capture: safe while one runs. */
+    CUstreamCaptureMode mode = cfx_cuda_relaxed_begin(cu);
+    CUresult err = cu->event_synchronize(c->done);
+    cfx_cuda_relaxed_end(cu, mode);
+    if (err != CUDA_SUCCESS)
+        return cfx_cuda_error(err, CFX_LOG_COLL,
+                              "waiting for the communicator's work on its streams");
+    c->launched = 0;
     return cfxSuccess;
 }
 
@@ -374,7 +433,12 @@ int cfx_exec_cuda_comm_busy(struct cfx_cuda_comm *c)
     const struct cfx_cuda_api *cu = cfx_cuda_api(NULL);
     if (c == NULL || !c->launched)
         return 0;
-    return cu->event_query(c->done) == CUDA_ERROR_NOT_READY; /* Read only: any thread. */
+    /* Read only: any thread, also while this or another thread captures a
+     * graph (the event is never recorded in a capture). */
+    CUstreamCaptureMode mode = cfx_cuda_relaxed_begin(cu);
+    int busy = cu->event_query(c->done) == CUDA_ERROR_NOT_READY;
+    cfx_cuda_relaxed_end(cu, mode);
+    return busy;
 }
 
 void cfx_exec_cuda_comm_abort(struct cfx_cuda_comm *c, int broken)
@@ -413,8 +477,11 @@ void cfx_exec_cuda_comm_close(struct cfx_cuda_comm *c)
     if (c == NULL)
         return;
     const struct cfx_cuda_api *cu = cfx_cuda_api(NULL);
-    if (cfx_cuda_enter(c->desc.device) == cfxSuccess && c->launched)
+    if (cfx_cuda_enter(c->desc.device) == cfxSuccess && c->launched) {
+        CUstreamCaptureMode mode = cfx_cuda_relaxed_begin(cu);
         cu->event_synchronize(c->done);
+        cfx_cuda_relaxed_end(cu, mode);
+    }
     watch_remove(c);
     cu->event_destroy(c->done);
     cu->mem_free_host(c->mapped);
@@ -631,47 +698,195 @@ const struct cfx_executor cfx_exec_cuda = {
 
 /* ------------------------------------------------------------ host buffers on streams */
 
-/* A batch of host buffers waiting for its stream. */
+/*
+ * A host batch on a stream runs on this process's host-batch thread, not in
+ * the stream's host function: CUDA may run the host functions of all
+ * streams on one thread, one after the other, and says a host function must
+ * not wait for anything not ordered before it. A batch waits for its peers'
+ * batches, which another thread of this process may have put on another
+ * stream (ranks one process drives), so it must not block the callback
+ * thread (on an H200 two ranks' batches waited for each other until
+ * CFX_TIMEOUT). So the stream gets two things: a host function that only
+ * says "the stream is here" (state READY), and a wait on a word in mapped
+ * memory (cuStreamWaitValue32) that the host-batch thread sets to the
+ * batch's number once the batch is over. The thread progresses every ready
+ * batch at once (the host executor's test never blocks).
+ *
+ * Without cuStreamWaitValue32 (an old driver) the host function runs the
+ * batch itself, as before: correct for one rank per process.
+ */
+enum host_batch_state {
+    HB_FREE = 0,
+    HB_QUEUED,  /* On its stream; the stream has not reached it. */
+    HB_READY,   /* The stream reached it: the host-batch thread's now. */
+    HB_RUNNING, /* Launched on the host executor. */
+};
+
+/* A batch of host buffers on a stream. */
 struct host_batch {
-    _Atomic int busy; /* Enqueued and not finished. */
+    _Atomic int state;     /* enum host_batch_state. */
+    _Atomic int cancelled; /* Its stream's wait could not be enqueued: end it unrun. */
     struct cfx_op *ops;
     int n_ops, capacity;
+    struct cfx_exec_batch batch;
     void (*on_done)(struct cfx_op *ops, int n_ops, cfxResult_t res);
+    uint32_t seq;        /* The number of its latest use: what its stream waits for. */
+    uint32_t *done_word; /* In mapped memory (one cache line each). */
+    CUdeviceptr done_dev;
 };
 
 static pthread_mutex_t host_lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t host_cond = PTHREAD_COND_INITIALIZER; /* A batch is READY. */
 static struct host_batch *host_batches;
 static int n_host_batches;
+static void *host_words; /* cuMemHostAlloc'd: n_host_batches cache lines. */
+static int host_thread_started;
 
-static void CUDA_CB run_host_batch(void *arg)
+/* One batch's end: its completion, its word (the stream goes on), free. */
+static void host_batch_finish(struct host_batch *hb, cfxResult_t res)
+{
+    hb->on_done(hb->ops, hb->n_ops, res);
+    cfx_store_release_u32(hb->done_word, hb->seq);
+    atomic_store_explicit(&hb->state, HB_FREE, memory_order_release);
+}
+
+static void *host_thread_main(void *arg)
+{
+    (void)arg;
+    unsigned idle_rounds = 0;
+    for (;;) {
+        int active = 0;
+        for (int i = 0; i < n_host_batches; i++) {
+            struct host_batch *hb = &host_batches[i];
+            int state = atomic_load_explicit(&hb->state, memory_order_acquire);
+            if (state == HB_READY) {
+                if (atomic_load_explicit(&hb->cancelled, memory_order_acquire)) {
+                    host_batch_finish(hb, cfxInvalidUsage);
+                    continue;
+                }
+                /* Non-NULL stream: launch progresses, never blocks. */
+                cfx_exec_batch_init(&hb->batch, hb->ops, hb->n_ops, (cfxStream_t)hb);
+                atomic_store_explicit(&hb->state, HB_RUNNING, memory_order_relaxed);
+                cfxResult_t res = cfx_exec_host.launch(&cfx_exec_host, &hb->batch);
+                if (res != cfxInProgress)
+                    host_batch_finish(hb, res);
+                else
+                    active++;
+            } else if (state == HB_RUNNING) {
+                cfxResult_t res = cfx_exec_host.test(&cfx_exec_host, &hb->batch);
+                if (res != cfxInProgress)
+                    host_batch_finish(hb, res);
+                else
+                    active++;
+            }
+        }
+        if (active > 0) {
+            /* Peers on other cores: yield; else nap a little (8 ranks on 2 cores). */
+            if (++idle_rounds % 64 != 0) {
+                sched_yield();
+            } else {
+                struct timespec nap = {0, 20000};
+                nanosleep(&nap, NULL);
+            }
+            continue;
+        }
+        idle_rounds = 0;
+        pthread_mutex_lock(&host_lock);
+        int ready = 0;
+        for (int i = 0; i < n_host_batches && !ready; i++)
+            ready = atomic_load_explicit(&host_batches[i].state, memory_order_acquire) == HB_READY;
+        if (!ready)
+            pthread_cond_wait(&host_cond, &host_lock);
+        pthread_mutex_unlock(&host_lock);
+    }
+    return NULL;
+}
+
+/* The stream reached the batch (a CUDA host function: no CUDA, no waiting). */
+static void CUDA_CB host_batch_reached(void *arg)
 {
     struct host_batch *hb = arg;
-    struct cfx_exec_batch batch;
-    cfx_exec_batch_init(&batch, hb->ops, hb->n_ops, NULL);
-    cfxResult_t res = cfx_exec_host.launch(&cfx_exec_host, &batch);
+    pthread_mutex_lock(&host_lock);
+    atomic_store_explicit(&hb->state, HB_READY, memory_order_release);
+    pthread_cond_signal(&host_cond);
+    pthread_mutex_unlock(&host_lock);
+}
+
+/* The stream reached the batch, and this driver cannot make a stream wait
+ * for a word: run it here, in the host function. */
+static void CUDA_CB host_batch_run_here(void *arg)
+{
+    struct host_batch *hb = arg;
+    cfx_exec_batch_init(&hb->batch, hb->ops, hb->n_ops, NULL);
+    cfxResult_t res = cfx_exec_host.launch(&cfx_exec_host, &hb->batch);
     if (res == cfxInProgress)
-        res = cfx_exec_host.wait(&cfx_exec_host, &batch);
-    hb->on_done(hb->ops, hb->n_ops, res);
-    atomic_store_explicit(&hb->busy, 0, memory_order_release);
+        res = cfx_exec_host.wait(&cfx_exec_host, &hb->batch);
+    host_batch_finish(hb, res);
+}
+
+/* The records, their mapped words and the thread, made once per process
+ * (host_lock held, a CUDA context current). */
+static cfxResult_t host_batches_setup(const struct cfx_cuda_api *cu)
+{
+    if (host_batches != NULL)
+        return cfxSuccess;
+    int n = (int)param_cuda_host_batches();
+    struct host_batch *batches = calloc((size_t)n, sizeof(*batches));
+    if (batches == NULL)
+        return cfx_error_set(cfxSystemError, CFX_LOG_COLL, "out of memory");
+    void *words = NULL;
+    CUresult err = cu->mem_host_alloc(&words, (size_t)n * CFX_CACHE_LINE,
+                                      CU_MEMHOSTALLOC_PORTABLE | CU_MEMHOSTALLOC_DEVICEMAP);
+    if (err != CUDA_SUCCESS) {
+        free(batches);
+        return cfx_cuda_error(err, CFX_LOG_COLL, "cannot allocate the host batches' words");
+    }
+    memset(words, 0, (size_t)n * CFX_CACHE_LINE);
+    for (int i = 0; i < n; i++) {
+        batches[i].done_word = (uint32_t *)((char *)words + (size_t)i * CFX_CACHE_LINE);
+        err = cu->mem_host_get_device_pointer(&batches[i].done_dev, batches[i].done_word, 0);
+        if (err != CUDA_SUCCESS) {
+            cu->mem_free_host(words);
+            free(batches);
+            return cfx_cuda_error(err, CFX_LOG_COLL, "cannot map the host batches' words");
+        }
+    }
+    if (cu->stream_wait_value_32 != NULL) {
+        pthread_t thread;
+        int rc = pthread_create(&thread, NULL, host_thread_main, NULL);
+        if (rc != 0) {
+            cu->mem_free_host(words);
+            free(batches);
+            return cfx_error_set_errno(rc, CFX_LOG_COLL,
+                                       "cuda: cannot start the host-batch thread");
+        }
+        pthread_detach(thread);
+        pthread_setname_np(thread, "cfx-cuda-host");
+        host_thread_started = 1;
+    } else {
+        CFX_INFO(CFX_LOG_INIT, "cuda: this driver has no cuStreamWaitValue32: host buffers on "
+                               "streams run in CUDA's host functions (one rank per process)");
+    }
+    host_words = words;
+    n_host_batches = n;
+    host_batches = batches;
+    return cfxSuccess;
 }
 
 /* A free batch record with room for @p n_ops (waits for one to finish when
- * all are busy), marked busy. */
-static cfxResult_t take_batch(int n_ops, struct host_batch **hb_p)
+ * all are busy), marked QUEUED. */
+static cfxResult_t take_batch(const struct cfx_cuda_api *cu, int n_ops, struct host_batch **hb_p)
 {
     pthread_mutex_lock(&host_lock);
-    if (host_batches == NULL) {
-        n_host_batches = (int)param_cuda_host_batches();
-        host_batches = calloc((size_t)n_host_batches, sizeof(*host_batches));
-        if (host_batches == NULL) {
-            pthread_mutex_unlock(&host_lock);
-            return cfx_error_set(cfxSystemError, CFX_LOG_COLL, "out of memory");
-        }
+    cfxResult_t res = host_batches_setup(cu);
+    if (res != cfxSuccess) {
+        pthread_mutex_unlock(&host_lock);
+        return res;
     }
     struct host_batch *hb = NULL;
     for (int spins = 0; hb == NULL; spins++) {
         for (int i = 0; i < n_host_batches && hb == NULL; i++)
-            if (!atomic_load_explicit(&host_batches[i].busy, memory_order_acquire))
+            if (atomic_load_explicit(&host_batches[i].state, memory_order_acquire) == HB_FREE)
                 hb = &host_batches[i];
         if (hb == NULL) {
             pthread_mutex_unlock(&host_lock);
@@ -690,7 +905,9 @@ static cfxResult_t take_batch(int n_ops, struct host_batch **hb_p)
         hb->ops = grown;
         hb->capacity = n_ops;
     }
-    atomic_store_explicit(&hb->busy, 1, memory_order_relaxed);
+    atomic_store_explicit(&hb->cancelled, 0, memory_order_relaxed);
+    hb->seq++;
+    atomic_store_explicit(&hb->state, HB_QUEUED, memory_order_relaxed);
     pthread_mutex_unlock(&host_lock);
     *hb_p = hb;
     return cfxSuccess;
@@ -711,7 +928,7 @@ cfxResult_t cfx_exec_cuda_host_enqueue(cfxStream_t stream, const struct cfx_op *
                              "the host operation again with the buffers of this call; capture "
                              "GPU buffers only");
     struct host_batch *hb = NULL;
-    CFX_CHECK(take_batch(n_ops, &hb));
+    CFX_CHECK(take_batch(cu, n_ops, &hb));
     memcpy(hb->ops, ops, (size_t)n_ops * sizeof(*ops));
     hb->n_ops = n_ops;
     hb->on_done = on_done;
@@ -719,12 +936,26 @@ cfxResult_t cfx_exec_cuda_host_enqueue(cfxStream_t stream, const struct cfx_op *
     cfxResult_t res = cfxSuccess;
     for (int i = 0; i < n_ops && res == cfxSuccess; i++)
         res = order_after_previous(cu, ops[i].exec_state, s, 0);
-    CUresult err = res == cfxSuccess ? cu->launch_host_func(s, run_host_batch, hb) : CUDA_SUCCESS;
-    if (res != cfxSuccess || err != CUDA_SUCCESS) {
-        atomic_store_explicit(&hb->busy, 0, memory_order_release);
-        return res != cfxSuccess ? res
-                                 : cfx_cuda_error(err, CFX_LOG_COLL,
-                                                  "cannot put the host operation on the stream");
+    if (res != cfxSuccess) {
+        atomic_store_explicit(&hb->state, HB_FREE, memory_order_release);
+        return res;
+    }
+    CUresult err =
+        cu->launch_host_func(s, host_thread_started ? host_batch_reached : host_batch_run_here, hb);
+    if (err != CUDA_SUCCESS) {
+        atomic_store_explicit(&hb->state, HB_FREE, memory_order_release);
+        return cfx_cuda_error(err, CFX_LOG_COLL, "cannot put the host operation on the stream");
+    }
+    if (host_thread_started) {
+        /* Later work on the stream waits until the batch is over. */
+        err = cu->stream_wait_value_32(s, hb->done_dev, hb->seq, CU_STREAM_WAIT_VALUE_GEQ);
+        if (err != CUDA_SUCCESS) {
+            /* The host function is queued: the batch ends unrun, as failed. */
+            atomic_store_explicit(&hb->cancelled, 1, memory_order_release);
+            return cfx_cuda_error(err, CFX_LOG_COLL,
+                                  "cannot make the stream wait for the host operation "
+                                  "(cuStreamWaitValue32)");
+        }
     }
     for (int i = 0; i < n_ops; i++)
         CFX_CHECK(note_launched(cu, ops[i].exec_state, s, 0));
@@ -771,6 +1002,11 @@ void cfx_exec_cuda_comm_abort(struct cfx_cuda_comm *state, int broken)
 {
     (void)state;
     (void)broken;
+}
+
+void cfx_exec_cuda_comm_scan(struct cfx_cuda_comm *state)
+{
+    (void)state;
 }
 
 void cfx_exec_cuda_comm_fail(struct cfx_cuda_comm *state, cfxResult_t res, int blame,

@@ -90,7 +90,21 @@ struct cfx_kernel_report {
     uint64_t step;                              /* The step it is at (while waiting). */
     int32_t waiting_peer;                       /* The peer it waits on, or -1. */
     int32_t end_status;                         /* enum cfx_kernel_end of the last block. */
+    /* What the FIFO it waits on looked like at its last check (the host's
+     * timeout sentence says it): the consumer's head, the producer's tail,
+     * and the seq word of the slot the wait is about (recv: the next slot
+     * to take, which the producer stamps head + 1; send: the slot to fill). */
+    uint64_t seen_head;
+    uint64_t seen_tail;
+    uint32_t seen_seq;
+    int32_t seen_send; /* 1: it waits to send (for a free slot); 0: to receive. */
     CFX_ALIGNAS(CFX_CACHE_LINE) struct cfx_fingerprint running; /* The op it runs. */
+    /* Where the wait noted above looks (the FIFO's tail word), and the last
+     * post of the op: the tail word it wrote and the value, so that a lost
+     * slot can be traced across ranks of one process. */
+    uint64_t wait_tail_at;
+    uint64_t posted_tail_at;
+    uint64_t posted_tail;
     CFX_ALIGNAS(CFX_CACHE_LINE) struct cfx_kernel_failure failure;
 };
 CFX_STATIC_ASSERT(sizeof(struct cfx_kernel_report) == 3 * CFX_CACHE_LINE, "three lines per block");
@@ -133,7 +147,7 @@ struct cfx_kernel_args {
 CFX_STATIC_ASSERT(sizeof(struct cfx_kernel_args) <= 4096, "a launch's parameter fits CUDA's 4 KiB");
 
 /* The parameter's layout, as a number: its version and size. */
-#define CFX_KERNEL_ABI ((uint32_t)(2u << 16) | (uint32_t)sizeof(struct cfx_kernel_args))
+#define CFX_KERNEL_ABI ((uint32_t)(3u << 16) | (uint32_t)sizeof(struct cfx_kernel_args))
 
 /* What the leader decided (cfx_kernel_lead). */
 enum cfx_kernel_action {
@@ -211,18 +225,42 @@ static inline CFX_HOST_DEVICE int32_t cfx_kernel_closed(struct cfx_kernel_block 
     return 0;
 }
 
-/* The peer step @p s waits on first (for the host's timeout sentence). */
-static inline CFX_HOST_DEVICE int32_t cfx_kernel_waiting_peer(struct cfx_kernel_block *b,
-                                                              const struct cfx_step *s)
+/* The connector step @p s waits on first (an index into b->conns, or -1),
+ * and whether it waits to send there. */
+static inline CFX_HOST_DEVICE int cfx_kernel_waiting_conn(struct cfx_kernel_block *b,
+                                                          const struct cfx_step *s, int *send_p)
 {
+    *send_p = 0;
     if ((s->flags & CFX_PRIM_RECV) && !cfx_fifo_can_take(&b->conns[s->recv]))
-        return b->conns[s->recv].peer;
+        return s->recv;
     for (int i = 0; (s->flags & CFX_PRIM_RECV) && i < s->n_recv_more; i++)
         if (!cfx_fifo_can_take(&b->conns[s->recv_more[i]]))
-            return b->conns[s->recv_more[i]].peer;
-    if (s->flags & CFX_PRIM_SEND)
-        return b->conns[s->send].peer;
-    return -1;
+            return s->recv_more[i];
+    *send_p = 1;
+    return (s->flags & CFX_PRIM_SEND) ? s->send : -1;
+}
+
+/* Note in @p r what step @p s waits for: the peer, and its FIFO's state. */
+static inline CFX_HOST_DEVICE void cfx_kernel_note_wait(struct cfx_kernel_block *b,
+                                                        const struct cfx_step *s,
+                                                        struct cfx_kernel_report *r)
+{
+    int send = 0;
+    int at = cfx_kernel_waiting_conn(b, s, &send);
+    if (at < 0) {
+        cfx_kernel_store_i32(&r->waiting_peer, -1);
+        return;
+    }
+    const struct cfx_conn *c = &b->conns[at];
+    uint64_t head = cfx_load_acquire_u64(c->head), tail = cfx_load_acquire_u64(c->tail);
+    uint64_t slot = send ? tail : head;
+    cfx_store_relaxed_u64(&r->seen_head, head);
+    cfx_store_relaxed_u64(&r->seen_tail, tail);
+    cfx_store_relaxed_u64(&r->wait_tail_at, (uint64_t)(uintptr_t)c->tail);
+    cfx_store_relaxed_u32(&r->seen_seq,
+                          cfx_load_acquire_u32(&c->info[slot % (uint64_t)c->n_steps].seq));
+    cfx_kernel_store_i32(&r->seen_send, send);
+    cfx_kernel_store_i32(&r->waiting_peer, c->peer);
 }
 
 /* Start block @p b's current op: its views, its step loop, its report. 0,
@@ -300,7 +338,7 @@ static inline CFX_HOST_DEVICE int cfx_kernel_lead(struct cfx_kernel_block *b,
         }
         if (++b->idle % (a->spin_check ? a->spin_check : CFX_KERNEL_SPIN_CHECK) == 0) {
             cfx_store_relaxed_u64(&r->step, b->loop.step);
-            cfx_kernel_store_i32(&r->waiting_peer, cfx_kernel_waiting_peer(b, s));
+            cfx_kernel_note_wait(b, s, r);
             int32_t aborted = cfx_kernel_aborted(op);
             int32_t peer = -1;
             int32_t closed = aborted ? 0 : cfx_kernel_closed(b, s, &peer);
@@ -334,6 +372,11 @@ cfx_kernel_commit(struct cfx_kernel_block *b, const struct cfx_kernel_args *a, u
     cfx_steploop_commit(&b->loop, b->step);
     b->loop.step++;
     struct cfx_kernel_report *r = &a->ops[b->op].comm->reports[a->ops[b->op].slot];
+    if (b->step->flags & CFX_PRIM_SEND) {
+        const struct cfx_conn *c = &b->conns[b->step->send];
+        cfx_store_relaxed_u64(&r->posted_tail_at, (uint64_t)(uintptr_t)c->tail);
+        cfx_store_relaxed_u64(&r->posted_tail, cfx_load_relaxed_u64(c->tail));
+    }
     cfx_store_relaxed_u64(&r->heartbeat, cfx_load_relaxed_u64(&r->heartbeat) + 1);
 }
 
