@@ -4,17 +4,23 @@
 #   1. builds Conflux for this GPU's architecture only, on every core, or
 #      unpacks the bundle that scripts/gpu_bundle.sh made on a build machine
 #      (.gpu-bundle/; GPU_CHECK_BUNDLE=1 uses it without trying to build);
-#   2. smoke: one 2-rank allreduce on device buffers with CFX_DEBUG=INFO;
+#   2. smoke: one 2-rank allreduce on device buffers with CFX_DEBUG=INFO,
+#      and the probe of which CUDA calls wait for a running kernel
+#      (tests/gpu/blocking_probe.cu);
 #   3. every GPU test on the real driver (CFX_TEST_GPU=1): tests/test_cuda
-#      (streams, groups, host buffers on streams, failures, graph capture);
-#      then, side by side, the conformance suite's device-buffer cases
+#      (streams, groups, host buffers on streams, failures, graph capture)
+#      at CFX_DEBUG=WARN, and the tests of GPU_CHECK_DIAG (Criterion
+#      filters) again alone at CFX_DEBUG=INFO, GPU_CHECK_DIAG_REPEAT times
+#      as they are and as many with GPU_CHECK_DIAG_VARIANT (VAR=value ...,
+#      default CFX_ALGO=ring) set; then, side by side, the conformance suite's device-buffer cases
 #      (tests/test_coll), the connector and step-loop kernel tests
 #      (tests/gpu) and the NCCL drop-in's every-collective program on device
 #      buffers;
 #   4. sweeps conflux-perf on device buffers, 2 and 4 ranks on the one GPU
-#      (allreduce; GPU_CHECK_COLLS for more), and, where PyTorch's NCCL is
-#      importable, the same allreduce sweep through NCCL (ranks sharing the
-#      GPU: NCCL_MULTI_RANK_GPU_ENABLE=1, when its version takes it);
+#      (allreduce; GPU_CHECK_COLLS for more), and, with the step nccl, the
+#      same allreduce sweep through PyTorch's NCCL (not by default: NCCL
+#      2.28.9 refuses two ranks on one GPU, "Duplicate GPU detected", even
+#      with NCCL_MULTI_RANK_GPU_ENABLE=1; seen on an H200 on 2026-12-04);
 #   5. writes a short report (gpu_report.md), the first failures
 #      (failures.log) and every log (logs.tar.gz) to $OUT (or ./gpu-out).
 # It stops starting steps once GPU_CHECK_BUDGET seconds (default 380) have
@@ -32,7 +38,10 @@ root=$(pwd)
 out=${OUT:-$root/gpu-out}
 mkdir -p "$out"
 logs=$(mktemp -d)
-steps=${GPU_CHECK_STEPS:-build smoke tests side perf nccl}
+steps=${GPU_CHECK_STEPS:-build smoke tests diag side perf}
+diag=${GPU_CHECK_DIAG:-}
+diag_repeat=${GPU_CHECK_DIAG_REPEAT:-1}
+diag_variant=${GPU_CHECK_DIAG_VARIANT:-CFX_ALGO=ring}
 report=$out/gpu_report.md
 jobs=$(nproc)
 build=${GPU_CHECK_BUILD_DIR:-$root/build-gpu}
@@ -102,7 +111,7 @@ elif want build; then
 fi
 # Our programs see the bundle's libraries; nothing else does (PyTorch keeps its own).
 ours() { LD_LIBRARY_PATH=${libdirs:+$libdirs:}$build:$build/lib/nccl:${LD_LIBRARY_PATH:-} "$@"; }
-perf_max=${GPU_CHECK_MAX:-256M}
+perf_max=${GPU_CHECK_MAX:-64M}
 export CFX_SOCKET_IFNAME=lo CFX_CONF_FILE=/nonexistent
 # A stuck call fails within this, naming the rank it waits for (tests set their own).
 export CFX_TIMEOUT=${CFX_TIMEOUT:-30}
@@ -137,6 +146,13 @@ if want smoke && [ "$(limit 40)" -gt 0 ]; then
   grep -a -E '^ +[0-9]+ |wrong|WARN|rror' "$logs/smoke.log" | head -12 | tee -a "$report" > /dev/null
   say '```'
   [ $rc -ne 0 ] && first_failures "$logs/smoke.log"
+  if [ -x "$build/tests/cuda_blocking_probe" ] && [ "$(limit 60)" -gt 0 ]; then
+    say ""
+    say "## Which CUDA calls wait for a running kernel of their context"
+    say '```'
+    ours timeout "$(limit 60)" "$build/tests/cuda_blocking_probe" 2>&1 | tee "$logs/probe.log" | tee -a "$report" > /dev/null
+    say '```'
+  fi
 fi
 
 # run_suite NAME LIMIT ARGS...: a Criterion program of the bundle, its summary line.
@@ -160,7 +176,25 @@ if want tests; then
   say ""
   say "## GPU tests (CFX_TEST_GPU=1, or the fake)"
   # Alone: some of its tests time what the GPU does (abort within a second).
-  run_suite test_cuda 150 "$build/tests/test_cuda" --jobs 1 --timeout 60 --short-filename
+  CFX_DEBUG=WARN run_suite test_cuda 150 "$build/tests/test_cuda" --jobs 1 --timeout 60 --short-filename
+fi
+if want diag && [ -n "$diag" ]; then
+  say ""
+  say "## Diagnosis: $diag alone at CFX_DEBUG=INFO, $diag_repeat times, then as often with $diag_variant"
+  for f in $diag; do
+    tag=$(echo "$f" | tr -c 'A-Za-z0-9_' '_' | cut -c1-40)
+    for i in $(seq "$diag_repeat"); do
+      CFX_DEBUG=INFO CFX_DEBUG_SUBSYS=INIT,COLL,TUNING,P2P CFX_TIMEOUT=5 \
+        run_suite "diag_${tag}_$i" 30 "$build/tests/test_cuda" --jobs 1 --timeout 25 --short-filename --filter "$f"
+    done
+    for i in $(seq "$diag_repeat"); do
+      # shellcheck disable=SC2086 # VAR=value words
+      ( export $diag_variant
+        CFX_DEBUG=INFO CFX_DEBUG_SUBSYS=INIT,COLL,TUNING,P2P CFX_TIMEOUT=5 \
+          run_suite "diag_variant_${tag}_$i" 30 "$build/tests/test_cuda" --jobs 1 --timeout 25 \
+          --short-filename --filter "$f" )
+    done
+  done
 fi
 if want side; then
   say ""
