@@ -69,3 +69,21 @@ const char *cfx_error_process_last(void)
     pthread_mutex_unlock(&process_lock);
     return copy;
 }
+
+const char *cfx_error_result_string(cfxResult_t result)
+{
+    switch (result) {
+    case cfxSuccess: return "no error";
+    case cfxUnhandledCudaError: return "unhandled cuda error (run with CFX_DEBUG=INFO for details)";
+    case cfxSystemError: return "unhandled system error (run with CFX_DEBUG=INFO for details)";
+    case cfxInternalError:
+        return "internal error - please report this issue to the Conflux developers";
+    case cfxInvalidArgument: return "invalid argument (run with CFX_DEBUG=WARN for details)";
+    case cfxInvalidUsage: return "invalid usage (run with CFX_DEBUG=WARN for details)";
+    case cfxRemoteError: return "remote process exited or there was a network error";
+    case cfxInProgress: return "Conflux operation in progress";
+    case cfxTimeout: return "operation timed out (see cfxGetLastError)";
+    case cfxNumResults: break;
+    }
+    return "unknown result code";
+}

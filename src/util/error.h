@@ -30,4 +30,8 @@ void cfx_error_thread_clear(void);
 /* The process's last sentence. */
 const char *cfx_error_process_last(void);
 
+/* The name of a result code, as cfxGetErrorString gives it (every layer may
+ * ask; the API function is this). */
+const char *cfx_error_result_string(cfxResult_t result);
+
 #endif /* CFX_UTIL_ERROR_H */

@@ -163,11 +163,12 @@ static int failure_of(struct cfx_cuda_comm *c, const struct cfx_kernel_failure *
         int blame = (f->detail >> 8) - 1;
         if (blame < 0)
             blame = f->peer;
-        return record_failure(c, reason == cfxSuccess ? cfxRemoteError : reason, f->peer, f,
-                              "%s #%llu on rank %d (GPU) stopped at step %llu: rank %d closed its "
-                              "connection because of rank %d (%s)",
-                              what, seq, rank, step, f->peer, blame,
-                              cfxGetErrorString(reason == cfxSuccess ? cfxRemoteError : reason));
+        return record_failure(
+            c, reason == cfxSuccess ? cfxRemoteError : reason, f->peer, f,
+            "%s #%llu on rank %d (GPU) stopped at step %llu: rank %d closed its "
+            "connection because of rank %d (%s)",
+            what, seq, rank, step, f->peer, blame,
+            cfx_error_result_string(reason == cfxSuccess ? cfxRemoteError : reason));
     }
     case CFX_KERNEL_END_ABORTED:
         if (f->detail == CFX_KERNEL_ABORT_USER)
