@@ -234,6 +234,12 @@ cfxResult_t cfx_core_peers_watch(struct cfxComm *comm);
  * error sentence. */
 int cfx_core_peer_dead(struct cfxComm *comm, int64_t grace_ms);
 
+/* After init failed because rank @p dead died: tell every other live peer
+ * (a notice, as a failed connect sends), so that a rank that fails after
+ * this one left blames @p dead, not this rank's exit. Waits at most a
+ * moment per peer. */
+void cfx_core_tell_peers_dead(struct cfxComm *comm, int dead);
+
 /* Close every connector and transport of a communicator. Never blocks. */
 void cfx_core_disconnect_all(struct cfxComm *comm);
 

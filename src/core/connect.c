@@ -480,6 +480,21 @@ static cfxResult_t connect_one(struct cfx_conn_request *req, const struct conn_m
     return cfxSuccess;
 }
 
+void cfx_core_tell_peers_dead(struct cfxComm *comm, int dead)
+{
+    if (comm->peers == NULL || comm->bootstrap == NULL)
+        return;
+    struct conn_notice notice = {.reason = (int32_t)cfxRemoteError, .blame_rank = dead};
+    for (int r = 0; r < comm->nranks; r++) {
+        if (r == comm->rank || r == dead || peer_gone(comm, r))
+            continue;
+        if (cfx_bootstrap_send_within(comm->bootstrap, r, NOTICE_TAG, &notice, sizeof(notice),
+                                      NOTICE_SEND_MS) != cfxSuccess)
+            CFX_INFO(CFX_LOG_INIT, "rank %d could not tell rank %d that rank %d died", comm->rank,
+                     r, dead);
+    }
+}
+
 /* After a failure: name the call, and tell every other peer of the batch
  * (they may be waiting for us) why, so they fail now and name the rank. */
 static cfxResult_t fail_batch(struct cfx_conn_request *reqs, int n_reqs, int failed, int blame,

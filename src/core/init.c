@@ -216,6 +216,8 @@ static cfxResult_t blame_dead_peer(struct cfxComm *comm, cfxResult_t res)
     if (dead >= 0) {
         snprintf(died, sizeof(died), "rank %d died", dead);
         snprintf(gone, sizeof(gone), "rank %d is gone", dead);
+        /* Before this rank exits too: the others must not take that for the cause. */
+        cfx_core_tell_peers_dead(comm, dead);
     }
     if (dead < 0 || strstr(cause, died) != NULL || strstr(cause, gone) != NULL) {
         if (strcmp(cause, cfx_error_thread_last()) != 0) /* A failed look replaced it. */
