@@ -105,6 +105,22 @@ static void *states_new(size_t stride, unsigned n_blocks)
     return states;
 }
 
+/* One idle round of a waiter (a kernel's blocks, a stream waiting on
+ * memory): yield for IDLE_YIELD_NS from the first idle round (*idle_since,
+ * 0: none yet), then nap, so many waiters on few cores all progress. */
+static void idle_backoff(uint64_t *idle_since)
+{
+    uint64_t now = fc_now_ns();
+    if (*idle_since == 0)
+        *idle_since = now;
+    if (now - *idle_since < IDLE_YIELD_NS) {
+        sched_yield();
+    } else {
+        struct timespec nap = {.tv_sec = 0, .tv_nsec = IDLE_NAP_NS};
+        nanosleep(&nap, NULL);
+    }
+}
+
 /* One block on a thread of its own, as a GPU runs a launch's blocks at
  * once: passes until it finishes; idle passes yield, then nap. */
 struct block_run {
@@ -128,15 +144,7 @@ static void *block_main(void *arg)
             idle_since = 0;
             continue;
         }
-        uint64_t now = fc_now_ns();
-        if (idle_since == 0)
-            idle_since = now;
-        if (now - idle_since < IDLE_YIELD_NS) {
-            sched_yield();
-        } else {
-            struct timespec nap = {.tv_sec = 0, .tv_nsec = IDLE_NAP_NS};
-            nanosleep(&nap, NULL);
-        }
+        idle_backoff(&idle_since);
     }
 }
 
@@ -207,15 +215,7 @@ static void run_kernel(const struct fc_work *work, void *block_states)
             idle_since = 0;
             continue;
         }
-        uint64_t now = fc_now_ns();
-        if (idle_since == 0)
-            idle_since = now;
-        if (now - idle_since < IDLE_YIELD_NS) {
-            sched_yield();
-        } else {
-            struct timespec nap = {.tv_sec = 0, .tv_nsec = IDLE_NAP_NS};
-            nanosleep(&nap, NULL);
-        }
+        idle_backoff(&idle_since);
     }
     free(finished);
 }
@@ -250,13 +250,9 @@ static int wait_value_met(const struct fc_work *w)
  * then nap. */
 static void wait_value(const struct fc_work *work)
 {
-    uint64_t idle_since = fc_now_ns();
-    while (!wait_value_met(work)) {
-        if (fc_now_ns() - idle_since < IDLE_YIELD_NS)
-            sched_yield();
-        else
-            sleep_ns(IDLE_NAP_NS);
-    }
+    uint64_t idle_since = 0;
+    while (!wait_value_met(work))
+        idle_backoff(&idle_since);
 }
 
 void fc_work_run(const struct fc_work *work, void *block_states)
