@@ -17,7 +17,9 @@
 #      (tests/gpu) and the NCCL drop-in's every-collective program on device
 #      buffers;
 #   4. sweeps conflux-perf on device buffers, 2 and 4 ranks on the one GPU
-#      (allreduce; GPU_CHECK_COLLS for more), and, with the step nccl, the
+#      (allreduce; GPU_CHECK_COLLS for more), as threads of one process
+#      (-t: one context, kernels at once) and as processes (--np: the GPU
+#      time-slices between them; GPU_CHECK_LAUNCH), and, with the step nccl, the
 #      same allreduce sweep through PyTorch's NCCL (not by default: NCCL
 #      2.28.9 refuses two ranks on one GPU, "Duplicate GPU detected", even
 #      with NCCL_MULTI_RANK_GPU_ENABLE=1; seen on an H200 on 2026-12-04);
@@ -47,6 +49,7 @@ jobs=$(nproc)
 build=${GPU_CHECK_BUILD_DIR:-$root/build-gpu}
 budget=${GPU_CHECK_BUDGET:-380}
 colls=${GPU_CHECK_COLLS:-allreduce}
+launches=${GPU_CHECK_LAUNCH:-threads procs}
 nps=${GPU_CHECK_NPS:-2 4}
 start_all=$(date +%s)
 : > "$report"
@@ -220,18 +223,22 @@ if want perf; then
   say "## conflux-perf on device buffers (ranks share the one GPU, one process each)"
   for np in $nps; do
     for coll in $colls; do
+     for how in $launches; do
       lim=$(limit 60)
-      [ "$lim" -gt 0 ] || { say "- $coll $np ranks: skipped (out of time)"; continue; }
-      log=$logs/perf_${coll}_${np}.txt
-      ours timeout "$lim" "$perf" "$coll" --np "$np" --mem device -b 8 -e "$perf_max" -f 4 -n 5 -w 2 -c 1 \
-        > "$log" 2>&1
+      [ "$lim" -gt 0 ] || { say "- $coll $np ranks ($how): skipped (out of time)"; continue; }
+      log=$logs/perf_${coll}_${np}_${how}.txt
+      ranks_flag=--np
+      [ "$how" = threads ] && ranks_flag=-t
+      ours timeout "$lim" "$perf" "$coll" "$ranks_flag" "$np" --mem device -b 8 -e "$perf_max" -f 4 \
+        -n 5 -w 2 -c 1 > "$log" 2>&1
       rc=$?
       say ""
-      say "### $coll, $np ranks (exit $rc)"
+      say "### $coll, $np ranks as $how (exit $rc)"
       say '```'
       grep -a -E '^#  Rank|^ +[0-9]+ |Avg bus|memcpy|copy|Out of bounds|wrong' "$log" | tee -a "$report" > /dev/null
       say '```'
       [ $rc -ne 0 ] && first_failures "$log"
+     done
     done
   done
 fi

@@ -109,6 +109,19 @@ print("ok: allreduce device JSON says memory device, %d results" % len(doc["resu
 PY
 fi
 
+# Four ranks as threads of one process on the one fake GPU (-t): one pid,
+# one context, conflux-perf sets CFX_MULTI_RANK_GPU_ENABLE before the threads.
+name=allreduce_device_4_threads_1_gpu
+if expect_run $name allreduce -t 4 --mem device -b 8 -e 256K -f 8 -n 3 -w 1 -c 1; then
+  out=$work/$name.out
+  [ "$(grep -Ec "$device_line" "$out")" -eq 4 ] || fail "$name: not 4 'device N [bus] name' lines"
+  [ "$(grep -E "$device_line" "$out" | awk '{print $7}' | sort -u | wc -l)" -eq 1 ] ||
+    fail "$name: the ranks are not one process"
+  expect_line $name "$out" '^# conflux-perf allreduce: .* 4 ranks, threads \(-t 4, one process\)$'
+  expect_line $name "$out" '^# nThread 4 '
+  expect_line $name "$out" '^# CFX_MULTI_RANK_GPU_ENABLE=1 set by conflux-perf: 4 ranks share 1 GPU$'
+fi
+
 # A data-movement collective, one fake GPU per rank: devices 0 and 1, no
 # multi-rank setting.
 name=allgather_device_2_ranks_2_gpus

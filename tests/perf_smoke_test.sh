@@ -97,7 +97,16 @@ done
 expect_run reducescatter_all_types_ops_3_ranks reducescatter --np 3 -b 8 -e 4K -f 8 -n 1 -w 1 \
   -c 1 -d all -o all
 
+# Three ranks as threads of one process (-t), every type and op.
+name=reducescatter_all_types_ops_3_threads
+if expect_run $name reducescatter -t 3 -b 8 -e 4K -f 8 -n 1 -w 1 -c 1 -d all -o all; then
+  grep -Eq '^# conflux-perf reducescatter: .* 3 ranks, threads \(-t 3, one process\)$' \
+    "$work/$name.out" || fail "$name: the header does not say threads"
+fi
+
 # Usage errors.
+expect_usage_error threads_and_processes allreduce -t 2 --np 2
+expect_usage_error bad_thread_count allreduce -t 0
 expect_usage_error bad_flag allreduce --np 2 --no-such-flag
 expect_usage_error bad_type allreduce --np 2 -d float13
 expect_usage_error bad_collective alltoallw --np 2

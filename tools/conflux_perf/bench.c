@@ -455,8 +455,10 @@ static int alloc_buffers(struct perf_bench *b)
             return -1;
         if (b->opt->check_iters == 0)
             return 0;
-        b->send_host = aligned_alloc(page, alloc_bytes);
-        b->recv_host = aligned_alloc(page, alloc_bytes);
+        /* Pinned: checks copy through them while other ranks' kernels may
+         * spin (ranks as threads share the context). */
+        b->send_host = perf_gpu_host_alloc(b->gpu, alloc_bytes);
+        b->recv_host = b->send_host != NULL ? perf_gpu_host_alloc(b->gpu, alloc_bytes) : NULL;
     } else {
         b->send_buf = b->send_host = aligned_alloc(page, alloc_bytes);
         b->recv_buf = b->recv_host = aligned_alloc(page, alloc_bytes);
@@ -476,8 +478,8 @@ static void free_buffers(struct perf_bench *b)
     if (b->gpu != NULL) {
         perf_gpu_free(b->gpu, b->send_buf);
         perf_gpu_free(b->gpu, b->recv_buf);
-        free(b->send_host);
-        free(b->recv_host);
+        perf_gpu_host_free(b->gpu, b->send_host);
+        perf_gpu_host_free(b->gpu, b->recv_host);
     } else {
         free(b->send_buf);
         free(b->recv_buf);

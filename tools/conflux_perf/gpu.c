@@ -11,6 +11,7 @@
  */
 #include <cuda.h>
 #include <dlfcn.h>
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -33,6 +34,8 @@ static struct gpu_driver {
     __typeof__(&cuCtxSetCurrent) ctx_set_current;
     __typeof__(&cuMemAlloc) mem_alloc;
     __typeof__(&cuMemFree) mem_free;
+    __typeof__(&cuMemHostAlloc) mem_host_alloc;
+    __typeof__(&cuMemFreeHost) mem_free_host;
     __typeof__(&cuMemcpyHtoD) memcpy_htod;
     __typeof__(&cuMemcpyDtoH) memcpy_dtoh;
     __typeof__(&cuMemcpyAsync) memcpy_async;
@@ -70,6 +73,8 @@ static const struct gpu_sym {
     GPU_SYM(ctx_set_current, cuCtxSetCurrent, 1),
     GPU_SYM(mem_alloc, cuMemAlloc, 1),
     GPU_SYM(mem_free, cuMemFree, 1),
+    GPU_SYM(mem_host_alloc, cuMemHostAlloc, 1),
+    GPU_SYM(mem_free_host, cuMemFreeHost, 1),
     GPU_SYM(memcpy_htod, cuMemcpyHtoD, 1),
     GPU_SYM(memcpy_dtoh, cuMemcpyDtoH, 1),
     GPU_SYM(memcpy_async, cuMemcpyAsync, 1),
@@ -92,7 +97,7 @@ struct perf_gpu {
     char busid[32];
 };
 
-static int probe_done;
+static pthread_once_t probe_once = PTHREAD_ONCE_INIT; /* -t ranks probe from their threads */
 static int probe_count;
 static char probe_why[512];
 
@@ -178,12 +183,14 @@ static int probe_load(void)
     return count > 0 ? count : 0;
 }
 
+static void probe_once_run(void)
+{
+    probe_count = probe_load();
+}
+
 int perf_gpu_probe(const char **why_p)
 {
-    if (!probe_done) {
-        probe_count = probe_load();
-        probe_done = 1;
-    }
+    pthread_once(&probe_once, probe_once_run);
     if (probe_count == 0 && why_p != NULL)
         *why_p = probe_why;
     return probe_count;
@@ -281,6 +288,25 @@ void *perf_gpu_alloc(struct perf_gpu *gpu, size_t bytes)
         return NULL;
     }
     return (void *)(uintptr_t)ptr;
+}
+
+void *perf_gpu_host_alloc(struct perf_gpu *gpu, size_t bytes)
+{
+    void *ptr = NULL;
+    CUresult err = drv.mem_host_alloc(&ptr, bytes, 0);
+    if (err != CUDA_SUCCESS) {
+        char what[64];
+        snprintf(what, sizeof(what), "cuMemHostAlloc of %zu bytes", bytes);
+        gpu_failed(gpu, what, err);
+        return NULL;
+    }
+    return ptr;
+}
+
+void perf_gpu_host_free(struct perf_gpu *gpu, void *ptr)
+{
+    if (ptr != NULL && drv.mem_free_host(ptr) != CUDA_SUCCESS)
+        fprintf(stderr, "conflux-perf: rank %d: cuMemFreeHost failed\n", gpu->rank);
 }
 
 void perf_gpu_free(struct perf_gpu *gpu, void *ptr)

@@ -66,6 +66,19 @@ void perf_gpu_free(struct perf_gpu *gpu, void *ptr)
     (void)ptr;
 }
 
+void *perf_gpu_host_alloc(struct perf_gpu *gpu, size_t bytes)
+{
+    (void)gpu;
+    (void)bytes;
+    return NULL;
+}
+
+void perf_gpu_host_free(struct perf_gpu *gpu, void *ptr)
+{
+    (void)gpu;
+    (void)ptr;
+}
+
 int perf_gpu_sync(struct perf_gpu *gpu)
 {
     (void)gpu;

@@ -1,5 +1,10 @@
 /*
  * Where the ranks come from, first match wins:
+ *   -t N            N ranks as threads of this process: it makes the unique
+ *                   id, every thread opens its rank (its GPU's context
+ *                   current on that thread) and runs it; one CUDA context
+ *                   for all, so their kernels run at once (processes on one
+ *                   GPU take turns). CFX_SOCKET_IFNAME defaults to lo.
  *   --np N          this process forks N ranks (processes) on this host; rank
  *                   0 makes the unique id and passes it through a pipe, as
  *                   examples/hello_comm.c does. CFX_SOCKET_IFNAME defaults to lo.
@@ -20,6 +25,7 @@
  * Each returns the process's exit code (perf.h PERF_EXIT_*).
  */
 #include <errno.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -225,6 +231,70 @@ static int launch_fork(const struct perf_options *opt)
     return result != PERF_EXIT_OK ? result : waited;
 }
 
+/* ------------------------------------------------------------ -t */
+
+struct thread_rank {
+    const struct perf_options *opt;
+    int rank;
+    cfxUniqueId id;
+    char launch[64];
+    int code;
+};
+
+static void *thread_rank_main(void *arg)
+{
+    struct thread_rank *t = arg;
+    int status;
+    struct perf_bench *bench = perf_bench_open(t->opt, t->rank, t->opt->threads, t->rank, &status);
+    t->code =
+        bench == NULL ? exit_code(status) : exit_code(perf_bench_run(bench, t->id, t->launch));
+    return NULL;
+}
+
+static int launch_threads(const struct perf_options *given)
+{
+    setenv("CFX_SOCKET_IFNAME", "lo", 0);
+    struct perf_options opt = *given;
+    /* Ranks that outnumber the GPUs share them: said to Conflux here, once,
+     * before the threads read the environment. */
+    if (opt.mem != PERF_MEM_HOST && getenv("CFX_MULTI_RANK_GPU_ENABLE") == NULL) {
+        int count = perf_gpu_probe(NULL);
+        if (count > 0 && opt.threads > count) {
+            setenv("CFX_MULTI_RANK_GPU_ENABLE", "1", 1);
+            opt.multi_rank_set = 1;
+        }
+    }
+    int n = opt.threads;
+    struct thread_rank *ranks = calloc((size_t)n, sizeof(*ranks));
+    pthread_t *threads = calloc((size_t)n, sizeof(*threads));
+    cfxUniqueId id;
+    if (ranks == NULL || threads == NULL || get_unique_id(0, &id) != 0) {
+        free(ranks);
+        free(threads);
+        return PERF_EXIT_FAILED;
+    }
+    int started = 0, result = PERF_EXIT_OK;
+    for (; started < n; started++) {
+        struct thread_rank *t = &ranks[started];
+        *t = (struct thread_rank){.opt = &opt, .rank = started, .id = id};
+        snprintf(t->launch, sizeof(t->launch), "threads (-t %d, one process)", n);
+        if (pthread_create(&threads[started], NULL, thread_rank_main, t) != 0) {
+            /* The started ranks fail their init when the bootstrap times out. */
+            fprintf(stderr, "conflux-perf: cannot start rank %d's thread\n", started);
+            result = PERF_EXIT_FAILED;
+            break;
+        }
+    }
+    for (int r = 0; r < started; r++) {
+        pthread_join(threads[r], NULL);
+        if (ranks[r].code != PERF_EXIT_OK && result == PERF_EXIT_OK)
+            result = ranks[r].code == PERF_EXIT_USAGE ? PERF_EXIT_USAGE : PERF_EXIT_FAILED;
+    }
+    free(ranks);
+    free(threads);
+    return result;
+}
+
 /* ------------------------------------------------------------ RANK, WORLD_SIZE */
 
 /* CFX_COMM_ID = MASTER_ADDR:MASTER_PORT (an IPv6 address in brackets) when
@@ -343,6 +413,8 @@ static int launch_slurm(const struct perf_options *opt)
 
 int perf_launch(const struct perf_options *opt)
 {
+    if (opt->threads > 1)
+        return launch_threads(opt);
     if (opt->np > 0)
         return launch_fork(opt);
     if (getenv("RANK") != NULL || getenv("WORLD_SIZE") != NULL)

@@ -7,9 +7,10 @@
  *           its primary context current (so Conflux makes the rank a GPU
  *           rank), a stream of its own; no usable GPU is an error.
  *   auto    device when a GPU is usable, else host, saying why.
- * --np ranks that outnumber the GPUs share them: CFX_MULTI_RANK_GPU_ENABLE=1
- * is set for them (unless the user set it), since Conflux refuses that
- * otherwise. What was chosen, and why, goes to the header's notes.
+ * --np or -t ranks that outnumber the GPUs share them:
+ * CFX_MULTI_RANK_GPU_ENABLE=1 is set for them (unless the user set it),
+ * since Conflux refuses that otherwise; -t ranks share one CUDA context. What was chosen, and why,
+ * goes to the header's notes.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -60,11 +61,14 @@ int perf_memory_choose(const struct perf_options *opt, int rank, int local_rank,
                     why);
         return -1;
     }
-    if (local_rank >= 0 && opt->np > count && getenv("CFX_MULTI_RANK_GPU_ENABLE") == NULL) {
-        setenv("CFX_MULTI_RANK_GPU_ENABLE", "1", 1);
+    int here = opt->np > 0 ? opt->np : opt->threads; /* ranks on this host, when it knows */
+    if (opt->multi_rank_set ||
+        (local_rank >= 0 && opt->np > count && getenv("CFX_MULTI_RANK_GPU_ENABLE") == NULL)) {
+        if (!opt->multi_rank_set) /* -t ranks: their launcher set it before the threads */
+            setenv("CFX_MULTI_RANK_GPU_ENABLE", "1", 1);
         snprintf(notes, notes_bytes,
                  "# CFX_MULTI_RANK_GPU_ENABLE=1 set by conflux-perf: %d ranks share %d GPU%s\n",
-                 opt->np, count, count == 1 ? "" : "s");
+                 here, count, count == 1 ? "" : "s");
     }
     struct perf_gpu *gpu = perf_gpu_open(pick_device(rank, local_rank, count), rank);
     if (gpu == NULL)

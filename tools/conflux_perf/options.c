@@ -84,6 +84,8 @@ void perf_options_usage(FILE *out, const char *prog)
             "                          (cuMemAlloc, a stream per rank); auto: GPU memory when\n"
             "                          this rank can use a GPU (default auto)\n"
             "Ranks:\n"
+            "  -t, --nthreads N        N ranks as threads of this one process (one CUDA\n"
+            "                          context for all: their kernels run at once)\n"
             "  --np N                  fork N ranks on this host (one process each)\n"
             "                          without --np: RANK, WORLD_SIZE, MASTER_ADDR and\n"
             "                          MASTER_PORT; else mpirun; else srun (SLURM_PROCID,\n"
@@ -92,8 +94,8 @@ void perf_options_usage(FILE *out, const char *prog)
             "Output:\n"
             "  --json FILE             also write the results to FILE as JSON\n"
             "  -h, --help              this text\n"
-            "Accepted so nccl-tests command lines run: -t 1, -g 1, -z 0|1, -y 0|1, -G 0\n"
-            "(one rank per process; host calls complete on the NULL stream, device calls\n"
+            "Accepted so nccl-tests command lines run: -g 1, -z 0|1, -y 0|1, -G 0\n"
+            "(one GPU per rank; host calls complete on the NULL stream, device calls\n"
             "on the rank's own stream, synchronised after each timed loop).\n",
             prog, perf_coll_names());
 }
@@ -250,6 +252,7 @@ int perf_options_parse(int argc, char **argv, struct perf_options *opt_p, int *h
         .root = 0,
         .average = 1,
         .np = 0,
+        .threads = 1,
         .mem = PERF_MEM_AUTO,
         .json_path = NULL,
     };
@@ -337,10 +340,14 @@ int perf_options_parse(int argc, char **argv, struct perf_options *opt_p, int *h
                 opt.root = (int)value;
             break;
         case 't':
+            if (parse_long(optarg, 1, 1024, &value) != 0)
+                return usage_error(prog, "bad %s '%s' (1 to 1024)", "-t/--nthreads", optarg);
+            opt.threads = (int)value;
+            break;
         case 'g':
             if (strcmp(optarg, "1") != 0)
-                return usage_error(prog, "%s '%s': one rank per process; use --np or a launcher",
-                                   c == 't' ? "-t/--nthreads" : "-g/--ngpus", optarg);
+                return usage_error(prog, "%s '%s': one GPU per rank; use -t, --np or a launcher",
+                                   "-g/--ngpus", optarg);
             break;
         case 'z':
         case 'y':
@@ -385,6 +392,11 @@ int perf_options_parse(int argc, char **argv, struct perf_options *opt_p, int *h
     }
     if (optind < sub_argc)
         return usage_error(prog, "unexpected argument '%s'", sub_argv[optind]);
+    if (opt.threads > 1 && opt.np > 0)
+        return usage_error(prog,
+                           "-t %d and --np %d: ranks are either threads of this process "
+                           "or processes, not both",
+                           opt.threads, opt.np);
     if (opt.min_bytes > opt.max_bytes)
         return usage_error(prog, "%s is larger than %s", "-b/--minbytes", "-e/--maxbytes");
     if (opt.step_factor <= 1 && opt.step_bytes == 0 && opt.min_bytes < opt.max_bytes)

@@ -106,6 +106,10 @@ struct perf_options {
     int root;        /* rank or PERF_ALL */
     int average;     /* time across ranks: 0 rank 0, 1 mean, 2 min, 3 max */
     int np;          /* > 0: fork this many local ranks */
+    int threads;     /* > 1: this many ranks as threads of this one process (-t) */
+    /* The threads launcher set CFX_MULTI_RANK_GPU_ENABLE=1 (ranks outnumber
+     * the GPUs; set once, before the threads, since setenv is not thread-safe). */
+    int multi_rank_set;
     enum perf_mem mem;
     const char *json_path;
     char command[1024]; /* the command line, for the JSON file */
@@ -263,6 +267,12 @@ int perf_gpu_copy_bandwidth(struct perf_gpu *gpu, void *dst, const void *src, si
                             struct perf_copy *copy_p);
 
 /* ------------------------------------------------------------ memory */
+
+/* Host memory for staging copies to and from the GPU: pinned (cuMemHostAlloc,
+ * so a copy never goes through the driver's pageable path while peers'
+ * kernels spin), freed by perf_gpu_host_free. NULL when out of memory. */
+void *perf_gpu_host_alloc(struct perf_gpu *gpu, size_t bytes);
+void perf_gpu_host_free(struct perf_gpu *gpu, void *ptr);
 
 /* Which memory rank `rank` measures (--mem; memory.c says how): *gpu_p NULL
  * for host buffers, else its GPU, opened (context current, a stream).

@@ -137,11 +137,11 @@ void perf_report_header(struct perf_report *rep, const struct perf_header *heade
     rep->memory = header->memory;
     const struct perf_options *opt = rep->opt;
     int by_factor = opt->step_factor > 1;
-    printf("# nThread 1 nGpus 1 minBytes %zu maxBytes %zu step: %zu(%s) warmup iters: %d "
+    printf("# nThread %d nGpus 1 minBytes %zu maxBytes %zu step: %zu(%s) warmup iters: %d "
            "iters: %d agg iters: %d validation: %d graph: 0\n",
-           opt->min_bytes, opt->max_bytes, by_factor ? opt->step_factor : opt->step_bytes,
-           by_factor ? "factor" : "bytes", opt->warmup_iters, opt->iters, opt->agg_iters,
-           opt->check_iters);
+           opt->threads > 1 ? opt->threads : 1, opt->min_bytes, opt->max_bytes,
+           by_factor ? opt->step_factor : opt->step_bytes, by_factor ? "factor" : "bytes",
+           opt->warmup_iters, opt->iters, opt->agg_iters, opt->check_iters);
     printf("#\n# Using devices\n%s#\n", header->rank_lines);
     printf("%s", header->notes);
     printf("# %s Time: %s mean per call, no barrier between calls.\n", memory_text(header->memory),
