@@ -7,6 +7,7 @@
  */
 #include "src/exec/cuda.h"
 
+#include <assert.h>
 #include <errno.h>
 #include <pthread.h>
 #include <sched.h>
@@ -63,6 +64,10 @@ struct cfx_cuda_comm {
     struct cfx_fingerprint fail_print;
     char fail_text[CFX_ERROR_MAX];
 };
+
+/* The host-batch records, their mapped words and thread (below), made once
+ * per process when its first GPU communicator opens: setup, not a call. */
+static cfxResult_t host_batches_open(const struct cfx_cuda_api *cu);
 
 /* ------------------------------------------------------------ kernel per device */
 
@@ -194,8 +199,8 @@ static void dump_reports(const struct cfx_cuda_comm *stuck)
                 continue;
             CFX_WARN(CFX_LOG_COLL,
                      "cuda: %s rank %d report %d: %s #%llu, begun %llu, ended %llu, end %d, "
-                     "waits for rank %d (tail word %#llx: head %llu, tail %llu), last posted "
-                     "tail word %#llx = %llu",
+                     "waits for rank %d (tail word %#llx: head %llu, tail %llu), its last ended op "
+                     "posted to tail word %#llx = %llu",
                      c == stuck ? "stuck" : "other", c->desc.rank, b, kind_name(r->running.kind),
                      (unsigned long long)r->running.seq, (unsigned long long)begun,
                      (unsigned long long)cfx_load_acquire_u64(&r->ended), (int)r->end_status,
@@ -382,6 +387,8 @@ cfxResult_t cfx_exec_cuda_comm_open(const struct cfx_cuda_comm_desc *desc,
         return cfx_error_set(cfxSystemError, CFX_LOG_INIT, "out of memory");
     c->desc = *desc;
     cfxResult_t res = kernel_of(cu, desc->device, &c->fn);
+    if (res == cfxSuccess)
+        res = host_batches_open(cu);
     if (res != cfxSuccess)
         goto err_free;
     void *mapped = NULL;
@@ -826,7 +833,7 @@ static void CUDA_CB host_batch_run_here(void *arg)
 }
 
 /* The records, their mapped words and the thread, made once per process
- * (host_lock held, a CUDA context current). */
+ * (host_lock held, a CUDA context current: cfx_exec_cuda_comm_open's). */
 static cfxResult_t host_batches_setup(const struct cfx_cuda_api *cu)
 {
     if (host_batches != NULL)
@@ -874,16 +881,21 @@ static cfxResult_t host_batches_setup(const struct cfx_cuda_api *cu)
     return cfxSuccess;
 }
 
-/* A free batch record with room for @p n_ops (waits for one to finish when
- * all are busy), marked QUEUED. */
-static cfxResult_t take_batch(const struct cfx_cuda_api *cu, int n_ops, struct host_batch **hb_p)
+static cfxResult_t host_batches_open(const struct cfx_cuda_api *cu)
 {
     pthread_mutex_lock(&host_lock);
     cfxResult_t res = host_batches_setup(cu);
-    if (res != cfxSuccess) {
-        pthread_mutex_unlock(&host_lock);
-        return res;
-    }
+    pthread_mutex_unlock(&host_lock);
+    return res;
+}
+
+/* A free batch record with room for @p n_ops (waits for one to finish when
+ * all are busy), marked QUEUED. The records exist: the rank's communicator
+ * opened them. */
+static cfxResult_t take_batch(int n_ops, struct host_batch **hb_p)
+{
+    pthread_mutex_lock(&host_lock);
+    assert(host_batches != NULL);
     struct host_batch *hb = NULL;
     for (int spins = 0; hb == NULL; spins++) {
         for (int i = 0; i < n_host_batches && hb == NULL; i++)
@@ -929,7 +941,7 @@ cfxResult_t cfx_exec_cuda_host_enqueue(cfxStream_t stream, const struct cfx_op *
                              "the host operation again with the buffers of this call; capture "
                              "GPU buffers only");
     struct host_batch *hb = NULL;
-    CFX_CHECK(take_batch(cu, n_ops, &hb));
+    CFX_CHECK(take_batch(n_ops, &hb));
     memcpy(hb->ops, ops, (size_t)n_ops * sizeof(*ops));
     hb->n_ops = n_ops;
     hb->on_done = on_done;

@@ -99,9 +99,9 @@ struct cfx_kernel_report {
     uint32_t seen_seq;
     int32_t seen_send; /* 1: it waits to send (for a free slot); 0: to receive. */
     CFX_ALIGNAS(CFX_CACHE_LINE) struct cfx_fingerprint running; /* The op it runs. */
-    /* Where the wait noted above looks (the FIFO's tail word), and the last
-     * post of the op: the tail word it wrote and the value, so that a lost
-     * slot can be traced across ranks of one process. */
+    /* Where the wait noted above looks (the FIFO's tail word), and, written
+     * when an op ends, the tail word it last posted to and its value, so
+     * that a lost slot can be traced across ranks of one process. */
     uint64_t wait_tail_at;
     uint64_t posted_tail_at;
     uint64_t posted_tail;
@@ -167,6 +167,7 @@ struct cfx_kernel_block {
     int started;    /* The block has begun (op is set). */
     int op;         /* The op it runs: an index into args.ops. */
     int op_started; /* That op has begun. */
+    int last_send;  /* The connector its op last posted to (reported at its end), or -1. */
 };
 
 static inline CFX_HOST_DEVICE void cfx_kernel_store_i32(int32_t *p, int32_t v)
@@ -190,6 +191,11 @@ static inline CFX_HOST_DEVICE void cfx_kernel_end(struct cfx_kernel_block *b,
     }
     if (end != CFX_KERNEL_END_DONE && end != CFX_KERNEL_END_ABORTED)
         cfx_store_release_u32((uint32_t *)&op->comm->abort_word, CFX_KERNEL_ABORT_FAILED);
+    if (b->last_send >= 0) { /* Once per op, not per step: these are host-mapped. */
+        const struct cfx_conn *c = &b->conns[b->last_send];
+        cfx_store_relaxed_u64(&r->posted_tail_at, (uint64_t)(uintptr_t)c->tail);
+        cfx_store_relaxed_u64(&r->posted_tail, cfx_load_relaxed_u64(c->tail));
+    }
     cfx_kernel_store_i32(&r->waiting_peer, -1);
     cfx_kernel_store_i32(&r->end_status, end);
     cfx_store_release_u64(&r->ended, cfx_load_relaxed_u64(&r->ended) + 1);
@@ -284,6 +290,7 @@ static inline CFX_HOST_DEVICE int cfx_kernel_op_start(struct cfx_kernel_block *b
     }
     cfx_steploop_init(&b->loop, &b->work, b->conns);
     b->idle = 0;
+    b->last_send = -1;
     r->running = op->work.print;
     cfx_kernel_store_i32(&r->end_status, CFX_KERNEL_END_NONE);
     cfx_store_release_u64(&r->begun, cfx_load_relaxed_u64(&r->begun) + 1);
@@ -372,11 +379,8 @@ cfx_kernel_commit(struct cfx_kernel_block *b, const struct cfx_kernel_args *a, u
     cfx_steploop_commit(&b->loop, b->step);
     b->loop.step++;
     struct cfx_kernel_report *r = &a->ops[b->op].comm->reports[a->ops[b->op].slot];
-    if (b->step->flags & CFX_PRIM_SEND) {
-        const struct cfx_conn *c = &b->conns[b->step->send];
-        cfx_store_relaxed_u64(&r->posted_tail_at, (uint64_t)(uintptr_t)c->tail);
-        cfx_store_relaxed_u64(&r->posted_tail, cfx_load_relaxed_u64(c->tail));
-    }
+    if (b->step->flags & CFX_PRIM_SEND)
+        b->last_send = b->step->send;
     cfx_store_relaxed_u64(&r->heartbeat, cfx_load_relaxed_u64(&r->heartbeat) + 1);
 }
 
