@@ -834,8 +834,12 @@ static cfxResult_t join_root(struct cfx_bootstrap *bs, const struct cfx_bootstra
         list_missing(bs->table, bs->nranks, missing, sizeof(missing));
         res = cfx_error_set(cfxTimeout, CFX_LOG_BOOTSTRAP,
                             "bootstrap: rank(s) %s of %d never joined within CFX_BOOTSTRAP_TIMEOUT="
-                            "%lld s; %s",
-                            missing, bs->nranks, (long long)timeout, timeout_hint());
+                            "%lld s; %s%s",
+                            missing, bs->nranks, (long long)timeout, timeout_hint(),
+                            (bid->flags & CFX_BOOTSTRAP_ID_COMM_ID)
+                                ? "; or another job used this CFX_COMM_ID and the root it "
+                                  "met refused them (one job per CFX_COMM_ID)"
+                                : "");
     }
 out:
     close(fd);
