@@ -13,6 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "kernels/reduce.h"
 #include "src/coll/steploop.h"
 
 #define MAX_RANKS 8
@@ -516,4 +517,129 @@ Test(steploop, mismatched_fingerprint_stops_the_loop_on_its_connector)
         }
     cr_assert(found);
     world_free(&wd);
+}
+
+/* ------------------------------------------- the data split (vector path) */
+
+/* One step's data, split over @p nthreads threads (each its share, as a
+ * block or a team of blocks runs it), against the same plan run element
+ * by element on one thread. */
+static void check_split(const struct cfx_work *w, struct cfx_steploop_plan *p, char *out,
+                        char *slot_out, char *ref_out, char *ref_slot, size_t bytes,
+                        unsigned nthreads, const char *what)
+{
+    memset(out, 0xa5, bytes);
+    memset(slot_out, 0xa5, bytes);
+    memset(ref_out, 0xa5, bytes);
+    memset(ref_slot, 0xa5, bytes);
+    struct cfx_steploop_plan ref = *p;
+    char *want_out = p->out ? ref_out : 0, *want_slot = p->slot_out ? ref_slot : 0;
+    ref.out = want_out;
+    ref.slot_out = want_slot;
+    switch (w->type) {
+#define REF_TYPE(enumv, name, T)                                                                   \
+    case enumv: {                                                                                  \
+        T scalar;                                                                                  \
+        memcpy(&scalar, &w->premul_bits, sizeof(T));                                               \
+        switch (w->redop) {                                                                        \
+        case cfxProd: CFX_SL_LOOP((&ref), w, name, T, cfx_prod_##name, 0, 0, 1, scalar); break;    \
+        case cfxMax: CFX_SL_LOOP((&ref), w, name, T, cfx_max_##name, 0, 0, 1, scalar); break;      \
+        case cfxMin: CFX_SL_LOOP((&ref), w, name, T, cfx_min_##name, 0, 0, 1, scalar); break;      \
+        default: CFX_SL_LOOP((&ref), w, name, T, cfx_sum_##name, 0, 0, 1, scalar); break;          \
+        }                                                                                          \
+        break;                                                                                     \
+    }
+        CFX_REDUCE_FOR_EACH_TYPE(REF_TYPE)
+#undef REF_TYPE
+    default: cr_assert_fail("type %d", w->type);
+    }
+    for (unsigned t = nthreads; t-- > 0;) /* Any order: shares are disjoint. */
+        cfx_steploop_data(w, p, t, nthreads);
+    cr_assert(memcmp(out, ref_out, bytes) == 0, "%s: the output differs from one thread's", what);
+    cr_assert(memcmp(slot_out, ref_slot, bytes) == 0, "%s: the slot differs from one thread's",
+              what);
+}
+
+Test(steploop, data_split_over_threads_matches_one_thread_aligned_or_not)
+{
+    enum { MAX_BYTES = 4099 * 8 + 64 };
+    static char src[3][MAX_BYTES] __attribute__((aligned(64)));
+    static char out[MAX_BYTES] __attribute__((aligned(64))),
+        slot[MAX_BYTES] __attribute__((aligned(64))),
+        ref_out[MAX_BYTES] __attribute__((aligned(64))),
+        ref_slot[MAX_BYTES] __attribute__((aligned(64)));
+    unsigned seed = 12345;
+    for (int k = 0; k < 3; k++)
+        for (size_t i = 0; i < MAX_BYTES; i++)
+            src[k][i] = (char)((seed = seed * 1103515245u + 12345u) >> 16);
+    static const uint64_t sizes[] = {0, 1, 7, 16, 17, 33, 1000, 4099};
+    static const unsigned threads[] = {1, 3, 64, 1536};
+    static const int ops[] = {cfxSum, cfxProd, cfxMax, cfxMin, cfxAvg};
+    int checked = 0;
+    for (int type = 0; type < cfxNumTypes; type++) {
+        struct cfx_work w;
+        memset(&w, 0, sizeof(w));
+        w.type = (uint8_t)type;
+        w.elem_bytes = (uint32_t)cfx_type_size((cfxDataType_t)type);
+        w.nranks = 3;
+        for (size_t o = 0; o < sizeof(ops) / sizeof(ops[0]); o++) {
+            w.redop = (uint8_t)ops[o];
+            for (size_t c = 0; c < sizeof(sizes) / sizeof(sizes[0]); c++) {
+                uint64_t n = sizes[c];
+                size_t bytes = (size_t)n * w.elem_bytes;
+                /* Shift: 0 keeps every pointer 16-byte aligned; one element
+                 * off takes the element path (for 16-byte types, too). */
+                for (int shift = 0; shift < 2; shift++) {
+                    size_t off = shift ? w.elem_bytes : 0;
+                    for (int n_ops = 1; n_ops <= 3; n_ops++) {
+                        for (int outs = 1; outs <= 3; outs++) {
+                            struct cfx_steploop_plan p;
+                            memset(&p, 0, sizeof(p));
+                            p.n = n;
+                            p.n_operands = n_ops;
+                            for (int k = 0; k < n_ops; k++)
+                                p.operands[k] = src[k] + (k == n_ops - 1 ? off : 0);
+                            p.avg = ops[o] == cfxAvg;
+                            p.out = (outs & 1) ? out + off : 0;
+                            p.slot_out = (outs & 2) ? slot + off : 0;
+                            unsigned nt = threads[(type + o + c + (size_t)n_ops) % 4];
+                            char what[128];
+                            snprintf(what, sizeof(what),
+                                     "type %d op %d count %llu shift %d operands %d outs %d "
+                                     "threads %u",
+                                     type, ops[o], (unsigned long long)n, shift, n_ops, outs, nt);
+                            check_split(&w, &p, out + off, slot + off, ref_out + off,
+                                        ref_slot + off, bytes, nt, what);
+                            checked++;
+                        }
+                    }
+                }
+            }
+        }
+    }
+    /* Byte copies (single-copy steps), aligned and not, every thread count. */
+    for (size_t c = 0; c < sizeof(sizes) / sizeof(sizes[0]); c++) {
+        for (int shift = 0; shift < 3; shift++) {
+            for (size_t t = 0; t < sizeof(threads) / sizeof(threads[0]); t++) {
+                uint64_t n = sizes[c] * 8 + (uint64_t)shift;
+                struct cfx_steploop_plan p;
+                memset(&p, 0, sizeof(p));
+                p.n = n;
+                p.copy_from = src[0] + (shift == 1 ? 3 : 0);
+                p.copy_to = out + (shift == 2 ? 5 : 0);
+                memset(out, 0, MAX_BYTES);
+                struct cfx_work w;
+                memset(&w, 0, sizeof(w));
+                for (unsigned tid = 0; tid < threads[t]; tid++)
+                    cfx_steploop_data(&w, &p, tid, threads[t]);
+                cr_assert(memcmp(p.copy_to, p.copy_from, n) == 0,
+                          "copy of %llu bytes (shift %d) over %u threads differs",
+                          (unsigned long long)n, shift, threads[t]);
+                cr_assert_eq(p.copy_to[n], 0, "copy of %llu bytes wrote past its end",
+                             (unsigned long long)n);
+                checked++;
+            }
+        }
+    }
+    cr_assert_gt(checked, 2000);
 }

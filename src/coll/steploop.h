@@ -105,34 +105,144 @@ struct cfx_steploop_plan {
             ((T *)(p)->slot_out)[e] = v_;                                                          \
     } while (0)
 
-#define CFX_SL_LOOP(p, w, name, T, OPFN, tid, nthreads, scalar)                                    \
-    for (uint64_t e_ = (tid); e_ < (p)->n; e_ += (nthreads))                                       \
+#define CFX_SL_LOOP(p, w, name, T, OPFN, from, tid, nthreads, scalar)                              \
+    for (uint64_t e_ = (from) + (tid); e_ < (p)->n; e_ += (nthreads))                              \
     CFX_SL_ELEMENT(p, w, name, T, OPFN, e_, scalar)
 
-/* Data: this thread's share (elements tid, tid + nthreads, ...) of what
- * @p p moves. Every thread of a step calls it with the same plan. */
+/* 16 bytes, the unit of the vector path: one 128-bit load or store on a
+ * GPU (the pointers are 16-byte aligned there), a memcpy on the CPU. */
+struct cfx_pack16 {
+    CFX_ALIGNAS(16) uint64_t w[2];
+};
+
+static inline CFX_HOST_DEVICE struct cfx_pack16 cfx_pack16_load(const char *p)
+{
+#if defined(__CUDA_ARCH__)
+    return *(const struct cfx_pack16 *)p;
+#else
+    struct cfx_pack16 v;
+    memcpy(&v, p, sizeof(v));
+    return v;
+#endif
+}
+
+static inline CFX_HOST_DEVICE void cfx_pack16_store(char *p, struct cfx_pack16 v)
+{
+#if defined(__CUDA_ARCH__)
+    *(struct cfx_pack16 *)p = v;
+#else
+    memcpy(p, &v, sizeof(v));
+#endif
+}
+
+static inline CFX_HOST_DEVICE int cfx_sl_aligned16(const void *p)
+{
+    return ((uintptr_t)p & 15u) == 0;
+}
+
+/* Packs a thread keeps in flight (loads issued before the first store). */
+#define CFX_SL_UNROLL 4
+
+/* Bytes from @p from to @p to: 16-byte packs (CFX_SL_UNROLL at a time per
+ * thread) when both are aligned, then bytes. Returns nothing; thread
+ * @p tid of @p nthreads moves packs tid, tid + nthreads, ... */
+static inline CFX_HOST_DEVICE void cfx_sl_copy(char *to, const char *from, uint64_t n, unsigned tid,
+                                               unsigned nthreads)
+{
+    uint64_t packs = (cfx_sl_aligned16(to) && cfx_sl_aligned16(from)) ? n / 16 : 0;
+    uint64_t i = tid;
+    for (; i + (CFX_SL_UNROLL - 1) * (uint64_t)nthreads < packs;
+         i += CFX_SL_UNROLL * (uint64_t)nthreads) {
+        struct cfx_pack16 v[CFX_SL_UNROLL];
+        for (int u = 0; u < CFX_SL_UNROLL; u++)
+            v[u] = cfx_pack16_load(from + 16 * (i + (uint64_t)u * nthreads));
+        for (int u = 0; u < CFX_SL_UNROLL; u++)
+            cfx_pack16_store(to + 16 * (i + (uint64_t)u * nthreads), v[u]);
+    }
+    for (; i < packs; i += nthreads)
+        cfx_pack16_store(to + 16 * i, cfx_pack16_load(from + 16 * i));
+    for (uint64_t b = packs * 16 + tid; b < n; b += nthreads)
+        to[b] = from[b];
+}
+
+/* Whether every pointer of @p p is 16-byte aligned (NULL counts as aligned). */
+static inline CFX_HOST_DEVICE int cfx_sl_plan_aligned16(const struct cfx_steploop_plan *p)
+{
+    int ok = cfx_sl_aligned16(p->out) && cfx_sl_aligned16(p->slot_out);
+    for (int k = 0; k < p->n_operands; k++)
+        ok &= cfx_sl_aligned16(p->operands[k]);
+    return ok;
+}
+
+/* One pack of elements of type T: fold, finish, store (as CFX_SL_ELEMENT,
+ * 16 / sizeof(T) elements at a time). */
+#define CFX_SL_PACK(p, w, name, T, OPFN, i, scalar)                                                \
+    do {                                                                                           \
+        union {                                                                                    \
+            struct cfx_pack16 raw;                                                                 \
+            T elt[16 / sizeof(T)];                                                                 \
+        } a_, b_;                                                                                  \
+        a_.raw = cfx_pack16_load((p)->operands[0] + 16 * (i));                                     \
+        for (int k_ = 1; k_ < (p)->n_operands; k_++) {                                             \
+            b_.raw = cfx_pack16_load((p)->operands[k_] + 16 * (i));                                \
+            for (int j_ = 0; j_ < (int)(16 / sizeof(T)); j_++)                                     \
+                a_.elt[j_] = OPFN(a_.elt[j_], b_.elt[j_]);                                         \
+        }                                                                                          \
+        if ((p)->avg)                                                                              \
+            for (int j_ = 0; j_ < (int)(16 / sizeof(T)); j_++)                                     \
+                a_.elt[j_] = CFX_SL_FINISH(w, name, T, a_.elt[j_], scalar);                        \
+        if ((p)->out)                                                                              \
+            cfx_pack16_store((p)->out + 16 * (i), a_.raw);                                         \
+        if ((p)->slot_out)                                                                         \
+            cfx_pack16_store((p)->slot_out + 16 * (i), a_.raw);                                    \
+    } while (0)
+
+/* A step on elements: whole packs when every pointer is aligned, then the
+ * elements left (all of them when one is not). */
+#define CFX_SL_RUN(p, w, name, T, OPFN, tid, nthreads, scalar)                                     \
+    do {                                                                                           \
+        uint64_t packs_ = cfx_sl_plan_aligned16(p) ? (p)->n / (16 / sizeof(T)) : 0;                \
+        for (uint64_t i_ = (tid); i_ < packs_; i_ += (nthreads))                                   \
+            CFX_SL_PACK(p, w, name, T, OPFN, i_, scalar);                                          \
+        CFX_SL_LOOP(p, w, name, T, OPFN, packs_ *(16 / sizeof(T)), tid, nthreads, scalar);         \
+    } while (0)
+
+/* Data: this thread's share of what @p p moves: packs (or, unaligned,
+ * elements) tid, tid + nthreads, ... Every thread of a step calls it with
+ * the same plan; the threads may span several blocks (a team: tid is then
+ * the thread's place in the team). */
 static inline CFX_HOST_DEVICE void cfx_steploop_data(const struct cfx_work *w,
                                                      const struct cfx_steploop_plan *p,
                                                      unsigned tid, unsigned nthreads)
 {
     if (p->copy_from != 0 && p->copy_to != 0 && p->copy_from != p->copy_to) {
-        for (uint64_t i = tid; i < p->n; i += nthreads)
-            p->copy_to[i] = p->copy_from[i];
+        cfx_sl_copy(p->copy_to, p->copy_from, p->n, tid, nthreads);
         return;
     }
     if (p->n_operands == 0 || p->n == 0)
         return;
+    if (p->n_operands == 1 && !p->avg) {
+        /* A plain copy to one or two places (a forwarded slot, an output). */
+        if (p->out != 0 && p->slot_out == 0) {
+            cfx_sl_copy(p->out, p->operands[0], p->n * w->elem_bytes, tid, nthreads);
+            return;
+        }
+        if (p->slot_out != 0 && p->out == 0) {
+            cfx_sl_copy(p->slot_out, p->operands[0], p->n * w->elem_bytes, tid, nthreads);
+            return;
+        }
+    }
     switch (w->type) {
 #define CFX_SL_TYPE(enumv, name, T)                                                                \
     case enumv: {                                                                                  \
         T scalar;                                                                                  \
         memcpy(&scalar, &w->premul_bits, sizeof(T));                                               \
         switch (w->redop) {                                                                        \
-        case cfxProd: CFX_SL_LOOP(p, w, name, T, cfx_prod_##name, tid, nthreads, scalar); break;   \
-        case cfxMax: CFX_SL_LOOP(p, w, name, T, cfx_max_##name, tid, nthreads, scalar); break;     \
-        case cfxMin: CFX_SL_LOOP(p, w, name, T, cfx_min_##name, tid, nthreads, scalar); break;     \
+        case cfxProd: CFX_SL_RUN(p, w, name, T, cfx_prod_##name, tid, nthreads, scalar); break;    \
+        case cfxMax: CFX_SL_RUN(p, w, name, T, cfx_max_##name, tid, nthreads, scalar); break;      \
+        case cfxMin: CFX_SL_RUN(p, w, name, T, cfx_min_##name, tid, nthreads, scalar); break;      \
         default: /* Sum, Avg, PreMulSum. */                                                        \
-            CFX_SL_LOOP(p, w, name, T, cfx_sum_##name, tid, nthreads, scalar);                     \
+            CFX_SL_RUN(p, w, name, T, cfx_sum_##name, tid, nthreads, scalar);                      \
             break;                                                                                 \
         }                                                                                          \
         break;                                                                                     \
