@@ -81,6 +81,12 @@ static __device__ __forceinline__ int32_t cfx_load_acquire_i32(const int32_t *p)
 {
     return (int32_t)cfx_load_acquire_u32((const uint32_t *)p);
 }
+/* Adds @p delta (relaxed, device scope: for words in the GPU's own memory
+ * that only its blocks share; fence before it to publish data with it). */
+static __device__ __forceinline__ uint32_t cfx_fetch_add_u32(uint32_t *p, uint32_t delta)
+{
+    return atomicAdd((unsigned int *)p, delta);
+}
 
 #else
 
@@ -141,6 +147,10 @@ static inline int cfx_cas_i32(int32_t *p, int32_t *expected_p, int32_t desired)
 }
 /* Adds @p delta; returns the value before. Acquire-release. */
 static inline int32_t cfx_fetch_add_i32(int32_t *p, int32_t delta)
+{
+    return __atomic_fetch_add(p, delta, __ATOMIC_ACQ_REL);
+}
+static inline uint32_t cfx_fetch_add_u32(uint32_t *p, uint32_t delta)
 {
     return __atomic_fetch_add(p, delta, __ATOMIC_ACQ_REL);
 }

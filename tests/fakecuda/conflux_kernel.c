@@ -5,7 +5,9 @@
  * of the wrapper's loop: the leader decides; for a step, every thread of
  * the block moves its share (the threads run one after another here, each
  * with its own tid, so the split of a step between threads is exercised
- * too); then the leader commits.
+ * too); then the leader commits. In a team (args.team > 1) the leader
+ * publishes the step, moves its share, and commits in a later pass, once
+ * the helper blocks (their own passes) have moved theirs.
  */
 #include "kernels.h"
 
@@ -28,15 +30,49 @@ static int conflux_pass(void *state, const void *params, unsigned block, unsigne
                 args->abi, CFX_KERNEL_ABI);
         abort();
     }
-    switch (cfx_kernel_lead(b, args, block)) {
-    case CFX_KERNEL_FINISHED: return 0;
+    unsigned team = cfx_kernel_team_size(args), chain = block / team, member = block % team;
+    unsigned threads = threads_per_block ? threads_per_block : 1;
+    if (!b->team_joined)
+        cfx_kernel_team_join(b, args, chain);
+    if (member != 0) { /* A helper: the leader's steps, its share of each. */
+        int action = cfx_kernel_team_next(b);
+        if (action == CFX_KERNEL_IDLE)
+            return 2;
+        for (unsigned tid = 0; action == CFX_KERNEL_STEP && tid < threads; tid++)
+            cfx_kernel_data(b, member * threads + tid, team * threads);
+        cfx_kernel_team_ack(b);
+        return action == CFX_KERNEL_FINISHED ? 0 : 1;
+    }
+    if (b->team_wait != 0) { /* The leader, waiting for its helpers. */
+        if (!cfx_kernel_team_acked(b, team))
+            return 2;
+        if (b->team_wait == CFX_KERNEL_FINISHED) {
+            cfx_kernel_team_clear(b);
+            return 0;
+        }
+        b->team_wait = 0;
+        cfx_kernel_commit(b, args, chain);
+        return 1;
+    }
+    switch (cfx_kernel_lead(b, args, chain)) {
+    case CFX_KERNEL_FINISHED:
+        if (team == 1)
+            return 0;
+        cfx_kernel_team_publish(b, CFX_KERNEL_FINISHED);
+        b->team_wait = CFX_KERNEL_FINISHED;
+        return 1;
     case CFX_KERNEL_IDLE: return 2;
     default: break;
     }
-    unsigned threads = threads_per_block ? threads_per_block : 1;
+    if (team > 1)
+        cfx_kernel_team_publish(b, CFX_KERNEL_STEP);
     for (unsigned tid = 0; tid < threads; tid++)
-        cfx_kernel_data(b, tid, threads);
-    cfx_kernel_commit(b, args, block);
+        cfx_kernel_data(b, tid, team * threads);
+    if (team > 1) {
+        b->team_wait = CFX_KERNEL_STEP;
+        return 1;
+    }
+    cfx_kernel_commit(b, args, chain);
     return 1;
 }
 

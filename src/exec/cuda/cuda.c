@@ -31,6 +31,12 @@
 
 CFX_PARAM_INT(cuda_host_batches, "CUDA_HOST_BATCHES", 32, 1, 4096,
               "Batches of host buffers that may wait on CUDA streams at once (per process)");
+CFX_PARAM_INT(cuda_blocks, "CUDA_BLOCKS", 16, 1, 64,
+              "Most thread blocks one chain of GPU operations runs on: one leads, every block "
+              "moves a share of each big step's data");
+CFX_PARAM_SIZE(cuda_block_bytes, "CUDA_BLOCK_BYTES", 64 << 10, 1024, 1u << 30,
+               "Bytes of a step's data per block of the CUDA kernel: a chain whose steps are "
+               "smaller runs on fewer blocks (one for small messages)");
 CFX_PARAM_INT(cuda_threads, "CUDA_THREADS", CFX_KERNEL_THREADS, 32, CFX_KERNEL_THREADS,
               "Threads per block of the CUDA executor's kernel (a multiple of 32)");
 
@@ -49,6 +55,7 @@ struct cfx_cuda_comm {
     struct cfx_cuda_comm_desc desc;
     CUfunction fn;
     struct cfx_kernel_comm *mapped; /* Host-mapped (the same address on the device). */
+    void *teams;                    /* Device memory: mapped->teams. */
     CUevent done;                   /* Recorded after the last eager launch. */
     CUstream last_stream;           /* The stream of that launch. */
     int launched;                   /* done was recorded at least once. */
@@ -400,10 +407,14 @@ cfxResult_t cfx_exec_cuda_comm_open(const struct cfx_cuda_comm_desc *desc,
     }
     memset(mapped, 0, sizeof(struct cfx_kernel_comm));
     c->mapped = mapped;
+    res = cfx_cuda_mem_alloc(&c->teams, CFX_KERNEL_MAX_OPS * sizeof(struct cfx_kernel_team));
+    if (res != cfxSuccess)
+        goto err_mapped;
+    c->mapped->teams = (uint64_t)(uintptr_t)c->teams;
     err = cu->event_create(&c->done, CU_EVENT_DISABLE_TIMING);
     if (err != CUDA_SUCCESS) {
         res = cfx_cuda_error(err, CFX_LOG_INIT, "cannot create the communicator's event");
-        goto err_mapped;
+        goto err_teams;
     }
     res = watch_add(c);
     if (res != cfxSuccess)
@@ -413,6 +424,8 @@ cfxResult_t cfx_exec_cuda_comm_open(const struct cfx_cuda_comm_desc *desc,
 
 err_event:
     cu->event_destroy(c->done);
+err_teams:
+    cfx_cuda_mem_free(c->teams);
 err_mapped:
     cu->mem_free_host(c->mapped);
 err_free:
@@ -492,6 +505,7 @@ void cfx_exec_cuda_comm_close(struct cfx_cuda_comm *c)
     }
     watch_remove(c);
     cu->event_destroy(c->done);
+    cfx_cuda_mem_free(c->teams);
     cu->mem_free_host(c->mapped);
     free(c);
 }
@@ -556,6 +570,17 @@ static int share_a_connector(const struct cfx_op *x, const struct cfx_op *y)
     return 0;
 }
 
+/* Blocks for a chain with @p work among its ops (@p so_far: for the others):
+ * one per CFX_CUDA_BLOCK_BYTES of its steps, at most CFX_CUDA_BLOCKS. */
+static int team_for(const struct cfx_work *work, int so_far)
+{
+    uint64_t elems = work->chunk_elems < work->count ? work->chunk_elems : work->count;
+    uint64_t blocks = elems * work->elem_bytes / (uint64_t)param_cuda_block_bytes();
+    int most = (int)param_cuda_blocks();
+    int team = blocks >= (uint64_t)most ? most : (int)blocks;
+    return team > so_far ? team : so_far;
+}
+
 /* The launch of the batch's ops on @p stream into @p args: the ops in
  * chains (those that share a connector, transitively, in one chain in call
  * order), a block per chain. */
@@ -583,6 +608,7 @@ static cfxResult_t build_args(struct cfx_op *ops, int n_ops, cfxStream_t stream,
     args->n_views = 0;
     args->n_blocks = 0;
     args->spin_check = CFX_KERNEL_SPIN_CHECK;
+    args->team = 1;
     memset(args->reserved, 0, sizeof(args->reserved));
     int placed[CFX_KERNEL_MAX_OPS] = {0};
     for (int first = 0; first < n; first++) {
@@ -605,6 +631,7 @@ static cfxResult_t build_args(struct cfx_op *ops, int n_ops, cfxStream_t stream,
                                      "a group puts more connectors on one CUDA stream than one "
                                      "kernel launch carries (%d): split the group",
                                      CFX_KERNEL_MAX_VIEWS);
+            args->team = (uint8_t)team_for(&op->work, args->team);
             struct cfx_kernel_op *k_op = &args->ops[args->n_ops++];
             k_op->work = op->work;
             k_op->comm = c->mapped;
@@ -637,7 +664,8 @@ static cfxResult_t launch_stream(const struct cfx_cuda_api *cu, struct cfx_op *o
             CFX_CHECK(order_after_previous(cu, ops[i].exec_state, s, capturing));
     void *params[] = {&args};
     CFX_CU_CHECK(cu,
-                 launch_kernel(first->fn, args.n_blocks, 1, 1, (unsigned)param_cuda_threads(), 1, 1,
+                 launch_kernel(first->fn, args.n_blocks * args.team, 1, 1,
+                               (unsigned)param_cuda_threads(), 1, 1,
                                0, s, params, NULL),
                  CFX_LOG_COLL, "cannot launch the collective's kernel");
     for (int i = 0; i < n_ops; i++)

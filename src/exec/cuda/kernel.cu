@@ -1,8 +1,9 @@
 /*
- * The CUDA executor's kernel (see kernel.h): one block per operation of a
- * batch, CFX_KERNEL_THREADS threads each. Thread 0 leads (decides and
- * plans each step, commits it); every thread moves its share of a planned
- * step's elements. Built into a fatbin (sm_80, sm_90, and PTX for newer
+ * The CUDA executor's kernel (see kernel.h): a team of args.team blocks
+ * (or one) per chain of a batch's operations, CFX_KERNEL_THREADS threads
+ * each. Thread 0 of the first block leads (decides and plans each step,
+ * publishes it to the team, commits it); every thread of the team moves
+ * its share of a planned step's elements. Built into a fatbin (sm_80, sm_90, and PTX for newer
  * GPUs) that libconflux carries as data and loads with cuModuleLoadData:
  * the library links no CUDA runtime.
  */
@@ -12,27 +13,76 @@ extern "C++" {
 #include "src/exec/cuda/kernel.h"
 }
 
+/* A helper block of a team: take each step the leader publishes, move
+ * this block's share of it, acknowledge; until the end. */
+static __device__ void run_helper(struct cfx_kernel_block *block, int *action, unsigned tid,
+                                  unsigned share, unsigned shares)
+{
+    for (;;) {
+        if (tid == 0) {
+            int next;
+            while ((next = cfx_kernel_team_next(block)) == CFX_KERNEL_IDLE)
+                ;
+            *action = next;
+        }
+        __syncthreads();
+        if (*action == CFX_KERNEL_FINISHED) {
+            if (tid == 0)
+                cfx_kernel_team_ack(block);
+            return;
+        }
+        cfx_kernel_data(block, share, shares);
+        __syncthreads(); /* Every thread's stores before thread 0 acknowledges them. */
+        if (tid == 0) {
+            __threadfence_system();
+            cfx_kernel_team_ack(block);
+        }
+        __syncthreads(); /* Nobody reads `action` while thread 0 rewrites it. */
+    }
+}
+
 extern "C" __global__ void __launch_bounds__(CFX_KERNEL_THREADS)
     cfx_kernel_batch(const __grid_constant__ struct cfx_kernel_args args)
 {
     __shared__ struct cfx_kernel_block block;
     __shared__ int action;
-    const unsigned tid = threadIdx.x, nthreads = blockDim.x, b = blockIdx.x;
-    if (tid == 0)
+    const unsigned tid = threadIdx.x, nthreads = blockDim.x;
+    const unsigned team = cfx_kernel_team_size(&args);
+    const unsigned chain = blockIdx.x / team, member = blockIdx.x % team;
+    /* This thread's place in its team, and the team's threads. */
+    const unsigned share = member * nthreads + tid, shares = team * nthreads;
+    if (tid == 0) {
         block.started = 0;
+        cfx_kernel_team_join(&block, &args, chain);
+    }
     __syncthreads();
+    if (member != 0) {
+        run_helper(&block, &action, tid, share, shares);
+        return;
+    }
     for (;;) {
         if (tid == 0)
-            action = cfx_kernel_lead(&block, &args, b);
+            action = cfx_kernel_lead(&block, &args, chain);
         __syncthreads();
-        if (action == CFX_KERNEL_FINISHED)
+        if (action == CFX_KERNEL_FINISHED) {
+            if (tid == 0 && team > 1) {
+                cfx_kernel_team_publish(&block, CFX_KERNEL_FINISHED);
+                while (!cfx_kernel_team_acked(&block, team))
+                    ;
+                cfx_kernel_team_clear(&block);
+            }
             return;
+        }
         if (action == CFX_KERNEL_STEP) {
-            cfx_kernel_data(&block, tid, nthreads);
+            if (tid == 0 && team > 1)
+                cfx_kernel_team_publish(&block, CFX_KERNEL_STEP);
+            cfx_kernel_data(&block, share, shares);
             __syncthreads(); /* Every thread's stores before the leader publishes them. */
             if (tid == 0) {
+                while (team > 1 && !cfx_kernel_team_acked(&block, team))
+                    ;
                 __threadfence_system();
-                cfx_kernel_commit(&block, &args, b);
+                cfx_kernel_commit(&block, &args, chain);
             }
         }
         __syncthreads(); /* Nobody reads `action` while the leader rewrites it. */

@@ -21,6 +21,16 @@
  * waits on, so an abort, a timeout the host declares, or a peer's poison
  * ends it.
  *
+ * A team: with args.team > 1 each chain runs on that many blocks. The
+ * first (the leader) runs lead and commit as a lone block does and
+ * publishes each planned step in the chain's struct cfx_kernel_team, in
+ * device memory; the others (helpers) move their share of the step's data
+ * and acknowledge it; the leader commits once all have. A step's data is
+ * then split over team x CFX_KERNEL_THREADS threads, for steps big enough
+ * that one block's bandwidth would bound them. Helpers never decide
+ * anything: a failure, abort or timeout is the leader's, which then
+ * publishes the end, as after the last op.
+ *
  * The report: each operation owns a report slot of its communicator's
  * shared memory while it runs (launches of one communicator never overlap:
  * they are stream ordered), counts the steps it ran (heartbeat), says
@@ -110,11 +120,15 @@ struct cfx_kernel_report {
 CFX_STATIC_ASSERT(sizeof(struct cfx_kernel_report) == 3 * CFX_CACHE_LINE, "three lines per block");
 
 /* What the kernels of one communicator share with the host (host-mapped
- * memory, one block per communicator): its abort word and a report slot
- * per block of a launch. */
+ * memory, one block per communicator): its abort word, where its teams
+ * meet, and a report slot per chain of a launch. */
 struct cfx_kernel_comm {
     CFX_ALIGNAS(CFX_CACHE_LINE)
     int32_t abort_word; /* Nonzero stops every block (enum cfx_kernel_abort). */
+    int32_t reserved;
+    /* Device address of CFX_KERNEL_MAX_OPS struct cfx_kernel_team, one per
+     * report slot (a chain meets at its first op's), zero between launches. */
+    uint64_t teams;
     struct cfx_kernel_report reports[CFX_KERNEL_MAX_OPS];
 };
 
@@ -135,25 +149,37 @@ struct cfx_kernel_args {
     uint32_t n_ops;
     uint32_t n_views;
     uint32_t spin_check;
-    uint32_t n_blocks;
+    uint32_t n_blocks; /* Chains: the grid is n_blocks x team blocks. */
     /* Block b runs ops[block_first[b] .. block_first[b + 1]) one after the
      * other: operations that share a connector go in one block, in call
      * order (two blocks posting to one FIFO would mix their slots). */
     uint8_t block_first[CFX_KERNEL_MAX_OPS + 1];
-    uint8_t reserved[3];
+    uint8_t team; /* Blocks per chain (0 or 1: each chain alone). */
+    uint8_t reserved[2];
     struct cfx_kernel_op ops[CFX_KERNEL_MAX_OPS];
     struct cfx_conn views[CFX_KERNEL_MAX_VIEWS];
 };
 CFX_STATIC_ASSERT(sizeof(struct cfx_kernel_args) <= 4096, "a launch's parameter fits CUDA's 4 KiB");
 
 /* The parameter's layout, as a number: its version and size. */
-#define CFX_KERNEL_ABI ((uint32_t)(3u << 16) | (uint32_t)sizeof(struct cfx_kernel_args))
+#define CFX_KERNEL_ABI ((uint32_t)(4u << 16) | (uint32_t)sizeof(struct cfx_kernel_args))
 
 /* What the leader decided (cfx_kernel_lead). */
 enum cfx_kernel_action {
     CFX_KERNEL_IDLE = 0,     /* Nothing ready: lead again. */
     CFX_KERNEL_STEP = 1,     /* A step is planned: data, then commit. */
     CFX_KERNEL_FINISHED = 2, /* The block is over (its report says how). */
+};
+
+/* Where a chain's blocks meet (device memory; see "A team" above). The
+ * leader publishes an item (a step, or the end) only once every helper
+ * acknowledged the one before, so a helper is never more than one behind. */
+struct cfx_kernel_team {
+    CFX_ALIGNAS(CFX_CACHE_LINE) uint32_t gen; /* Items published. */
+    uint32_t kind;                             /* The last: CFX_KERNEL_STEP or _FINISHED. */
+    CFX_ALIGNAS(CFX_CACHE_LINE) uint32_t acks; /* Items finished, summed over the helpers. */
+    CFX_ALIGNAS(CFX_CACHE_LINE) struct cfx_work work; /* The step's op (its scalar read in). */
+    struct cfx_steploop_plan plan;
 };
 
 /* A block's state: __shared__ on the GPU, zeroed memory on the CPU. */
@@ -168,6 +194,10 @@ struct cfx_kernel_block {
     int op;         /* The op it runs: an index into args.ops. */
     int op_started; /* That op has begun. */
     int last_send;  /* The connector its op last posted to (reported at its end), or -1. */
+    int team_joined;              /* cfx_kernel_team_join ran. */
+    int team_wait;                /* Leader (fakecuda): the item whose acks it awaits, or 0. */
+    uint32_t team_gen;            /* Leader: items published; helper: items taken. */
+    struct cfx_kernel_team *team; /* Its chain's, when args.team > 1. */
 };
 
 static inline CFX_HOST_DEVICE void cfx_kernel_store_i32(int32_t *p, int32_t v)
@@ -363,11 +393,85 @@ static inline CFX_HOST_DEVICE int cfx_kernel_lead(struct cfx_kernel_block *b,
     }
 }
 
-/* Every thread of the block: its share of the planned step. */
+/* Every thread of the block (of the team): its share of the planned step;
+ * @p tid is the thread's place among the @p nthreads of the team. */
 static inline CFX_HOST_DEVICE void cfx_kernel_data(struct cfx_kernel_block *b, unsigned tid,
                                                    unsigned nthreads)
 {
-    cfx_steploop_data(b->loop.work, &b->plan, tid, nthreads);
+    cfx_steploop_data(&b->work, &b->plan, tid, nthreads);
+}
+
+/* ------------------------------------------------------------------ teams */
+
+static inline CFX_HOST_DEVICE unsigned cfx_kernel_team_size(const struct cfx_kernel_args *a)
+{
+    return a->team > 1 ? a->team : 1;
+}
+
+/* Thread 0 of every block, first: its chain's team (none when alone). */
+static inline CFX_HOST_DEVICE void
+cfx_kernel_team_join(struct cfx_kernel_block *b, const struct cfx_kernel_args *a, unsigned chain)
+{
+    b->team_joined = 1;
+    b->team_wait = 0;
+    b->team_gen = 0;
+    b->team = 0;
+    if (cfx_kernel_team_size(a) > 1) {
+        const struct cfx_kernel_op *first = &a->ops[a->block_first[chain]];
+        uint64_t teams = cfx_load_relaxed_u64(&first->comm->teams);
+        b->team = (struct cfx_kernel_team *)(uintptr_t)teams + first->slot;
+    }
+}
+
+/* Leader: publish a planned step (its plan and op) or the end
+ * (CFX_KERNEL_FINISHED) to the helpers. */
+static inline CFX_HOST_DEVICE void cfx_kernel_team_publish(struct cfx_kernel_block *b,
+                                                           uint32_t kind)
+{
+    struct cfx_kernel_team *t = b->team;
+    if (kind == CFX_KERNEL_STEP) {
+        t->work = b->work;
+        t->plan = b->plan;
+    }
+    t->kind = kind;
+    cfx_store_release_u32(&t->gen, ++b->team_gen);
+}
+
+/* Leader: whether every helper finished every item published. */
+static inline CFX_HOST_DEVICE int cfx_kernel_team_acked(const struct cfx_kernel_block *b,
+                                                        unsigned team)
+{
+    return cfx_load_acquire_u32(&b->team->acks) == b->team_gen * (team - 1);
+}
+
+/* Leader, once the end is acknowledged: the team as the next launch finds
+ * it (stream order makes these stores visible to it). */
+static inline CFX_HOST_DEVICE void cfx_kernel_team_clear(struct cfx_kernel_block *b)
+{
+    cfx_store_relaxed_u32(&b->team->gen, 0);
+    cfx_store_relaxed_u32(&b->team->acks, 0);
+}
+
+/* Helper: the next item (CFX_KERNEL_STEP: its plan and op now in @p b;
+ * CFX_KERNEL_FINISHED), or CFX_KERNEL_IDLE while there is none. */
+static inline CFX_HOST_DEVICE int cfx_kernel_team_next(struct cfx_kernel_block *b)
+{
+    struct cfx_kernel_team *t = b->team;
+    if (cfx_load_acquire_u32(&t->gen) == b->team_gen)
+        return CFX_KERNEL_IDLE;
+    b->team_gen++;
+    if (t->kind == CFX_KERNEL_FINISHED)
+        return CFX_KERNEL_FINISHED;
+    b->work = t->work;
+    b->plan = t->plan;
+    return CFX_KERNEL_STEP;
+}
+
+/* Helper, after its share of an item (on a GPU: its block synchronised and
+ * its stores fenced at system scope): acknowledge it. */
+static inline CFX_HOST_DEVICE void cfx_kernel_team_ack(struct cfx_kernel_block *b)
+{
+    cfx_fetch_add_u32(&b->team->acks, 1);
 }
 
 /* Leader, after every thread's data: publish the step. On a GPU the caller
