@@ -98,11 +98,13 @@ if expect_run $name allreduce --np 2 --mem device -b 8 -e 1M -f 8 -n 3 -w 1 -c 1
   expect_line $name "$out" '^# Device buffers \(cuMemAlloc\), a non-blocking stream per rank'
   expect_line $name "$out" "$copy_line"
   expect_line $name "$out" 'counts bytes read \+ written'
+  expect_line $name "$out" '^# enqueue: [0-9.]+ us per call from call to return on rank 0 \([0-9]+ timed calls; [0-9.]+ us at 8 bytes\)$'
   expect_no_line $name "$out" 'host memory$|Host buffers'
   python3 - "$work/$name.json" <<'PY' || fail "$name: JSON content"
 import json, sys
 doc = json.load(open(sys.argv[1]))
 assert doc["memory"] == "device" and doc["config"]["mem"] == "device", doc
+assert doc["enqueue_us"] > 0, doc["enqueue_us"]
 assert doc["memcpy_kind"] == "device_to_device_read_plus_written", doc["memcpy_kind"]
 assert doc["results"] and all(r["wrong"] == 0 for r in doc["results"]), doc["results"]
 print("ok: allreduce device JSON says memory device, %d results" % len(doc["results"]))
@@ -169,7 +171,7 @@ if expect_run $name allreduce --np 2 --mem host -b 8 -e 64K -f 8 -n 2 -w 1 -c 1 
   expect_line $name "$out" \
     '^# Host buffers, stream NULL\. Time: the mean of the ranks. mean per call, no barrier between calls\.$'
   expect_line $name "$out" '^# memcpy: [0-9]+ bytes between two touched buffers, one thread, rank 0$'
-  expect_no_line $name "$out" 'Device buffers|device to device|--mem auto|MULTI_RANK|Fake H200'
+  expect_no_line $name "$out" 'Device buffers|device to device|--mem auto|MULTI_RANK|Fake H200|^# enqueue'
   python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); assert d["memory"] == "host" and d["memcpy_kind"] == "host_memcpy_bytes_copied", d' \
     "$work/$name.json" || fail "$name: JSON memory is not host"
 fi

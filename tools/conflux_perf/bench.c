@@ -48,6 +48,8 @@ struct perf_bench {
     double busbw_sum;
     int busbw_count;
     uint32_t check_seed;
+    struct perf_enqueue enqueue; /* device mode, this rank's own */
+    long enqueue_first_calls;
 };
 
 /* The buffers of one size. */
@@ -244,6 +246,20 @@ static int combine_time(struct perf_bench *b, double *seconds)
     return 0;
 }
 
+/* One timed call's time from call to return (device mode). */
+static void note_enqueue(struct perf_bench *b, const struct sizing *sz, double seconds)
+{
+    struct perf_enqueue *e = &b->enqueue;
+    double us = seconds * 1e6;
+    e->mean_us += (us - e->mean_us) / (double)++e->calls;
+    if (e->calls == 1)
+        e->first_bytes = sz->total_bytes;
+    if (sz->total_bytes == e->first_bytes) {
+        long first = ++b->enqueue_first_calls;
+        e->first_mean_us += (us - e->first_mean_us) / (double)first;
+    }
+}
+
 static int time_one(struct perf_bench *b, const struct sizing *sz, cfxDataType_t type,
                     cfxRedOp_t op, int root, int inplace, struct perf_result *res)
 {
@@ -274,9 +290,13 @@ static int time_one(struct perf_bench *b, const struct sizing *sz, cfxDataType_t
     for (long iter = 0; iter < opt->iters; iter++) {
         if (opt->agg_iters > 1)
             BENCH_CALL(b, "cfxGroupStart", cfxGroupStart());
-        for (long a = 0; a < opt->agg_iters; a++)
+        for (long a = 0; a < opt->agg_iters; a++) {
+            double called = b->gpu != NULL ? now_s() : 0.0;
             BENCH_CALL(b, name,
                        start_call(b, sz, type, op, root, inplace, iter * opt->agg_iters + a));
+            if (b->gpu != NULL)
+                note_enqueue(b, sz, now_s() - called);
+        }
         if (opt->agg_iters > 1)
             BENCH_CALL(b, "cfxGroupEnd", cfxGroupEnd());
     }
@@ -576,7 +596,7 @@ int perf_bench_run(struct perf_bench *b, cfxUniqueId id, const char *launch)
         if (measure_copy(b, &copy) != 0)
             status = PERF_EXIT_FAILED;
         double avg = b->busbw_count ? b->busbw_sum / b->busbw_count : 0.0;
-        if (perf_report_close(b->rep, &copy, errors, avg) != 0)
+        if (perf_report_close(b->rep, &copy, &b->enqueue, errors, avg) != 0)
             status = PERF_EXIT_FAILED;
         b->rep = NULL;
     }

@@ -182,6 +182,15 @@ struct perf_copy {
     int events;   /* device: timed with CUDA events (else wall time after a sync) */
 };
 
+/* Device mode: how long rank 0's timed calls took from call to return (the
+ * CPU's cost of enqueueing; the GPU finishes them later). */
+struct perf_enqueue {
+    long calls;           /* 0: none measured (host buffers) */
+    double mean_us;       /* over every timed call */
+    size_t first_bytes;   /* the smallest size swept */
+    double first_mean_us; /* over the timed calls of that size */
+};
+
 /* Rank 0 only; every function accepts NULL and does nothing then. Open
  * returns NULL only when out of memory; a JSON file it cannot create is
  * reported and makes perf_report_close fail, the run itself goes on. */
@@ -195,8 +204,8 @@ void perf_report_result(struct perf_report *rep, cfxDataType_t type, const char 
 void perf_report_row_end(struct perf_report *rep);
 /* Footer and JSON trailer; renames the JSON into place. Returns 0, or -1 when
  * the JSON file could not be written (the problem is printed). */
-int perf_report_close(struct perf_report *rep, const struct perf_copy *copy, long long errors,
-                      double avg_busbw);
+int perf_report_close(struct perf_report *rep, const struct perf_copy *copy,
+                      const struct perf_enqueue *enq, long long errors, double avg_busbw);
 /* After a failed call: flush what was printed, drop the JSON, free. */
 void perf_report_abandon(struct perf_report *rep);
 

@@ -216,8 +216,8 @@ void perf_report_row_end(struct perf_report *rep)
     rep->row_open = 0;
 }
 
-int perf_report_close(struct perf_report *rep, const struct perf_copy *copy, long long errors,
-                      double avg_busbw)
+int perf_report_close(struct perf_report *rep, const struct perf_copy *copy,
+                      const struct perf_enqueue *enq, long long errors, double avg_busbw)
 {
     if (rep == NULL)
         return 0;
@@ -232,6 +232,10 @@ int perf_report_close(struct perf_report *rep, const struct perf_copy *copy, lon
                copy->bytes);
     if (copy->bytes > 0)
         printf("# memcpy bandwidth: %.2f GB/s\n", copy->gbps);
+    if (enq != NULL && enq->calls > 0)
+        printf("# enqueue: %.2f us per call from call to return on rank 0 (%ld timed calls; "
+               "%.2f us at %zu bytes)\n",
+               enq->mean_us, enq->calls, enq->first_mean_us, enq->first_bytes);
     printf("# Out of bounds values : %lld %s\n", errors, errors ? "FAILED" : "OK");
     printf("# Avg bus bandwidth    : %g \n", avg_busbw);
     printf("#\n");
@@ -245,6 +249,8 @@ int perf_report_close(struct perf_report *rep, const struct perf_copy *copy, lon
                 copy->device ? "device_to_device_read_plus_written" : "host_memcpy_bytes_copied",
                 copy->bytes);
         json_number(j, copy->bytes > 0 ? copy->gbps : NAN);
+        fputs(",\n  \"enqueue_us\": ", j);
+        json_number(j, enq != NULL && enq->calls > 0 ? enq->mean_us : NAN);
         fprintf(j, ",\n  \"out_of_bounds\": %lld,\n  \"avg_busbw\": ", errors);
         json_number(j, avg_busbw);
         fputs("\n}\n", j);

@@ -665,8 +665,7 @@ static cfxResult_t launch_stream(const struct cfx_cuda_api *cu, struct cfx_op *o
     void *params[] = {&args};
     CFX_CU_CHECK(cu,
                  launch_kernel(first->fn, args.n_blocks * args.team, 1, 1,
-                               (unsigned)param_cuda_threads(), 1, 1,
-                               0, s, params, NULL),
+                               (unsigned)param_cuda_threads(), 1, 1, 0, s, params, NULL),
                  CFX_LOG_COLL, "cannot launch the collective's kernel");
     for (int i = 0; i < n_ops; i++)
         if (ops[i].stream == stream)

@@ -175,9 +175,9 @@ enum cfx_kernel_action {
  * leader publishes an item (a step, or the end) only once every helper
  * acknowledged the one before, so a helper is never more than one behind. */
 struct cfx_kernel_team {
-    CFX_ALIGNAS(CFX_CACHE_LINE) uint32_t gen; /* Items published. */
-    uint32_t kind;                             /* The last: CFX_KERNEL_STEP or _FINISHED. */
-    CFX_ALIGNAS(CFX_CACHE_LINE) uint32_t acks; /* Items finished, summed over the helpers. */
+    CFX_ALIGNAS(CFX_CACHE_LINE) uint32_t gen;         /* Items published. */
+    uint32_t kind;                                    /* The last: CFX_KERNEL_STEP or _FINISHED. */
+    CFX_ALIGNAS(CFX_CACHE_LINE) uint32_t acks;        /* Items finished, summed over the helpers. */
     CFX_ALIGNAS(CFX_CACHE_LINE) struct cfx_work work; /* The step's op (its scalar read in). */
     struct cfx_steploop_plan plan;
 };
@@ -190,13 +190,13 @@ struct cfx_kernel_block {
     const struct cfx_step *step; /* The planned step. */
     struct cfx_conn conns[CFX_OP_MAX_CONNS];
     uint64_t idle;
-    int started;    /* The block has begun (op is set). */
-    int op;         /* The op it runs: an index into args.ops. */
-    int op_started; /* That op has begun. */
-    int last_send;  /* The connector its op last posted to (reported at its end), or -1. */
-    int team_joined;              /* cfx_kernel_team_join ran. */
-    int team_wait;                /* Leader (fakecuda): the item whose acks it awaits, or 0. */
-    uint32_t team_gen;            /* Leader: items published; helper: items taken. */
+    int started;       /* The block has begun (op is set). */
+    int op;            /* The op it runs: an index into args.ops. */
+    int op_started;    /* That op has begun. */
+    int last_send;     /* The connector its op last posted to (reported at its end), or -1. */
+    int team_joined;   /* cfx_kernel_team_join ran. */
+    int team_wait;     /* Leader (fakecuda): the item whose acks it awaits, or 0. */
+    uint32_t team_gen; /* Leader: items published; helper: items taken. */
     struct cfx_kernel_team *team; /* Its chain's, when args.team > 1. */
 };
 
