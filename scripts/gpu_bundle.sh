@@ -15,7 +15,7 @@ cd "$(dirname "$0")/.."
 arch=${1:-90}
 build=${GPU_BUNDLE_BUILD_DIR:-build-gpu-bundle}
 targets=(test_cuda test_coll conflux-perf conflux conn_kernel_test steploop_kernel_test
-  cuda_blocking_probe)
+  cuda_blocking_probe step_bandwidth)
 if [ -z "${GPU_BUNDLE_BUILD_DIR:-}" ]; then
   cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES="$arch" \
     -DCFX_WITH_TORCH=OFF > /dev/null
@@ -30,7 +30,8 @@ cmake --build "$build" -j"$(nproc)" --target "${targets[@]}"
 stage=$(mktemp -d)
 mkdir -p "$stage/tests/nccl" "$stage/tools" "$stage/deps" "$stage/lib/nccl"
 cp "$build/tests/test_cuda" "$build/tests/test_coll" "$build/tests/conn_kernel_test" \
-  "$build/tests/steploop_kernel_test" "$build/tests/cuda_blocking_probe" "$stage/tests/"
+  "$build/tests/steploop_kernel_test" "$build/tests/cuda_blocking_probe" \
+  "$build/tests/step_bandwidth" "$stage/tests/"
 [ -x "$build/tests/nccl/nccl_dropin_test" ] && cp "$build/tests/nccl/nccl_dropin_test" "$stage/tests/nccl/"
 [ -d "$build/lib/nccl" ] && cp -P "$build"/lib/nccl/libnccl.so* "$stage/lib/nccl/"
 cp "$build/tools/conflux-perf" "$stage/tools/"

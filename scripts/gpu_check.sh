@@ -15,7 +15,12 @@
 #      default CFX_ALGO=ring) set; then, side by side, the conformance suite's device-buffer cases
 #      (tests/test_coll), the connector and step-loop kernel tests
 #      (tests/gpu) and the NCCL drop-in's every-collective program on device
-#      buffers;
+#      buffers; with the step teams, test_cuda again with every chain on a
+#      team of 4 blocks from 1 KiB steps up (CFX_CUDA_BLOCKS=4
+#      CFX_CUDA_BLOCK_BYTES=1024);
+#   bw. how fast one big step's data moves (tests/gpu/step_bandwidth.cu:
+#      the executor's cfx_steploop_data on 1 to 264 blocks against a device
+#      to device copy, GPU_CHECK_BW_MIB per operand);
 #   4. sweeps conflux-perf on device buffers, 2 and 4 ranks on the one GPU
 #      (allreduce; GPU_CHECK_COLLS for more), as threads of one process
 #      (-t: one context, kernels at once) and as processes (--np: the GPU
@@ -23,6 +28,8 @@
 #      same allreduce sweep through PyTorch's NCCL (not by default: NCCL
 #      2.28.9 refuses two ranks on one GPU, "Duplicate GPU detected", even
 #      with NCCL_MULTI_RANK_GPU_ENABLE=1; seen on an H200 on 2026-12-04);
+#      each sweep once per setting of GPU_CHECK_PERF_ENV ("|"-separated
+#      sets of VAR=value; "-" for none; default "- | CFX_CUDA_BLOCKS=1");
 #   5. writes a short report (gpu_report.md), the first failures
 #      (failures.log) and every log (logs.tar.gz) to $OUT (or ./gpu-out).
 # It stops starting steps once GPU_CHECK_BUDGET seconds (default 380) have
@@ -40,7 +47,7 @@ root=$(pwd)
 out=${OUT:-$root/gpu-out}
 mkdir -p "$out"
 logs=$(mktemp -d)
-steps=${GPU_CHECK_STEPS:-build smoke tests diag side perf}
+steps=${GPU_CHECK_STEPS:-build smoke tests teams diag side bw perf}
 diag=${GPU_CHECK_DIAG:-}
 diag_repeat=${GPU_CHECK_DIAG_REPEAT:-1}
 diag_variant=${GPU_CHECK_DIAG_VARIANT:-CFX_ALGO=ring}
@@ -51,6 +58,8 @@ budget=${GPU_CHECK_BUDGET:-380}
 colls=${GPU_CHECK_COLLS:-allreduce}
 launches=${GPU_CHECK_LAUNCH:-threads procs}
 nps=${GPU_CHECK_NPS:-2 4}
+perf_envs=${GPU_CHECK_PERF_ENV:-- | CFX_CUDA_BLOCKS=1}
+bw_mib=${GPU_CHECK_BW_MIB:-256}
 start_all=$(date +%s)
 : > "$report"
 : > "$logs/failures.log"
@@ -101,7 +110,7 @@ elif want build; then
   if timeout 300 cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES="$arch" \
        -DCFX_WITH_TORCH=OFF > "$logs/build.log" 2>&1 &&
      timeout 300 cmake --build "$build" -j"$jobs" --target test_cuda test_coll conflux-perf \
-       conn_kernel_test steploop_kernel_test >> "$logs/build.log" 2>&1; then
+       conn_kernel_test steploop_kernel_test step_bandwidth >> "$logs/build.log" 2>&1; then
     say "built here in $(( $(date +%s) - t0 )) s"
   elif [ -f .gpu-bundle/bundle.tar.xz ]; then
     say "cannot build here (build.log: $(grep -m1 -iE 'error|not found' "$logs/build.log" || echo '?'));"
@@ -181,6 +190,11 @@ if want tests; then
   # Alone: some of its tests time what the GPU does (abort within a second).
   CFX_DEBUG=WARN run_suite test_cuda 150 "$build/tests/test_cuda" --jobs 1 --timeout 60 --short-filename
 fi
+if want teams; then
+  ( export CFX_CUDA_BLOCKS=4 CFX_CUDA_BLOCK_BYTES=1024
+    CFX_DEBUG=WARN run_suite test_cuda_teams 150 "$build/tests/test_cuda" --jobs 1 --timeout 60 \
+      --short-filename )
+fi
 if want diag && [ -n "$diag" ]; then
   say ""
   say "## Diagnosis: $diag alone at CFX_DEBUG=INFO, $diag_repeat times, then as often with $diag_variant"
@@ -217,27 +231,51 @@ if want side; then
   fi
 fi
 
+# ---------------------------------------------------------------- bw
+if want bw && [ -x "$build/tests/step_bandwidth" ] && [ -z "${GPU_CHECK_FAKE:-}" ]; then
+  lim=$(limit 60)
+  if [ "$lim" -gt 0 ]; then
+    say ""
+    say "## One step's data: cfx_steploop_data on N blocks against a D2D copy ($bw_mib MiB)"
+    say '```'
+    ours timeout "$lim" "$build/tests/step_bandwidth" "$bw_mib" > "$logs/step_bandwidth.log" 2>&1
+    rc=$?
+    tee -a "$report" < "$logs/step_bandwidth.log" > /dev/null
+    say '```'
+    say "exit $rc"
+    [ $rc -ne 0 ] && first_failures "$logs/step_bandwidth.log"
+  fi
+fi
+
 # ---------------------------------------------------------------- perf
 if want perf; then
   say ""
-  say "## conflux-perf on device buffers (ranks share the one GPU, one process each)"
+  say "## conflux-perf on device buffers (ranks share the one GPU)"
+  IFS='|' read -r -a perf_env_list <<< "$perf_envs"
   for np in $nps; do
     for coll in $colls; do
      for how in $launches; do
+      for penv in "${perf_env_list[@]}"; do
+      penv=$(echo "$penv" | xargs)
+      [ "$penv" = "-" ] && penv=""
       lim=$(limit 60)
-      [ "$lim" -gt 0 ] || { say "- $coll $np ranks ($how): skipped (out of time)"; continue; }
-      log=$logs/perf_${coll}_${np}_${how}.txt
+      [ "$lim" -gt 0 ] || { say "- $coll $np ranks ($how${penv:+, $penv}): skipped (out of time)"; continue; }
+      tag=$(printf %s "$penv" | tr -c 'A-Za-z0-9_' '_')
+      log=$logs/perf_${coll}_${np}_${how}${tag:+_$tag}.txt
       ranks_flag=--np
       [ "$how" = threads ] && ranks_flag=-t
-      ours timeout "$lim" "$perf" "$coll" "$ranks_flag" "$np" --mem device -b 8 -e "$perf_max" -f 4 \
-        -n 5 -w 2 -c 1 > "$log" 2>&1
+      # shellcheck disable=SC2086 # VAR=value words
+      ( [ -n "$penv" ] && export $penv
+        ours timeout "$lim" "$perf" "$coll" "$ranks_flag" "$np" --mem device -b 8 -e "$perf_max" -f 4 \
+          -n 5 -w 2 -c 1 > "$log" 2>&1 )
       rc=$?
       say ""
-      say "### $coll, $np ranks as $how (exit $rc)"
+      say "### $coll, $np ranks as $how${penv:+, $penv} (exit $rc)"
       say '```'
-      grep -a -E '^#  Rank|^ +[0-9]+ |Avg bus|memcpy|copy|Out of bounds|wrong' "$log" | tee -a "$report" > /dev/null
+      grep -a -E '^#  Rank|^ +[0-9]+ |Avg bus|memcpy|copy|enqueue|Out of bounds|wrong' "$log" | tee -a "$report" > /dev/null
       say '```'
       [ $rc -ne 0 ] && first_failures "$log"
+      done
      done
     done
   done
