@@ -56,6 +56,12 @@ struct cfx_steploop {
     int status;          /* enum cfx_steploop_status. */
     int failed_conn;     /* On failure: the peer table index it came from. */
     uint64_t copy_bytes; /* Bytes copied or reduced so far (tests, counters). */
+    /* This side's counter of each connector, the head of those it receives
+     * on and the tail of those it sends on: only this loop writes them
+     * while it runs, so they are read from memory once, at init (a kernel's
+     * loads of host-mapped FIFOs each cross the bus), and stored through. */
+    uint64_t heads[CFX_OP_MAX_CONNS];
+    uint64_t tails[CFX_OP_MAX_CONNS];
 };
 
 static inline CFX_HOST_DEVICE void
@@ -68,6 +74,10 @@ cfx_steploop_init(struct cfx_steploop *l, const struct cfx_work *work, struct cf
     l->status = work->n_steps == 0 ? CFX_STEPLOOP_DONE : CFX_STEPLOOP_RUNNING;
     l->failed_conn = -1;
     l->copy_bytes = 0;
+    for (int i = 0; i < work->n_conns && i < CFX_OP_MAX_CONNS; i++) {
+        l->heads[i] = cfx_load_relaxed_u64(conns[i].head);
+        l->tails[i] = cfx_load_relaxed_u64(conns[i].tail);
+    }
 }
 
 /* Where one step's bytes come from and go to (cfx_steploop_plan). */
@@ -258,13 +268,13 @@ static inline CFX_HOST_DEVICE int cfx_steploop_ready(struct cfx_steploop *l,
                                                      const struct cfx_step *s)
 {
     if (s->flags & CFX_PRIM_RECV) {
-        if (!cfx_fifo_can_take(&l->conns[s->recv]))
+        if (!cfx_fifo_can_take_at(&l->conns[s->recv], l->heads[s->recv]))
             return 0;
         for (int i = 0; i < s->n_recv_more; i++)
-            if (!cfx_fifo_can_take(&l->conns[s->recv_more[i]]))
+            if (!cfx_fifo_can_take_at(&l->conns[s->recv_more[i]], l->heads[s->recv_more[i]]))
                 return 0;
     }
-    if ((s->flags & CFX_PRIM_SEND) && !cfx_fifo_can_post(&l->conns[s->send]))
+    if ((s->flags & CFX_PRIM_SEND) && !cfx_fifo_can_post_at(&l->conns[s->send], l->tails[s->send]))
         return 0;
     return 1;
 }
@@ -276,10 +286,10 @@ static inline CFX_HOST_DEVICE const char *cfx_steploop_take(struct cfx_steploop 
 {
     const struct cfx_work *w = l->work;
     struct cfx_conn *c = &l->conns[index];
-    uint32_t number = cfx_fifo_next_number(c);
+    uint32_t number = (uint32_t)l->heads[index];
     size_t got;
     const struct cfx_fingerprint *print;
-    const char *slot = cfx_fifo_take_slot(c, &got, &print);
+    const char *slot = cfx_fifo_take_slot_at(c, l->heads[index], &got, &print);
     if (w->check_prints) {
         struct cfx_fingerprint expect = w->expect;
         expect.slot = number;
@@ -347,7 +357,7 @@ cfx_steploop_plan(struct cfx_steploop *l, const struct cfx_step *s, struct cfx_s
             return l->status;
     }
     if (flags & CFX_PRIM_SEND)
-        p->slot_out = cfx_fifo_post_slot(&l->conns[s->send], bytes);
+        p->slot_out = cfx_fifo_post_slot_at(&l->conns[s->send], l->tails[s->send], bytes);
     if (flags & CFX_PRIM_REDUCE) {
         /* Operands in order: recv, recv_more..., with the input at input_pos
          * when ORDERED, else second; folded left to right per element. */
@@ -374,6 +384,12 @@ cfx_steploop_plan(struct cfx_steploop *l, const struct cfx_step *s, struct cfx_s
     return 0;
 }
 
+/* Hand back the slot taken from connector @p index. */
+static inline CFX_HOST_DEVICE void cfx_steploop_release(struct cfx_steploop *l, int index)
+{
+    cfx_fifo_release_at(&l->conns[index], l->heads[index]++);
+}
+
 /* Commit planned step @p s (one thread, after every thread's data): hand
  * back the received slots and post the sent one. */
 static inline CFX_HOST_DEVICE void cfx_steploop_commit(struct cfx_steploop *l,
@@ -385,24 +401,24 @@ static inline CFX_HOST_DEVICE void cfx_steploop_commit(struct cfx_steploop *l,
     if (flags & (CFX_PRIM_PULL | CFX_PRIM_ADDR)) {
         const char *value = s->input;
         if (flags & CFX_PRIM_RECV) {
-            cfx_fifo_release(&l->conns[s->recv]);
+            cfx_steploop_release(l, s->recv);
             value = s->output;
         }
         if (flags & CFX_PRIM_SEND) {
             struct cfx_conn *c = &l->conns[s->send];
             uint64_t addr = (uint64_t)(uintptr_t)value;
-            memcpy(cfx_fifo_post_slot(c, sizeof(addr)), &addr, sizeof(addr));
-            cfx_fifo_post(c, sizeof(addr), &w->print);
+            memcpy(cfx_fifo_post_slot_at(c, l->tails[s->send], sizeof(addr)), &addr, sizeof(addr));
+            cfx_fifo_post_at(c, l->tails[s->send]++, sizeof(addr), &w->print);
         }
         return;
     }
     if (flags & CFX_PRIM_RECV) {
-        cfx_fifo_release(&l->conns[s->recv]);
+        cfx_steploop_release(l, s->recv);
         for (int i = 0; i < s->n_recv_more; i++)
-            cfx_fifo_release(&l->conns[s->recv_more[i]]);
+            cfx_steploop_release(l, s->recv_more[i]);
     }
     if (flags & CFX_PRIM_SEND)
-        cfx_fifo_post(&l->conns[s->send], bytes, &w->print);
+        cfx_fifo_post_at(&l->conns[s->send], l->tails[s->send]++, bytes, &w->print);
 }
 
 /* The step the loop is at, described (once per index). NULL when the loop

@@ -135,30 +135,45 @@ static inline CFX_HOST_DEVICE char *cfx_fifo_data(struct cfx_slot_info *info, ch
 /* Producer: a slot is free to fill. The consumer's head is read only when
  * the last value seen says the FIFO is full (its line need not cross agents
  * on every post). */
-static inline CFX_HOST_DEVICE int cfx_fifo_can_post(struct cfx_conn *c)
+static inline CFX_HOST_DEVICE int cfx_fifo_can_post_at(struct cfx_conn *c, uint64_t tail)
 {
-    uint64_t tail = cfx_load_relaxed_u64(c->tail);
     if (tail - c->head_seen < (uint64_t)c->n_steps)
         return 1;
     c->head_seen = cfx_load_acquire_u64(c->head);
     return tail - c->head_seen < (uint64_t)c->n_steps;
 }
 
-/* Producer: where to write the next slot's @p bytes of payload. */
-static inline CFX_HOST_DEVICE char *cfx_fifo_post_slot(const struct cfx_conn *c, size_t bytes)
+static inline CFX_HOST_DEVICE int cfx_fifo_can_post(struct cfx_conn *c)
 {
-    uint64_t tail = cfx_load_relaxed_u64(c->tail);
+    return cfx_fifo_can_post_at(c, cfx_load_relaxed_u64(c->tail));
+}
+
+/*
+ * The _at forms take the side's own counter (the producer's tail, the
+ * consumer's head) from the caller instead of loading it: only that side
+ * writes it, so a caller that keeps a copy (a kernel, whose loads of
+ * host-mapped memory each cross the bus) need not read it back.
+ */
+
+/* Producer: where to write the next slot's @p bytes of payload. */
+static inline CFX_HOST_DEVICE char *cfx_fifo_post_slot_at(const struct cfx_conn *c, uint64_t tail,
+                                                          size_t bytes)
+{
     return cfx_fifo_data(c->info, c->slots, c->slot_bytes, (size_t)(tail % (uint64_t)c->n_steps),
                          bytes);
+}
+
+static inline CFX_HOST_DEVICE char *cfx_fifo_post_slot(const struct cfx_conn *c, size_t bytes)
+{
+    return cfx_fifo_post_slot_at(c, cfx_load_relaxed_u64(c->tail), bytes);
 }
 
 /* Producer: publish the filled slot with @p bytes of payload (written where
  * cfx_fifo_post_slot said), stamped with the operation's fingerprint. The
  * caller moves the bytes on (a transport's kick) if its FIFO needs that. */
-static inline CFX_HOST_DEVICE void cfx_fifo_post(struct cfx_conn *c, size_t bytes,
-                                                 const struct cfx_fingerprint *print)
+static inline CFX_HOST_DEVICE void cfx_fifo_post_at(struct cfx_conn *c, uint64_t tail, size_t bytes,
+                                                    const struct cfx_fingerprint *print)
 {
-    uint64_t tail = cfx_load_relaxed_u64(c->tail);
     struct cfx_slot_info *info = &c->info[tail % (uint64_t)c->n_steps];
     info->size = (uint32_t)bytes;
     info->print = *print;
@@ -167,19 +182,28 @@ static inline CFX_HOST_DEVICE void cfx_fifo_post(struct cfx_conn *c, size_t byte
     cfx_store_release_u64(c->tail, tail + 1);
 }
 
-/* Consumer: a posted slot is waiting (one load of the slot's info line). */
-static inline CFX_HOST_DEVICE int cfx_fifo_can_take(const struct cfx_conn *c)
+static inline CFX_HOST_DEVICE void cfx_fifo_post(struct cfx_conn *c, size_t bytes,
+                                                 const struct cfx_fingerprint *print)
 {
-    uint64_t head = cfx_load_relaxed_u64(c->head);
+    cfx_fifo_post_at(c, cfx_load_relaxed_u64(c->tail), bytes, print);
+}
+
+/* Consumer: a posted slot is waiting (one load of the slot's info line). */
+static inline CFX_HOST_DEVICE int cfx_fifo_can_take_at(const struct cfx_conn *c, uint64_t head)
+{
     return cfx_load_acquire_u32(&c->info[head % (uint64_t)c->n_steps].seq) == (uint32_t)(head + 1);
 }
 
-/* Consumer: the oldest posted slot, its size and its fingerprint. */
-static inline CFX_HOST_DEVICE const char *cfx_fifo_take_slot(const struct cfx_conn *c,
-                                                             size_t *bytes_p,
-                                                             const struct cfx_fingerprint **print_p)
+static inline CFX_HOST_DEVICE int cfx_fifo_can_take(const struct cfx_conn *c)
 {
-    uint64_t head = cfx_load_relaxed_u64(c->head);
+    return cfx_fifo_can_take_at(c, cfx_load_relaxed_u64(c->head));
+}
+
+/* Consumer: the oldest posted slot, its size and its fingerprint. */
+static inline CFX_HOST_DEVICE const char *
+cfx_fifo_take_slot_at(const struct cfx_conn *c, uint64_t head, size_t *bytes_p,
+                      const struct cfx_fingerprint **print_p)
+{
     size_t index = (size_t)(head % (uint64_t)c->n_steps);
     size_t bytes = c->info[index].size;
     *bytes_p = bytes;
@@ -187,12 +211,23 @@ static inline CFX_HOST_DEVICE const char *cfx_fifo_take_slot(const struct cfx_co
     return cfx_fifo_data(c->info, c->slots, c->slot_bytes, index, bytes);
 }
 
+static inline CFX_HOST_DEVICE const char *cfx_fifo_take_slot(const struct cfx_conn *c,
+                                                             size_t *bytes_p,
+                                                             const struct cfx_fingerprint **print_p)
+{
+    return cfx_fifo_take_slot_at(c, cfx_load_relaxed_u64(c->head), bytes_p, print_p);
+}
+
 /* Consumer: hand the slot back. The caller moves the credit on (a
  * transport's kick) if its FIFO needs that. */
+static inline CFX_HOST_DEVICE void cfx_fifo_release_at(struct cfx_conn *c, uint64_t head)
+{
+    cfx_store_release_u64(c->head, head + 1);
+}
+
 static inline CFX_HOST_DEVICE void cfx_fifo_release(struct cfx_conn *c)
 {
-    uint64_t head = cfx_load_relaxed_u64(c->head);
-    cfx_store_release_u64(c->head, head + 1);
+    cfx_fifo_release_at(c, cfx_load_relaxed_u64(c->head));
 }
 
 /* Whether a side broke the connection (a cfxResult_t, 0 while healthy). */

@@ -28,8 +28,7 @@ extern "C++" {
 static __global__ void __launch_bounds__(CFX_KERNEL_THREADS)
     run_step(const struct cfx_work work, const struct cfx_steploop_plan plan)
 {
-    cfx_steploop_data(&work, &plan, blockIdx.x * blockDim.x + threadIdx.x,
-                      gridDim.x * blockDim.x);
+    cfx_steploop_data(&work, &plan, blockIdx.x * blockDim.x + threadIdx.x, gridDim.x * blockDim.x);
 }
 
 #define CHECK(call)                                                                                \

@@ -194,6 +194,7 @@ struct cfx_kernel_block {
     int op;            /* The op it runs: an index into args.ops. */
     int op_started;    /* That op has begun. */
     int last_send;     /* The connector its op last posted to (reported at its end), or -1. */
+    uint64_t beats;    /* Its op's report's heartbeat (only this block writes it). */
     int team_joined;   /* cfx_kernel_team_join ran. */
     int team_wait;     /* Leader (fakecuda): the item whose acks it awaits, or 0. */
     uint32_t team_gen; /* Leader: items published; helper: items taken. */
@@ -322,6 +323,7 @@ static inline CFX_HOST_DEVICE int cfx_kernel_op_start(struct cfx_kernel_block *b
     b->idle = 0;
     b->last_send = -1;
     r->running = op->work.print;
+    b->beats = cfx_load_relaxed_u64(&r->heartbeat);
     cfx_kernel_store_i32(&r->end_status, CFX_KERNEL_END_NONE);
     cfx_store_release_u64(&r->begun, cfx_load_relaxed_u64(&r->begun) + 1);
     int32_t aborted = cfx_kernel_aborted(op);
@@ -485,7 +487,7 @@ cfx_kernel_commit(struct cfx_kernel_block *b, const struct cfx_kernel_args *a, u
     struct cfx_kernel_report *r = &a->ops[b->op].comm->reports[a->ops[b->op].slot];
     if (b->step->flags & CFX_PRIM_SEND)
         b->last_send = b->step->send;
-    cfx_store_relaxed_u64(&r->heartbeat, cfx_load_relaxed_u64(&r->heartbeat) + 1);
+    cfx_store_relaxed_u64(&r->heartbeat, ++b->beats);
 }
 
 #endif /* CFX_EXEC_CUDA_KERNEL_H */
