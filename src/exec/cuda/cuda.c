@@ -196,8 +196,20 @@ static int failure_of(struct cfx_cuda_comm *c, const struct cfx_kernel_failure *
  * block used, at WARN (which FIFO each waits on, and where each last
  * posted), so a slot that never arrived can be traced to its sender when
  * the ranks share the process. watch_lock held. */
+/* A FIFO's tail word as this host thread reads it now (FIFOs of GPU ranks
+ * are host memory; a word the kernel named is one of them), into @p buf. */
+static const char *word_now(uint64_t at, char *buf)
+{
+    if (at == 0 || at % sizeof(uint64_t) != 0)
+        return "-";
+    snprintf(buf, 24, "%llu",
+             (unsigned long long)cfx_load_acquire_u64((const uint64_t *)(uintptr_t)at));
+    return buf;
+}
+
 static void dump_reports(const struct cfx_cuda_comm *stuck)
 {
+    char now_wait[24], now_post[24];
     for (const struct cfx_cuda_comm *c = watched; c != NULL; c = c->next)
         for (int b = 0; b < CFX_KERNEL_MAX_OPS; b++) {
             const struct cfx_kernel_report *r = &c->mapped->reports[b];
@@ -205,15 +217,17 @@ static void dump_reports(const struct cfx_cuda_comm *stuck)
             if (begun == 0)
                 continue;
             CFX_WARN(CFX_LOG_COLL,
-                     "cuda: %s rank %d report %d: %s #%llu, begun %llu, ended %llu, end %d, "
-                     "waits for rank %d (tail word %#llx: head %llu, tail %llu), its last ended op "
-                     "posted to tail word %#llx = %llu",
+                     "cuda: %s rank %d report %d: %s #%llu, begun %llu, ended %llu, end %d, step "
+                     "%llu, waits for rank %d (tail word %#llx: head %llu, tail %llu; memory now "
+                     "%s), posts to tail word %#llx at its count %llu (memory now %s)",
                      c == stuck ? "stuck" : "other", c->desc.rank, b, kind_name(r->running.kind),
                      (unsigned long long)r->running.seq, (unsigned long long)begun,
                      (unsigned long long)cfx_load_acquire_u64(&r->ended), (int)r->end_status,
-                     (int)r->waiting_peer, (unsigned long long)r->wait_tail_at,
-                     (unsigned long long)r->seen_head, (unsigned long long)r->seen_tail,
-                     (unsigned long long)r->posted_tail_at, (unsigned long long)r->posted_tail);
+                     (unsigned long long)r->step, (int)r->waiting_peer,
+                     (unsigned long long)r->wait_tail_at, (unsigned long long)r->seen_head,
+                     (unsigned long long)r->seen_tail, word_now(r->wait_tail_at, now_wait),
+                     (unsigned long long)r->posted_tail_at, (unsigned long long)r->posted_tail,
+                     word_now(r->posted_tail_at, now_post));
         }
 }
 
@@ -274,8 +288,14 @@ static void watch_one(struct cfx_cuda_comm *c, int64_t now)
         c->stall_asked_ns = now;
         int blame = c->desc.rank;
         cfxResult_t res = c->desc.stalled(c->desc.owner, &blame);
-        if (res != cfxSuccess && record_failure(c, res, blame, &f, "%s", cfx_error_thread_last()))
-            goto failed;
+        if (res != cfxSuccess) {
+            char why[CFX_ERROR_MAX];
+            snprintf(why, sizeof(why), "%s", cfx_error_thread_last());
+            if (!atomic_load_explicit(&c->failed, memory_order_acquire))
+                dump_reports(c); /* Once, with the failure it comes with. */
+            if (record_failure(c, res, blame, &f, "%s", why))
+                goto failed;
+        }
     }
     if (c->desc.timeout_s <= 0 || now - c->stalled_since_ns < c->desc.timeout_s * CFX_NS_PER_SEC)
         return;

@@ -109,9 +109,10 @@ struct cfx_kernel_report {
     uint32_t seen_seq;
     int32_t seen_send; /* 1: it waits to send (for a free slot); 0: to receive. */
     CFX_ALIGNAS(CFX_CACHE_LINE) struct cfx_fingerprint running; /* The op it runs. */
-    /* Where the wait noted above looks (the FIFO's tail word), and, written
-     * when an op ends, the tail word it last posted to and its value, so
-     * that a lost slot can be traced across ranks of one process. */
+    /* Where the wait noted above looks (the FIFO's tail word), and the tail
+     * word it posts to and its own count there: while it waits, those of
+     * the step's send (if any); once an op ends, those it last posted to.
+     * So a lost slot can be traced across ranks of one process. */
     uint64_t wait_tail_at;
     uint64_t posted_tail_at;
     uint64_t posted_tail;
@@ -298,6 +299,10 @@ static inline CFX_HOST_DEVICE void cfx_kernel_note_wait(struct cfx_kernel_block 
                           cfx_load_acquire_u32(&c->info[slot % (uint64_t)c->n_steps].seq));
     cfx_kernel_store_i32(&r->seen_send, send);
     cfx_kernel_store_i32(&r->waiting_peer, c->peer);
+    if (s->flags & CFX_PRIM_SEND) {
+        cfx_store_relaxed_u64(&r->posted_tail_at, (uint64_t)(uintptr_t)b->conns[s->send].tail);
+        cfx_store_relaxed_u64(&r->posted_tail, b->loop.tails[s->send]);
+    }
 }
 
 /* Start block @p b's current op: its views, its step loop, its report. 0,
