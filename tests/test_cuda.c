@@ -922,3 +922,42 @@ Test(cuda, skipped_without_cuda)
 }
 
 #endif
+
+/* Ranks of one process on one GPU need a hardware queue per stream: with
+ * more of them than CUDA_DEVICE_MAX_CONNECTIONS, init warns (once), naming
+ * the variable; with enough queues it says nothing. */
+static void open_and_allreduce(struct cfx_test_rank *ctx)
+{
+    struct gpu_rank g;
+    if (gpu_rank_open(ctx, &g, 1024) && put_inputs(ctx, &g))
+        RANK_CFX(ctx,
+                 cfxAllReduce(g.dsend, g.drecv, g.n, cfxFloat32, cfxSum, g.comm, g.gpu.stream));
+    gpu_rank_close(&g);
+}
+
+Test(cuda, ranks_outnumbering_the_hardware_queues_are_warned_of, .timeout = 120)
+{
+    cr_log_info("on %s", use_gpu());
+    static const struct {
+        const char *queues;
+        int warnings;
+    } cases[] = {{"3", 1}, {"32", 0}};
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        char logs[128];
+        cfx_test_log_to(logs, sizeof(logs), "gpu-queues");
+        cfx_test_setenv("CUDA_DEVICE_MAX_CONNECTIONS", cases[i].queues);
+        struct cfx_test_options opts = {.nranks = 3, .mode = CFX_TEST_THREADS, .deadline_s = 90};
+        CFX_TEST_RUN(&opts, open_and_allreduce);
+        int seen = cfx_test_count_in_logs(
+            logs, "3 ranks of this communicator run on GPU 0 in this process, and CUDA gives a "
+                  "process");
+        int named = cfx_test_count_in_logs(logs, "set CUDA_DEVICE_MAX_CONNECTIONS=32");
+        cfx_test_remove_logs(logs);
+        cfx_test_logs_off();
+        cr_assert(seen == cases[i].warnings && named == cases[i].warnings,
+                  "CUDA_DEVICE_MAX_CONNECTIONS=%s, 3 ranks in one process: %d warnings (%d "
+                  "naming the fix), expected %d",
+                  cases[i].queues, seen, named, cases[i].warnings);
+    }
+    cfx_test_setenv("CUDA_DEVICE_MAX_CONNECTIONS", NULL);
+}

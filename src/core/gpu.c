@@ -7,6 +7,7 @@
  * (poison, flight recorder, blame agreement).
  */
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "src/core/blame.h"
@@ -61,6 +62,29 @@ static cfxResult_t gpu_stalled(void *owner, int *blame_p)
     return res;
 }
 
+/* CUDA runs kernels of different streams at once only while each stream
+ * has a hardware queue of its own; a process has CUDA_DEVICE_MAX_CONNECTIONS
+ * of them per device (8 unless set before CUDA initialises; 32 at most).
+ * Ranks of one process on one GPU wait for each other's kernels: when their
+ * streams outnumber the queues, two of them can share one, the second
+ * kernel waits for the first, and the first for the second (seen with 8
+ * ranks as threads on an H200). Said once per process. */
+static void warn_hardware_queues(const struct cfxComm *comm, int sharing)
+{
+    static int warned;
+    const char *env = getenv("CUDA_DEVICE_MAX_CONNECTIONS");
+    long queues = env != NULL && env[0] != '\0' ? strtol(env, NULL, 10) : 8;
+    if (sharing <= 1 || sharing < queues || __atomic_exchange_n(&warned, 1, __ATOMIC_RELAXED))
+        return;
+    CFX_WARN(CFX_LOG_INIT,
+             "rank %d: %d ranks of this communicator run on GPU %d in this process, and CUDA "
+             "gives a process %ld hardware queues per GPU (CUDA_DEVICE_MAX_CONNECTIONS%s): "
+             "their kernels can end up queued behind each other and time out; set "
+             "CUDA_DEVICE_MAX_CONNECTIONS=32 before CUDA initialises (see "
+             "docs/troubleshooting.md)",
+             comm->rank, sharing, comm->cuda_dev, queues, env != NULL ? "" : " unset: 8");
+}
+
 cfxResult_t cfx_core_gpu_setup(struct cfxComm *comm)
 {
     if (!param_multi_rank_gpu_enable())
@@ -76,10 +100,14 @@ cfxResult_t cfx_core_gpu_setup(struct cfxComm *comm)
                                          comm->peers[a].host_id);
     if (comm->cuda_dev < 0)
         return cfxSuccess;
+    int sharing = 1; /* Ranks of this process on this GPU, this one included. */
     for (int r = 0; r < comm->nranks; r++)
         if (r != comm->rank && comm->peers[r].pid == comm->peers[comm->rank].pid &&
-            same_gpu(comm, r, comm->rank))
+            same_gpu(comm, r, comm->rank)) {
             comm->gpu_shared = 1;
+            sharing++;
+        }
+    warn_hardware_queues(comm, sharing);
     struct cfx_cuda_comm_desc desc = {.device = comm->cuda_dev,
                                       .rank = comm->rank,
                                       .timeout_s = comm->timeout_s,

@@ -257,6 +257,11 @@ static int launch_threads(const struct perf_options *given)
     struct perf_options opt = *given;
     /* Ranks that outnumber the GPUs share them: said to Conflux here, once,
      * before the threads read the environment. */
+    /* Ranks of one process on one GPU spin waiting for each other's
+     * kernels: each stream needs a hardware queue of its own (8 per GPU
+     * unless raised before CUDA starts; docs/troubleshooting.md). */
+    if (opt.mem != PERF_MEM_HOST)
+        setenv("CUDA_DEVICE_MAX_CONNECTIONS", "32", 0);
     if (opt.mem != PERF_MEM_HOST && getenv("CFX_MULTI_RANK_GPU_ENABLE") == NULL) {
         int count = perf_gpu_probe(NULL);
         if (count > 0 && opt.threads > count) {
