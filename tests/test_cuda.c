@@ -914,15 +914,6 @@ Test(cuda, a_captured_allreduce_replays_correctly, .timeout = 120)
     pthread_barrier_destroy(&capture_barrier);
 }
 
-#else
-
-Test(cuda, skipped_without_cuda)
-{
-    cr_skip_test("built without the CUDA toolkit (CFX_HAVE_CUDA is 0)");
-}
-
-#endif
-
 /* Ranks of one process on one GPU need a hardware queue per stream: with
  * more of them than CUDA_DEVICE_MAX_CONNECTIONS, init warns (once), naming
  * the variable; with enough queues it says nothing. */
@@ -961,3 +952,109 @@ Test(cuda, ranks_outnumbering_the_hardware_queues_are_warned_of, .timeout = 120)
     }
     cfx_test_setenv("CUDA_DEVICE_MAX_CONNECTIONS", NULL);
 }
+
+/* A chain's team is capped so that every rank's blocks fit the device at
+ * once: half its SMs (the fake has 132) shared among the process's GPU
+ * ranks on it, and CFX_CUDA_BLOCKS. */
+Test(cuda, teams_are_capped_by_the_sms_the_ranks_share, .timeout = 120)
+{
+    cr_log_info("on %s", use_gpu());
+    if (strcmp(use_gpu(), "fake-cuda") != 0)
+        cr_skip_test("the caps below are for the fake's 132 SMs");
+    static const struct {
+        const char *blocks;
+        int nranks;
+        enum cfx_test_mode mode;
+        const char *line;
+    } cases[] = {
+        {"64", 3, CFX_TEST_THREADS,
+         "chains run on at most 22 blocks (CFX_CUDA_BLOCKS 64; 132 SMs, 3"},
+        {"8", 3, CFX_TEST_THREADS, "chains run on at most 8 blocks (CFX_CUDA_BLOCKS 8; 132 SMs, 3"},
+    };
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        char logs[128];
+        cfx_test_log_to(logs, sizeof(logs), "gpu-teams");
+        cfx_test_setenv("CFX_CUDA_BLOCKS", cases[i].blocks);
+        struct cfx_test_options opts = {
+            .nranks = cases[i].nranks, .mode = cases[i].mode, .deadline_s = 90};
+        CFX_TEST_RUN(&opts, open_and_allreduce);
+        int seen = cfx_test_count_in_logs(logs, cases[i].line);
+        cfx_test_remove_logs(logs);
+        cfx_test_logs_off();
+        cr_assert(seen == cases[i].nranks, "CFX_CUDA_BLOCKS=%s, %d ranks: %d of them logged \"%s\"",
+                  cases[i].blocks, cases[i].nranks, seen, cases[i].line);
+    }
+    cfx_test_setenv("CFX_CUDA_BLOCKS", NULL);
+}
+
+/* Ranks in processes of their own (a process forked after CUDA loaded
+ * cannot use it: a test of its own): one GPU rank per process, the cap is
+ * CFX_CUDA_BLOCKS up to half the SMs. */
+Test(cuda, teams_of_ranks_alone_in_their_process_are_capped_by_half_the_sms, .timeout = 120)
+{
+    cr_log_info("on %s", use_gpu());
+    if (strcmp(use_gpu(), "fake-cuda") != 0)
+        cr_skip_test("the caps below are for the fake's 132 SMs");
+    char logs[128];
+    cfx_test_log_to(logs, sizeof(logs), "gpu-teams-procs");
+    cfx_test_setenv("CFX_CUDA_BLOCKS", "64");
+    struct cfx_test_options opts = {.nranks = 2, .mode = CFX_TEST_PROCS, .deadline_s = 90};
+    CFX_TEST_RUN(&opts, open_and_allreduce);
+    int seen = cfx_test_count_in_logs(
+        logs, "chains run on at most 64 blocks (CFX_CUDA_BLOCKS 64; 132 SMs, 1 GPU rank(s)");
+    cfx_test_remove_logs(logs);
+    cfx_test_logs_off();
+    cr_assert(seen == 2, "CFX_CUDA_BLOCKS=64, 2 processes: %d of them logged their cap", seen);
+    cfx_test_setenv("CFX_CUDA_BLOCKS", NULL);
+}
+
+/* A team whose helper blocks never get room on the device (the fake runs
+ * one block of a launch at a time here, FAKECUDA_RESIDENT_BLOCKS=1): the
+ * leader waits for their acknowledgements, the watcher declares the
+ * timeout, and the leader, seeing the abort word, ends its block, so the
+ * stream completes and the call's error comes back. */
+static void helpers_never_run(struct cfx_test_rank *ctx)
+{
+    struct gpu_rank g;
+    if (!gpu_rank_open(ctx, &g, 1 << 16) || !put_inputs(ctx, &g)) {
+        gpu_rank_close(&g);
+        return;
+    }
+    RANK_CFX(ctx, cfxAllReduce(g.dsend, g.drecv, g.n, cfxFloat32, cfxSum, g.comm, g.gpu.stream));
+    double start = now_s();
+    cfx_test_step(ctx, "waiting for the timeout");
+    cfxResult_t seen = async_error_within(g.comm, 10);
+    double took = now_s() - start;
+    RANK_ASSERT(ctx, seen == cfxTimeout || seen == cfxRemoteError, "async error %s: %s",
+                cfxGetErrorString(seen), cfxGetLastError(g.comm));
+    RANK_ASSERT(ctx, took < 6, "the failure came after %.2f s (CFX_TIMEOUT=2)", took);
+    cfx_test_step(ctx, "waiting for the stream");
+    RANK_ASSERT(ctx, g.gpu.cu->stream_synchronize(g.gpu.stream) == CUDA_SUCCESS,
+                "the stream did not finish after the timeout");
+    gpu_rank_close(&g);
+}
+
+Test(cuda, a_leader_whose_helpers_never_run_stops_at_the_timeout, .timeout = 60)
+{
+    if (strcmp(use_gpu(), "fake-cuda") != 0)
+        cr_skip_test("needs the fake's FAKECUDA_RESIDENT_BLOCKS");
+    cfx_test_setenv("CFX_TIMEOUT", "2");
+    cfx_test_setenv("CFX_CUDA_BLOCKS", "4");
+    cfx_test_setenv("CFX_CUDA_BLOCK_BYTES", "1024");
+    cfx_test_setenv("FAKECUDA_RESIDENT_BLOCKS", "1");
+    struct cfx_test_options opts = {.nranks = 2, .mode = CFX_TEST_THREADS, .deadline_s = 40};
+    CFX_TEST_RUN(&opts, helpers_never_run);
+    cfx_test_setenv("FAKECUDA_RESIDENT_BLOCKS", NULL);
+    cfx_test_setenv("CFX_CUDA_BLOCK_BYTES", NULL);
+    cfx_test_setenv("CFX_CUDA_BLOCKS", NULL);
+    cfx_test_setenv("CFX_TIMEOUT", NULL);
+}
+
+#else
+
+Test(cuda, skipped_without_cuda)
+{
+    cr_skip_test("built without the CUDA toolkit (CFX_HAVE_CUDA is 0)");
+}
+
+#endif

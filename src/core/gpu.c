@@ -110,6 +110,7 @@ cfxResult_t cfx_core_gpu_setup(struct cfxComm *comm)
     warn_hardware_queues(comm, sharing);
     struct cfx_cuda_comm_desc desc = {.device = comm->cuda_dev,
                                       .rank = comm->rank,
+                                      .ranks_on_device = sharing,
                                       .timeout_s = comm->timeout_s,
                                       .timeout_name = comm->timeout_name,
                                       .owner = comm,

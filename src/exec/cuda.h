@@ -41,6 +41,9 @@ struct cfx_cuda_comm;
 struct cfx_cuda_comm_desc {
     int device;
     int rank;
+    /* GPU ranks of this process on this device (this one included): the
+     * device's blocks are shared among their kernels, which run at once. */
+    int ranks_on_device;
     int64_t timeout_s; /* A running kernel's longest time without progress; 0: forever. */
     const char *timeout_name;
     void *owner;                 /* Handed to the hooks. */

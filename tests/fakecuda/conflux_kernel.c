@@ -44,8 +44,11 @@ static int conflux_pass(void *state, const void *params, unsigned block, unsigne
         return action == CFX_KERNEL_FINISHED ? 0 : 1;
     }
     if (b->team_wait != 0) { /* The leader, waiting for its helpers. */
-        if (!cfx_kernel_team_acked(b, team))
+        int acked = cfx_kernel_team_wait(b, args, chain, team, b->team_wait);
+        if (acked == 0)
             return 2;
+        if (acked < 0)
+            return 0; /* Stopped: the op ended ABORTED, the helpers were told. */
         if (b->team_wait == CFX_KERNEL_FINISHED) {
             cfx_kernel_team_clear(b);
             return 0;

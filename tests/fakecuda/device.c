@@ -196,6 +196,7 @@ FC_EXPORT CUresult cuInit(unsigned int Flags)
         fc.knobs.lazy_ns = (uint64_t)env_long("FAKECUDA_LAZY_US", 2000) * 1000u;
         fc.knobs.host_fn_serial = env_long("FAKECUDA_HOST_FN_SERIAL", 1) != 0;
         fc.knobs.concurrent_blocks = env_long("FAKECUDA_CONCURRENT_BLOCKS", 1) != 0;
+        fc.knobs.resident_blocks = env_long("FAKECUDA_RESIDENT_BLOCKS", 0);
         if (fc.knobs.no_device || fc.knobs.n_devices == 0) {
             err = CUDA_ERROR_NO_DEVICE;
         } else {

@@ -62,6 +62,11 @@ struct fc_knobs {
     uint64_t lazy_ns;       /* FAKECUDA_LAZY_US: how late a "synchronous" set or copy lands */
     int host_fn_serial;     /* FAKECUDA_HOST_FN_SERIAL (default 1): one host function at a time */
     int concurrent_blocks;  /* FAKECUDA_CONCURRENT_BLOCKS (default 1): a thread per block */
+    /* FAKECUDA_RESIDENT_BLOCKS (0: all): blocks of a launch that run at
+     * once, as a GPU with room for that many: block b starts only once
+     * b - N blocks have finished (a block that waits for a later one
+     * hangs, as it would there). */
+    long resident_blocks;
 };
 
 /* Every handle the user holds starts with this, so that a handle can be

@@ -127,7 +127,16 @@ struct block_run {
     const struct fc_work *work;
     void *state;
     unsigned block;
+    unsigned *finished; /* Blocks of the launch finished (FAKECUDA_RESIDENT_BLOCKS). */
 };
+
+/* Whether block @p b of a launch may run, @p finished of its blocks being
+ * done: all may, or the first FAKECUDA_RESIDENT_BLOCKS not yet finished. */
+static int admitted(unsigned b, unsigned finished)
+{
+    long room = fc.knobs.resident_blocks;
+    return room <= 0 || (long)b < (long)finished + room;
+}
 
 static void *block_main(void *arg)
 {
@@ -135,11 +144,16 @@ static void *block_main(void *arg)
     const struct fakecuda_kernel *kernel = run->work->kernel.kernel;
     fc_tls_worker = 1;
     uint64_t idle_since = 0;
+    while (!admitted(run->block, __atomic_load_n(run->finished, __ATOMIC_ACQUIRE)))
+        idle_backoff(&idle_since); /* No room yet: earlier blocks hold the "GPU". */
+    idle_since = 0;
     for (;;) {
         int result = kernel->pass(run->state, run->work->kernel.params, run->block,
                                   run->work->kernel.n_blocks, run->work->kernel.threads);
-        if (result == 0)
+        if (result == 0) {
+            __atomic_fetch_add(run->finished, 1, __ATOMIC_ACQ_REL);
             return NULL;
+        }
         if (result == 1) {
             idle_since = 0;
             continue;
@@ -161,10 +175,11 @@ static int run_kernel_concurrently(const struct fc_work *work, void *block_state
         free(threads);
         return 0;
     }
-    unsigned started = 0;
+    unsigned started = 0, finished = 0;
+    for (unsigned b = 0; b < n_blocks; b++)
+        runs[b] = (struct block_run){
+            work, stride != 0 ? (char *)block_states + (size_t)b * stride : NULL, b, &finished};
     for (; started < n_blocks; started++) {
-        runs[started] = (struct block_run){
-            work, stride != 0 ? (char *)block_states + (size_t)started * stride : NULL, started};
         if (pthread_create(&threads[started], NULL, block_main, &runs[started]) != 0)
             break;
     }
@@ -198,7 +213,7 @@ static void run_kernel(const struct fc_work *work, void *block_states)
     while (remaining > 0) {
         int progressed = 0;
         for (unsigned b = 0; b < n_blocks; b++) {
-            if (finished[b])
+            if (finished[b] || !admitted(b, n_blocks - remaining))
                 continue;
             void *state = stride != 0 ? (char *)block_states + (size_t)b * stride : NULL;
             int result =

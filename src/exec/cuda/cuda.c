@@ -56,6 +56,7 @@ struct cfx_cuda_comm {
     CUfunction fn;
     struct cfx_kernel_comm *mapped; /* Host-mapped (the same address on the device). */
     void *teams;                    /* Device memory: mapped->teams. */
+    int team_cap;                   /* Most blocks per chain on this device (team_for). */
     CUevent done;                   /* Recorded after the last eager launch. */
     CUstream last_stream;           /* The stream of that launch. */
     int launched;                   /* done was recorded at least once. */
@@ -386,6 +387,22 @@ static void watch_remove(struct cfx_cuda_comm *c)
 
 /* ------------------------------------------------------------ communicator */
 
+/* Most blocks a chain of this communicator's runs on: CFX_CUDA_BLOCKS, and
+ * no more than half the device's SMs shared among the process's GPU ranks
+ * on it. A team's blocks wait for each other and the ranks' kernels for
+ * each other's, so all must be resident at once; two blocks of
+ * CFX_KERNEL_THREADS per SM leave room for the ranks' other chains and
+ * other work (a block that never gets an SM hangs its whole launch). */
+static int team_cap_for(int sms, int ranks_on_device)
+{
+    int ranks = ranks_on_device > 0 ? ranks_on_device : 1;
+    int cap = sms / (2 * ranks);
+    int most = (int)param_cuda_blocks();
+    if (cap > most)
+        cap = most;
+    return cap > 0 ? cap : 1;
+}
+
 cfxResult_t cfx_exec_cuda_comm_open(const struct cfx_cuda_comm_desc *desc,
                                     struct cfx_cuda_comm **state_p)
 {
@@ -404,6 +421,9 @@ cfxResult_t cfx_exec_cuda_comm_open(const struct cfx_cuda_comm_desc *desc,
                  device_get_attribute(
                      &host_ptr, CU_DEVICE_ATTRIBUTE_CAN_USE_HOST_POINTER_FOR_REGISTERED_MEM, dev),
                  CFX_LOG_INIT, "cuDeviceGetAttribute");
+    int sms = 0;
+    CFX_CU_CHECK(cu, device_get_attribute(&sms, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, dev),
+                 CFX_LOG_INIT, "cuDeviceGetAttribute");
     if (!unified || !host_ptr)
         return cfx_error_set(cfxInvalidUsage, CFX_LOG_INIT,
                              "rank %d: CUDA device %d lacks unified addressing of registered host "
@@ -413,6 +433,12 @@ cfxResult_t cfx_exec_cuda_comm_open(const struct cfx_cuda_comm_desc *desc,
     if (c == NULL)
         return cfx_error_set(cfxSystemError, CFX_LOG_INIT, "out of memory");
     c->desc = *desc;
+    c->team_cap = team_cap_for(sms, desc->ranks_on_device);
+    CFX_INFO(CFX_LOG_INIT,
+             "cuda: rank %d: chains run on at most %d blocks (CFX_CUDA_BLOCKS %d; %d SMs, %d "
+             "GPU rank(s) of this process on device %d)",
+             desc->rank, c->team_cap, (int)param_cuda_blocks(), sms, desc->ranks_on_device,
+             desc->device);
     cfxResult_t res = kernel_of(cu, desc->device, &c->fn);
     if (res == cfxSuccess)
         res = host_batches_open(cu);
@@ -591,12 +617,11 @@ static int share_a_connector(const struct cfx_op *x, const struct cfx_op *y)
 }
 
 /* Blocks for a chain with @p work among its ops (@p so_far: for the others):
- * one per CFX_CUDA_BLOCK_BYTES of its steps, at most CFX_CUDA_BLOCKS. */
-static int team_for(const struct cfx_work *work, int so_far)
+ * one per CFX_CUDA_BLOCK_BYTES of its steps, at most @p most (team_cap). */
+static int team_for(const struct cfx_work *work, int most, int so_far)
 {
     uint64_t elems = work->chunk_elems < work->count ? work->chunk_elems : work->count;
     uint64_t blocks = elems * work->elem_bytes / (uint64_t)param_cuda_block_bytes();
-    int most = (int)param_cuda_blocks();
     int team = blocks >= (uint64_t)most ? most : (int)blocks;
     return team > so_far ? team : so_far;
 }
@@ -651,7 +676,7 @@ static cfxResult_t build_args(struct cfx_op *ops, int n_ops, cfxStream_t stream,
                                      "a group puts more connectors on one CUDA stream than one "
                                      "kernel launch carries (%d): split the group",
                                      CFX_KERNEL_MAX_VIEWS);
-            args->team = (uint8_t)team_for(&op->work, args->team);
+            args->team = (uint8_t)team_for(&op->work, c->team_cap, args->team);
             struct cfx_kernel_op *k_op = &args->ops[args->n_ops++];
             k_op->work = op->work;
             k_op->comm = c->mapped;

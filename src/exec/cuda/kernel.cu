@@ -46,6 +46,7 @@ extern "C" __global__ void __launch_bounds__(CFX_KERNEL_THREADS)
 {
     __shared__ struct cfx_kernel_block block;
     __shared__ int action;
+    __shared__ int stopped; /* The leader gave up waiting for its helpers (set once). */
     const unsigned tid = threadIdx.x, nthreads = blockDim.x;
     const unsigned team = cfx_kernel_team_size(&args);
     const unsigned chain = blockIdx.x / team, member = blockIdx.x % team;
@@ -53,6 +54,7 @@ extern "C" __global__ void __launch_bounds__(CFX_KERNEL_THREADS)
     const unsigned share = member * nthreads + tid, shares = team * nthreads;
     if (tid == 0) {
         block.started = 0;
+        stopped = 0;
         cfx_kernel_team_join(&block, &args, chain);
     }
     __syncthreads();
@@ -66,10 +68,13 @@ extern "C" __global__ void __launch_bounds__(CFX_KERNEL_THREADS)
         __syncthreads();
         if (action == CFX_KERNEL_FINISHED) {
             if (tid == 0 && team > 1) {
+                int acked;
                 cfx_kernel_team_publish(&block, CFX_KERNEL_FINISHED);
-                while (!cfx_kernel_team_acked(&block, team))
+                while ((acked = cfx_kernel_team_wait(&block, &args, chain, team,
+                                                     CFX_KERNEL_FINISHED)) == 0)
                     ;
-                cfx_kernel_team_clear(&block);
+                if (acked > 0)
+                    cfx_kernel_team_clear(&block);
             }
             return;
         }
@@ -79,12 +84,20 @@ extern "C" __global__ void __launch_bounds__(CFX_KERNEL_THREADS)
             cfx_kernel_data(&block, share, shares);
             __syncthreads(); /* Every thread's stores before the leader publishes them. */
             if (tid == 0) {
-                while (team > 1 && !cfx_kernel_team_acked(&block, team))
+                int acked = 1;
+                while (team > 1 && (acked = cfx_kernel_team_wait(&block, &args, chain, team,
+                                                                 CFX_KERNEL_STEP)) == 0)
                     ;
-                __threadfence_system();
-                cfx_kernel_commit(&block, &args, chain);
+                if (acked > 0) {
+                    __threadfence_system();
+                    cfx_kernel_commit(&block, &args, chain);
+                } else {
+                    stopped = 1; /* The communicator stopped while helpers were away. */
+                }
             }
         }
         __syncthreads(); /* Nobody reads `action` while the leader rewrites it. */
+        if (stopped)
+            return;
     }
 }

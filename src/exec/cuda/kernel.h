@@ -451,6 +451,32 @@ static inline CFX_HOST_DEVICE int cfx_kernel_team_acked(const struct cfx_kernel_
     return cfx_load_acquire_u32(&b->team->acks) == b->team_gen * (team - 1);
 }
 
+/* Leader, waiting for every helper's acknowledgement of the item of @p kind
+ * it published last: 1 once all came; 0 to wait on; -1 when the
+ * communicator was stopped meanwhile (checked every spin_check rounds: an
+ * abort, or a timeout while a helper never got an SM): a step's op then
+ * ends ABORTED and the team is told the end, and the leader ends its block
+ * without clearing the team (a stopped communicator runs nothing more). */
+static inline CFX_HOST_DEVICE int cfx_kernel_team_wait(struct cfx_kernel_block *b,
+                                                       const struct cfx_kernel_args *a,
+                                                       unsigned chain, unsigned team, int kind)
+{
+    if (cfx_kernel_team_acked(b, team))
+        return 1;
+    if (++b->idle % (a->spin_check ? a->spin_check : CFX_KERNEL_SPIN_CHECK) != 0)
+        return 0;
+    const struct cfx_kernel_op *op =
+        &a->ops[kind == CFX_KERNEL_STEP ? b->op : a->block_first[chain + 1] - 1];
+    int32_t aborted = cfx_kernel_aborted(op);
+    if (aborted == 0)
+        return 0;
+    if (kind == CFX_KERNEL_STEP) {
+        cfx_kernel_end(b, op, CFX_KERNEL_END_ABORTED, aborted, -1);
+        cfx_kernel_team_publish(b, CFX_KERNEL_FINISHED);
+    }
+    return -1;
+}
+
 /* Leader, once the end is acknowledged: the team as the next launch finds
  * it (stream order makes these stores visible to it). */
 static inline CFX_HOST_DEVICE void cfx_kernel_team_clear(struct cfx_kernel_block *b)
