@@ -953,6 +953,148 @@ ParameterizedTest(struct single_copy_case *sc, single_copy, allgather, .timeout 
     CFX_TEST_RUN(&opts, single_copy_rank);
 }
 
+/* ------------------------------------------ single-copy point to point */
+
+/* Sends at least as large as the receiver's threshold (CFX_P2P_SINGLE_COPY_
+ * MIN_BYTES) are read by the receiver straight from the sender's buffer
+ * (src/coll/pull.h); both sides must pick the same schedule for every
+ * message, or the data and the slot numbers go wrong. */
+struct p2p_copy_case {
+    enum transport transport;
+    int nranks;
+    enum cfx_test_mode mode;
+    /* 0: every send of 1 byte or more single copy (sockets: none);
+     * 1: the last rank turns single copy off (CFX_SINGLE_COPY=0);
+     * 2: each rank offers its own threshold (p2p_threshold_of). */
+    int variant;
+};
+
+static uint64_t p2p_threshold_of(int rank)
+{
+    return rank == 0 ? 1 : (uint64_t)rank * 300000;
+}
+
+/* The threshold a pair with @p receiver as its receive side agreed on. */
+static uint64_t p2p_expected(const struct p2p_copy_case *pc, int receiver)
+{
+    if (pc->transport == SOCKET || (pc->variant == 1 && receiver == pc->nranks - 1))
+        return CFX_PULL_NEVER;
+    return pc->variant == 2 ? p2p_threshold_of(receiver) : 1;
+}
+
+/* Runs before the rank reads any parameter (processes: an environment each). */
+static void p2p_copy_env(struct cfx_test_rank *ctx)
+{
+    const struct p2p_copy_case *pc = ctx->arg;
+    char value[32];
+    snprintf(value, sizeof(value), "%llu",
+             (unsigned long long)(pc->variant == 2 ? p2p_threshold_of(ctx->rank) : 1));
+    cfx_test_setenv("CFX_P2P_SINGLE_COPY_MIN_BYTES", value);
+    if (pc->variant == 1 && ctx->rank == ctx->nranks - 1)
+        cfx_test_setenv("CFX_SINGLE_COPY", "0");
+}
+
+/* cfxAlltoAll at counts below, at and above the thresholds, and over
+ * several pull chunks (CFX_PULL_CHUNK_BYTES); a different pattern per call. */
+static void run_alltoall_sizes(struct cfx_test_rank *ctx, cfxComm_t comm, struct ctx_bufs *b)
+{
+    static const size_t counts[] = {1, 1000, 74999, 75000, 150001, 600003};
+    int n = ctx->nranks, r = ctx->rank;
+    for (size_t c = 0; c < sizeof(counts) / sizeof(counts[0]); c++) {
+        size_t bytes = counts[c] * 4;
+        char desc[96];
+        snprintf(desc, sizeof(desc), "alltoall of %zu float32 per peer", counts[c]);
+        cfx_test_step(ctx, "%s", desc);
+        for (int q = 0; q < n; q++)
+            for (size_t i = 0; i < bytes; i++)
+                b->send[(size_t)q * bytes + i] = (char)pattern(r * 64 + q, i, (int)c + 7);
+        memset(b->recv, 0xee, bytes * (size_t)n);
+        CALL_ON(ctx, b, desc, cfxAlltoAll(b->send, b->recv, counts[c], cfxFloat32, comm, NULL));
+        for (int q = 0; q < n; q++)
+            for (size_t i = 0; i < bytes; i++)
+                if ((unsigned char)b->recv[(size_t)q * bytes + i] !=
+                    pattern(q * 64 + r, i, (int)c + 7)) {
+                    RANK_ASSERT(ctx, 0, "%s: byte %zu from rank %d wrong", desc, i, q);
+                    return;
+                }
+    }
+}
+
+static void p2p_copy_rank(struct cfx_test_rank *ctx)
+{
+    const struct p2p_copy_case *pc = ctx->arg;
+    struct ctx_bufs b;
+    RANK_ASSERT(ctx, bufs_init(&b, ctx->nranks), "out of memory");
+    cfxComm_t comm;
+    RANK_CFX(ctx, cfxCommInitRank(&comm, ctx->nranks, ctx->id, ctx->rank));
+    if (!ctx->slot_failed)
+        run_sendrecv(ctx, comm, &b);
+    if (!ctx->slot_failed)
+        run_alltoall_sizes(ctx, comm, &b);
+    /* Each pair agreed on its receiver's threshold, on both sides. */
+    for (int q = 0; q < ctx->nranks && !ctx->slot_failed; q++) {
+        if (q == ctx->rank)
+            continue;
+        struct cfx_connector *to = comm->p2p_send[q], *from = comm->p2p_recv[q];
+        RANK_ASSERT(ctx, to && to->pull_min == p2p_expected(pc, q),
+                    "the send side to rank %d has threshold %llu, not %llu", q,
+                    to ? (unsigned long long)to->pull_min : 0ull,
+                    (unsigned long long)p2p_expected(pc, q));
+        RANK_ASSERT(ctx, from && from->pull_min == p2p_expected(pc, ctx->rank),
+                    "the receive side from rank %d has threshold %llu, not %llu", q,
+                    from ? (unsigned long long)from->pull_min : 0ull,
+                    (unsigned long long)p2p_expected(pc, ctx->rank));
+    }
+    if (!ctx->slot_failed) {
+        RANK_CFX(ctx, cfxCommFinalize(comm));
+    }
+    cfxCommDestroy(comm);
+    free(b.send);
+    free(b.recv);
+}
+
+#define N_P2P_COPY_CASES (3 * 2 + 2 + 1 + 1)
+static struct p2p_copy_case p2p_copy_cases[N_P2P_COPY_CASES];
+
+ParameterizedTestParameters(single_copy, point_to_point)
+{
+    static const int ranks[] = {2, 3, 4};
+    size_t k = 0;
+    for (int ri = 0; ri < 3; ri++)
+        for (int m = 0; m < 2; m++)
+            p2p_copy_cases[k++] = (struct p2p_copy_case){
+                .transport = SHM, .nranks = ranks[ri], .mode = (enum cfx_test_mode)m};
+    for (int m = 0; m < 2; m++)
+        p2p_copy_cases[k++] =
+            (struct p2p_copy_case){.transport = SOCKET, .nranks = 3, .mode = (enum cfx_test_mode)m};
+    /* Processes: each has an environment of its own. */
+    p2p_copy_cases[k++] =
+        (struct p2p_copy_case){.transport = SHM, .nranks = 3, .mode = CFX_TEST_PROCS, .variant = 1};
+    p2p_copy_cases[k++] =
+        (struct p2p_copy_case){.transport = SHM, .nranks = 4, .mode = CFX_TEST_PROCS, .variant = 2};
+    return cr_make_param_array(struct p2p_copy_case, p2p_copy_cases, k);
+}
+
+ParameterizedTest(struct p2p_copy_case *pc, single_copy, point_to_point, .timeout = 900)
+{
+    static const char *variants[] = {"from 1 byte", "off on the last rank",
+                                     "from a threshold of each rank's own"};
+    cr_log_info("sends and all-to-all, single copy %s, over %s, %d ranks as %s",
+                variants[pc->variant], pc->transport == SHM ? "shm" : "socket", pc->nranks,
+                pc->mode == CFX_TEST_PROCS ? "processes" : "threads");
+    cfx_test_setenv("CFX_SHM_DISABLE", pc->transport == SOCKET ? "1" : NULL);
+    cfx_test_setenv("CFX_SINGLE_COPY", NULL);
+    cfx_test_setenv("CFX_P2P_SINGLE_COPY_MIN_BYTES", "1");
+    struct cfx_test_options opts = {.nranks = pc->nranks,
+                                    .mode = pc->mode,
+                                    .deadline_s = 600,
+                                    .arg = (void *)pc,
+                                    .before_rank =
+                                        pc->mode == CFX_TEST_PROCS ? p2p_copy_env : NULL};
+    CFX_TEST_RUN(&opts, p2p_copy_rank);
+    cfx_test_setenv("CFX_P2P_SINGLE_COPY_MIN_BYTES", NULL);
+}
+
 /* ------------------------------------------- rooted calls away from the tree root */
 
 /* Reduce and broadcast on the trees from every root but rank 0 (the trees'

@@ -339,12 +339,12 @@ Test(steploop, ring_reducescatter_every_size)
 
 /* ------------------------------------------------------ data movement only */
 
-enum move { CHAIN_BCAST, TREE_BCAST, RING_AG, PULL_AG, P2P };
+enum move { CHAIN_BCAST, TREE_BCAST, RING_AG, PULL_AG, P2P, PULL_P2P };
 
 static void run_move(enum move mv, int n, uint64_t count, int root, int n_steps, size_t slot_bytes)
 {
     static struct world wd;
-    int p2p = mv == P2P;
+    int p2p = mv == P2P || mv == PULL_P2P;
     int n_loops = p2p ? 2 * n : n;
     world_init(&wd, n_loops, n, n_steps, slot_bytes);
     int gather = mv == RING_AG || mv == PULL_AG;
@@ -377,11 +377,12 @@ static void run_move(enum move mv, int n, uint64_t count, int root, int n_steps,
                      CFX_COLL_ALLGATHER, cfxInt32, cfxSum, r, n, -1, count, in[r], out[r]);
             break;
         case P2P:
+        case PULL_P2P:
             /* Loop r sends to r+1; loop n+r receives from r-1. */
-            set_work(&wd.st[r].work, CFX_SCHED_P2P_SEND, CFX_COLL_SEND, cfxInt32, cfxSum, r, n,
-                     (r + 1) % n, count, in[r], NULL);
-            set_work(&wd.st[n + r].work, CFX_SCHED_P2P_RECV, CFX_COLL_RECV, cfxInt32, cfxSum, r, n,
-                     (r + n - 1) % n, count, NULL, out[r]);
+            set_work(&wd.st[r].work, mv == P2P ? CFX_SCHED_P2P_SEND : CFX_SCHED_PULL_SEND,
+                     CFX_COLL_SEND, cfxInt32, cfxSum, r, n, (r + 1) % n, count, in[r], NULL);
+            set_work(&wd.st[n + r].work, mv == P2P ? CFX_SCHED_P2P_RECV : CFX_SCHED_PULL_RECV,
+                     CFX_COLL_RECV, cfxInt32, cfxSum, r, n, (r + n - 1) % n, count, NULL, out[r]);
             break;
         }
     }
@@ -447,8 +448,10 @@ Test(steploop, ring_and_single_copy_allgather)
 Test(steploop, send_recv_ring_of_pairs)
 {
     for (int n = 2; n <= MAX_RANKS; n++)
-        for (size_t c = 0; c < sizeof(counts) / sizeof(counts[0]); c++)
+        for (size_t c = 0; c < sizeof(counts) / sizeof(counts[0]); c++) {
             run_move(P2P, n, counts[c], 0, 2, 64);
+            run_move(PULL_P2P, n, counts[c], 0, 2, 64);
+        }
 }
 
 /* ---------------------------------------------------------- the finishes */

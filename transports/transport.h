@@ -124,6 +124,11 @@ struct cfx_connector {
     /* Receive side: read_peer() works on this connector (its transport
      * offers it and connect() read the peer's memory once successfully). */
     int peer_readable;
+    /* Point to point, both sides: the smallest send that goes single copy
+     * (the receiver reads the sender's buffer, src/coll/pull.h), as the
+     * receiver published it in the FIFO (cfx_fifo.pull_min); 0 until known,
+     * CFX_PULL_NEVER for none. Set by the core, not by transports. */
+    uint64_t pull_min;
 };
 
 /* Channels one pair of ranks may connect per kind of connection. */
@@ -324,6 +329,12 @@ static inline void cfx_conn_post(struct cfx_connector *conn, size_t bytes,
     cfx_fifo_post(&conn->view, bytes, print);
     if (conn->transport->flags & CFX_TRANSPORT_FLAG_PROGRESS)
         conn->transport->kick(conn->transport_ctx, conn);
+}
+
+/* Producer: the consumer released every slot posted so far. */
+static inline int cfx_conn_drained(struct cfx_connector *conn)
+{
+    return cfx_fifo_drained_at(&conn->view, cfx_load_relaxed_u64(conn->view.tail));
 }
 
 static inline int cfx_conn_can_take(const struct cfx_connector *conn)

@@ -18,7 +18,9 @@ static enum cfx_sched algo_of(const struct cfx_op *op)
     if (op->direct)
         return CFX_SCHED_DIRECT_ALLREDUCE;
     if (op->pull)
-        return CFX_SCHED_PULL_ALLGATHER;
+        return op->kind == CFX_COLL_SEND   ? CFX_SCHED_PULL_SEND
+               : op->kind == CFX_COLL_RECV ? CFX_SCHED_PULL_RECV
+                                           : CFX_SCHED_PULL_ALLGATHER;
     switch (op->kind) {
     case CFX_COLL_ALLREDUCE: return CFX_SCHED_RING_ALLREDUCE;
     case CFX_COLL_BROADCAST: return CFX_SCHED_CHAIN_BROADCAST;
@@ -174,6 +176,10 @@ struct cfx_connector *cfx_coll_waiting_on(const struct cfx_op *op, const char **
         }
     if ((step.flags & CFX_PRIM_SEND) && !cfx_conn_can_post(op->conns[step.send])) {
         *what_p = "a free slot at";
+        return op->conns[step.send];
+    }
+    if ((step.flags & CFX_PRIM_DRAIN) && !cfx_conn_drained(op->conns[step.send])) {
+        *what_p = "the end of the reads of this rank's buffer by";
         return op->conns[step.send];
     }
     return NULL;

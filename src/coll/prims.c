@@ -138,13 +138,15 @@ static cfxResult_t run_single_copy(struct cfx_op *op, const struct cfx_step *ste
         if (res != cfxSuccess)
             return res;
         memcpy(&remote, slot, sizeof(remote));
-        cfx_conn_release(op->conns[step->recv]);
         if (bytes && (res = cfx_conn_read_peer(op->conns[step->recv], step->output, remote,
                                                bytes)) != cfxSuccess) {
             struct cfx_connector *from = op->conns[step->recv];
             op->blame_rank = from->blame_rank >= 0 ? from->blame_rank : from->peer_rank;
             return res;
         }
+        /* After the read: a sender that drains (point to point) may then
+         * let go of its buffer. */
+        cfx_conn_release(op->conns[step->recv]);
         value = step->output;
     }
     if (flags & CFX_PRIM_SEND) {
@@ -178,6 +180,8 @@ cfxResult_t cfx_prim_run(struct cfx_op *op, const struct cfx_step *step)
     unsigned flags = step->flags;
     if (flags & (CFX_PRIM_PULL | CFX_PRIM_ADDR))
         return run_single_copy(op, step);
+    if (flags & CFX_PRIM_DRAIN)
+        return cfxSuccess; /* Ready means done. */
     size_t n = step->n_elems;
     size_t bytes = n * op->elem_bytes;
     const char *received = NULL;

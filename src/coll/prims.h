@@ -37,6 +37,8 @@ static inline int cfx_prim_ready(const struct cfx_op *op, const struct cfx_step 
     }
     if ((step->flags & CFX_PRIM_SEND) && !cfx_conn_can_post(op->conns[step->send]))
         return 0;
+    if ((step->flags & CFX_PRIM_DRAIN) && !cfx_conn_drained(op->conns[step->send]))
+        return 0;
     return 1;
 }
 

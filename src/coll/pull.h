@@ -7,12 +7,14 @@
  * successor in turn. Each byte is copied once per receiving rank, instead of
  * into a slot and out again.
  *
- * Only the ring allgather uses it. A read of another process's memory
- * (process_vm_readv) runs at 0.4-0.6 x memcpy on the machines measured (the
- * kernel pins every page it copies), so it wins only where it saves a copy
- * on the busiest rank: allgather saves one on every rank (3 copies per byte
- * to 2), but broadcast's receivers copy once either way, and the FIFO's two
- * copies run at memcpy speed on two cores at once (docs/performance.md).
+ * The ring allgather and point to point use it. A read of another
+ * process's memory (process_vm_readv) runs at 0.4-0.8 x memcpy on the
+ * machines measured (the kernel pins every page it copies), so it wins only
+ * where it saves a copy on the busiest rank: allgather saves one on every
+ * rank (3 copies per byte to 2), a send/receive pair one of two (which is
+ * what an all-to-all is made of), but broadcast's receivers copy once either
+ * way, and the FIFO's two copies run at memcpy speed on two cores at once
+ * (docs/performance.md).
  *
  * A rank's buffers are read by its successor after the rank returned from
  * its last data step, so the schedule ends with a ring of empty slots: each
@@ -53,5 +55,49 @@ cfx_pull_allgather_describe(const struct cfx_work *w, uint64_t index, struct cfx
     step->output = NULL;
     step->n_elems = 0;
 }
+
+/*
+ * Point to point: the sender posts the address of each chunk of its buffer,
+ * the receiver reads the chunk into its output and only then releases the
+ * slot, and the sender's last step waits until every slot it posted is
+ * released (CFX_PRIM_DRAIN): then its buffer is no longer read and the send
+ * may complete. Chunks are CFX_PULL_CHUNK_BYTES, so a large message is
+ * still a pipeline (the receiver reads chunk k while the sender posts k+1).
+ * Both sides take this path together or not at all: the receiver publishes
+ * its verdict and threshold in the FIFO both map (src/core/group.c).
+ *   send: send|addr per chunk, then drain
+ *   recv: recv|pull|out per chunk
+ */
+static inline CFX_HOST_DEVICE uint64_t cfx_pull_send_steps(const struct cfx_work *w)
+{
+    uint64_t chunks = cfx_work_chunks(w);
+    return chunks > 0 ? chunks + 1 : 0; /* An empty send: nothing to drain. */
+}
+
+static inline CFX_HOST_DEVICE void cfx_pull_send_describe(const struct cfx_work *w, uint64_t index,
+                                                          struct cfx_step *step)
+{
+    if (index == cfx_work_chunks(w)) {
+        step->flags = CFX_PRIM_DRAIN;
+        return;
+    }
+    uint64_t offset, len;
+    cfx_work_chunk_of(w, index, &offset, &len);
+    step->flags = CFX_PRIM_SEND | CFX_PRIM_ADDR;
+    step->input = cfx_coll_at(w->sendbuff, offset, w->elem_bytes);
+    step->n_elems = len;
+}
+
+static inline CFX_HOST_DEVICE void cfx_pull_recv_describe(const struct cfx_work *w, uint64_t index,
+                                                          struct cfx_step *step)
+{
+    uint64_t offset, len;
+    cfx_work_chunk_of(w, index, &offset, &len);
+    step->flags = CFX_PRIM_RECV | CFX_PRIM_PULL | CFX_PRIM_OUT;
+    step->output = cfx_coll_at(w->recvbuff, offset, w->elem_bytes);
+    step->n_elems = len;
+}
+
+#define cfx_pull_recv_steps cfx_work_chunks
 
 #endif /* CFX_COLL_PULL_H */

@@ -39,7 +39,9 @@
     X(DIRECT_ALLREDUCE, direct_allreduce) /* One shot, all pairs. */                               \
     X(PULL_ALLGATHER, pull_allgather)     /* Single copy: slots carry addresses. */                \
     X(P2P_SEND, p2p_send)                                                                          \
-    X(P2P_RECV, p2p_recv)
+    X(P2P_RECV, p2p_recv)                                                                          \
+    X(PULL_SEND, pull_send) /* Single copy: the receiver reads the sender's buffer. */             \
+    X(PULL_RECV, pull_recv)
 
 enum cfx_sched {
 #define CFX_SCHED_ENUM(id, name) CFX_SCHED_##id,
@@ -93,7 +95,8 @@ static inline const char *cfx_schedule_name(int algo)
  */
 static inline CFX_HOST_DEVICE void cfx_work_finish(struct cfx_work *w, uint64_t slot_bytes)
 {
-    if (w->algo == CFX_SCHED_PULL_ALLGATHER)
+    if (w->algo == CFX_SCHED_PULL_ALLGATHER || w->algo == CFX_SCHED_PULL_SEND ||
+        w->algo == CFX_SCHED_PULL_RECV)
         slot_bytes = CFX_PULL_CHUNK_BYTES; /* The data does not go through the slots. */
     w->chunk_elems = w->elem_bytes ? slot_bytes / w->elem_bytes : 0;
     if (w->chunk_elems == 0)

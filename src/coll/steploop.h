@@ -274,6 +274,8 @@ static inline CFX_HOST_DEVICE int cfx_steploop_ready(struct cfx_steploop *l,
             if (!cfx_fifo_can_take_at(&l->conns[s->recv_more[i]], l->heads[s->recv_more[i]]))
                 return 0;
     }
+    if ((s->flags & CFX_PRIM_DRAIN) && !cfx_fifo_drained_at(&l->conns[s->send], l->tails[s->send]))
+        return 0;
     if ((s->flags & CFX_PRIM_SEND) && !cfx_fifo_can_post_at(&l->conns[s->send], l->tails[s->send]))
         return 0;
     return 1;
@@ -326,8 +328,9 @@ cfx_steploop_plan(struct cfx_steploop *l, const struct cfx_step *s, struct cfx_s
     p->avg = 0;
     p->out = 0;
     p->slot_out = 0;
-    if (flags & (CFX_PRIM_PULL | CFX_PRIM_ADDR)) {
-        /* Single copy: slots carry addresses; the data is one byte copy. */
+    if (flags & (CFX_PRIM_PULL | CFX_PRIM_ADDR | CFX_PRIM_DRAIN)) {
+        /* Single copy: slots carry addresses; the data is one byte copy
+         * (none for a drain, whose readiness was all it waited for). */
         p->n = bytes;
         const char *value = s->input;
         if (flags & CFX_PRIM_RECV) {
@@ -398,7 +401,7 @@ static inline CFX_HOST_DEVICE void cfx_steploop_commit(struct cfx_steploop *l,
     const struct cfx_work *w = l->work;
     uint32_t flags = s->flags;
     uint64_t bytes = s->n_elems * w->elem_bytes;
-    if (flags & (CFX_PRIM_PULL | CFX_PRIM_ADDR)) {
+    if (flags & (CFX_PRIM_PULL | CFX_PRIM_ADDR | CFX_PRIM_DRAIN)) {
         const char *value = s->input;
         if (flags & CFX_PRIM_RECV) {
             cfx_steploop_release(l, s->recv);

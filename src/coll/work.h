@@ -123,6 +123,9 @@ CFX_STATIC_ASSERT(sizeof(struct cfx_work) == 168, "the work descriptor keeps its
  * That buffer must stay unchanged until the peer has read it: the schedule
  * ends with a round that tells every rank its readers are done. */
 #define CFX_PRIM_ADDR 0x80u
+/* Alone: wait until the peer of the send connector has released every
+ * slot posted to it (it is done reading the addresses they carried). */
+#define CFX_PRIM_DRAIN 0x100u
 
 /* One step of a schedule: what it moves where. Connectors are indices into
  * the operation's peer table. */

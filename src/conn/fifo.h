@@ -75,7 +75,14 @@ struct cfx_fifo {
     int32_t refs;                               /* Sides holding process-local memory (shm). */
     int32_t pinned; /* Process-local memory registered with CUDA: its device + 1 (shm; the last
                      * side to let go unpins); -1 while a side registers it; 0: not. */
+    /* Set by the consumer once connected (point-to-point FIFOs whose memory
+     * both sides share): the smallest send that goes single copy
+     * (src/coll/pull.h), CFX_PULL_NEVER for none; 0 until it is set. */
+    uint64_t pull_min;
 };
+
+/* cfx_fifo.pull_min: this connection never takes the single-copy path. */
+#define CFX_PULL_NEVER UINT64_MAX
 
 /* Bytes from the FIFO control block to slot 0 (page aligned). */
 static inline CFX_HOST_DEVICE size_t cfx_fifo_slots_offset(void)
@@ -146,6 +153,16 @@ static inline CFX_HOST_DEVICE int cfx_fifo_can_post_at(struct cfx_conn *c, uint6
 static inline CFX_HOST_DEVICE int cfx_fifo_can_post(struct cfx_conn *c)
 {
     return cfx_fifo_can_post_at(c, cfx_load_relaxed_u64(c->tail));
+}
+
+/* Producer: every slot it posted (@p tail of them) was released: the
+ * consumer is done with all of them. */
+static inline CFX_HOST_DEVICE int cfx_fifo_drained_at(struct cfx_conn *c, uint64_t tail)
+{
+    if (c->head_seen == tail)
+        return 1;
+    c->head_seen = cfx_load_acquire_u64(c->head);
+    return c->head_seen == tail;
 }
 
 /*

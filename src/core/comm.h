@@ -105,6 +105,10 @@ struct cfxComm {
      * init: all ranks or none). */
     int single_copy;
     size_t single_copy_min;
+    /* Point to point: what this rank's receive connectors offer their
+     * senders as the single-copy threshold (CFX_PULL_NEVER: none), where
+     * they can read the sender's memory (connect.c publishes it). */
+    uint64_t p2p_single_copy_min;
     /* Connection setup (connect.c): peers whose pid means a process here
      * (one host, one PID namespace), so that a pid gone later means a dead
      * rank; and the deadline of the batch being connected. */
@@ -239,6 +243,13 @@ int cfx_core_peer_dead(struct cfxComm *comm, int64_t grace_ms);
  * this one left blames @p dead, not this rank's exit. Waits at most a
  * moment per peer. */
 void cfx_core_tell_peers_dead(struct cfxComm *comm, int dead);
+
+/* A point-to-point connector's single-copy threshold (*min_p, bytes;
+ * CFX_PULL_NEVER: none), as its receive side published it at connect: a
+ * send side whose receiver is still connecting waits for it, bounded by
+ * the communicator's timeout, the abort flag and the peer's health. */
+cfxResult_t cfx_core_pull_threshold(struct cfxComm *comm, struct cfx_connector *conn,
+                                    uint64_t *min_p);
 
 /* Close every connector and transport of a communicator. Never blocks. */
 void cfx_core_disconnect_all(struct cfxComm *comm);

@@ -7,6 +7,7 @@
  */
 #include <assert.h>
 #include <errno.h>
+#include <sched.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -458,6 +459,63 @@ static cfxResult_t recv_infos(struct cfx_conn_request *reqs, int n_reqs, struct 
     return res;
 }
 
+/* A point-to-point receive side tells its sender, in the FIFO control block
+ * they share, from which size on it reads the sender's buffer itself
+ * (src/coll/pull.h), or CFX_PULL_NEVER; the sender reads it at its first
+ * send (cfx_core_pull_threshold). Host ranks only: a GPU rank's buffers may
+ * be device memory, which process_vm_readv cannot read. */
+static void publish_pull(struct cfxComm *comm, struct cfx_connector *conn)
+{
+    uint64_t min = CFX_PULL_NEVER;
+    if (conn->peer_readable && conn->transport->read_peer != NULL &&
+        conn->place.mem == CFX_MEM_HOST && conn->place.reader == CFX_READER_HOST_THREAD)
+        min = comm->p2p_single_copy_min;
+    conn->pull_min = min;
+    cfx_store_release_u64(&conn->fifo->pull_min, min);
+}
+
+/* Largest wait for a receiver's verdict between two looks at the peer. */
+#define PULL_LOOK_EVERY_NS (100 * 1000 * 1000)
+
+cfxResult_t cfx_core_pull_threshold(struct cfxComm *comm, struct cfx_connector *conn,
+                                    uint64_t *min_p)
+{
+    if (conn->pull_min == 0 && conn->transport->read_peer == NULL)
+        conn->pull_min = CFX_PULL_NEVER; /* Nothing shared to publish in. */
+    if (conn->pull_min == 0) {
+        /* A send side before its receiver finished connecting: the receive
+         * side's connect already saw this side attach, so the wait is short. */
+        int64_t deadline = comm->timeout_s > 0 ? cfx_time_deadline_s(comm->timeout_s) : 0;
+        int64_t next_look = cfx_time_now_ns() + PULL_LOOK_EVERY_NS;
+        uint64_t min;
+        while ((min = cfx_load_acquire_u64(&conn->fifo->pull_min)) == 0) {
+            int64_t now = cfx_time_now_ns();
+            if (now >= next_look) {
+                int blame;
+                cfxResult_t res = watch_peer(comm, conn->peer_rank, &blame);
+                if (res == cfxSuccess && cfx_fifo_closed(&conn->view))
+                    res = cfx_error_set(cfxRemoteError, CFX_LOG_P2P,
+                                        "rank %d closed its connection before it finished "
+                                        "connecting",
+                                        conn->peer_rank);
+                if (res == cfxSuccess && deadline > 0 && now >= deadline)
+                    res = cfx_error_set(cfxTimeout, CFX_LOG_P2P,
+                                        "rank %d did not finish connecting its receive side "
+                                        "within %lld s (%s)",
+                                        conn->peer_rank, (long long)comm->timeout_s,
+                                        comm->timeout_name);
+                if (res != cfxSuccess)
+                    return res;
+                next_look = now + PULL_LOOK_EVERY_NS;
+            }
+            sched_yield();
+        }
+        conn->pull_min = min;
+    }
+    *min_p = conn->pull_min;
+    return cfxSuccess;
+}
+
 /* Phase 3/4 for one request: receive the peer's info and connect. */
 static cfxResult_t connect_one(struct cfx_conn_request *req, const struct conn_msg *peer_msg)
 {
@@ -471,6 +529,8 @@ static cfxResult_t connect_one(struct cfx_conn_request *req, const struct conn_m
             comm->rank, req->peer, peer_msg->transport, req->transport,
             (unsigned long long)peer_msg->slot_bytes, slot_bytes_of(req));
     CFX_CHECK(req->conn->transport->connect(req->conn->transport_ctx, req->conn, peer_msg->info));
+    if (req->kind == CFX_CONN_KIND_P2P && req->dir == CFX_CONN_RECV)
+        publish_pull(comm, req->conn);
     char channel[24] = "";
     if (req->channel != 0)
         snprintf(channel, sizeof(channel), " (channel %d)", req->channel);

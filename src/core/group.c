@@ -254,6 +254,22 @@ static cfxResult_t connect_missing(struct cfx_op *ops, int n_ops)
     return res;
 }
 
+/* Whether a send or receive of host memory goes single copy (the receiver
+ * reads the sender's buffer: src/coll/pull.h): both sides decide alike,
+ * from its size and the threshold the receiver published at connect. */
+static cfxResult_t choose_pull(struct cfx_op *op)
+{
+    if (op->kind != CFX_COLL_SEND && op->kind != CFX_COLL_RECV)
+        return cfxSuccess;
+    struct cfx_connector *conn = *(op->kind == CFX_COLL_SEND ? send_slot(op) : recv_slot(op));
+    uint64_t bytes = (uint64_t)op->count * cfx_type_size(op->type), min;
+    if (conn == NULL || bytes == 0 || op->mem_kind != CFX_MEM_HOST)
+        return cfxSuccess;
+    CFX_CHECK(cfx_core_pull_threshold(op->owner, conn, &min));
+    op->pull = min != CFX_PULL_NEVER && bytes >= min;
+    return cfxSuccess;
+}
+
 /* Whether ops[i] is the first operation of its communicator in the batch. */
 static int first_of_comm(const struct cfx_op *ops, int i)
 {
@@ -461,6 +477,8 @@ cfxResult_t cfx_core_launch(struct cfx_op *ops, int n_ops)
     if (res != cfxSuccess)
         return res;
     res = connect_missing(ops, n_ops);
+    for (int i = 0; i < n_ops && res == cfxSuccess; i++)
+        res = choose_pull(&ops[i]);
     if (res != cfxSuccess) {
         /* The peers were told; this rank's communicators cannot be trusted either. */
         for (int i = 0; i < n_ops; i++) {

@@ -35,6 +35,10 @@ CFX_PARAM_INT(single_copy, "SINGLE_COPY", 1, 0, 1,
               "FIFO");
 CFX_PARAM_SIZE(single_copy_min, "SINGLE_COPY_MIN_BYTES", 1 << 20, 0, INT64_MAX,
                "Smallest allgather (bytes per rank) that takes the single-copy path");
+CFX_PARAM_SIZE(p2p_single_copy_min, "P2P_SINGLE_COPY_MIN_BYTES", 64 << 10, 1, INT64_MAX,
+               "Smallest send (bytes) that the receiver reads straight from the sender's "
+               "buffer (one copy; sends, receives, all-to-all, gather, scatter), where "
+               "CFX_SINGLE_COPY allows it; the receiver's value is the pair's");
 
 /* Fields of @p config the caller actually has (an older header may be smaller). */
 static int config_int(const cfxConfig_t *config, size_t offset, int fallback)
@@ -263,6 +267,8 @@ static cfxResult_t comm_setup(struct cfxComm *comm)
     CFX_CHECK(cfx_core_gpu_setup(comm));
     CFX_CHECK(connect_ring(comm));
     CFX_CHECK(agree_single_copy(comm));
+    comm->p2p_single_copy_min =
+        param_single_copy() ? (uint64_t)param_p2p_single_copy_min() : CFX_PULL_NEVER;
     CFX_CHECK(cfx_core_algo_init(comm));
     CFX_CHECK(cfx_core_algo_connect(comm));
     CFX_CHECK(cfx_core_flight_init(comm));
