@@ -125,6 +125,28 @@ static void copy_twice(char *restrict dst_a, char *restrict dst_b, const char *r
     }
 }
 
+void cfx_prim_copy_out(char *restrict dst, const char *restrict src, size_t bytes, size_t op_bytes)
+{
+#if defined(__SSE2__)
+    if (op_bytes >= NT_OUTPUT_MIN_BYTES && bytes >= 4096) {
+        enum { BLOCK = 128 };
+        size_t head = (size_t)(-(uintptr_t)dst & 15), at;
+        memcpy(dst, src, head);
+        for (at = head; at + BLOCK <= bytes; at += BLOCK) {
+            __m128i v[BLOCK / 16];
+            memcpy(v, src + at, BLOCK);
+            for (int i = 0; i < BLOCK / 16; i++)
+                _mm_stream_si128((__m128i *)(dst + at) + i, v[i]);
+        }
+        _mm_sfence();
+        memcpy(dst + at, src + at, bytes - at);
+        return;
+    }
+#endif
+    (void)op_bytes;
+    memcpy(dst, src, bytes);
+}
+
 /* A single-copy step: the data moves by read_peer, slots carry addresses. */
 static cfxResult_t run_single_copy(struct cfx_op *op, const struct cfx_step *step)
 {
@@ -230,7 +252,9 @@ cfxResult_t cfx_prim_run(struct cfx_op *op, const struct cfx_step *step)
     } else {
         if (flags & CFX_PRIM_OUT) {
             if (step->output != value && bytes)
-                memcpy(step->output, value, bytes);
+                /* (Not streamed when the finish reads it back at once.) */
+                cfx_prim_copy_out(step->output, value, bytes,
+                                  (flags & CFX_PRIM_AVG) ? 0 : op->count * op->elem_bytes);
             if ((flags & CFX_PRIM_AVG) && op->premul)
                 premul_finish(op, step->output, n);
             else if (flags & CFX_PRIM_AVG)

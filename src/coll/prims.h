@@ -42,6 +42,11 @@ static inline int cfx_prim_ready(const struct cfx_op *op, const struct cfx_step 
     return 1;
 }
 
+/* dst = src, the output of an operation of @p op_bytes in all: large ones
+ * are written with non-temporal stores (read again only after the call, and
+ * such stores skip reading each line before writing it). */
+void cfx_prim_copy_out(char *restrict dst, const char *restrict src, size_t bytes, size_t op_bytes);
+
 /* Runs a ready step. cfxInternalError if a received slot's size disagrees
  * with the schedule (the ranks disagree on the operation). */
 cfxResult_t cfx_prim_run(struct cfx_op *op, const struct cfx_step *step);

@@ -61,8 +61,8 @@ cfx_pull_allgather_describe(const struct cfx_work *w, uint64_t index, struct cfx
  * the receiver reads the chunk into its output and only then releases the
  * slot, and the sender's last step waits until every slot it posted is
  * released (CFX_PRIM_DRAIN): then its buffer is no longer read and the send
- * may complete. Chunks are CFX_PULL_CHUNK_BYTES, so a large message is
- * still a pipeline (the receiver reads chunk k while the sender posts k+1).
+ * may complete. Chunks are CFX_PULL_P2P_CHUNK_BYTES (16 MiB): there is
+ * nothing to forward, so one read per message is fastest up to there.
  * Both sides take this path together or not at all: the receiver publishes
  * its verdict and threshold in the FIFO both map (src/core/group.c).
  *   send: send|addr per chunk, then drain

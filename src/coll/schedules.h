@@ -95,9 +95,11 @@ static inline const char *cfx_schedule_name(int algo)
  */
 static inline CFX_HOST_DEVICE void cfx_work_finish(struct cfx_work *w, uint64_t slot_bytes)
 {
-    if (w->algo == CFX_SCHED_PULL_ALLGATHER || w->algo == CFX_SCHED_PULL_SEND ||
-        w->algo == CFX_SCHED_PULL_RECV)
-        slot_bytes = CFX_PULL_CHUNK_BYTES; /* The data does not go through the slots. */
+    /* The data does not go through the slots. */
+    if (w->algo == CFX_SCHED_PULL_ALLGATHER)
+        slot_bytes = CFX_PULL_CHUNK_BYTES;
+    if (w->algo == CFX_SCHED_PULL_SEND || w->algo == CFX_SCHED_PULL_RECV)
+        slot_bytes = CFX_PULL_P2P_CHUNK_BYTES;
     w->chunk_elems = w->elem_bytes ? slot_bytes / w->elem_bytes : 0;
     if (w->chunk_elems == 0)
         w->chunk_elems = 1;

@@ -202,5 +202,8 @@ static inline CFX_HOST_DEVICE void cfx_work_chunk_of(const struct cfx_work *w, u
 
 /* Bytes a single-copy step reads at once (a chunk of the pipeline). */
 #define CFX_PULL_CHUNK_BYTES ((size_t)1 << 20)
+/* ... and a single-copy send (one read per chunk, nothing to forward, so
+ * larger: 1 MiB chunks ran 25% slower than one read at 16 MiB messages). */
+#define CFX_PULL_P2P_CHUNK_BYTES ((size_t)16 << 20)
 
 #endif /* CFX_COLL_WORK_H */

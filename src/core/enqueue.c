@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "kernels/reduce.h"
+#include "src/coll/prims.h"
 #include "src/core/argcheck.h"
 #include "src/core/comm.h"
 #include "src/core/enqueue.h"
@@ -506,7 +507,7 @@ static cfxResult_t submit_batch(struct cfxComm *comm, enum cfx_coll_kind kind, c
             batch_op(comm, &ops[n++], CFX_COLL_RECV, kind, NULL, to, count, type, peer, root);
     }
     if (own_to != NULL && own_to != own_from && block > 0)
-        memcpy(own_to, own_from, block);
+        cfx_prim_copy_out(own_to, own_from, block, block);
     if (n == 0)
         return cfxSuccess;
     if (cfx_core_group_active()) {
