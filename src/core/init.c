@@ -35,7 +35,7 @@ CFX_PARAM_INT(single_copy, "SINGLE_COPY", 1, 0, 1,
               "FIFO");
 CFX_PARAM_SIZE(single_copy_min, "SINGLE_COPY_MIN_BYTES", 1 << 20, 0, INT64_MAX,
                "Smallest allgather (bytes per rank) that takes the single-copy path");
-CFX_PARAM_SIZE(p2p_single_copy_min, "P2P_SINGLE_COPY_MIN_BYTES", 64 << 10, 1, INT64_MAX,
+CFX_PARAM_SIZE(p2p_single_copy_min, "P2P_SINGLE_COPY_MIN_BYTES", 256 << 10, 1, INT64_MAX,
                "Smallest send (bytes) that the receiver reads straight from the sender's "
                "buffer (one copy; sends, receives, all-to-all, gather, scatter), where "
                "CFX_SINGLE_COPY allows it; the receiver's value is the pair's");
