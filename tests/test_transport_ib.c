@@ -191,6 +191,91 @@ Test(ib_fake, slots_striped_over_four_queue_pairs_arrive_in_order, .timeout = 12
     cr_assert_geq(four, 3, "the connections did not use 4 queue pairs (%d lines)", four);
 }
 
+/* ------------------------------------------------ registered buffers */
+
+#define REF_COUNT ((size_t)(2 * 131072 + 3)) /* Two full 512 KiB slots and a 12-byte tail. */
+
+static float ref_value(int from, int to, size_t i, int round)
+{
+    return (float)(from * 1000003 + to * 10007 + (int)(i % 100003) + round * 7);
+}
+
+/* Alltoalls of REF_COUNT floats per peer from a send buffer registered
+ * (or not: @p arg), each send buffer overwritten the moment the call
+ * returns: a send that returned before the NIC had read it delivers the
+ * overwritten values. Then the buffer is deregistered and used once more. */
+static void alltoall_from_registered(struct cfx_test_rank *ctx)
+{
+    int registered = *(const int *)ctx->arg, n = ctx->nranks, r = ctx->rank;
+    size_t all = REF_COUNT * (size_t)n;
+    float *send = calloc(all, sizeof(float)), *recv = calloc(all, sizeof(float));
+    RANK_ASSERT(ctx, send && recv, "out of memory");
+    cfxComm_t comm;
+    RANK_CFX(ctx, cfxCommInitRank(&comm, n, ctx->id, r));
+    void *handle = NULL;
+    if (registered)
+        RANK_CFX(ctx, cfxCommRegister(comm, send, all * sizeof(float), &handle));
+    for (int round = 0; round < 4 && !ctx->slot_failed; round++) {
+        if (round == 3 && registered) {
+            RANK_CFX(ctx, cfxCommDeregister(comm, handle)); /* The last round copies. */
+        }
+        cfx_test_step(ctx, "alltoall round %d, %s", round,
+                      registered && round < 3 ? "registered" : "not registered");
+        for (int q = 0; q < n; q++)
+            for (size_t i = 0; i < REF_COUNT; i++)
+                send[(size_t)q * REF_COUNT + i] = ref_value(r, q, i, round);
+        RANK_CFX(ctx, cfxAlltoAll(send, recv, REF_COUNT, cfxFloat32, comm, NULL));
+        for (size_t i = 0; i < all; i++)
+            send[i] = -1.0f;
+        for (int q = 0; q < n && !ctx->slot_failed; q++)
+            for (size_t i = 0; i < REF_COUNT; i++)
+                if (recv[(size_t)q * REF_COUNT + i] != ref_value(q, r, i, round)) {
+                    RANK_ASSERT(ctx, 0, "round %d: element %zu from rank %d is %g, not %g", round,
+                                i, q, recv[(size_t)q * REF_COUNT + i], ref_value(q, r, i, round));
+                    break;
+                }
+    }
+    if (!ctx->slot_failed)
+        RANK_CFX(ctx, cfxCommFinalize(comm));
+    cfxCommDestroy(comm);
+    free(send);
+    free(recv);
+}
+
+ParameterizedTestParameters(ib_fake, registered_send_buffers_are_written_from_where_they_are)
+{
+    static int registered[] = {1, 0};
+    return cr_make_param_array(int, registered, 2);
+}
+
+ParameterizedTest(int *registered, ib_fake, registered_send_buffers_are_written_from_where_they_are,
+                  .timeout = 120)
+{
+    use_fake();
+    cr_log_info("alltoall over fake-verbs, 3 ranks, send buffers %s",
+                *registered ? "registered" : "not registered");
+    char logs[128];
+    cfx_test_log_to(logs, sizeof(logs), "ref");
+    struct cfx_test_options opts = {.nranks = 3,
+                                    .mode = CFX_TEST_PROCS,
+                                    .deadline_s = 90,
+                                    .arg = registered,
+                                    .before_rank = own_host};
+    CFX_TEST_RUN(&opts, alltoall_from_registered);
+    int lines = cfx_test_count_in_logs(logs, "slot(s) from registered buffers");
+    /* 3 rounds x 2 full slots per peer (the tail goes in the info line), on
+     * each sender's connection to each of its peers. */
+    int six = cfx_test_count_in_logs(logs, "wrote 6 slot(s) from registered buffers");
+    cfx_test_remove_logs(logs);
+    if (*registered) {
+        cr_assert_eq(lines, 6, "%d of the 6 send connections wrote from registered buffers", lines);
+        cr_assert_eq(six, 6, "%d of the 6 send connections wrote 6 slots from them", six);
+    } else {
+        cr_assert_eq(lines, 0, "%d connections wrote from registered buffers, none registered",
+                     lines);
+    }
+}
+
 static void two_queue_pairs_in_rank_one(struct cfx_test_rank *ctx)
 {
     own_host(ctx);

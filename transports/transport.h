@@ -280,6 +280,16 @@ struct cfx_transport {
      * (cfx_conn_map_peer). */
     cfxResult_t (*map_peer)(void *ctx, struct cfx_connector *conn, uint64_t remote, size_t bytes,
                             void **ptr_p);
+    /* Send side: the payload of the next slot is the @p bytes at @p data,
+     * inside a buffer registered as @p handle (reg_mem): the transport
+     * moves it from there instead of from the slot (a NIC reads the user's
+     * buffer: zero copy). The caller then posts the slot as usual, with
+     * the same size, writes nothing into it, and keeps @p data unchanged
+     * until the slot is released (the transport releases a slot once its
+     * payload has left). Never blocks, allocates or registers. NULL:
+     * cannot. */
+    cfxResult_t (*post_ref)(void *ctx, struct cfx_connector *conn, const void *data, size_t bytes,
+                            void *handle);
 };
 
 /* Transports in priority order, NULL-terminated (transports/registry.c). */
@@ -329,6 +339,14 @@ static inline void cfx_conn_post(struct cfx_connector *conn, size_t bytes,
     cfx_fifo_post(&conn->view, bytes, print);
     if (conn->transport->flags & CFX_TRANSPORT_FLAG_PROGRESS)
         conn->transport->kick(conn->transport_ctx, conn);
+}
+
+/* Producer (transports with post_ref): the next slot's payload is @p bytes
+ * at @p data in a buffer registered as @p handle; then cfx_conn_post. */
+static inline cfxResult_t cfx_conn_post_ref(struct cfx_connector *conn, const void *data,
+                                            size_t bytes, void *handle)
+{
+    return conn->transport->post_ref(conn->transport_ctx, conn, data, bytes, handle);
 }
 
 /* Producer: the consumer released every slot posted so far. */

@@ -17,6 +17,8 @@ static enum cfx_sched algo_of(const struct cfx_op *op)
         return CFX_SCHED_TREE;
     if (op->direct)
         return CFX_SCHED_DIRECT_ALLREDUCE;
+    if (op->ref_handle != NULL)
+        return CFX_SCHED_REF_SEND;
     if (op->pull)
         return op->kind == CFX_COLL_SEND   ? CFX_SCHED_PULL_SEND
                : op->kind == CFX_COLL_RECV ? CFX_SCHED_PULL_RECV

@@ -63,6 +63,11 @@ struct cfx_op {
      * rank reads the data from its predecessor's buffer (only where every
      * ring_recv is peer_readable; src/coll/pull.h). */
     int pull;
+    /* A send from a buffer registered with its connector's transport
+     * (cfxCommRegister): the registration's handle there, and the
+     * transport moves the data from the buffer itself (src/coll/p2p.h);
+     * NULL: through the slots. */
+    void *ref_handle;
     enum cfx_mem_kind mem_kind; /* Of both buffers. */
     cfxStream_t stream;         /* The call's stream (NULL: the legacy stream / at once). */
     void *exec_state; /* The communicator's state in a stream executor (src/exec/cuda.h). */
@@ -126,6 +131,7 @@ static inline void cfx_op_clear(struct cfx_op *op)
     op->tree = NULL;
     op->direct = NULL;
     op->pull = 0;
+    op->ref_handle = NULL;
     op->mem_kind = CFX_MEM_HOST;
     op->stream = NULL;
     op->exec_state = NULL;

@@ -52,6 +52,27 @@ static inline CFX_HOST_DEVICE void cfx_local_copy_describe(const struct cfx_work
     step->n_elems = w->count;
 }
 
+/* A send whose buffer the transport reads itself (host memory registered
+ * with it, cfxCommRegister): the plain send's steps marked CFX_PRIM_REF,
+ * then a drain (CFX_PRIM_DRAIN), so the buffer is the caller's again only
+ * once every slot's payload has left. The receiver runs the plain receive. */
+static inline CFX_HOST_DEVICE uint64_t cfx_ref_send_steps(const struct cfx_work *w)
+{
+    uint64_t chunks = cfx_work_chunks(w);
+    return chunks > 0 ? chunks + 1 : 0;
+}
+
+static inline CFX_HOST_DEVICE void cfx_ref_send_describe(const struct cfx_work *w, uint64_t index,
+                                                         struct cfx_step *step)
+{
+    if (index == cfx_work_chunks(w)) {
+        step->flags = CFX_PRIM_DRAIN;
+        return;
+    }
+    cfx_p2p_send_describe(w, index, step);
+    step->flags |= CFX_PRIM_REF;
+}
+
 #define cfx_p2p_send_steps cfx_work_chunks
 #define cfx_p2p_recv_steps cfx_work_chunks
 

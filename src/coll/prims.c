@@ -204,6 +204,17 @@ cfxResult_t cfx_prim_run(struct cfx_op *op, const struct cfx_step *step)
         return run_single_copy(op, step);
     if (flags & CFX_PRIM_DRAIN)
         return cfxSuccess; /* Ready means done. */
+    if ((flags & CFX_PRIM_REF) && step->n_elems * op->elem_bytes > CFX_SLOT_INLINE_BYTES) {
+        /* The transport takes the data from the user's registered buffer
+         * (a payload small enough for the info line is copied there). */
+        struct cfx_connector *to = op->conns[step->send];
+        size_t bytes = step->n_elems * op->elem_bytes;
+        cfxResult_t res = cfx_conn_post_ref(to, step->input, bytes, op->ref_handle);
+        if (res != cfxSuccess)
+            return res;
+        cfx_conn_post(to, bytes, &op->print);
+        return cfxSuccess;
+    }
     size_t n = step->n_elems;
     size_t bytes = n * op->elem_bytes;
     const char *received = NULL;

@@ -41,7 +41,8 @@
     X(P2P_SEND, p2p_send)                                                                          \
     X(P2P_RECV, p2p_recv)                                                                          \
     X(PULL_SEND, pull_send) /* Single copy: the receiver reads the sender's buffer. */             \
-    X(PULL_RECV, pull_recv)
+    X(PULL_RECV, pull_recv)                                                                        \
+    X(REF_SEND, ref_send) /* From a registered buffer: the transport reads it. */
 
 enum cfx_sched {
 #define CFX_SCHED_ENUM(id, name) CFX_SCHED_##id,

@@ -126,6 +126,10 @@ CFX_STATIC_ASSERT(sizeof(struct cfx_work) == 168, "the work descriptor keeps its
 /* Alone: wait until the peer of the send connector has released every
  * slot posted to it (it is done reading the addresses they carried). */
 #define CFX_PRIM_DRAIN 0x100u
+/* With SEND (host executor): the transport takes the step's input from
+ * where it is, a registered buffer (cfx_conn_post_ref), instead of a copy
+ * in the slot; a device executor copies as for a plain send. */
+#define CFX_PRIM_REF 0x200u
 
 /* One step of a schedule: what it moves where. Connectors are indices into
  * the operation's peer table. */

@@ -65,11 +65,30 @@ struct cfx_core_premul {
 struct cfx_core_reg {
     void *buff;
     size_t size;
+    enum cfx_mem_kind mem;
+    int device;
+    /* Per transport (index of cfx_transports): registered there (reg_mem),
+     * and its handle. */
+    uint8_t on[CFX_MAX_TRANSPORTS];
+    void *handles[CFX_MAX_TRANSPORTS];
     struct cfx_core_reg *next;
 };
 
-/* Release the records of cfxCommRegister (comm_free). */
+/* Release the records of cfxCommRegister (comm_free, after every
+ * transport let go of them: cfx_core_reg_release). */
 void cfx_core_reg_free_all(struct cfxComm *comm);
+
+/* Register @p reg with transport @p t, whose context exists (cfxCommRegister,
+ * and connect.c when it makes a context after registrations): a transport
+ * that cannot use that kind of memory is left out with an INFO line. */
+cfxResult_t cfx_core_reg_with(struct cfxComm *comm, struct cfx_core_reg *reg, int t);
+
+/* Every registration's handle with transport @p t released (before its fini). */
+void cfx_core_reg_release(struct cfxComm *comm, int t);
+
+/* The handle with transport @p t of a registration that holds the @p bytes
+ * at @p buf; NULL if none does. */
+void *cfx_core_reg_find(const struct cfxComm *comm, int t, const void *buf, size_t bytes);
 
 struct cfxComm {
     uint64_t magic; /* CFX_COMM_MAGIC while alive (atomic: cfx_core_comm_live). */

@@ -295,6 +295,12 @@ static cfxResult_t pick_transport(struct cfxComm *comm, int peer,
                                             .connect_check = connect_check,
                                             .connect_check_arg = comm};
             CFX_CHECK(tr->init(&env, &comm->transport_ctx[t]));
+            /* Buffers registered before this transport started. */
+            for (struct cfx_core_reg *reg = comm->regs; reg != NULL; reg = reg->next)
+                if (cfx_core_reg_with(comm, reg, t) != cfxSuccess)
+                    CFX_INFO(CFX_LOG_INIT,
+                             "a registered buffer stays unregistered with the %s transport: %s",
+                             tr->name, cfx_error_thread_last());
         }
         if (!tr->can_connect(comm->transport_ctx[t], &self, &other))
             continue;
@@ -697,8 +703,10 @@ void cfx_core_disconnect_all(struct cfxComm *comm)
     free(comm->p2p_recv);
     comm->p2p_send = comm->p2p_recv = NULL;
     for (int t = 0; t < CFX_MAX_TRANSPORTS; t++) {
-        if (comm->transport_ctx[t])
+        if (comm->transport_ctx[t]) {
+            cfx_core_reg_release(comm, t);
             cfx_transports[t]->fini(comm->transport_ctx[t]);
+        }
         comm->transport_ctx[t] = NULL;
     }
 }

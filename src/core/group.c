@@ -23,6 +23,12 @@
 #include "src/exec/exec.h"
 #include "src/util/check.h"
 #include "src/util/log.h"
+#include "src/util/param.h"
+
+CFX_PARAM_SIZE(zero_copy_min, "ZERO_COPY_MIN_BYTES", 64 << 10, 1, INT64_MAX,
+               "Smallest send from a registered buffer (cfxCommRegister) that a transport "
+               "moves from the buffer itself (verbs: the NIC reads it) instead of a copy in "
+               "the FIFO");
 
 static _Thread_local int group_depth;
 static _Thread_local struct cfx_op *group_ops;
@@ -254,10 +260,13 @@ static cfxResult_t connect_missing(struct cfx_op *ops, int n_ops)
     return res;
 }
 
-/* Whether a send or receive of host memory goes single copy (the receiver
- * reads the sender's buffer: src/coll/pull.h): both sides decide alike,
- * from its size and the threshold the receiver published at connect. */
-static cfxResult_t choose_pull(struct cfx_op *op)
+/* How a send or receive of host memory moves: single copy (the receiver
+ * reads the sender's buffer: src/coll/pull.h), where both sides decide
+ * alike from its size and the threshold the receiver published at
+ * connect; else, for a send from a registered buffer, by reference (the
+ * transport reads the buffer: src/coll/p2p.h), which the receiver does not
+ * see; else through the slots. */
+static cfxResult_t choose_p2p_path(struct cfx_op *op)
 {
     if (op->kind != CFX_COLL_SEND && op->kind != CFX_COLL_RECV)
         return cfxSuccess;
@@ -267,6 +276,14 @@ static cfxResult_t choose_pull(struct cfx_op *op)
         return cfxSuccess;
     CFX_CHECK(cfx_core_pull_threshold(op->owner, conn, &min));
     op->pull = min != CFX_PULL_NEVER && bytes >= min;
+    /* Else a send from a buffer registered with the connector's transport,
+     * if it can move it from there. */
+    if (op->pull || op->kind != CFX_COLL_SEND || conn->transport->post_ref == NULL ||
+        bytes < (uint64_t)param_zero_copy_min())
+        return cfxSuccess;
+    for (int t = 0; t < CFX_MAX_TRANSPORTS && cfx_transports[t]; t++)
+        if (cfx_transports[t] == conn->transport)
+            op->ref_handle = cfx_core_reg_find(op->owner, t, op->sendbuff, bytes);
     return cfxSuccess;
 }
 
@@ -478,7 +495,7 @@ cfxResult_t cfx_core_launch(struct cfx_op *ops, int n_ops)
         return res;
     res = connect_missing(ops, n_ops);
     for (int i = 0; i < n_ops && res == cfxSuccess; i++)
-        res = choose_pull(&ops[i]);
+        res = choose_p2p_path(&ops[i]);
     if (res != cfxSuccess) {
         /* The peers were told; this rank's communicators cannot be trusted either. */
         for (int i = 0; i < n_ops; i++) {

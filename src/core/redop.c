@@ -99,8 +99,21 @@ CFX_API cfxResult_t cfxCommRegister(const cfxComm_t comm, void *buff, size_t siz
         res = cfx_error_set(cfxSystemError, CFX_LOG_INIT, "%s: out of memory", fn);
         goto out;
     }
+    memset(reg, 0, sizeof(*reg));
     reg->buff = buff;
     reg->size = size;
+    reg->mem = cfx_cuda_is_device_ptr(buff, &reg->device) ? CFX_MEM_DEVICE : CFX_MEM_HOST;
+    /* With every transport the communicator uses that can use it (a NIC's
+     * memory region); one made later registers it when it starts. */
+    for (int t = 0; res == cfxSuccess && t < CFX_MAX_TRANSPORTS && cfx_transports[t]; t++)
+        res = cfx_core_reg_with(comm, reg, t);
+    if (res != cfxSuccess) {
+        for (int t = 0; t < CFX_MAX_TRANSPORTS && cfx_transports[t]; t++)
+            if (reg->on[t])
+                cfx_transports[t]->dereg_mem(comm->transport_ctx[t], reg->handles[t]);
+        free(reg);
+        goto out;
+    }
     reg->next = comm->regs;
     comm->regs = reg;
     *handle = reg;
@@ -128,9 +141,54 @@ CFX_API cfxResult_t cfxCommDeregister(const cfxComm_t comm, void *handle)
     }
     struct cfx_core_reg *reg = *link;
     *link = reg->next;
+    for (int t = 0; t < CFX_MAX_TRANSPORTS && cfx_transports[t]; t++)
+        if (reg->on[t])
+            cfx_transports[t]->dereg_mem(comm->transport_ctx[t], reg->handles[t]);
     free(reg);
 out:
     return leave(comm, res, held);
+}
+
+cfxResult_t cfx_core_reg_with(struct cfxComm *comm, struct cfx_core_reg *reg, int t)
+{
+    const struct cfx_transport *tr = cfx_transports[t];
+    if (tr->reg_mem == NULL || comm->transport_ctx[t] == NULL || reg->on[t])
+        return cfxSuccess;
+    void *handle = NULL;
+    cfxResult_t res =
+        tr->reg_mem(comm->transport_ctx[t], reg->buff, reg->size, reg->mem, reg->device, &handle);
+    if (res == cfxInvalidUsage) {
+        CFX_INFO(CFX_LOG_INIT, "cfxCommRegister: %s; this buffer goes through the FIFO there",
+                 cfx_error_thread_last());
+        return cfxSuccess;
+    }
+    if (res != cfxSuccess)
+        return res;
+    reg->handles[t] = handle;
+    reg->on[t] = 1;
+    return cfxSuccess;
+}
+
+void cfx_core_reg_release(struct cfxComm *comm, int t)
+{
+    for (struct cfx_core_reg *reg = comm->regs; reg != NULL; reg = reg->next)
+        if (reg->on[t]) {
+            cfx_transports[t]->dereg_mem(comm->transport_ctx[t], reg->handles[t]);
+            reg->on[t] = 0;
+            reg->handles[t] = NULL;
+        }
+}
+
+void *cfx_core_reg_find(const struct cfxComm *comm, int t, const void *buf, size_t bytes)
+{
+    const char *p = buf;
+    for (const struct cfx_core_reg *reg = comm->regs; reg != NULL; reg = reg->next) {
+        const char *start = reg->buff;
+        if (reg->on[t] && reg->handles[t] != NULL && p >= start && bytes <= reg->size &&
+            (size_t)(p - start) <= reg->size - bytes)
+            return reg->handles[t];
+    }
+    return NULL;
 }
 
 void cfx_core_reg_free_all(struct cfxComm *comm)

@@ -163,6 +163,13 @@ struct cfx_ib_conn {
     int sq_used[IB_MAX_QPS]; /* Work requests posted and not completed, per queue pair. */
     int sq_total;            /* Their sum. */
     uint64_t sent;           /* Sender: slots whose writes are posted. */
+    /* Sender: slots whose payload is a registered user buffer (post_ref),
+     * by slot index: its address and key (0: the slot's own bytes); set by
+     * the posting thread before it posts the slot, cleared by the pass
+     * that writes it. */
+    uint64_t ref_addr[CFX_MAX_STEPS];
+    uint32_t ref_lkey[CFX_MAX_STEPS];
+    uint64_t ref_slots; /* Slots written from registered buffers (INFO at close). */
     uint64_t done_mask; /* Sender: slots completed past the FIFO's head (bit: number % n_steps). */
     uint64_t arrived;   /* Receiver: slots posted into the FIFO, in order (the tail). */
     uint64_t arrived_mask; /* Receiver: immediates come past `arrived` (bit: number % n_steps). */

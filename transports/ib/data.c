@@ -69,10 +69,10 @@ static void conn_fail_qp_event(struct cfx_ib_conn *ic, const char *what)
  * (the peer's block), signaled; with the immediate @p imm when @p with_imm.
  * Small writes go inline when the NIC allows. 0, or the errno of
  * ibv_post_send. */
-static int post_write(struct cfx_ib_conn *ic, int q, uint64_t wr_id, const void *local,
-                      uint32_t len, uint64_t remote, int with_imm, uint32_t imm)
+static int post_write_from(struct cfx_ib_conn *ic, int q, uint64_t wr_id, const void *local,
+                           uint32_t lkey, uint32_t len, uint64_t remote, int with_imm, uint32_t imm)
 {
-    struct ibv_sge sge = {.addr = (uint64_t)(uintptr_t)local, .length = len, .lkey = ic->mr->lkey};
+    struct ibv_sge sge = {.addr = (uint64_t)(uintptr_t)local, .length = len, .lkey = lkey};
     struct ibv_send_wr wr = {
         .wr_id = wr_id,
         .sg_list = &sge,
@@ -90,6 +90,13 @@ static int post_write(struct cfx_ib_conn *ic, int q, uint64_t wr_id, const void 
         ic->sq_total++;
     }
     return err;
+}
+
+/* post_write_from out of the connection's own block. */
+static int post_write(struct cfx_ib_conn *ic, int q, uint64_t wr_id, const void *local,
+                      uint32_t len, uint64_t remote, int with_imm, uint32_t imm)
+{
+    return post_write_from(ic, q, wr_id, local, ic->mr->lkey, len, remote, with_imm, imm);
 }
 
 static void post_failed(struct cfx_ib_conn *ic, int err, const char *what)
@@ -136,9 +143,18 @@ static int send_slots(struct cfx_ib_conn *ic)
             return moved;
         }
         int err = 0;
-        if (size > CFX_SLOT_INLINE_BYTES)
+        uint64_t ref = ic->ref_addr[index];
+        if (ref != 0) {
+            /* Straight from the user's registered buffer (post_ref). */
+            err = post_write_from(ic, q, IB_WR_ID(IB_WR_PAYLOAD, k), (const void *)(uintptr_t)ref,
+                                  ic->ref_lkey[index], size,
+                                  ic->peer_slots + index * ic->slot_bytes, 0, 0);
+            ic->ref_addr[index] = 0;
+            ic->ref_slots++;
+        } else if (size > CFX_SLOT_INLINE_BYTES) {
             err = post_write(ic, q, IB_WR_ID(IB_WR_PAYLOAD, k), ic->slots + index * ic->slot_bytes,
                              size, ic->peer_slots + index * ic->slot_bytes, 0, 0);
+        }
         if (err == 0)
             err = post_write(ic, q, IB_WR_ID(IB_WR_SLOT, k), info, sizeof(*info),
                              ic->peer_box + offsetof(struct cfx_ib_mailbox, staged) +

@@ -422,6 +422,9 @@ static void ib_close(void *ctx_v, struct cfx_connector *conn)
     if (ic == NULL)
         return;
     const struct cfx_verbs_api *ibv = ctx->ibv;
+    if (ic->ref_slots > 0)
+        CFX_INFO(CFX_LOG_NET, "ib: rank %d -> rank %d wrote %llu slot(s) from registered buffers",
+                 ic->self_rank, ic->peer_rank, (unsigned long long)ic->ref_slots);
     if (ic->registered) {
         linger(ic);
         cfx_proxy_remove(ctx->proxy, &ic->client);
@@ -438,6 +441,64 @@ static void ib_close(void *ctx_v, struct cfx_connector *conn)
     free(ic);
     cfx_connector_forget(conn);
 }
+
+/* ============================================================ memory */
+
+/* A user buffer as a memory region of the communicator's protection
+ * domain, so slots can be written from it (post_ref). Host memory only:
+ * device memory would need GPUDirect RDMA. */
+static cfxResult_t ib_reg_mem(void *ctx_v, void *buf, size_t bytes, enum cfx_mem_kind mem,
+                              int device, void **handle_p)
+{
+    struct cfx_ib_ctx *ctx = ctx_v;
+    *handle_p = NULL;
+    if (!ctx->usable)
+        return cfxSuccess; /* No NIC: nothing will read it. */
+    if (mem == CFX_MEM_DEVICE)
+        return cfx_error_set(cfxInvalidUsage, CFX_LOG_NET,
+                             "ib: cannot register %zu bytes of device %d's memory: GPUDirect "
+                             "RDMA is not supported yet (the data is staged through host memory)",
+                             bytes, device);
+    struct ibv_mr *mr = ctx->ibv->reg_mr(ctx->pd, buf, bytes, IBV_ACCESS_LOCAL_WRITE);
+    if (mr == NULL)
+        return cfx_error_set_errno(errno, CFX_LOG_NET,
+                                   "ib: cannot register the %zu-byte buffer at %p on %s "
+                                   "(locked-memory limit? see ulimit -l)",
+                                   bytes, buf, ctx->port.dev_name);
+    *handle_p = mr;
+    return cfxSuccess;
+}
+
+static void ib_dereg_mem(void *ctx_v, void *handle)
+{
+    struct cfx_ib_ctx *ctx = ctx_v;
+    if (handle != NULL)
+        ctx->ibv->dereg_mr(handle);
+}
+
+static cfxResult_t ib_post_ref(void *ctx_v, struct cfx_connector *conn, const void *data,
+                               size_t bytes, void *handle)
+{
+    (void)ctx_v;
+    struct cfx_ib_conn *ic = conn->priv;
+    struct ibv_mr *mr = handle;
+    const char *start = mr ? mr->addr : NULL;
+    if (mr == NULL || bytes <= CFX_SLOT_INLINE_BYTES || bytes > ic->slot_bytes ||
+        (const char *)data < start || (const char *)data + bytes > start + mr->length)
+        return cfx_error_set(cfxInternalError, CFX_LOG_NET,
+                             "ib: rank %d cannot send %zu bytes at %p to rank %d from a "
+                             "registration that does not hold them (or too small or large for "
+                             "a slot)",
+                             ic->self_rank, bytes, data, ic->peer_rank);
+    size_t index = (size_t)(cfx_load_relaxed_u64(&ic->fifo->tail) % (uint64_t)ic->n_steps);
+    ic->ref_addr[index] = (uint64_t)(uintptr_t)data;
+    ic->ref_lkey[index] = mr->lkey;
+    return cfxSuccess;
+}
+
+#define IB_REG_MEM   ib_reg_mem
+#define IB_DEREG_MEM ib_dereg_mem
+#define IB_POST_REF  ib_post_ref
 
 /* ============================================================ data path */
 
@@ -570,6 +631,10 @@ static int ib_progress(void *ctx, struct cfx_connector *conn)
     return 0;
 }
 
+#define IB_REG_MEM   NULL
+#define IB_DEREG_MEM NULL
+#define IB_POST_REF  NULL
+
 #endif /* CFX_HAVE_VERBS */
 
 /* One table for both builds: without the verbs headers can_connect never
@@ -593,9 +658,10 @@ const struct cfx_transport cfx_ib_transport = {
     .progress = ib_progress,
     .wait = NULL,
     .read_peer = NULL,
-    /* memory: host FIFOs only so far */
-    .reg_mem = NULL,
-    .dereg_mem = NULL,
+    /* memory: registered host buffers are written from where they are */
+    .reg_mem = IB_REG_MEM,
+    .dereg_mem = IB_DEREG_MEM,
     .flush = NULL,
     .map_peer = NULL,
+    .post_ref = IB_POST_REF,
 };
