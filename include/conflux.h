@@ -224,6 +224,27 @@ CFX_API cfxResult_t cfxCommInitRankConfig(cfxComm_t *comm, int nranks, cfxUnique
                                           cfxConfig_t *config);
 
 /**
+ * @brief cfxCommInitRankConfig through several ids, to spread the join over
+ * several bootstrap roots (as ncclCommInitRankScalable). The ranks are split
+ * into @p nId contiguous blocks (the first nranks % nId blocks one rank
+ * larger); the root of commIds[k] serves block k, and commIds[0]'s root also
+ * meets the first rank of every other block. Make commIds[k] with
+ * cfxGetUniqueId on a rank of block k, so that the roots run in different
+ * processes, and pass every rank the same array.
+ * @param [out] newcomm The new communicator (set only on success).
+ * @param [in] nranks Number of ranks, >= 1.
+ * @param [in] myrank This rank, 0 <= myrank < nranks.
+ * @param [in] nId Number of ids, 1 <= nId <= nranks.
+ * @param [in] commIds nId distinct ids from cfxGetUniqueId, in the same order
+ * on every rank (with CFX_COMM_ID, which makes every id the same, ids that
+ * are all equal count as one).
+ * @param [in] config Options, or NULL for defaults.
+ * @return As cfxCommInitRankConfig; cfxInvalidArgument for a bad nId or id.
+ */
+CFX_API cfxResult_t cfxCommInitRankScalable(cfxComm_t *newcomm, int nranks, int myrank, int nId,
+                                            cfxUniqueId *commIds, cfxConfig_t *config);
+
+/**
  * @brief Create @p ndev communicators, one per rank, all in this process.
  * @param [out] comms Array of ndev communicators; comms[i] is rank i.
  * @param [in] ndev Number of ranks, >= 1.

@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include "tests/harness.h"
@@ -288,6 +289,195 @@ Test(comm_id, malformed_comm_id_is_an_invalid_argument, .timeout = 30)
     cr_assert_eq(cfxGetUniqueId(&id), cfxInvalidArgument);
     cr_assert(strstr(cfxGetLastError(NULL), "no-port-here") != NULL, "sentence: %s",
               cfxGetLastError(NULL));
+}
+
+/* ------------------------------------------------------------ scalable */
+
+/* Ids of a scalable init, shared by the ranks (memory mapped before the
+ * fork): as processes, the first rank of each id's block makes that id, as
+ * a job would, so the roots run in different processes. */
+struct scalable_area {
+    cfxUniqueId ids[8];
+    int ready[8]; /* 1 made, -1 failed. */
+};
+
+struct scalable_case {
+    int nranks;
+    int n_ids;
+    enum cfx_test_mode mode;
+    struct scalable_area *area;
+};
+
+/* The block of id k (NCCL's split: contiguous, the first nranks % n larger). */
+static void scalable_block(int nranks, int n, int k, int *first, int *size)
+{
+    *size = nranks / n + (k < nranks % n);
+    *first = k * (nranks / n) + (k < nranks % n ? k : nranks % n);
+}
+
+static void scalable_init(struct cfx_test_rank *ctx)
+{
+    struct scalable_case *c = ctx->arg;
+    if (c->mode == CFX_TEST_PROCS) {
+        for (int k = 0; k < c->n_ids; k++) {
+            int first, size;
+            scalable_block(c->nranks, c->n_ids, k, &first, &size);
+            if (first == ctx->rank) {
+                int made = cfxGetUniqueId(&c->area->ids[k]) == cfxSuccess;
+                __atomic_store_n(&c->area->ready[k], made ? 1 : -1, __ATOMIC_RELEASE);
+                RANK_ASSERT(ctx, made, "cfxGetUniqueId: %s", cfxGetLastError(NULL));
+            }
+        }
+        cfx_test_step(ctx, "waiting for the ids of the blocks' first ranks");
+        for (int k = 0; k < c->n_ids; k++) {
+            int ready;
+            while ((ready = __atomic_load_n(&c->area->ready[k], __ATOMIC_ACQUIRE)) == 0)
+                usleep(1000);
+            RANK_ASSERT(ctx, ready == 1, "the rank that makes ids[%d] failed", k);
+        }
+    }
+    cfxComm_t comm;
+    RANK_CFX(ctx,
+             cfxCommInitRankScalable(&comm, ctx->nranks, ctx->rank, c->n_ids, c->area->ids, NULL));
+    int count = -1, rank = -1;
+    RANK_CFX(ctx, cfxCommCount(comm, &count));
+    RANK_CFX(ctx, cfxCommUserRank(comm, &rank));
+    RANK_ASSERT(ctx, count == ctx->nranks && rank == ctx->rank, "count %d rank %d", count, rank);
+    /* The bootstrap reaches every rank: a split (its allgather) and a
+     * collective (its connections) work. */
+    cfxComm_t half;
+    RANK_CFX(ctx, cfxCommSplit(comm, ctx->rank % 2, ctx->rank, &half, NULL));
+    cfx_test_allreduce_check(ctx, comm, 4099);
+    int mine = ctx->rank, sum = -1, want = 0;
+    for (int r = ctx->rank % 2; r < ctx->nranks; r += 2)
+        want += r;
+    RANK_CFX(ctx, cfxAllReduce(&mine, &sum, 1, cfxInt32, cfxSum, half, NULL));
+    RANK_ASSERT(ctx, sum == want, "sum over the split's half: %d, expected %d", sum, want);
+    RANK_CFX(ctx, cfxCommDestroy(half));
+    RANK_CFX(ctx, cfxCommFinalize(comm));
+    RANK_CFX(ctx, cfxCommDestroy(comm));
+}
+
+static struct scalable_case scalable_cases[] = {
+    {1, 1, CFX_TEST_PROCS, NULL},   {4, 2, CFX_TEST_PROCS, NULL},   {7, 3, CFX_TEST_PROCS, NULL},
+    {8, 8, CFX_TEST_PROCS, NULL},   {5, 2, CFX_TEST_THREADS, NULL}, {8, 3, CFX_TEST_THREADS, NULL},
+    {3, 1, CFX_TEST_THREADS, NULL},
+};
+
+ParameterizedTestParameters(scalable, every_id_root_serves_its_block)
+{
+    return cr_make_param_array(struct scalable_case, scalable_cases,
+                               sizeof(scalable_cases) / sizeof(scalable_cases[0]));
+}
+
+/* Each rank joins through the id of its block and the communicator is
+ * whole; the logs show which root served which rank: each root its block,
+ * and the root of ids[0] also the first rank of every other block. */
+ParameterizedTest(struct scalable_case *c, scalable, every_id_root_serves_its_block, .timeout = 120)
+{
+    cr_log_info("%d ranks, %d ids, as %s", c->nranks, c->n_ids, mode_name(c->mode));
+    struct scalable_area *area =
+        mmap(NULL, sizeof(*area), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    cr_assert(area != MAP_FAILED);
+    memset(area, 0, sizeof(*area));
+    if (c->mode == CFX_TEST_THREADS)
+        for (int k = 0; k < c->n_ids; k++)
+            cr_assert_eq(cfxGetUniqueId(&area->ids[k]), cfxSuccess, "%s", cfxGetLastError(NULL));
+    c->area = area;
+    char logs[128];
+    cfx_test_log_to(logs, sizeof(logs), "scalable");
+    cfx_test_setenv("CFX_DEBUG_SUBSYS", "INIT,BOOTSTRAP");
+    struct cfx_test_options opts = {
+        .nranks = c->nranks, .mode = c->mode, .deadline_s = 90, .arg = c};
+    CFX_TEST_RUN(&opts, scalable_init);
+    cfx_test_logs_off();
+    if (c->n_ids > 1) {
+        for (int k = 0; k < c->n_ids; k++) {
+            int first, size;
+            char line[128];
+            scalable_block(c->nranks, c->n_ids, k, &first, &size);
+            snprintf(line, sizeof(line), "(scalable: through ids[%d] of %d, %d rank(s))", k,
+                     c->n_ids, size);
+            int seen = cfx_test_count_in_logs(logs, line);
+            cr_expect_eq(seen, size, "%d rank(s) said \"%s\", expected %d", seen, line, size);
+        }
+        /* The roots' own lines: each seat taken once, the hub's extra seats
+         * by the first ranks of the other blocks. */
+        int joins = cfx_test_count_in_logs(logs, "bootstrap root: rank ");
+        cr_expect_eq(joins, c->nranks + c->n_ids - 1, "%d joins at the roots, expected %d", joins,
+                     c->nranks + c->n_ids - 1);
+    }
+    cfx_test_remove_logs(logs);
+    munmap(area, sizeof(*area));
+}
+
+static void scalable_bad_ids(struct cfx_test_rank *ctx)
+{
+    cfxUniqueId *ids = ctx->arg;
+    cfxComm_t comm = NULL;
+    cfxResult_t res = cfxCommInitRankScalable(&comm, 2, ctx->rank, 3, ids, NULL);
+    RANK_ASSERT(ctx, res == cfxInvalidArgument && strstr(cfxGetLastError(NULL), "nId = 3"),
+                "nId above nranks: %d, %s", res, cfxGetLastError(NULL));
+    res = cfxCommInitRankScalable(&comm, 2, ctx->rank, 0, ids, NULL);
+    RANK_ASSERT(ctx, res == cfxInvalidArgument, "nId 0: %d", res);
+    res = cfxCommInitRankScalable(&comm, 2, ctx->rank, 1, NULL, NULL);
+    RANK_ASSERT(ctx, res == cfxInvalidArgument && strstr(cfxGetLastError(NULL), "NULL"),
+                "NULL ids: %d, %s", res, cfxGetLastError(NULL));
+    cfxUniqueId twice[2] = {ids[0], ids[0]};
+    res = cfxCommInitRankScalable(&comm, 2, ctx->rank, 2, twice, NULL);
+    RANK_ASSERT(
+        ctx, res == cfxInvalidArgument && strstr(cfxGetLastError(NULL), "commIds[1] is commIds[0]"),
+        "a repeated id: %d, %s", res, cfxGetLastError(NULL));
+    cfxUniqueId junk[2] = {ids[0]};
+    memset(&junk[1], 0x5a, sizeof(junk[1]));
+    res = cfxCommInitRankScalable(&comm, 2, ctx->rank, 2, junk, NULL);
+    RANK_ASSERT(ctx,
+                res == cfxInvalidArgument && strstr(cfxGetLastError(NULL), "commIds[1] is not"),
+                "a junk id: %d, %s", res, cfxGetLastError(NULL));
+    RANK_ASSERT(ctx, comm == NULL, "a refused init set the communicator");
+    /* The ids were not used: they still form the communicator. */
+    RANK_CFX(ctx, cfxCommInitRankScalable(&comm, 2, ctx->rank, 2, ids, NULL));
+    RANK_CFX(ctx, cfxCommDestroy(comm));
+}
+
+Test(scalable, bad_ids_and_counts_are_refused_with_a_sentence, .timeout = 60)
+{
+    static cfxUniqueId ids[2];
+    for (int k = 0; k < 2; k++)
+        cr_assert_eq(cfxGetUniqueId(&ids[k]), cfxSuccess);
+    /* Processes: cfxGetLastError(NULL) is the process's last sentence. */
+    struct cfx_test_options opts = {
+        .nranks = 2, .mode = CFX_TEST_PROCS, .deadline_s = 30, .arg = ids};
+    CFX_TEST_RUN(&opts, scalable_bad_ids);
+}
+
+/* A rank of ids[1]'s block that never comes: its block's ranks and the
+ * hub's time out, and the sentences say which global ranks the id serves. */
+static void scalable_missing_rank(struct cfx_test_rank *ctx)
+{
+    cfxUniqueId *ids = ctx->arg;
+    cfxComm_t comm = NULL;
+    cfxResult_t res = cfxCommInitRankScalable(&comm, 4, ctx->rank, 2, ids, NULL);
+    const char *why = cfxGetLastError(NULL);
+    RANK_ASSERT(ctx, res == cfxTimeout, "init without rank 3: %d (%s)", res, why);
+    if (ctx->rank == 2)
+        RANK_ASSERT(ctx, strstr(why, "through ids[1], whose seats 0-1 are ranks 2-3") != NULL,
+                    "rank 2's sentence: %s", why);
+    else
+        RANK_ASSERT(ctx, strstr(why, "through ids[0]") != NULL, "rank %d's sentence: %s", ctx->rank,
+                    why);
+}
+
+Test(scalable, a_missing_rank_times_out_with_the_ranks_its_id_serves, .timeout = 60)
+{
+    cfx_test_setenv("CFX_BOOTSTRAP_TIMEOUT", "3"); /* The roots read it too. */
+    static cfxUniqueId ids[2];
+    for (int k = 0; k < 2; k++)
+        cr_assert_eq(cfxGetUniqueId(&ids[k]), cfxSuccess);
+    /* Rank 3 never runs. */
+    struct cfx_test_options opts = {
+        .nranks = 4, .mode = CFX_TEST_PROCS, .deadline_s = 40, .arg = ids, .skip_ranks = 1ull << 3};
+    CFX_TEST_RUN(&opts, scalable_missing_rank);
 }
 
 /* ------------------------------------------------------------ InitAll */

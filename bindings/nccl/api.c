@@ -74,25 +74,20 @@ CFX_NCCL_API ncclResult_t pncclCommInitAll(ncclComm_t *comm, int ndev, const int
 }
 CFX_NCCL_ALIAS(ncclCommInitAll);
 
-/* Every rank passes the same ids in the same order, so the first one alone
- * names the communicator; Conflux's root serves any number of ranks, and
- * the unused ids expire with CFX_BOOTSTRAP_TIMEOUT. */
+/* ncclUniqueId and cfxUniqueId are both 128 bytes of char (abi.c
+ * checks), so the array is passed as it is. */
 CFX_NCCL_API ncclResult_t pncclCommInitRankScalable(ncclComm_t *newcomm, int nranks, int myrank,
                                                     int nId, ncclUniqueId *commIds,
                                                     ncclConfig_t *config)
 {
-    if (nId < 1 || commIds == NULL)
-        return cfx_nccl_refuse(ncclInvalidArgument, NULL,
-                               "ncclCommInitRankScalable: nId = %d, commIds = %p; need at least "
-                               "one id",
-                               nId, (void *)commIds);
     cfxConfig_t storage, *cfx_config;
     ncclResult_t res =
         cfx_nccl_config_to_cfx(config, &storage, &cfx_config, "ncclCommInitRankScalable");
     if (res != ncclSuccess)
         return res;
-    return cfx_nccl_result_from(cfxCommInitRankConfig((cfxComm_t *)(void *)newcomm, nranks,
-                                                      to_cfx_id(&commIds[0]), myrank, cfx_config));
+    return cfx_nccl_result_from(cfxCommInitRankScalable((cfxComm_t *)(void *)newcomm, nranks,
+                                                        myrank, nId, (cfxUniqueId *)(void *)commIds,
+                                                        cfx_config));
 }
 CFX_NCCL_ALIAS(ncclCommInitRankScalable);
 

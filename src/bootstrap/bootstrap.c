@@ -185,6 +185,14 @@ int cfx_bootstrap_id_valid(const cfxUniqueId *id)
     return bid.magic == CFX_BOOTSTRAP_MAGIC;
 }
 
+int cfx_bootstrap_id_info(const cfxUniqueId *id, uint64_t *secret_p)
+{
+    struct cfx_bootstrap_id bid;
+    memcpy(&bid, id->internal, sizeof(bid));
+    *secret_p = bid.secret;
+    return (bid.flags & CFX_BOOTSTRAP_ID_COMM_ID) != 0;
+}
+
 /* ------------------------------------------------------------ messages */
 
 static void peer_name(int rank, char *text, size_t size)
@@ -1160,6 +1168,229 @@ out:
     cfx_socket_close(&listen_fd);
     free(members);
     free(part);
+    free(table);
+    return res;
+}
+
+/* ------------------------------------------------------------- scalable */
+
+/* Every rank's part of the exchanges below: where the communicator's
+ * bootstrap listens, and the counts, so ranks that disagree fail loudly. */
+struct scalable_entry {
+    int32_t nranks;
+    int32_t n_ids;
+    struct cfx_sockaddr_wire listen_addr;
+};
+
+/* A member's record in the hub's exchange: a rank of block 0 sends its own
+ * entry, a leader its whole block's (count entries of max_block). */
+struct scalable_record {
+    int32_t block;
+    int32_t count;
+    struct scalable_entry entries[];
+};
+
+#define SCALABLE_SECRET_MIX UINT64_C(0x5343414c41424c45) /* "SCALABLE" */
+#define SCALABLE_CHUNK      (64 << 10)
+
+void cfx_bootstrap_scalable_block(int nranks, int n_ids, int k, int *first_p, int *size_p)
+{
+    int base = nranks / n_ids, extra = nranks % n_ids;
+    *size_p = base + (k < extra);
+    *first_p = k * base + (k < extra ? k : extra);
+}
+
+int cfx_bootstrap_scalable_root_of(int nranks, int n_ids, int rank)
+{
+    int base = nranks / n_ids, extra = nranks % n_ids;
+    int big = extra * (base + 1); /* Ranks of the larger blocks. */
+    return rank < big ? rank / (base + 1) : extra + (rank - big) / base;
+}
+
+/* Rank 0 of @p bs sends @p size bytes at @p data along the ring; every
+ * other rank receives them from the previous rank and passes them on, in
+ * chunks, so the ranks copy at once. */
+static cfxResult_t ring_bcast(struct cfx_bootstrap *bs, void *data, size_t size)
+{
+    char *bytes = data;
+    int prev = (bs->rank + bs->nranks - 1) % bs->nranks;
+    int next = (bs->rank + 1) % bs->nranks;
+    char prev_name[48], next_name[48];
+    peer_name(prev, prev_name, sizeof(prev_name));
+    peer_name(next, next_name, sizeof(next_name));
+    int64_t deadline = op_deadline();
+    for (size_t off = 0; off < size; off += SCALABLE_CHUNK) {
+        size_t n = size - off < SCALABLE_CHUNK ? size - off : SCALABLE_CHUNK;
+        if (bs->rank != 0)
+            CFX_CHECK(cfx_socket_recv_all(bs->ring_recv_fd, bytes + off, n, deadline,
+                                          bs->abort_flag, prev_name));
+        if (next != 0)
+            CFX_CHECK(cfx_socket_send_all(bs->ring_send_fd, bytes + off, n, deadline,
+                                          bs->abort_flag, next_name));
+    }
+    return cfxSuccess;
+}
+
+/* Join id @p index as @p seat of @p n_seats; a failure's sentence says
+ * which global ranks that id serves. */
+static cfxResult_t join_part(const cfxUniqueId *ids, int index, int seat, int n_seats, int rank,
+                             int first, int size, int n_ids, const int *abort_flag,
+                             struct cfx_bootstrap **bs_p)
+{
+    cfxResult_t res = cfx_bootstrap_init(&ids[index], seat, n_seats, abort_flag, bs_p);
+    if (res == cfxSuccess)
+        return res;
+    char why[768];
+    snprintf(why, sizeof(why), "%s", cfx_error_thread_last());
+    if (index == 0 && n_seats > size)
+        return cfx_error_set(res, CFX_LOG_BOOTSTRAP,
+                             "scalable init, rank %d: through ids[0], whose seats 0-%d are ranks "
+                             "0-%d and seats %d-%d the first ranks of ids[1]-ids[%d]: %s",
+                             rank, size - 1, size - 1, size, n_seats - 1, n_ids - 1, why);
+    return cfx_error_set(res, CFX_LOG_BOOTSTRAP,
+                         "scalable init, rank %d: through ids[%d], whose seats 0-%d are ranks "
+                         "%d-%d: %s",
+                         rank, index, n_seats - 1, first, first + size - 1, why);
+}
+
+static cfxResult_t entry_check(const struct scalable_entry *entry, int who, int rank, int nranks,
+                               int n_ids)
+{
+    if (entry->nranks == nranks && entry->n_ids == n_ids)
+        return cfxSuccess;
+    return cfx_error_set(cfxInvalidUsage, CFX_LOG_BOOTSTRAP,
+                         "scalable init: rank %d was called with nranks %d and %d ids, rank %d "
+                         "with nranks %d and %d ids; every rank must pass the same",
+                         who, (int)entry->nranks, (int)entry->n_ids, rank, nranks, n_ids);
+}
+
+cfxResult_t cfx_bootstrap_init_scalable(const cfxUniqueId *ids, int n_ids, int rank, int nranks,
+                                        const int *abort_flag, struct cfx_bootstrap **bs_p)
+{
+    if (n_ids == 1)
+        return cfx_bootstrap_init(&ids[0], rank, nranks, abort_flag, bs_p);
+    int k = cfx_bootstrap_scalable_root_of(nranks, n_ids, rank), first, size, size0, first0;
+    cfx_bootstrap_scalable_block(nranks, n_ids, k, &first, &size);
+    cfx_bootstrap_scalable_block(nranks, n_ids, 0, &first0, &size0);
+    int max_block = size0; /* Block 0 is a largest one. */
+    int hub_seats = size0 + n_ids - 1;
+    int leader = rank == first;
+    struct cfx_bootstrap *block = NULL, *hub = NULL, *bs = NULL;
+    struct scalable_entry *mine_block = NULL;
+    char *records = NULL;
+    struct cfx_sockaddr_wire *table = NULL;
+    size_t record_bytes =
+        sizeof(struct scalable_record) + sizeof(struct scalable_entry) * (size_t)max_block;
+    int listen_fd = -1;
+    cfxResult_t res = cfxSuccess;
+    struct cfx_bootstrap_id bid0;
+    memcpy(&bid0, ids[0].internal, sizeof(bid0));
+
+    /* Each id's root serves one block (NCCL's split: contiguous, the first
+     * nranks % n_ids blocks one larger); the root of ids[0] also seats the
+     * first rank of every other block: the hub through which blocks meet. */
+    if (k > 0)
+        CFX_CHECK_GOTO(
+            join_part(ids, k, rank - first, size, rank, first, size, n_ids, abort_flag, &block),
+            res, out);
+    int seat = k == 0 ? rank : size0 + k - 1;
+    if (k == 0 || leader)
+        CFX_CHECK_GOTO(join_part(ids, 0, seat, hub_seats, rank, 0, size0, n_ids, abort_flag, &hub),
+                       res, out);
+
+    /* The communicator's own listener, where the first bootstrap listens. */
+    struct cfx_bootstrap *near = block != NULL ? block : hub;
+    union cfx_sockaddr addr = near->listen_addr, bound;
+    if (addr.sa.sa_family == AF_INET)
+        addr.sin.sin_port = 0;
+    else
+        addr.sin6.sin6_port = 0;
+    CFX_CHECK_GOTO(cfx_socket_listen(&addr, &listen_fd, &bound), res, out);
+    struct scalable_entry mine = {.nranks = nranks, .n_ids = n_ids};
+    cfx_socket_addr_to_wire(&bound, &mine.listen_addr);
+
+    table = calloc((size_t)nranks, sizeof(*table));
+    if (table == NULL) {
+        res = cfx_error_set(cfxSystemError, CFX_LOG_BOOTSTRAP, "out of memory in scalable init");
+        goto out;
+    }
+    if (block != NULL) {
+        mine_block = calloc((size_t)size, sizeof(*mine_block));
+        if (mine_block == NULL) {
+            res =
+                cfx_error_set(cfxSystemError, CFX_LOG_BOOTSTRAP, "out of memory in scalable init");
+            goto out;
+        }
+        mine_block[rank - first] = mine;
+        CFX_CHECK_GOTO(cfx_bootstrap_allgather(block, mine_block, sizeof(*mine_block)), res, out);
+        for (int i = 0; i < size; i++)
+            CFX_CHECK_GOTO(entry_check(&mine_block[i], first + i, rank, nranks, n_ids), res, out);
+    }
+    if (hub != NULL) {
+        records = calloc((size_t)hub_seats, record_bytes);
+        if (records == NULL) {
+            res =
+                cfx_error_set(cfxSystemError, CFX_LOG_BOOTSTRAP, "out of memory in scalable init");
+            goto out;
+        }
+        struct scalable_record *own = (void *)(records + (size_t)seat * record_bytes);
+        own->block = k;
+        own->count = k == 0 ? 1 : size;
+        if (k == 0)
+            own->entries[0] = mine;
+        else
+            memcpy(own->entries, mine_block, sizeof(*mine_block) * (size_t)size);
+        CFX_CHECK_GOTO(cfx_bootstrap_allgather(hub, records, record_bytes), res, out);
+        for (int s = 0; s < hub_seats; s++) {
+            const struct scalable_record *rec = (const void *)(records + (size_t)s * record_bytes);
+            int b = s < size0 ? 0 : s - size0 + 1, b_first, b_size;
+            cfx_bootstrap_scalable_block(nranks, n_ids, b, &b_first, &b_size);
+            int at = b == 0 ? s : b_first, count = b == 0 ? 1 : b_size;
+            if (rec->block != b || rec->count != count)
+                res = cfx_error_set(cfxInvalidUsage, CFX_LOG_BOOTSTRAP,
+                                    "scalable init: seat %d of ids[0] says it brings %d rank(s) "
+                                    "of ids[%d], not %d of ids[%d]; every rank must pass the "
+                                    "same ids in the same order and the same nranks",
+                                    s, (int)rec->count, (int)rec->block, count, b);
+            for (int i = 0; i < count && res == cfxSuccess; i++) {
+                res = entry_check(&rec->entries[i], at + i, rank, nranks, n_ids);
+                table[at + i] = rec->entries[i].listen_addr;
+            }
+            if (res != cfxSuccess)
+                goto out;
+        }
+    }
+    /* A block's first rank hands the table on to the rest of its block. */
+    if (block != NULL)
+        CFX_CHECK_GOTO(ring_bcast(block, table, sizeof(*table) * (size_t)nranks), res, out);
+    if (memcmp(&table[rank], &mine.listen_addr, sizeof(mine.listen_addr)) != 0) {
+        res = cfx_error_set(cfxInternalError, CFX_LOG_BOOTSTRAP,
+                            "scalable init, rank %d: the table does not hold this rank's own "
+                            "listener",
+                            rank);
+        goto out;
+    }
+
+    CFX_CHECK_GOTO(
+        bootstrap_alloc(rank, nranks, bid0.secret ^ SCALABLE_SECRET_MIX, abort_flag, &bs), res,
+        out);
+    memcpy(bs->table, table, sizeof(*table) * (size_t)nranks);
+    bs->listen_fd = listen_fd;
+    bs->listen_addr = bound;
+    listen_fd = -1;
+    CFX_CHECK_GOTO(connect_ring(bs), res, out);
+    CFX_INFO(CFX_LOG_BOOTSTRAP,
+             "bootstrap rank %d of %d ready (scalable: through ids[%d] of %d, %d rank(s))", rank,
+             nranks, k, n_ids, size);
+    *bs_p = bs;
+    bs = NULL;
+out:
+    cfx_bootstrap_destroy(bs);
+    cfx_bootstrap_destroy(block);
+    cfx_bootstrap_destroy(hub);
+    cfx_socket_close(&listen_fd);
+    free(mine_block);
+    free(records);
     free(table);
     return res;
 }

@@ -39,6 +39,26 @@ int cfx_bootstrap_id_valid(const cfxUniqueId *id);
 cfxResult_t cfx_bootstrap_init(const cfxUniqueId *id, int rank, int nranks, const int *abort_flag,
                                struct cfx_bootstrap **bs_p);
 
+/* cfx_bootstrap_init through @p n_ids ids (cfxCommInitRankScalable), all
+ * valid, distinct, none from CFX_COMM_ID, passed alike by every rank. The
+ * ranks are split into n_ids contiguous blocks (the first nranks % n_ids
+ * one larger); the root of ids[k] serves block k, and the root of ids[0]
+ * also seats the first rank of every other block, which is how blocks
+ * learn each other's listeners; each first rank then passes the whole
+ * table along its block's ring. No root serves more than its block plus
+ * n_ids - 1 ranks. One id is cfx_bootstrap_init. */
+cfxResult_t cfx_bootstrap_init_scalable(const cfxUniqueId *ids, int n_ids, int rank, int nranks,
+                                        const int *abort_flag, struct cfx_bootstrap **bs_p);
+
+/* The block of ranks the root of ids[@p k] serves: *first_p, *size_p. */
+void cfx_bootstrap_scalable_block(int nranks, int n_ids, int k, int *first_p, int *size_p);
+
+/* Which id's root serves @p rank. */
+int cfx_bootstrap_scalable_root_of(int nranks, int n_ids, int rank);
+
+/* Whether @p id was made from CFX_COMM_ID; *secret_p gets its secret. */
+int cfx_bootstrap_id_info(const cfxUniqueId *id, uint64_t *secret_p);
+
 /* Build the bootstrap of a child communicator: collective over @p parent.
  * Ranks with equal @p color form a child ordered by (key, parent rank);
  * color < 0 takes part in the exchange and gets *child_p = NULL. */

@@ -288,29 +288,81 @@ static cfxResult_t comm_setup(struct cfxComm *comm)
     return cfxSuccess;
 }
 
-CFX_API cfxResult_t cfxCommInitRankConfig(cfxComm_t *comm_p, int nranks, cfxUniqueId commId,
-                                          int rank, cfxConfig_t *config)
+/* The ids of an init through @p n_ids ids, checked: valid, and distinct
+ * unless all are one CFX_COMM_ID id (*n_used_p = 1 then). */
+static cfxResult_t check_ids(const cfxUniqueId *ids, int n_ids, int nranks, const char *fn,
+                             int *n_used_p)
 {
-    const char *fn = "cfxCommInitRankConfig";
+    if (ids == NULL)
+        return cfx_error_set(cfxInvalidArgument, CFX_LOG_INIT, "%s: commIds is NULL", fn);
+    if (n_ids < 1 || n_ids > nranks)
+        return cfx_error_set(cfxInvalidArgument, CFX_LOG_INIT,
+                             "%s: nId = %d; it must be between 1 and nranks (%d)", fn, n_ids,
+                             nranks);
+    int comm_ids = 0, all_equal = 1;
+    for (int i = 0; i < n_ids; i++) {
+        uint64_t secret;
+        if (!cfx_bootstrap_id_valid(&ids[i]))
+            return cfx_error_set(cfxInvalidArgument, CFX_LOG_INIT,
+                                 "%s: commIds[%d] is not a Conflux unique id; make it with "
+                                 "cfxGetUniqueId and pass it unchanged to all",
+                                 fn, i);
+        comm_ids += cfx_bootstrap_id_info(&ids[i], &secret);
+        if (memcmp(&ids[i], &ids[0], sizeof(ids[0])) != 0)
+            all_equal = 0;
+    }
+    *n_used_p = n_ids;
+    if (all_equal && n_ids > 1 && comm_ids == n_ids) {
+        CFX_INFO(CFX_LOG_INIT,
+                 "%s: the %d ids are one CFX_COMM_ID id; every rank joins through its root", fn,
+                 n_ids);
+        *n_used_p = 1;
+        return cfxSuccess;
+    }
+    if (comm_ids > 0 && n_ids > 1)
+        return cfx_error_set(cfxInvalidArgument, CFX_LOG_INIT,
+                             "%s: an id from CFX_COMM_ID among %d ids; with CFX_COMM_ID every "
+                             "id is the same, so pass nId = 1 (or unset CFX_COMM_ID)",
+                             fn, n_ids);
+    for (int i = 1; i < n_ids; i++)
+        for (int j = 0; j < i; j++)
+            if (memcmp(&ids[i], &ids[j], sizeof(ids[0])) == 0)
+                return cfx_error_set(cfxInvalidArgument, CFX_LOG_INIT,
+                                     "%s: commIds[%d] is commIds[%d]; each id names one root, "
+                                     "call cfxGetUniqueId once per id",
+                                     fn, i, j);
+    return cfxSuccess;
+}
+
+/* Init through one id (@p scalable 0: cfxCommInitRank(Config)) or several. */
+static cfxResult_t init_rank(cfxComm_t *comm_p, int nranks, const cfxUniqueId *ids, int n_ids,
+                             int scalable, int rank, cfxConfig_t *config, const char *fn)
+{
     cfx_core_api_enter(NULL);
     cfx_log_set_rank(rank);
     print_version_once();
     struct cfxComm *comm = NULL;
     cfxResult_t res;
+    int n_used = 1;
     CFX_CHECK_GOTO(cfx_argcheck_ptr(comm_p, fn, "comm"), res, out);
     CFX_CHECK_GOTO(cfx_argcheck_nranks_rank(nranks, rank, fn), res, out);
     CFX_CHECK_GOTO(cfx_argcheck_config(config, fn), res, out);
     CFX_CHECK_GOTO(cfx_param_check_all(), res, out);
-    if (!cfx_bootstrap_id_valid(&commId)) {
-        res = cfx_error_set(cfxInvalidArgument, CFX_LOG_INIT,
-                            "%s: commId is not a Conflux unique id; make it with cfxGetUniqueId "
-                            "on one rank and pass it unchanged to all",
-                            fn);
-        goto out;
+    if (!scalable) {
+        if (!cfx_bootstrap_id_valid(&ids[0])) {
+            res = cfx_error_set(cfxInvalidArgument, CFX_LOG_INIT,
+                                "%s: commId is not a Conflux unique id; make it with "
+                                "cfxGetUniqueId on one rank and pass it unchanged to all",
+                                fn);
+            goto out;
+        }
+    } else {
+        CFX_CHECK_GOTO(check_ids(ids, n_ids, nranks, fn, &n_used), res, out);
     }
     CFX_CHECK_GOTO(comm_alloc(rank, nranks, config, &comm), res, out);
-    CFX_CHECK_GOTO(cfx_bootstrap_init(&commId, rank, nranks, &comm->abort_flag, &comm->bootstrap),
-                   res, err_free);
+    CFX_CHECK_GOTO(
+        cfx_bootstrap_init_scalable(ids, n_used, rank, nranks, &comm->abort_flag, &comm->bootstrap),
+        res, err_free);
     CFX_CHECK_GOTO(comm_setup(comm), res, err_free);
     *comm_p = comm;
     goto out;
@@ -319,6 +371,18 @@ err_free:
     comm_free(comm);
 out:
     return cfx_core_api_exit(NULL, res);
+}
+
+CFX_API cfxResult_t cfxCommInitRankConfig(cfxComm_t *comm_p, int nranks, cfxUniqueId commId,
+                                          int rank, cfxConfig_t *config)
+{
+    return init_rank(comm_p, nranks, &commId, 1, 0, rank, config, "cfxCommInitRankConfig");
+}
+
+CFX_API cfxResult_t cfxCommInitRankScalable(cfxComm_t *newcomm, int nranks, int myrank, int nId,
+                                            cfxUniqueId *commIds, cfxConfig_t *config)
+{
+    return init_rank(newcomm, nranks, commIds, nId, 1, myrank, config, "cfxCommInitRankScalable");
 }
 
 CFX_API cfxResult_t cfxCommInitRank(cfxComm_t *comm_p, int nranks, cfxUniqueId commId, int rank)
