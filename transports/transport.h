@@ -129,6 +129,10 @@ struct cfx_connector {
      * receiver published it in the FIFO (cfx_fifo.pull_min); 0 until known,
      * CFX_PULL_NEVER for none. Set by the core, not by transports. */
     uint64_t pull_min;
+    /* Point to point: send (or receive) operations launched on this
+     * connector, the number of the next one's message (offer, post_at).
+     * Set by the core. */
+    uint64_t p2p_msgs;
 };
 
 /* Channels one pair of ranks may connect per kind of connection. */
@@ -290,6 +294,21 @@ struct cfx_transport {
      * cannot. */
     cfxResult_t (*post_ref)(void *ctx, struct cfx_connector *conn, const void *data, size_t bytes,
                             void *handle);
+    /* Receive side of point to point: the payload of message @p msg of
+     * this connector (the core numbers each direction's send and receive
+     * operations alike, from 0) may be written straight into the @p bytes
+     * at @p data, registered as @p handle (reg_mem), at the offset the
+     * sender gives each slot (post_at); such a slot is posted with
+     * CFX_SLOT_IN_PLACE in its size. Best effort: slots sent before the
+     * offer reaches the sender go through the FIFO as ever. Called when
+     * the receive is launched, before any of its steps; never blocks,
+     * allocates or registers. NULL: cannot. */
+    cfxResult_t (*offer)(void *ctx, struct cfx_connector *conn, uint64_t msg, void *data,
+                         size_t bytes, void *handle);
+    /* Send side of point to point, before cfx_conn_post of a slot: that
+     * slot carries the bytes at @p offset of message @p msg (see offer).
+     * NULL: no transport use for it. */
+    void (*post_at)(void *ctx, struct cfx_connector *conn, uint64_t msg, uint64_t offset);
 };
 
 /* Transports in priority order, NULL-terminated (transports/registry.c). */
@@ -347,6 +366,29 @@ static inline cfxResult_t cfx_conn_post_ref(struct cfx_connector *conn, const vo
                                             size_t bytes, void *handle)
 {
     return conn->transport->post_ref(conn->transport_ctx, conn, data, bytes, handle);
+}
+
+/* Consumer of point to point (transports with offer): message @p msg may
+ * land in place at @p data (see offer). */
+static inline cfxResult_t cfx_conn_offer(struct cfx_connector *conn, uint64_t msg, void *data,
+                                         size_t bytes, void *handle)
+{
+    return conn->transport->offer(conn->transport_ctx, conn, msg, data, bytes, handle);
+}
+
+/* Producer of point to point: the next slot is message @p msg's bytes at
+ * @p offset (for transports that use it; see post_at). */
+static inline void cfx_conn_post_at(struct cfx_connector *conn, uint64_t msg, uint64_t offset)
+{
+    if (conn->transport->post_at)
+        conn->transport->post_at(conn->transport_ctx, conn, msg, offset);
+}
+
+/* Consumer: the oldest posted slot's payload is already in place (see
+ * CFX_SLOT_IN_PLACE). */
+static inline int cfx_conn_in_place(const struct cfx_connector *conn)
+{
+    return cfx_fifo_in_place_at(&conn->view, cfx_load_relaxed_u64(conn->view.head));
 }
 
 /* Producer: the consumer released every slot posted so far. */

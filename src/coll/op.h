@@ -68,6 +68,10 @@ struct cfx_op {
      * transport moves the data from the buffer itself (src/coll/p2p.h);
      * NULL: through the slots. */
     void *ref_handle;
+    /* Point to point: the number of this operation's message on its
+     * connector (cfx_connector.p2p_msgs at launch), which a transport with
+     * post_at/offer uses to match a registered receive with its send. */
+    uint64_t p2p_msg;
     enum cfx_mem_kind mem_kind; /* Of both buffers. */
     cfxStream_t stream;         /* The call's stream (NULL: the legacy stream / at once). */
     void *exec_state; /* The communicator's state in a stream executor (src/exec/cuda.h). */
@@ -132,6 +136,7 @@ static inline void cfx_op_clear(struct cfx_op *op)
     op->direct = NULL;
     op->pull = 0;
     op->ref_handle = NULL;
+    op->p2p_msg = 0;
     op->mem_kind = CFX_MEM_HOST;
     op->stream = NULL;
     op->exec_state = NULL;

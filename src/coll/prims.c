@@ -212,6 +212,7 @@ cfxResult_t cfx_prim_run(struct cfx_op *op, const struct cfx_step *step)
         cfxResult_t res = cfx_conn_post_ref(to, step->input, bytes, op->ref_handle);
         if (res != cfxSuccess)
             return res;
+        cfx_conn_post_at(to, op->p2p_msg, (uint64_t)(step->input - (const char *)op->sendbuff));
         cfx_conn_post(to, bytes, &op->print);
         return cfxSuccess;
     }
@@ -221,11 +222,25 @@ cfxResult_t cfx_prim_run(struct cfx_op *op, const struct cfx_step *step)
     const char *more[CFX_PRIM_MAX_RECV - 1];
     char *slot_out = NULL;
     if (flags & CFX_PRIM_RECV) {
-        cfxResult_t res = take(op, op->conns[step->recv], bytes, &received);
+        struct cfx_connector *from = op->conns[step->recv];
+        int in_place = cfx_conn_in_place(from);
+        cfxResult_t res = take(op, from, bytes, &received);
         for (int i = 0; res == cfxSuccess && i < step->n_recv_more; i++)
             res = take(op, op->conns[step->recv_more[i]], bytes, &more[i]);
         if (res != cfxSuccess)
             return res;
+        if (in_place) {
+            /* The transport wrote it where this step would copy it (a
+             * registered receive's offer): only a plain receive gets one. */
+            if (op->kind != CFX_COLL_RECV ||
+                (flags & (CFX_PRIM_SEND | CFX_PRIM_REDUCE | CFX_PRIM_OUT)) != CFX_PRIM_OUT ||
+                step->n_recv_more != 0)
+                return cfx_error_set(cfxInternalError, CFX_LOG_COLL,
+                                     "%s on rank %d: rank %d's data landed in place for a step "
+                                     "that is not a plain receive",
+                                     cfx_coll_name(op->kind), op->rank, from->peer_rank);
+            received = step->output;
+        }
     }
     if (flags & CFX_PRIM_SEND)
         slot_out = cfx_conn_post_slot(op->conns[step->send], bytes);
@@ -280,7 +295,11 @@ cfxResult_t cfx_prim_run(struct cfx_op *op, const struct cfx_step *step)
         for (int i = 0; i < step->n_recv_more; i++)
             cfx_conn_release(op->conns[step->recv_more[i]]);
     }
-    if (flags & CFX_PRIM_SEND)
+    if (flags & CFX_PRIM_SEND) {
+        if (op->kind == CFX_COLL_SEND)
+            cfx_conn_post_at(op->conns[step->send], op->p2p_msg,
+                             (uint64_t)(step->input - (const char *)op->sendbuff));
         cfx_conn_post(op->conns[step->send], bytes, &op->print);
+    }
     return cfxSuccess;
 }

@@ -216,13 +216,27 @@ static inline CFX_HOST_DEVICE int cfx_fifo_can_take(const struct cfx_conn *c)
     return cfx_fifo_can_take_at(c, cfx_load_relaxed_u64(c->head));
 }
 
+/* In a slot's info size: its payload was written by the transport straight
+ * into the receiver's own buffer, where this slot's receive step would copy
+ * it (a registered receive, cfxCommRegister), not into the slot. Set only
+ * by transports with post_at, on slots of operations that offered their
+ * buffer; the size below it is the payload's. */
+#define CFX_SLOT_IN_PLACE  0x80000000u
+#define CFX_SLOT_SIZE_MASK 0x7fffffffu
+
+/* Consumer: whether the oldest posted slot's payload is in place. */
+static inline CFX_HOST_DEVICE int cfx_fifo_in_place_at(const struct cfx_conn *c, uint64_t head)
+{
+    return (c->info[head % (uint64_t)c->n_steps].size & CFX_SLOT_IN_PLACE) != 0;
+}
+
 /* Consumer: the oldest posted slot, its size and its fingerprint. */
 static inline CFX_HOST_DEVICE const char *
 cfx_fifo_take_slot_at(const struct cfx_conn *c, uint64_t head, size_t *bytes_p,
                       const struct cfx_fingerprint **print_p)
 {
     size_t index = (size_t)(head % (uint64_t)c->n_steps);
-    size_t bytes = c->info[index].size;
+    size_t bytes = c->info[index].size & CFX_SLOT_SIZE_MASK;
     *bytes_p = bytes;
     *print_p = &c->info[index].print;
     return cfx_fifo_data(c->info, c->slots, c->slot_bytes, index, bytes);

@@ -271,19 +271,30 @@ static cfxResult_t choose_p2p_path(struct cfx_op *op)
     if (op->kind != CFX_COLL_SEND && op->kind != CFX_COLL_RECV)
         return cfxSuccess;
     struct cfx_connector *conn = *(op->kind == CFX_COLL_SEND ? send_slot(op) : recv_slot(op));
+    if (conn == NULL)
+        return cfxSuccess;
+    /* Both sides number every operation of the pair, whatever its path. */
+    op->p2p_msg = conn->p2p_msgs++;
     uint64_t bytes = (uint64_t)op->count * cfx_type_size(op->type), min;
-    if (conn == NULL || bytes == 0 || op->mem_kind != CFX_MEM_HOST)
+    if (bytes == 0 || op->mem_kind != CFX_MEM_HOST)
         return cfxSuccess;
     CFX_CHECK(cfx_core_pull_threshold(op->owner, conn, &min));
     op->pull = min != CFX_PULL_NEVER && bytes >= min;
-    /* Else a send from a buffer registered with the connector's transport,
-     * if it can move it from there. */
-    if (op->pull || op->kind != CFX_COLL_SEND || conn->transport->post_ref == NULL ||
+    /* Else, from (or into) a buffer registered with the connector's
+     * transport, if it can move the data from (or into) it. */
+    int t = 0;
+    while (t < CFX_MAX_TRANSPORTS && cfx_transports[t] && cfx_transports[t] != conn->transport)
+        t++;
+    if (op->pull || t == CFX_MAX_TRANSPORTS || cfx_transports[t] == NULL ||
         bytes < (uint64_t)param_zero_copy_min())
         return cfxSuccess;
-    for (int t = 0; t < CFX_MAX_TRANSPORTS && cfx_transports[t]; t++)
-        if (cfx_transports[t] == conn->transport)
-            op->ref_handle = cfx_core_reg_find(op->owner, t, op->sendbuff, bytes);
+    if (op->kind == CFX_COLL_SEND && conn->transport->post_ref != NULL)
+        op->ref_handle = cfx_core_reg_find(op->owner, t, op->sendbuff, bytes);
+    if (op->kind == CFX_COLL_RECV && conn->transport->offer != NULL) {
+        void *handle = cfx_core_reg_find(op->owner, t, op->recvbuff, bytes);
+        if (handle != NULL)
+            CFX_CHECK(cfx_conn_offer(conn, op->p2p_msg, op->recvbuff, bytes, handle));
+    }
     return cfxSuccess;
 }
 

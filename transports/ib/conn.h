@@ -51,6 +51,23 @@ enum ib_wr_kind {
     IB_WR_POISON = 4,
     IB_WR_ALIVE = 5,
     IB_WR_RECV = 6,
+    IB_WR_OFFER = 7, /* A registered receive's offer, into the sender's mailbox. */
+};
+
+/* Offers a receiver keeps in flight, and the sender's ring of them. */
+#define IB_OFFERS 8
+
+/* A receiver's offer (ib_offer): message `msg` may be written at `addr`
+ * (`bytes`, key `rkey`). `msg_plus1` and `check` are both msg + 1: the
+ * writer's NIC places the record in order, and the sender reads `check`
+ * first and `msg_plus1` last, so equal values mean a whole record. */
+struct cfx_ib_offer {
+    uint64_t msg_plus1;
+    uint64_t addr;
+    uint64_t bytes;
+    uint32_t rkey;
+    uint32_t pad;
+    uint64_t check;
 };
 #define IB_WR_ID(kind, value) (((uint64_t)(kind) << 56) | ((uint64_t)(value) & ((1ull << 56) - 1)))
 #define IB_WR_KIND(id)        ((enum ib_wr_kind)((id) >> 56))
@@ -67,6 +84,10 @@ struct cfx_ib_mailbox {
     uint64_t alive_src;
     /* Receiver's: each slot's info line as the sender wrote it. */
     struct cfx_slot_info staged[CFX_MAX_STEPS];
+    /* Sender's: the receiver's offers, offer n at n % IB_OFFERS. */
+    CFX_ALIGNAS(CFX_CACHE_LINE) struct cfx_ib_offer offers[IB_OFFERS];
+    /* Receiver's: the sources of its offer writes. */
+    struct cfx_ib_offer offer_src[IB_OFFERS];
 };
 
 /* The connect info a side sends its peer (at most CFX_CONNECT_INFO_BYTES). */
@@ -170,6 +191,19 @@ struct cfx_ib_conn {
     uint64_t ref_addr[CFX_MAX_STEPS];
     uint32_t ref_lkey[CFX_MAX_STEPS];
     uint64_t ref_slots; /* Slots written from registered buffers (INFO at close). */
+    /* Sender: each posted slot's point-to-point message + 1 and offset
+     * (post_at; 0: none), set by the posting thread before it posts. */
+    uint64_t at_msg[CFX_MAX_STEPS];
+    uint64_t at_offset[CFX_MAX_STEPS];
+    uint64_t in_place_slots; /* Sender: slots written into offered buffers (INFO at close). */
+    /* Receiver: offers made (by the launching thread, release; each in
+     * offer_src[n % IB_OFFERS]), posted and completed (by the driving
+     * thread, completed with release). The launching thread makes none
+     * while IB_OFFERS are not completed, so no source is rewritten in
+     * flight. */
+    _Atomic uint64_t offers_made;
+    uint64_t offers_posted;
+    _Atomic uint64_t offers_done;
     uint64_t done_mask; /* Sender: slots completed past the FIFO's head (bit: number % n_steps). */
     uint64_t arrived;   /* Receiver: slots posted into the FIFO, in order (the tail). */
     uint64_t arrived_mask; /* Receiver: immediates come past `arrived` (bit: number % n_steps). */

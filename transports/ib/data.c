@@ -69,8 +69,9 @@ static void conn_fail_qp_event(struct cfx_ib_conn *ic, const char *what)
  * (the peer's block), signaled; with the immediate @p imm when @p with_imm.
  * Small writes go inline when the NIC allows. 0, or the errno of
  * ibv_post_send. */
-static int post_write_from(struct cfx_ib_conn *ic, int q, uint64_t wr_id, const void *local,
-                           uint32_t lkey, uint32_t len, uint64_t remote, int with_imm, uint32_t imm)
+static int post_write_to(struct cfx_ib_conn *ic, int q, uint64_t wr_id, const void *local,
+                         uint32_t lkey, uint32_t len, uint64_t remote, uint32_t rkey, int with_imm,
+                         uint32_t imm)
 {
     struct ibv_sge sge = {.addr = (uint64_t)(uintptr_t)local, .length = len, .lkey = lkey};
     struct ibv_send_wr wr = {
@@ -82,7 +83,7 @@ static int post_write_from(struct cfx_ib_conn *ic, int q, uint64_t wr_id, const 
         .imm_data = htobe32(imm),
     };
     wr.wr.rdma.remote_addr = remote;
-    wr.wr.rdma.rkey = ic->peer_rkey;
+    wr.wr.rdma.rkey = rkey;
     struct ibv_send_wr *bad = NULL;
     int err = ibv_post_send(ic->qp[q], &wr, &bad);
     if (err == 0) {
@@ -90,6 +91,13 @@ static int post_write_from(struct cfx_ib_conn *ic, int q, uint64_t wr_id, const 
         ic->sq_total++;
     }
     return err;
+}
+
+/* post_write_to into the peer's block. */
+static int post_write_from(struct cfx_ib_conn *ic, int q, uint64_t wr_id, const void *local,
+                           uint32_t lkey, uint32_t len, uint64_t remote, int with_imm, uint32_t imm)
+{
+    return post_write_to(ic, q, wr_id, local, lkey, len, remote, ic->peer_rkey, with_imm, imm);
 }
 
 /* post_write_from out of the connection's own block. */
@@ -122,6 +130,48 @@ cfxResult_t cfx_ib_post_recvs(struct cfx_ib_conn *ic, int q, int count)
     return cfxSuccess;
 }
 
+/* Sender: whether the receiver offered message @p msg, with room for
+ * @p size bytes at @p offset: then *remote_p and *rkey_p say where they go.
+ * The record is read last word first (see struct cfx_ib_offer). */
+static int offer_for(struct cfx_ib_conn *ic, uint64_t msg, uint64_t offset, uint32_t size,
+                     uint64_t *remote_p, uint32_t *rkey_p)
+{
+    const struct cfx_ib_offer *o = &ic->box->offers[msg % IB_OFFERS];
+    uint64_t check = cfx_load_acquire_u64(&o->check);
+    uint64_t bytes = cfx_load_relaxed_u64(&o->bytes), addr = cfx_load_relaxed_u64(&o->addr);
+    uint32_t rkey = cfx_load_relaxed_u32(&o->rkey);
+    uint64_t first = cfx_load_acquire_u64(&o->msg_plus1);
+    if (check != msg + 1 || first != msg + 1 || offset > bytes || size > bytes - offset)
+        return 0;
+    *remote_p = addr + offset;
+    *rkey_p = rkey;
+    return 1;
+}
+
+/* Receiver: write the offers made since the last pass into the sender's
+ * ring. */
+static int send_offers(struct cfx_ib_conn *ic)
+{
+    int moved = 0;
+    uint64_t made = atomic_load_explicit(&ic->offers_made, memory_order_acquire);
+    while (ic->offers_posted < made && ic->sq_used[0] < ic->sq_depth) {
+        size_t at = (size_t)(ic->offers_posted % IB_OFFERS);
+        const struct cfx_ib_offer *src = &ic->box->offer_src[at];
+        uint64_t msg = src->msg_plus1 - 1;
+        int err = post_write(ic, 0, IB_WR_ID(IB_WR_OFFER, 0), src, sizeof(*src),
+                             ic->peer_box + offsetof(struct cfx_ib_mailbox, offers) +
+                                 (msg % IB_OFFERS) * sizeof(struct cfx_ib_offer),
+                             0, 0);
+        if (err != 0) {
+            post_failed(ic, err, "an offer");
+            return moved;
+        }
+        ic->offers_posted++;
+        moved = 1;
+    }
+    return moved;
+}
+
 /* Sender: write posted slots while the receiver has room for them. */
 static int send_slots(struct cfx_ib_conn *ic)
 {
@@ -143,17 +193,27 @@ static int send_slots(struct cfx_ib_conn *ic)
             return moved;
         }
         int err = 0;
+        /* Where the payload goes: the receiver's slot, or its own buffer
+         * when it offered the slot's message (offer_for). */
+        uint64_t remote = ic->peer_slots + index * ic->slot_bytes;
+        uint32_t rkey = ic->peer_rkey;
+        if (size > CFX_SLOT_INLINE_BYTES && ic->at_msg[index] != 0 &&
+            offer_for(ic, ic->at_msg[index] - 1, ic->at_offset[index], size, &remote, &rkey)) {
+            info->size = size | CFX_SLOT_IN_PLACE;
+            ic->in_place_slots++;
+        }
+        ic->at_msg[index] = 0;
         uint64_t ref = ic->ref_addr[index];
         if (ref != 0) {
             /* Straight from the user's registered buffer (post_ref). */
-            err = post_write_from(ic, q, IB_WR_ID(IB_WR_PAYLOAD, k), (const void *)(uintptr_t)ref,
-                                  ic->ref_lkey[index], size,
-                                  ic->peer_slots + index * ic->slot_bytes, 0, 0);
+            err = post_write_to(ic, q, IB_WR_ID(IB_WR_PAYLOAD, k), (const void *)(uintptr_t)ref,
+                                ic->ref_lkey[index], size, remote, rkey, 0, 0);
             ic->ref_addr[index] = 0;
             ic->ref_slots++;
         } else if (size > CFX_SLOT_INLINE_BYTES) {
-            err = post_write(ic, q, IB_WR_ID(IB_WR_PAYLOAD, k), ic->slots + index * ic->slot_bytes,
-                             size, ic->peer_slots + index * ic->slot_bytes, 0, 0);
+            err =
+                post_write_to(ic, q, IB_WR_ID(IB_WR_PAYLOAD, k), ic->slots + index * ic->slot_bytes,
+                              ic->mr->lkey, size, remote, rkey, 0, 0);
         }
         if (err == 0)
             err = post_write(ic, q, IB_WR_ID(IB_WR_SLOT, k), info, sizeof(*info),
@@ -269,10 +329,10 @@ static void post_arrived(struct cfx_ib_conn *ic)
         ic->arrived_mask &= ~(1ull << index);
         const struct cfx_slot_info *staged = &ic->box->staged[index];
         struct cfx_slot_info *info = &ic->fifo->info[index];
-        if (staged->size > ic->slot_bytes) {
+        if ((staged->size & CFX_SLOT_SIZE_MASK) > ic->slot_bytes) {
             conn_fail(ic, cfxInvalidUsage, ic->peer_rank,
                       "ib: rank %d wrote %u bytes into a %zu-byte slot of rank %d", ic->peer_rank,
-                      staged->size, ic->slot_bytes, ic->self_rank);
+                      staged->size & CFX_SLOT_SIZE_MASK, ic->slot_bytes, ic->self_rank);
             return;
         }
         info->size = staged->size;
@@ -343,6 +403,8 @@ static void completion(struct cfx_ib_conn *ic, const struct ibv_wc *wc)
             ic->credits_inflight--;
         if (kind == IB_WR_ALIVE)
             ic->alive_inflight = 0;
+        if (kind == IB_WR_OFFER)
+            atomic_fetch_add_explicit(&ic->offers_done, 1, memory_order_release);
         if (wc->status == IBV_WC_WR_FLUSH_ERR) {
             /* The queue pair failed before: an async event may say why. */
             cfx_ib_async_ready(ic->ctx, 0);
@@ -375,6 +437,7 @@ static void completion(struct cfx_ib_conn *ic, const struct ibv_wc *wc)
     case IB_WR_SLOT: slot_written(ic, IB_WR_VALUE(wc->wr_id)); break;
     case IB_WR_CREDIT: ic->credits_inflight--; break;
     case IB_WR_ALIVE: ic->alive_inflight = 0; break;
+    case IB_WR_OFFER: atomic_fetch_add_explicit(&ic->offers_done, 1, memory_order_release); break;
     case IB_WR_RECV: slot_arrived(ic, q, wc); break;
     default:
         conn_fail(ic, cfxInternalError, ic->self_rank,
@@ -411,7 +474,8 @@ int cfx_ib_conn_busy(const struct cfx_ib_conn *ic)
         return 1;
     if (ic->dir == CFX_CONN_SEND)
         return ic->sent != cfx_load_acquire_u64(&ic->fifo->tail);
-    return ic->credit_sent != cfx_load_acquire_u64(&ic->fifo->head);
+    return ic->credit_sent != cfx_load_acquire_u64(&ic->fifo->head) ||
+           ic->offers_posted != atomic_load_explicit(&ic->offers_made, memory_order_acquire);
 }
 
 static int conn_pass(struct cfx_ib_conn *ic)
@@ -419,7 +483,7 @@ static int conn_pass(struct cfx_ib_conn *ic)
     int moved = poll_completions(ic);
     int failed = atomic_load_explicit(&ic->failed, memory_order_relaxed);
     if (!failed)
-        moved |= ic->dir == CFX_CONN_SEND ? send_slots(ic) : send_credit(ic);
+        moved |= ic->dir == CFX_CONN_SEND ? send_slots(ic) : send_offers(ic) | send_credit(ic);
     /* A poison goes out even from a failed connector: the peer may be fine. */
     moved |= send_poison(ic);
     if (!failed && atomic_load_explicit(&ic->started, memory_order_relaxed))
@@ -507,6 +571,10 @@ void cfx_ib_async_ready(void *arg, uint32_t events)
             struct cfx_ib_conn *ic = event.element.qp ? event.element.qp->qp_context : NULL;
             if (ic == NULL)
                 break;
+            /* Said whatever else failed the connection first (a peer's
+             * poison may beat this event to the caller). */
+            CFX_WARN(CFX_LOG_NET, "ib: rank %d's queue pair to rank %d on %s:%d: %s", ic->self_rank,
+                     ic->peer_rank, ctx->port.dev_name, ctx->port.port, what);
             /* The failure record belongs to the thread holding `busy`:
              * take it if free; if a pass runs now (on this thread too, one
              * that met a flushed request), its flushed completions find

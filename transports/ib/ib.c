@@ -425,11 +425,18 @@ static void ib_close(void *ctx_v, struct cfx_connector *conn)
     if (ic->ref_slots > 0)
         CFX_INFO(CFX_LOG_NET, "ib: rank %d -> rank %d wrote %llu slot(s) from registered buffers",
                  ic->self_rank, ic->peer_rank, (unsigned long long)ic->ref_slots);
+    if (ic->in_place_slots > 0)
+        CFX_INFO(CFX_LOG_NET,
+                 "ib: rank %d -> rank %d wrote %llu slot(s) into registered receive buffers",
+                 ic->self_rank, ic->peer_rank, (unsigned long long)ic->in_place_slots);
     if (ic->registered) {
         linger(ic);
         cfx_proxy_remove(ctx->proxy, &ic->client);
         ic->registered = 0;
     }
+    /* Events not read yet (one may be about these queue pairs, which
+     * cannot be destroyed before it is acknowledged). */
+    cfx_ib_async_ready(ctx, 0);
     for (int q = 0; q < IB_MAX_QPS; q++)
         if (ic->qp[q])
             ibv->destroy_qp(ic->qp[q]);
@@ -445,7 +452,8 @@ static void ib_close(void *ctx_v, struct cfx_connector *conn)
 /* ============================================================ memory */
 
 /* A user buffer as a memory region of the communicator's protection
- * domain, so slots can be written from it (post_ref). Host memory only:
+ * domain, so slots can be written from it (post_ref) and into it (offer,
+ * with remote write access). Host memory only:
  * device memory would need GPUDirect RDMA. */
 static cfxResult_t ib_reg_mem(void *ctx_v, void *buf, size_t bytes, enum cfx_mem_kind mem,
                               int device, void **handle_p)
@@ -459,7 +467,9 @@ static cfxResult_t ib_reg_mem(void *ctx_v, void *buf, size_t bytes, enum cfx_mem
                              "ib: cannot register %zu bytes of device %d's memory: GPUDirect "
                              "RDMA is not supported yet (the data is staged through host memory)",
                              bytes, device);
-    struct ibv_mr *mr = ctx->ibv->reg_mr(ctx->pd, buf, bytes, IBV_ACCESS_LOCAL_WRITE);
+    /* Remote write: the peer's NIC writes registered receives in place (ib_offer). */
+    struct ibv_mr *mr =
+        ctx->ibv->reg_mr(ctx->pd, buf, bytes, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
     if (mr == NULL)
         return cfx_error_set_errno(errno, CFX_LOG_NET,
                                    "ib: cannot register the %zu-byte buffer at %p on %s "
@@ -496,9 +506,48 @@ static cfxResult_t ib_post_ref(void *ctx_v, struct cfx_connector *conn, const vo
     return cfxSuccess;
 }
 
+/* A registered receive: tell the sender where message @p msg may go. */
+static cfxResult_t ib_offer(void *ctx_v, struct cfx_connector *conn, uint64_t msg, void *data,
+                            size_t bytes, void *handle)
+{
+    (void)ctx_v;
+    struct cfx_ib_conn *ic = conn->priv;
+    struct ibv_mr *mr = handle;
+    const char *start = mr ? mr->addr : NULL;
+    if (mr == NULL || (const char *)data < start || (const char *)data + bytes > start + mr->length)
+        return cfx_error_set(cfxInternalError, CFX_LOG_NET,
+                             "ib: rank %d cannot offer %zu bytes at %p to rank %d from a "
+                             "registration that does not hold them",
+                             ic->self_rank, bytes, data, ic->peer_rank);
+    uint64_t made = atomic_load_explicit(&ic->offers_made, memory_order_relaxed);
+    if (made - atomic_load_explicit(&ic->offers_done, memory_order_acquire) >= IB_OFFERS)
+        return cfxSuccess; /* Best effort: this message goes through the FIFO. */
+    struct cfx_ib_offer *src = &ic->box->offer_src[made % IB_OFFERS];
+    *src = (struct cfx_ib_offer){.msg_plus1 = msg + 1,
+                                 .addr = (uint64_t)(uintptr_t)data,
+                                 .bytes = bytes,
+                                 .rkey = mr->rkey,
+                                 .check = msg + 1};
+    atomic_store_explicit(&ic->offers_made, made + 1, memory_order_release);
+    cfx_ib_conn_drive(ic);
+    return cfxSuccess;
+}
+
+/* The next slot is message @p msg's bytes at @p offset (see ib_offer). */
+static void ib_post_at(void *ctx_v, struct cfx_connector *conn, uint64_t msg, uint64_t offset)
+{
+    (void)ctx_v;
+    struct cfx_ib_conn *ic = conn->priv;
+    size_t index = (size_t)(cfx_load_relaxed_u64(&ic->fifo->tail) % (uint64_t)ic->n_steps);
+    ic->at_msg[index] = msg + 1;
+    ic->at_offset[index] = offset;
+}
+
 #define IB_REG_MEM   ib_reg_mem
 #define IB_DEREG_MEM ib_dereg_mem
 #define IB_POST_REF  ib_post_ref
+#define IB_OFFER     ib_offer
+#define IB_POST_AT   ib_post_at
 
 /* ============================================================ data path */
 
@@ -634,6 +683,8 @@ static int ib_progress(void *ctx, struct cfx_connector *conn)
 #define IB_REG_MEM   NULL
 #define IB_DEREG_MEM NULL
 #define IB_POST_REF  NULL
+#define IB_OFFER     NULL
+#define IB_POST_AT   NULL
 
 #endif /* CFX_HAVE_VERBS */
 
@@ -664,4 +715,6 @@ const struct cfx_transport cfx_ib_transport = {
     .flush = NULL,
     .map_peer = NULL,
     .post_ref = IB_POST_REF,
+    .offer = IB_OFFER,
+    .post_at = IB_POST_AT,
 };
