@@ -66,8 +66,9 @@ static int run_rank(struct area *a, int rank, int nranks, int n_ids)
     while (!atomic_load(&a->go))
         ;
     cfxComm_t comm;
-    cfxResult_t res = n_ids == 1 ? cfxCommInitRank(&comm, nranks, a->ids[0], rank)
-                                 : cfxCommInitRankScalable(&comm, nranks, rank, n_ids, a->ids, NULL);
+    cfxResult_t res = n_ids == 1
+                          ? cfxCommInitRank(&comm, nranks, a->ids[0], rank)
+                          : cfxCommInitRankScalable(&comm, nranks, rank, n_ids, a->ids, NULL);
     a->end_ns[rank] = now_ns();
     if (res != cfxSuccess) {
         fprintf(stderr, "rank %d: %s\n", rank, cfxGetLastError(NULL));
@@ -90,8 +91,7 @@ int main(int argc, char **argv)
         return 2;
     }
     int nranks = atoi(argv[1]), n_ids = atoi(argv[2]), reps = argc > 3 ? atoi(argv[3]) : 5;
-    if (nranks < 1 || nranks > MAX_RANKS || n_ids < 1 || n_ids > nranks || reps < 1 ||
-        reps > 100) {
+    if (nranks < 1 || nranks > MAX_RANKS || n_ids < 1 || n_ids > nranks || reps < 1 || reps > 100) {
         fprintf(stderr, "NRANKS 1..%d, NIDS 1..NRANKS, REPS 1..100\n", MAX_RANKS);
         return 2;
     }
