@@ -185,7 +185,7 @@ Test(ib_fake, slots_striped_over_four_queue_pairs_arrive_in_order, .timeout = 12
     struct cfx_test_options opts = {
         .nranks = 3, .mode = CFX_TEST_PROCS, .deadline_s = 90, .before_rank = own_host};
     CFX_TEST_RUN(&opts, a_few_allreduces);
-    int four = cfx_test_count_in_logs(logs, "; 4 queue pair(s))");
+    int four = cfx_test_count_in_logs(logs, "; 4 queue pair(s) on 1 port(s))");
     cfx_test_remove_logs(logs);
     cfx_test_setenv("CFX_IB_QPS_PER_CONNECTION", NULL);
     cr_assert_geq(four, 3, "the connections did not use 4 queue pairs (%d lines)", four);
@@ -580,4 +580,170 @@ ParameterizedTest(struct knob_case *kc, ib_fake, fault_knob_fails_the_call_with_
     cfx_test_remove_logs(logs);
     cfx_test_setenv("CFX_TIMEOUT", NULL);
     cr_assert_geq(said, 1, "no rank's log says \"%s\"", kc->word);
+}
+
+/* ------------------------------------------------ several NICs */
+
+ParameterizedTestParameters(ib_fake, queue_pairs_striped_over_two_nics_carry_every_kind_of_slot)
+{
+    static int qps[] = {2, 3};
+    return cr_make_param_array(int, qps, 2);
+}
+
+/* Two fake NICs per rank (distinct LIDs and GIDs: a queue pair addressed
+ * to the wrong one is never reached; keys of one NIC's protection domain
+ * are refused on the other): queue pair q on port q % 2 at both ends. */
+ParameterizedTest(int *qps, ib_fake, queue_pairs_striped_over_two_nics_carry_every_kind_of_slot,
+                  .timeout = 120)
+{
+    use_fake();
+    char value[8];
+    snprintf(value, sizeof(value), "%d", *qps);
+    cfx_test_setenv("FAKEVERBS_DEVICES", "2");
+    cfx_test_setenv("CFX_IB_QPS_PER_CONNECTION", value);
+    cr_log_info("2 fake NICs per rank, %d queue pairs per connection", *qps);
+    char logs[128];
+    cfx_test_log_to(logs, sizeof(logs), "rails");
+    struct cfx_test_options opts = {
+        .nranks = 3, .mode = CFX_TEST_PROCS, .deadline_s = 90, .before_rank = own_host};
+    CFX_TEST_RUN(&opts, a_few_allreduces);
+    /* Alltoalls from registered send buffers: each slot's key is the
+     * registration's through the port its queue pair uses. */
+    static int registered = 1;
+    opts.arg = &registered;
+    CFX_TEST_RUN(&opts, alltoall_from_registered);
+    char both[64];
+    snprintf(both, sizeof(both), "; %d queue pair(s) on 2 port(s))", *qps);
+    int striped = cfx_test_count_in_logs(logs, both);
+    int second = cfx_test_count_in_logs(logs, "fake_1:1 qpn");
+    int crossed = cfx_test_count_in_logs(logs, "fake_0:1 qpn 0 -> fake_1") +
+                  cfx_test_count_in_logs(logs, "port(s) on 1 port(s))");
+    int six = cfx_test_count_in_logs(logs, "wrote 6 slot(s) from registered buffers");
+    int two_ports = cfx_test_count_in_logs(logs, "port 2 of 2");
+
+    /* Receives into a registered buffer: the offer carries a key per port. */
+    static int both_registered = 3;
+    opts.nranks = 2;
+    opts.arg = &both_registered;
+    CFX_TEST_RUN(&opts, send_into_registered);
+    int in_place = cfx_test_count_in_logs(logs, "wrote 6 slot(s) into registered receive buffers");
+    cfx_test_remove_logs(logs);
+    cfx_test_setenv("FAKEVERBS_DEVICES", NULL);
+    cfx_test_setenv("CFX_IB_QPS_PER_CONNECTION", NULL);
+    cr_assert_geq(two_ports, 3, "the ranks did not each say they use 2 ports (%d lines)",
+                  two_ports);
+    cr_assert_geq(striped, 12, "%d connections of 3 ranks striped over 2 ports (want 12 or more)",
+                  striped);
+    cr_assert_geq(second, 6, "the second NIC carried no queue pair");
+    cr_assert_eq(crossed, 0, "a queue pair paired ports of different index, or used one port");
+    cr_assert_eq(six, 6, "%d of the 6 send connections wrote 6 slots from registered buffers", six);
+    cr_assert_eq(in_place, 1, "the registered receive was not written in place over 2 ports");
+}
+
+static void allreduces_for_three_seconds(struct cfx_test_rank *ctx)
+{
+    cfxComm_t comm;
+    RANK_CFX(ctx, cfxCommInitRank(&comm, ctx->nranks, ctx->id, ctx->rank));
+    double start = now_s();
+    int more = 1;
+    for (int i = 0; more && !ctx->slot_failed; i++) {
+        cfx_test_step(ctx, "allreduce %d while fake_1 goes down", i);
+        cfx_test_allreduce_check(ctx, comm, i % 2 ? 4096 : 1 << 20);
+        /* Rank 0's clock decides for all, so every rank makes as many calls. */
+        more = ctx->rank == 0 && now_s() - start < 3;
+        RANK_CFX(ctx, cfxAllReduce(&more, &more, 1, cfxInt32, cfxSum, comm, NULL));
+    }
+    if (!ctx->slot_failed)
+        RANK_CFX(ctx, cfxCommFinalize(comm));
+    cfxCommDestroy(comm);
+}
+
+ParameterizedTestParameters(ib_fake, a_port_down_fails_only_the_connections_that_use_it)
+{
+    static int qps[] = {1, 2};
+    return cr_make_param_array(int, qps, 2);
+}
+
+/* Rank 1's second NIC goes down 500 ms in. With one queue pair per
+ * connection only the first (nearest) NIC carries traffic: every allreduce
+ * succeeds and the event is only said. With two, half of each connection
+ * ran over it: the calls fail, and the sentence names that port. */
+ParameterizedTest(int *qps, ib_fake, a_port_down_fails_only_the_connections_that_use_it,
+                  .timeout = 120)
+{
+    use_fake();
+    char value[8];
+    snprintf(value, sizeof(value), "%d", *qps);
+    cfx_test_setenv("FAKEVERBS_DEVICES", "2");
+    cfx_test_setenv("FAKEVERBS_PORT_DOWN_DEVICE", "fake_1");
+    cfx_test_setenv("CFX_IB_QPS_PER_CONNECTION", value);
+    cfx_test_setenv("CFX_TIMEOUT", "5");
+    static struct knob_case down = {"FAKEVERBS_PORT_DOWN_AFTER_MS", "500",
+                                    "fake_1 port 1 on rank 1: port error", 0};
+    knob_now = &down;
+    struct cfx_test_options opts = {.nranks = 3,
+                                    .mode = CFX_TEST_PROCS,
+                                    .deadline_s = 90,
+                                    .arg = &down,
+                                    .before_rank = knob_in_rank_one};
+    char logs[128];
+    cfx_test_log_to(logs, sizeof(logs), "down");
+    if (*qps == 1)
+        CFX_TEST_RUN(&opts, allreduces_for_three_seconds);
+    else
+        CFX_TEST_RUN(&opts, allreduce_until_the_knob_bites);
+    int said = cfx_test_count_in_logs(logs, down.word);
+    int first = cfx_test_count_in_logs(logs, "fake_0 port 1 on rank 1");
+    cfx_test_remove_logs(logs);
+    cfx_test_setenv("FAKEVERBS_DEVICES", NULL);
+    cfx_test_setenv("FAKEVERBS_PORT_DOWN_DEVICE", NULL);
+    cfx_test_setenv("CFX_IB_QPS_PER_CONNECTION", NULL);
+    cfx_test_setenv("CFX_TIMEOUT", NULL);
+    cr_assert_geq(said, 1, "no rank's log says \"%s\"", down.word);
+    cr_assert_eq(first, 0, "the first NIC was said to fail too");
+}
+
+/* The topology's NIC for a host rank is its fastest port: fake_1 here. */
+Test(ib_fake, the_topologys_nearest_nic_is_the_first_port, .timeout = 120)
+{
+    use_fake();
+    char topo[] = "/tmp/cfx-ib-topo-XXXXXX";
+    int fd = mkstemp(topo);
+    cr_assert_geq(fd, 0, "mkstemp");
+    FILE *f = fdopen(fd, "w");
+    fprintf(f, "<system version=\"1\">\n"
+               "  <cpu numaid=\"0\" affinity=\"ffffffff\" arch=\"x86_64\" vendor=\"GenuineIntel\" "
+               "familyid=\"6\" modelid=\"143\">\n"
+               "    <pci busid=\"0000:31:00.0\" class=\"0x020000\" vendor=\"0x15b3\" "
+               "device=\"0x101d\" link_speed=\"16.0 GT/s PCIe\" link_width=\"16\">\n"
+               "      <nic><net name=\"fake_0\" dev=\"0\" speed=\"100000\" port=\"1\" "
+               "guid=\"0x1\" maxconn=\"131072\" gdr=\"0\"/></nic>\n"
+               "    </pci>\n"
+               "    <pci busid=\"0000:32:00.0\" class=\"0x020000\" vendor=\"0x15b3\" "
+               "device=\"0x101d\" link_speed=\"16.0 GT/s PCIe\" link_width=\"16\">\n"
+               "      <nic><net name=\"fake_1\" dev=\"1\" speed=\"200000\" port=\"1\" "
+               "guid=\"0x2\" maxconn=\"131072\" gdr=\"0\"/></nic>\n"
+               "    </pci>\n"
+               "  </cpu>\n"
+               "</system>\n");
+    fclose(f);
+    cfx_test_setenv("FAKEVERBS_DEVICES", "2");
+    cfx_test_setenv("CFX_TOPO_FILE", topo);
+    char logs[128];
+    cfx_test_log_to(logs, sizeof(logs), "near");
+    struct cfx_test_options opts = {
+        .nranks = 2, .mode = CFX_TEST_PROCS, .deadline_s = 90, .before_rank = own_host};
+    CFX_TEST_RUN(&opts, a_few_allreduces);
+    int nearest = cfx_test_count_in_logs(logs, "uses fake_1 port 1 (InfiniBand");
+    int said = cfx_test_count_in_logs(logs, "port 1 of 2, the topology's nearest");
+    int on_second = cfx_test_count_in_logs(logs, "(fake_1:1 qpn");
+    int on_first = cfx_test_count_in_logs(logs, "(fake_0:1 qpn");
+    cfx_test_remove_logs(logs);
+    cfx_test_setenv("FAKEVERBS_DEVICES", NULL);
+    cfx_test_setenv("CFX_TOPO_FILE", NULL);
+    unlink(topo);
+    cr_assert_geq(nearest, 2, "the ranks did not take fake_1 (%d lines)", nearest);
+    cr_assert_geq(said, 2, "the ranks did not say fake_1 is the topology's nearest");
+    cr_assert_geq(on_second, 2, "no connection on fake_1");
+    cr_assert_eq(on_first, 0, "a connection on fake_0, which is not the nearest");
 }

@@ -165,6 +165,11 @@ struct cfx_transport_env {
     const int *abort_flag; /* Polled by blocking waits (connect). */
     int64_t connect_timeout_s;
     const char *listen_ifaddr; /* Address family/interface hint: "host" form or NULL. */
+    /* The network port nearest this rank as the topology sees it ("mlx5_0"
+     * or "mlx5_0:1"; the core's nic_name of this rank), or NULL / "" when it
+     * names none: a transport with several ports puts that one first.
+     * Valid during init only. */
+    const char *nic_name;
     /* Optional (may be NULL): connect() calls it with its peer's rank
      * between the slices of each wait (at least every 100 ms) and when it
      * cannot reach the peer. Anything but cfxSuccess, with its sentence set

@@ -292,6 +292,7 @@ static cfxResult_t pick_transport(struct cfxComm *comm, int peer,
                                             .nranks = comm->nranks,
                                             .abort_flag = &comm->abort_flag,
                                             .connect_timeout_s = cfx_bootstrap_timeout_s(),
+                                            .nic_name = comm->peers[comm->rank].nic_name,
                                             .connect_check = connect_check,
                                             .connect_check_arg = comm};
             CFX_CHECK(tr->init(&env, &comm->transport_ctx[t]));

@@ -130,11 +130,41 @@ static void knobs_read_once(void)
     fv.knobs.fail_after_writes = env_long("FAKEVERBS_FAIL_AFTER_WRITES", -1);
     fv.knobs.lose_completion = env_long("FAKEVERBS_LOSE_COMPLETION", -1);
     fv.knobs.port_down_after_ms = env_long("FAKEVERBS_PORT_DOWN_AFTER_MS", -1);
+    const char *down = getenv("FAKEVERBS_PORT_DOWN_DEVICE");
+    fv.knobs.port_down_device = -1;
+    if (down != NULL && strncmp(down, "fake_", 5) == 0)
+        fv.knobs.port_down_device = atoi(down + 5);
     fv.knobs.qp_fatal_after_ms = env_long("FAKEVERBS_ASYNC_QP_FATAL_AFTER_MS", -1);
     const char *dir = getenv("FAKEVERBS_DIR");
     snprintf(fv.knobs.dir, sizeof(fv.knobs.dir), "%s",
              dir != NULL && dir[0] != '\0' ? dir : FV_DEFAULT_DIR);
     identity_init();
+}
+
+/* ------------------------------------------------------------ identity */
+
+uint16_t fv_device_lid(int dev)
+{
+    if (fv.ident.lid == 0)
+        return 0; /* RoCE */
+    return (uint16_t)(1 + (fv.ident.lid - 1 + dev) % FV_LID_SPACE);
+}
+
+void fv_device_gid(int dev, int i, union ibv_gid *gid)
+{
+    *gid = fv.ident.gid[i];
+    if (i == 0)
+        gid->raw[8] ^= (uint8_t)(dev << 4); /* The port GUID differs per device. */
+}
+
+int fv_device_port_down(int dev)
+{
+    return fv.port_down && (fv.knobs.port_down_device < 0 || fv.knobs.port_down_device == dev);
+}
+
+int fv_context_device(const struct ibv_context *context)
+{
+    return ((const struct fv_device *)context->device)->index;
 }
 
 /* ------------------------------------------------------------ async events */
@@ -375,15 +405,15 @@ FV_EXPORT int ibv_query_device(struct ibv_context *context, struct ibv_device_at
 FV_EXPORT int ibv_query_port(struct ibv_context *context, uint8_t port_num,
                              struct _compat_ibv_port_attr *port_attr)
 {
-    (void)context;
     if (port_num != FV_PORT_NUM)
         return EINVAL;
     struct ibv_port_attr attr;
     memset(&attr, 0, sizeof(attr));
     pthread_mutex_lock(&fv.lock);
-    attr.state = fv.port_down ? IBV_PORT_DOWN : IBV_PORT_ACTIVE;
-    attr.phys_state = fv.port_down ? 3 /* disabled */ : 5 /* link up */;
-    attr.lid = fv.ident.lid;
+    int dev = fv_context_device(context);
+    attr.state = fv_device_port_down(dev) ? IBV_PORT_DOWN : IBV_PORT_ACTIVE;
+    attr.phys_state = fv_device_port_down(dev) ? 3 /* disabled */ : 5 /* link up */;
+    attr.lid = fv_device_lid(dev);
     attr.link_layer = fv.knobs.roce ? IBV_LINK_LAYER_ETHERNET : IBV_LINK_LAYER_INFINIBAND;
     attr.gid_tbl_len = fv.ident.n_gids;
     pthread_mutex_unlock(&fv.lock);
@@ -405,11 +435,10 @@ FV_EXPORT int ibv_query_port(struct ibv_context *context, uint8_t port_num,
 FV_EXPORT int ibv_query_gid(struct ibv_context *context, uint8_t port_num, int index,
                             union ibv_gid *gid)
 {
-    (void)context;
     pthread_mutex_lock(&fv.lock);
     int ok = port_num == FV_PORT_NUM && index >= 0 && index < fv.ident.n_gids;
     if (ok)
-        *gid = fv.ident.gid[index];
+        fv_device_gid(fv_context_device(context), index, gid);
     pthread_mutex_unlock(&fv.lock);
     return ok ? 0 : -1;
 }

@@ -9,7 +9,7 @@
  *   FAKEVERBS_DEVICES=N          devices fake_0.. (default 1; 0: empty list)
  *   FAKEVERBS_LINK_LAYER=roce    Ethernet link layer (GID 1 = ::ffff:a.b.c.d,
  *                                lid 0); default InfiniBand (distinct LID and
- *                                fe80:: GID per network namespace)
+ *                                fe80:: GID per network namespace and device)
  *   FAKEVERBS_ADDR=a.b.c.d       address of the service (default: first UP
  *                                non-loopback IPv4 interface, else 127.0.0.1)
  *   FAKEVERBS_DIR=path           QP registry (default /tmp/cfx-fakeverbs)
@@ -21,6 +21,8 @@
  *                                would generate is silently dropped
  *   FAKEVERBS_PORT_DOWN_AFTER_MS=N  N ms after the first open: port DOWN,
  *                                IBV_EVENT_PORT_ERR, every QP to ERR
+ *   FAKEVERBS_PORT_DOWN_DEVICE=fake_K  only that device's port goes down
+ *                                (its contexts get the event, its QPs ERR)
  *   FAKEVERBS_ASYNC_QP_FATAL_AFTER_MS=N  N ms after the first QP reaches RTS:
  *                                IBV_EVENT_QP_FATAL for it, that QP to ERR
  *
@@ -58,6 +60,7 @@ struct fv_knobs {
     long fail_after_writes;
     long lose_completion;
     long port_down_after_ms;
+    int port_down_device; /* -1: every device. */
     long qp_fatal_after_ms;
     char dir[256];
 };
@@ -246,6 +249,12 @@ uint64_t fv_now_ms(void);
  * has one thread). */
 void fv_wire_forget_inherited(void);
 
+/* device.c: a device's LID and GID @p i (identity per namespace, varied by
+ * device index); whether device @p dev's port is down. Callers hold fv.lock. */
+uint16_t fv_device_lid(int dev);
+void fv_device_gid(int dev, int i, union ibv_gid *gid);
+int fv_device_port_down(int dev);
+int fv_context_device(const struct ibv_context *context);
 /* device.c: async events, MRs. Callers hold fv.lock. */
 void fv_async_post_ctx(struct fv_context *ctx, enum ibv_event_type type, void *element);
 struct fv_mr *fv_mr_find(uint32_t key);
@@ -256,7 +265,8 @@ uint32_t fv_random_u32(void);
 /* Registry record of @p qpn: 0 and fields set, -1 when there is none. */
 int fv_registry_lookup(uint32_t qpn, struct in_addr *addr_p, uint16_t *port_p, pid_t *pid_p,
                        uint16_t *lid_p, union ibv_gid *gids_p);
-int fv_registry_add_qp(uint32_t *qpn_p);
+/* A new QP number for a QP on device @p dev (its LID and GIDs recorded). */
+int fv_registry_add_qp(int dev, uint32_t *qpn_p);
 void fv_registry_remove_qp(uint32_t qpn);
 /* Remove the files of dead processes. */
 void fv_registry_reclaim(void);

@@ -222,7 +222,7 @@ FV_EXPORT struct ibv_qp *ibv_create_qp(struct ibv_pd *pd, struct ibv_qp_init_att
     pthread_cond_init(&qp->ibqp.cond, NULL);
 
     pthread_mutex_lock(&fv.lock);
-    if (fv_registry_add_qp(&qp->ibqp.qp_num) != 0) {
+    if (fv_registry_add_qp(fv_context_device(pd->context), &qp->ibqp.qp_num) != 0) {
         pthread_mutex_unlock(&fv.lock);
         fv_log("cannot register a QP number under %s", fv.knobs.dir);
         goto err_sync;

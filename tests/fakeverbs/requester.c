@@ -111,12 +111,15 @@ void fv_registry_reclaim(void)
     closedir(dir);
 }
 
-int fv_registry_add_qp(uint32_t *qpn_p)
+int fv_registry_add_qp(int dev, uint32_t *qpn_p)
 {
     char ip[INET_ADDRSTRLEN], gid0[33], gid1[33];
     inet_ntop(AF_INET, &fv.ident.addr, ip, sizeof(ip));
-    gid_format(&fv.ident.gid[0], gid0);
-    gid_format(&fv.ident.gid[1], gid1);
+    union ibv_gid gid;
+    fv_device_gid(dev, 0, &gid);
+    gid_format(&gid, gid0);
+    fv_device_gid(dev, 1, &gid);
+    gid_format(&gid, gid1);
     for (int attempt = 0; attempt < FV_QPN_TRIES; attempt++) {
         uint32_t qpn = fv_random_u32() & FV_QPN_MASK;
         if (qpn < FV_QPN_MIN)
@@ -131,7 +134,7 @@ int fv_registry_add_qp(uint32_t *qpn_p)
         }
         char line[256];
         int len = snprintf(line, sizeof(line), "%s %u %d %u %s %s\n", ip, fv.listen_port,
-                           (int)getpid(), fv.ident.lid, gid0, gid1);
+                           (int)getpid(), fv_device_lid(dev), gid0, gid1);
         int ok = write(fd, line, (size_t)len) == len;
         close(fd);
         if (!ok) {

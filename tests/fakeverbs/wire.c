@@ -309,11 +309,14 @@ static void fault_timers(uint64_t now)
     if (fv.knobs.port_down_after_ms >= 0 && !fv.port_down &&
         now - fv.first_open_ms >= (uint64_t)fv.knobs.port_down_after_ms) {
         fv.port_down = 1;
-        fv_log("port DOWN on purpose (FAKEVERBS_PORT_DOWN_AFTER_MS)");
+        fv_log("port DOWN on purpose (FAKEVERBS_PORT_DOWN_AFTER_MS, device %d; -1: all)",
+               fv.knobs.port_down_device);
         for (struct fv_context *ctx = fv.contexts; ctx != NULL; ctx = ctx->next)
-            fv_async_post_ctx(ctx, IBV_EVENT_PORT_ERR, NULL);
+            if (fv_device_port_down(fv_context_device(&ctx->ibctx)))
+                fv_async_post_ctx(ctx, IBV_EVENT_PORT_ERR, NULL);
         for (struct fv_qp *qp = fv.qps; qp != NULL; qp = qp->next)
-            fv_qp_to_error(qp);
+            if (fv_device_port_down(fv_context_device(qp->ibqp.context)))
+                fv_qp_to_error(qp);
     }
     if (fv.knobs.qp_fatal_after_ms >= 0 && !fv.qp_fatal_done && fv.first_rts_ms != 0 &&
         now - fv.first_rts_ms >= (uint64_t)fv.knobs.qp_fatal_after_ms) {

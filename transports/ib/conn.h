@@ -36,6 +36,7 @@
 
 #define IB_NAME_MAX          64
 #define IB_MAX_QPS           8                   /* CFX_IB_QPS_PER_CONNECTION at most. */
+#define IB_MAX_NICS          4                   /* Ports a communicator stripes over at most. */
 #define IB_CREDITS_IN_FLIGHT 4                   /* Credit writes outstanding at most. */
 #define IB_KEEPALIVE_NS      (100 * 1000 * 1000) /* A waiting side writes this often. */
 #define IB_POLL_NS           (200 * 1000)        /* Proxy pass interval while work is in flight. */
@@ -58,15 +59,15 @@ enum ib_wr_kind {
 #define IB_OFFERS 8
 
 /* A receiver's offer (ib_offer): message `msg` may be written at `addr`
- * (`bytes`, key `rkey`). `msg_plus1` and `check` are both msg + 1: the
- * writer's NIC places the record in order, and the sender reads `check`
- * first and `msg_plus1` last, so equal values mean a whole record. */
+ * (`bytes`; through the receiver's port n, key `rkey[n]`). `msg_plus1` and
+ * `check` are both msg + 1: the writer's NIC places the record in order, and
+ * the sender reads `check` first and `msg_plus1` last, so equal values mean
+ * a whole record. */
 struct cfx_ib_offer {
     uint64_t msg_plus1;
     uint64_t addr;
     uint64_t bytes;
-    uint32_t rkey;
-    uint32_t pad;
+    uint32_t rkey[IB_MAX_NICS];
     uint64_t check;
 };
 #define IB_WR_ID(kind, value) (((uint64_t)(kind) << 56) | ((uint64_t)(value) & ((1ull << 56) - 1)))
@@ -90,6 +91,17 @@ struct cfx_ib_mailbox {
     struct cfx_ib_offer offer_src[IB_OFFERS];
 };
 
+/* One port of a side, in its connect info: queue pair q of that side lives
+ * on its port q % n_nics. */
+struct cfx_ib_info_nic {
+    uint8_t gid[16];
+    uint32_t rkey; /* The side's block, registered through this port's device. */
+    uint16_t lid;
+    uint8_t mtu;        /* enum ibv_mtu */
+    uint8_t link_layer; /* IBV_LINK_LAYER_* */
+    char name[16];      /* For sentences: "fake_0:1". */
+};
+
 /* The connect info a side sends its peer (at most CFX_CONNECT_INFO_BYTES). */
 struct cfx_ib_info {
     uint32_t magic;
@@ -98,22 +110,18 @@ struct cfx_ib_info {
     uint32_t n_qps;
     uint32_t qpn[IB_MAX_QPS];
     uint32_t psn;
-    uint32_t mtu; /* enum ibv_mtu */
-    uint16_t lid;
-    uint8_t link_layer; /* IBV_LINK_LAYER_* */
-    uint8_t pad;
     uint32_t n_steps;
-    uint8_t gid[16];
+    uint32_t n_nics; /* Ports this side's queue pairs use, 1..IB_MAX_NICS. */
+    uint32_t pad;
     uint64_t slot_bytes;
     uint64_t mem_addr; /* This side's block: FIFO, slots, mailbox. */
     uint64_t slots_offset;
     uint64_t box_offset;
-    uint32_t rkey;
-    char nic[32]; /* For sentences: "fake_0:1". */
+    struct cfx_ib_info_nic nic[IB_MAX_NICS];
 };
 _Static_assert(sizeof(struct cfx_ib_info) <= CFX_CONNECT_INFO_BYTES, "fits the connect info");
 
-/* The NIC port a communicator uses (device.c). */
+/* A NIC port a communicator uses (device.c). */
 struct cfx_ib_port {
     char dev_name[IB_NAME_MAX];
     int port;
@@ -122,6 +130,26 @@ struct cfx_ib_port {
     enum ibv_mtu mtu;
     int gid_index; /* -1: no GRH (InfiniBand inside one subnet). */
     union ibv_gid gid;
+    char label[24]; /* "mlx5_0:1", for sentences. */
+};
+
+struct cfx_ib_ctx;
+
+/* One port with its own device context and protection domain (device.c
+ * opens the device once per port it takes). */
+struct cfx_ib_nic {
+    struct cfx_ib_ctx *ctx;
+    struct ibv_context *dev;
+    struct ibv_pd *pd;
+    struct cfx_ib_port port;
+    /* Async events: the device's async_fd watched by the proxy. */
+    struct cfx_proxy_client async_client;
+    int async_added;
+    /* Set (release) by an async event that breaks every connection over
+     * this port (port down, device fatal), with its sentence; check()
+     * reports it to the connections that use the port. */
+    _Atomic int fatal;
+    char fatal_error[CFX_ERROR_MAX];
 };
 
 /* Per-communicator state. */
@@ -130,19 +158,22 @@ struct cfx_ib_ctx {
     const struct cfx_verbs_api *ibv; /* NULL: no usable device (usable == 0). */
     int usable;
     char why_not[CFX_ERROR_MAX]; /* Why not usable, for the INFO line. */
-    struct ibv_context *dev;
-    struct ibv_pd *pd;
-    struct cfx_ib_port port;
+    /* The ports, nearest first (the topology's NIC for this rank, then the
+     * order libibverbs lists them). A connection's queue pair q uses
+     * nic[q % n_nics]: with one queue pair only the nearest port. */
+    struct cfx_ib_nic nic[IB_MAX_NICS];
+    int n_nics;
+    const char *nearest; /* The topology's NIC for this rank (env), during init. */
     struct cfx_proxy *proxy;
     /* Queue pair settings (NCCL's variables). */
     int timeout, retry_cnt, sl, tc;
-    /* Async events: the device's async_fd watched by the proxy. */
-    struct cfx_proxy_client async_client;
-    int async_added;
-    /* Set (release) by an async event that breaks every connection (port
-     * down, device fatal), with its sentence; check() reports it. */
-    _Atomic int fatal;
-    char fatal_error[CFX_ERROR_MAX];
+};
+
+/* A user buffer registered through every port's device (reg_mem). */
+struct cfx_ib_reg {
+    const char *addr;
+    size_t length;
+    struct ibv_mr *mr[IB_MAX_NICS];
 };
 
 /* Per-connector state. */
@@ -151,8 +182,7 @@ struct cfx_ib_conn {
     enum cfx_conn_dir dir;
     int self_rank;
     int peer_rank;
-    char peer_nic[32];
-    /* Memory: one registered block. */
+    /* Memory: one block, registered through each port used (mr[n]). */
     void *mem;
     size_t mem_bytes;
     struct cfx_fifo *fifo;
@@ -160,19 +190,25 @@ struct cfx_ib_conn {
     size_t slot_bytes;
     int n_steps;
     struct cfx_ib_mailbox *box;
-    struct ibv_mr *mr;
-    struct ibv_cq *cq;
     /* Slot k travels on qp[k % n_qps] (payload and info line together, so
      * RC ordering still covers the slot); credits, poisons and keepalives
-     * on qp[0]. One completion queue for all. */
+     * on qp[0]. Queue pair q lives on this side's port q % n_nics (of
+     * ctx->nic) and talks to the peer's port q % peer_n_nics; one
+     * completion queue per port used. */
     struct ibv_qp *qp[IB_MAX_QPS];
     int n_qps;
+    int n_nics; /* Ports used: min(n_qps, ctx->n_nics). */
+    struct ibv_mr *mr[IB_MAX_NICS];
+    struct ibv_cq *cq[IB_MAX_NICS];
     uint32_t psn;
     int max_inline;
     int sq_depth; /* Per queue pair. */
-    /* The peer's block. */
+    /* The peer's block; each queue pair's key to it and the peer port's
+     * name. */
     uint64_t peer_addr, peer_slots, peer_box;
-    uint32_t peer_rkey;
+    int peer_n_nics;
+    uint32_t peer_rkey[IB_MAX_QPS];
+    char peer_nic[IB_MAX_QPS][20];
     /* Progress, by whichever thread drives (cfx_ib_conn_drive). */
     int registered;
     /* Set by the first user-thread call (the core's "connected" exchange is
@@ -189,7 +225,7 @@ struct cfx_ib_conn {
      * the posting thread before it posts the slot, cleared by the pass
      * that writes it. */
     uint64_t ref_addr[CFX_MAX_STEPS];
-    uint32_t ref_lkey[CFX_MAX_STEPS];
+    const struct cfx_ib_reg *ref_reg[CFX_MAX_STEPS];
     uint64_t ref_slots; /* Slots written from registered buffers (INFO at close). */
     /* Sender: each posted slot's point-to-point message + 1 and offset
      * (post_at; 0: none), set by the posting thread before it posts. */
@@ -224,14 +260,24 @@ struct cfx_ib_conn {
     int64_t flushed_ns; /* The failure was a flush (cause unknown), at this time. */
     char error[CFX_ERROR_MAX];
     /* An async event failed a queue pair of this connection: its name
-     * (ibv_event_type_str's), stored by whichever thread read the event, so
-     * a pass that holds `busy` meanwhile can still say why it was flushed. */
+     * (ibv_event_type_str's) and port, stored by whichever thread read the
+     * event, so a pass that holds `busy` meanwhile can still say why it was
+     * flushed. */
     _Atomic(const char *) qp_event;
+    _Atomic(const char *) qp_event_nic;
 };
 
-/* device.c: pick and open the port for @p ctx (ctx->ibv set); fills
- * ctx->dev, ctx->pd, ctx->port. cfxSuccess, or cfxSystemError with
- * ctx->why_not set (no device, no active port, CFX_IB_HCA matched none). */
+/* This side's port of queue pair @p q. */
+static inline struct cfx_ib_nic *cfx_ib_qp_nic(const struct cfx_ib_conn *ic, int q)
+{
+    return &ic->ctx->nic[q % ic->n_nics];
+}
+
+/* device.c: pick and open the ports for @p ctx (ctx->ibv set): every active
+ * port CFX_IB_HCA lets through, the topology's nearest (ctx->nearest)
+ * first, at most IB_MAX_NICS; fills ctx->nic and ctx->n_nics. cfxSuccess,
+ * or cfxSystemError with ctx->why_not set (no device, no active port,
+ * CFX_IB_HCA matched none). */
 cfxResult_t cfx_ib_device_open(struct cfx_ib_ctx *ctx);
 void cfx_ib_device_close(struct cfx_ib_ctx *ctx);
 /* Whether NIC @p name port @p port passes the CFX_IB_HCA filter @p spec
@@ -245,7 +291,8 @@ cfxResult_t cfx_ib_conn_check(struct cfx_ib_conn *ic, struct cfx_connector *conn
 /* Post @p count receives on queue pair @p q (a receiver keeps n_steps on
  * each; at setup, before the peer connects). */
 cfxResult_t cfx_ib_post_recvs(struct cfx_ib_conn *ic, int q, int count);
-/* The proxy's handler of the device's async events (ctx->async_client). */
+/* The proxy's handler of one port's device's async events
+ * (nic->async_client; @p arg is the struct cfx_ib_nic). */
 void cfx_ib_async_ready(void *arg, uint32_t events);
 /* Whether the connector still has work in flight (writes posted and not
  * completed, posted slots not yet written, a credit owed). */

@@ -49,9 +49,10 @@ __attribute__((format(printf, 4, 5))) static void conn_fail(struct cfx_ib_conn *
 }
 
 /* Fail the connector (driving thread) for the async event @p what on one of
- * its queue pairs. A flush recorded just before, whose cause was not known
- * yet (check() holds it back for IB_FLUSH_WHY_NS), gives way to it. */
-static void conn_fail_qp_event(struct cfx_ib_conn *ic, const char *what)
+ * its queue pairs, on port @p nic. A flush recorded just before, whose cause
+ * was not known yet (check() holds it back for IB_FLUSH_WHY_NS), gives way
+ * to it. */
+static void conn_fail_qp_event(struct cfx_ib_conn *ic, const char *what, const char *nic)
 {
     if (atomic_load_explicit(&ic->failed, memory_order_relaxed) && ic->flushed_ns != 0 &&
         cfx_time_now_ns() - ic->flushed_ns < IB_FLUSH_WHY_NS) {
@@ -59,8 +60,22 @@ static void conn_fail_qp_event(struct cfx_ib_conn *ic, const char *what)
         atomic_store_explicit(&ic->failed, 0, memory_order_relaxed);
     }
     conn_fail(ic, cfxSystemError, ic->self_rank,
-              "ib: rank %d's queue pair to rank %d on %s:%d failed: %s", ic->self_rank,
-              ic->peer_rank, ic->ctx->port.dev_name, ic->ctx->port.port, what);
+              "ib: rank %d's queue pair to rank %d on %s failed: %s", ic->self_rank, ic->peer_rank,
+              nic, what);
+}
+
+/* The first port this connector uses that an async event broke, or NULL. */
+static const struct cfx_ib_nic *fatal_nic(const struct cfx_ib_conn *ic)
+{
+    for (int n = 0; n < ic->n_nics; n++)
+        if (atomic_load_explicit(&ic->ctx->nic[n].fatal, memory_order_acquire))
+            return &ic->ctx->nic[n];
+    return NULL;
+}
+
+static const char *qp_label(const struct cfx_ib_conn *ic, int q)
+{
+    return cfx_ib_qp_nic(ic, q)->port.label;
 }
 
 /* ============================================================ posting */
@@ -97,21 +112,21 @@ static int post_write_to(struct cfx_ib_conn *ic, int q, uint64_t wr_id, const vo
 static int post_write_from(struct cfx_ib_conn *ic, int q, uint64_t wr_id, const void *local,
                            uint32_t lkey, uint32_t len, uint64_t remote, int with_imm, uint32_t imm)
 {
-    return post_write_to(ic, q, wr_id, local, lkey, len, remote, ic->peer_rkey, with_imm, imm);
+    return post_write_to(ic, q, wr_id, local, lkey, len, remote, ic->peer_rkey[q], with_imm, imm);
 }
 
 /* post_write_from out of the connection's own block. */
 static int post_write(struct cfx_ib_conn *ic, int q, uint64_t wr_id, const void *local,
                       uint32_t len, uint64_t remote, int with_imm, uint32_t imm)
 {
-    return post_write_from(ic, q, wr_id, local, ic->mr->lkey, len, remote, with_imm, imm);
+    return post_write_from(ic, q, wr_id, local, ic->mr[q % ic->n_nics]->lkey, len, remote, with_imm,
+                           imm);
 }
 
-static void post_failed(struct cfx_ib_conn *ic, int err, const char *what)
+static void post_failed(struct cfx_ib_conn *ic, int q, int err, const char *what)
 {
-    conn_fail(ic, cfxSystemError, ic->peer_rank,
-              "ib: rank %d cannot post %s to rank %d on %s:%d: %s", ic->self_rank, what,
-              ic->peer_rank, ic->ctx->port.dev_name, ic->ctx->port.port, strerror(err));
+    conn_fail(ic, cfxSystemError, ic->peer_rank, "ib: rank %d cannot post %s to rank %d on %s: %s",
+              ic->self_rank, what, ic->peer_rank, qp_label(ic, q), strerror(err));
 }
 
 cfxResult_t cfx_ib_post_recvs(struct cfx_ib_conn *ic, int q, int count)
@@ -123,23 +138,24 @@ cfxResult_t cfx_ib_post_recvs(struct cfx_ib_conn *ic, int q, int count)
         struct ibv_recv_wr *bad = NULL;
         int err = ibv_post_recv(ic->qp[q], &wr, &bad);
         if (err != 0)
-            return cfx_error_set_errno(
-                err, CFX_LOG_NET, "ib: rank %d cannot post a receive for rank %d on %s:%d",
-                ic->self_rank, ic->peer_rank, ic->ctx->port.dev_name, ic->ctx->port.port);
+            return cfx_error_set_errno(err, CFX_LOG_NET,
+                                       "ib: rank %d cannot post a receive for rank %d on %s",
+                                       ic->self_rank, ic->peer_rank, qp_label(ic, q));
     }
     return cfxSuccess;
 }
 
 /* Sender: whether the receiver offered message @p msg, with room for
- * @p size bytes at @p offset: then *remote_p and *rkey_p say where they go.
- * The record is read last word first (see struct cfx_ib_offer). */
-static int offer_for(struct cfx_ib_conn *ic, uint64_t msg, uint64_t offset, uint32_t size,
+ * @p size bytes at @p offset: then *remote_p and *rkey_p say where they go
+ * (the key for queue pair @p q's port at the receiver). The record is read
+ * last word first (see struct cfx_ib_offer). */
+static int offer_for(struct cfx_ib_conn *ic, int q, uint64_t msg, uint64_t offset, uint32_t size,
                      uint64_t *remote_p, uint32_t *rkey_p)
 {
     const struct cfx_ib_offer *o = &ic->box->offers[msg % IB_OFFERS];
     uint64_t check = cfx_load_acquire_u64(&o->check);
     uint64_t bytes = cfx_load_relaxed_u64(&o->bytes), addr = cfx_load_relaxed_u64(&o->addr);
-    uint32_t rkey = cfx_load_relaxed_u32(&o->rkey);
+    uint32_t rkey = cfx_load_relaxed_u32(&o->rkey[q % ic->peer_n_nics]);
     uint64_t first = cfx_load_acquire_u64(&o->msg_plus1);
     if (check != msg + 1 || first != msg + 1 || offset > bytes || size > bytes - offset)
         return 0;
@@ -163,7 +179,7 @@ static int send_offers(struct cfx_ib_conn *ic)
                                  (msg % IB_OFFERS) * sizeof(struct cfx_ib_offer),
                              0, 0);
         if (err != 0) {
-            post_failed(ic, err, "an offer");
+            post_failed(ic, 0, err, "an offer");
             return moved;
         }
         ic->offers_posted++;
@@ -196,9 +212,9 @@ static int send_slots(struct cfx_ib_conn *ic)
         /* Where the payload goes: the receiver's slot, or its own buffer
          * when it offered the slot's message (offer_for). */
         uint64_t remote = ic->peer_slots + index * ic->slot_bytes;
-        uint32_t rkey = ic->peer_rkey;
+        uint32_t rkey = ic->peer_rkey[q];
         if (size > CFX_SLOT_INLINE_BYTES && ic->at_msg[index] != 0 &&
-            offer_for(ic, ic->at_msg[index] - 1, ic->at_offset[index], size, &remote, &rkey)) {
+            offer_for(ic, q, ic->at_msg[index] - 1, ic->at_offset[index], size, &remote, &rkey)) {
             info->size = size | CFX_SLOT_IN_PLACE;
             ic->in_place_slots++;
         }
@@ -207,13 +223,14 @@ static int send_slots(struct cfx_ib_conn *ic)
         if (ref != 0) {
             /* Straight from the user's registered buffer (post_ref). */
             err = post_write_to(ic, q, IB_WR_ID(IB_WR_PAYLOAD, k), (const void *)(uintptr_t)ref,
-                                ic->ref_lkey[index], size, remote, rkey, 0, 0);
+                                ic->ref_reg[index]->mr[q % ic->n_nics]->lkey, size, remote, rkey, 0,
+                                0);
             ic->ref_addr[index] = 0;
             ic->ref_slots++;
         } else if (size > CFX_SLOT_INLINE_BYTES) {
             err =
                 post_write_to(ic, q, IB_WR_ID(IB_WR_PAYLOAD, k), ic->slots + index * ic->slot_bytes,
-                              ic->mr->lkey, size, remote, rkey, 0, 0);
+                              ic->mr[q % ic->n_nics]->lkey, size, remote, rkey, 0, 0);
         }
         if (err == 0)
             err = post_write(ic, q, IB_WR_ID(IB_WR_SLOT, k), info, sizeof(*info),
@@ -221,7 +238,7 @@ static int send_slots(struct cfx_ib_conn *ic)
                                  index * sizeof(struct cfx_slot_info),
                              1, (uint32_t)k);
         if (err != 0) {
-            post_failed(ic, err, "a slot");
+            post_failed(ic, q, err, "a slot");
             return moved;
         }
         ic->sent++;
@@ -241,7 +258,7 @@ static int send_credit(struct cfx_ib_conn *ic)
     int err = post_write(ic, 0, IB_WR_ID(IB_WR_CREDIT, 0), &ic->box->credit_src, sizeof(uint64_t),
                          ic->peer_box + offsetof(struct cfx_ib_mailbox, credit), 0, 0);
     if (err != 0) {
-        post_failed(ic, err, "a credit");
+        post_failed(ic, 0, err, "a credit");
         return 0;
     }
     ic->credit_sent = head;
@@ -260,7 +277,7 @@ static int send_poison(struct cfx_ib_conn *ic)
     int err = post_write(ic, 0, IB_WR_ID(IB_WR_POISON, 0), &ic->box->poison_src, sizeof(uint64_t),
                          ic->peer_box + offsetof(struct cfx_ib_mailbox, poison), 0, 0);
     if (err != 0)
-        post_failed(ic, err, "a poison");
+        post_failed(ic, 0, err, "a poison");
     return err == 0;
 }
 
@@ -280,7 +297,7 @@ static int send_keepalive(struct cfx_ib_conn *ic)
     int err = post_write(ic, 0, IB_WR_ID(IB_WR_ALIVE, 0), &ic->box->alive_src, sizeof(uint64_t),
                          ic->peer_box + offsetof(struct cfx_ib_mailbox, alive), 0, 0);
     if (err != 0) {
-        post_failed(ic, err, "a keepalive");
+        post_failed(ic, 0, err, "a keepalive");
         return 0;
     }
     ic->alive_inflight = 1;
@@ -407,16 +424,19 @@ static void completion(struct cfx_ib_conn *ic, const struct ibv_wc *wc)
             atomic_fetch_add_explicit(&ic->offers_done, 1, memory_order_release);
         if (wc->status == IBV_WC_WR_FLUSH_ERR) {
             /* The queue pair failed before: an async event may say why. */
-            cfx_ib_async_ready(ic->ctx, 0);
-            if (atomic_load_explicit(&ic->ctx->fatal, memory_order_acquire)) {
+            for (int n = 0; n < ic->n_nics; n++)
+                cfx_ib_async_ready(&ic->ctx->nic[n], 0);
+            const struct cfx_ib_nic *fatal = fatal_nic(ic);
+            if (fatal != NULL) {
                 conn_fail(ic, cfxSystemError, ic->self_rank,
                           "%s (rank %d's %s connection to rank %d lost its work requests)",
-                          ic->ctx->fatal_error, ic->self_rank, dir_name(ic->dir), ic->peer_rank);
+                          fatal->fatal_error, ic->self_rank, dir_name(ic->dir), ic->peer_rank);
                 return;
             }
             const char *what = atomic_load_explicit(&ic->qp_event, memory_order_acquire);
             if (what != NULL) {
-                conn_fail_qp_event(ic, what);
+                conn_fail_qp_event(ic, what,
+                                   atomic_load_explicit(&ic->qp_event_nic, memory_order_relaxed));
                 return;
             }
         }
@@ -424,11 +444,10 @@ static void completion(struct cfx_ib_conn *ic, const struct ibv_wc *wc)
             !atomic_load_explicit(&ic->failed, memory_order_relaxed))
             ic->flushed_ns = cfx_time_now_ns();
         conn_fail(ic, cfxRemoteError, ic->peer_rank,
-                  "ib: rank %d's %s connection to rank %d failed on %s:%d (peer %s): %s, status "
+                  "ib: rank %d's %s connection to rank %d failed on %s (peer %s): %s, status "
                   "%d: %s",
-                  ic->self_rank, dir_name(ic->dir), ic->peer_rank, ic->ctx->port.dev_name,
-                  ic->ctx->port.port, ic->peer_nic, wc_status_text(ic, wc->status), (int)wc->status,
-                  wc_status_hint(wc->status));
+                  ic->self_rank, dir_name(ic->dir), ic->peer_rank, qp_label(ic, q), ic->peer_nic[q],
+                  wc_status_text(ic, wc->status), (int)wc->status, wc_status_hint(wc->status));
         return;
     }
     switch (kind) {
@@ -446,24 +465,28 @@ static void completion(struct cfx_ib_conn *ic, const struct ibv_wc *wc)
     }
 }
 
+/* Every port's completion queue, until each is empty. */
 static int poll_completions(struct cfx_ib_conn *ic)
 {
     struct ibv_wc wcs[POLL_BATCH];
     int moved = 0;
-    for (;;) {
-        int n = ibv_poll_cq(ic->cq, POLL_BATCH, wcs);
-        if (n < 0) {
-            conn_fail(ic, cfxSystemError, ic->self_rank,
-                      "ib: rank %d cannot poll its completion queue for rank %d on %s:%d",
-                      ic->self_rank, ic->peer_rank, ic->ctx->port.dev_name, ic->ctx->port.port);
-            return moved;
+    for (int c = 0; c < ic->n_nics; c++) {
+        for (;;) {
+            int n = ibv_poll_cq(ic->cq[c], POLL_BATCH, wcs);
+            if (n < 0) {
+                conn_fail(ic, cfxSystemError, ic->self_rank,
+                          "ib: rank %d cannot poll its completion queue for rank %d on %s",
+                          ic->self_rank, ic->peer_rank, ic->ctx->nic[c].port.label);
+                return moved;
+            }
+            for (int i = 0; i < n; i++)
+                completion(ic, &wcs[i]);
+            moved |= n > 0;
+            if (n < POLL_BATCH)
+                break;
         }
-        for (int i = 0; i < n; i++)
-            completion(ic, &wcs[i]);
-        moved |= n > 0;
-        if (n < POLL_BATCH)
-            return moved;
     }
+    return moved;
 }
 
 /* ============================================================ passes */
@@ -515,10 +538,9 @@ int cfx_ib_conn_drive(struct cfx_ib_conn *ic)
 
 cfxResult_t cfx_ib_conn_check(struct cfx_ib_conn *ic, struct cfx_connector *conn)
 {
-    struct cfx_ib_ctx *ctx = ic->ctx;
     /* Slots that arrived before a failure are still good: let them be taken. */
     int takeable = ic->dir == CFX_CONN_RECV && cfx_conn_can_take(conn);
-    int fatal = atomic_load_explicit(&ctx->fatal, memory_order_acquire);
+    const struct cfx_ib_nic *fatal = fatal_nic(ic);
     if (atomic_load_explicit(&ic->failed, memory_order_acquire) && !(ic->flushed_ns && fatal)) {
         if (takeable)
             return cfxSuccess;
@@ -534,7 +556,7 @@ cfxResult_t cfx_ib_conn_check(struct cfx_ib_conn *ic, struct cfx_connector *conn
             return cfxSuccess;
         conn->blame_rank = ic->self_rank;
         return cfx_error_set(cfxSystemError, CFX_LOG_NET, "%s (rank %d's connection to rank %d)",
-                             ctx->fatal_error, ic->self_rank, ic->peer_rank);
+                             fatal->fatal_error, ic->self_rank, ic->peer_rank);
     }
     uint64_t poison = cfx_load_acquire_u64(&ic->box->poison);
     if (poison != 0 && !takeable) {
@@ -553,15 +575,16 @@ cfxResult_t cfx_ib_conn_check(struct cfx_ib_conn *ic, struct cfx_connector *conn
 
 /* ============================================================ async events */
 
-/* Runs on the proxy thread when the device's async_fd turns readable, and
- * on a driving thread that met a flushed work request (to learn why). */
+/* Runs on the proxy thread when a port's device's async_fd turns readable,
+ * and on a driving thread that met a flushed work request (to learn why). */
 void cfx_ib_async_ready(void *arg, uint32_t events)
 {
     (void)events;
-    struct cfx_ib_ctx *ctx = arg;
+    struct cfx_ib_nic *nic = arg;
+    struct cfx_ib_ctx *ctx = nic->ctx;
     const struct cfx_verbs_api *ibv = ctx->ibv;
     struct ibv_async_event event;
-    while (ibv->get_async_event(ctx->dev, &event) == 0) {
+    while (ibv->get_async_event(nic->dev, &event) == 0) {
         const char *what = ibv->event_type_str(event.event_type);
         switch (event.event_type) {
         case IBV_EVENT_QP_FATAL:
@@ -573,15 +596,16 @@ void cfx_ib_async_ready(void *arg, uint32_t events)
                 break;
             /* Said whatever else failed the connection first (a peer's
              * poison may beat this event to the caller). */
-            CFX_WARN(CFX_LOG_NET, "ib: rank %d's queue pair to rank %d on %s:%d: %s", ic->self_rank,
-                     ic->peer_rank, ctx->port.dev_name, ctx->port.port, what);
+            CFX_WARN(CFX_LOG_NET, "ib: rank %d's queue pair to rank %d on %s: %s", ic->self_rank,
+                     ic->peer_rank, nic->port.label, what);
             /* The failure record belongs to the thread holding `busy`:
              * take it if free; if a pass runs now (on this thread too, one
              * that met a flushed request), its flushed completions find
              * the event's name here. */
+            atomic_store_explicit(&ic->qp_event_nic, nic->port.label, memory_order_relaxed);
             atomic_store_explicit(&ic->qp_event, what, memory_order_release);
             if (!atomic_exchange_explicit(&ic->busy, 1, memory_order_acquire)) {
-                conn_fail_qp_event(ic, what);
+                conn_fail_qp_event(ic, what, nic->port.label);
                 atomic_store_explicit(&ic->busy, 0, memory_order_seq_cst);
                 if (atomic_load_explicit(&ic->wanted, memory_order_seq_cst))
                     cfx_ib_conn_drive(ic); /* A pass asked for meanwhile. */
@@ -591,15 +615,15 @@ void cfx_ib_async_ready(void *arg, uint32_t events)
         case IBV_EVENT_PORT_ERR:
         case IBV_EVENT_DEVICE_FATAL:
         case IBV_EVENT_CQ_ERR:
-            if (!atomic_load_explicit(&ctx->fatal, memory_order_relaxed)) {
-                snprintf(ctx->fatal_error, sizeof(ctx->fatal_error),
-                         "ib: %s port %d on rank %d: %s", ctx->port.dev_name, ctx->port.port,
+            if (!atomic_load_explicit(&nic->fatal, memory_order_relaxed)) {
+                snprintf(nic->fatal_error, sizeof(nic->fatal_error),
+                         "ib: %s port %d on rank %d: %s", nic->port.dev_name, nic->port.port,
                          ctx->rank, what);
-                atomic_store_explicit(&ctx->fatal, 1, memory_order_release);
-                CFX_WARN(CFX_LOG_NET, "%s", ctx->fatal_error);
+                atomic_store_explicit(&nic->fatal, 1, memory_order_release);
+                CFX_WARN(CFX_LOG_NET, "%s", nic->fatal_error);
             }
             break;
-        default: CFX_INFO(CFX_LOG_NET, "ib: %s: async event: %s", ctx->port.dev_name, what); break;
+        default: CFX_INFO(CFX_LOG_NET, "ib: %s: async event: %s", nic->port.label, what); break;
         }
         ibv->ack_async_event(&event);
     }

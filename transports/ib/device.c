@@ -1,9 +1,11 @@
 /*
- * Which NIC, port and GID a communicator's verbs connections use: the
- * active ports of the devices libibverbs lists, filtered by CFX_IB_HCA
- * (NCCL's syntax), the first that passes; for RoCE the GID of the wanted
- * RoCE version and address family (sysfs says a GID's type; without sysfs,
- * the first IPv4-mapped GID), CFX_IB_GID_INDEX overriding.
+ * Which NICs, ports and GIDs a communicator's verbs connections use: the
+ * active ports of the devices libibverbs lists that CFX_IB_HCA (NCCL's
+ * syntax) lets through, the topology's nearest NIC for this rank first, at
+ * most IB_MAX_NICS; for RoCE the GID of the wanted RoCE version and address
+ * family (sysfs says a GID's type; without sysfs, the first IPv4-mapped
+ * GID), CFX_IB_GID_INDEX overriding. Each port taken gets its own device
+ * context and protection domain.
  */
 #include "cfx_build_config.h"
 
@@ -106,20 +108,21 @@ static void gid_type(const char *dev, int port, int index, char *out, size_t siz
 }
 
 /* RoCE: the GID index to use, or -1 when none fits. */
-static int roce_gid_pick(struct cfx_ib_ctx *ctx, const struct ibv_port_attr *attr)
+static int roce_gid_pick(struct cfx_ib_ctx *ctx, struct cfx_ib_nic *nic,
+                         const struct ibv_port_attr *attr)
 {
     int want_v4 = strcmp(param_ib_addr_family(), "AF_INET6") != 0;
     int want_v2 = param_ib_roce_version() == 2;
     int fallback = -1;
     for (int i = 0; i < attr->gid_tbl_len && i < 256; i++) {
         union ibv_gid gid;
-        if (ctx->ibv->query_gid(ctx->dev, (uint8_t)ctx->port.port, i, &gid) != 0 ||
+        if (ctx->ibv->query_gid(nic->dev, (uint8_t)nic->port.port, i, &gid) != 0 ||
             gid_is_zero(&gid))
             continue;
         if (gid_is_v4(&gid) != want_v4)
             continue;
         char type[32];
-        gid_type(ctx->port.dev_name, ctx->port.port, i, type, sizeof(type));
+        gid_type(nic->port.dev_name, nic->port.port, i, type, sizeof(type));
         if (type[0] == '\0') { /* No sysfs (a test library): the address family decides. */
             if (fallback < 0)
                 fallback = i;
@@ -131,25 +134,26 @@ static int roce_gid_pick(struct cfx_ib_ctx *ctx, const struct ibv_port_attr *att
     return fallback;
 }
 
-static cfxResult_t gid_pick(struct cfx_ib_ctx *ctx, const struct ibv_port_attr *attr)
+static cfxResult_t gid_pick(struct cfx_ib_ctx *ctx, struct cfx_ib_nic *nic,
+                            const struct ibv_port_attr *attr)
 {
+    struct cfx_ib_port *port = &nic->port;
     int index = (int)param_ib_gid_index();
-    if (index < 0 && ctx->port.link_layer == IBV_LINK_LAYER_ETHERNET) {
-        index = roce_gid_pick(ctx, attr);
+    if (index < 0 && port->link_layer == IBV_LINK_LAYER_ETHERNET) {
+        index = roce_gid_pick(ctx, nic, attr);
         if (index < 0) {
             snprintf(ctx->why_not, sizeof(ctx->why_not),
                      "%s port %d (RoCE) has no GID of RoCE v%d and %s; set CFX_IB_GID_INDEX",
-                     ctx->port.dev_name, ctx->port.port, (int)param_ib_roce_version(),
+                     port->dev_name, port->port, (int)param_ib_roce_version(),
                      param_ib_addr_family());
             return cfxSystemError;
         }
     }
-    ctx->port.gid_index = index;
-    memset(&ctx->port.gid, 0, sizeof(ctx->port.gid));
-    if (index >= 0 &&
-        ctx->ibv->query_gid(ctx->dev, (uint8_t)ctx->port.port, index, &ctx->port.gid) != 0) {
+    port->gid_index = index;
+    memset(&port->gid, 0, sizeof(port->gid));
+    if (index >= 0 && ctx->ibv->query_gid(nic->dev, (uint8_t)port->port, index, &port->gid) != 0) {
         snprintf(ctx->why_not, sizeof(ctx->why_not), "%s port %d: cannot read GID %d: %s",
-                 ctx->port.dev_name, ctx->port.port, index, strerror(errno));
+                 port->dev_name, port->port, index, strerror(errno));
         return cfxSystemError;
     }
     return cfxSuccess;
@@ -157,20 +161,79 @@ static cfxResult_t gid_pick(struct cfx_ib_ctx *ctx, const struct ibv_port_attr *
 
 /* ------------------------------------------------------------ open */
 
-/* Open @p device and take its first active port that CFX_IB_HCA lets
- * through; 1 when taken (ctx->dev kept open), else 0. */
-static int try_device(struct cfx_ib_ctx *ctx, struct ibv_device *device, char *seen,
-                      size_t seen_size)
+/* Whether device @p name is the topology's NIC @p nearest ("mlx5_0", or
+ * with a port, "mlx5_0:1"). */
+static int is_nearest(const char *nearest, const char *name, int port)
+{
+    if (nearest == NULL || nearest[0] == '\0')
+        return 0;
+    size_t n = strlen(name);
+    if (strncmp(nearest, name, n) != 0)
+        return 0;
+    return nearest[n] == '\0' || (nearest[n] == ':' && atoi(nearest + n + 1) == port);
+}
+
+/* Take port @p p of @p device as the next NIC (its own context and
+ * protection domain), the nearest one first. 1 when taken. */
+static int take_port(struct cfx_ib_ctx *ctx, struct ibv_device *device, const char *name, int p,
+                     const struct ibv_port_attr *attr)
+{
+    const struct cfx_verbs_api *ibv = ctx->ibv;
+    int first = is_nearest(ctx->nearest, name, p);
+    if (ctx->n_nics == IB_MAX_NICS && !first)
+        return 0;
+    struct cfx_ib_nic nic;
+    memset(&nic, 0, sizeof(nic));
+    nic.ctx = ctx;
+    nic.dev = ibv->open_device(device);
+    if (nic.dev == NULL)
+        return 0;
+    struct cfx_ib_port *port = &nic.port;
+    snprintf(port->dev_name, sizeof(port->dev_name), "%s", name);
+    port->port = p;
+    snprintf(port->label, sizeof(port->label), "%.16s:%d", name, p);
+    port->link_layer = attr->link_layer == IBV_LINK_LAYER_ETHERNET ? IBV_LINK_LAYER_ETHERNET
+                                                                   : IBV_LINK_LAYER_INFINIBAND;
+    port->lid = attr->lid;
+    port->mtu = attr->active_mtu;
+    if (gid_pick(ctx, &nic, attr) != cfxSuccess)
+        goto err_close;
+    nic.pd = ibv->alloc_pd(nic.dev);
+    if (nic.pd == NULL) {
+        snprintf(ctx->why_not, sizeof(ctx->why_not), "%s: cannot allocate a protection domain: %s",
+                 port->label, strerror(errno));
+        goto err_close;
+    }
+    if (ctx->n_nics == IB_MAX_NICS) { /* The nearest comes late: the last gives way. */
+        struct cfx_ib_nic *last = &ctx->nic[IB_MAX_NICS - 1];
+        ibv->dealloc_pd(last->pd);
+        ibv->close_device(last->dev);
+        ctx->n_nics--;
+    }
+    int at = first ? 0 : ctx->n_nics;
+    memmove(&ctx->nic[at + 1], &ctx->nic[at], (size_t)(ctx->n_nics - at) * sizeof(nic));
+    ctx->nic[at] = nic;
+    ctx->n_nics++;
+    return 1;
+
+err_close:
+    ibv->close_device(nic.dev);
+    return 0;
+}
+
+/* Every active port of @p device that CFX_IB_HCA lets through. */
+static void try_device(struct cfx_ib_ctx *ctx, struct ibv_device *device, char *seen,
+                       size_t seen_size)
 {
     const struct cfx_verbs_api *ibv = ctx->ibv;
     const char *name = ibv->get_device_name(device);
     struct ibv_context *dev = ibv->open_device(device);
     if (dev == NULL)
-        return 0;
+        return;
     struct ibv_device_attr attr;
     if (ibv->query_device(dev, &attr) != 0) {
         ibv->close_device(dev);
-        return 0;
+        return;
     }
     for (int p = 1; p <= attr.phys_port_cnt; p++) {
         struct ibv_port_attr port;
@@ -181,23 +244,9 @@ static int try_device(struct cfx_ib_ctx *ctx, struct ibv_device *device, char *s
                  port.state == IBV_PORT_ACTIVE ? "active" : "not active");
         if (port.state != IBV_PORT_ACTIVE || !cfx_ib_hca_match(param_ib_hca(), name, p))
             continue;
-        ctx->dev = dev;
-        snprintf(ctx->port.dev_name, sizeof(ctx->port.dev_name), "%s", name);
-        ctx->port.port = p;
-        ctx->port.link_layer = port.link_layer == IBV_LINK_LAYER_ETHERNET
-                                   ? IBV_LINK_LAYER_ETHERNET
-                                   : IBV_LINK_LAYER_INFINIBAND;
-        ctx->port.lid = port.lid;
-        ctx->port.mtu = port.active_mtu;
-        if (gid_pick(ctx, &port) != cfxSuccess) {
-            ctx->dev = NULL;
-            ibv->close_device(dev);
-            return 0;
-        }
-        return 1;
+        take_port(ctx, device, name, p, &port);
     }
     ibv->close_device(dev);
-    return 0;
 }
 
 cfxResult_t cfx_ib_device_open(struct cfx_ib_ctx *ctx)
@@ -215,41 +264,48 @@ cfxResult_t cfx_ib_device_open(struct cfx_ib_ctx *ctx)
     }
     char seen[512] = "";
     ctx->why_not[0] = '\0';
-    for (int i = 0; i < count && ctx->dev == NULL; i++)
+    for (int i = 0; i < count; i++)
         try_device(ctx, list[i], seen, sizeof(seen));
     ibv->free_device_list(list);
-    if (ctx->dev == NULL) {
+    if (ctx->n_nics == 0) {
         if (ctx->why_not[0] == '\0')
             snprintf(ctx->why_not, sizeof(ctx->why_not),
                      "no active verbs port that CFX_IB_HCA=%s lets through (ports: %s)",
                      param_ib_hca() ? param_ib_hca() : "", seen[0] ? seen : "none");
         return cfxSystemError;
     }
-    ctx->pd = ibv->alloc_pd(ctx->dev);
-    if (ctx->pd == NULL) {
-        snprintf(ctx->why_not, sizeof(ctx->why_not), "%s: cannot allocate a protection domain: %s",
-                 ctx->port.dev_name, strerror(errno));
-        cfx_ib_device_close(ctx);
-        return cfxSystemError;
+    ctx->why_not[0] = '\0'; /* A port that failed is not why: others run. */
+    for (int n = 0; n < ctx->n_nics; n++) {
+        const struct cfx_ib_port *port = &ctx->nic[n].port;
+        char gid_text[INET6_ADDRSTRLEN] = "none";
+        if (port->gid_index >= 0)
+            inet_ntop(AF_INET6, port->gid.raw, gid_text, sizeof(gid_text));
+        char which[64] = "";
+        if (ctx->n_nics > 1)
+            snprintf(which, sizeof(which), "; port %d of %d%s", n + 1, ctx->n_nics,
+                     is_nearest(ctx->nearest, port->dev_name, port->port)
+                         ? ", the topology's nearest"
+                         : "");
+        CFX_INFO(CFX_LOG_NET, "ib: rank %d uses %s port %d (%s, lid %u, GID index %d %s, mtu %d%s)",
+                 ctx->rank, port->dev_name, port->port,
+                 port->link_layer == IBV_LINK_LAYER_ETHERNET ? "RoCE" : "InfiniBand", port->lid,
+                 port->gid_index, gid_text, 128 << port->mtu, which);
     }
-    char gid_text[INET6_ADDRSTRLEN] = "none";
-    if (ctx->port.gid_index >= 0)
-        inet_ntop(AF_INET6, ctx->port.gid.raw, gid_text, sizeof(gid_text));
-    CFX_INFO(CFX_LOG_NET, "ib: rank %d uses %s port %d (%s, lid %u, GID index %d %s, mtu %d)",
-             ctx->rank, ctx->port.dev_name, ctx->port.port,
-             ctx->port.link_layer == IBV_LINK_LAYER_ETHERNET ? "RoCE" : "InfiniBand", ctx->port.lid,
-             ctx->port.gid_index, gid_text, 128 << ctx->port.mtu);
     return cfxSuccess;
 }
 
 void cfx_ib_device_close(struct cfx_ib_ctx *ctx)
 {
-    if (ctx->pd)
-        ctx->ibv->dealloc_pd(ctx->pd);
-    ctx->pd = NULL;
-    if (ctx->dev)
-        ctx->ibv->close_device(ctx->dev);
-    ctx->dev = NULL;
+    for (int n = 0; n < ctx->n_nics; n++) {
+        struct cfx_ib_nic *nic = &ctx->nic[n];
+        if (nic->pd)
+            ctx->ibv->dealloc_pd(nic->pd);
+        nic->pd = NULL;
+        if (nic->dev)
+            ctx->ibv->close_device(nic->dev);
+        nic->dev = NULL;
+    }
+    ctx->n_nics = 0;
 }
 
 #endif /* CFX_HAVE_VERBS */

@@ -87,8 +87,11 @@ static cfxResult_t ib_init(const struct cfx_transport_env *env, void **ctx_p)
                  param_ib_disable() ? "CFX_IB_DISABLE=1" : "CFX_NET=Socket");
     } else if ((ctx->ibv = cfx_verbs_api(&why)) == NULL) {
         snprintf(ctx->why_not, sizeof(ctx->why_not), "%s", why ? why : "libibverbs not loaded");
-    } else if (cfx_ib_device_open(ctx) == cfxSuccess) {
-        ctx->usable = 1;
+    } else {
+        ctx->nearest = env->nic_name;
+        if (cfx_ib_device_open(ctx) == cfxSuccess)
+            ctx->usable = 1;
+        ctx->nearest = NULL; /* The caller's string. */
     }
     if (!ctx->usable) {
         if (net == CFX_NET_IB) {
@@ -107,22 +110,25 @@ static cfxResult_t ib_init(const struct cfx_transport_env *env, void **ctx_p)
     cfxResult_t res = cfx_proxy_get(param_ib_spin_us() * 1000, &ctx->proxy);
     if (res != cfxSuccess)
         goto err_fini;
-    /* The device's async events come through the proxy: its fd, non-blocking. */
-    int fd = ctx->dev->async_fd;
-    int flags = fcntl(fd, F_GETFL);
-    if (flags < 0 || fcntl(fd, F_SETFL, flags | O_NONBLOCK) != 0) {
-        res = cfx_error_set_errno(errno, CFX_LOG_NET,
-                                  "ib: cannot make %s's async event descriptor non-blocking",
-                                  ctx->port.dev_name);
-        goto err_fini;
+    /* Each device's async events come through the proxy: its fd, non-blocking. */
+    for (int n = 0; n < ctx->n_nics; n++) {
+        struct cfx_ib_nic *nic = &ctx->nic[n];
+        int fd = nic->dev->async_fd;
+        int flags = fcntl(fd, F_GETFL);
+        if (flags < 0 || fcntl(fd, F_SETFL, flags | O_NONBLOCK) != 0) {
+            res = cfx_error_set_errno(errno, CFX_LOG_NET,
+                                      "ib: cannot make %s's async event descriptor non-blocking",
+                                      nic->port.label);
+            goto err_fini;
+        }
+        nic->async_client.progress = async_proxy_progress;
+        nic->async_client.ready = cfx_ib_async_ready;
+        nic->async_client.arg = nic;
+        res = cfx_proxy_add(ctx->proxy, &nic->async_client, &fd, 1, EPOLLIN);
+        if (res != cfxSuccess)
+            goto err_fini;
+        nic->async_added = 1;
     }
-    ctx->async_client.progress = async_proxy_progress;
-    ctx->async_client.ready = cfx_ib_async_ready;
-    ctx->async_client.arg = ctx;
-    res = cfx_proxy_add(ctx->proxy, &ctx->async_client, &fd, 1, EPOLLIN);
-    if (res != cfxSuccess)
-        goto err_fini;
-    ctx->async_added = 1;
     *ctx_p = ctx;
     return cfxSuccess;
 
@@ -137,8 +143,9 @@ static void ib_fini(void *ctx_v)
     struct cfx_ib_ctx *ctx = ctx_v;
     if (ctx == NULL)
         return;
-    if (ctx->async_added)
-        cfx_proxy_remove(ctx->proxy, &ctx->async_client);
+    for (int n = 0; n < ctx->n_nics; n++)
+        if (ctx->nic[n].async_added)
+            cfx_proxy_remove(ctx->proxy, &ctx->nic[n].async_client);
     cfx_proxy_put(ctx->proxy);
     if (ctx->ibv)
         cfx_ib_device_close(ctx);
@@ -156,14 +163,17 @@ static int ib_can_connect(void *ctx_v, const struct cfx_transport_peer *self,
     return ctx->usable && peer->path == CFX_PATH_CLASS_NET;
 }
 
-/* Queue pair @p q, in INIT, with @p ic->cq for both queues. */
+/* Queue pair @p q on its port, in INIT, with that port's completion queue
+ * for both queues. */
 static cfxResult_t qp_create(struct cfx_ib_ctx *ctx, struct cfx_ib_conn *ic, int q)
 {
     const struct cfx_verbs_api *ibv = ctx->ibv;
+    struct cfx_ib_nic *nic = cfx_ib_qp_nic(ic, q);
+    struct ibv_cq *cq = ic->cq[q % ic->n_nics];
     struct ibv_qp_init_attr init = {
         .qp_context = ic, /* Async events name the queue pair: they find the connector. */
-        .send_cq = ic->cq,
-        .recv_cq = ic->cq,
+        .send_cq = cq,
+        .recv_cq = cq,
         .cap = {.max_send_wr = (uint32_t)ic->sq_depth,
                 .max_recv_wr = (uint32_t)ic->n_steps,
                 .max_send_sge = 1,
@@ -174,27 +184,27 @@ static cfxResult_t qp_create(struct cfx_ib_ctx *ctx, struct cfx_ib_conn *ic, int
     };
     if (q > 0 && ic->max_inline == 0)
         init.cap.max_inline_data = 0;
-    ic->qp[q] = ibv->create_qp(ctx->pd, &init);
+    ic->qp[q] = ibv->create_qp(nic->pd, &init);
     if (ic->qp[q] == NULL && q == 0) {
         init.cap.max_inline_data = 0; /* A NIC without inline data: sources are registered. */
-        ic->qp[q] = ibv->create_qp(ctx->pd, &init);
+        ic->qp[q] = ibv->create_qp(nic->pd, &init);
     }
     if (ic->qp[q] == NULL)
         return cfx_error_set_errno(errno, CFX_LOG_NET,
                                    "ib: cannot create a queue pair on %s for rank %d",
-                                   ctx->port.dev_name, ic->peer_rank);
+                                   nic->port.label, ic->peer_rank);
     if (q == 0 || (int)init.cap.max_inline_data < ic->max_inline)
         ic->max_inline = (int)init.cap.max_inline_data;
     struct ibv_qp_attr attr = {.qp_state = IBV_QPS_INIT,
                                .pkey_index = 0,
-                               .port_num = (uint8_t)ctx->port.port,
+                               .port_num = (uint8_t)nic->port.port,
                                .qp_access_flags = IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_LOCAL_WRITE};
     int err = ibv->modify_qp(ic->qp[q], &attr,
                              IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS);
     if (err != 0)
         return cfx_error_set_errno(err, CFX_LOG_NET,
                                    "ib: cannot move the queue pair for rank %d to INIT on %s",
-                                   ic->peer_rank, ctx->port.dev_name);
+                                   ic->peer_rank, nic->port.label);
     return cfxSuccess;
 }
 
@@ -243,19 +253,26 @@ static cfxResult_t ib_setup(void *ctx_v, const struct cfx_transport_peer *peer, 
     ic->slots = (char *)ic->mem + slots_off;
     ic->box = (struct cfx_ib_mailbox *)((char *)ic->mem + box_off);
 
-    ic->mr = ibv->reg_mr(ctx->pd, ic->mem, bytes, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
-    if (ic->mr == NULL)
-        return cfx_error_set_errno(errno, CFX_LOG_NET,
-                                   "ib: cannot register %zu bytes for rank %d on %s (locked-memory "
-                                   "limit? see ulimit -l)",
-                                   bytes, peer->rank, ctx->port.dev_name);
     ic->n_qps = (int)param_ib_qps_per_connection();
-    int cqe = ic->n_qps * (ic->sq_depth + n_steps) + 8;
-    ic->cq = ibv->create_cq(ctx->dev, cqe, ic, NULL, 0);
-    if (ic->cq == NULL)
-        return cfx_error_set_errno(errno, CFX_LOG_NET,
-                                   "ib: cannot create a completion queue on %s for rank %d",
-                                   ctx->port.dev_name, peer->rank);
+    ic->n_nics = ic->n_qps < ctx->n_nics ? ic->n_qps : ctx->n_nics;
+    for (int n = 0; n < ic->n_nics; n++) {
+        struct cfx_ib_nic *nic = &ctx->nic[n];
+        ic->mr[n] =
+            ibv->reg_mr(nic->pd, ic->mem, bytes, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
+        if (ic->mr[n] == NULL)
+            return cfx_error_set_errno(errno, CFX_LOG_NET,
+                                       "ib: cannot register %zu bytes for rank %d on %s "
+                                       "(locked-memory limit? see ulimit -l)",
+                                       bytes, peer->rank, nic->port.label);
+        /* The queue pairs on this port: q = n, n + n_nics, ... */
+        int qps_here = (ic->n_qps - n + ic->n_nics - 1) / ic->n_nics;
+        int cqe = qps_here * (ic->sq_depth + n_steps) + 8;
+        ic->cq[n] = ibv->create_cq(nic->dev, cqe, ic, NULL, 0);
+        if (ic->cq[n] == NULL)
+            return cfx_error_set_errno(errno, CFX_LOG_NET,
+                                       "ib: cannot create a completion queue on %s for rank %d",
+                                       nic->port.label, peer->rank);
+    }
     for (int q = 0; q < ic->n_qps; q++) {
         CFX_CHECK(qp_create(ctx, ic, q));
         if (ic->dir == CFX_CONN_RECV)
@@ -271,19 +288,24 @@ static cfxResult_t ib_setup(void *ctx_v, const struct cfx_transport_peer *peer, 
                                .dir = (uint32_t)conn->dir,
                                .n_qps = (uint32_t)ic->n_qps,
                                .psn = ic->psn,
-                               .mtu = (uint32_t)ctx->port.mtu,
-                               .lid = ctx->port.lid,
-                               .link_layer = (uint8_t)ctx->port.link_layer,
                                .n_steps = (uint32_t)n_steps,
+                               .n_nics = (uint32_t)ic->n_nics,
                                .slot_bytes = slot_bytes,
                                .mem_addr = (uint64_t)(uintptr_t)ic->mem,
                                .slots_offset = slots_off,
-                               .box_offset = box_off,
-                               .rkey = ic->mr->rkey};
+                               .box_offset = box_off};
     for (int q = 0; q < ic->n_qps; q++)
         info.qpn[q] = ic->qp[q]->qp_num;
-    memcpy(info.gid, ctx->port.gid.raw, sizeof(info.gid));
-    snprintf(info.nic, sizeof(info.nic), "%.24s:%d", ctx->port.dev_name, ctx->port.port);
+    for (int n = 0; n < ic->n_nics; n++) {
+        const struct cfx_ib_port *port = &ctx->nic[n].port;
+        struct cfx_ib_info_nic *out = &info.nic[n];
+        memcpy(out->gid, port->gid.raw, sizeof(out->gid));
+        out->rkey = ic->mr[n]->rkey;
+        out->lid = port->lid;
+        out->mtu = (uint8_t)port->mtu;
+        out->link_layer = (uint8_t)port->link_layer;
+        snprintf(out->name, sizeof(out->name), "%.15s", port->label);
+    }
     memcpy(info_out, &info, sizeof(info));
     cfx_connector_set_fifo(conn, ic->fifo, ic->slots, slot_bytes, n_steps);
     conn->peer_rank = peer->rank;
@@ -295,24 +317,26 @@ static cfxResult_t qp_connect(struct cfx_ib_ctx *ctx, struct cfx_ib_conn *ic,
                               const struct cfx_ib_info *peer, int q)
 {
     const struct cfx_verbs_api *ibv = ctx->ibv;
+    const struct cfx_ib_port *port = &cfx_ib_qp_nic(ic, q)->port;
+    const struct cfx_ib_info_nic *theirs = &peer->nic[q % (int)peer->n_nics];
     struct ibv_qp_attr attr = {
         .qp_state = IBV_QPS_RTR,
-        .path_mtu = (enum ibv_mtu)(peer->mtu < (uint32_t)ctx->port.mtu ? peer->mtu
-                                                                       : (uint32_t)ctx->port.mtu),
+        .path_mtu =
+            (enum ibv_mtu)(theirs->mtu < (uint32_t)port->mtu ? theirs->mtu : (uint32_t)port->mtu),
         .dest_qp_num = peer->qpn[q],
         .rq_psn = peer->psn,
         .max_dest_rd_atomic = 1,
         .min_rnr_timer = 12,
-        .ah_attr = {.dlid = peer->lid,
+        .ah_attr = {.dlid = theirs->lid,
                     .sl = (uint8_t)ctx->sl,
                     .src_path_bits = 0,
-                    .port_num = (uint8_t)ctx->port.port},
+                    .port_num = (uint8_t)port->port},
     };
-    int global = ctx->port.link_layer == IBV_LINK_LAYER_ETHERNET || ctx->port.gid_index >= 0;
+    int global = port->link_layer == IBV_LINK_LAYER_ETHERNET || port->gid_index >= 0;
     if (global) {
         attr.ah_attr.is_global = 1;
-        memcpy(attr.ah_attr.grh.dgid.raw, peer->gid, sizeof(peer->gid));
-        attr.ah_attr.grh.sgid_index = (uint8_t)(ctx->port.gid_index < 0 ? 0 : ctx->port.gid_index);
+        memcpy(attr.ah_attr.grh.dgid.raw, theirs->gid, sizeof(theirs->gid));
+        attr.ah_attr.grh.sgid_index = (uint8_t)(port->gid_index < 0 ? 0 : port->gid_index);
         attr.ah_attr.grh.hop_limit = 255;
         attr.ah_attr.grh.traffic_class = (uint8_t)ctx->tc;
     }
@@ -322,7 +346,7 @@ static cfxResult_t qp_connect(struct cfx_ib_ctx *ctx, struct cfx_ib_conn *ic,
     if (err != 0)
         return cfx_error_set_errno(err, CFX_LOG_NET,
                                    "ib: cannot move the queue pair to rank %d (%s, qpn %u) to RTR",
-                                   ic->peer_rank, peer->nic, peer->qpn[q]);
+                                   ic->peer_rank, ic->peer_nic[q], peer->qpn[q]);
     memset(&attr, 0, sizeof(attr));
     attr.qp_state = IBV_QPS_RTS;
     attr.timeout = (uint8_t)ctx->timeout;
@@ -348,34 +372,38 @@ static cfxResult_t ib_connect(void *ctx_v, struct cfx_connector *conn, const voi
     struct cfx_ib_conn *ic = conn->priv;
     struct cfx_ib_info peer;
     memcpy(&peer, peer_info, sizeof(peer));
-    peer.nic[sizeof(peer.nic) - 1] = '\0';
     enum cfx_conn_dir want = ic->dir == CFX_CONN_SEND ? CFX_CONN_RECV : CFX_CONN_SEND;
     if (peer.magic != IB_INFO_MAGIC || peer.rank != ic->peer_rank || peer.dir != (uint32_t)want ||
         peer.n_steps != (uint32_t)ic->n_steps || peer.slot_bytes != ic->slot_bytes ||
-        peer.n_qps > IB_MAX_QPS)
+        peer.n_qps > IB_MAX_QPS || peer.n_nics < 1 || peer.n_nics > IB_MAX_NICS)
         return cfx_error_set(cfxInternalError, CFX_LOG_NET,
                              "ib: rank %d sent connect info that does not match this connection "
                              "(another build, or a crossed connection)",
                              ic->peer_rank);
-    if (peer.link_layer != (uint8_t)ctx->port.link_layer)
-        return cfx_error_set(cfxSystemError, CFX_LOG_NET,
-                             "ib: rank %d's port %s is %s but this rank's %s:%d is %s: they cannot "
-                             "reach each other; set CFX_IB_HCA or CFX_NET=Socket",
-                             ic->peer_rank, peer.nic,
-                             peer.link_layer == IBV_LINK_LAYER_ETHERNET ? "RoCE" : "InfiniBand",
-                             ctx->port.dev_name, ctx->port.port,
-                             ctx->port.link_layer == IBV_LINK_LAYER_ETHERNET ? "RoCE"
-                                                                             : "InfiniBand");
     if (peer.n_qps != (uint32_t)ic->n_qps)
         return cfx_error_set(cfxInvalidUsage, CFX_LOG_NET,
                              "ib: rank %d uses %u queue pairs per connection but rank %d uses %d; "
                              "set CFX_IB_QPS_PER_CONNECTION alike on all ranks",
                              ic->peer_rank, peer.n_qps, ic->self_rank, ic->n_qps);
-    snprintf(ic->peer_nic, sizeof(ic->peer_nic), "%s", peer.nic);
+    ic->peer_n_nics = (int)peer.n_nics;
+    for (int q = 0; q < ic->n_qps; q++) {
+        const struct cfx_ib_info_nic *theirs = &peer.nic[q % ic->peer_n_nics];
+        const struct cfx_ib_port *port = &cfx_ib_qp_nic(ic, q)->port;
+        snprintf(ic->peer_nic[q], sizeof(ic->peer_nic[q]), "%.*s", (int)sizeof(theirs->name),
+                 theirs->name);
+        ic->peer_rkey[q] = theirs->rkey;
+        if (theirs->link_layer != (uint8_t)port->link_layer)
+            return cfx_error_set(
+                cfxSystemError, CFX_LOG_NET,
+                "ib: rank %d's port %s is %s but this rank's %s is %s: they cannot reach each "
+                "other; set CFX_IB_HCA or CFX_NET=Socket",
+                ic->peer_rank, ic->peer_nic[q],
+                theirs->link_layer == IBV_LINK_LAYER_ETHERNET ? "RoCE" : "InfiniBand", port->label,
+                port->link_layer == IBV_LINK_LAYER_ETHERNET ? "RoCE" : "InfiniBand");
+    }
     ic->peer_addr = peer.mem_addr;
     ic->peer_slots = peer.mem_addr + peer.slots_offset;
     ic->peer_box = peer.mem_addr + peer.box_offset;
-    ic->peer_rkey = peer.rkey;
     for (int q = 0; q < ic->n_qps; q++)
         CFX_CHECK(qp_connect(ctx, ic, &peer, q));
     ic->client.progress = conn_proxy_progress;
@@ -383,11 +411,17 @@ static cfxResult_t ib_connect(void *ctx_v, struct cfx_connector *conn, const voi
     ic->client.arg = ic;
     CFX_CHECK(cfx_proxy_add(ctx->proxy, &ic->client, NULL, 0, 0));
     ic->registered = 1;
-    CFX_INFO(CFX_LOG_NET,
-             "ib: rank %d %s rank %d connected (%s:%d qpn %u %s %s qpn %u; %d queue pair(s))",
-             ctx->rank, ic->dir == CFX_CONN_SEND ? "->" : "<-", ic->peer_rank, ctx->port.dev_name,
-             ctx->port.port, ic->qp[0]->qp_num, ic->dir == CFX_CONN_SEND ? "->" : "<-", peer.nic,
-             peer.qpn[0], ic->n_qps);
+    /* "fake_0:1 qpn 12 -> fake_0:1 qpn 34, fake_1:1 qpn ... -> ..." */
+    char pairs[256] = "";
+    for (int q = 0; q < ic->n_qps && q < 4; q++) {
+        size_t used = strlen(pairs);
+        snprintf(pairs + used, sizeof(pairs) - used, "%s%s qpn %u %s %s qpn %u", q ? ", " : "",
+                 cfx_ib_qp_nic(ic, q)->port.label, ic->qp[q]->qp_num,
+                 ic->dir == CFX_CONN_SEND ? "->" : "<-", ic->peer_nic[q], peer.qpn[q]);
+    }
+    CFX_INFO(CFX_LOG_NET, "ib: rank %d %s rank %d connected (%s%s; %d queue pair(s) on %d port(s))",
+             ctx->rank, ic->dir == CFX_CONN_SEND ? "->" : "<-", ic->peer_rank, pairs,
+             ic->n_qps > 4 ? ", ..." : "", ic->n_qps, ic->n_nics);
     return cfxSuccess;
 }
 
@@ -436,14 +470,17 @@ static void ib_close(void *ctx_v, struct cfx_connector *conn)
     }
     /* Events not read yet (one may be about these queue pairs, which
      * cannot be destroyed before it is acknowledged). */
-    cfx_ib_async_ready(ctx, 0);
+    for (int n = 0; n < ic->n_nics; n++)
+        cfx_ib_async_ready(&ctx->nic[n], 0);
     for (int q = 0; q < IB_MAX_QPS; q++)
         if (ic->qp[q])
             ibv->destroy_qp(ic->qp[q]);
-    if (ic->cq)
-        ibv->destroy_cq(ic->cq);
-    if (ic->mr)
-        ibv->dereg_mr(ic->mr);
+    for (int n = 0; n < IB_MAX_NICS; n++) {
+        if (ic->cq[n])
+            ibv->destroy_cq(ic->cq[n]);
+        if (ic->mr[n])
+            ibv->dereg_mr(ic->mr[n]);
+    }
     free(ic->mem);
     free(ic);
     cfx_connector_forget(conn);
@@ -451,10 +488,12 @@ static void ib_close(void *ctx_v, struct cfx_connector *conn)
 
 /* ============================================================ memory */
 
-/* A user buffer as a memory region of the communicator's protection
- * domain, so slots can be written from it (post_ref) and into it (offer,
- * with remote write access). Host memory only:
- * device memory would need GPUDirect RDMA. */
+static void ib_dereg_mem(void *ctx_v, void *handle);
+
+/* A user buffer as a memory region of each port's protection domain, so
+ * slots can be written from it (post_ref) and into it (offer, with remote
+ * write access) over any of them. Host memory only: device memory would
+ * need GPUDirect RDMA. */
 static cfxResult_t ib_reg_mem(void *ctx_v, void *buf, size_t bytes, enum cfx_mem_kind mem,
                               int device, void **handle_p)
 {
@@ -467,23 +506,39 @@ static cfxResult_t ib_reg_mem(void *ctx_v, void *buf, size_t bytes, enum cfx_mem
                              "ib: cannot register %zu bytes of device %d's memory: GPUDirect "
                              "RDMA is not supported yet (the data is staged through host memory)",
                              bytes, device);
-    /* Remote write: the peer's NIC writes registered receives in place (ib_offer). */
-    struct ibv_mr *mr =
-        ctx->ibv->reg_mr(ctx->pd, buf, bytes, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
-    if (mr == NULL)
-        return cfx_error_set_errno(errno, CFX_LOG_NET,
-                                   "ib: cannot register the %zu-byte buffer at %p on %s "
-                                   "(locked-memory limit? see ulimit -l)",
-                                   bytes, buf, ctx->port.dev_name);
-    *handle_p = mr;
+    struct cfx_ib_reg *reg = calloc(1, sizeof(*reg));
+    if (reg == NULL)
+        return cfx_error_set(cfxSystemError, CFX_LOG_NET, "ib: out of memory");
+    reg->addr = buf;
+    reg->length = bytes;
+    for (int n = 0; n < ctx->n_nics; n++) {
+        /* Remote write: the peer's NIC writes registered receives in place (ib_offer). */
+        reg->mr[n] = ctx->ibv->reg_mr(ctx->nic[n].pd, buf, bytes,
+                                      IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
+        if (reg->mr[n] == NULL) {
+            cfxResult_t res =
+                cfx_error_set_errno(errno, CFX_LOG_NET,
+                                    "ib: cannot register the %zu-byte buffer at %p on %s "
+                                    "(locked-memory limit? see ulimit -l)",
+                                    bytes, buf, ctx->nic[n].port.label);
+            ib_dereg_mem(ctx, reg);
+            return res;
+        }
+    }
+    *handle_p = reg;
     return cfxSuccess;
 }
 
 static void ib_dereg_mem(void *ctx_v, void *handle)
 {
     struct cfx_ib_ctx *ctx = ctx_v;
-    if (handle != NULL)
-        ctx->ibv->dereg_mr(handle);
+    struct cfx_ib_reg *reg = handle;
+    if (reg == NULL)
+        return;
+    for (int n = 0; n < IB_MAX_NICS; n++)
+        if (reg->mr[n])
+            ctx->ibv->dereg_mr(reg->mr[n]);
+    free(reg);
 }
 
 static cfxResult_t ib_post_ref(void *ctx_v, struct cfx_connector *conn, const void *data,
@@ -491,10 +546,9 @@ static cfxResult_t ib_post_ref(void *ctx_v, struct cfx_connector *conn, const vo
 {
     (void)ctx_v;
     struct cfx_ib_conn *ic = conn->priv;
-    struct ibv_mr *mr = handle;
-    const char *start = mr ? mr->addr : NULL;
-    if (mr == NULL || bytes <= CFX_SLOT_INLINE_BYTES || bytes > ic->slot_bytes ||
-        (const char *)data < start || (const char *)data + bytes > start + mr->length)
+    const struct cfx_ib_reg *reg = handle;
+    if (reg == NULL || bytes <= CFX_SLOT_INLINE_BYTES || bytes > ic->slot_bytes ||
+        (const char *)data < reg->addr || (const char *)data + bytes > reg->addr + reg->length)
         return cfx_error_set(cfxInternalError, CFX_LOG_NET,
                              "ib: rank %d cannot send %zu bytes at %p to rank %d from a "
                              "registration that does not hold them (or too small or large for "
@@ -502,7 +556,7 @@ static cfxResult_t ib_post_ref(void *ctx_v, struct cfx_connector *conn, const vo
                              ic->self_rank, bytes, data, ic->peer_rank);
     size_t index = (size_t)(cfx_load_relaxed_u64(&ic->fifo->tail) % (uint64_t)ic->n_steps);
     ic->ref_addr[index] = (uint64_t)(uintptr_t)data;
-    ic->ref_lkey[index] = mr->lkey;
+    ic->ref_reg[index] = reg;
     return cfxSuccess;
 }
 
@@ -512,9 +566,9 @@ static cfxResult_t ib_offer(void *ctx_v, struct cfx_connector *conn, uint64_t ms
 {
     (void)ctx_v;
     struct cfx_ib_conn *ic = conn->priv;
-    struct ibv_mr *mr = handle;
-    const char *start = mr ? mr->addr : NULL;
-    if (mr == NULL || (const char *)data < start || (const char *)data + bytes > start + mr->length)
+    const struct cfx_ib_reg *reg = handle;
+    if (reg == NULL || (const char *)data < reg->addr ||
+        (const char *)data + bytes > reg->addr + reg->length)
         return cfx_error_set(cfxInternalError, CFX_LOG_NET,
                              "ib: rank %d cannot offer %zu bytes at %p to rank %d from a "
                              "registration that does not hold them",
@@ -523,11 +577,10 @@ static cfxResult_t ib_offer(void *ctx_v, struct cfx_connector *conn, uint64_t ms
     if (made - atomic_load_explicit(&ic->offers_done, memory_order_acquire) >= IB_OFFERS)
         return cfxSuccess; /* Best effort: this message goes through the FIFO. */
     struct cfx_ib_offer *src = &ic->box->offer_src[made % IB_OFFERS];
-    *src = (struct cfx_ib_offer){.msg_plus1 = msg + 1,
-                                 .addr = (uint64_t)(uintptr_t)data,
-                                 .bytes = bytes,
-                                 .rkey = mr->rkey,
-                                 .check = msg + 1};
+    *src = (struct cfx_ib_offer){
+        .msg_plus1 = msg + 1, .addr = (uint64_t)(uintptr_t)data, .bytes = bytes, .check = msg + 1};
+    for (int n = 0; n < ic->n_nics; n++)
+        src->rkey[n] = reg->mr[n]->rkey;
     atomic_store_explicit(&ic->offers_made, made + 1, memory_order_release);
     cfx_ib_conn_drive(ic);
     return cfxSuccess;
