@@ -22,6 +22,7 @@
 #include <unistd.h>
 
 #include "src/core/comm.h"
+#include "src/util/verbs.h"
 #include "tests/harness_gpu.h"
 
 #if CFX_HAVE_CUDA
@@ -130,7 +131,17 @@ struct enqueue_case {
     enum cfx_test_mode mode;
     size_t count;
     int sockets; /* CFX_SHM_DISABLE=1: the socket transport, its proxy polling the FIFOs. */
+    int verbs;   /* Each rank its own host, verbs (fake-verbs) between them: the same. */
 };
+
+/* Every process its own host: the verbs transport carries every connection. */
+static void own_host(struct cfx_test_rank *ctx)
+{
+    char host[32];
+    snprintf(host, sizeof(host), "cuda-ib-host-%d", ctx->rank);
+    cfx_test_setenv("CFX_HOSTID", host);
+    cfx_verbs_api_reset();
+}
 
 /* The call returns while the stream is held (it only enqueued); once the
  * stream runs, the result is there. */
@@ -167,10 +178,11 @@ static void allreduce_returns_before_the_stream_runs(struct cfx_test_rank *ctx)
 ParameterizedTestParameters(cuda, allreduce_is_enqueued_and_the_stream_completes_it)
 {
     static struct enqueue_case cases[] = {
-        {1, CFX_TEST_THREADS, 1000, 0},    {2, CFX_TEST_THREADS, 7, 0},
-        {2, CFX_TEST_THREADS, 1 << 20, 0}, {3, CFX_TEST_THREADS, 4099, 0},
-        {4, CFX_TEST_PROCS, 1 << 18, 0},   {2, CFX_TEST_PROCS, 1, 0},
-        {3, CFX_TEST_THREADS, 70001, 1},   {2, CFX_TEST_PROCS, 1 << 20, 1},
+        {1, CFX_TEST_THREADS, 1000, 0, 0},    {2, CFX_TEST_THREADS, 7, 0, 0},
+        {2, CFX_TEST_THREADS, 1 << 20, 0, 0}, {3, CFX_TEST_THREADS, 4099, 0, 0},
+        {4, CFX_TEST_PROCS, 1 << 18, 0, 0},   {2, CFX_TEST_PROCS, 1, 0, 0},
+        {3, CFX_TEST_THREADS, 70001, 1, 0},   {2, CFX_TEST_PROCS, 1 << 20, 1, 0},
+        {2, CFX_TEST_PROCS, 1 << 20, 0, 1},   {3, CFX_TEST_PROCS, 70001, 0, 1},
     };
     return cr_make_param_array(struct enqueue_case, cases, sizeof(cases) / sizeof(cases[0]));
 }
@@ -180,11 +192,31 @@ ParameterizedTest(struct enqueue_case *ec, cuda, allreduce_is_enqueued_and_the_s
 {
     cr_log_info("%d ranks as %s, %zu floats, over %s, on %s", ec->nranks,
                 ec->mode == CFX_TEST_PROCS ? "processes" : "threads", ec->count,
-                ec->sockets ? "sockets" : "shm", use_gpu());
+                ec->verbs     ? "verbs (fake-verbs)"
+                : ec->sockets ? "sockets"
+                              : "shm",
+                use_gpu());
+    if (ec->verbs && cfx_test_use_fakeverbs() == NULL)
+        cr_skip_test("no fake-verbs library (CFX_TEST_FAKEVERBS unset or unreadable)");
     cfx_test_setenv("CFX_SHM_DISABLE", ec->sockets ? "1" : NULL);
-    struct cfx_test_options opts = {
-        .nranks = ec->nranks, .mode = ec->mode, .deadline_s = 240, .arg = ec};
+    struct cfx_test_options opts = {.nranks = ec->nranks,
+                                    .mode = ec->mode,
+                                    .deadline_s = 240,
+                                    .arg = ec,
+                                    .before_rank = ec->verbs ? own_host : NULL};
+    char logs[128];
+    if (ec->verbs)
+        cfx_test_log_to(logs, sizeof(logs), "cuda-ib");
     CFX_TEST_RUN(&opts, allreduce_returns_before_the_stream_runs);
+    if (ec->verbs) {
+        int ib = cfx_test_count_in_logs(logs, "ib: rank 0 -> rank 1 connected");
+        int socket = cfx_test_count_in_logs(logs, "socket transport: rank 0 -> rank 1 connected");
+        cfx_test_remove_logs(logs);
+        cfx_test_setenv("CFX_NET", NULL);
+        cfx_test_setenv("CFX_IB_VERBS_LIB", NULL);
+        cr_assert_geq(ib, 1, "no verbs connection from rank 0 to rank 1 in the log");
+        cr_assert_eq(socket, 0, "a socket connection under CFX_NET=IB");
+    }
 }
 
 /* ------------------------------------------------ stream order */

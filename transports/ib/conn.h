@@ -40,9 +40,15 @@
 #define IB_CREDITS_IN_FLIGHT 4                   /* Credit writes outstanding at most. */
 #define IB_KEEPALIVE_NS      (100 * 1000 * 1000) /* A waiting side writes this often. */
 #define IB_POLL_NS           (200 * 1000)        /* Proxy pass interval while work is in flight. */
-#define IB_LINGER_NS         (2 * 1000000000LL)  /* close(): posted slots still get this long. */
-#define IB_FLUSH_WHY_NS      (100 * 1000 * 1000) /* check() waits this long for a flush's cause. */
-#define IB_INFO_MAGIC        0x43464942u         /* "CFIB" */
+/* A GPU rank's connector: its kernel posts and releases without a kick, so
+ * the proxy polls it, every IB_KERNEL_POLL_FAST_NS for IB_KERNEL_POLL_AFTER_NS
+ * after anything moved, else every IB_KERNEL_POLL_IDLE_NS. */
+#define IB_KERNEL_POLL_FAST_NS  (20 * 1000)
+#define IB_KERNEL_POLL_IDLE_NS  (1000 * 1000)
+#define IB_KERNEL_POLL_AFTER_NS (50 * 1000 * 1000)
+#define IB_LINGER_NS            (2 * 1000000000LL) /* close(): posted slots still get this long. */
+#define IB_FLUSH_WHY_NS         (100 * 1000 * 1000) /* check() waits this long for a flush's cause. */
+#define IB_INFO_MAGIC           0x43464942u         /* "CFIB" */
 
 /* Work request ids: the kind in the top byte, a slot number below. */
 enum ib_wr_kind {
@@ -182,9 +188,14 @@ struct cfx_ib_conn {
     enum cfx_conn_dir dir;
     int self_rank;
     int peer_rank;
-    /* Memory: one block, registered through each port used (mr[n]). */
+    /* Memory: one block, registered through each port used (mr[n]); for
+     * a GPU rank (place.reader CFX_READER_KERNEL) also pinned for device
+     * `pinned - 1` (cuMemHostRegister), its kernel reading and writing the
+     * FIFO through the mapping. */
     void *mem;
     size_t mem_bytes;
+    int pinned;
+    int64_t moved_ns; /* A pinned connector's last pass that moved anything. */
     struct cfx_fifo *fifo;
     char *slots;
     size_t slot_bytes;

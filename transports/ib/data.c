@@ -511,10 +511,22 @@ static int conn_pass(struct cfx_ib_conn *ic)
     moved |= send_poison(ic);
     if (!failed && atomic_load_explicit(&ic->started, memory_order_relaxed))
         send_keepalive(ic);
-    /* The proxy passes again soon only while something is in flight. */
+    /* The proxy passes again soon only while something is in flight; a
+     * kernel's connector always (its kernel posts and releases unseen). */
     failed = atomic_load_explicit(&ic->failed, memory_order_relaxed);
-    atomic_store_explicit(&ic->client.poll_ns, !failed && cfx_ib_conn_busy(ic) ? IB_POLL_NS : 0,
-                          memory_order_relaxed);
+    int64_t poll = !failed && cfx_ib_conn_busy(ic) ? IB_POLL_NS : 0;
+    if (ic->pinned && !failed) {
+        int64_t now = cfx_time_now_ns();
+        if (moved) {
+            ic->moved_ns = now;
+            atomic_store_explicit(&ic->started, 1, memory_order_relaxed);
+        }
+        int64_t kernel = now - ic->moved_ns < IB_KERNEL_POLL_AFTER_NS ? IB_KERNEL_POLL_FAST_NS
+                                                                      : IB_KERNEL_POLL_IDLE_NS;
+        if (poll == 0 || kernel < poll)
+            poll = kernel;
+    }
+    atomic_store_explicit(&ic->client.poll_ns, poll, memory_order_relaxed);
     return moved;
 }
 

@@ -32,6 +32,7 @@
 #include <sys/random.h>
 
 #include "src/util/check.h"
+#include "src/util/cuda.h"
 #include "src/util/log.h"
 #include "src/util/param.h"
 #include "src/util/time.h"
@@ -217,10 +218,16 @@ static cfxResult_t ib_setup(void *ctx_v, const struct cfx_transport_peer *peer, 
     struct cfx_ib_ctx *ctx = ctx_v;
     const struct cfx_verbs_api *ibv = ctx->ibv;
     assert(ctx->usable && n_steps >= 1 && n_steps <= CFX_MAX_STEPS && slot_bytes > 0);
-    if (conn->place.mem != CFX_MEM_HOST)
+    if (conn->place.mem == CFX_MEM_DEVICE)
         return cfx_error_set(cfxInvalidUsage, CFX_LOG_NET,
-                             "ib: cannot place a FIFO in %s memory yet (host memory only)",
-                             conn->place.mem == CFX_MEM_DEVICE ? "device" : "pinned");
+                             "ib: cannot place a FIFO in device memory yet (GPUDirect RDMA); "
+                             "pinned host memory is staged through (connection with rank %d)",
+                             peer->rank);
+    if (conn->place.reader == CFX_READER_KERNEL && conn->place.mem != CFX_MEM_HOST_PINNED)
+        return cfx_error_set(cfxInvalidUsage, CFX_LOG_NET,
+                             "ib: a FIFO a kernel reads must be pinned host memory (connection "
+                             "with rank %d)",
+                             peer->rank);
     size_t slots_off = cfx_fifo_slots_offset();
     if (slot_bytes > (SIZE_MAX / 2 - slots_off) / (size_t)n_steps || slot_bytes > UINT32_MAX)
         return cfx_error_set(cfxInvalidArgument, CFX_LOG_NET,
@@ -249,6 +256,13 @@ static cfxResult_t ib_setup(void *ctx_v, const struct cfx_transport_peer *peer, 
     }
     memset(ic->mem, 0, bytes); /* Touch every page now, never on the data path. */
     ic->mem_bytes = bytes;
+    if (conn->place.reader == CFX_READER_KERNEL) {
+        /* A GPU rank: its kernel fills and drains this FIFO through the
+         * mapping, and the NIC reads and writes the same pages (staged
+         * through host memory: no GPUDirect RDMA). */
+        CFX_CHECK(cfx_cuda_host_register(ic->mem, bytes, conn->place.device));
+        ic->pinned = conn->place.device + 1;
+    }
     ic->fifo = ic->mem;
     ic->slots = (char *)ic->mem + slots_off;
     ic->box = (struct cfx_ib_mailbox *)((char *)ic->mem + box_off);
@@ -409,6 +423,8 @@ static cfxResult_t ib_connect(void *ctx_v, struct cfx_connector *conn, const voi
     ic->client.progress = conn_proxy_progress;
     ic->client.ready = NULL;
     ic->client.arg = ic;
+    atomic_store_explicit(&ic->client.poll_ns, ic->pinned ? IB_KERNEL_POLL_FAST_NS : 0,
+                          memory_order_relaxed);
     CFX_CHECK(cfx_proxy_add(ctx->proxy, &ic->client, NULL, 0, 0));
     ic->registered = 1;
     /* "fake_0:1 qpn 12 -> fake_0:1 qpn 34, fake_1:1 qpn ... -> ..." */
@@ -481,6 +497,8 @@ static void ib_close(void *ctx_v, struct cfx_connector *conn)
         if (ic->mr[n])
             ibv->dereg_mr(ic->mr[n]);
     }
+    if (ic->pinned)
+        cfx_cuda_host_unregister(ic->mem, ic->pinned - 1);
     free(ic->mem);
     free(ic);
     cfx_connector_forget(conn);
@@ -638,6 +656,10 @@ static cfxResult_t ib_check(void *ctx_v, struct cfx_connector *conn)
     (void)ctx_v;
     struct cfx_ib_conn *ic = conn->priv;
     assert(ic != NULL);
+    /* Asked only once the core's "connected" exchange is over: a GPU
+     * rank's connector, which no user thread drives, may send keepalives
+     * from now on. */
+    atomic_store_explicit(&ic->started, 1, memory_order_relaxed);
     return cfx_ib_conn_check(ic, conn);
 }
 
@@ -746,7 +768,10 @@ static int ib_progress(void *ctx, struct cfx_connector *conn)
 const struct cfx_transport cfx_ib_transport = {
     .version = CFX_TRANSPORT_VERSION,
     .name = "ib",
-    .flags = CFX_TRANSPORT_FLAG_PROGRESS | CFX_TRANSPORT_FLAG_CONNECT_ACK,
+    /* READER_KERNEL: a GPU rank's FIFO in pinned host memory, moved by the
+     * proxy (no GPUDirect RDMA yet). */
+    .flags = CFX_TRANSPORT_FLAG_PROGRESS | CFX_TRANSPORT_FLAG_CONNECT_ACK |
+             CFX_TRANSPORT_FLAG_READER_KERNEL,
     /* lifecycle */
     .init = ib_init,
     .fini = ib_fini,
