@@ -230,7 +230,11 @@ struct cfx_ib_conn {
     struct cfx_proxy_client client;
     int sq_used[IB_MAX_QPS]; /* Work requests posted and not completed, per queue pair. */
     int sq_total;            /* Their sum. */
-    uint64_t sent;           /* Sender: slots whose writes are posted. */
+    /* Sender: slots (bit: number % n_steps) whose payload write, posted
+     * unsignaled, still holds a send-queue entry until the slot's info
+     * write completes. */
+    uint64_t payload_mask;
+    uint64_t sent; /* Sender: slots whose writes are posted. */
     /* Sender: slots whose payload is a registered user buffer (post_ref),
      * by slot index: its address and key (0: the slot's own bytes); set by
      * the posting thread before it posts the slot, cleared by the pass

@@ -81,9 +81,11 @@ static const char *qp_label(const struct cfx_ib_conn *ic, int q)
 /* ============================================================ posting */
 
 /* One RDMA write of @p len bytes at @p local (inside the block) to @p remote
- * (the peer's block), signaled; with the immediate @p imm when @p with_imm.
- * Small writes go inline when the NIC allows. 0, or the errno of
- * ibv_post_send. */
+ * (the peer's block); with the immediate @p imm when @p with_imm. Signaled,
+ * except a slot's payload: the info write that follows it on the same queue
+ * pair is, and its completion means both are done (its send-queue entry
+ * frees both: slot_written). Small writes go inline when the NIC allows. 0,
+ * or the errno of ibv_post_send. */
 static int post_write_to(struct cfx_ib_conn *ic, int q, uint64_t wr_id, const void *local,
                          uint32_t lkey, uint32_t len, uint64_t remote, uint32_t rkey, int with_imm,
                          uint32_t imm)
@@ -94,7 +96,8 @@ static int post_write_to(struct cfx_ib_conn *ic, int q, uint64_t wr_id, const vo
         .sg_list = &sge,
         .num_sge = len > 0 ? 1 : 0,
         .opcode = with_imm ? IBV_WR_RDMA_WRITE_WITH_IMM : IBV_WR_RDMA_WRITE,
-        .send_flags = IBV_SEND_SIGNALED | ((int)len <= ic->max_inline ? IBV_SEND_INLINE : 0),
+        .send_flags = (IB_WR_KIND(wr_id) == IB_WR_PAYLOAD ? 0 : IBV_SEND_SIGNALED) |
+                      ((int)len <= ic->max_inline ? IBV_SEND_INLINE : 0),
         .imm_data = htobe32(imm),
     };
     wr.wr.rdma.remote_addr = remote;
@@ -232,6 +235,8 @@ static int send_slots(struct cfx_ib_conn *ic)
                 post_write_to(ic, q, IB_WR_ID(IB_WR_PAYLOAD, k), ic->slots + index * ic->slot_bytes,
                               ic->mr[q % ic->n_nics]->lkey, size, remote, rkey, 0, 0);
         }
+        if (err == 0 && size > CFX_SLOT_INLINE_BYTES)
+            ic->payload_mask |= 1ull << index; /* Unsignaled: its entry frees with the slot's. */
         if (err == 0)
             err = post_write(ic, q, IB_WR_ID(IB_WR_SLOT, k), info, sizeof(*info),
                              ic->peer_box + offsetof(struct cfx_ib_mailbox, staged) +
@@ -385,9 +390,17 @@ static void slot_arrived(struct cfx_ib_conn *ic, int q, const struct ibv_wc *wc)
         conn_fail(ic, cfxSystemError, ic->self_rank, "%s", cfx_error_thread_last());
 }
 
-/* Sender: slot @p k's writes completed: release every slot done, in order. */
-static void slot_written(struct cfx_ib_conn *ic, uint64_t k)
+/* Sender: slot @p k's writes completed (on queue pair @p q): its unsignaled
+ * payload write's send-queue entry is free too; release every slot done, in
+ * order. */
+static void slot_written(struct cfx_ib_conn *ic, int q, uint64_t k)
 {
+    uint64_t bit = 1ull << (k % (uint64_t)ic->n_steps);
+    if (ic->payload_mask & bit) {
+        ic->payload_mask &= ~bit;
+        ic->sq_used[q]--;
+        ic->sq_total--;
+    }
     uint64_t head = cfx_load_relaxed_u64(&ic->fifo->head); /* Only this side writes it. */
     if (k < head || k >= head + (uint64_t)ic->n_steps)
         return; /* Not a slot in flight (cannot happen on a sane NIC). */
@@ -415,6 +428,10 @@ static void completion(struct cfx_ib_conn *ic, const struct ibv_wc *wc)
         ic->sq_used[q]--;
         ic->sq_total--;
     }
+    /* A failed payload write completes on its own (unsignaled or not): the
+     * slot's completion must not free its entry again. */
+    if (kind == IB_WR_PAYLOAD)
+        ic->payload_mask &= ~(1ull << (IB_WR_VALUE(wc->wr_id) % (uint64_t)ic->n_steps));
     if (wc->status != IBV_WC_SUCCESS) {
         if (kind == IB_WR_CREDIT)
             ic->credits_inflight--;
@@ -453,7 +470,7 @@ static void completion(struct cfx_ib_conn *ic, const struct ibv_wc *wc)
     switch (kind) {
     case IB_WR_PAYLOAD: break;
     case IB_WR_POISON: atomic_store_explicit(&ic->poison_done, 1, memory_order_release); break;
-    case IB_WR_SLOT: slot_written(ic, IB_WR_VALUE(wc->wr_id)); break;
+    case IB_WR_SLOT: slot_written(ic, q, IB_WR_VALUE(wc->wr_id)); break;
     case IB_WR_CREDIT: ic->credits_inflight--; break;
     case IB_WR_ALIVE: ic->alive_inflight = 0; break;
     case IB_WR_OFFER: atomic_fetch_add_explicit(&ic->offers_done, 1, memory_order_release); break;
