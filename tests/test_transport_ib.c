@@ -470,9 +470,19 @@ static void allreduce_until_rank_two_dies(struct cfx_test_rank *ctx)
     free(data);
 }
 
-Test(ib_fake, killed_rank_fails_every_survivor_with_its_name, .timeout = 120)
+ParameterizedTestParameters(ib_fake, killed_rank_fails_every_survivor_with_its_name)
+{
+    static int nics[] = {1, 2}; /* 2: two fake NICs, a queue pair on each. */
+    return cr_make_param_array(int, nics, 2);
+}
+
+ParameterizedTest(int *nics, ib_fake, killed_rank_fails_every_survivor_with_its_name,
+                  .timeout = 120)
 {
     use_fake();
+    cr_log_info("%d fake NIC(s) per rank, as many queue pairs per connection", *nics);
+    cfx_test_setenv("FAKEVERBS_DEVICES", *nics == 2 ? "2" : NULL);
+    cfx_test_setenv("CFX_IB_QPS_PER_CONNECTION", *nics == 2 ? "2" : NULL);
     cfx_test_setenv("CFX_TIMEOUT", "10");
     struct cfx_test_options opts = {.nranks = 4,
                                     .mode = CFX_TEST_PROCS,
@@ -481,6 +491,8 @@ Test(ib_fake, killed_rank_fails_every_survivor_with_its_name, .timeout = 120)
                                     .before_rank = own_host};
     CFX_TEST_RUN(&opts, allreduce_until_rank_two_dies);
     cfx_test_setenv("CFX_TIMEOUT", NULL);
+    cfx_test_setenv("FAKEVERBS_DEVICES", NULL);
+    cfx_test_setenv("CFX_IB_QPS_PER_CONNECTION", NULL);
 }
 
 /* One fault knob of the fake NIC, set in rank 1 only. */

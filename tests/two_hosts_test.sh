@@ -134,5 +134,12 @@ for ((r = 0; r < nranks; r++)); do
   grep -q "TUNING model: host ranks, $nranks ranks on 2 hosts" "$workdir/rank$r.err" ||
     fail "rank $r did not plan across the two hosts: $(grep -m2 TUNING "$workdir/rank$r.err")"
 done
+if [ -n "$fakeverbs" ]; then
+  echo "== again with two fake NICs per host and two queue pairs per connection, one on each"
+  run_ranks 29503 FAKEVERBS_DEVICES=2 CFX_IB_QPS_PER_CONNECTION=2 CFX_DEBUG=INFO CFX_DEBUG_SUBSYS=NET
+  striped=$(cat "$workdir"/rank*.err | grep -c "fake_1:1 qpn [0-9]* [<>-]* fake_1:1 qpn .*on 2 port(s))")
+  cat "$workdir"/rank*.err | grep "connected (" | sed 's/^.*CFX INFO NET //' | head -n 4
+  ((striped > 0)) || fail "no connection striped over both fake NICs"
+fi
 echo "PASS: 4 ranks on two hosts allreduced correctly; $crossing cross-host connection ends via $via$([ -n "$fakeverbs" ] && echo ' (fake-verbs: no RDMA hardware)'); every rank planned across the hosts"
 
