@@ -131,7 +131,10 @@ struct enqueue_case {
     enum cfx_test_mode mode;
     size_t count;
     int sockets; /* CFX_SHM_DISABLE=1: the socket transport, its proxy polling the FIFOs. */
-    int verbs;   /* Each rank its own host, verbs (fake-verbs) between them: the same. */
+    /* Each rank its own host, verbs (fake-verbs) between them: 1 staged
+     * through the pinned FIFO, 2 the slots in device memory (GPUDirect RDMA
+     * through dma-buf, CFX_NET_GDR_LEVEL=SYS). */
+    int verbs;
 };
 
 /* Every process its own host: the verbs transport carries every connection. */
@@ -183,6 +186,7 @@ ParameterizedTestParameters(cuda, allreduce_is_enqueued_and_the_stream_completes
         {4, CFX_TEST_PROCS, 1 << 18, 0, 0},   {2, CFX_TEST_PROCS, 1, 0, 0},
         {3, CFX_TEST_THREADS, 70001, 1, 0},   {2, CFX_TEST_PROCS, 1 << 20, 1, 0},
         {2, CFX_TEST_PROCS, 1 << 20, 0, 1},   {3, CFX_TEST_PROCS, 70001, 0, 1},
+        {2, CFX_TEST_PROCS, 1 << 20, 0, 2},   {3, CFX_TEST_PROCS, 70001, 0, 2},
     };
     return cr_make_param_array(struct enqueue_case, cases, sizeof(cases) / sizeof(cases[0]));
 }
@@ -192,13 +196,15 @@ ParameterizedTest(struct enqueue_case *ec, cuda, allreduce_is_enqueued_and_the_s
 {
     cr_log_info("%d ranks as %s, %zu floats, over %s, on %s", ec->nranks,
                 ec->mode == CFX_TEST_PROCS ? "processes" : "threads", ec->count,
-                ec->verbs     ? "verbs (fake-verbs)"
-                : ec->sockets ? "sockets"
-                              : "shm",
+                ec->verbs == 2   ? "verbs (fake-verbs), GPUDirect RDMA"
+                : ec->verbs == 1 ? "verbs (fake-verbs), staged"
+                : ec->sockets    ? "sockets"
+                                 : "shm",
                 use_gpu());
     if (ec->verbs && cfx_test_use_fakeverbs() == NULL)
         cr_skip_test("no fake-verbs library (CFX_TEST_FAKEVERBS unset or unreadable)");
     cfx_test_setenv("CFX_SHM_DISABLE", ec->sockets ? "1" : NULL);
+    cfx_test_setenv("CFX_NET_GDR_LEVEL", ec->verbs == 2 ? "SYS" : NULL);
     struct cfx_test_options opts = {.nranks = ec->nranks,
                                     .mode = ec->mode,
                                     .deadline_s = 240,
@@ -211,11 +217,26 @@ ParameterizedTest(struct enqueue_case *ec, cuda, allreduce_is_enqueued_and_the_s
     if (ec->verbs) {
         int ib = cfx_test_count_in_logs(logs, "ib: rank 0 -> rank 1 connected");
         int socket = cfx_test_count_in_logs(logs, "socket transport: rank 0 -> rank 1 connected");
+        int in_device = cfx_test_count_in_logs(logs, "slots in device 0's memory (GPUDirect RDMA");
+        int staged = cfx_test_count_in_logs(logs, "slots staged through pinned host memory");
+        int flushed = cfx_test_count_in_logs(logs, "flushed the NIC's writes into device memory");
         cfx_test_remove_logs(logs);
         cfx_test_setenv("CFX_NET", NULL);
         cfx_test_setenv("CFX_IB_VERBS_LIB", NULL);
+        cfx_test_setenv("CFX_NET_GDR_LEVEL", NULL);
         cr_assert_geq(ib, 1, "no verbs connection from rank 0 to rank 1 in the log");
         cr_assert_eq(socket, 0, "a socket connection under CFX_NET=IB");
+        /* Each rank's ring send and receive at least. */
+        int want = 2 * ec->nranks;
+        if (ec->verbs == 2) {
+            cr_assert_geq(in_device, want, "%d connection ends had their slots in device memory",
+                          in_device);
+            cr_assert_eq(staged, 0, "a connection staged through host memory");
+            cr_assert_geq(flushed, ec->nranks, "%d receivers flushed the NIC's writes", flushed);
+        } else {
+            cr_assert_geq(staged, want, "%d connection ends staged through host memory", staged);
+            cr_assert_eq(in_device, 0, "slots in device memory without CFX_NET_GDR_LEVEL=SYS");
+        }
     }
 }
 

@@ -170,6 +170,9 @@ struct cfx_transport_env {
      * names none: a transport with several ports puts that one first.
      * Valid during init only. */
     const char *nic_name;
+    /* The path class from this rank's GPU to that port (GPUDirect RDMA
+     * decisions); -1: a host rank, or not known. */
+    int nic_path;
     /* Optional (may be NULL): connect() calls it with its peer's rank
      * between the slices of each wait (at least every 100 ms) and when it
      * cannot reach the peer. Anything but cfxSuccess, with its sentence set

@@ -38,7 +38,7 @@ struct cfx_peer_info {
     char busid[CFX_TRANSPORT_BUSID_MAX];
     char nic_name[CFX_TRANSPORT_NIC_NAME_MAX];
     int32_t nic_index;
-    int32_t reserved;
+    int32_t nic_path; /* enum cfx_path_class from its GPU to that port; -1: host rank, unknown. */
 };
 
 /* One operation in the flight recorder. */

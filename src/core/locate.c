@@ -41,12 +41,15 @@ static int nearest_net(const struct cfx_topo_system *sys, int gpu)
     return best;
 }
 
+static enum cfx_path_class path_class(enum cfx_topo_path_type type);
+
 void cfx_core_locate_rank(const struct cfx_topo_system *sys, int cuda_dev,
                           struct cfx_peer_info *info)
 {
     info->busid[0] = '\0';
     info->nic_name[0] = '\0';
     info->nic_index = -1;
+    info->nic_path = -1;
     if (sys == NULL)
         return;
     int gpu = cuda_dev >= 0 ? cfx_topo_find_gpu(sys, cuda_dev) : -1;
@@ -56,6 +59,8 @@ void cfx_core_locate_rank(const struct cfx_topo_system *sys, int cuda_dev,
     if (net >= 0) {
         snprintf(info->nic_name, sizeof(info->nic_name), "%s", sys->nodes[net].net.name);
         info->nic_index = sys->nodes[net].net.dev;
+        if (gpu >= 0)
+            info->nic_path = (int32_t)path_class(cfx_topo_path(sys, gpu, net)->type);
     }
 }
 

@@ -128,6 +128,8 @@ static const struct cu_sym {
     CU_SYM(graph_launch, cuGraphLaunch, 0),
     CU_SYM(graph_destroy, cuGraphDestroy, 0),
     CU_SYM(graph_exec_destroy, cuGraphExecDestroy, 0),
+    CU_SYM(mem_get_handle_for_address_range, cuMemGetHandleForAddressRange, 0),
+    CU_SYM(flush_gpu_direct_rdma_writes, cuFlushGPUDirectRDMAWrites, 0),
 };
 
 CU_SAME_TYPE(get_error_string, cuGetErrorString);
@@ -187,6 +189,8 @@ CU_SAME_TYPE(graph_instantiate, cuGraphInstantiate);
 CU_SAME_TYPE(graph_launch, cuGraphLaunch);
 CU_SAME_TYPE(graph_destroy, cuGraphDestroy);
 CU_SAME_TYPE(graph_exec_destroy, cuGraphExecDestroy);
+CU_SAME_TYPE(mem_get_handle_for_address_range, cuMemGetHandleForAddressRange);
+CU_SAME_TYPE(flush_gpu_direct_rdma_writes, cuFlushGPUDirectRDMAWrites);
 
 /* The driver's name for @p err ("CUDA_ERROR_NO_DEVICE"), or its number. */
 static const char *error_name(CUresult err, char *buf, size_t len)
@@ -445,6 +449,60 @@ void cfx_cuda_host_unregister(void *ptr, int device)
         CFX_INFO(CFX_LOG_ALLOC, "cuMemHostUnregister(%p) failed with CUDA error %d", ptr, (int)err);
 }
 
+int cfx_cuda_dmabuf_supported(int device, const char **why_p)
+{
+    const char *why = NULL;
+    const struct cfx_cuda_api *cu = cfx_cuda_api(&why);
+    int yes = 0;
+    CUdevice dev;
+    if (cu == NULL) {
+        /* why from the loader */
+    } else if (cu->mem_get_handle_for_address_range == NULL ||
+               cu->flush_gpu_direct_rdma_writes == NULL) {
+        why = "the CUDA driver has no cuMemGetHandleForAddressRange or "
+              "cuFlushGPUDirectRDMAWrites (CUDA 11.7 or later needed)";
+    } else if (cu->device_get(&dev, device) != CUDA_SUCCESS ||
+               cu->device_get_attribute(&yes, CU_DEVICE_ATTRIBUTE_DMA_BUF_SUPPORTED, dev) !=
+                   CUDA_SUCCESS ||
+               !yes) {
+        yes = 0;
+        why = "the device does not support dma-buf (CU_DEVICE_ATTRIBUTE_DMA_BUF_SUPPORTED)";
+    }
+    if (why_p != NULL)
+        *why_p = yes ? NULL : why;
+    return yes;
+}
+
+cfxResult_t cfx_cuda_dmabuf_fd(void *ptr, size_t bytes, int device, int *fd_p)
+{
+    CFX_CHECK(cfx_cuda_enter(device));
+    const struct cfx_cuda_api *cu = atomic_load_explicit(&loaded_api, memory_order_acquire);
+    if (cu->mem_get_handle_for_address_range == NULL)
+        return cfx_error_set(cfxInvalidUsage, CFX_LOG_NET,
+                             "the CUDA driver has no cuMemGetHandleForAddressRange");
+    int fd = -1;
+    CFX_CU_CHECK(cu,
+                 mem_get_handle_for_address_range(&fd, (CUdeviceptr)(uintptr_t)ptr, bytes,
+                                                  CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD, 0),
+                 CFX_LOG_NET, "cannot export device memory as a dma-buf");
+    *fd_p = fd;
+    return cfxSuccess;
+}
+
+cfxResult_t cfx_cuda_flush_rdma_writes(int device)
+{
+    CFX_CHECK(cfx_cuda_enter(device));
+    const struct cfx_cuda_api *cu = atomic_load_explicit(&loaded_api, memory_order_acquire);
+    if (cu->flush_gpu_direct_rdma_writes == NULL)
+        return cfx_error_set(cfxInvalidUsage, CFX_LOG_NET,
+                             "the CUDA driver has no cuFlushGPUDirectRDMAWrites");
+    CFX_CU_CHECK(cu,
+                 flush_gpu_direct_rdma_writes(CU_FLUSH_GPU_DIRECT_RDMA_WRITES_TARGET_CURRENT_CTX,
+                                              CU_FLUSH_GPU_DIRECT_RDMA_WRITES_TO_OWNER),
+                 CFX_LOG_NET, "cannot flush the NIC's writes into device memory");
+    return cfxSuccess;
+}
+
 #else /* !CFX_HAVE_CUDA */
 
 static void load_locked(void)
@@ -494,6 +552,29 @@ cfxResult_t cfx_cuda_mem_free(void *ptr)
 {
     (void)ptr;
     return cfxSuccess;
+}
+
+int cfx_cuda_dmabuf_supported(int device, const char **why_p)
+{
+    (void)device;
+    if (why_p != NULL)
+        *why_p = "this Conflux was built without CUDA";
+    return 0;
+}
+
+cfxResult_t cfx_cuda_dmabuf_fd(void *ptr, size_t bytes, int device, int *fd_p)
+{
+    (void)ptr;
+    (void)bytes;
+    (void)device;
+    *fd_p = -1;
+    return cfx_error_set(cfxInvalidUsage, CFX_LOG_NET, "this Conflux was built without CUDA");
+}
+
+cfxResult_t cfx_cuda_flush_rdma_writes(int device)
+{
+    (void)device;
+    return cfx_error_set(cfxInvalidUsage, CFX_LOG_NET, "this Conflux was built without CUDA");
 }
 
 cfxResult_t cfx_cuda_select(int device)

@@ -104,6 +104,14 @@ struct cfx_cuda_api {
     CUresult (*graph_launch)(CUgraphExec exec, CUstream stream);
     CUresult (*graph_destroy)(CUgraph graph);
     CUresult (*graph_exec_destroy)(CUgraphExec exec);
+    /* GPUDirect RDMA (optional): a dma-buf descriptor for a range of
+     * device memory, for a NIC to register (CUDA 11.7), and the flush that
+     * makes a NIC's writes into device memory visible to the GPU (11.3). */
+    CUresult (*mem_get_handle_for_address_range)(void *handle, CUdeviceptr dptr, size_t size,
+                                                 CUmemRangeHandleType type,
+                                                 unsigned long long flags);
+    CUresult (*flush_gpu_direct_rdma_writes)(CUflushGPUDirectRDMAWritesTarget target,
+                                             CUflushGPUDirectRDMAWritesScope scope);
 };
 #else
 struct cfx_cuda_api; /* Never defined: no CUDA toolkit at build time. */
@@ -197,5 +205,18 @@ cfxResult_t cfx_cuda_mem_free(void *ptr);
 /* Undo cfx_cuda_host_register (accepts NULL), device @p device's context
  * made current first (any thread may unpin). Never fails loudly. */
 void cfx_cuda_host_unregister(void *ptr, int device);
+/* GPUDirect RDMA through dma-buf: whether device @p device's memory can be
+ * handed to a NIC as a dma-buf (the driver has cuMemGetHandleForAddressRange
+ * and the device says CU_DEVICE_ATTRIBUTE_DMA_BUF_SUPPORTED); 0 with
+ * *why_p set otherwise. */
+int cfx_cuda_dmabuf_supported(int device, const char **why_p);
+/* A dma-buf descriptor for @p bytes of device @p device's memory at @p ptr
+ * (both aligned to the host page size); the caller closes it once the NIC
+ * registered it. Setup time. */
+cfxResult_t cfx_cuda_dmabuf_fd(void *ptr, size_t bytes, int device, int *fd_p);
+/* Make what a NIC wrote into device @p device's memory visible to that
+ * device's kernels (cuFlushGPUDirectRDMAWrites, to the owner), from any
+ * thread: device @p device's context is made current first. */
+cfxResult_t cfx_cuda_flush_rdma_writes(int device);
 
 #endif /* CFX_UTIL_CUDA_H */

@@ -192,6 +192,7 @@ FC_EXPORT CUresult cuInit(unsigned int Flags)
         fc.knobs.n_devices = n < 0 ? 0 : n > FC_MAX_DEVICES ? FC_MAX_DEVICES : (int)n;
         fc.knobs.no_device = env_long("FAKECUDA_NO_DEVICE", 0) != 0;
         fc.knobs.no_peer = env_long("FAKECUDA_NO_PEER", 0) != 0;
+        fc.knobs.no_dmabuf = env_long("FAKECUDA_NO_DMABUF", 0) != 0;
         fc.knobs.launch_fail_after = env_long("FAKECUDA_LAUNCH_FAIL_AFTER", -1);
         fc.knobs.lazy_ns = (uint64_t)env_long("FAKECUDA_LAZY_US", 2000) * 1000u;
         fc.knobs.host_fn_serial = env_long("FAKECUDA_HOST_FN_SERIAL", 1) != 0;
@@ -302,6 +303,7 @@ static int attribute_value(CUdevice_attribute attrib, CUdevice dev)
     case CU_DEVICE_ATTRIBUTE_CAN_USE_HOST_POINTER_FOR_REGISTERED_MEM: return 1;
     case CU_DEVICE_ATTRIBUTE_READ_ONLY_HOST_REGISTER_SUPPORTED: return 1;
     case CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_SUPPORTED: return 1;
+    case CU_DEVICE_ATTRIBUTE_DMA_BUF_SUPPORTED: return !fc.knobs.no_dmabuf;
     case CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED: return 1;
     case CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED: return 1;
     case CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED: return 1;

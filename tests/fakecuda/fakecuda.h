@@ -58,6 +58,7 @@ struct fc_knobs {
     int n_devices;
     int no_device;
     int no_peer;
+    int no_dmabuf;          /* FAKECUDA_NO_DMABUF: the devices say they cannot export dma-bufs */
     long launch_fail_after; /* -1: off */
     uint64_t lazy_ns;       /* FAKECUDA_LAZY_US: how late a "synchronous" set or copy lands */
     int host_fn_serial;     /* FAKECUDA_HOST_FN_SERIAL (default 1): one host function at a time */

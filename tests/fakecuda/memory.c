@@ -10,6 +10,8 @@
 
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #define HOST_ALLOC_FLAGS                                                                           \
     (CU_MEMHOSTALLOC_PORTABLE | CU_MEMHOSTALLOC_DEVICEMAP | CU_MEMHOSTALLOC_WRITECOMBINED)
@@ -502,6 +504,65 @@ FC_EXPORT CUresult cuMemsetD8Async(CUdeviceptr dstDevice, unsigned char uc, size
         struct fc_work work = {.kind = FC_WORK_SET, .set = {(void *)(uintptr_t)dstDevice, uc, N}};
         err = fc_stream_do(stream, &work);
     }
+    fc_unlock();
+    return fc_ret(__func__, err);
+}
+
+/* ------------------------------------------------------------ GPUDirect RDMA */
+
+/* A dma-buf of device memory: here a memfd that names nothing (a NIC of
+ * tests/fakeverbs registers the address it is given, since fake device
+ * memory is host memory); the checks are the driver's: a current context,
+ * DMA_BUF_FD, no flags, page-aligned address and size inside one device
+ * allocation. */
+FC_EXPORT CUresult cuMemGetHandleForAddressRange(void *handle, CUdeviceptr dptr, size_t size,
+                                                 CUmemRangeHandleType handleType,
+                                                 unsigned long long flags)
+{
+    CUresult err = fc_lock_enter();
+    if (err != CUDA_SUCCESS)
+        return fc_ret(__func__, err);
+    struct CUctx_st *ctx = NULL;
+    err = fc_ctx_current(&ctx);
+    uintptr_t base = (uintptr_t)dptr;
+    long page = sysconf(_SC_PAGESIZE);
+    if (err == CUDA_SUCCESS &&
+        (handle == NULL || handleType != CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD || flags != 0 ||
+         size == 0 || base % (uintptr_t)page != 0 || size % (size_t)page != 0))
+        err = CUDA_ERROR_INVALID_VALUE;
+    if (err == CUDA_SUCCESS && fc.knobs.no_dmabuf)
+        err = CUDA_ERROR_NOT_SUPPORTED;
+    if (err == CUDA_SUCCESS) {
+        const struct fc_alloc *alloc = fc_alloc_find(base);
+        if (alloc == NULL || alloc->kind != FC_MEM_DEVICE ||
+            base + size > alloc->base + alloc->bytes)
+            err = CUDA_ERROR_INVALID_VALUE;
+    }
+    if (err == CUDA_SUCCESS) {
+        int fd = memfd_create("fakecuda-dmabuf", MFD_CLOEXEC);
+        if (fd < 0)
+            err = CUDA_ERROR_OUT_OF_MEMORY;
+        else
+            *(int *)handle = fd;
+    }
+    fc_unlock();
+    return fc_ret(__func__, err);
+}
+
+/* Nothing to make visible (the "NIC" wrote host memory); the checks are
+ * the driver's. */
+FC_EXPORT CUresult cuFlushGPUDirectRDMAWrites(CUflushGPUDirectRDMAWritesTarget target,
+                                              CUflushGPUDirectRDMAWritesScope scope)
+{
+    CUresult err = fc_lock_enter();
+    if (err != CUDA_SUCCESS)
+        return fc_ret(__func__, err);
+    struct CUctx_st *ctx = NULL;
+    err = fc_ctx_current(&ctx);
+    if (err == CUDA_SUCCESS && (target != CU_FLUSH_GPU_DIRECT_RDMA_WRITES_TARGET_CURRENT_CTX ||
+                                (scope != CU_FLUSH_GPU_DIRECT_RDMA_WRITES_TO_OWNER &&
+                                 scope != CU_FLUSH_GPU_DIRECT_RDMA_WRITES_TO_ALL_DEVICES)))
+        err = CUDA_ERROR_INVALID_VALUE;
     fc_unlock();
     return fc_ret(__func__, err);
 }

@@ -6,6 +6,7 @@
 
 #include <arpa/inet.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <ifaddrs.h>
 #include <net/if.h>
 #include <stdarg.h>
@@ -481,7 +482,33 @@ static uint32_t mr_key_new(void)
     }
 }
 
+static struct ibv_mr *mr_new(struct ibv_pd *pd, void *addr, size_t length, int access);
+
 FV_EXPORT struct ibv_mr *ibv_reg_mr(struct ibv_pd *pd, void *addr, size_t length, int access)
+{
+    return mr_new(pd, addr, length, access);
+}
+
+/* A dma-buf region (GPUDirect RDMA): the descriptor must be open; the
+ * region is the @p iova the caller gives, as the NIC would address it
+ * (fake-cuda's device memory is host memory at that address). */
+FV_EXPORT struct ibv_mr *ibv_reg_dmabuf_mr(struct ibv_pd *pd, uint64_t offset, size_t length,
+                                           uint64_t iova, int fd, int access)
+{
+    (void)offset;
+    if (fd < 0 || fcntl(fd, F_GETFD) < 0) {
+        errno = EBADF;
+        return NULL;
+    }
+    if (length == 0 || iova == 0) {
+        errno = EINVAL;
+        return NULL;
+    }
+    fv_log("dma-buf region of %zu bytes at 0x%llx (fd %d)", length, (unsigned long long)iova, fd);
+    return mr_new(pd, (void *)(uintptr_t)iova, length, access);
+}
+
+static struct ibv_mr *mr_new(struct ibv_pd *pd, void *addr, size_t length, int access)
 {
     if ((access & IBV_ACCESS_REMOTE_WRITE) && !(access & IBV_ACCESS_LOCAL_WRITE)) {
         errno = EINVAL;

@@ -154,6 +154,7 @@ struct fv_qp {
     struct ibv_qp_cap cap;
     int sq_sig_all;
     int access_flags;
+    int resp_access_err; /* Refused a write: takes no more (a NIC's responder goes to ERR). */
     struct ibv_ah_attr ah;
     uint32_t dest_qpn;
     uint8_t timeout, retry_cnt, rnr_retry;

@@ -154,6 +154,10 @@ static void resp_decide(struct fv_resp_conn *rc)
         rc->verdict = FV_NAK_NOT_READY;
         return;
     }
+    if (qp->resp_access_err) {
+        rc->verdict = FV_NAK_ACCESS;
+        return;
+    }
     if (needs_recv(hdr->opcode) && qp->rq_head == qp->rq_tail) {
         rc->verdict = FV_NAK_RNR;
         return;
@@ -166,6 +170,14 @@ static void resp_decide(struct fv_resp_conn *rc)
             fv_log("QP 0x%x: remote access error (rkey 0x%x addr 0x%llx len %u)", qp->ibqp.qp_num,
                    hdr->rkey, (unsigned long long)hdr->remote_addr, hdr->length);
             rc->verdict = FV_NAK_ACCESS;
+            /* As a NIC's responder, which goes to ERR with an affiliated
+             * event: nothing the requester sent after the bad write (a
+             * write with immediate behind it) lands. (Its state stays, so
+             * a QP connected to itself still gets the NAK.) */
+            if (!qp->resp_access_err)
+                fv_async_post_ctx((struct fv_context *)qp->ibqp.context, IBV_EVENT_QP_ACCESS_ERR,
+                                  &qp->ibqp);
+            qp->resp_access_err = 1;
             return;
         }
         rc->target = (unsigned char *)(uintptr_t)hdr->remote_addr;

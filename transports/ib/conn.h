@@ -103,9 +103,10 @@ struct cfx_ib_info_nic {
     uint8_t gid[16];
     uint32_t rkey; /* The side's block, registered through this port's device. */
     uint16_t lid;
-    uint8_t mtu;        /* enum ibv_mtu */
-    uint8_t link_layer; /* IBV_LINK_LAYER_* */
-    char name[16];      /* For sentences: "fake_0:1". */
+    uint8_t mtu;         /* enum ibv_mtu */
+    uint8_t link_layer;  /* IBV_LINK_LAYER_* */
+    uint32_t slots_rkey; /* The slots' (in device memory with GPUDirect RDMA: their own region). */
+    char name[12];       /* For sentences: "fake_0:1". */
 };
 
 /* The connect info a side sends its peer (at most CFX_CONNECT_INFO_BYTES). */
@@ -120,8 +121,8 @@ struct cfx_ib_info {
     uint32_t n_nics; /* Ports this side's queue pairs use, 1..IB_MAX_NICS. */
     uint32_t pad;
     uint64_t slot_bytes;
-    uint64_t mem_addr; /* This side's block: FIFO, slots, mailbox. */
-    uint64_t slots_offset;
+    uint64_t mem_addr;   /* This side's block: FIFO, slots, mailbox. */
+    uint64_t slots_addr; /* In the block, or in device memory (GPUDirect RDMA). */
     uint64_t box_offset;
     struct cfx_ib_info_nic nic[IB_MAX_NICS];
 };
@@ -170,6 +171,10 @@ struct cfx_ib_ctx {
     struct cfx_ib_nic nic[IB_MAX_NICS];
     int n_nics;
     const char *nearest; /* The topology's NIC for this rank (env), during init. */
+    /* GPUDirect RDMA: CFX_NET_GDR_LEVEL as a path class (-1: never) and the
+     * path from this rank's GPU to its nearest port (-1: not known). */
+    int gdr_level;
+    int nic_path;
     struct cfx_proxy *proxy;
     /* Queue pair settings (NCCL's variables). */
     int timeout, retry_cnt, sl, tc;
@@ -196,6 +201,17 @@ struct cfx_ib_conn {
     size_t mem_bytes;
     int pinned;
     int64_t moved_ns; /* A pinned connector's last pass that moved anything. */
+    /* GPUDirect RDMA: the slots in device `gdr_device - 1`'s memory
+     * (`dev_mem`, page-aligned inside `dev_raw`), registered through each
+     * port as a dma-buf (slots_mr[n]); the NIC reads and writes them there
+     * and a receiver flushes before it posts what arrived. 0: the slots
+     * are in the block. */
+    int gdr_device;
+    void *dev_raw;
+    char *dev_mem;
+    size_t dev_bytes;
+    struct ibv_mr *slots_mr[IB_MAX_NICS];
+    uint64_t gdr_flushes; /* Receiver: flushes made (INFO at close). */
     struct cfx_fifo *fifo;
     char *slots;
     size_t slot_bytes;
@@ -219,6 +235,7 @@ struct cfx_ib_conn {
     uint64_t peer_addr, peer_slots, peer_box;
     int peer_n_nics;
     uint32_t peer_rkey[IB_MAX_QPS];
+    uint32_t peer_slots_rkey[IB_MAX_QPS];
     char peer_nic[IB_MAX_QPS][20];
     /* Progress, by whichever thread drives (cfx_ib_conn_drive). */
     int registered;

@@ -21,6 +21,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "src/util/cuda.h"
 #include "src/util/log.h"
 #include "src/util/time.h"
 #include "transports/ib/conn.h"
@@ -215,7 +216,7 @@ static int send_slots(struct cfx_ib_conn *ic)
         /* Where the payload goes: the receiver's slot, or its own buffer
          * when it offered the slot's message (offer_for). */
         uint64_t remote = ic->peer_slots + index * ic->slot_bytes;
-        uint32_t rkey = ic->peer_rkey[q];
+        uint32_t rkey = ic->peer_slots_rkey[q];
         if (size > CFX_SLOT_INLINE_BYTES && ic->at_msg[index] != 0 &&
             offer_for(ic, q, ic->at_msg[index] - 1, ic->at_offset[index], size, &remote, &rkey)) {
             info->size = size | CFX_SLOT_IN_PLACE;
@@ -231,9 +232,12 @@ static int send_slots(struct cfx_ib_conn *ic)
             ic->ref_addr[index] = 0;
             ic->ref_slots++;
         } else if (size > CFX_SLOT_INLINE_BYTES) {
+            /* The slot's own region: the block's, or in device memory its own. */
+            const struct ibv_mr *own =
+                ic->gdr_device ? ic->slots_mr[q % ic->n_nics] : ic->mr[q % ic->n_nics];
             err =
                 post_write_to(ic, q, IB_WR_ID(IB_WR_PAYLOAD, k), ic->slots + index * ic->slot_bytes,
-                              ic->mr[q % ic->n_nics]->lkey, size, remote, rkey, 0, 0);
+                              own->lkey, size, remote, rkey, 0, 0);
         }
         if (err == 0 && size > CFX_SLOT_INLINE_BYTES)
             ic->payload_mask |= 1ull << index; /* Unsignaled: its entry frees with the slot's. */
@@ -341,9 +345,19 @@ static int qp_index(const struct cfx_ib_conn *ic, uint32_t qp_num)
 }
 
 /* Receiver: post every slot whose immediate came, in order: copy its
- * staged info line into the FIFO, mark it posted, advance the tail. */
+ * staged info line into the FIFO, mark it posted, advance the tail. With
+ * the slots in device memory (GPUDirect RDMA), first make the NIC's writes
+ * visible to the GPU: a completion only says they reached the device. */
 static void post_arrived(struct cfx_ib_conn *ic)
 {
+    if (ic->gdr_device && (ic->arrived_mask & (1ull << (ic->arrived % (uint64_t)ic->n_steps)))) {
+        if (cfx_cuda_flush_rdma_writes(ic->gdr_device - 1) != cfxSuccess) {
+            conn_fail(ic, cfxSystemError, ic->self_rank, "ib: rank %d's connection to rank %d: %s",
+                      ic->self_rank, ic->peer_rank, cfx_error_thread_last());
+            return;
+        }
+        ic->gdr_flushes++;
+    }
     for (;;) {
         size_t index = (size_t)(ic->arrived % (uint64_t)ic->n_steps);
         if (!(ic->arrived_mask & (1ull << index)))

@@ -28,8 +28,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/epoll.h>
 #include <sys/random.h>
+#include <unistd.h>
 
 #include "src/util/check.h"
 #include "src/util/cuda.h"
@@ -47,6 +49,9 @@ CFX_PARAM_INT(ib_sl, "IB_SL", 0, 0, 15, "Verbs transport: InfiniBand service lev
 CFX_PARAM_INT(ib_tc, "IB_TC", 0, 0, 255, "Verbs transport: traffic class (GRH, RoCE)");
 CFX_PARAM_INT(ib_qps_per_connection, "IB_QPS_PER_CONNECTION", 1, 1, IB_MAX_QPS,
               "Verbs transport: queue pairs per connection; slots are striped over them");
+CFX_PARAM_STR(net_gdr_level, "NET_GDR_LEVEL", "PXB",
+              "GPUDirect RDMA: used when the path from a GPU rank's GPU to its NIC is at most "
+              "this (LOC: never, PIX, PXB, PHB, SYS: always; NCCL's names)");
 CFX_PARAM_INT(ib_spin_us, "IB_SPIN_US", 0, 0, 1000000,
               "Verbs transport: microseconds the progress thread spins when idle before it sleeps");
 
@@ -81,6 +86,27 @@ static cfxResult_t ib_init(const struct cfx_transport_env *env, void **ctx_p)
     ctx->retry_cnt = (int)param_ib_retry_cnt();
     ctx->sl = (int)param_ib_sl();
     ctx->tc = (int)param_ib_tc();
+    ctx->nic_path = env->nic_path;
+    static const struct {
+        const char *name;
+        int level;
+    } levels[] = {{"LOC", -1},
+                  {"PIX", CFX_PATH_CLASS_PIX},
+                  {"PXB", CFX_PATH_CLASS_PXB},
+                  {"PHB", CFX_PATH_CLASS_PHB},
+                  {"SYS", CFX_PATH_CLASS_SYS}};
+    ctx->gdr_level = -2;
+    for (size_t i = 0; i < sizeof(levels) / sizeof(levels[0]); i++)
+        if (strcasecmp(param_net_gdr_level(), levels[i].name) == 0)
+            ctx->gdr_level = levels[i].level;
+    if (ctx->gdr_level == -2) {
+        cfxResult_t res = cfx_error_set(cfxInvalidUsage, CFX_LOG_NET,
+                                        "CFX_NET_GDR_LEVEL=%s is not one of LOC, PIX, PXB, PHB, "
+                                        "SYS",
+                                        param_net_gdr_level());
+        free(ctx);
+        return res;
+    }
     enum cfx_net_choice net = cfx_transport_net_choice();
     const char *why = NULL;
     if (param_ib_disable() || net == CFX_NET_SOCKET) {
@@ -209,6 +235,73 @@ static cfxResult_t qp_create(struct cfx_ib_ctx *ctx, struct cfx_ib_conn *ic, int
     return cfxSuccess;
 }
 
+/* GPUDirect RDMA for a GPU rank's connector to @p peer on device
+ * @p device: 1 when its slots may live in the device's memory (the NIC
+ * writes and reads them there), else 0 with *why_p saying why not. */
+static int gdr_wanted(struct cfx_ib_ctx *ctx, int device, const char **why_p)
+{
+    if (ctx->gdr_level < 0) {
+        *why_p = "CFX_NET_GDR_LEVEL=LOC";
+        return 0;
+    }
+    if (ctx->ibv->reg_dmabuf_mr == NULL) {
+        *why_p = "libibverbs has no ibv_reg_dmabuf_mr (rdma-core 34 or later needed)";
+        return 0;
+    }
+    if (ctx->nic_path < 0 && ctx->gdr_level < CFX_PATH_CLASS_SYS) {
+        *why_p = "the topology does not say how far the NIC is from the GPU (CFX_NET_GDR_LEVEL=SYS "
+                 "uses it anyway)";
+        return 0;
+    }
+    if (ctx->nic_path > ctx->gdr_level) {
+        *why_p = "the NIC is farther from the GPU than CFX_NET_GDR_LEVEL allows";
+        return 0;
+    }
+    return cfx_cuda_dmabuf_supported(device, why_p);
+}
+
+/* The slots of @p ic in device @p device's memory, registered through each
+ * port as a dma-buf region. Undone by close on failure. */
+static cfxResult_t gdr_slots(struct cfx_ib_ctx *ctx, struct cfx_ib_conn *ic, int device,
+                             size_t slots_bytes)
+{
+    size_t bytes = (slots_bytes + 4095) & ~(size_t)4095;
+    CFX_CHECK(cfx_cuda_select(device));
+    CFX_CHECK(cfx_cuda_mem_alloc(&ic->dev_raw, bytes + 4096));
+    ic->gdr_device = device + 1;
+    ic->dev_mem = (char *)(((uintptr_t)ic->dev_raw + 4095) & ~(uintptr_t)4095);
+    ic->dev_bytes = bytes;
+    for (int n = 0; n < ic->n_nics; n++) {
+        int fd = -1;
+        CFX_CHECK(cfx_cuda_dmabuf_fd(ic->dev_mem, bytes, device, &fd));
+        ic->slots_mr[n] =
+            ctx->ibv->reg_dmabuf_mr(ctx->nic[n].pd, 0, bytes, (uint64_t)(uintptr_t)ic->dev_mem, fd,
+                                    IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
+        int err = errno;
+        close(fd); /* The registration holds the dma-buf. */
+        if (ic->slots_mr[n] == NULL)
+            return cfx_error_set_errno(err, CFX_LOG_NET,
+                                       "ib: cannot register %zu bytes of device %d's memory on %s "
+                                       "(ibv_reg_dmabuf_mr)",
+                                       bytes, device, ctx->nic[n].port.label);
+    }
+    return cfxSuccess;
+}
+
+/* Undo gdr_slots (any part of it). */
+static void gdr_slots_free(struct cfx_ib_ctx *ctx, struct cfx_ib_conn *ic)
+{
+    for (int n = 0; n < IB_MAX_NICS; n++)
+        if (ic->slots_mr[n])
+            ctx->ibv->dereg_mr(ic->slots_mr[n]);
+    memset(ic->slots_mr, 0, sizeof(ic->slots_mr));
+    if (ic->dev_raw != NULL && cfx_cuda_select(ic->gdr_device - 1) == cfxSuccess)
+        cfx_cuda_mem_free(ic->dev_raw);
+    ic->dev_raw = NULL;
+    ic->dev_mem = NULL;
+    ic->gdr_device = 0;
+}
+
 /* Allocates, touches and registers this side's block; creates the
  * completion queue and the queue pair; a receiver posts its receives. Writes
  * a struct cfx_ib_info. Does not block on the peer. */
@@ -232,7 +325,14 @@ static cfxResult_t ib_setup(void *ctx_v, const struct cfx_transport_peer *peer, 
     if (slot_bytes > (SIZE_MAX / 2 - slots_off) / (size_t)n_steps || slot_bytes > UINT32_MAX)
         return cfx_error_set(cfxInvalidArgument, CFX_LOG_NET,
                              "ib: %d slots of %zu bytes do not fit in memory", n_steps, slot_bytes);
-    size_t box_off = (slots_off + (size_t)n_steps * slot_bytes + 4095) & ~(size_t)4095;
+    /* A GPU rank's slots go to its device's memory when GPUDirect RDMA
+     * can reach them; its FIFO's control block stays in pinned host memory
+     * (the proxy reads it), as do the mailboxes. */
+    const char *no_gdr = NULL;
+    int gdr =
+        conn->place.reader == CFX_READER_KERNEL && gdr_wanted(ctx, conn->place.device, &no_gdr);
+    size_t slots_bytes = (size_t)n_steps * slot_bytes;
+    size_t box_off = (slots_off + (gdr ? 0 : slots_bytes) + 4095) & ~(size_t)4095;
     size_t bytes = box_off + ((sizeof(struct cfx_ib_mailbox) + 4095) & ~(size_t)4095);
 
     struct cfx_ib_conn *ic = NULL;
@@ -269,6 +369,19 @@ static cfxResult_t ib_setup(void *ctx_v, const struct cfx_transport_peer *peer, 
 
     ic->n_qps = (int)param_ib_qps_per_connection();
     ic->n_nics = ic->n_qps < ctx->n_nics ? ic->n_qps : ctx->n_nics;
+    if (gdr) {
+        CFX_CHECK(gdr_slots(ctx, ic, conn->place.device, slots_bytes));
+        ic->slots = ic->dev_mem;
+        CFX_INFO(CFX_LOG_NET,
+                 "ib: rank %d %s rank %d: slots in device %d's memory (GPUDirect RDMA, dma-buf)",
+                 ctx->rank, ic->dir == CFX_CONN_SEND ? "->" : "<-", peer->rank, conn->place.device);
+    } else if (conn->place.reader == CFX_READER_KERNEL) {
+        CFX_INFO(CFX_LOG_NET,
+                 "ib: rank %d %s rank %d: slots staged through pinned host memory (no GPUDirect "
+                 "RDMA: %s)",
+                 ctx->rank, ic->dir == CFX_CONN_SEND ? "->" : "<-", peer->rank,
+                 no_gdr ? no_gdr : "not wanted");
+    }
     for (int n = 0; n < ic->n_nics; n++) {
         struct cfx_ib_nic *nic = &ctx->nic[n];
         ic->mr[n] =
@@ -306,7 +419,7 @@ static cfxResult_t ib_setup(void *ctx_v, const struct cfx_transport_peer *peer, 
                                .n_nics = (uint32_t)ic->n_nics,
                                .slot_bytes = slot_bytes,
                                .mem_addr = (uint64_t)(uintptr_t)ic->mem,
-                               .slots_offset = slots_off,
+                               .slots_addr = (uint64_t)(uintptr_t)ic->slots,
                                .box_offset = box_off};
     for (int q = 0; q < ic->n_qps; q++)
         info.qpn[q] = ic->qp[q]->qp_num;
@@ -315,10 +428,11 @@ static cfxResult_t ib_setup(void *ctx_v, const struct cfx_transport_peer *peer, 
         struct cfx_ib_info_nic *out = &info.nic[n];
         memcpy(out->gid, port->gid.raw, sizeof(out->gid));
         out->rkey = ic->mr[n]->rkey;
+        out->slots_rkey = ic->gdr_device ? ic->slots_mr[n]->rkey : ic->mr[n]->rkey;
         out->lid = port->lid;
         out->mtu = (uint8_t)port->mtu;
         out->link_layer = (uint8_t)port->link_layer;
-        snprintf(out->name, sizeof(out->name), "%.15s", port->label);
+        snprintf(out->name, sizeof(out->name), "%.11s", port->label);
     }
     memcpy(info_out, &info, sizeof(info));
     cfx_connector_set_fifo(conn, ic->fifo, ic->slots, slot_bytes, n_steps);
@@ -406,6 +520,7 @@ static cfxResult_t ib_connect(void *ctx_v, struct cfx_connector *conn, const voi
         snprintf(ic->peer_nic[q], sizeof(ic->peer_nic[q]), "%.*s", (int)sizeof(theirs->name),
                  theirs->name);
         ic->peer_rkey[q] = theirs->rkey;
+        ic->peer_slots_rkey[q] = theirs->slots_rkey;
         if (theirs->link_layer != (uint8_t)port->link_layer)
             return cfx_error_set(
                 cfxSystemError, CFX_LOG_NET,
@@ -416,7 +531,7 @@ static cfxResult_t ib_connect(void *ctx_v, struct cfx_connector *conn, const voi
                 port->link_layer == IBV_LINK_LAYER_ETHERNET ? "RoCE" : "InfiniBand");
     }
     ic->peer_addr = peer.mem_addr;
-    ic->peer_slots = peer.mem_addr + peer.slots_offset;
+    ic->peer_slots = peer.slots_addr;
     ic->peer_box = peer.mem_addr + peer.box_offset;
     for (int q = 0; q < ic->n_qps; q++)
         CFX_CHECK(qp_connect(ctx, ic, &peer, q));
@@ -499,6 +614,11 @@ static void ib_close(void *ctx_v, struct cfx_connector *conn)
     }
     if (ic->pinned)
         cfx_cuda_host_unregister(ic->mem, ic->pinned - 1);
+    if (ic->gdr_flushes > 0)
+        CFX_INFO(CFX_LOG_NET,
+                 "ib: rank %d <- rank %d flushed the NIC's writes into device memory %llu time(s)",
+                 ic->self_rank, ic->peer_rank, (unsigned long long)ic->gdr_flushes);
+    gdr_slots_free(ctx, ic);
     free(ic->mem);
     free(ic);
     cfx_connector_forget(conn);
