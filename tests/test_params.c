@@ -11,6 +11,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "cfx_build_config.h"
 #include "src/util/log.h"
 #include "src/util/param.h"
 #include "src/util/socket.h"
@@ -211,6 +212,9 @@ Test(params, every_kind_of_refused_value_fails_init_naming_variable_value_and_fo
     expect_init_refuses("CFX_TOPO_FILE", "/dev/zero", "too large");
     expect_init_refuses("CFX_TOPO_FILE", write_bad_topo(), "NCCL topology XML");
     unlink(topo_path);
+#if CFX_HAVE_VERBS /* The verbs transport's parameter. */
+    expect_init_refuses("CFX_NET_GDR_LEVEL", "FAR", "one of LOC, PIX, PXB, PHB, SYS");
+#endif
     expect_init_refuses("CFX_BOOTSTRAP_FRAME_TIMEOUT_MS", "0", "from 1 to");
     expect_init_refuses("CFX_COMM_ID", "127.0.0.1:0", "port from 1 to 65535");
     expect_init_refuses("CFX_SHM_DISABLE", "yes", "from 0 to 1");

@@ -209,7 +209,6 @@ struct cfx_ib_conn {
     int gdr_device;
     void *dev_raw;
     char *dev_mem;
-    size_t dev_bytes;
     struct ibv_mr *slots_mr[IB_MAX_NICS];
     uint64_t gdr_flushes; /* Receiver: flushes made (INFO at close). */
     struct cfx_fifo *fifo;

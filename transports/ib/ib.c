@@ -49,9 +49,34 @@ CFX_PARAM_INT(ib_sl, "IB_SL", 0, 0, 15, "Verbs transport: InfiniBand service lev
 CFX_PARAM_INT(ib_tc, "IB_TC", 0, 0, 255, "Verbs transport: traffic class (GRH, RoCE)");
 CFX_PARAM_INT(ib_qps_per_connection, "IB_QPS_PER_CONNECTION", 1, 1, IB_MAX_QPS,
               "Verbs transport: queue pairs per connection; slots are striped over them");
-CFX_PARAM_STR(net_gdr_level, "NET_GDR_LEVEL", "PXB",
-              "GPUDirect RDMA: used when the path from a GPU rank's GPU to its NIC is at most "
-              "this (LOC: never, PIX, PXB, PHB, SYS: always; NCCL's names)");
+/* CFX_NET_GDR_LEVEL's value as a path class (-1: LOC, never), or -2 when
+ * it is none of NCCL's names. */
+static int gdr_level_of(const char *text)
+{
+    static const struct {
+        const char *name;
+        int level;
+    } levels[] = {{"LOC", -1},
+                  {"PIX", CFX_PATH_CLASS_PIX},
+                  {"PXB", CFX_PATH_CLASS_PXB},
+                  {"PHB", CFX_PATH_CLASS_PHB},
+                  {"SYS", CFX_PATH_CLASS_SYS}};
+    for (size_t i = 0; i < sizeof(levels) / sizeof(levels[0]); i++)
+        if (strcasecmp(text, levels[i].name) == 0)
+            return levels[i].level;
+    return -2;
+}
+
+static const char *check_gdr_level(const char *text, char *buf, size_t len)
+{
+    (void)buf;
+    (void)len;
+    return gdr_level_of(text) == -2 ? "expected one of LOC, PIX, PXB, PHB, SYS" : NULL;
+}
+
+CFX_PARAM_STR_CHECKED(net_gdr_level, "NET_GDR_LEVEL", "PXB", check_gdr_level,
+                      "GPUDirect RDMA: used when the path from a GPU rank's GPU to its NIC is at "
+                      "most this (LOC: never, PIX, PXB, PHB, SYS: always; NCCL's names)");
 CFX_PARAM_INT(ib_spin_us, "IB_SPIN_US", 0, 0, 1000000,
               "Verbs transport: microseconds the progress thread spins when idle before it sleeps");
 
@@ -87,26 +112,7 @@ static cfxResult_t ib_init(const struct cfx_transport_env *env, void **ctx_p)
     ctx->sl = (int)param_ib_sl();
     ctx->tc = (int)param_ib_tc();
     ctx->nic_path = env->nic_path;
-    static const struct {
-        const char *name;
-        int level;
-    } levels[] = {{"LOC", -1},
-                  {"PIX", CFX_PATH_CLASS_PIX},
-                  {"PXB", CFX_PATH_CLASS_PXB},
-                  {"PHB", CFX_PATH_CLASS_PHB},
-                  {"SYS", CFX_PATH_CLASS_SYS}};
-    ctx->gdr_level = -2;
-    for (size_t i = 0; i < sizeof(levels) / sizeof(levels[0]); i++)
-        if (strcasecmp(param_net_gdr_level(), levels[i].name) == 0)
-            ctx->gdr_level = levels[i].level;
-    if (ctx->gdr_level == -2) {
-        cfxResult_t res = cfx_error_set(cfxInvalidUsage, CFX_LOG_NET,
-                                        "CFX_NET_GDR_LEVEL=%s is not one of LOC, PIX, PXB, PHB, "
-                                        "SYS",
-                                        param_net_gdr_level());
-        free(ctx);
-        return res;
-    }
+    ctx->gdr_level = gdr_level_of(param_net_gdr_level()); /* Checked at init (params). */
     enum cfx_net_choice net = cfx_transport_net_choice();
     const char *why = NULL;
     if (param_ib_disable() || net == CFX_NET_SOCKET) {
@@ -270,7 +276,6 @@ static cfxResult_t gdr_slots(struct cfx_ib_ctx *ctx, struct cfx_ib_conn *ic, int
     CFX_CHECK(cfx_cuda_mem_alloc(&ic->dev_raw, bytes + 4096));
     ic->gdr_device = device + 1;
     ic->dev_mem = (char *)(((uintptr_t)ic->dev_raw + 4095) & ~(uintptr_t)4095);
-    ic->dev_bytes = bytes;
     for (int n = 0; n < ic->n_nics; n++) {
         int fd = -1;
         CFX_CHECK(cfx_cuda_dmabuf_fd(ic->dev_mem, bytes, device, &fd));
