@@ -485,7 +485,7 @@ void cfx_test_log_to(char *prefix, size_t size, const char *what)
     char pattern[160];
     snprintf(pattern, sizeof(pattern), "%s.%%p", prefix);
     cfx_test_setenv("CFX_DEBUG", "INFO");
-    cfx_test_setenv("CFX_DEBUG_SUBSYS", "INIT,NET");
+    cfx_test_setenv("CFX_DEBUG_SUBSYS", "INIT,NET,P2P");
     cfx_test_setenv("CFX_DEBUG_FILE", pattern);
 }
 

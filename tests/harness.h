@@ -106,7 +106,7 @@ const char *cfx_test_use_fakeverbs(void);
  * calling process (its ranks do: CUDA does not survive fork). */
 const char *cfx_test_use_cuda(const char **why_p);
 
-/* Log INFO lines (subsystems INIT and NET) of the ranks of the next run to
+/* Log INFO lines (subsystems INIT, NET and P2P) of the ranks of the next run to
  * "<prefix>.<pid>", the prefix made from @p what and this process's pid
  * into @p prefix (@p size bytes); old files of that prefix are removed. */
 void cfx_test_log_to(char *prefix, size_t size, const char *what);

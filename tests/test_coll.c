@@ -51,7 +51,7 @@
 /* IB: the verbs transport over tests/fakeverbs (CFX_TEST_FAKEVERBS), every
  * process its own host, CFX_NET=IB. NET_PLUGIN: the net-plugin transport over
  * tests/netplugin (CFX_TEST_NET_PLUGIN), every process its own host. */
-enum transport { SHM = 0, SOCKET = 1, IB = 2, NET_PLUGIN = 3 };
+enum transport { SHM = 0, SOCKET = 1, IB = 2, NET_PLUGIN = 3, P2P = 4 };
 enum coll {
     ALLREDUCE,
     REDUCE,
@@ -575,6 +575,13 @@ static void conformance_rank(struct cfx_test_rank *ctx)
         return;
     cfxComm_t comm;
     RANK_CFX(ctx, cfxCommInitRank(&comm, ctx->nranks, ctx->id, ctx->rank));
+    if (sc->mem == DEVICE_MEM && ctx->nranks > 1 && comm->ring_send != NULL) {
+        /* GPU ranks of one host: the transport the case names. */
+        const char *want = sc->transport == P2P ? "p2p" : "shm";
+        const char *got = comm->ring_send->transport->name;
+        RANK_ASSERT(ctx, strcmp(got, want) == 0, "the ring's connection went over %s, not %s", got,
+                    want);
+    }
     coll_fns[sc->coll](ctx, comm, &b);
     if (!ctx->slot_failed) {
         RANK_CFX(ctx, cfxCommFinalize(comm));
@@ -585,7 +592,7 @@ static void conformance_rank(struct cfx_test_rank *ctx)
     free(b.recv);
 }
 
-#define N_CASES (2 * 5 * 2 * N_COLLS + 2 * 3 * N_COLLS + (5 + 2) * N_COLLS)
+#define N_CASES (2 * 5 * 2 * N_COLLS + 2 * 3 * N_COLLS + (5 + 2 + 3) * N_COLLS)
 static struct suite_case all_cases[N_CASES];
 
 ParameterizedTestParameters(conformance, collective)
@@ -615,19 +622,27 @@ ParameterizedTestParameters(conformance, collective)
                                                      .nranks = ib_ranks[ri],
                                                      .mode = CFX_TEST_PROCS,
                                                      .coll = (enum coll)c};
-    /* On device buffers: shm (GPU ranks' FIFOs are pinned host memory in
-     * its segments), every rank on one GPU, 2 and 4 ranks as processes; the
-     * trees on one host only (one host per rank is sockets). */
+    /* On device buffers: p2p (slots in the receiver's device memory; IPC
+     * between processes), every rank on one GPU, 2 and 4 ranks as
+     * processes; the trees on one host only (one host per rank is
+     * sockets). Then shm (CFX_P2P_DISABLE=1: FIFOs in pinned host memory of
+     * its segments) at 2 and 4 threads and 2 processes. */
     for (int ri = 0; ri < 5; ri++)
         for (int m = 0; m < 2; m++)
             for (int c = 0; c <= BROADCAST_TREE; c++) {
                 if (m == CFX_TEST_PROCS && ranks[ri] != 2 && ranks[ri] != 4)
                     continue;
-                all_cases[k++] = (struct suite_case){.transport = SHM,
+                all_cases[k++] = (struct suite_case){.transport = P2P,
                                                      .nranks = ranks[ri],
                                                      .mode = (enum cfx_test_mode)m,
                                                      .coll = (enum coll)c,
                                                      .mem = DEVICE_MEM};
+                if (ranks[ri] == 2 || (ranks[ri] == 4 && m == CFX_TEST_THREADS))
+                    all_cases[k++] = (struct suite_case){.transport = SHM,
+                                                         .nranks = ranks[ri],
+                                                         .mode = (enum cfx_test_mode)m,
+                                                         .coll = (enum coll)c,
+                                                         .mem = DEVICE_MEM};
             }
     return cr_make_param_array(struct suite_case, all_cases, (size_t)k);
 }
@@ -652,7 +667,7 @@ static void use_net_plugin(void)
 }
 
 static const char *const transport_names[] = {"shm", "socket", "verbs (fake-verbs)",
-                                              "net-plugin (cfxtest)"};
+                                              "net-plugin (cfxtest)", "p2p"};
 
 ParameterizedTest(struct suite_case *sc, conformance, collective, .timeout = 900)
 {
@@ -678,13 +693,18 @@ ParameterizedTest(struct suite_case *sc, conformance, collective, .timeout = 900
     if (sc->transport == NET_PLUGIN)
         use_net_plugin();
     cfx_test_setenv("CFX_SHM_DISABLE", sc->transport == SOCKET ? "1" : NULL);
+    /* GPU ranks of one host go over p2p unless it is off. */
+    cfx_test_setenv("CFX_P2P_DISABLE", sc->transport == SHM ? "1" : NULL);
     cfx_test_setenv("CFX_ALGO", on_trees(sc->coll) ? "tree" : NULL);
-    struct cfx_test_options opts = {
-        .nranks = sc->nranks,
-        .mode = sc->mode,
-        .deadline_s = 600,
-        .arg = sc,
-        .before_rank = one_host_per_rank(sc->coll) || sc->transport >= IB ? claim_own_host : NULL};
+    struct cfx_test_options opts = {.nranks = sc->nranks,
+                                    .mode = sc->mode,
+                                    .deadline_s = 600,
+                                    .arg = sc,
+                                    .before_rank = one_host_per_rank(sc->coll) ||
+                                                           sc->transport == IB ||
+                                                           sc->transport == NET_PLUGIN
+                                                       ? claim_own_host
+                                                       : NULL};
     CFX_TEST_RUN(&opts, conformance_rank);
 }
 

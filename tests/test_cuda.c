@@ -13,6 +13,7 @@
  */
 #include <criterion/criterion.h>
 #include <criterion/parameterized.h>
+#include <dirent.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
@@ -55,10 +56,11 @@ struct gpu_rank {
     cfxComm_t comm;
 };
 
-static int gpu_rank_open(struct cfx_test_rank *ctx, struct gpu_rank *g, size_t n)
+/* Opens device @p device for the rank (0 in most tests: one GPU for all). */
+static int gpu_rank_open_on(struct cfx_test_rank *ctx, struct gpu_rank *g, size_t n, int device)
 {
     memset(g, 0, sizeof(*g));
-    if (!cfx_test_gpu_open(ctx, 0, &g->gpu))
+    if (!cfx_test_gpu_open(ctx, device, &g->gpu))
         return 0;
     g->n = n;
     g->host = malloc((n > 0 ? n : 1) * sizeof(float));
@@ -72,6 +74,11 @@ static int gpu_rank_open(struct cfx_test_rank *ctx, struct gpu_rank *g, size_t n
         return 0;
     }
     return 1;
+}
+
+static int gpu_rank_open(struct cfx_test_rank *ctx, struct gpu_rank *g, size_t n)
+{
+    return gpu_rank_open_on(ctx, g, n, 0);
 }
 
 static void gpu_rank_close(struct gpu_rank *g)
@@ -175,6 +182,16 @@ static void allreduce_returns_before_the_stream_runs(struct cfx_test_rank *ctx)
     cfx_test_step(ctx, "synchronize and check");
     if (cfx_test_gpu_sync(ctx, &g.gpu))
         check_sums(ctx, &g, g.drecv);
+    /* Host buffers on the same GPU rank, over the same connections (the
+     * host executor; slots in device memory through the connector's stage). */
+    cfx_test_step(ctx, "host allreduce of %zu floats", ec->count);
+    for (size_t i = 0; i < ec->count && !ctx->slot_failed; i++)
+        g.host[i] = input_of(ctx->rank, i);
+    RANK_CFX(ctx, cfxAllReduce(g.host, g.host, ec->count, cfxFloat32, cfxSum, g.comm, NULL));
+    for (size_t i = 0; i < ec->count; i++)
+        RANK_ASSERT(ctx, g.host[i] == sum_of(ctx->nranks, i),
+                    "host buffers: element %zu is %g, not %g", i, (double)g.host[i],
+                    (double)sum_of(ctx->nranks, i));
     gpu_rank_close(&g);
 }
 
@@ -1101,6 +1118,166 @@ Test(cuda, a_leader_whose_helpers_never_run_stops_at_the_timeout, .timeout = 60)
     cfx_test_setenv("CFX_CUDA_BLOCK_BYTES", NULL);
     cfx_test_setenv("CFX_CUDA_BLOCKS", NULL);
     cfx_test_setenv("CFX_TIMEOUT", NULL);
+}
+
+/* ------------------------------------------------ peer memory (transports/p2p) */
+
+struct p2p_case {
+    int nranks;
+    enum cfx_test_mode mode;
+    int devices;    /* Rank r on device r % devices (FAKECUDA_DEVICES when 2). */
+    int level;      /* CFX_P2P_LEVEL: 0 the default (PXB), 1 LOC, 2 SYS (parameters hold
+                     * no pointers: each test runs in a process of its own). */
+    int disable;    /* CFX_P2P_DISABLE=1. */
+    int no_peer;    /* FAKECUDA_NO_PEER=1: the driver says no GPU reaches another. */
+    int expect_p2p; /* 1: p2p carries the ring; 0: shm does. */
+    int fake_cuda;  /* Set by the test: the driver is tests/fakecuda. */
+};
+
+/* Lines of /proc/self/maps naming fake-cuda device memory (its own
+ * allocations and other processes' opened through IPC), and this
+ * process's open descriptors. */
+static int device_mappings(void)
+{
+    FILE *f = fopen("/proc/self/maps", "r");
+    char line[512];
+    int n = 0;
+    while (f != NULL && fgets(line, sizeof(line), f) != NULL)
+        n += strstr(line, "fakecuda-device") != NULL;
+    if (f != NULL)
+        fclose(f);
+    return n;
+}
+
+static int open_fds(void)
+{
+    DIR *d = opendir("/proc/self/fd");
+    int n = 0;
+    while (d != NULL && readdir(d) != NULL)
+        n++;
+    if (d != NULL)
+        closedir(d);
+    return n;
+}
+
+/* A communicator split off @p g's, one device allreduce on it, then its
+ * destroy: as many device mappings and descriptors as before (slots,
+ * IPC mappings, stages, the control blocks' memfds all released). A rank
+ * alone in its process only (threads share the counts). */
+static void nothing_left_after_destroy(struct cfx_test_rank *ctx, struct gpu_rank *g)
+{
+    int maps = device_mappings(), fds = open_fds();
+    cfxComm_t split = NULL;
+    cfx_test_step(ctx, "split, allreduce, destroy");
+    RANK_CFX(ctx, cfxCommSplit(g->comm, 0, ctx->rank, &split, NULL));
+    RANK_CFX(ctx, cfxAllReduce(g->dsend, g->drecv, 4099, cfxFloat32, cfxSum, split, g->gpu.stream));
+    if (!cfx_test_gpu_sync(ctx, &g->gpu))
+        return;
+    RANK_ASSERT(ctx, device_mappings() > maps, "the split communicator mapped no device memory");
+    RANK_CFX(ctx, cfxCommDestroy(split));
+    RANK_ASSERT(ctx, device_mappings() == maps, "%d device mappings after destroy, %d before",
+                device_mappings(), maps);
+    RANK_ASSERT(ctx, open_fds() == fds, "%d descriptors open after destroy, %d before", open_fds(),
+                fds);
+}
+
+/* Device-buffer allreduces of several sizes (one slot, many, and a payload
+ * that fits an info line), then host buffers on the GPU rank (the host
+ * executor reads and writes the slots through the connector's stage). */
+static void allreduces_over_peer_memory(struct cfx_test_rank *ctx)
+{
+    const struct p2p_case *pc = ctx->arg;
+    static const size_t counts[] = {1, 4099, 1 << 20};
+    struct gpu_rank g;
+    if (!gpu_rank_open_on(ctx, &g, counts[2], ctx->rank % pc->devices) || !put_inputs(ctx, &g)) {
+        gpu_rank_close(&g);
+        return;
+    }
+    RANK_ASSERT(ctx,
+                strcmp(g.comm->ring_send->transport->name, pc->expect_p2p ? "p2p" : "shm") == 0,
+                "the ring goes over %s", g.comm->ring_send->transport->name);
+    for (size_t c = 0; c < sizeof(counts) / sizeof(counts[0]); c++) {
+        cfx_test_step(ctx, "device allreduce of %zu floats", counts[c]);
+        RANK_CFX(ctx, cfxAllReduce(g.dsend, g.drecv, counts[c], cfxFloat32, cfxSum, g.comm,
+                                   g.gpu.stream));
+        if (!cfx_test_gpu_sync(ctx, &g.gpu))
+            break;
+        size_t n = g.n;
+        g.n = counts[c];
+        int ok = check_sums(ctx, &g, g.drecv);
+        g.n = n;
+        if (!ok)
+            break;
+    }
+    if (pc->mode == CFX_TEST_PROCS && pc->expect_p2p && !ctx->slot_failed && pc->fake_cuda)
+        nothing_left_after_destroy(ctx, &g);
+    for (size_t c = 0; c < sizeof(counts) / sizeof(counts[0]) && !ctx->slot_failed; c++) {
+        cfx_test_step(ctx, "host allreduce of %zu floats on the GPU rank", counts[c]);
+        for (size_t i = 0; i < counts[c]; i++)
+            g.host[i] = input_of(ctx->rank, i);
+        RANK_CFX(ctx, cfxAllReduce(g.host, g.host, counts[c], cfxFloat32, cfxSum, g.comm, NULL));
+        for (size_t i = 0; i < counts[c]; i++)
+            RANK_ASSERT(ctx, g.host[i] == sum_of(ctx->nranks, i),
+                        "host buffers: element %zu is %g, not %g", i, (double)g.host[i],
+                        (double)sum_of(ctx->nranks, i));
+    }
+    gpu_rank_close(&g);
+}
+
+ParameterizedTestParameters(cuda, gpu_ranks_of_one_host_connect_through_peer_memory)
+{
+    static struct p2p_case cases[] = {
+        {2, CFX_TEST_THREADS, 1, 0, 0, 0, 1, 0}, {3, CFX_TEST_THREADS, 1, 1, 0, 0, 1, 0},
+        {2, CFX_TEST_PROCS, 1, 0, 0, 0, 1, 0},   {3, CFX_TEST_PROCS, 1, 0, 0, 0, 1, 0},
+        {2, CFX_TEST_THREADS, 2, 2, 0, 0, 1, 0}, {4, CFX_TEST_PROCS, 2, 2, 0, 0, 1, 0},
+        {2, CFX_TEST_PROCS, 2, 1, 0, 0, 0, 0},   {2, CFX_TEST_THREADS, 2, 2, 0, 1, 0, 0},
+        {2, CFX_TEST_PROCS, 1, 0, 1, 0, 0, 0},
+    };
+    return cr_make_param_array(struct p2p_case, cases, sizeof(cases) / sizeof(cases[0]));
+}
+
+ParameterizedTest(struct p2p_case *pc, cuda, gpu_ranks_of_one_host_connect_through_peer_memory,
+                  .timeout = 300)
+{
+    const char *driver = use_gpu();
+    static const char *const levels[] = {NULL, "LOC", "SYS"};
+    const char *level = levels[pc->level];
+    cr_log_info("%d ranks as %s on %d device(s), CFX_P2P_LEVEL=%s%s%s: expect %s", pc->nranks,
+                pc->mode == CFX_TEST_PROCS ? "processes" : "threads", pc->devices,
+                level ? level : "(default)", pc->disable ? ", CFX_P2P_DISABLE=1" : "",
+                pc->no_peer ? ", no peer access" : "", pc->expect_p2p ? "p2p" : "shm");
+    if (pc->devices > 1 && strcmp(driver, "fake-cuda") != 0)
+        cr_skip_test("needs 2 GPUs; the fake driver has them (FAKECUDA_DEVICES=2)");
+    pc->fake_cuda = strcmp(driver, "fake-cuda") == 0;
+    cfx_test_setenv("FAKECUDA_DEVICES", pc->devices > 1 ? "2" : NULL);
+    cfx_test_setenv("FAKECUDA_NO_PEER", pc->no_peer ? "1" : NULL);
+    cfx_test_setenv("CFX_P2P_LEVEL", level);
+    cfx_test_setenv("CFX_P2P_DISABLE", pc->disable ? "1" : NULL);
+    struct cfx_test_options opts = {
+        .nranks = pc->nranks, .mode = pc->mode, .deadline_s = 240, .arg = pc};
+    char logs[128];
+    cfx_test_log_to(logs, sizeof(logs), "cuda-p2p");
+    CFX_TEST_RUN(&opts, allreduces_over_peer_memory);
+    int direct = cfx_test_count_in_logs(logs, "connected (P2P/direct)");
+    int ipc = cfx_test_count_in_logs(logs, "connected (P2P/IPC)");
+    int shm = cfx_test_count_in_logs(logs, " via shm");
+    cfx_test_remove_logs(logs);
+    cfx_test_setenv("FAKECUDA_DEVICES", NULL);
+    cfx_test_setenv("FAKECUDA_NO_PEER", NULL);
+    cfx_test_setenv("CFX_P2P_LEVEL", NULL);
+    cfx_test_setenv("CFX_P2P_DISABLE", NULL);
+    /* Both ends of each rank's ring send at least. */
+    int want = 2 * pc->nranks;
+    if (!pc->expect_p2p) {
+        cr_assert_eq(direct + ipc, 0, "%d connection ends over p2p", direct + ipc);
+        cr_assert_geq(shm, want, "%d connections over shm", shm);
+    } else if (pc->mode == CFX_TEST_THREADS) {
+        cr_assert_geq(direct, want, "%d connection ends said P2P/direct", direct);
+        cr_assert_eq(ipc, 0, "threads of one process used CUDA IPC");
+    } else {
+        cr_assert_geq(ipc, want, "%d connection ends said P2P/IPC", ipc);
+        cr_assert_eq(direct, 0, "processes used a direct pointer");
+    }
 }
 
 #else

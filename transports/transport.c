@@ -6,8 +6,10 @@
  */
 #include "transports/transport.h"
 
+#include <stdlib.h>
 #include <strings.h>
 
+#include "src/util/cuda.h"
 #include "src/util/error.h"
 #include "src/util/log.h"
 #include "src/util/param.h"
@@ -57,4 +59,43 @@ cfxResult_t cfx_transport_place_check(const struct cfx_transport *tr,
                              "%s: cannot have a FIFO read by a kernel on device %d", tr->name,
                              place->device);
     return cfxSuccess;
+}
+
+cfxResult_t cfx_connector_stage_init(struct cfx_connector *conn, int device)
+{
+    void *stage = NULL;
+    if (posix_memalign(&stage, 4096, conn->slot_bytes) != 0)
+        return cfx_error_set(cfxSystemError, CFX_LOG_ALLOC,
+                             "out of memory for a %zu-byte staging slot (connection with rank %d)",
+                             conn->slot_bytes, conn->peer_rank);
+    memset(stage, 0, conn->slot_bytes); /* Touch every page now, never on the data path. */
+    cfxResult_t res = cfx_cuda_host_register(stage, conn->slot_bytes, device);
+    if (res != cfxSuccess) {
+        free(stage);
+        return res;
+    }
+    void *stream = NULL;
+    res = cfx_cuda_copy_stream_create(device, &stream);
+    if (res != cfxSuccess) {
+        cfx_cuda_host_unregister(stage, device);
+        free(stage);
+        return res;
+    }
+    conn->stage = stage;
+    conn->stage_stream = stream;
+    conn->slots_device = device + 1;
+    return cfxSuccess;
+}
+
+void cfx_connector_stage_fini(struct cfx_connector *conn)
+{
+    if (conn->stage == NULL)
+        return;
+    int device = conn->slots_device - 1;
+    cfx_cuda_copy_stream_destroy(conn->stage_stream, device);
+    cfx_cuda_host_unregister(conn->stage, device);
+    free(conn->stage);
+    conn->stage = NULL;
+    conn->stage_stream = NULL;
+    conn->slots_device = 0;
 }

@@ -133,6 +133,16 @@ struct cfx_connector {
      * connector, the number of the next one's message (offer, post_at).
      * Set by the core. */
     uint64_t p2p_msgs;
+    /* Slots in device memory (p2p; ib with GPUDirect RDMA): this rank's
+     * device + 1 (its context reaches them, a peer's memory included),
+     * else 0. A host thread cannot load or store them: the host executor
+     * (host buffers of a GPU rank) copies a slot's payload through stage
+     * (slot_bytes of pinned host memory) on stage_stream, a stream of that
+     * device. Info lines (and the payloads that fit in them) stay host
+     * memory. Set by the transport, with cfx_connector_stage_init. */
+    int slots_device;
+    char *stage;
+    void *stage_stream;
 };
 
 /* Channels one pair of ranks may connect per kind of connection. */
@@ -334,6 +344,13 @@ static inline void cfx_connector_set_fifo(struct cfx_connector *conn, struct cfx
     cfx_fifo_view(&conn->view, fifo, slots, slot_bytes, n_steps);
     conn->view.peer = conn->peer_rank;
 }
+
+/* Transports whose slots live in device memory @p device, after setting
+ * the FIFO: pinned host memory and a stream for a host thread's copies of
+ * the connector's payloads (slots_device, stage, stage_stream). Setup time. */
+cfxResult_t cfx_connector_stage_init(struct cfx_connector *conn, int device);
+/* Release what cfx_connector_stage_init made (none: nothing). */
+void cfx_connector_stage_fini(struct cfx_connector *conn);
 
 /* Forget a connector's FIFO and per-connector state (transports, at the
  * end of close, after freeing them). */

@@ -64,13 +64,17 @@ static const struct env_twin twins[] = {
     {"NCCL_IB_HCA", "CFX_IB_HCA", NULL, 0},
     {"NCCL_IB_DISABLE", "CFX_IB_DISABLE", NULL, 0},
     {"NCCL_NET", "CFX_NET", NULL, 0},
+    {"NCCL_NET_GDR_LEVEL", "CFX_NET_GDR_LEVEL", NULL, 0},
+    {"NCCL_P2P_DISABLE", "CFX_P2P_DISABLE", NULL, 0},
+    {"NCCL_P2P_LEVEL", "CFX_P2P_LEVEL", NULL, 0},
 };
 #define N_TWINS (sizeof(twins) / sizeof(twins[0]))
 
 /* Common NCCL settings with no Conflux twin: said so at CFX_DEBUG=INFO. */
 static const char *const orphans[] = {
-    "NCCL_NET_GDR_LEVEL", "NCCL_P2P_DISABLE", "NCCL_P2P_LEVEL",
-    "NCCL_NVLS_ENABLE",   "NCCL_CONF_FILE",   "NCCL_MIN_NCHANNELS",
+    "NCCL_NVLS_ENABLE",
+    "NCCL_CONF_FILE",
+    "NCCL_MIN_NCHANNELS",
 };
 
 /* Twins whose CFX variable this file set (so that it may set it again). */

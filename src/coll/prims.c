@@ -8,6 +8,8 @@
 #endif
 
 #include "kernels/reduce.h"
+#include "src/util/check.h"
+#include "src/util/cuda.h"
 #include "src/util/error.h"
 #include "src/util/log.h"
 
@@ -44,6 +46,18 @@ static cfxResult_t take(struct cfx_op *op, struct cfx_connector *conn, size_t by
                              "%s: rank %d received %zu bytes from rank %d where the schedule "
                              "expects %zu; the ranks disagree on the operation",
                              cfx_coll_name(op->kind), op->rank, got, conn->peer_rank, bytes);
+    return cfxSuccess;
+}
+
+/* A received payload of @p bytes at @p slot, where a host thread can read
+ * it: a slot in device memory is first copied into the connector's stage. */
+static cfxResult_t readable(struct cfx_connector *conn, size_t bytes, const char **slot_p)
+{
+    if (conn->slots_device == 0 || bytes <= CFX_SLOT_INLINE_BYTES)
+        return cfxSuccess; /* Host memory, or the info line (host memory too). */
+    CFX_CHECK(
+        cfx_cuda_copy(conn->stage, *slot_p, bytes, conn->slots_device - 1, conn->stage_stream));
+    *slot_p = conn->stage;
     return cfxSuccess;
 }
 
@@ -227,6 +241,10 @@ cfxResult_t cfx_prim_run(struct cfx_op *op, const struct cfx_step *step)
         cfxResult_t res = take(op, from, bytes, &received);
         for (int i = 0; res == cfxSuccess && i < step->n_recv_more; i++)
             res = take(op, op->conns[step->recv_more[i]], bytes, &more[i]);
+        if (res == cfxSuccess && !in_place)
+            res = readable(from, bytes, &received);
+        for (int i = 0; res == cfxSuccess && i < step->n_recv_more; i++)
+            res = readable(op->conns[step->recv_more[i]], bytes, &more[i]);
         if (res != cfxSuccess)
             return res;
         if (in_place) {
@@ -242,8 +260,15 @@ cfxResult_t cfx_prim_run(struct cfx_op *op, const struct cfx_step *step)
             received = step->output;
         }
     }
-    if (flags & CFX_PRIM_SEND)
-        slot_out = cfx_conn_post_slot(op->conns[step->send], bytes);
+    char *device_slot = NULL; /* The slot in device memory slot_out stands in for. */
+    if (flags & CFX_PRIM_SEND) {
+        struct cfx_connector *to = op->conns[step->send];
+        slot_out = cfx_conn_post_slot(to, bytes);
+        if (to->slots_device != 0 && bytes > CFX_SLOT_INLINE_BYTES) {
+            device_slot = slot_out;
+            slot_out = to->stage;
+        }
+    }
 
     /* The value this step produces: received (op) input [(op) more], or one of them. */
     const char *value = received ? received : step->input;
@@ -296,6 +321,13 @@ cfxResult_t cfx_prim_run(struct cfx_op *op, const struct cfx_step *step)
             cfx_conn_release(op->conns[step->recv_more[i]]);
     }
     if (flags & CFX_PRIM_SEND) {
+        struct cfx_connector *to = op->conns[step->send];
+        if (device_slot != NULL) {
+            cfxResult_t res =
+                cfx_cuda_copy(device_slot, slot_out, bytes, to->slots_device - 1, to->stage_stream);
+            if (res != cfxSuccess)
+                return res;
+        }
         if (op->kind == CFX_COLL_SEND)
             cfx_conn_post_at(op->conns[step->send], op->p2p_msg,
                              (uint64_t)(step->input - (const char *)op->sendbuff));

@@ -10,6 +10,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 
 #include "src/util/check.h"
 #include "src/util/error.h"
@@ -130,6 +131,9 @@ static const struct cu_sym {
     CU_SYM(graph_exec_destroy, cuGraphExecDestroy, 0),
     CU_SYM(mem_get_handle_for_address_range, cuMemGetHandleForAddressRange, 0),
     CU_SYM(flush_gpu_direct_rdma_writes, cuFlushGPUDirectRDMAWrites, 0),
+    CU_SYM(ipc_get_mem_handle, cuIpcGetMemHandle, 0),
+    CU_SYM(ipc_open_mem_handle, cuIpcOpenMemHandle, 0),
+    CU_SYM(ipc_close_mem_handle, cuIpcCloseMemHandle, 0),
 };
 
 CU_SAME_TYPE(get_error_string, cuGetErrorString);
@@ -191,6 +195,9 @@ CU_SAME_TYPE(graph_destroy, cuGraphDestroy);
 CU_SAME_TYPE(graph_exec_destroy, cuGraphExecDestroy);
 CU_SAME_TYPE(mem_get_handle_for_address_range, cuMemGetHandleForAddressRange);
 CU_SAME_TYPE(flush_gpu_direct_rdma_writes, cuFlushGPUDirectRDMAWrites);
+CU_SAME_TYPE(ipc_get_mem_handle, cuIpcGetMemHandle);
+CU_SAME_TYPE(ipc_open_mem_handle, cuIpcOpenMemHandle);
+CU_SAME_TYPE(ipc_close_mem_handle, cuIpcCloseMemHandle);
 
 /* The driver's name for @p err ("CUDA_ERROR_NO_DEVICE"), or its number. */
 static const char *error_name(CUresult err, char *buf, size_t len)
@@ -503,6 +510,133 @@ cfxResult_t cfx_cuda_flush_rdma_writes(int device)
     return cfxSuccess;
 }
 
+/* ------------------------------------------------------------ peer memory */
+
+int cfx_cuda_device_of_busid(const char *busid)
+{
+    const struct cfx_cuda_api *cu = cfx_cuda_api(NULL);
+    int count = 0;
+    if (cu == NULL || busid == NULL || busid[0] == '\0' ||
+        cu->device_get_count(&count) != CUDA_SUCCESS)
+        return -1;
+    for (int d = 0; d < count; d++) {
+        CUdevice dev;
+        char id[32] = "";
+        if (cu->device_get(&dev, d) == CUDA_SUCCESS &&
+            cu->device_get_pci_bus_id(id, (int)sizeof(id), dev) == CUDA_SUCCESS &&
+            strcasecmp(id, busid) == 0)
+            return d;
+    }
+    return -1;
+}
+
+int cfx_cuda_can_access_peer(int device, int peer)
+{
+    const struct cfx_cuda_api *cu = cfx_cuda_api(NULL);
+    if (cu == NULL || device < 0 || peer < 0)
+        return 0;
+    if (device == peer)
+        return 1;
+    CUdevice a, b;
+    int can = 0;
+    return cu->device_get(&a, device) == CUDA_SUCCESS && cu->device_get(&b, peer) == CUDA_SUCCESS &&
+           cu->device_can_access_peer(&can, a, b) == CUDA_SUCCESS && can;
+}
+
+cfxResult_t cfx_cuda_enable_peer_access(int device, int peer)
+{
+    if (device == peer)
+        return cfxSuccess;
+    CFX_CHECK(cfx_cuda_enter(peer));
+    CUcontext peer_ctx = NULL;
+    const struct cfx_cuda_api *cu = atomic_load_explicit(&loaded_api, memory_order_acquire);
+    CFX_CU_CHECK(cu, ctx_get_current(&peer_ctx), CFX_LOG_P2P, "cuCtxGetCurrent");
+    CFX_CHECK(cfx_cuda_enter(device));
+    CUresult err = cu->ctx_enable_peer_access(peer_ctx, 0);
+    if (err != CUDA_SUCCESS && err != CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED)
+        return cfx_cuda_error(err, CFX_LOG_P2P,
+                              "cannot enable peer access (cuCtxEnablePeerAccess)");
+    return cfxSuccess;
+}
+
+int cfx_cuda_ipc_supported(void)
+{
+    const struct cfx_cuda_api *cu = cfx_cuda_api(NULL);
+    return cu != NULL && cu->ipc_get_mem_handle != NULL && cu->ipc_open_mem_handle != NULL &&
+           cu->ipc_close_mem_handle != NULL;
+}
+
+cfxResult_t cfx_cuda_ipc_export(void *ptr, int device, void *handle)
+{
+    if (!cfx_cuda_ipc_supported())
+        return cfx_error_set(cfxInvalidUsage, CFX_LOG_P2P, "the CUDA driver has no CUDA IPC");
+    CFX_CHECK(cfx_cuda_enter(device));
+    const struct cfx_cuda_api *cu = atomic_load_explicit(&loaded_api, memory_order_acquire);
+    CUipcMemHandle h;
+    CFX_CU_CHECK(cu, ipc_get_mem_handle(&h, (CUdeviceptr)(uintptr_t)ptr), CFX_LOG_P2P,
+                 "cannot export device memory to another process (cuIpcGetMemHandle)");
+    memcpy(handle, &h, sizeof(h));
+    return cfxSuccess;
+}
+
+cfxResult_t cfx_cuda_ipc_open(const void *handle, int device, void **ptr_p)
+{
+    if (!cfx_cuda_ipc_supported())
+        return cfx_error_set(cfxInvalidUsage, CFX_LOG_P2P, "the CUDA driver has no CUDA IPC");
+    CFX_CHECK(cfx_cuda_enter(device));
+    const struct cfx_cuda_api *cu = atomic_load_explicit(&loaded_api, memory_order_acquire);
+    CUipcMemHandle h;
+    memcpy(&h, handle, sizeof(h));
+    CUdeviceptr ptr = 0;
+    CFX_CU_CHECK(cu, ipc_open_mem_handle(&ptr, h, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS), CFX_LOG_P2P,
+                 "cannot map another process's device memory (cuIpcOpenMemHandle)");
+    *ptr_p = (void *)(uintptr_t)ptr;
+    return cfxSuccess;
+}
+
+void cfx_cuda_ipc_close(void *ptr, int device)
+{
+    const struct cfx_cuda_api *cu = atomic_load_explicit(&loaded_api, memory_order_acquire);
+    if (ptr == NULL || cu == NULL || cu->ipc_close_mem_handle == NULL ||
+        cfx_cuda_enter(device) != cfxSuccess)
+        return;
+    CUresult err = cu->ipc_close_mem_handle((CUdeviceptr)(uintptr_t)ptr);
+    if (err != CUDA_SUCCESS)
+        CFX_INFO(CFX_LOG_P2P, "cuIpcCloseMemHandle(%p) failed with CUDA error %d", ptr, (int)err);
+}
+
+cfxResult_t cfx_cuda_copy_stream_create(int device, void **stream_p)
+{
+    CFX_CHECK(cfx_cuda_enter(device));
+    const struct cfx_cuda_api *cu = atomic_load_explicit(&loaded_api, memory_order_acquire);
+    CUstream stream = NULL;
+    CFX_CU_CHECK(cu, stream_create(&stream, CU_STREAM_NON_BLOCKING), CFX_LOG_ALLOC,
+                 "cannot create a stream for copies to device memory");
+    *stream_p = stream;
+    return cfxSuccess;
+}
+
+void cfx_cuda_copy_stream_destroy(void *stream, int device)
+{
+    const struct cfx_cuda_api *cu = atomic_load_explicit(&loaded_api, memory_order_acquire);
+    if (stream == NULL || cu == NULL || cfx_cuda_enter(device) != cfxSuccess)
+        return;
+    cu->stream_destroy((CUstream)stream);
+}
+
+cfxResult_t cfx_cuda_copy(void *dst, const void *src, size_t bytes, int device, void *stream)
+{
+    CFX_CHECK(cfx_cuda_enter(device));
+    const struct cfx_cuda_api *cu = atomic_load_explicit(&loaded_api, memory_order_acquire);
+    CFX_CU_CHECK(cu,
+                 memcpy_async((CUdeviceptr)(uintptr_t)dst, (CUdeviceptr)(uintptr_t)src, bytes,
+                              (CUstream)stream),
+                 CFX_LOG_COLL, "cannot copy between a FIFO slot in device memory and host memory");
+    CFX_CU_CHECK(cu, stream_synchronize((CUstream)stream), CFX_LOG_COLL,
+                 "a copy between a FIFO slot in device memory and host memory failed");
+    return cfxSuccess;
+}
+
 #else /* !CFX_HAVE_CUDA */
 
 static void load_locked(void)
@@ -575,6 +709,76 @@ cfxResult_t cfx_cuda_flush_rdma_writes(int device)
 {
     (void)device;
     return cfx_error_set(cfxInvalidUsage, CFX_LOG_NET, "this Conflux was built without CUDA");
+}
+
+int cfx_cuda_device_of_busid(const char *busid)
+{
+    (void)busid;
+    return -1;
+}
+
+int cfx_cuda_can_access_peer(int device, int peer)
+{
+    (void)device;
+    (void)peer;
+    return 0;
+}
+
+cfxResult_t cfx_cuda_enable_peer_access(int device, int peer)
+{
+    (void)device;
+    (void)peer;
+    return cfx_error_set(cfxInvalidUsage, CFX_LOG_P2P, "this Conflux was built without CUDA");
+}
+
+int cfx_cuda_ipc_supported(void)
+{
+    return 0;
+}
+
+cfxResult_t cfx_cuda_ipc_export(void *ptr, int device, void *handle)
+{
+    (void)ptr;
+    (void)device;
+    (void)handle;
+    return cfx_error_set(cfxInvalidUsage, CFX_LOG_P2P, "this Conflux was built without CUDA");
+}
+
+cfxResult_t cfx_cuda_ipc_open(const void *handle, int device, void **ptr_p)
+{
+    (void)handle;
+    (void)device;
+    *ptr_p = NULL;
+    return cfx_error_set(cfxInvalidUsage, CFX_LOG_P2P, "this Conflux was built without CUDA");
+}
+
+void cfx_cuda_ipc_close(void *ptr, int device)
+{
+    (void)ptr;
+    (void)device;
+}
+
+cfxResult_t cfx_cuda_copy_stream_create(int device, void **stream_p)
+{
+    (void)device;
+    *stream_p = NULL;
+    return cfx_error_set(cfxInvalidUsage, CFX_LOG_ALLOC, "this Conflux was built without CUDA");
+}
+
+void cfx_cuda_copy_stream_destroy(void *stream, int device)
+{
+    (void)stream;
+    (void)device;
+}
+
+cfxResult_t cfx_cuda_copy(void *dst, const void *src, size_t bytes, int device, void *stream)
+{
+    (void)dst;
+    (void)src;
+    (void)bytes;
+    (void)device;
+    (void)stream;
+    return cfx_error_set(cfxInvalidUsage, CFX_LOG_COLL, "this Conflux was built without CUDA");
 }
 
 cfxResult_t cfx_cuda_select(int device)

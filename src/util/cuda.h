@@ -112,6 +112,11 @@ struct cfx_cuda_api {
                                                  unsigned long long flags);
     CUresult (*flush_gpu_direct_rdma_writes)(CUflushGPUDirectRDMAWritesTarget target,
                                              CUflushGPUDirectRDMAWritesScope scope);
+    /* Legacy CUDA IPC (optional): device memory of one process mapped in
+     * another (transports/p2p). */
+    CUresult (*ipc_get_mem_handle)(CUipcMemHandle *handle, CUdeviceptr dptr);
+    CUresult (*ipc_open_mem_handle)(CUdeviceptr *dptr, CUipcMemHandle handle, unsigned int flags);
+    CUresult (*ipc_close_mem_handle)(CUdeviceptr dptr);
 };
 #else
 struct cfx_cuda_api; /* Never defined: no CUDA toolkit at build time. */
@@ -218,5 +223,41 @@ cfxResult_t cfx_cuda_dmabuf_fd(void *ptr, size_t bytes, int device, int *fd_p);
  * device's kernels (cuFlushGPUDirectRDMAWrites, to the owner), from any
  * thread: device @p device's context is made current first. */
 cfxResult_t cfx_cuda_flush_rdma_writes(int device);
+
+/* ---- Peer memory (transports/p2p). Setup time only, except the copies. */
+
+/* Bytes of an IPC handle (CU_IPC_HANDLE_SIZE). */
+#define CFX_CUDA_IPC_HANDLE_BYTES 64
+
+/* The ordinal, in this process, of the GPU at PCI bus id @p busid
+ * ("0000:17:00.0", case ignored), or -1 when this process does not see it. */
+int cfx_cuda_device_of_busid(const char *busid);
+/* Whether a kernel on device @p device can load and store device
+ * @p peer's memory: the same device, or cuDeviceCanAccessPeer says so. */
+int cfx_cuda_can_access_peer(int device, int peer);
+/* Let device @p device's primary context reach device @p peer's memory
+ * (cuCtxEnablePeerAccess; already enabled is success; the same device:
+ * nothing to do). */
+cfxResult_t cfx_cuda_enable_peer_access(int device, int peer);
+/* Whether the driver has legacy CUDA IPC (cuIpcGetMemHandle and friends). */
+int cfx_cuda_ipc_supported(void);
+/* Write into @p handle (CFX_CUDA_IPC_HANDLE_BYTES) the IPC handle of the
+ * device allocation that starts at @p ptr, on device @p device. */
+cfxResult_t cfx_cuda_ipc_export(void *ptr, int device, void *handle);
+/* Map another process's allocation named by @p handle into device
+ * @p device's context (peer access enabled as needed): *ptr_p. */
+cfxResult_t cfx_cuda_ipc_open(const void *handle, int device, void **ptr_p);
+/* Undo cfx_cuda_ipc_open (accepts NULL). Never fails loudly. */
+void cfx_cuda_ipc_close(void *ptr, int device);
+/* A stream of device @p device for a host thread's copies to and from
+ * device memory (non-blocking: never ordered behind the legacy stream, so
+ * never behind a kernel that waits for this thread). */
+cfxResult_t cfx_cuda_copy_stream_create(int device, void **stream_p);
+void cfx_cuda_copy_stream_destroy(void *stream, int device);
+/* Copy @p bytes from @p src to @p dst (either may be device memory, the
+ * other host memory) on @p stream of device @p device, and wait for it:
+ * how a host thread reads and writes a FIFO's slots that live in device
+ * memory. Allocates nothing. */
+cfxResult_t cfx_cuda_copy(void *dst, const void *src, size_t bytes, int device, void *stream);
 
 #endif /* CFX_UTIL_CUDA_H */

@@ -254,7 +254,14 @@ enum fc_mem_kind {
     FC_MEM_DEVICE,
     FC_MEM_HOST_ALLOC,
     FC_MEM_REGISTERED,
+    FC_MEM_IPC, /* another process's device allocation, opened by cuIpcOpenMemHandle */
 };
+
+/* Device memory, this process's own or another's mapped through IPC. */
+static inline int fc_kind_is_device(enum fc_mem_kind kind)
+{
+    return kind == FC_MEM_DEVICE || kind == FC_MEM_IPC;
+}
 
 struct fc_alloc {
     uintptr_t base;
@@ -262,6 +269,11 @@ struct fc_alloc {
     enum fc_mem_kind kind;
     struct CUctx_st *ctx;
     unsigned flags;
+    /* FC_MEM_DEVICE: the memfd the allocation is a shared mapping of (so
+     * cuIpcGetMemHandle can hand it to another process); FC_MEM_IPC and
+     * host kinds: -1. */
+    int fd;
+    size_t mapped; /* FC_MEM_DEVICE, FC_MEM_IPC: bytes mapped (page multiple). */
 };
 
 /* Process-wide state. */

@@ -1,5 +1,7 @@
 /*
- * fake-cuda memory: device allocations (host memory, 256-byte aligned),
+ * fake-cuda memory: device allocations (host memory: each a shared mapping
+ * of a memfd of its own, page aligned, so CUDA IPC can map it in another
+ * process),
  * pinned host allocations, registered host ranges, pointer attributes,
  * and the copies and sets with their bounds checks. All of it is host
  * memory: a host-side access to "device" memory is not caught (ASan still
@@ -8,9 +10,12 @@
  */
 #include "fakecuda.h"
 
+#include <fcntl.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #define HOST_ALLOC_FLAGS                                                                           \
@@ -91,9 +96,35 @@ static void alloc_release(struct fc_alloc *alloc)
 {
     if (alloc->kind == FC_MEM_DEVICE)
         fc.used_bytes[alloc->ctx->device] -= alloc->bytes;
-    if (alloc->kind != FC_MEM_REGISTERED)
+    if (fc_kind_is_device(alloc->kind)) {
+        munmap((void *)alloc->base, alloc->mapped);
+        if (alloc->fd >= 0)
+            close(alloc->fd);
+    } else if (alloc->kind != FC_MEM_REGISTERED) {
         free((void *)alloc->base);
+    }
     alloc_remove(alloc);
+}
+
+/* Fresh "device" memory: a shared mapping of a memfd of its own, so that
+ * another process can map the same pages (cuIpcOpenMemHandle). NULL on
+ * failure. */
+static void *device_block(size_t bytes, int *fd_p, size_t *mapped_p)
+{
+    size_t mapped = round_up(bytes, (size_t)sysconf(_SC_PAGESIZE));
+    int fd = memfd_create("fakecuda-device", MFD_CLOEXEC);
+    if (fd < 0)
+        return NULL;
+    void *block = MAP_FAILED;
+    if (ftruncate(fd, (off_t)mapped) == 0)
+        block = mmap(NULL, mapped, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (block == MAP_FAILED) {
+        close(fd);
+        return NULL;
+    }
+    *fd_p = fd;
+    *mapped_p = mapped;
+    return block;
 }
 
 void fc_mem_reset_ctx(struct CUctx_st *ctx)
@@ -146,10 +177,15 @@ FC_EXPORT CUresult cuMemAlloc(CUdeviceptr *dptr, size_t bytesize)
     if (err == CUDA_SUCCESS && bytesize > FC_TOTAL_MEM - fc.used_bytes[ctx->device])
         err = CUDA_ERROR_OUT_OF_MEMORY;
     if (err == CUDA_SUCCESS) {
-        void *block = aligned_alloc(FC_DEVICE_ALIGN, round_up(bytesize, FC_DEVICE_ALIGN));
-        struct fc_alloc alloc = {(uintptr_t)block, bytesize, FC_MEM_DEVICE, ctx, 0};
+        int fd = -1;
+        size_t mapped = 0;
+        void *block = device_block(bytesize, &fd, &mapped);
+        struct fc_alloc alloc = {(uintptr_t)block, bytesize, FC_MEM_DEVICE, ctx, 0, fd, mapped};
         if (block == NULL || alloc_insert(&alloc) != 0) {
-            free(block);
+            if (block != NULL) {
+                munmap(block, mapped);
+                close(fd);
+            }
             err = CUDA_ERROR_OUT_OF_MEMORY;
         } else {
             fc.used_bytes[ctx->device] += bytesize;
@@ -205,7 +241,7 @@ FC_EXPORT CUresult cuMemHostAlloc(void **pp, size_t bytesize, unsigned int Flags
         err = CUDA_ERROR_OUT_OF_MEMORY;
     if (err == CUDA_SUCCESS) {
         void *block = aligned_alloc(FC_HOST_ALIGN, round_up(bytesize, FC_HOST_ALIGN));
-        struct fc_alloc alloc = {(uintptr_t)block, bytesize, FC_MEM_HOST_ALLOC, ctx, Flags};
+        struct fc_alloc alloc = {(uintptr_t)block, bytesize, FC_MEM_HOST_ALLOC, ctx, Flags, -1, 0};
         if (block == NULL || alloc_insert(&alloc) != 0) {
             free(block);
             err = CUDA_ERROR_OUT_OF_MEMORY;
@@ -243,8 +279,8 @@ FC_EXPORT CUresult cuMemHostRegister(void *p, size_t bytesize, unsigned int Flag
         err = unsafe_call_head(&ctx);
     if (err == CUDA_SUCCESS) {
         const struct fc_alloc *overlap = alloc_overlapping((uintptr_t)p, bytesize);
-        struct fc_alloc alloc = {(uintptr_t)p, bytesize, FC_MEM_REGISTERED, ctx, Flags};
-        if (overlap != NULL && overlap->kind == FC_MEM_DEVICE)
+        struct fc_alloc alloc = {(uintptr_t)p, bytesize, FC_MEM_REGISTERED, ctx, Flags, -1, 0};
+        if (overlap != NULL && fc_kind_is_device(overlap->kind))
             err = CUDA_ERROR_INVALID_VALUE; /* device memory is not host memory */
         else if (overlap != NULL)
             err = CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED;
@@ -277,7 +313,7 @@ FC_EXPORT CUresult cuMemHostGetDevicePointer(CUdeviceptr *pdptr, void *p, unsign
     err = pdptr == NULL || Flags != 0 ? CUDA_ERROR_INVALID_VALUE : fc_ctx_current(&ctx);
     if (err == CUDA_SUCCESS) {
         const struct fc_alloc *alloc = fc_alloc_find((uintptr_t)p);
-        if (alloc == NULL || alloc->kind == FC_MEM_DEVICE)
+        if (alloc == NULL || fc_kind_is_device(alloc->kind))
             err = CUDA_ERROR_INVALID_VALUE;
         else
             *pdptr = (CUdeviceptr)(uintptr_t)p; /* unified addressing: the same address */
@@ -291,7 +327,7 @@ FC_EXPORT CUresult cuMemHostGetDevicePointer(CUdeviceptr *pdptr, void *p, unsign
 static CUresult pointer_attribute(void *data, CUpointer_attribute attribute,
                                   const struct fc_alloc *alloc, uintptr_t ptr)
 {
-    int device = alloc->kind == FC_MEM_DEVICE;
+    int device = fc_kind_is_device(alloc->kind);
     switch (attribute) {
     case CU_POINTER_ATTRIBUTE_CONTEXT: *(CUcontext *)data = alloc->ctx; return CUDA_SUCCESS;
     case CU_POINTER_ATTRIBUTE_MEMORY_TYPE:
@@ -409,7 +445,7 @@ FC_EXPORT CUresult cuMemcpyHtoD(CUdeviceptr dstDevice, const void *srcHost, size
     if (err != CUDA_SUCCESS)
         return fc_ret(__func__, err);
     if (fc_alloc_find((uintptr_t)srcHost) == NULL && fc_alloc_find((uintptr_t)dstDevice) != NULL &&
-        fc_alloc_find((uintptr_t)dstDevice)->kind == FC_MEM_DEVICE)
+        fc_kind_is_device(fc_alloc_find((uintptr_t)dstDevice)->kind))
         err = copy_htod_staged((uintptr_t)dstDevice, srcHost, ByteCount);
     else
         err = copy_sync((uintptr_t)dstDevice, 1, (uintptr_t)srcHost, 0, ByteCount);
@@ -476,7 +512,7 @@ FC_EXPORT CUresult cuMemsetD8(CUdeviceptr dstDevice, unsigned char uc, size_t N)
         /* Of device memory it returns before it lands, on the legacy stream
          * (CUDA's "API synchronization behavior"), which non-blocking
          * streams do not wait for: it lands late here, FAKECUDA_LAZY_US. */
-        if (fc_alloc_find((uintptr_t)dstDevice)->kind == FC_MEM_DEVICE) {
+        if (fc_kind_is_device(fc_alloc_find((uintptr_t)dstDevice)->kind)) {
             work.set.delay_ns = fc.knobs.lazy_ns;
             err = fc_legacy_enqueue(ctx, &work);
         } else {
@@ -563,6 +599,116 @@ FC_EXPORT CUresult cuFlushGPUDirectRDMAWrites(CUflushGPUDirectRDMAWritesTarget t
                                 (scope != CU_FLUSH_GPU_DIRECT_RDMA_WRITES_TO_OWNER &&
                                  scope != CU_FLUSH_GPU_DIRECT_RDMA_WRITES_TO_ALL_DEVICES)))
         err = CUDA_ERROR_INVALID_VALUE;
+    fc_unlock();
+    return fc_ret(__func__, err);
+}
+
+/* ------------------------------------------------------------ CUDA IPC */
+
+/* What a fake IPC handle holds (in CUipcMemHandle's 64 bytes). */
+struct fc_ipc_handle {
+    char magic[8]; /* "fcipc01" */
+    int32_t pid;   /* the exporting process ... */
+    int32_t fd;    /* ... and its memfd of the allocation */
+    uint64_t bytes;
+    uint64_t mapped;
+    int32_t device;
+};
+_Static_assert(sizeof(struct fc_ipc_handle) <= CU_IPC_HANDLE_SIZE, "fits a CUipcMemHandle");
+
+static const char ipc_magic[8] = "fcipc01";
+
+/* The driver's checks: a current context, the base of a device allocation
+ * of this process (memory opened from another process cannot be exported
+ * again). */
+FC_EXPORT CUresult cuIpcGetMemHandle(CUipcMemHandle *pHandle, CUdeviceptr dptr)
+{
+    CUresult err = fc_lock_enter();
+    if (err != CUDA_SUCCESS)
+        return fc_ret(__func__, err);
+    struct CUctx_st *ctx = NULL;
+    err = pHandle == NULL ? CUDA_ERROR_INVALID_VALUE : fc_ctx_current(&ctx);
+    if (err == CUDA_SUCCESS) {
+        const struct fc_alloc *alloc = alloc_at((uintptr_t)dptr, FC_MEM_DEVICE);
+        if (alloc == NULL) {
+            err = CUDA_ERROR_INVALID_VALUE;
+        } else {
+            struct fc_ipc_handle h = {.pid = (int32_t)getpid(),
+                                      .fd = alloc->fd,
+                                      .bytes = alloc->bytes,
+                                      .mapped = alloc->mapped,
+                                      .device = alloc->ctx->device};
+            memcpy(h.magic, ipc_magic, sizeof(h.magic));
+            memset(pHandle, 0, sizeof(*pHandle));
+            memcpy(pHandle->reserved, &h, sizeof(h));
+        }
+    }
+    fc_unlock();
+    return fc_ret(__func__, err);
+}
+
+/* Maps the exporter's memfd (through /proc/<pid>/fd, as only a process of
+ * the same user can); a handle of this very process is refused as the
+ * driver refuses it (CUDA_ERROR_INVALID_CONTEXT), and so is one whose
+ * process or allocation is gone. */
+FC_EXPORT CUresult cuIpcOpenMemHandle(CUdeviceptr *pdptr, CUipcMemHandle handle, unsigned int Flags)
+{
+    CUresult err = fc_lock_enter();
+    if (err != CUDA_SUCCESS)
+        return fc_ret(__func__, err);
+    struct CUctx_st *ctx = NULL;
+    struct fc_ipc_handle h;
+    memcpy(&h, handle.reserved, sizeof(h));
+    err = pdptr == NULL || Flags != CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS ? CUDA_ERROR_INVALID_VALUE
+                                                                       : fc_ctx_current(&ctx);
+    if (err == CUDA_SUCCESS && memcmp(h.magic, ipc_magic, sizeof(h.magic)) != 0)
+        err = CUDA_ERROR_INVALID_HANDLE;
+    if (err == CUDA_SUCCESS && h.pid == (int32_t)getpid())
+        err = CUDA_ERROR_INVALID_CONTEXT;
+    if (err == CUDA_SUCCESS && h.device != ctx->device && !(ctx->peers & (1ull << h.device)) &&
+        fc.knobs.no_peer)
+        err = CUDA_ERROR_PEER_ACCESS_UNSUPPORTED;
+    if (err == CUDA_SUCCESS) {
+        char path[64];
+        snprintf(path, sizeof(path), "/proc/%d/fd/%d", (int)h.pid, (int)h.fd);
+        int fd = open(path, O_RDWR | O_CLOEXEC);
+        struct stat st;
+        void *block = MAP_FAILED;
+        if (fd >= 0 && fstat(fd, &st) == 0 && (uint64_t)st.st_size == h.mapped)
+            block = mmap(NULL, h.mapped, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+        if (fd >= 0)
+            close(fd);
+        struct fc_alloc alloc = {(uintptr_t)block, h.bytes, FC_MEM_IPC, ctx, 0, -1, h.mapped};
+        if (block == MAP_FAILED) {
+            fc_log("cuIpcOpenMemHandle: cannot map %s", path);
+            err = CUDA_ERROR_INVALID_HANDLE;
+        } else if (alloc_insert(&alloc) != 0) {
+            munmap(block, h.mapped);
+            err = CUDA_ERROR_OUT_OF_MEMORY;
+        } else {
+            *pdptr = (CUdeviceptr)(uintptr_t)block;
+            fc_log("cuIpcOpenMemHandle: %llu bytes of pid %d's device %d at %p",
+                   (unsigned long long)h.bytes, (int)h.pid, (int)h.device, block);
+        }
+    }
+    fc_unlock();
+    return fc_ret(__func__, err);
+}
+
+FC_EXPORT CUresult cuIpcCloseMemHandle(CUdeviceptr dptr)
+{
+    CUresult err = fc_lock_enter();
+    if (err != CUDA_SUCCESS)
+        return fc_ret(__func__, err);
+    struct CUctx_st *ctx = NULL;
+    err = fc_ctx_current(&ctx);
+    if (err == CUDA_SUCCESS) {
+        struct fc_alloc *alloc = alloc_at((uintptr_t)dptr, FC_MEM_IPC);
+        if (alloc == NULL)
+            err = CUDA_ERROR_INVALID_VALUE;
+        else
+            alloc_release(alloc);
+    }
     fc_unlock();
     return fc_ret(__func__, err);
 }

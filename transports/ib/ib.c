@@ -442,6 +442,8 @@ static cfxResult_t ib_setup(void *ctx_v, const struct cfx_transport_peer *peer, 
     memcpy(info_out, &info, sizeof(info));
     cfx_connector_set_fifo(conn, ic->fifo, ic->slots, slot_bytes, n_steps);
     conn->peer_rank = peer->rank;
+    if (gdr) /* Host buffers of this GPU rank reach device slots through copies. */
+        CFX_CHECK(cfx_connector_stage_init(conn, conn->place.device));
     return cfxSuccess;
 }
 
@@ -623,6 +625,7 @@ static void ib_close(void *ctx_v, struct cfx_connector *conn)
         CFX_INFO(CFX_LOG_NET,
                  "ib: rank %d <- rank %d flushed the NIC's writes into device memory %llu time(s)",
                  ic->self_rank, ic->peer_rank, (unsigned long long)ic->gdr_flushes);
+    cfx_connector_stage_fini(conn);
     gdr_slots_free(ctx, ic);
     free(ic->mem);
     free(ic);

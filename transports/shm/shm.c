@@ -66,8 +66,10 @@ struct shm_conn {
     size_t bytes;
     int memfd; /* Receiver, CFX_SHM_KIND_MEMFD: open until the sender has mapped it; else -1. */
     int peer_pid;
-    int pinned; /* CFX_SHM_KIND_MEMFD: this side's mapping is registered, device + 1; else 0. */
+    int pinned;     /* CFX_SHM_KIND_MEMFD: this side's mapping is registered, device + 1; else 0. */
+    int host_slots; /* The slots follow the control block (shm); 0: control block only (p2p). */
 };
+_Static_assert(sizeof(struct shm_conn) <= CFX_SHM_CONN_BYTES, "see transports/shm/shm.h");
 
 /* Per-communicator state. */
 struct shm_ctx {
@@ -122,14 +124,19 @@ static int shm_can_connect(void *ctx, const struct cfx_transport_peer *self,
     return !param_shm_disable() && self->host_hash == peer->host_hash;
 }
 
-static size_t fifo_bytes(size_t slot_bytes, int n_steps)
+static size_t fifo_bytes(size_t slot_bytes, int n_steps, int host_slots)
 {
-    return cfx_fifo_slots_offset() + slot_bytes * (size_t)n_steps;
+    return cfx_fifo_slots_offset() + (host_slots ? slot_bytes * (size_t)n_steps : 0);
 }
 
-static void attach_fifo(struct cfx_connector *conn, void *base, size_t slot_bytes, int n_steps)
+/* The view of a control block at @p base; its slots follow it, or (p2p)
+ * the caller points the view at them. */
+static void attach_fifo(struct cfx_connector *conn, const struct shm_conn *sc, void *base,
+                        size_t slot_bytes, int n_steps)
 {
-    cfx_connector_set_fifo(conn, base, (char *)base + cfx_fifo_slots_offset(), slot_bytes, n_steps);
+    cfx_connector_set_fifo(conn, base,
+                           sc->host_slots ? (char *)base + cfx_fifo_slots_offset() : NULL,
+                           slot_bytes, n_steps);
 }
 
 /* Receiver: a fresh, zeroed, pre-faulted FIFO in a memfd whose size is
@@ -205,8 +212,9 @@ static cfxResult_t pin(struct cfx_connector *conn, struct shm_conn *sc)
     return res;
 }
 
-static cfxResult_t shm_setup(void *ctx_v, const struct cfx_transport_peer *peer, size_t slot_bytes,
-                             int n_steps, struct cfx_connector *conn, void *info_out)
+cfxResult_t cfx_shm_fifo_setup(void *ctx_v, const struct cfx_transport_peer *peer,
+                               size_t slot_bytes, int n_steps, struct cfx_connector *conn,
+                               void *info_out, size_t priv_bytes, int host_slots)
 {
     /* Host memory (pinned for a GPU rank): a FIFO in device memory is
      * another transport's business. */
@@ -220,15 +228,16 @@ static cfxResult_t shm_setup(void *ctx_v, const struct cfx_transport_peer *peer,
                              "shm: cannot have a FIFO read by a kernel in pageable host memory "
                              "(device %d, connection with rank %d); it must be pinned",
                              conn->place.device, peer->rank);
-    struct shm_conn *sc = calloc(1, sizeof(*sc));
+    struct shm_conn *sc = calloc(1, priv_bytes);
     if (sc == NULL)
         return cfx_error_set(cfxSystemError, CFX_LOG_SHM, "shm: out of memory");
     conn->priv = sc;
     sc->peer_pid = peer->pid;
     sc->memfd = -1;
+    sc->host_slots = host_slots;
     struct cfx_shm_info info = {.kind = CFX_SHM_KIND_NONE};
     if (conn->dir == CFX_CONN_RECV) {
-        sc->bytes = fifo_bytes(slot_bytes, n_steps);
+        sc->bytes = fifo_bytes(slot_bytes, n_steps, host_slots);
         if (peer->pid == (int)getpid()) {
             /* Threads of one process: plain page-aligned memory. */
             void *base = NULL;
@@ -250,7 +259,7 @@ static cfxResult_t shm_setup(void *ctx_v, const struct cfx_transport_peer *peer,
         }
         info.kind = sc->kind;
         info.bytes = sc->bytes;
-        attach_fifo(conn, sc->base, slot_bytes, n_steps);
+        attach_fifo(conn, sc, sc->base, slot_bytes, n_steps);
         cfxResult_t res = pin(conn, sc);
         if (res != cfxSuccess)
             return res;
@@ -264,6 +273,13 @@ static cfxResult_t shm_setup(void *ctx_v, const struct cfx_transport_peer *peer,
     }
     memcpy(info_out, &info, sizeof(info));
     return cfxSuccess;
+}
+
+static cfxResult_t shm_setup(void *ctx_v, const struct cfx_transport_peer *peer, size_t slot_bytes,
+                             int n_steps, struct cfx_connector *conn, void *info_out)
+{
+    return cfx_shm_fifo_setup(ctx_v, peer, slot_bytes, n_steps, conn, info_out,
+                              sizeof(struct shm_conn), 1);
 }
 
 /* Sender: open the receiver's memfd through /proc and map it. Only a
@@ -328,8 +344,9 @@ out_close:
 static cfxResult_t connect_send(const struct shm_ctx *ctx, struct cfx_connector *conn,
                                 struct shm_conn *sc, const struct cfx_shm_info *info)
 {
-    const char *why = cfx_shm_info_refusal(info, fifo_bytes(conn->slot_bytes, conn->n_steps),
-                                           sc->peer_pid, sc->peer_pid == (int)getpid());
+    const char *why =
+        cfx_shm_info_refusal(info, fifo_bytes(conn->slot_bytes, conn->n_steps, sc->host_slots),
+                             sc->peer_pid, sc->peer_pid == (int)getpid());
     if (why != NULL)
         return cfx_error_set(cfxInternalError, CFX_LOG_SHM,
                              "shm: rank %d described its FIFO with %s", conn->peer_rank, why);
@@ -342,7 +359,7 @@ static cfxResult_t connect_send(const struct shm_ctx *ctx, struct cfx_connector 
         if (res != cfxSuccess)
             return res;
     }
-    attach_fifo(conn, sc->base, conn->slot_bytes, conn->n_steps);
+    attach_fifo(conn, sc, sc->base, conn->slot_bytes, conn->n_steps);
     CFX_CHECK(pin(conn, sc));
     cfx_store_release_i32(&conn->fifo->attached, 1);
     return cfxSuccess;
@@ -369,7 +386,7 @@ static int peer_readable(struct cfx_connector *conn, struct shm_conn *sc,
     return ok;
 }
 
-static cfxResult_t shm_connect(void *ctx_v, struct cfx_connector *conn, const void *peer_info)
+cfxResult_t cfx_shm_fifo_connect(void *ctx_v, struct cfx_connector *conn, const void *peer_info)
 {
     struct shm_conn *sc = conn->priv;
     struct cfx_shm_info info;
@@ -403,7 +420,7 @@ static cfxResult_t shm_connect(void *ctx_v, struct cfx_connector *conn, const vo
     return cfxSuccess;
 }
 
-static void shm_close(void *ctx_v, struct cfx_connector *conn)
+void cfx_shm_fifo_close(void *ctx_v, struct cfx_connector *conn)
 {
     (void)ctx_v;
     struct shm_conn *sc = conn->priv;
@@ -442,7 +459,8 @@ static int closed_code(cfxResult_t reason, int blame_rank)
 }
 
 /* The first side to fail records why; the peer's check() reports it. */
-static void shm_poison(void *ctx_v, struct cfx_connector *conn, cfxResult_t reason, int blame_rank)
+void cfx_shm_fifo_poison(void *ctx_v, struct cfx_connector *conn, cfxResult_t reason,
+                         int blame_rank)
 {
     (void)ctx_v;
     if (conn->fifo == NULL)
@@ -483,7 +501,7 @@ static cfxResult_t broken(struct cfx_connector *conn, struct shm_conn *sc, int c
     return cfxSuccess;
 }
 
-static cfxResult_t shm_check(void *ctx_v, struct cfx_connector *conn)
+cfxResult_t cfx_shm_fifo_check(void *ctx_v, struct cfx_connector *conn)
 {
     (void)ctx_v;
     int closed = cfx_load_acquire_i32(&conn->fifo->closed);
@@ -582,12 +600,12 @@ const struct cfx_transport cfx_shm_transport = {
     /* connection */
     .can_connect = shm_can_connect,
     .setup = shm_setup,
-    .connect = shm_connect,
-    .close = shm_close,
+    .connect = cfx_shm_fifo_connect,
+    .close = cfx_shm_fifo_close,
     /* data path */
     .kick = NULL,
-    .poison = shm_poison,
-    .check = shm_check,
+    .poison = cfx_shm_fifo_poison,
+    .check = cfx_shm_fifo_check,
     .read_peer = shm_read_peer,
     /* memory: registration and flushes have nothing to do for host memory */
     .reg_mem = NULL,

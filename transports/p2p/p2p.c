@@ -1,0 +1,307 @@
+/*
+ * The peer-memory transport: GPU ranks of one host whose GPUs reach each
+ * other (the same GPU, or cuDeviceCanAccessPeer: NVLink or PCIe peer to
+ * peer) within CFX_P2P_LEVEL. The payload slots live in the receiver's
+ * device memory and the sender's kernel writes straight into them (a P2P
+ * write over NVLink or PCIe); the receiver's kernel reads them from its own
+ * memory. Nothing copies them on the way: no proxy, no staging.
+ *
+ * The control block (tail, head, info lines with the payloads of 24 bytes
+ * or less, closed word) is shm's: host memory both processes map, pinned
+ * and device-mapped for each side's GPU (transports/shm/shm.h). So every
+ * word a host thread reads or writes stays host memory: the watcher reads
+ * the counters, poison and check work on the closed word as with shm, and
+ * a dead peer is seen the same way. Only the bulk payload moves GPU to GPU.
+ * The cost: a kernel polls its flags over PCIe, a microsecond where flags in
+ * device memory would take a fraction of one (see docs/transports.md).
+ *
+ * How the sender reaches the receiver's slots:
+ *   - P2P/direct: the ranks are threads of one process: the pointer itself,
+ *     with peer access enabled between the two devices when they differ;
+ *   - P2P/IPC: other processes: legacy CUDA IPC (cuIpcGetMemHandle on the
+ *     receiver, cuIpcOpenMemHandle with lazy peer access on the sender).
+ * cuMem (VMM) allocations exported as file descriptors are not done yet.
+ *
+ * A host thread of a GPU rank (host buffers on a GPU rank) reaches the
+ * slots only through copies on a stream of its device (the connector's
+ * stage, src/coll/prims.c).
+ */
+#include "transports/p2p/p2p.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <unistd.h>
+
+#include "src/util/check.h"
+#include "src/util/cuda.h"
+#include "src/util/error.h"
+#include "src/util/log.h"
+#include "src/util/param.h"
+#include "transports/shm/shm.h"
+#include "transports/shm/wire.h"
+
+CFX_PARAM_INT(p2p_disable, "P2P_DISABLE", 0, 0, 1,
+              "1: never connect GPU ranks through peer memory (shm staging instead)");
+
+/* NCCL's names of the path classes, LOC nearest. */
+static int p2p_level_of(const char *text)
+{
+    static const struct {
+        const char *name;
+        int level;
+    } levels[] = {{"LOC", CFX_PATH_CLASS_LOC}, {"NVL", CFX_PATH_CLASS_NVL},
+                  {"NVB", CFX_PATH_CLASS_NVB}, {"PIX", CFX_PATH_CLASS_PIX},
+                  {"PXB", CFX_PATH_CLASS_PXB}, {"PHB", CFX_PATH_CLASS_PHB},
+                  {"SYS", CFX_PATH_CLASS_SYS}};
+    for (size_t i = 0; i < sizeof(levels) / sizeof(levels[0]); i++)
+        if (strcasecmp(text, levels[i].name) == 0)
+            return levels[i].level;
+    return -1;
+}
+
+static const char *check_p2p_level(const char *text, char *buf, size_t len)
+{
+    (void)buf;
+    (void)len;
+    return p2p_level_of(text) < 0 ? "expected one of LOC, NVL, NVB, PIX, PXB, PHB, SYS" : NULL;
+}
+
+CFX_PARAM_STR_CHECKED(p2p_level, "P2P_LEVEL", "PXB", check_p2p_level,
+                      "Peer memory between GPU ranks of one host when the path between their "
+                      "GPUs is at most this (NCCL's names: LOC, NVL, NVB, PIX, PXB, PHB, SYS)");
+
+/* How the sender reaches the receiver's slots. */
+enum p2p_mode { P2P_MODE_DIRECT = 1, P2P_MODE_IPC = 2 };
+
+static const char *mode_name(uint32_t mode)
+{
+    return mode == P2P_MODE_IPC ? "P2P/IPC" : "P2P/direct";
+}
+
+/* The connect info: shm's, then where the slots are. */
+struct cfx_p2p_info {
+    struct cfx_shm_info shm;
+    uint32_t mode;       /* Receiver: enum p2p_mode; sender: 0. */
+    int32_t device;      /* The writer of this info's CUDA device (its process's ordinal). */
+    uint64_t slot_bytes; /* Receiver: the slots' geometry, checked by the sender. */
+    uint64_t n_steps;
+    uint64_t local_addr; /* P2P_MODE_DIRECT: the slots' address in the shared process. */
+    unsigned char handle[CFX_CUDA_IPC_HANDLE_BYTES]; /* P2P_MODE_IPC. */
+};
+_Static_assert(sizeof(struct cfx_p2p_info) <= CFX_CONNECT_INFO_BYTES, "info too large");
+
+/* Per-connector state: shm's first (it owns conn->priv), then ours. */
+struct p2p_conn {
+    char shm[CFX_SHM_CONN_BYTES];
+    int device;       /* This side's device. */
+    void *slots;      /* Receiver: its allocation; sender: the receiver's, as mapped here. */
+    uint32_t mode;    /* enum p2p_mode (the sender's once connected). */
+    int ipc_open;     /* Sender: slots came from cuIpcOpenMemHandle. */
+    int slots_owned;  /* Receiver: slots came from cuMemAlloc. */
+};
+
+struct p2p_ctx {
+    int rank;
+    void *shm; /* A shm transport context for the control blocks. */
+};
+
+/* ------------------------------------------------------------ lifecycle */
+
+static cfxResult_t p2p_init(const struct cfx_transport_env *env, void **ctx_p)
+{
+    struct p2p_ctx *ctx = calloc(1, sizeof(*ctx));
+    if (ctx == NULL)
+        return cfx_error_set(cfxSystemError, CFX_LOG_P2P, "p2p: out of memory");
+    ctx->rank = env->rank;
+    cfxResult_t res = cfx_shm_transport.init(env, &ctx->shm);
+    if (res != cfxSuccess) {
+        free(ctx);
+        return res;
+    }
+    *ctx_p = ctx;
+    return cfxSuccess;
+}
+
+static void p2p_fini(void *ctx_v)
+{
+    struct p2p_ctx *ctx = ctx_v;
+    if (ctx == NULL)
+        return;
+    cfx_shm_transport.fini(ctx->shm);
+    free(ctx);
+}
+
+/* ----------------------------------------------------------- connection */
+
+/* GPU ranks of one host, the path between their GPUs within CFX_P2P_LEVEL,
+ * and (where this process sees both GPUs) the driver says one can reach
+ * the other's memory. A GPU this process does not see (CUDA_VISIBLE_DEVICES)
+ * is taken to be reachable within the level, as CUDA IPC maps memory of
+ * GPUs a process does not see; both sides then decide alike. */
+static int p2p_can_connect(void *ctx_v, const struct cfx_transport_peer *self,
+                           const struct cfx_transport_peer *peer)
+{
+    (void)ctx_v;
+    if (param_p2p_disable() || self->host_hash != peer->host_hash || self->cuda_dev < 0 ||
+        peer->cuda_dev < 0 || (int)peer->path > p2p_level_of(param_p2p_level()))
+        return 0;
+    int same_process = self->pid == peer->pid;
+    if (!same_process && !cfx_cuda_ipc_supported())
+        return 0;
+    int mine = same_process ? self->cuda_dev : cfx_cuda_device_of_busid(self->busid);
+    int theirs = same_process ? peer->cuda_dev : cfx_cuda_device_of_busid(peer->busid);
+    if (mine < 0 || theirs < 0)
+        return !same_process;
+    return cfx_cuda_can_access_peer(mine, theirs) && cfx_cuda_can_access_peer(theirs, mine);
+}
+
+static cfxResult_t p2p_setup(void *ctx_v, const struct cfx_transport_peer *peer, size_t slot_bytes,
+                             int n_steps, struct cfx_connector *conn, void *info_out)
+{
+    struct p2p_ctx *ctx = ctx_v;
+    if (conn->place.reader != CFX_READER_KERNEL || conn->place.mem != CFX_MEM_HOST_PINNED)
+        return cfx_error_set(cfxInvalidUsage, CFX_LOG_P2P,
+                             "p2p: connects GPU ranks only, whose FIFOs are read by kernels "
+                             "(connection with rank %d)",
+                             peer->rank);
+    struct cfx_p2p_info info;
+    memset(&info, 0, sizeof(info));
+    CFX_CHECK(cfx_shm_fifo_setup(ctx->shm, peer, slot_bytes, n_steps, conn, &info.shm,
+                                 sizeof(struct p2p_conn), 0));
+    struct p2p_conn *pc = conn->priv;
+    pc->device = conn->place.device;
+    info.device = pc->device;
+    if (conn->dir == CFX_CONN_RECV) {
+        size_t bytes = slot_bytes * (size_t)n_steps;
+        CFX_CHECK(cfx_cuda_select(pc->device));
+        CFX_CHECK(cfx_cuda_mem_alloc(&pc->slots, bytes));
+        pc->slots_owned = 1;
+        info.slot_bytes = slot_bytes;
+        info.n_steps = (uint64_t)n_steps;
+        if (peer->pid == (int)getpid()) {
+            info.mode = P2P_MODE_DIRECT;
+            info.local_addr = (uint64_t)(uintptr_t)pc->slots;
+        } else {
+            info.mode = P2P_MODE_IPC;
+            CFX_CHECK(cfx_cuda_ipc_export(pc->slots, pc->device, info.handle));
+        }
+        pc->mode = info.mode;
+        conn->slots = pc->slots;
+        conn->view.slots = pc->slots;
+        CFX_CHECK(cfx_connector_stage_init(conn, pc->device));
+    }
+    memcpy(info_out, &info, sizeof(info));
+    return cfxSuccess;
+}
+
+/* Sender: reach the receiver's slots as its info says. */
+static cfxResult_t open_slots(struct p2p_ctx *ctx, struct cfx_connector *conn, struct p2p_conn *pc,
+                              const struct cfx_p2p_info *info)
+{
+    if (info->slot_bytes != conn->slot_bytes || info->n_steps != (uint64_t)conn->n_steps)
+        return cfx_error_set(cfxInternalError, CFX_LOG_P2P,
+                             "p2p: rank %d described %llu slots of %llu bytes where this rank "
+                             "expects %d of %zu (CFX_BUFFSIZE or CFX_STEPS differ between ranks?)",
+                             conn->peer_rank, (unsigned long long)info->n_steps,
+                             (unsigned long long)info->slot_bytes, conn->n_steps, conn->slot_bytes);
+    int same_process = info->shm.kind == CFX_SHM_KIND_LOCAL;
+    if (info->mode == P2P_MODE_DIRECT && same_process && info->local_addr != 0) {
+        /* One process: the devices' ordinals are the same here. */
+        CFX_CHECK(cfx_cuda_enable_peer_access(pc->device, info->device));
+        pc->slots = (void *)(uintptr_t)info->local_addr;
+    } else if (info->mode == P2P_MODE_IPC && !same_process) {
+        CFX_CHECK(cfx_cuda_ipc_open(info->handle, pc->device, &pc->slots));
+        pc->ipc_open = 1;
+    } else {
+        return cfx_error_set(cfxInternalError, CFX_LOG_P2P,
+                             "p2p: rank %d described its slots with an unknown mode %u",
+                             conn->peer_rank, (unsigned)info->mode);
+    }
+    pc->mode = info->mode;
+    conn->slots = pc->slots;
+    conn->view.slots = pc->slots;
+    CFX_CHECK(cfx_connector_stage_init(conn, pc->device));
+    CFX_INFO(CFX_LOG_P2P,
+             "p2p: rank %d -> rank %d connected (%s): writes into device %d's memory of rank %d "
+             "from device %d",
+             ctx->rank, conn->peer_rank, mode_name(pc->mode), (int)info->device, conn->peer_rank,
+             pc->device);
+    return cfxSuccess;
+}
+
+static cfxResult_t p2p_connect(void *ctx_v, struct cfx_connector *conn, const void *peer_info)
+{
+    struct p2p_ctx *ctx = ctx_v;
+    struct cfx_p2p_info info;
+    memcpy(&info, peer_info, sizeof(info));
+    CFX_CHECK(cfx_shm_fifo_connect(ctx->shm, conn, &info.shm));
+    conn->peer_readable = 0; /* No read_peer: payloads go through the slots. */
+    struct p2p_conn *pc = conn->priv;
+    if (conn->dir == CFX_CONN_SEND)
+        return open_slots(ctx, conn, pc, &info);
+    CFX_INFO(CFX_LOG_P2P,
+             "p2p: rank %d <- rank %d connected (%s): slots in device %d's memory, written by "
+             "device %d of rank %d",
+             ctx->rank, conn->peer_rank, mode_name(pc->mode), pc->device, (int)info.device,
+             conn->peer_rank);
+    return cfxSuccess;
+}
+
+static void p2p_close(void *ctx_v, struct cfx_connector *conn)
+{
+    struct p2p_ctx *ctx = ctx_v;
+    struct p2p_conn *pc = conn->priv;
+    if (pc == NULL)
+        return;
+    cfx_connector_stage_fini(conn);
+    if (pc->ipc_open)
+        cfx_cuda_ipc_close(pc->slots, pc->device);
+    /* With legacy IPC the sender's mapping should be closed first; a
+     * receiver that leaves earlier frees the memory under a mapping no
+     * kernel uses any more (the sender's work on it ended or failed). */
+    if (pc->slots_owned && cfx_cuda_select(pc->device) == cfxSuccess)
+        cfx_cuda_mem_free(pc->slots);
+    pc->slots = NULL;
+    pc->ipc_open = 0;
+    pc->slots_owned = 0;
+    cfx_shm_fifo_close(ctx->shm, conn); /* Frees pc. */
+}
+
+/* ------------------------------------------------------------ data path */
+
+static void p2p_poison(void *ctx_v, struct cfx_connector *conn, cfxResult_t reason, int blame_rank)
+{
+    cfx_shm_fifo_poison(((struct p2p_ctx *)ctx_v)->shm, conn, reason, blame_rank);
+}
+
+static cfxResult_t p2p_check(void *ctx_v, struct cfx_connector *conn)
+{
+    return cfx_shm_fifo_check(((struct p2p_ctx *)ctx_v)->shm, conn);
+}
+
+const struct cfx_transport cfx_p2p_transport = {
+    .version = CFX_TRANSPORT_VERSION,
+    .name = "p2p",
+    /* Kernels poll the (pinned) control block and fill the slots. */
+    .flags = CFX_TRANSPORT_FLAG_READER_KERNEL,
+    /* lifecycle */
+    .init = p2p_init,
+    .fini = p2p_fini,
+    /* connection */
+    .can_connect = p2p_can_connect,
+    .setup = p2p_setup,
+    .connect = p2p_connect,
+    .close = p2p_close,
+    /* data path */
+    .kick = NULL,
+    .poison = p2p_poison,
+    .check = p2p_check,
+    .read_peer = NULL,
+    /* memory: nothing yet (registered user buffers, peer mappings) */
+    .reg_mem = NULL,
+    .dereg_mem = NULL,
+    .flush = NULL,
+    .map_peer = NULL,
+};
