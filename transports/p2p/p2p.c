@@ -95,11 +95,11 @@ _Static_assert(sizeof(struct cfx_p2p_info) <= CFX_CONNECT_INFO_BYTES, "info too 
 /* Per-connector state: shm's first (it owns conn->priv), then ours. */
 struct p2p_conn {
     char shm[CFX_SHM_CONN_BYTES];
-    int device;       /* This side's device. */
-    void *slots;      /* Receiver: its allocation; sender: the receiver's, as mapped here. */
-    uint32_t mode;    /* enum p2p_mode (the sender's once connected). */
-    int ipc_open;     /* Sender: slots came from cuIpcOpenMemHandle. */
-    int slots_owned;  /* Receiver: slots came from cuMemAlloc. */
+    int device;      /* This side's device. */
+    void *slots;     /* Receiver: its allocation; sender: the receiver's, as mapped here. */
+    uint32_t mode;   /* enum p2p_mode (the sender's once connected). */
+    int ipc_open;    /* Sender: slots came from cuIpcOpenMemHandle. */
+    int slots_owned; /* Receiver: slots came from cuMemAlloc. */
 };
 
 struct p2p_ctx {
