@@ -20,6 +20,7 @@ struct fc_global fc = {
     .progress = PTHREAD_COND_INITIALIZER,
     .knobs = {.launch_fail_after = -1},
     .next_capture_id = 1,
+    .last_vmm_handle = 0xFC00000000000000ull, /* far from small integers (fds) */
 };
 
 _Thread_local struct CUctx_st *fc_tls_ctx;
@@ -193,6 +194,7 @@ FC_EXPORT CUresult cuInit(unsigned int Flags)
         fc.knobs.no_device = env_long("FAKECUDA_NO_DEVICE", 0) != 0;
         fc.knobs.no_peer = env_long("FAKECUDA_NO_PEER", 0) != 0;
         fc.knobs.no_dmabuf = env_long("FAKECUDA_NO_DMABUF", 0) != 0;
+        fc.knobs.no_cumem = env_long("FAKECUDA_NO_CUMEM", 0) != 0;
         fc.knobs.launch_fail_after = env_long("FAKECUDA_LAUNCH_FAIL_AFTER", -1);
         fc.knobs.lazy_ns = (uint64_t)env_long("FAKECUDA_LAZY_US", 2000) * 1000u;
         fc.knobs.host_fn_serial = env_long("FAKECUDA_HOST_FN_SERIAL", 1) != 0;
@@ -304,9 +306,9 @@ static int attribute_value(CUdevice_attribute attrib, CUdevice dev)
     case CU_DEVICE_ATTRIBUTE_READ_ONLY_HOST_REGISTER_SUPPORTED: return 1;
     case CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_SUPPORTED: return 1;
     case CU_DEVICE_ATTRIBUTE_DMA_BUF_SUPPORTED: return !fc.knobs.no_dmabuf;
-    case CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED: return 1;
+    case CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED: return !fc.knobs.no_cumem;
     case CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED: return 1;
-    case CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED: return 1;
+    case CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED: return !fc.knobs.no_cumem;
     case CU_DEVICE_ATTRIBUTE_HOST_REGISTER_SUPPORTED: return 1;
     default: return 0;
     }

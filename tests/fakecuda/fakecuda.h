@@ -14,6 +14,8 @@
  *   FAKECUDA_DEVICES=N            devices (default 1, at most FC_MAX_DEVICES)
  *   FAKECUDA_NO_DEVICE=1          cuInit fails with CUDA_ERROR_NO_DEVICE
  *   FAKECUDA_NO_PEER=1            cuDeviceCanAccessPeer answers 0
+ *   FAKECUDA_NO_DMABUF=1          no dma-buf export (cuMemGetHandleForAddressRange)
+ *   FAKECUDA_NO_CUMEM=1           no cuMem virtual memory management (NOT_SUPPORTED)
  *   FAKECUDA_LAUNCH_FAIL_AFTER=N  cuLaunchKernel calls after the first N
  *                                 fail with CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES
  *   FAKECUDA_LAZY_US=N            cuMemsetD8 of device memory and cuMemcpyHtoD
@@ -49,6 +51,9 @@
 #define FC_MAX_BLOCK_THREADS 1024
 #define FC_MAX_DYNAMIC_SMEM  49152 /* without cuFuncSetAttribute, which is not here */
 #define FC_STATE_ALIGN       64    /* of each block's state (kernels.h) */
+/* cuMemGetAllocationGranularity, minimum and recommended: an H100's and an
+ * H200's answer. cuMemCreate sizes and cuMemMap addresses are multiples. */
+#define FC_VMM_GRANULARITY ((size_t)2 << 20)
 
 /* Exported symbols: everything else is hidden (C_VISIBILITY_PRESET). */
 #define FC_EXPORT __attribute__((visibility("default")))
@@ -59,6 +64,7 @@ struct fc_knobs {
     int no_device;
     int no_peer;
     int no_dmabuf;          /* FAKECUDA_NO_DMABUF: the devices say they cannot export dma-bufs */
+    int no_cumem;           /* FAKECUDA_NO_CUMEM: no virtual memory management (cuMem*) */
     long launch_fail_after; /* -1: off */
     uint64_t lazy_ns;       /* FAKECUDA_LAZY_US: how late a "synchronous" set or copy lands */
     int host_fn_serial;     /* FAKECUDA_HOST_FN_SERIAL (default 1): one host function at a time */
@@ -255,13 +261,39 @@ enum fc_mem_kind {
     FC_MEM_HOST_ALLOC,
     FC_MEM_REGISTERED,
     FC_MEM_IPC, /* another process's device allocation, opened by cuIpcOpenMemHandle */
+    FC_MEM_VMM, /* a cuMemMap mapping of a cuMem allocation inside a reservation */
 };
 
-/* Device memory, this process's own or another's mapped through IPC. */
+/* Device memory: this process's own, another's mapped through IPC, or a
+ * cuMem allocation (either) mapped by cuMemMap. */
 static inline int fc_kind_is_device(enum fc_mem_kind kind)
 {
-    return kind == FC_MEM_DEVICE || kind == FC_MEM_IPC;
+    return kind == FC_MEM_DEVICE || kind == FC_MEM_IPC || kind == FC_MEM_VMM;
 }
+
+/* A physical allocation of the cuMem API (vmm.c): cuMemCreate's, or one
+ * imported from a file descriptor. It lives while its handle (until
+ * cuMemRelease) or a mapping holds a reference, as the driver's does. */
+struct fc_vmm_alloc {
+    struct fc_vmm_alloc *next;
+    /* Its CUmemGenericAllocationHandle: a serial number, never reused in
+     * the process, so that a stale handle stays invalid. */
+    CUmemGenericAllocationHandle handle;
+    int fd; /* memfd "fakecuda-vmm-dev<device>" of exactly bytes */
+    size_t bytes;
+    int device;            /* the device the memory is on */
+    unsigned handle_types; /* CUmemAllocationHandleType bits it may be exported as */
+    int charged;           /* cuMemCreate's: counted in fc.used_bytes[device] */
+    int released;          /* cuMemRelease'd: the handle is no longer valid */
+    int refs;              /* the handle, until released, and one per mapping */
+};
+
+/* An address range of cuMemAddressReserve: PROT_NONE anonymous memory
+ * wherever nothing is mapped. */
+struct fc_reservation {
+    uintptr_t base;
+    size_t bytes;
+};
 
 struct fc_alloc {
     uintptr_t base;
@@ -270,10 +302,15 @@ struct fc_alloc {
     struct CUctx_st *ctx;
     unsigned flags;
     /* FC_MEM_DEVICE: the memfd the allocation is a shared mapping of (so
-     * cuIpcGetMemHandle can hand it to another process); FC_MEM_IPC and
-     * host kinds: -1. */
+     * cuIpcGetMemHandle can hand it to another process); FC_MEM_IPC,
+     * FC_MEM_VMM (whose allocation holds the memfd) and host kinds: -1. */
     int fd;
-    size_t mapped; /* FC_MEM_DEVICE, FC_MEM_IPC: bytes mapped (page multiple). */
+    size_t mapped; /* FC_MEM_DEVICE, FC_MEM_IPC, FC_MEM_VMM: bytes mapped (page multiple). */
+    /* FC_MEM_VMM: the allocation mapped here (the mapping holds a
+     * reference), and the devices (bit d) cuMemSetAccess let read it and
+     * write it. ctx is its device's primary context, active or not. */
+    struct fc_vmm_alloc *vmm;
+    uint64_t readers, writers;
 };
 
 /* Process-wide state. */
@@ -288,6 +325,10 @@ struct fc_global {
     struct fc_alloc *allocs;
     size_t n_allocs, cap_allocs;
     uint64_t used_bytes[FC_MAX_DEVICES];
+    struct fc_vmm_alloc *vmm_allocs; /* live cuMem allocations (vmm.c) */
+    CUmemGenericAllocationHandle last_vmm_handle;
+    struct fc_reservation *reservations;
+    unsigned n_reservations, cap_reservations;
     struct fc_capture *captures; /* ongoing (not yet ended) */
     uint64_t next_capture_id;
     long launches; /* cuLaunchKernel calls so far */
@@ -377,12 +418,25 @@ void fc_ctx_destroy_events(struct CUctx_st *ctx);
 
 /* The allocation that holds @p addr, or NULL. */
 struct fc_alloc *fc_alloc_find(uintptr_t addr);
+/* An allocation overlapping [addr, addr + bytes), or NULL. */
+struct fc_alloc *fc_alloc_overlapping(uintptr_t addr, size_t bytes);
+/* Add @p alloc to the registry (it must overlap none); 0 or -1. */
+int fc_alloc_insert(const struct fc_alloc *alloc);
+/* Forget @p alloc, freeing or unmapping what it holds (no wait). */
+void fc_alloc_release(struct fc_alloc *alloc);
 /* [addr, addr + bytes) may be used as one side of a copy: inside one
  * known allocation, or (unless @p must_be_known) outside all of them.
  * CUDA_ERROR_INVALID_VALUE otherwise. */
 CUresult fc_mem_check(uintptr_t addr, size_t bytes, int must_be_known);
-/* Free the memory and registrations of @p ctx (its reset). */
+/* Free the memory and registrations of @p ctx (its reset). cuMem
+ * allocations and their mappings belong to no context and stay. */
 void fc_mem_reset_ctx(struct CUctx_st *ctx);
+
+/* ------------------------------------------------------------ vmm.c */
+
+/* The FC_MEM_VMM mapping @p alloc goes (fc_alloc_release): its range is
+ * PROT_NONE reserved memory again and its allocation loses a reference. */
+void fc_vmm_unmapped(struct fc_alloc *alloc);
 
 /* ------------------------------------------------------------ module.c */
 

@@ -1,9 +1,10 @@
 /*
- * fake-cuda memory: device allocations (host memory: each a shared mapping
- * of a memfd of its own, page aligned, so CUDA IPC can map it in another
- * process),
- * pinned host allocations, registered host ranges, pointer attributes,
- * and the copies and sets with their bounds checks. All of it is host
+ * fake-cuda memory: the registry of the memory the fake knows, device
+ * allocations (host memory: each a shared mapping of a memfd of its own,
+ * page aligned, so CUDA IPC can map it in another process), pinned host
+ * allocations, registered host ranges, pointer attributes, and the copies
+ * and sets with their bounds checks. cuMem mappings (vmm.c) are device
+ * memory of the same registry. All of it is host
  * memory: a host-side access to "device" memory is not caught (ASan still
  * sees one past the allocation's rounded size, or after cuMemFree). See
  * fakecuda.h.
@@ -54,8 +55,7 @@ struct fc_alloc *fc_alloc_find(uintptr_t addr)
     return addr - alloc->base < alloc->bytes ? alloc : NULL;
 }
 
-/* An allocation overlapping [addr, addr + bytes), or NULL. */
-static struct fc_alloc *alloc_overlapping(uintptr_t addr, size_t bytes)
+struct fc_alloc *fc_alloc_overlapping(uintptr_t addr, size_t bytes)
 {
     size_t i = upper_index(addr + bytes - 1);
     if (i == 0)
@@ -64,7 +64,7 @@ static struct fc_alloc *alloc_overlapping(uintptr_t addr, size_t bytes)
     return alloc->base + alloc->bytes > addr ? alloc : NULL;
 }
 
-static int alloc_insert(const struct fc_alloc *alloc)
+int fc_alloc_insert(const struct fc_alloc *alloc)
 {
     unsigned cap = (unsigned)fc.cap_allocs;
     if (fc_grow((void **)&fc.allocs, &cap, (unsigned)fc.n_allocs + 1, sizeof(*fc.allocs)) != 0)
@@ -91,12 +91,13 @@ static struct fc_alloc *alloc_at(uintptr_t addr, enum fc_mem_kind kind)
     return alloc != NULL && alloc->base == addr && alloc->kind == kind ? alloc : NULL;
 }
 
-/* Forget @p alloc, freeing what the fake allocated. */
-static void alloc_release(struct fc_alloc *alloc)
+void fc_alloc_release(struct fc_alloc *alloc)
 {
     if (alloc->kind == FC_MEM_DEVICE)
         fc.used_bytes[alloc->ctx->device] -= alloc->bytes;
-    if (fc_kind_is_device(alloc->kind)) {
+    if (alloc->kind == FC_MEM_VMM) {
+        fc_vmm_unmapped(alloc); /* the reservation stays */
+    } else if (fc_kind_is_device(alloc->kind)) {
         munmap((void *)alloc->base, alloc->mapped);
         if (alloc->fd >= 0)
             close(alloc->fd);
@@ -131,8 +132,8 @@ void fc_mem_reset_ctx(struct CUctx_st *ctx)
 {
     size_t i = 0;
     while (i < fc.n_allocs) {
-        if (fc.allocs[i].ctx == ctx)
-            alloc_release(&fc.allocs[i]);
+        if (fc.allocs[i].ctx == ctx && fc.allocs[i].kind != FC_MEM_VMM)
+            fc_alloc_release(&fc.allocs[i]);
         else
             i++;
     }
@@ -180,8 +181,13 @@ FC_EXPORT CUresult cuMemAlloc(CUdeviceptr *dptr, size_t bytesize)
         int fd = -1;
         size_t mapped = 0;
         void *block = device_block(bytesize, &fd, &mapped);
-        struct fc_alloc alloc = {(uintptr_t)block, bytesize, FC_MEM_DEVICE, ctx, 0, fd, mapped};
-        if (block == NULL || alloc_insert(&alloc) != 0) {
+        struct fc_alloc alloc = {.base = (uintptr_t)block,
+                                 .bytes = bytesize,
+                                 .kind = FC_MEM_DEVICE,
+                                 .ctx = ctx,
+                                 .fd = fd,
+                                 .mapped = mapped};
+        if (block == NULL || fc_alloc_insert(&alloc) != 0) {
             if (block != NULL) {
                 munmap(block, mapped);
                 close(fd);
@@ -210,7 +216,7 @@ static CUresult free_at(uintptr_t addr, enum fc_mem_kind kind, CUresult not_foun
     alloc = alloc_at(addr, kind); /* fc.lock was dropped: look again */
     if (alloc == NULL)
         return not_found;
-    alloc_release(alloc);
+    fc_alloc_release(alloc);
     return CUDA_SUCCESS;
 }
 
@@ -241,8 +247,13 @@ FC_EXPORT CUresult cuMemHostAlloc(void **pp, size_t bytesize, unsigned int Flags
         err = CUDA_ERROR_OUT_OF_MEMORY;
     if (err == CUDA_SUCCESS) {
         void *block = aligned_alloc(FC_HOST_ALIGN, round_up(bytesize, FC_HOST_ALIGN));
-        struct fc_alloc alloc = {(uintptr_t)block, bytesize, FC_MEM_HOST_ALLOC, ctx, Flags, -1, 0};
-        if (block == NULL || alloc_insert(&alloc) != 0) {
+        struct fc_alloc alloc = {.base = (uintptr_t)block,
+                                 .bytes = bytesize,
+                                 .kind = FC_MEM_HOST_ALLOC,
+                                 .ctx = ctx,
+                                 .flags = Flags,
+                                 .fd = -1};
+        if (block == NULL || fc_alloc_insert(&alloc) != 0) {
             free(block);
             err = CUDA_ERROR_OUT_OF_MEMORY;
         } else {
@@ -278,13 +289,18 @@ FC_EXPORT CUresult cuMemHostRegister(void *p, size_t bytesize, unsigned int Flag
     else
         err = unsafe_call_head(&ctx);
     if (err == CUDA_SUCCESS) {
-        const struct fc_alloc *overlap = alloc_overlapping((uintptr_t)p, bytesize);
-        struct fc_alloc alloc = {(uintptr_t)p, bytesize, FC_MEM_REGISTERED, ctx, Flags, -1, 0};
+        const struct fc_alloc *overlap = fc_alloc_overlapping((uintptr_t)p, bytesize);
+        struct fc_alloc alloc = {.base = (uintptr_t)p,
+                                 .bytes = bytesize,
+                                 .kind = FC_MEM_REGISTERED,
+                                 .ctx = ctx,
+                                 .flags = Flags,
+                                 .fd = -1};
         if (overlap != NULL && fc_kind_is_device(overlap->kind))
             err = CUDA_ERROR_INVALID_VALUE; /* device memory is not host memory */
         else if (overlap != NULL)
             err = CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED;
-        else if (alloc_insert(&alloc) != 0)
+        else if (fc_alloc_insert(&alloc) != 0)
             err = CUDA_ERROR_OUT_OF_MEMORY;
     }
     fc_unlock();
@@ -550,7 +566,7 @@ FC_EXPORT CUresult cuMemsetD8Async(CUdeviceptr dstDevice, unsigned char uc, size
  * tests/fakeverbs registers the address it is given, since fake device
  * memory is host memory); the checks are the driver's: a current context,
  * DMA_BUF_FD, no flags, page-aligned address and size inside one device
- * allocation. */
+ * allocation (cuMemAlloc's, or one cuMemMap mapping). */
 FC_EXPORT CUresult cuMemGetHandleForAddressRange(void *handle, CUdeviceptr dptr, size_t size,
                                                  CUmemRangeHandleType handleType,
                                                  unsigned long long flags)
@@ -570,7 +586,7 @@ FC_EXPORT CUresult cuMemGetHandleForAddressRange(void *handle, CUdeviceptr dptr,
         err = CUDA_ERROR_NOT_SUPPORTED;
     if (err == CUDA_SUCCESS) {
         const struct fc_alloc *alloc = fc_alloc_find(base);
-        if (alloc == NULL || alloc->kind != FC_MEM_DEVICE ||
+        if (alloc == NULL || (alloc->kind != FC_MEM_DEVICE && alloc->kind != FC_MEM_VMM) ||
             base + size > alloc->base + alloc->bytes)
             err = CUDA_ERROR_INVALID_VALUE;
     }
@@ -678,11 +694,16 @@ FC_EXPORT CUresult cuIpcOpenMemHandle(CUdeviceptr *pdptr, CUipcMemHandle handle,
             block = mmap(NULL, h.mapped, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
         if (fd >= 0)
             close(fd);
-        struct fc_alloc alloc = {(uintptr_t)block, h.bytes, FC_MEM_IPC, ctx, 0, -1, h.mapped};
+        struct fc_alloc alloc = {.base = (uintptr_t)block,
+                                 .bytes = h.bytes,
+                                 .kind = FC_MEM_IPC,
+                                 .ctx = ctx,
+                                 .fd = -1,
+                                 .mapped = h.mapped};
         if (block == MAP_FAILED) {
             fc_log("cuIpcOpenMemHandle: cannot map %s", path);
             err = CUDA_ERROR_INVALID_HANDLE;
-        } else if (alloc_insert(&alloc) != 0) {
+        } else if (fc_alloc_insert(&alloc) != 0) {
             munmap(block, h.mapped);
             err = CUDA_ERROR_OUT_OF_MEMORY;
         } else {
@@ -707,7 +728,7 @@ FC_EXPORT CUresult cuIpcCloseMemHandle(CUdeviceptr dptr)
         if (alloc == NULL)
             err = CUDA_ERROR_INVALID_VALUE;
         else
-            alloc_release(alloc);
+            fc_alloc_release(alloc);
     }
     fc_unlock();
     return fc_ret(__func__, err);

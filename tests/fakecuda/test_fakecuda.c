@@ -1,7 +1,8 @@
 /*
  * fake-cuda (tests/fakecuda) behaves like the CUDA driver where Conflux
  * depends on it: devices and contexts, memory and pointer attributes,
- * bounds checks, stream order (legacy against blocking and non-blocking
+ * cuMem virtual memory and its export as file descriptors, bounds checks,
+ * stream order (legacy against blocking and non-blocking
  * streams), host functions, events, kernels whose blocks wait on each
  * other, stream capture and its rules, graphs, the fork rule, the knobs,
  * and the exported names. Each test runs in its own process (Criterion),
@@ -17,11 +18,13 @@
 #include <elf.h>
 #include <fcntl.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -1596,6 +1599,553 @@ Test(fakecuda, launches_of_one_executable_graph_run_one_after_the_other)
     atomic_store(&gate, 1);
     CU_OK(cuStreamSynchronize(second));
     order_is(&order, "AA");
+}
+
+/* ------------------------------------------------------------ cuMem (VMM) */
+
+#define GRANULARITY ((size_t)2 << 20)
+#define DEVICE_MEM  ((size_t)80 << 30)
+
+/* Pinned memory on @p device, exportable as a file descriptor when
+ * @p exportable. */
+static CUmemAllocationProp vmm_prop(int device, int exportable)
+{
+    CUmemAllocationProp prop;
+    memset(&prop, 0, sizeof(prop));
+    prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+    prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    prop.location.id = device;
+    prop.requestedHandleTypes =
+        exportable ? CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR : CU_MEM_HANDLE_TYPE_NONE;
+    return prop;
+}
+
+static CUmemAccessDesc vmm_access(int device, CUmemAccess_flags flags)
+{
+    CUmemAccessDesc desc;
+    memset(&desc, 0, sizeof(desc));
+    desc.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    desc.location.id = device;
+    desc.flags = flags;
+    return desc;
+}
+
+/* A reservation of @p bytes with @p handle mapped at its start, device
+ * @p device allowed to read and write it: what a client does. */
+static CUdeviceptr vmm_map_rw(CUmemGenericAllocationHandle handle, size_t bytes, int device)
+{
+    CUdeviceptr ptr = 0;
+    CU_OK(cuMemAddressReserve(&ptr, bytes, 0, 0, 0));
+    CU_OK(cuMemMap(ptr, bytes, 0, handle, 0));
+    CUmemAccessDesc access = vmm_access(device, CU_MEM_ACCESS_FLAGS_PROT_READWRITE);
+    CU_OK(cuMemSetAccess(ptr, bytes, &access, 1));
+    return ptr;
+}
+
+/* Unmap, free the reservation, release the handle (0: none). */
+static void vmm_unmap_free(CUdeviceptr ptr, size_t bytes, CUmemGenericAllocationHandle handle)
+{
+    CU_OK(cuMemUnmap(ptr, bytes));
+    CU_OK(cuMemAddressFree(ptr, bytes));
+    if (handle != 0)
+        CU_OK(cuMemRelease(handle));
+}
+
+/* What touching @p ptr did in a child process: the signal that ended it,
+ * or 0. */
+static int touch_in_child(volatile unsigned char *ptr, int write)
+{
+    pid_t child = fork();
+    cr_assert_neq(child, -1);
+    if (child == 0) {
+        signal(SIGSEGV, SIG_DFL);
+        signal(SIGBUS, SIG_DFL);
+        if (write)
+            *ptr = 1;
+        else
+            (void)*ptr;
+        _exit(0);
+    }
+    int status = 0;
+    cr_assert_eq(waitpid(child, &status, 0), child);
+    return WIFSIGNALED(status) ? WTERMSIG(status) : 0;
+}
+
+Test(fakecuda, cumem_granularity_is_2_mib_for_pinned_device_memory)
+{
+    init_on(2, 0);
+    CUmemAllocationProp prop = vmm_prop(1, 1);
+    size_t granularity = 0;
+    CU_OK(cuMemGetAllocationGranularity(&granularity, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM));
+    cr_assert_eq(granularity, GRANULARITY);
+    granularity = 0;
+    CU_OK(cuMemGetAllocationGranularity(&granularity, &prop, CU_MEM_ALLOC_GRANULARITY_RECOMMENDED));
+    cr_assert_eq(granularity, GRANULARITY);
+    CU_IS(cuMemGetAllocationGranularity(NULL, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM),
+          CUDA_ERROR_INVALID_VALUE);
+    CU_IS(cuMemGetAllocationGranularity(&granularity, &prop, (CUmemAllocationGranularity_flags)7),
+          CUDA_ERROR_INVALID_VALUE);
+    prop.location.id = 2;
+    CU_IS(cuMemGetAllocationGranularity(&granularity, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM),
+          CUDA_ERROR_INVALID_VALUE);
+    prop = vmm_prop(0, 0);
+    prop.location.type = CU_MEM_LOCATION_TYPE_HOST;
+    CU_IS(cuMemGetAllocationGranularity(&granularity, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM),
+          CUDA_ERROR_INVALID_VALUE);
+}
+
+Test(fakecuda, cumem_mapped_memory_is_device_memory_of_the_allocations_device)
+{
+    init_on(2, 1);
+    CUmemAllocationProp prop = vmm_prop(1, 1);
+    CUmemGenericAllocationHandle handle = 0;
+    CU_OK(cuMemCreate(&handle, GRANULARITY, &prop, 0));
+    CUdeviceptr ptr = vmm_map_rw(handle, GRANULARITY, 1);
+    cr_assert_eq(ptr % GRANULARITY, 0);
+
+    unsigned int type = 0;
+    int ordinal = -1;
+    CUdeviceptr start = 0;
+    size_t range = 0;
+    CU_OK(cuPointerGetAttribute(&type, CU_POINTER_ATTRIBUTE_MEMORY_TYPE, ptr + 100));
+    cr_assert_eq(type, CU_MEMORYTYPE_DEVICE);
+    CU_OK(cuPointerGetAttribute(&ordinal, CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, ptr + 100));
+    cr_assert_eq(ordinal, 1);
+    CU_OK(cuPointerGetAttribute(&start, CU_POINTER_ATTRIBUTE_RANGE_START_ADDR, ptr + 100));
+    cr_assert_eq(start, ptr);
+    CU_OK(cuPointerGetAttribute(&range, CU_POINTER_ATTRIBUTE_RANGE_SIZE, ptr + 100));
+    cr_assert_eq(range, GRANULARITY);
+
+    /* Copies, sets and kernels use it, within its bounds. */
+    unsigned char in[256], out[256];
+    for (int i = 0; i < 256; i++)
+        in[i] = (unsigned char)(255 - i);
+    CUdeviceptr tail = ptr + GRANULARITY - 256;
+    CU_OK(cuMemcpyHtoD(tail, in, 256));
+    CU_IS(cuMemcpyHtoD(tail + 1, in, 256), CUDA_ERROR_INVALID_VALUE);
+    CU_OK(cuStreamSynchronize(NULL)); /* from pageable memory it lands late */
+    CUstream stream = NULL;
+    CU_OK(cuStreamCreate(&stream, CU_STREAM_NON_BLOCKING));
+    CU_OK(cuMemsetD8Async(tail, 0x5A, 8, stream));
+    struct fakecuda_test_fill_params fill = {(uint32_t *)(uintptr_t)ptr, 0xC0FFEE, 64};
+    CU_OK(launch(kernel("fakecuda_test_fill"), 2, stream, &fill));
+    CU_OK(cuMemcpyDtoHAsync(out, tail, 256, stream));
+    CU_OK(cuStreamSynchronize(stream));
+    for (int i = 0; i < 256; i++)
+        cr_assert_eq(out[i], i < 8 ? 0x5A : 255 - i, "byte %d", i);
+    uint32_t words[64];
+    CU_OK(cuMemcpyDtoH(words, ptr, sizeof(words)));
+    for (int i = 0; i < 64; i++)
+        cr_assert_eq(words[i], 0xC0FFEE, "word %d", i);
+
+    /* Unmapped, it is no memory the driver knows; the reservation stays. */
+    CU_OK(cuMemUnmap(ptr, GRANULARITY));
+    CU_IS(cuPointerGetAttribute(&type, CU_POINTER_ATTRIBUTE_MEMORY_TYPE, ptr),
+          CUDA_ERROR_INVALID_VALUE);
+    CU_IS(cuMemsetD8(ptr, 0, 16), CUDA_ERROR_INVALID_VALUE);
+    CU_OK(cuMemMap(ptr, GRANULARITY, 0, handle, 0));
+    vmm_unmap_free(ptr, GRANULARITY, handle);
+    CU_IS(cuMemRelease(handle), CUDA_ERROR_INVALID_VALUE);
+}
+
+Test(fakecuda, cumem_sizes_addresses_and_arguments_are_checked)
+{
+    init_on(2, 0);
+    CUmemAllocationProp prop = vmm_prop(0, 0);
+    CUmemGenericAllocationHandle handle = 0;
+    CU_IS(cuMemCreate(&handle, GRANULARITY + 4096, &prop, 0), CUDA_ERROR_INVALID_VALUE);
+    CU_IS(cuMemCreate(&handle, 0, &prop, 0), CUDA_ERROR_INVALID_VALUE);
+    CU_IS(cuMemCreate(&handle, GRANULARITY, &prop, 1), CUDA_ERROR_INVALID_VALUE);
+    CU_IS(cuMemCreate(NULL, GRANULARITY, &prop, 0), CUDA_ERROR_INVALID_VALUE);
+    CU_IS(cuMemCreate(&handle, GRANULARITY, NULL, 0), CUDA_ERROR_INVALID_VALUE);
+    prop.location.id = 5;
+    CU_IS(cuMemCreate(&handle, GRANULARITY, &prop, 0), CUDA_ERROR_INVALID_DEVICE);
+    prop = vmm_prop(0, 0);
+    prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_FABRIC;
+    CU_IS(cuMemCreate(&handle, GRANULARITY, &prop, 0), CUDA_ERROR_NOT_SUPPORTED);
+    prop = vmm_prop(0, 0);
+    CU_IS(cuMemCreate(&handle, DEVICE_MEM + GRANULARITY, &prop, 0), CUDA_ERROR_OUT_OF_MEMORY);
+    CU_OK(cuMemCreate(&handle, 2 * GRANULARITY, &prop, 0));
+
+    CUdeviceptr ptr = 0;
+    CU_IS(cuMemAddressReserve(&ptr, 1000, 0, 0, 0), CUDA_ERROR_INVALID_VALUE);
+    CU_IS(cuMemAddressReserve(&ptr, 4 * GRANULARITY, 3 << 20, 0, 0), CUDA_ERROR_INVALID_VALUE);
+    CU_IS(cuMemAddressReserve(&ptr, 4 * GRANULARITY, 0, 0, 1), CUDA_ERROR_INVALID_VALUE);
+    CU_OK(cuMemAddressReserve(&ptr, 4 * GRANULARITY, 4 * GRANULARITY, 0, 0));
+    cr_assert_eq(ptr % (4 * GRANULARITY), 0);
+
+    CU_IS(cuMemMap(ptr, GRANULARITY, 0, handle, 0), CUDA_ERROR_INVALID_VALUE); /* part of it */
+    CU_IS(cuMemMap(ptr, GRANULARITY, GRANULARITY, handle, 0), CUDA_ERROR_INVALID_VALUE);
+    CU_IS(cuMemMap(ptr, 2 * GRANULARITY, 0, handle, 1), CUDA_ERROR_INVALID_VALUE);
+    CU_IS(cuMemMap(ptr + 4096, 2 * GRANULARITY, 0, handle, 0), CUDA_ERROR_INVALID_VALUE);
+    CU_IS(cuMemMap(ptr + 3 * GRANULARITY, 2 * GRANULARITY, 0, handle, 0),
+          CUDA_ERROR_INVALID_VALUE); /* runs past the reservation */
+    CU_IS(cuMemMap(ptr, 2 * GRANULARITY, 0, handle + 8, 0), CUDA_ERROR_INVALID_VALUE);
+    CU_OK(cuMemMap(ptr + 2 * GRANULARITY, 2 * GRANULARITY, 0, handle, 0));
+
+    CUdeviceptr mapped = ptr + 2 * GRANULARITY;
+    CUmemAccessDesc access = vmm_access(0, CU_MEM_ACCESS_FLAGS_PROT_READWRITE);
+    CU_IS(cuMemSetAccess(ptr, 2 * GRANULARITY, &access, 1), CUDA_ERROR_INVALID_VALUE);
+    CU_IS(cuMemSetAccess(mapped, GRANULARITY, &access, 1), CUDA_ERROR_INVALID_VALUE);
+    CU_IS(cuMemSetAccess(mapped, 2 * GRANULARITY, &access, 0), CUDA_ERROR_INVALID_VALUE);
+    CU_IS(cuMemSetAccess(mapped, 2 * GRANULARITY, NULL, 1), CUDA_ERROR_INVALID_VALUE);
+    access.location.id = 9;
+    CU_IS(cuMemSetAccess(mapped, 2 * GRANULARITY, &access, 1), CUDA_ERROR_INVALID_DEVICE);
+    access = vmm_access(0, (CUmemAccess_flags)2);
+    CU_IS(cuMemSetAccess(mapped, 2 * GRANULARITY, &access, 1), CUDA_ERROR_INVALID_VALUE);
+
+    CU_IS(cuMemUnmap(ptr, 2 * GRANULARITY), CUDA_ERROR_INVALID_VALUE); /* nothing mapped */
+    CU_IS(cuMemUnmap(mapped, GRANULARITY), CUDA_ERROR_INVALID_VALUE);  /* part of a mapping */
+    CU_OK(cuMemUnmap(mapped, 2 * GRANULARITY));
+    CU_IS(cuMemAddressFree(ptr, 2 * GRANULARITY), CUDA_ERROR_INVALID_VALUE); /* part of it */
+    CU_OK(cuMemAddressFree(ptr, 4 * GRANULARITY));
+    CU_IS(cuMemAddressFree(ptr, 4 * GRANULARITY), CUDA_ERROR_INVALID_VALUE);
+    CU_OK(cuMemRelease(handle));
+}
+
+Test(fakecuda, cumem_a_mapped_range_is_not_mapped_again_nor_its_reservation_freed)
+{
+    init_one();
+    CUmemAllocationProp prop = vmm_prop(0, 0);
+    CUmemGenericAllocationHandle first = 0, second = 0;
+    CU_OK(cuMemCreate(&first, GRANULARITY, &prop, 0));
+    CU_OK(cuMemCreate(&second, GRANULARITY, &prop, 0));
+    CUdeviceptr ptr = 0;
+    CU_OK(cuMemAddressReserve(&ptr, 2 * GRANULARITY, 0, 0, 0));
+    CU_OK(cuMemMap(ptr, GRANULARITY, 0, first, 0));
+    CU_IS(cuMemMap(ptr, GRANULARITY, 0, second, 0), CUDA_ERROR_INVALID_VALUE);
+    CU_IS(cuMemMap(ptr, GRANULARITY, 0, first, 0), CUDA_ERROR_INVALID_VALUE);
+    CU_IS(cuMemAddressFree(ptr, 2 * GRANULARITY), CUDA_ERROR_INVALID_VALUE);
+
+    /* Two mappings side by side: access and unmap may take both at once,
+     * and a copy may not run from one into the other. */
+    CU_OK(cuMemMap(ptr + GRANULARITY, GRANULARITY, 0, second, 0));
+    CUmemAccessDesc access = vmm_access(0, CU_MEM_ACCESS_FLAGS_PROT_READWRITE);
+    CU_OK(cuMemSetAccess(ptr, 2 * GRANULARITY, &access, 1));
+    CU_IS(cuMemsetD8(ptr + GRANULARITY - 2, 0x11, 4), CUDA_ERROR_INVALID_VALUE);
+    CU_OK(cuMemsetD8(ptr + GRANULARITY - 2, 0x11, 2));
+    CU_IS(cuMemAddressFree(ptr, 2 * GRANULARITY), CUDA_ERROR_INVALID_VALUE);
+    vmm_unmap_free(ptr, 2 * GRANULARITY, first);
+    CU_OK(cuMemRelease(second));
+}
+
+Test(fakecuda, cumem_memory_without_access_faults_and_read_access_is_read_only)
+{
+    init_one();
+    CUmemAllocationProp prop = vmm_prop(0, 0);
+    CUmemGenericAllocationHandle handle = 0;
+    CU_OK(cuMemCreate(&handle, GRANULARITY, &prop, 0));
+    CUdeviceptr ptr = 0;
+    CU_OK(cuMemAddressReserve(&ptr, GRANULARITY, 0, 0, 0));
+    CU_OK(cuMemMap(ptr, GRANULARITY, 0, handle, 0));
+    volatile unsigned char *bytes = (volatile unsigned char *)(uintptr_t)ptr;
+    cr_assert_eq(touch_in_child(bytes, 0), SIGSEGV, "mapped without access, yet readable");
+
+    CUmemAccessDesc access = vmm_access(0, CU_MEM_ACCESS_FLAGS_PROT_READ);
+    CU_OK(cuMemSetAccess(ptr, GRANULARITY, &access, 1));
+    cr_assert_eq(touch_in_child(bytes, 0), 0);
+    cr_assert_eq(touch_in_child(bytes, 1), SIGSEGV, "read access, yet writable");
+
+    access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+    CU_OK(cuMemSetAccess(ptr, GRANULARITY, &access, 1));
+    cr_assert_eq(touch_in_child(bytes, 1), 0);
+    access.flags = CU_MEM_ACCESS_FLAGS_PROT_NONE;
+    CU_OK(cuMemSetAccess(ptr, GRANULARITY, &access, 1));
+    cr_assert_eq(touch_in_child(bytes, 0), SIGSEGV, "access taken back, yet readable");
+    vmm_unmap_free(ptr, GRANULARITY, handle);
+}
+
+Test(fakecuda, cumem_memory_outlives_its_released_handle_until_unmapped)
+{
+    init_one();
+    CUmemAllocationProp prop = vmm_prop(0, 0);
+    CUmemGenericAllocationHandle handle = 0, big = 0;
+    CU_OK(cuMemCreate(&handle, GRANULARITY, &prop, 0));
+    CUdeviceptr ptr = vmm_map_rw(handle, GRANULARITY, 0);
+    CU_OK(cuMemRelease(handle));
+    CU_IS(cuMemMap(ptr, GRANULARITY, 0, handle, 0), CUDA_ERROR_INVALID_VALUE); /* gone */
+
+    unsigned char in[64], out[64] = {0};
+    memset(in, 0x3C, sizeof(in));
+    CU_OK(cuMemcpyHtoD(ptr + 4096, in, sizeof(in)));
+    CU_OK(cuMemcpyDtoH(out, ptr + 4096, sizeof(out)));
+    cr_assert_eq(memcmp(in, out, sizeof(in)), 0);
+    /* Still counted against the device: all of it is not free. */
+    CU_IS(cuMemCreate(&big, DEVICE_MEM, &prop, 0), CUDA_ERROR_OUT_OF_MEMORY);
+
+    vmm_unmap_free(ptr, GRANULARITY, 0);
+    CU_OK(cuMemCreate(&big, DEVICE_MEM, &prop, 0)); /* never touched: no pages */
+    CU_OK(cuMemRelease(big));
+}
+
+struct unmap_call {
+    CUdeviceptr ptr;
+    CUresult result;
+    atomic_int returned;
+};
+
+static void *unmap_on_other_thread(void *arg)
+{
+    struct unmap_call *call = arg;
+    call->result = cuMemUnmap(call->ptr, GRANULARITY);
+    atomic_store(&call->returned, 1);
+    return NULL;
+}
+
+Test(fakecuda, cumem_unmap_waits_for_the_devices_running_kernels)
+{
+    init_one();
+    CUmemAllocationProp prop = vmm_prop(0, 0);
+    CUmemGenericAllocationHandle handle = 0;
+    CU_OK(cuMemCreate(&handle, GRANULARITY, &prop, 0));
+    CUdeviceptr ptr = vmm_map_rw(handle, GRANULARITY, 0);
+    uint32_t *flag = NULL;
+    CU_OK(cuMemHostAlloc((void **)&flag, 4, 0));
+    *flag = 0;
+    CUstream stream = NULL;
+    CU_OK(cuStreamCreate(&stream, CU_STREAM_NON_BLOCKING));
+    struct fakecuda_test_wait_flag_params wait = {flag, (uint32_t *)(uintptr_t)ptr};
+    CU_OK(launch(kernel("fakecuda_test_wait_flag"), 2, stream, &wait));
+
+    struct unmap_call call = {ptr, CUDA_ERROR_UNKNOWN, 0};
+    pthread_t thread;
+    pthread_create(&thread, NULL, unmap_on_other_thread, &call);
+    sleep_ms(SETTLE_MS);
+    cr_assert_eq(atomic_load(&call.returned), 0, "cuMemUnmap returned under a running kernel");
+    __atomic_store_n(flag, 1, __ATOMIC_RELEASE);
+    pthread_join(thread, NULL);
+    CU_OK(call.result);
+    CU_OK(cuMemAddressFree(ptr, GRANULARITY));
+    CU_OK(cuMemRelease(handle));
+}
+
+Test(fakecuda, cumem_mappings_belong_to_no_context_and_outlive_its_reset)
+{
+    CUcontext ctx = init_one();
+    CUmemAllocationProp prop = vmm_prop(0, 0);
+    CUmemGenericAllocationHandle handle = 0;
+    CU_OK(cuMemCreate(&handle, GRANULARITY, &prop, 0));
+    CU_OK(cuCtxSetCurrent(NULL)); /* none of it needs a current context */
+    CUdeviceptr ptr = vmm_map_rw(handle, GRANULARITY, 0);
+    CU_OK(cuCtxSetCurrent(ctx));
+    unsigned char in[16], out[16] = {0};
+    memset(in, 0x77, sizeof(in));
+    CU_OK(cuMemcpyHtoD(ptr, in, sizeof(in)));
+    CU_OK(cuDevicePrimaryCtxRelease(0)); /* the last release: a reset */
+    CU_OK(cuDevicePrimaryCtxRetain(&ctx, 0));
+    CU_OK(cuMemcpyDtoH(out, ptr, sizeof(out)));
+    cr_assert_eq(memcmp(in, out, sizeof(in)), 0);
+    vmm_unmap_free(ptr, GRANULARITY, handle);
+}
+
+Test(fakecuda, cumem_export_needs_the_fd_handle_type_and_import_a_memfd_of_the_fake)
+{
+    init_on(2, 0);
+    CUmemAllocationProp plain = vmm_prop(0, 0), shared = vmm_prop(1, 1);
+    CUmemGenericAllocationHandle handle = 0, exportable = 0, imported = 0;
+    int fd = -1;
+    CU_OK(cuMemCreate(&handle, GRANULARITY, &plain, 0));
+    CU_IS(cuMemExportToShareableHandle(&fd, handle, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0),
+          CUDA_ERROR_INVALID_VALUE);
+    CU_OK(cuMemCreate(&exportable, GRANULARITY, &shared, 0));
+    CU_IS(
+        cuMemExportToShareableHandle(&fd, exportable, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 1),
+        CUDA_ERROR_INVALID_VALUE);
+    CU_IS(cuMemExportToShareableHandle(&fd, exportable, CU_MEM_HANDLE_TYPE_FABRIC, 0),
+          CUDA_ERROR_NOT_SUPPORTED);
+
+    int other = memfd_create("not-fakecuda", MFD_CLOEXEC);
+    cr_assert_geq(other, 0);
+    cr_assert_eq(ftruncate(other, (off_t)GRANULARITY), 0);
+    CU_IS(cuMemImportFromShareableHandle(&imported, (void *)(uintptr_t)other,
+                                         CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR),
+          CUDA_ERROR_INVALID_VALUE);
+    close(other);
+    CU_IS(cuMemImportFromShareableHandle(&imported, (void *)(uintptr_t)9999,
+                                         CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR),
+          CUDA_ERROR_INVALID_VALUE);
+
+    /* Imported in the same process: another handle of the same memory, on
+     * device 1 as the name of the memfd says. */
+    CU_OK(
+        cuMemExportToShareableHandle(&fd, exportable, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0));
+    cr_assert_geq(fd, 0);
+    CU_IS(
+        cuMemImportFromShareableHandle(&imported, (void *)(uintptr_t)fd, CU_MEM_HANDLE_TYPE_WIN32),
+        CUDA_ERROR_NOT_SUPPORTED);
+    CU_OK(cuMemImportFromShareableHandle(&imported, (void *)(uintptr_t)fd,
+                                         CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR));
+    cr_assert_eq(close(fd), 0, "the caller keeps its descriptor");
+    cr_assert_neq(imported, exportable);
+    CUdeviceptr a = vmm_map_rw(exportable, GRANULARITY, 1);
+    CUdeviceptr b = vmm_map_rw(imported, GRANULARITY, 0);
+    int ordinal = -1;
+    CU_OK(cuPointerGetAttribute(&ordinal, CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, b));
+    cr_assert_eq(ordinal, 1);
+    uint64_t word = 0x1122334455667788u, seen = 0;
+    CU_OK(cuMemcpyHtoD(a + 64, &word, sizeof(word)));
+    CU_OK(cuMemcpyDtoH(&seen, b + 64, sizeof(seen)));
+    cr_assert_eq(seen, word);
+    vmm_unmap_free(a, GRANULARITY, exportable);
+    vmm_unmap_free(b, GRANULARITY, imported);
+    CU_OK(cuMemRelease(handle));
+}
+
+/* Send @p fd over the socket @p sock (SCM_RIGHTS); 0 or -1. */
+static int send_fd(int sock, int fd)
+{
+    char byte = 'F';
+    struct iovec iov = {&byte, 1};
+    union {
+        struct cmsghdr header;
+        char space[CMSG_SPACE(sizeof(int))];
+    } control;
+    memset(&control, 0, sizeof(control));
+    struct msghdr msg = {.msg_iov = &iov,
+                         .msg_iovlen = 1,
+                         .msg_control = control.space,
+                         .msg_controllen = sizeof(control.space)};
+    struct cmsghdr *cmsg = CMSG_FIRSTHDR(&msg);
+    cmsg->cmsg_level = SOL_SOCKET;
+    cmsg->cmsg_type = SCM_RIGHTS;
+    cmsg->cmsg_len = CMSG_LEN(sizeof(int));
+    memcpy(CMSG_DATA(cmsg), &fd, sizeof(int));
+    return sendmsg(sock, &msg, 0) == 1 ? 0 : -1;
+}
+
+/* The descriptor sent over @p sock, or -1. */
+static int recv_fd(int sock)
+{
+    char byte = 0;
+    struct iovec iov = {&byte, 1};
+    union {
+        struct cmsghdr header;
+        char space[CMSG_SPACE(sizeof(int))];
+    } control;
+    struct msghdr msg = {.msg_iov = &iov,
+                         .msg_iovlen = 1,
+                         .msg_control = control.space,
+                         .msg_controllen = sizeof(control.space)};
+    if (recvmsg(sock, &msg, 0) != 1)
+        return -1;
+    struct cmsghdr *cmsg = CMSG_FIRSTHDR(&msg);
+    if (cmsg == NULL || cmsg->cmsg_type != SCM_RIGHTS)
+        return -1;
+    int fd = -1;
+    memcpy(&fd, CMSG_DATA(cmsg), sizeof(int));
+    return fd;
+}
+
+#define EXPORTER_WORD 0xE4E4E4E4E4E4E4E4u
+#define IMPORTER_WORD 0x1A1A1A1A1A1A1A1Au
+
+/* The importing process (it never called cuInit before its fork): maps the
+ * allocation it is sent on device 0, checks it is device 1's memory and
+ * holds the exporter's word, writes its own. 0 when all of it worked. */
+static int import_in_child(int sock)
+{
+    int fd = recv_fd(sock);
+    CUcontext ctx = NULL;
+    CUmemGenericAllocationHandle handle = 0;
+    CUdeviceptr ptr = 0;
+    CUmemAccessDesc access = vmm_access(0, CU_MEM_ACCESS_FLAGS_PROT_READWRITE);
+    int ordinal = -1;
+    uint64_t seen = 0, mine = IMPORTER_WORD;
+    setenv("FAKECUDA_DEVICES", "2", 1);
+    int ok =
+        fd >= 0 && cuInit(0) == CUDA_SUCCESS && cuDevicePrimaryCtxRetain(&ctx, 0) == CUDA_SUCCESS &&
+        cuCtxSetCurrent(ctx) == CUDA_SUCCESS &&
+        cuMemImportFromShareableHandle(&handle, (void *)(uintptr_t)fd,
+                                       CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) == CUDA_SUCCESS &&
+        close(fd) == 0 && cuMemAddressReserve(&ptr, GRANULARITY, 0, 0, 0) == CUDA_SUCCESS &&
+        cuMemMap(ptr, GRANULARITY, 0, handle, 0) == CUDA_SUCCESS &&
+        cuMemRelease(handle) == CUDA_SUCCESS &&
+        cuMemSetAccess(ptr, GRANULARITY, &access, 1) == CUDA_SUCCESS &&
+        cuPointerGetAttribute(&ordinal, CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, ptr) == CUDA_SUCCESS &&
+        ordinal == 1 && cuMemcpyDtoH(&seen, ptr, sizeof(seen)) == CUDA_SUCCESS &&
+        seen == EXPORTER_WORD && cuMemcpyHtoD(ptr + 8, &mine, sizeof(mine)) == CUDA_SUCCESS &&
+        cuStreamSynchronize(NULL) == CUDA_SUCCESS && cuMemUnmap(ptr, GRANULARITY) == CUDA_SUCCESS &&
+        cuMemAddressFree(ptr, GRANULARITY) == CUDA_SUCCESS;
+    return ok ? 0 : 1;
+}
+
+Test(fakecuda, cumem_an_exported_fd_maps_the_same_memory_in_another_process)
+{
+    int socks[2];
+    cr_assert_eq(socketpair(AF_UNIX, SOCK_STREAM, 0, socks), 0);
+    pid_t child = fork(); /* before cuInit, as ranks do */
+    cr_assert_neq(child, -1);
+    if (child == 0) {
+        close(socks[0]);
+        _exit(import_in_child(socks[1]));
+    }
+    close(socks[1]);
+    init_on(2, 1);
+    CUmemAllocationProp prop = vmm_prop(1, 1);
+    CUmemGenericAllocationHandle handle = 0;
+    CU_OK(cuMemCreate(&handle, GRANULARITY, &prop, 0));
+    CUdeviceptr ptr = vmm_map_rw(handle, GRANULARITY, 1);
+    uint64_t word = EXPORTER_WORD;
+    CU_OK(cuMemcpyHtoD(ptr, &word, sizeof(word)));
+    CU_OK(cuStreamSynchronize(NULL)); /* landed before the importer looks */
+    int fd = -1;
+    CU_OK(cuMemExportToShareableHandle(&fd, handle, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0));
+    cr_assert_eq(send_fd(socks[0], fd), 0);
+    close(fd);
+    int status = 0;
+    cr_assert_eq(waitpid(child, &status, 0), child);
+    cr_assert(WIFEXITED(status) && WEXITSTATUS(status) == 0,
+              "the importer could not map or use the memory");
+    CU_OK(cuMemcpyDtoH(&word, ptr + 8, sizeof(word)));
+    cr_assert_eq(word, IMPORTER_WORD, "the importer's write is not seen");
+    vmm_unmap_free(ptr, GRANULARITY, handle);
+    close(socks[0]);
+}
+
+Test(fakecuda, no_peer_knob_refuses_cumem_access_from_another_device)
+{
+    setenv("FAKECUDA_NO_PEER", "1", 1);
+    init_on(2, 0);
+    CUmemAllocationProp prop = vmm_prop(0, 0);
+    CUmemGenericAllocationHandle handle = 0;
+    CU_OK(cuMemCreate(&handle, GRANULARITY, &prop, 0));
+    CUdeviceptr ptr = vmm_map_rw(handle, GRANULARITY, 0);
+    CUmemAccessDesc peer = vmm_access(1, CU_MEM_ACCESS_FLAGS_PROT_READWRITE);
+    CU_IS(cuMemSetAccess(ptr, GRANULARITY, &peer, 1), CUDA_ERROR_PEER_ACCESS_UNSUPPORTED);
+    peer.flags = CU_MEM_ACCESS_FLAGS_PROT_NONE;
+    CU_OK(cuMemSetAccess(ptr, GRANULARITY, &peer, 1));
+    vmm_unmap_free(ptr, GRANULARITY, handle);
+}
+
+Test(fakecuda, no_cumem_knob_turns_the_virtual_memory_calls_off)
+{
+    setenv("FAKECUDA_NO_CUMEM", "1", 1);
+    init_one();
+    int vmm = -1, fd_handles = -1;
+    CU_OK(cuDeviceGetAttribute(&vmm, CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED, 0));
+    CU_OK(cuDeviceGetAttribute(&fd_handles,
+                               CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED, 0));
+    cr_assert_eq(vmm, 0);
+    cr_assert_eq(fd_handles, 0);
+    CUmemAllocationProp prop = vmm_prop(0, 1);
+    CUmemGenericAllocationHandle handle = 0;
+    size_t granularity = 0;
+    CUdeviceptr ptr = 0;
+    CU_IS(cuMemCreate(&handle, GRANULARITY, &prop, 0), CUDA_ERROR_NOT_SUPPORTED);
+    CU_IS(cuMemGetAllocationGranularity(&granularity, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM),
+          CUDA_ERROR_NOT_SUPPORTED);
+    CU_IS(cuMemAddressReserve(&ptr, GRANULARITY, 0, 0, 0), CUDA_ERROR_NOT_SUPPORTED);
+}
+
+Test(fakecuda, devices_support_cumem_and_fd_handles_by_default)
+{
+    init_one();
+    int vmm = -1, fd_handles = -1;
+    CU_OK(cuDeviceGetAttribute(&vmm, CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED, 0));
+    CU_OK(cuDeviceGetAttribute(&fd_handles,
+                               CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED, 0));
+    cr_assert_eq(vmm, 1);
+    cr_assert_eq(fd_handles, 1);
 }
 
 /* ------------------------------------------------------------ fork */
