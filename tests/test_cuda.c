@@ -1131,19 +1131,21 @@ struct p2p_case {
     int disable;    /* CFX_P2P_DISABLE=1. */
     int no_peer;    /* FAKECUDA_NO_PEER=1: the driver says no GPU reaches another. */
     int expect_p2p; /* 1: p2p carries the ring; 0: shm does. */
+    int cumem;      /* Processes: 0 cuMem where the driver has it (P2P/CUMEM), 1
+                     * CFX_CUMEM_ENABLE=0, 2 FAKECUDA_NO_CUMEM=1 (both: P2P/IPC). */
     int fake_cuda;  /* Set by the test: the driver is tests/fakecuda. */
 };
 
 /* Lines of /proc/self/maps naming fake-cuda device memory (its own
- * allocations and other processes' opened through IPC), and this
- * process's open descriptors. */
+ * allocations, cuMem mappings, and other processes' opened through IPC or
+ * imported as descriptors), and this process's open descriptors. */
 static int device_mappings(void)
 {
     FILE *f = fopen("/proc/self/maps", "r");
     char line[512];
     int n = 0;
     while (f != NULL && fgets(line, sizeof(line), f) != NULL)
-        n += strstr(line, "fakecuda-device") != NULL;
+        n += strstr(line, "fakecuda-device") != NULL || strstr(line, "fakecuda-vmm") != NULL;
     if (f != NULL)
         fclose(f);
     return n;
@@ -1227,11 +1229,11 @@ static void allreduces_over_peer_memory(struct cfx_test_rank *ctx)
 ParameterizedTestParameters(cuda, gpu_ranks_of_one_host_connect_through_peer_memory)
 {
     static struct p2p_case cases[] = {
-        {2, CFX_TEST_THREADS, 1, 0, 0, 0, 1, 0}, {3, CFX_TEST_THREADS, 1, 1, 0, 0, 1, 0},
-        {2, CFX_TEST_PROCS, 1, 0, 0, 0, 1, 0},   {3, CFX_TEST_PROCS, 1, 0, 0, 0, 1, 0},
-        {2, CFX_TEST_THREADS, 2, 2, 0, 0, 1, 0}, {4, CFX_TEST_PROCS, 2, 2, 0, 0, 1, 0},
-        {2, CFX_TEST_PROCS, 2, 1, 0, 0, 0, 0},   {2, CFX_TEST_THREADS, 2, 2, 0, 1, 0, 0},
-        {2, CFX_TEST_PROCS, 1, 0, 1, 0, 0, 0},
+        {2, CFX_TEST_THREADS, 1, 0, 0, 0, 1, 0, 0}, {3, CFX_TEST_THREADS, 1, 1, 0, 0, 1, 0, 0},
+        {2, CFX_TEST_PROCS, 1, 0, 0, 0, 1, 0, 0},   {3, CFX_TEST_PROCS, 1, 0, 0, 0, 1, 1, 0},
+        {2, CFX_TEST_PROCS, 1, 0, 0, 0, 1, 2, 0},   {2, CFX_TEST_THREADS, 2, 2, 0, 0, 1, 0, 0},
+        {4, CFX_TEST_PROCS, 2, 2, 0, 0, 1, 0, 0},   {2, CFX_TEST_PROCS, 2, 1, 0, 0, 0, 0, 0},
+        {2, CFX_TEST_THREADS, 2, 2, 0, 1, 0, 0, 0}, {2, CFX_TEST_PROCS, 1, 0, 1, 0, 0, 0, 0},
     };
     return cr_make_param_array(struct p2p_case, cases, sizeof(cases) / sizeof(cases[0]));
 }
@@ -1242,17 +1244,22 @@ ParameterizedTest(struct p2p_case *pc, cuda, gpu_ranks_of_one_host_connect_throu
     const char *driver = use_gpu();
     static const char *const levels[] = {NULL, "LOC", "SYS"};
     const char *level = levels[pc->level];
-    cr_log_info("%d ranks as %s on %d device(s), CFX_P2P_LEVEL=%s%s%s: expect %s", pc->nranks,
+    static const char *const cumems[] = {"", ", CFX_CUMEM_ENABLE=0", ", FAKECUDA_NO_CUMEM=1"};
+    cr_log_info("%d ranks as %s on %d device(s), CFX_P2P_LEVEL=%s%s%s%s: expect %s", pc->nranks,
                 pc->mode == CFX_TEST_PROCS ? "processes" : "threads", pc->devices,
                 level ? level : "(default)", pc->disable ? ", CFX_P2P_DISABLE=1" : "",
-                pc->no_peer ? ", no peer access" : "", pc->expect_p2p ? "p2p" : "shm");
-    if (pc->devices > 1 && strcmp(driver, "fake-cuda") != 0)
-        cr_skip_test("needs 2 GPUs; the fake driver has them (FAKECUDA_DEVICES=2)");
+                pc->no_peer ? ", no peer access" : "", cumems[pc->cumem],
+                pc->expect_p2p ? "p2p" : "shm");
+    if ((pc->devices > 1 || pc->cumem == 2) && strcmp(driver, "fake-cuda") != 0)
+        cr_skip_test("needs 2 GPUs or a driver without cuMem; the fake driver has them "
+                     "(FAKECUDA_DEVICES=2, FAKECUDA_NO_CUMEM=1)");
     pc->fake_cuda = strcmp(driver, "fake-cuda") == 0;
     cfx_test_setenv("FAKECUDA_DEVICES", pc->devices > 1 ? "2" : NULL);
     cfx_test_setenv("FAKECUDA_NO_PEER", pc->no_peer ? "1" : NULL);
     cfx_test_setenv("CFX_P2P_LEVEL", level);
     cfx_test_setenv("CFX_P2P_DISABLE", pc->disable ? "1" : NULL);
+    cfx_test_setenv("CFX_CUMEM_ENABLE", pc->cumem == 1 ? "0" : NULL);
+    cfx_test_setenv("FAKECUDA_NO_CUMEM", pc->cumem == 2 ? "1" : NULL);
     struct cfx_test_options opts = {
         .nranks = pc->nranks, .mode = pc->mode, .deadline_s = 240, .arg = pc};
     char logs[128];
@@ -1260,23 +1267,29 @@ ParameterizedTest(struct p2p_case *pc, cuda, gpu_ranks_of_one_host_connect_throu
     CFX_TEST_RUN(&opts, allreduces_over_peer_memory);
     int direct = cfx_test_count_in_logs(logs, "connected (P2P/direct)");
     int ipc = cfx_test_count_in_logs(logs, "connected (P2P/IPC)");
+    int cumem = cfx_test_count_in_logs(logs, "connected (P2P/CUMEM)");
     int shm = cfx_test_count_in_logs(logs, " via shm");
     cfx_test_remove_logs(logs);
     cfx_test_setenv("FAKECUDA_DEVICES", NULL);
     cfx_test_setenv("FAKECUDA_NO_PEER", NULL);
     cfx_test_setenv("CFX_P2P_LEVEL", NULL);
     cfx_test_setenv("CFX_P2P_DISABLE", NULL);
+    cfx_test_setenv("CFX_CUMEM_ENABLE", NULL);
+    cfx_test_setenv("FAKECUDA_NO_CUMEM", NULL);
     /* Both ends of each rank's ring send at least. */
     int want = 2 * pc->nranks;
     if (!pc->expect_p2p) {
-        cr_assert_eq(direct + ipc, 0, "%d connection ends over p2p", direct + ipc);
+        cr_assert_eq(direct + ipc + cumem, 0, "%d connection ends over p2p", direct + ipc + cumem);
         cr_assert_geq(shm, want, "%d connections over shm", shm);
     } else if (pc->mode == CFX_TEST_THREADS) {
         cr_assert_geq(direct, want, "%d connection ends said P2P/direct", direct);
-        cr_assert_eq(ipc, 0, "threads of one process used CUDA IPC");
+        cr_assert_eq(ipc + cumem, 0, "threads of one process used CUDA IPC or cuMem");
+    } else if (pc->cumem == 0) {
+        cr_assert_geq(cumem, want, "%d connection ends said P2P/CUMEM", cumem);
+        cr_assert_eq(direct + ipc, 0, "processes used a direct pointer or legacy IPC");
     } else {
         cr_assert_geq(ipc, want, "%d connection ends said P2P/IPC", ipc);
-        cr_assert_eq(direct, 0, "processes used a direct pointer");
+        cr_assert_eq(direct + cumem, 0, "processes used a direct pointer or cuMem");
     }
 }
 

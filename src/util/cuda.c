@@ -134,6 +134,16 @@ static const struct cu_sym {
     CU_SYM(ipc_get_mem_handle, cuIpcGetMemHandle, 0),
     CU_SYM(ipc_open_mem_handle, cuIpcOpenMemHandle, 0),
     CU_SYM(ipc_close_mem_handle, cuIpcCloseMemHandle, 0),
+    CU_SYM(mem_get_allocation_granularity, cuMemGetAllocationGranularity, 0),
+    CU_SYM(mem_create, cuMemCreate, 0),
+    CU_SYM(mem_release, cuMemRelease, 0),
+    CU_SYM(mem_address_reserve, cuMemAddressReserve, 0),
+    CU_SYM(mem_address_free, cuMemAddressFree, 0),
+    CU_SYM(mem_map, cuMemMap, 0),
+    CU_SYM(mem_unmap, cuMemUnmap, 0),
+    CU_SYM(mem_set_access, cuMemSetAccess, 0),
+    CU_SYM(mem_export_to_shareable_handle, cuMemExportToShareableHandle, 0),
+    CU_SYM(mem_import_from_shareable_handle, cuMemImportFromShareableHandle, 0),
 };
 
 CU_SAME_TYPE(get_error_string, cuGetErrorString);
@@ -198,6 +208,16 @@ CU_SAME_TYPE(flush_gpu_direct_rdma_writes, cuFlushGPUDirectRDMAWrites);
 CU_SAME_TYPE(ipc_get_mem_handle, cuIpcGetMemHandle);
 CU_SAME_TYPE(ipc_open_mem_handle, cuIpcOpenMemHandle);
 CU_SAME_TYPE(ipc_close_mem_handle, cuIpcCloseMemHandle);
+CU_SAME_TYPE(mem_get_allocation_granularity, cuMemGetAllocationGranularity);
+CU_SAME_TYPE(mem_create, cuMemCreate);
+CU_SAME_TYPE(mem_release, cuMemRelease);
+CU_SAME_TYPE(mem_address_reserve, cuMemAddressReserve);
+CU_SAME_TYPE(mem_address_free, cuMemAddressFree);
+CU_SAME_TYPE(mem_map, cuMemMap);
+CU_SAME_TYPE(mem_unmap, cuMemUnmap);
+CU_SAME_TYPE(mem_set_access, cuMemSetAccess);
+CU_SAME_TYPE(mem_export_to_shareable_handle, cuMemExportToShareableHandle);
+CU_SAME_TYPE(mem_import_from_shareable_handle, cuMemImportFromShareableHandle);
 
 /* The driver's name for @p err ("CUDA_ERROR_NO_DEVICE"), or its number. */
 static const char *error_name(CUresult err, char *buf, size_t len)
@@ -416,6 +436,24 @@ cfxResult_t cfx_cuda_host_register(void *ptr, size_t bytes, int device)
     return cfxSuccess;
 }
 
+/* Zero @p bytes of device memory at @p ptr of the current context and wait
+ * for it, on a non-blocking stream of its own: cuMemsetD8 would run on the
+ * legacy stream, which waits for every blocking stream's work, so a
+ * connection made while a kernel runs (point to point, connected at first
+ * use) would wait behind that kernel, which may wait for this very rank. */
+static CUresult clear_device(const struct cfx_cuda_api *cu, CUdeviceptr ptr, size_t bytes)
+{
+    CUstream stream = NULL;
+    CUresult err = cu->stream_create(&stream, CU_STREAM_NON_BLOCKING);
+    if (err == CUDA_SUCCESS)
+        err = cu->memset_d8_async(ptr, 0, bytes, stream);
+    if (err == CUDA_SUCCESS)
+        err = cu->stream_synchronize(stream);
+    if (stream != NULL)
+        cu->stream_destroy(stream);
+    return err;
+}
+
 cfxResult_t cfx_cuda_mem_alloc(void **ptr_p, size_t bytes)
 {
     const struct cfx_cuda_api *cu = atomic_load_explicit(&loaded_api, memory_order_acquire);
@@ -423,13 +461,9 @@ cfxResult_t cfx_cuda_mem_alloc(void **ptr_p, size_t bytes)
         return cfx_error_set(cfxInvalidUsage, CFX_LOG_ALLOC, "CUDA is not loaded");
     CUdeviceptr ptr = 0;
     CFX_CU_CHECK(cu, mem_alloc(&ptr, bytes), CFX_LOG_ALLOC, "cannot allocate device memory");
-    /* Touched now, not by the first call. cuMemsetD8 of device memory
-     * returns before it is done, on the legacy stream, which is not ordered
-     * with non-blocking streams: wait for it, or it could land after the
-     * caller's first copy into the buffer (seen on an H200). */
-    CUresult err = cu->memset_d8(ptr, 0, bytes);
-    if (err == CUDA_SUCCESS)
-        err = cu->stream_synchronize(NULL);
+    /* Touched now, not by the first call, and waited for: a set still in
+     * flight could land after the caller's first copy into the buffer. */
+    CUresult err = clear_device(cu, ptr, bytes);
     if (err != CUDA_SUCCESS) {
         cu->mem_free(ptr);
         return cfx_cuda_error(err, CFX_LOG_ALLOC, "cannot clear device memory");
@@ -605,6 +639,185 @@ void cfx_cuda_ipc_close(void *ptr, int device)
         CFX_INFO(CFX_LOG_P2P, "cuIpcCloseMemHandle(%p) failed with CUDA error %d", ptr, (int)err);
 }
 
+/* ---- cuMem (VMM) memory shared as file descriptors */
+
+static void vmm_prop(CUmemAllocationProp *prop, CUdevice dev)
+{
+    memset(prop, 0, sizeof(*prop));
+    prop->type = CU_MEM_ALLOCATION_TYPE_PINNED;
+    prop->location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    prop->location.id = dev;
+    prop->requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+}
+
+int cfx_cuda_vmm_supported(int device, const char **why_p)
+{
+    const char *why = NULL;
+    const struct cfx_cuda_api *cu = cfx_cuda_api(&why);
+    int vmm = 0, fd = 0;
+    CUdevice dev;
+    if (cu == NULL) {
+        /* why from the loader */
+    } else if (cu->mem_create == NULL || cu->mem_export_to_shareable_handle == NULL ||
+               cu->mem_import_from_shareable_handle == NULL || cu->mem_map == NULL ||
+               cu->mem_set_access == NULL || cu->mem_address_reserve == NULL ||
+               cu->mem_get_allocation_granularity == NULL || cu->mem_unmap == NULL ||
+               cu->mem_release == NULL || cu->mem_address_free == NULL) {
+        why = "the CUDA driver has no cuMem virtual memory calls (CUDA 10.2 or later needed)";
+    } else if (cu->device_get(&dev, device) != CUDA_SUCCESS ||
+               cu->device_get_attribute(&vmm,
+                                        CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED,
+                                        dev) != CUDA_SUCCESS ||
+               cu->device_get_attribute(
+                   &fd, CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED, dev) !=
+                   CUDA_SUCCESS ||
+               !vmm || !fd) {
+        vmm = fd = 0;
+        why = "the device cannot export cuMem allocations as file descriptors";
+    }
+    if (why_p != NULL)
+        *why_p = vmm && fd ? NULL : why;
+    return vmm && fd;
+}
+
+/* Reserve an address range for @p bytes, map @p handle there and let
+ * device @p dev read and write it. */
+static CUresult vmm_map(const struct cfx_cuda_api *cu, CUmemGenericAllocationHandle handle,
+                        size_t bytes, size_t align, CUdevice dev, CUdeviceptr *ptr_p)
+{
+    CUdeviceptr ptr = 0;
+    CUresult err = cu->mem_address_reserve(&ptr, bytes, align, 0, 0);
+    if (err != CUDA_SUCCESS)
+        return err;
+    err = cu->mem_map(ptr, bytes, 0, handle, 0);
+    if (err != CUDA_SUCCESS) {
+        cu->mem_address_free(ptr, bytes);
+        return err;
+    }
+    CUmemAccessDesc access;
+    memset(&access, 0, sizeof(access));
+    access.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    access.location.id = dev;
+    access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+    err = cu->mem_set_access(ptr, bytes, &access, 1);
+    if (err != CUDA_SUCCESS) {
+        cu->mem_unmap(ptr, bytes);
+        cu->mem_address_free(ptr, bytes);
+        return err;
+    }
+    *ptr_p = ptr;
+    return CUDA_SUCCESS;
+}
+
+cfxResult_t cfx_cuda_vmm_alloc(int device, size_t bytes, struct cfx_cuda_vmm *vmm)
+{
+    memset(vmm, 0, sizeof(*vmm));
+    const char *why = NULL;
+    if (!cfx_cuda_vmm_supported(device, &why))
+        return cfx_error_set(cfxInvalidUsage, CFX_LOG_ALLOC, "%s", why);
+    CFX_CHECK(cfx_cuda_enter(device));
+    const struct cfx_cuda_api *cu = atomic_load_explicit(&loaded_api, memory_order_acquire);
+    CUdevice dev;
+    CFX_CU_CHECK(cu, device_get(&dev, device), CFX_LOG_ALLOC, "cuDeviceGet");
+    CUmemAllocationProp prop;
+    vmm_prop(&prop, dev);
+    size_t gran = 0;
+    CFX_CU_CHECK(cu, mem_get_allocation_granularity(&gran, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM),
+                 CFX_LOG_ALLOC, "cuMemGetAllocationGranularity");
+    if (gran == 0)
+        gran = 1;
+    size_t rounded = (bytes + gran - 1) / gran * gran;
+    CUmemGenericAllocationHandle handle = 0;
+    CFX_CU_CHECK(cu, mem_create(&handle, rounded, &prop, 0), CFX_LOG_ALLOC,
+                 "cannot allocate shareable device memory (cuMemCreate)");
+    CUdeviceptr ptr = 0;
+    CUresult err = vmm_map(cu, handle, rounded, gran, dev, &ptr);
+    if (err == CUDA_SUCCESS) {
+        err = clear_device(cu, ptr, rounded);
+        if (err != CUDA_SUCCESS) {
+            cu->mem_unmap(ptr, rounded);
+            cu->mem_address_free(ptr, rounded);
+        }
+    }
+    if (err != CUDA_SUCCESS) {
+        cu->mem_release(handle);
+        return cfx_cuda_error(err, CFX_LOG_ALLOC,
+                              "cannot map and clear shareable device memory (cuMemMap)");
+    }
+    vmm->ptr = (void *)(uintptr_t)ptr;
+    vmm->bytes = rounded;
+    vmm->handle = (uint64_t)handle;
+    vmm->device = device;
+    return cfxSuccess;
+}
+
+cfxResult_t cfx_cuda_vmm_export(const struct cfx_cuda_vmm *vmm, int *fd_p)
+{
+    CFX_CHECK(cfx_cuda_enter(vmm->device));
+    const struct cfx_cuda_api *cu = atomic_load_explicit(&loaded_api, memory_order_acquire);
+    int fd = -1;
+    CFX_CU_CHECK(cu,
+                 mem_export_to_shareable_handle(&fd, (CUmemGenericAllocationHandle)vmm->handle,
+                                                CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0),
+                 CFX_LOG_P2P,
+                 "cannot export device memory as a file descriptor "
+                 "(cuMemExportToShareableHandle)");
+    *fd_p = fd;
+    return cfxSuccess;
+}
+
+cfxResult_t cfx_cuda_vmm_import(int fd, size_t bytes, int device, struct cfx_cuda_vmm *vmm)
+{
+    memset(vmm, 0, sizeof(*vmm));
+    const char *why = NULL;
+    if (!cfx_cuda_vmm_supported(device, &why))
+        return cfx_error_set(cfxInvalidUsage, CFX_LOG_P2P, "%s", why);
+    CFX_CHECK(cfx_cuda_enter(device));
+    const struct cfx_cuda_api *cu = atomic_load_explicit(&loaded_api, memory_order_acquire);
+    CUdevice dev;
+    CFX_CU_CHECK(cu, device_get(&dev, device), CFX_LOG_P2P, "cuDeviceGet");
+    CUmemAllocationProp prop;
+    vmm_prop(&prop, dev);
+    size_t gran = 0;
+    CFX_CU_CHECK(cu, mem_get_allocation_granularity(&gran, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM),
+                 CFX_LOG_P2P, "cuMemGetAllocationGranularity");
+    CUmemGenericAllocationHandle handle = 0;
+    CFX_CU_CHECK(cu,
+                 mem_import_from_shareable_handle(&handle, (void *)(uintptr_t)fd,
+                                                  CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR),
+                 CFX_LOG_P2P,
+                 "cannot import another process's device memory "
+                 "(cuMemImportFromShareableHandle)");
+    CUdeviceptr ptr = 0;
+    CUresult err = vmm_map(cu, handle, bytes, gran > 0 ? gran : 1, dev, &ptr);
+    /* The mapping holds the memory; the handle is not needed any more. */
+    cu->mem_release(handle);
+    if (err != CUDA_SUCCESS)
+        return cfx_cuda_error(err, CFX_LOG_P2P,
+                              "cannot map another process's device memory (cuMemMap)");
+    vmm->ptr = (void *)(uintptr_t)ptr;
+    vmm->bytes = bytes;
+    vmm->device = device;
+    return cfxSuccess;
+}
+
+void cfx_cuda_vmm_free(struct cfx_cuda_vmm *vmm)
+{
+    const struct cfx_cuda_api *cu = atomic_load_explicit(&loaded_api, memory_order_acquire);
+    if (vmm->ptr == NULL || cu == NULL || cfx_cuda_enter(vmm->device) != cfxSuccess)
+        return;
+    CUdeviceptr ptr = (CUdeviceptr)(uintptr_t)vmm->ptr;
+    CUresult err = cu->mem_unmap(ptr, vmm->bytes);
+    if (err == CUDA_SUCCESS)
+        err = cu->mem_address_free(ptr, vmm->bytes);
+    if (vmm->handle != 0 && err == CUDA_SUCCESS)
+        err = cu->mem_release((CUmemGenericAllocationHandle)vmm->handle);
+    if (err != CUDA_SUCCESS)
+        CFX_INFO(CFX_LOG_P2P, "releasing cuMem memory at %p failed with CUDA error %d", vmm->ptr,
+                 (int)err);
+    memset(vmm, 0, sizeof(*vmm));
+}
+
 cfxResult_t cfx_cuda_copy_stream_create(int device, void **stream_p)
 {
     CFX_CHECK(cfx_cuda_enter(device));
@@ -756,6 +969,43 @@ void cfx_cuda_ipc_close(void *ptr, int device)
 {
     (void)ptr;
     (void)device;
+}
+
+int cfx_cuda_vmm_supported(int device, const char **why_p)
+{
+    (void)device;
+    if (why_p != NULL)
+        *why_p = "this Conflux was built without CUDA";
+    return 0;
+}
+
+cfxResult_t cfx_cuda_vmm_alloc(int device, size_t bytes, struct cfx_cuda_vmm *vmm)
+{
+    (void)device;
+    (void)bytes;
+    memset(vmm, 0, sizeof(*vmm));
+    return cfx_error_set(cfxInvalidUsage, CFX_LOG_ALLOC, "this Conflux was built without CUDA");
+}
+
+cfxResult_t cfx_cuda_vmm_export(const struct cfx_cuda_vmm *vmm, int *fd_p)
+{
+    (void)vmm;
+    *fd_p = -1;
+    return cfx_error_set(cfxInvalidUsage, CFX_LOG_P2P, "this Conflux was built without CUDA");
+}
+
+cfxResult_t cfx_cuda_vmm_import(int fd, size_t bytes, int device, struct cfx_cuda_vmm *vmm)
+{
+    (void)fd;
+    (void)bytes;
+    (void)device;
+    memset(vmm, 0, sizeof(*vmm));
+    return cfx_error_set(cfxInvalidUsage, CFX_LOG_P2P, "this Conflux was built without CUDA");
+}
+
+void cfx_cuda_vmm_free(struct cfx_cuda_vmm *vmm)
+{
+    memset(vmm, 0, sizeof(*vmm));
 }
 
 cfxResult_t cfx_cuda_copy_stream_create(int device, void **stream_p)

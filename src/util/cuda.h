@@ -117,6 +117,27 @@ struct cfx_cuda_api {
     CUresult (*ipc_get_mem_handle)(CUipcMemHandle *handle, CUdeviceptr dptr);
     CUresult (*ipc_open_mem_handle)(CUdeviceptr *dptr, CUipcMemHandle handle, unsigned int flags);
     CUresult (*ipc_close_mem_handle)(CUdeviceptr dptr);
+    /* cuMem virtual memory management (optional, CUDA 10.2; transports/p2p's
+     * P2P/CUMEM): physical allocations exported as file descriptors and
+     * mapped by another process. */
+    CUresult (*mem_get_allocation_granularity)(size_t *granularity, const CUmemAllocationProp *prop,
+                                               CUmemAllocationGranularity_flags option);
+    CUresult (*mem_create)(CUmemGenericAllocationHandle *handle, size_t size,
+                           const CUmemAllocationProp *prop, unsigned long long flags);
+    CUresult (*mem_release)(CUmemGenericAllocationHandle handle);
+    CUresult (*mem_address_reserve)(CUdeviceptr *ptr, size_t size, size_t alignment,
+                                    CUdeviceptr addr, unsigned long long flags);
+    CUresult (*mem_address_free)(CUdeviceptr ptr, size_t size);
+    CUresult (*mem_map)(CUdeviceptr ptr, size_t size, size_t offset,
+                        CUmemGenericAllocationHandle handle, unsigned long long flags);
+    CUresult (*mem_unmap)(CUdeviceptr ptr, size_t size);
+    CUresult (*mem_set_access)(CUdeviceptr ptr, size_t size, const CUmemAccessDesc *desc,
+                               size_t count);
+    CUresult (*mem_export_to_shareable_handle)(void *shareable, CUmemGenericAllocationHandle handle,
+                                               CUmemAllocationHandleType type,
+                                               unsigned long long flags);
+    CUresult (*mem_import_from_shareable_handle)(CUmemGenericAllocationHandle *handle,
+                                                 void *os_handle, CUmemAllocationHandleType type);
 };
 #else
 struct cfx_cuda_api; /* Never defined: no CUDA toolkit at build time. */
@@ -249,6 +270,32 @@ cfxResult_t cfx_cuda_ipc_export(void *ptr, int device, void *handle);
 cfxResult_t cfx_cuda_ipc_open(const void *handle, int device, void **ptr_p);
 /* Undo cfx_cuda_ipc_open (accepts NULL). Never fails loudly. */
 void cfx_cuda_ipc_close(void *ptr, int device);
+/* cuMem (VMM) device memory that another process can map: the physical
+ * allocation, exported as a file descriptor (P2P/CUMEM). Unlike legacy IPC,
+ * the memory lives until its last mapping is gone, so either side may let
+ * go first. */
+struct cfx_cuda_vmm {
+    void *ptr;       /* The mapping in this process; NULL: none. */
+    size_t bytes;    /* Mapped bytes: the request rounded up to the granularity. */
+    uint64_t handle; /* The owner's CUmemGenericAllocationHandle; 0 on an importer. */
+    int device;      /* The device whose context maps it here. */
+};
+/* Whether device @p device can make such memory: the driver has the cuMem
+ * calls and the device says CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED
+ * and CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED; 0
+ * with *why_p set otherwise. */
+int cfx_cuda_vmm_supported(int device, const char **why_p);
+/* At least @p bytes of device @p device's memory, zeroed, mapped here with
+ * read-write access for that device, exportable as a file descriptor. */
+cfxResult_t cfx_cuda_vmm_alloc(int device, size_t bytes, struct cfx_cuda_vmm *vmm);
+/* A new file descriptor for @p vmm's allocation (the caller closes it). */
+cfxResult_t cfx_cuda_vmm_export(const struct cfx_cuda_vmm *vmm, int *fd_p);
+/* Map the allocation of descriptor @p fd (another process's export, of
+ * @p bytes, a granularity multiple) for device @p device's kernels to read
+ * and write. @p fd stays the caller's. */
+cfxResult_t cfx_cuda_vmm_import(int fd, size_t bytes, int device, struct cfx_cuda_vmm *vmm);
+/* Unmap and release (accepts a zeroed @p vmm); never fails loudly. */
+void cfx_cuda_vmm_free(struct cfx_cuda_vmm *vmm);
 /* A stream of device @p device for a host thread's copies to and from
  * device memory (non-blocking: never ordered behind the legacy stream, so
  * never behind a kernel that waits for this thread). */

@@ -18,9 +18,17 @@
  * How the sender reaches the receiver's slots:
  *   - P2P/direct: the ranks are threads of one process: the pointer itself,
  *     with peer access enabled between the two devices when they differ;
- *   - P2P/IPC: other processes: legacy CUDA IPC (cuIpcGetMemHandle on the
- *     receiver, cuIpcOpenMemHandle with lazy peer access on the sender).
- * cuMem (VMM) allocations exported as file descriptors are not done yet.
+ *   - P2P/CUMEM: other processes, where the driver has cuMem (VMM)
+ *     allocations exportable as file descriptors (CFX_CUMEM_ENABLE, on by
+ *     default): the receiver allocates the slots with cuMemCreate and
+ *     hands the descriptor over a Unix-domain socket of its own (an
+ *     abstract name, served by the proxy thread, so the receiver never
+ *     waits for its sender); the sender maps it (cuMemMap, cuMemSetAccess
+ *     for its device). Either side may let go first: the memory lives
+ *     until its last mapping is gone;
+ *   - P2P/IPC: other processes otherwise: legacy CUDA IPC (cuIpcGetMemHandle
+ *     on the receiver, cuIpcOpenMemHandle with lazy peer access on the
+ *     sender).
  *
  * A host thread of a GPU rank (host buffers on a GPU rank) reaches the
  * slots only through copies on a stream of its device (the connector's
@@ -28,17 +36,25 @@
  */
 #include "transports/p2p/p2p.h"
 
+#include <errno.h>
+#include <poll.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <sys/epoll.h>
+#include <sys/socket.h>
+#include <sys/un.h>
 #include <unistd.h>
 
+#include "src/proxy/proxy.h"
 #include "src/util/check.h"
 #include "src/util/cuda.h"
 #include "src/util/error.h"
 #include "src/util/log.h"
 #include "src/util/param.h"
+#include "src/util/time.h"
 #include "transports/shm/shm.h"
 #include "transports/shm/wire.h"
 
@@ -72,13 +88,21 @@ CFX_PARAM_STR_CHECKED(p2p_level, "P2P_LEVEL", "PXB", check_p2p_level,
                       "Peer memory between GPU ranks of one host when the path between their "
                       "GPUs is at most this (NCCL's names: LOC, NVL, NVB, PIX, PXB, PHB, SYS)");
 
+CFX_PARAM_INT(cumem_enable, "CUMEM_ENABLE", 1, 0, 1,
+              "1: GPU ranks of different processes share peer memory as cuMem allocations "
+              "exported as file descriptors where the driver can (P2P/CUMEM); 0: legacy CUDA IPC");
+
 /* How the sender reaches the receiver's slots. */
-enum p2p_mode { P2P_MODE_DIRECT = 1, P2P_MODE_IPC = 2 };
+enum p2p_mode { P2P_MODE_DIRECT = 1, P2P_MODE_IPC = 2, P2P_MODE_CUMEM = 3 };
 
 static const char *mode_name(uint32_t mode)
 {
-    return mode == P2P_MODE_IPC ? "P2P/IPC" : "P2P/direct";
+    return mode == P2P_MODE_IPC ? "P2P/IPC" : mode == P2P_MODE_CUMEM ? "P2P/CUMEM" : "P2P/direct";
 }
+
+/* Longest abstract socket name kept in the connect info (the kernel's
+ * autobind names are 5 hex digits after the leading NUL). */
+#define P2P_SOCK_NAME_MAX 32
 
 /* The connect info: shm's, then where the slots are. */
 struct cfx_p2p_info {
@@ -88,7 +112,14 @@ struct cfx_p2p_info {
     uint64_t slot_bytes; /* Receiver: the slots' geometry, checked by the sender. */
     uint64_t n_steps;
     uint64_t local_addr; /* P2P_MODE_DIRECT: the slots' address in the shared process. */
-    unsigned char handle[CFX_CUDA_IPC_HANDLE_BYTES]; /* P2P_MODE_IPC. */
+    union {
+        unsigned char handle[CFX_CUDA_IPC_HANDLE_BYTES]; /* P2P_MODE_IPC. */
+        struct {                                         /* P2P_MODE_CUMEM: */
+            uint64_t bytes;                              /* the allocation's size, and */
+            uint32_t name_len;                           /* the socket that hands it over. */
+            char name[P2P_SOCK_NAME_MAX];
+        } cumem;
+    } u;
 };
 _Static_assert(sizeof(struct cfx_p2p_info) <= CFX_CONNECT_INFO_BYTES, "info too large");
 
@@ -100,11 +131,27 @@ struct p2p_conn {
     uint32_t mode;   /* enum p2p_mode (the sender's once connected). */
     int ipc_open;    /* Sender: slots came from cuIpcOpenMemHandle. */
     int slots_owned; /* Receiver: slots came from cuMemAlloc. */
+    /* P2P_MODE_CUMEM: the mapping (both sides; the receiver's owns the
+     * allocation), and the receiver's hand-over: its exported descriptor,
+     * the listening socket the proxy serves, the one process allowed to
+     * take the descriptor, and whether the proxy watches the socket. */
+    struct cfx_cuda_vmm vmm;
+    int export_fd;
+    int listen_fd;
+    int peer_pid;
+    int served; /* Proxy thread only. */
+    int client_added;
+    struct cfx_proxy_client client;
 };
 
 struct p2p_ctx {
     int rank;
     void *shm; /* A shm transport context for the control blocks. */
+    const int *abort_flag;
+    int64_t connect_timeout_s;
+    cfxResult_t (*connect_check)(void *arg, int peer_rank);
+    void *connect_check_arg;
+    struct cfx_proxy *proxy; /* Taken at the first P2P/CUMEM receive side. */
 };
 
 /* ------------------------------------------------------------ lifecycle */
@@ -115,6 +162,10 @@ static cfxResult_t p2p_init(const struct cfx_transport_env *env, void **ctx_p)
     if (ctx == NULL)
         return cfx_error_set(cfxSystemError, CFX_LOG_P2P, "p2p: out of memory");
     ctx->rank = env->rank;
+    ctx->abort_flag = env->abort_flag;
+    ctx->connect_timeout_s = env->connect_timeout_s;
+    ctx->connect_check = env->connect_check;
+    ctx->connect_check_arg = env->connect_check_arg;
     cfxResult_t res = cfx_shm_transport.init(env, &ctx->shm);
     if (res != cfxSuccess) {
         free(ctx);
@@ -130,7 +181,182 @@ static void p2p_fini(void *ctx_v)
     if (ctx == NULL)
         return;
     cfx_shm_transport.fini(ctx->shm);
+    cfx_proxy_put(ctx->proxy);
     free(ctx);
+}
+
+/* ------------------------------------------------ P2P/CUMEM hand-over */
+
+/* The receiver's descriptor of its slots goes to its sender over a Unix
+ * socket (a descriptor cannot travel in the connect info). The receiver
+ * listens on an abstract name the kernel picks (autobind), and the
+ * process's proxy thread answers: so the receiver's setup and connect never
+ * wait for the sender, whose connect comes first (connect.c connects send
+ * sides first). Only the sender's process gets the descriptor (its pid,
+ * from SO_PEERCRED); once, with the allocation's size. */
+
+#define HANDOVER_SLICE_MS 100
+
+static int handover_progress(void *arg)
+{
+    (void)arg;
+    return 0; /* All the work is in handover_ready. */
+}
+
+/* Proxy thread: answer every pending connection. */
+static void handover_ready(void *arg, uint32_t events)
+{
+    (void)events;
+    struct p2p_conn *pc = arg;
+    int fd;
+    while ((fd = accept4(pc->listen_fd, NULL, NULL, SOCK_CLOEXEC | SOCK_NONBLOCK)) >= 0) {
+        struct ucred cred;
+        socklen_t len = sizeof(cred);
+        int ours =
+            getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) == 0 && cred.pid == pc->peer_pid;
+        if (ours && !pc->served && pc->export_fd >= 0) {
+            uint64_t bytes = pc->vmm.bytes;
+            struct iovec iov = {.iov_base = &bytes, .iov_len = sizeof(bytes)};
+            union {
+                char buf[CMSG_SPACE(sizeof(int))];
+                struct cmsghdr align;
+            } control;
+            memset(&control, 0, sizeof(control));
+            struct msghdr msg = {.msg_iov = &iov,
+                                 .msg_iovlen = 1,
+                                 .msg_control = control.buf,
+                                 .msg_controllen = sizeof(control.buf)};
+            struct cmsghdr *cmsg = CMSG_FIRSTHDR(&msg);
+            cmsg->cmsg_level = SOL_SOCKET;
+            cmsg->cmsg_type = SCM_RIGHTS;
+            cmsg->cmsg_len = CMSG_LEN(sizeof(int));
+            memcpy(CMSG_DATA(cmsg), &pc->export_fd, sizeof(int));
+            if (sendmsg(fd, &msg, MSG_NOSIGNAL) == (ssize_t)sizeof(bytes)) {
+                pc->served = 1;
+                close(pc->export_fd); /* The sender holds its own now. */
+                pc->export_fd = -1;
+            }
+        }
+        close(fd);
+    }
+}
+
+/* Receiver: listen for the sender and let the proxy answer it. */
+static cfxResult_t handover_offer(struct p2p_ctx *ctx, struct p2p_conn *pc, int peer_rank,
+                                  struct cfx_p2p_info *info)
+{
+    pc->listen_fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+    struct sockaddr_un addr;
+    socklen_t len = sizeof(addr);
+    memset(&addr, 0, sizeof(addr));
+    addr.sun_family = AF_UNIX;
+    /* An address of the family alone: the kernel binds a fresh abstract name. */
+    if (pc->listen_fd < 0 || bind(pc->listen_fd, (struct sockaddr *)&addr, sizeof(sa_family_t)) ||
+        listen(pc->listen_fd, 4) != 0 ||
+        getsockname(pc->listen_fd, (struct sockaddr *)&addr, &len) != 0)
+        return cfx_error_set(cfxSystemError, CFX_LOG_P2P,
+                             "p2p: cannot listen on a Unix socket to hand rank %d the slots' "
+                             "descriptor: %s",
+                             peer_rank, strerror(errno));
+    size_t name_len = len - offsetof(struct sockaddr_un, sun_path);
+    if (len <= offsetof(struct sockaddr_un, sun_path) || name_len > P2P_SOCK_NAME_MAX ||
+        addr.sun_path[0] != '\0')
+        return cfx_error_set(cfxInternalError, CFX_LOG_P2P,
+                             "p2p: the kernel gave the hand-over socket an unexpected name "
+                             "(%zu bytes)",
+                             name_len);
+    memcpy(info->u.cumem.name, addr.sun_path, name_len);
+    info->u.cumem.name_len = (uint32_t)name_len;
+    info->u.cumem.bytes = pc->vmm.bytes;
+    if (ctx->proxy == NULL)
+        CFX_CHECK(cfx_proxy_get(0, &ctx->proxy));
+    pc->client.progress = handover_progress;
+    pc->client.ready = handover_ready;
+    pc->client.arg = pc;
+    CFX_CHECK(cfx_proxy_add(ctx->proxy, &pc->client, &pc->listen_fd, 1, EPOLLIN));
+    pc->client_added = 1;
+    return cfxSuccess;
+}
+
+/* Sender: one bounded wait for the receiver's descriptor; cfxSuccess with
+ * *fd_p, or a sentence naming the peer. */
+static cfxResult_t handover_take(struct p2p_ctx *ctx, const struct cfx_connector *conn,
+                                 const struct cfx_p2p_info *info, int *fd_p)
+{
+    int peer = conn->peer_rank;
+    if (info->u.cumem.name_len == 0 || info->u.cumem.name_len > P2P_SOCK_NAME_MAX)
+        return cfx_error_set(cfxInternalError, CFX_LOG_P2P,
+                             "p2p: rank %d described its hand-over socket with a name of %u bytes",
+                             peer, (unsigned)info->u.cumem.name_len);
+    struct sockaddr_un addr;
+    memset(&addr, 0, sizeof(addr));
+    addr.sun_family = AF_UNIX;
+    memcpy(addr.sun_path, info->u.cumem.name, info->u.cumem.name_len);
+    socklen_t len = (socklen_t)(offsetof(struct sockaddr_un, sun_path) + info->u.cumem.name_len);
+    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0 || connect(fd, (struct sockaddr *)&addr, len) != 0) {
+        int err = errno;
+        if (fd >= 0)
+            close(fd);
+        return cfx_error_set(cfxSystemError, CFX_LOG_P2P,
+                             "p2p: cannot reach rank %d's Unix socket for its slots' descriptor: "
+                             "%s (ranks of one host in different network namespaces? "
+                             "CFX_CUMEM_ENABLE=0 uses legacy CUDA IPC)",
+                             peer, strerror(err));
+    }
+    int64_t deadline = cfx_time_deadline_s(ctx->connect_timeout_s);
+    cfxResult_t res = cfxSuccess;
+    for (;;) {
+        struct pollfd pfd = {.fd = fd, .events = POLLIN};
+        if (poll(&pfd, 1, cfx_time_left_ms(deadline, HANDOVER_SLICE_MS)) > 0)
+            break;
+        if (ctx->abort_flag != NULL && __atomic_load_n(ctx->abort_flag, __ATOMIC_ACQUIRE)) {
+            res = cfx_error_set(cfxRemoteError, CFX_LOG_P2P,
+                                "p2p: rank %d aborted while waiting for rank %d's slots", ctx->rank,
+                                peer);
+            break;
+        }
+        if (ctx->connect_check != NULL &&
+            (res = ctx->connect_check(ctx->connect_check_arg, peer)) != cfxSuccess)
+            break;
+        if (cfx_time_now_ns() >= deadline) {
+            res = cfx_error_set(cfxTimeout, CFX_LOG_P2P,
+                                "p2p: rank %d did not hand over its slots' descriptor within "
+                                "%lld s",
+                                peer, (long long)ctx->connect_timeout_s);
+            break;
+        }
+    }
+    uint64_t bytes = 0;
+    int got = -1;
+    if (res == cfxSuccess) {
+        struct iovec iov = {.iov_base = &bytes, .iov_len = sizeof(bytes)};
+        union {
+            char buf[CMSG_SPACE(sizeof(int))];
+            struct cmsghdr align;
+        } control;
+        struct msghdr msg = {.msg_iov = &iov,
+                             .msg_iovlen = 1,
+                             .msg_control = control.buf,
+                             .msg_controllen = sizeof(control.buf)};
+        ssize_t n = recvmsg(fd, &msg, MSG_CMSG_CLOEXEC);
+        struct cmsghdr *cmsg = n == (ssize_t)sizeof(bytes) ? CMSG_FIRSTHDR(&msg) : NULL;
+        if (cmsg != NULL && cmsg->cmsg_level == SOL_SOCKET && cmsg->cmsg_type == SCM_RIGHTS &&
+            cmsg->cmsg_len == CMSG_LEN(sizeof(int)))
+            memcpy(&got, CMSG_DATA(cmsg), sizeof(int));
+        if (got < 0 || bytes != info->u.cumem.bytes) {
+            res = cfx_error_set(cfxRemoteError, CFX_LOG_P2P,
+                                "p2p: rank %d closed its hand-over socket without the slots' "
+                                "descriptor (it refused this process, or it failed)",
+                                peer);
+            if (got >= 0)
+                close(got);
+        }
+    }
+    close(fd);
+    if (res == cfxSuccess)
+        *fd_p = got;
+    return res;
 }
 
 /* ----------------------------------------------------------- connection */
@@ -148,7 +374,8 @@ static int p2p_can_connect(void *ctx_v, const struct cfx_transport_peer *self,
         peer->cuda_dev < 0 || (int)peer->path > p2p_level_of(param_p2p_level()))
         return 0;
     int same_process = self->pid == peer->pid;
-    if (!same_process && !cfx_cuda_ipc_supported())
+    if (!same_process && !cfx_cuda_ipc_supported() &&
+        !(param_cumem_enable() && cfx_cuda_vmm_supported(self->cuda_dev, NULL)))
         return 0;
     int mine = same_process ? self->cuda_dev : cfx_cuda_device_of_busid(self->busid);
     int theirs = same_process ? peer->cuda_dev : cfx_cuda_device_of_busid(peer->busid);
@@ -172,20 +399,38 @@ static cfxResult_t p2p_setup(void *ctx_v, const struct cfx_transport_peer *peer,
                                  sizeof(struct p2p_conn), 0));
     struct p2p_conn *pc = conn->priv;
     pc->device = conn->place.device;
+    pc->export_fd = -1;
+    pc->listen_fd = -1;
+    pc->peer_pid = peer->pid;
     info.device = pc->device;
     if (conn->dir == CFX_CONN_RECV) {
         size_t bytes = slot_bytes * (size_t)n_steps;
         CFX_CHECK(cfx_cuda_select(pc->device));
-        CFX_CHECK(cfx_cuda_mem_alloc(&pc->slots, bytes));
-        pc->slots_owned = 1;
         info.slot_bytes = slot_bytes;
         info.n_steps = (uint64_t)n_steps;
         if (peer->pid == (int)getpid()) {
             info.mode = P2P_MODE_DIRECT;
-            info.local_addr = (uint64_t)(uintptr_t)pc->slots;
         } else {
-            info.mode = P2P_MODE_IPC;
-            CFX_CHECK(cfx_cuda_ipc_export(pc->slots, pc->device, info.handle));
+            const char *why = "CFX_CUMEM_ENABLE=0";
+            info.mode = param_cumem_enable() && cfx_cuda_vmm_supported(pc->device, &why)
+                            ? P2P_MODE_CUMEM
+                            : P2P_MODE_IPC;
+            if (info.mode == P2P_MODE_IPC)
+                CFX_INFO(CFX_LOG_P2P, "p2p: rank %d <- rank %d: legacy CUDA IPC, not cuMem (%s)",
+                         ctx->rank, peer->rank, why);
+        }
+        if (info.mode == P2P_MODE_CUMEM) {
+            CFX_CHECK(cfx_cuda_vmm_alloc(pc->device, bytes, &pc->vmm));
+            pc->slots = pc->vmm.ptr;
+            CFX_CHECK(cfx_cuda_vmm_export(&pc->vmm, &pc->export_fd));
+            CFX_CHECK(handover_offer(ctx, pc, peer->rank, &info));
+        } else {
+            CFX_CHECK(cfx_cuda_mem_alloc(&pc->slots, bytes));
+            pc->slots_owned = 1;
+            if (info.mode == P2P_MODE_DIRECT)
+                info.local_addr = (uint64_t)(uintptr_t)pc->slots;
+            else
+                CFX_CHECK(cfx_cuda_ipc_export(pc->slots, pc->device, info.u.handle));
         }
         pc->mode = info.mode;
         conn->slots = pc->slots;
@@ -212,8 +457,21 @@ static cfxResult_t open_slots(struct p2p_ctx *ctx, struct cfx_connector *conn, s
         CFX_CHECK(cfx_cuda_enable_peer_access(pc->device, info->device));
         pc->slots = (void *)(uintptr_t)info->local_addr;
     } else if (info->mode == P2P_MODE_IPC && !same_process) {
-        CFX_CHECK(cfx_cuda_ipc_open(info->handle, pc->device, &pc->slots));
+        CFX_CHECK(cfx_cuda_ipc_open(info->u.handle, pc->device, &pc->slots));
         pc->ipc_open = 1;
+    } else if (info->mode == P2P_MODE_CUMEM && !same_process) {
+        size_t need = conn->slot_bytes * (size_t)conn->n_steps;
+        if (info->u.cumem.bytes < need)
+            return cfx_error_set(cfxInternalError, CFX_LOG_P2P,
+                                 "p2p: rank %d's slots are %llu bytes, fewer than the %zu its "
+                                 "FIFO needs",
+                                 conn->peer_rank, (unsigned long long)info->u.cumem.bytes, need);
+        int fd = -1;
+        CFX_CHECK(handover_take(ctx, conn, info, &fd));
+        cfxResult_t res = cfx_cuda_vmm_import(fd, info->u.cumem.bytes, pc->device, &pc->vmm);
+        close(fd);
+        CFX_CHECK(res);
+        pc->slots = pc->vmm.ptr;
     } else {
         return cfx_error_set(cfxInternalError, CFX_LOG_P2P,
                              "p2p: rank %d described its slots with an unknown mode %u",
@@ -256,6 +514,16 @@ static void p2p_close(void *ctx_v, struct cfx_connector *conn)
     if (pc == NULL)
         return;
     cfx_connector_stage_fini(conn);
+    if (pc->client_added)
+        cfx_proxy_remove(ctx->proxy, &pc->client);
+    pc->client_added = 0;
+    if (pc->listen_fd >= 0)
+        close(pc->listen_fd);
+    if (pc->export_fd >= 0)
+        close(pc->export_fd);
+    pc->listen_fd = pc->export_fd = -1;
+    /* cuMem: the memory lives on in the peer's mapping, if it still has one. */
+    cfx_cuda_vmm_free(&pc->vmm);
     if (pc->ipc_open)
         cfx_cuda_ipc_close(pc->slots, pc->device);
     /* With legacy IPC the sender's mapping should be closed first; a
