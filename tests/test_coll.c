@@ -107,6 +107,7 @@ struct suite_case {
     enum cfx_test_mode mode;
     enum coll coll;
     enum mem_kind mem;
+    int p2p_read; /* CFX_P2P_READ_ENABLE=1: the slots in the sender's device memory. */
 };
 
 /* Large counts for these (type, op) pairs only. */
@@ -592,7 +593,7 @@ static void conformance_rank(struct cfx_test_rank *ctx)
     free(b.recv);
 }
 
-#define N_CASES (2 * 5 * 2 * N_COLLS + 2 * 3 * N_COLLS + (5 + 2 + 3) * N_COLLS)
+#define N_CASES (2 * 5 * 2 * N_COLLS + 2 * 3 * N_COLLS + (5 + 2 + 3 + 2) * N_COLLS)
 static struct suite_case all_cases[N_CASES];
 
 ParameterizedTestParameters(conformance, collective)
@@ -626,10 +627,19 @@ ParameterizedTestParameters(conformance, collective)
      * between processes), every rank on one GPU, 2 and 4 ranks as
      * processes; the trees on one host only (one host per rank is
      * sockets). Then shm (CFX_P2P_DISABLE=1: FIFOs in pinned host memory of
-     * its segments) at 2 and 4 threads and 2 processes. */
+     * its segments) at 2 and 4 threads and 2 processes. And p2p in read mode
+     * (the receivers' kernels read the senders' slots) at 3 threads and 3
+     * processes. */
     for (int ri = 0; ri < 5; ri++)
         for (int m = 0; m < 2; m++)
             for (int c = 0; c <= BROADCAST_TREE; c++) {
+                if (ranks[ri] == 3)
+                    all_cases[k++] = (struct suite_case){.transport = P2P,
+                                                         .nranks = 3,
+                                                         .mode = (enum cfx_test_mode)m,
+                                                         .coll = (enum coll)c,
+                                                         .mem = DEVICE_MEM,
+                                                         .p2p_read = 1};
                 if (m == CFX_TEST_PROCS && ranks[ri] != 2 && ranks[ri] != 4)
                     continue;
                 all_cases[k++] = (struct suite_case){.transport = P2P,
@@ -679,8 +689,8 @@ ParameterizedTest(struct suite_case *sc, conformance, collective, .timeout = 900
         snprintf(where, sizeof(where), " on device buffers (%s)",
                  driver ? driver : "no CUDA driver");
     }
-    cr_log_info("%s over %s, %d ranks as %s%s", coll_names[sc->coll],
-                transport_names[sc->transport], sc->nranks,
+    cr_log_info("%s over %s%s, %d ranks as %s%s", coll_names[sc->coll],
+                transport_names[sc->transport], sc->p2p_read ? " (read mode)" : "", sc->nranks,
                 sc->mode == CFX_TEST_PROCS ? "processes" : "threads", where);
     if (sc->mem == DEVICE_MEM && driver == NULL)
         cr_skip_test("%s", why);
@@ -695,6 +705,7 @@ ParameterizedTest(struct suite_case *sc, conformance, collective, .timeout = 900
     cfx_test_setenv("CFX_SHM_DISABLE", sc->transport == SOCKET ? "1" : NULL);
     /* GPU ranks of one host go over p2p unless it is off. */
     cfx_test_setenv("CFX_P2P_DISABLE", sc->transport == SHM ? "1" : NULL);
+    cfx_test_setenv("CFX_P2P_READ_ENABLE", sc->p2p_read ? "1" : NULL);
     cfx_test_setenv("CFX_ALGO", on_trees(sc->coll) ? "tree" : NULL);
     struct cfx_test_options opts = {.nranks = sc->nranks,
                                     .mode = sc->mode,

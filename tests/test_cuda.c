@@ -23,6 +23,7 @@
 #include <unistd.h>
 
 #include "src/core/comm.h"
+#include "src/util/param.h"
 #include "src/util/verbs.h"
 #include "tests/harness_gpu.h"
 
@@ -57,7 +58,8 @@ struct gpu_rank {
 };
 
 /* Opens device @p device for the rank (0 in most tests: one GPU for all). */
-static int gpu_rank_open_on(struct cfx_test_rank *ctx, struct gpu_rank *g, size_t n, int device)
+/* The GPU and the buffers, no communicator yet. */
+static int gpu_rank_prepare(struct cfx_test_rank *ctx, struct gpu_rank *g, size_t n, int device)
 {
     memset(g, 0, sizeof(*g));
     if (!cfx_test_gpu_open(ctx, device, &g->gpu))
@@ -66,7 +68,12 @@ static int gpu_rank_open_on(struct cfx_test_rank *ctx, struct gpu_rank *g, size_
     g->host = malloc((n > 0 ? n : 1) * sizeof(float));
     g->dsend = cfx_test_gpu_alloc(ctx, &g->gpu, n * sizeof(float));
     g->drecv = cfx_test_gpu_alloc(ctx, &g->gpu, n * sizeof(float));
-    if (g->host == NULL || g->dsend == NULL || g->drecv == NULL)
+    return g->host != NULL && g->dsend != NULL && g->drecv != NULL;
+}
+
+static int gpu_rank_open_on(struct cfx_test_rank *ctx, struct gpu_rank *g, size_t n, int device)
+{
+    if (!gpu_rank_prepare(ctx, g, n, device))
         return 0;
     cfxResult_t res = cfxCommInitRank(&g->comm, ctx->nranks, ctx->id, ctx->rank);
     if (res != cfxSuccess) {
@@ -753,16 +760,56 @@ Test(cuda, a_kernel_without_progress_times_out_naming_the_rank_it_waits_for, .ti
     cfx_test_setenv("CFX_TIMEOUT", NULL);
 }
 
+/* Lines of /proc/self/maps naming fake-cuda device memory (its own
+ * allocations, cuMem mappings, and other processes' opened through IPC or
+ * imported as descriptors), and this process's open descriptors. */
+static int device_mappings(void)
+{
+    FILE *f = fopen("/proc/self/maps", "r");
+    char line[512];
+    int n = 0;
+    while (f != NULL && fgets(line, sizeof(line), f) != NULL)
+        n += strstr(line, "fakecuda-device") != NULL || strstr(line, "fakecuda-vmm") != NULL;
+    if (f != NULL)
+        fclose(f);
+    return n;
+}
+
+static int open_fds(void)
+{
+    DIR *d = opendir("/proc/self/fd");
+    int n = 0;
+    while (d != NULL && readdir(d) != NULL)
+        n++;
+    if (d != NULL)
+        closedir(d);
+    return n;
+}
+
 /* Rank 2 of 3 (processes) is killed while the others loop allreduces on
  * their streams: each survivor's error names rank 2, well before the
- * timeout (the watcher asks the transports while a kernel stalls). */
+ * timeout (the watcher asks the transports while a kernel stalls). The
+ * ranks share one GPU, so they connect over p2p (cuMem where the driver
+ * has it): under fake-cuda each survivor's destroy leaves as many device
+ * mappings and descriptors as it had before init (its slots, the dead
+ * rank's slots it mapped, the hand-over sockets, the control blocks). */
 static void killed_peer_is_named(struct cfx_test_rank *ctx)
 {
     struct gpu_rank g;
-    if (!gpu_rank_open(ctx, &g, 1 << 14) || !put_inputs(ctx, &g)) {
+    const int *fake = ctx->arg;
+    if (!gpu_rank_prepare(ctx, &g, 1 << 14, 0)) {
         gpu_rank_close(&g);
         return;
     }
+    int maps = device_mappings(), fds = open_fds();
+    cfx_test_step(ctx, "init");
+    RANK_CFX(ctx, cfxCommInitRank(&g.comm, ctx->nranks, ctx->id, ctx->rank));
+    if (ctx->slot_failed || !put_inputs(ctx, &g)) {
+        gpu_rank_close(&g);
+        return;
+    }
+    RANK_ASSERT(ctx, strcmp(g.comm->ring_send->transport->name, "p2p") == 0,
+                "the ring goes over %s, not p2p", g.comm->ring_send->transport->name);
     double start = now_s();
     cfxResult_t res = cfxSuccess;
     for (int i = 0; res == cfxSuccess && now_s() - start < 20; i++) {
@@ -781,15 +828,33 @@ static void killed_peer_is_named(struct cfx_test_rank *ctx)
     RANK_ASSERT(ctx, res != cfxSuccess, "no error after %.1f s", took);
     RANK_ASSERT(ctx, took < 8, "the failure took %.1f s (CFX_TIMEOUT=15)", took);
     RANK_ASSERT(ctx, strstr(why, "rank 2") != NULL, "the sentence does not name rank 2: %s", why);
+    cfx_test_step(ctx, "destroy after the peer died");
+    RANK_CFX(ctx, cfxCommDestroy(g.comm));
+    g.comm = NULL;
+    if (*fake) {
+        RANK_ASSERT(ctx, device_mappings() == maps, "%d device mappings after destroy, %d before",
+                    device_mappings(), maps);
+        /* Rank 0 had more before init: the bootstrap root's, opened by its
+         * cfxGetUniqueId, which end with the communicator. */
+        int now = open_fds();
+        RANK_ASSERT(ctx, ctx->rank == 0 ? now <= fds : now == fds,
+                    "%d descriptors open after destroy, %d before init", now, fds);
+    }
     gpu_rank_close(&g);
 }
 
 Test(cuda, a_killed_peer_process_is_named_by_every_survivor, .timeout = 90)
 {
-    cr_log_info("on %s", use_gpu());
+    static int fake;
+    const char *driver = use_gpu();
+    cr_log_info("on %s", driver);
+    fake = strcmp(driver, "fake-cuda") == 0;
     cfx_test_setenv("CFX_TIMEOUT", "15");
-    struct cfx_test_options opts = {
-        .nranks = 3, .mode = CFX_TEST_PROCS, .deadline_s = 60, .killed_ranks = 1ull << 2};
+    struct cfx_test_options opts = {.nranks = 3,
+                                    .mode = CFX_TEST_PROCS,
+                                    .deadline_s = 60,
+                                    .killed_ranks = 1ull << 2,
+                                    .arg = &fake};
     CFX_TEST_RUN(&opts, killed_peer_is_named);
     cfx_test_setenv("CFX_TIMEOUT", NULL);
 }
@@ -1133,34 +1198,9 @@ struct p2p_case {
     int expect_p2p; /* 1: p2p carries the ring; 0: shm does. */
     int cumem;      /* Processes: 0 cuMem where the driver has it (P2P/CUMEM), 1
                      * CFX_CUMEM_ENABLE=0, 2 FAKECUDA_NO_CUMEM=1 (both: P2P/IPC). */
+    int read;       /* CFX_P2P_READ_ENABLE=1: the slots in the sender's memory. */
     int fake_cuda;  /* Set by the test: the driver is tests/fakecuda. */
 };
-
-/* Lines of /proc/self/maps naming fake-cuda device memory (its own
- * allocations, cuMem mappings, and other processes' opened through IPC or
- * imported as descriptors), and this process's open descriptors. */
-static int device_mappings(void)
-{
-    FILE *f = fopen("/proc/self/maps", "r");
-    char line[512];
-    int n = 0;
-    while (f != NULL && fgets(line, sizeof(line), f) != NULL)
-        n += strstr(line, "fakecuda-device") != NULL || strstr(line, "fakecuda-vmm") != NULL;
-    if (f != NULL)
-        fclose(f);
-    return n;
-}
-
-static int open_fds(void)
-{
-    DIR *d = opendir("/proc/self/fd");
-    int n = 0;
-    while (d != NULL && readdir(d) != NULL)
-        n++;
-    if (d != NULL)
-        closedir(d);
-    return n;
-}
 
 /* A communicator split off @p g's, one device allreduce on it, then its
  * destroy: as many device mappings and descriptors as before (slots,
@@ -1229,11 +1269,20 @@ static void allreduces_over_peer_memory(struct cfx_test_rank *ctx)
 ParameterizedTestParameters(cuda, gpu_ranks_of_one_host_connect_through_peer_memory)
 {
     static struct p2p_case cases[] = {
-        {2, CFX_TEST_THREADS, 1, 0, 0, 0, 1, 0, 0}, {3, CFX_TEST_THREADS, 1, 1, 0, 0, 1, 0, 0},
-        {2, CFX_TEST_PROCS, 1, 0, 0, 0, 1, 0, 0},   {3, CFX_TEST_PROCS, 1, 0, 0, 0, 1, 1, 0},
-        {2, CFX_TEST_PROCS, 1, 0, 0, 0, 1, 2, 0},   {2, CFX_TEST_THREADS, 2, 2, 0, 0, 1, 0, 0},
-        {4, CFX_TEST_PROCS, 2, 2, 0, 0, 1, 0, 0},   {2, CFX_TEST_PROCS, 2, 1, 0, 0, 0, 0, 0},
-        {2, CFX_TEST_THREADS, 2, 2, 0, 1, 0, 0, 0}, {2, CFX_TEST_PROCS, 1, 0, 1, 0, 0, 0, 0},
+        {2, CFX_TEST_THREADS, 1, 0, 0, 0, 1, 0, 0, 0},
+        {3, CFX_TEST_THREADS, 1, 1, 0, 0, 1, 0, 0, 0},
+        {2, CFX_TEST_PROCS, 1, 0, 0, 0, 1, 0, 0, 0},
+        {3, CFX_TEST_PROCS, 1, 0, 0, 0, 1, 1, 0, 0},
+        {2, CFX_TEST_PROCS, 1, 0, 0, 0, 1, 2, 0, 0},
+        {2, CFX_TEST_THREADS, 2, 2, 0, 0, 1, 0, 0, 0},
+        {4, CFX_TEST_PROCS, 2, 2, 0, 0, 1, 0, 0, 0},
+        {2, CFX_TEST_PROCS, 2, 1, 0, 0, 0, 0, 0, 0},
+        {2, CFX_TEST_THREADS, 2, 2, 0, 1, 0, 0, 0, 0},
+        {2, CFX_TEST_PROCS, 1, 0, 1, 0, 0, 0, 0, 0},
+        /* Read mode: threads across two GPUs, processes over cuMem and IPC. */
+        {2, CFX_TEST_THREADS, 2, 2, 0, 0, 1, 0, 1, 0},
+        {3, CFX_TEST_PROCS, 1, 0, 0, 0, 1, 0, 1, 0},
+        {2, CFX_TEST_PROCS, 2, 2, 0, 0, 1, 1, 1, 0},
     };
     return cr_make_param_array(struct p2p_case, cases, sizeof(cases) / sizeof(cases[0]));
 }
@@ -1245,11 +1294,11 @@ ParameterizedTest(struct p2p_case *pc, cuda, gpu_ranks_of_one_host_connect_throu
     static const char *const levels[] = {NULL, "LOC", "SYS"};
     const char *level = levels[pc->level];
     static const char *const cumems[] = {"", ", CFX_CUMEM_ENABLE=0", ", FAKECUDA_NO_CUMEM=1"};
-    cr_log_info("%d ranks as %s on %d device(s), CFX_P2P_LEVEL=%s%s%s%s: expect %s", pc->nranks,
+    cr_log_info("%d ranks as %s on %d device(s), CFX_P2P_LEVEL=%s%s%s%s%s: expect %s", pc->nranks,
                 pc->mode == CFX_TEST_PROCS ? "processes" : "threads", pc->devices,
                 level ? level : "(default)", pc->disable ? ", CFX_P2P_DISABLE=1" : "",
                 pc->no_peer ? ", no peer access" : "", cumems[pc->cumem],
-                pc->expect_p2p ? "p2p" : "shm");
+                pc->read ? ", CFX_P2P_READ_ENABLE=1" : "", pc->expect_p2p ? "p2p" : "shm");
     if ((pc->devices > 1 || pc->cumem == 2) && strcmp(driver, "fake-cuda") != 0)
         cr_skip_test("needs 2 GPUs or a driver without cuMem; the fake driver has them "
                      "(FAKECUDA_DEVICES=2, FAKECUDA_NO_CUMEM=1)");
@@ -1260,14 +1309,22 @@ ParameterizedTest(struct p2p_case *pc, cuda, gpu_ranks_of_one_host_connect_throu
     cfx_test_setenv("CFX_P2P_DISABLE", pc->disable ? "1" : NULL);
     cfx_test_setenv("CFX_CUMEM_ENABLE", pc->cumem == 1 ? "0" : NULL);
     cfx_test_setenv("FAKECUDA_NO_CUMEM", pc->cumem == 2 ? "1" : NULL);
+    cfx_test_setenv("CFX_P2P_READ_ENABLE", pc->read ? "1" : NULL);
     struct cfx_test_options opts = {
         .nranks = pc->nranks, .mode = pc->mode, .deadline_s = 240, .arg = pc};
     char logs[128];
     cfx_test_log_to(logs, sizeof(logs), "cuda-p2p");
     CFX_TEST_RUN(&opts, allreduces_over_peer_memory);
-    int direct = cfx_test_count_in_logs(logs, "connected (P2P/direct)");
-    int ipc = cfx_test_count_in_logs(logs, "connected (P2P/IPC)");
-    int cumem = cfx_test_count_in_logs(logs, "connected (P2P/CUMEM)");
+    /* Each end says its mode, with "/read" in read mode. */
+    const char *end = pc->read ? "/read)" : ")";
+    char line[64];
+    snprintf(line, sizeof(line), "connected (P2P/direct%s", end);
+    int direct = cfx_test_count_in_logs(logs, line);
+    snprintf(line, sizeof(line), "connected (P2P/IPC%s", end);
+    int ipc = cfx_test_count_in_logs(logs, line);
+    snprintf(line, sizeof(line), "connected (P2P/CUMEM%s", end);
+    int cumem = cfx_test_count_in_logs(logs, line);
+    int read = cfx_test_count_in_logs(logs, "/read)");
     int shm = cfx_test_count_in_logs(logs, " via shm");
     cfx_test_remove_logs(logs);
     cfx_test_setenv("FAKECUDA_DEVICES", NULL);
@@ -1276,6 +1333,9 @@ ParameterizedTest(struct p2p_case *pc, cuda, gpu_ranks_of_one_host_connect_throu
     cfx_test_setenv("CFX_P2P_DISABLE", NULL);
     cfx_test_setenv("CFX_CUMEM_ENABLE", NULL);
     cfx_test_setenv("FAKECUDA_NO_CUMEM", NULL);
+    cfx_test_setenv("CFX_P2P_READ_ENABLE", NULL);
+    if (!pc->read)
+        cr_assert_eq(read, 0, "%d connection ends in read mode, none asked for", read);
     /* Both ends of each rank's ring send at least. */
     int want = 2 * pc->nranks;
     if (!pc->expect_p2p) {
@@ -1291,6 +1351,37 @@ ParameterizedTest(struct p2p_case *pc, cuda, gpu_ranks_of_one_host_connect_throu
         cr_assert_geq(ipc, want, "%d connection ends said P2P/IPC", ipc);
         cr_assert_eq(direct + cumem, 0, "processes used a direct pointer or cuMem");
     }
+}
+
+/* Ranks set up for different P2P modes (rank 0 read, rank 1 write) would
+ * both own, or both map, each connection's slots: init fails on both with
+ * a sentence naming the setting, instead of writing into memory no one
+ * reads. */
+static void read_settings_that_differ(struct cfx_test_rank *ctx)
+{
+    setenv("CFX_P2P_READ_ENABLE", ctx->rank == 0 ? "1" : "0", 1);
+    cfx_param_reset_all();
+    struct cfx_test_gpu gpu;
+    if (!cfx_test_gpu_open(ctx, 0, &gpu))
+        return;
+    cfxComm_t comm = NULL;
+    cfx_test_step(ctx, "init with CFX_P2P_READ_ENABLE=%d", ctx->rank == 0);
+    cfxResult_t res = cfxCommInitRank(&comm, ctx->nranks, ctx->id, ctx->rank);
+    const char *last = cfxGetLastError(NULL);
+    RANK_ASSERT(ctx, res != cfxSuccess, "init succeeded with P2P read on one rank only");
+    RANK_ASSERT(ctx, strstr(last, "CFX_P2P_READ_ENABLE") != NULL,
+                "the error does not name CFX_P2P_READ_ENABLE: %s", last);
+    if (comm != NULL)
+        cfxCommDestroy(comm);
+    cfx_test_gpu_close(&gpu);
+}
+
+Test(cuda, p2p_read_set_on_one_rank_only_fails_init, .timeout = 120)
+{
+    const char *driver = use_gpu();
+    cr_log_info("driver: %s", driver);
+    struct cfx_test_options opts = {.nranks = 2, .mode = CFX_TEST_PROCS, .deadline_s = 90};
+    CFX_TEST_RUN(&opts, read_settings_that_differ);
 }
 
 #else

@@ -67,6 +67,7 @@ static const struct env_twin twins[] = {
     {"NCCL_NET_GDR_LEVEL", "CFX_NET_GDR_LEVEL", NULL, 0},
     {"NCCL_P2P_DISABLE", "CFX_P2P_DISABLE", NULL, 0},
     {"NCCL_P2P_LEVEL", "CFX_P2P_LEVEL", NULL, 0},
+    {"NCCL_P2P_READ_ENABLE", "CFX_P2P_READ_ENABLE", NULL, 0},
     {"NCCL_CUMEM_ENABLE", "CFX_CUMEM_ENABLE", NULL, 0},
 };
 #define N_TWINS (sizeof(twins) / sizeof(twins[0]))

@@ -577,6 +577,20 @@ int cfx_cuda_can_access_peer(int device, int peer)
            cu->device_can_access_peer(&can, a, b) == CUDA_SUCCESS && can;
 }
 
+int cfx_cuda_compute_capability(int device)
+{
+    const struct cfx_cuda_api *cu = cfx_cuda_api(NULL);
+    CUdevice dev;
+    int major = 0, minor = 0;
+    if (cu == NULL || device < 0 || cu->device_get(&dev, device) != CUDA_SUCCESS ||
+        cu->device_get_attribute(&major, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, dev) !=
+            CUDA_SUCCESS ||
+        cu->device_get_attribute(&minor, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, dev) !=
+            CUDA_SUCCESS)
+        return -1;
+    return major * 10 + minor;
+}
+
 cfxResult_t cfx_cuda_enable_peer_access(int device, int peer)
 {
     if (device == peer)
@@ -935,6 +949,12 @@ int cfx_cuda_can_access_peer(int device, int peer)
     (void)device;
     (void)peer;
     return 0;
+}
+
+int cfx_cuda_compute_capability(int device)
+{
+    (void)device;
+    return -1;
 }
 
 cfxResult_t cfx_cuda_enable_peer_access(int device, int peer)

@@ -256,6 +256,9 @@ int cfx_cuda_device_of_busid(const char *busid);
 /* Whether a kernel on device @p device can load and store device
  * @p peer's memory: the same device, or cuDeviceCanAccessPeer says so. */
 int cfx_cuda_can_access_peer(int device, int peer);
+/* Device @p device's compute capability as major * 10 + minor (80 for
+ * sm_80), or -1 when it cannot be asked. */
+int cfx_cuda_compute_capability(int device);
 /* Let device @p device's primary context reach device @p peer's memory
  * (cuCtxEnablePeerAccess; already enabled is success; the same device:
  * nothing to do). */

@@ -4,7 +4,11 @@
  * peer) within CFX_P2P_LEVEL. The payload slots live in the receiver's
  * device memory and the sender's kernel writes straight into them (a P2P
  * write over NVLink or PCIe); the receiver's kernel reads them from its own
- * memory. Nothing copies them on the way: no proxy, no staging.
+ * memory. Nothing copies them on the way: no proxy, no staging. In read
+ * mode (CFX_P2P_READ_ENABLE; by default over NVLink between sm_80 GPUs, as
+ * NCCL decides) the slots live in the sender's memory instead: the sender
+ * writes locally and the receiver's kernel reads them over the link. The
+ * side whose memory holds the slots is their owner; the other maps them.
  *
  * The control block (tail, head, info lines with the payloads of 24 bytes
  * or less, closed word) is shm's: host memory both processes map, pinned
@@ -15,20 +19,21 @@
  * The cost: a kernel polls its flags over PCIe, a microsecond where flags in
  * device memory would take a fraction of one (see docs/transports.md).
  *
- * How the sender reaches the receiver's slots:
+ * How the mapper reaches the owner's slots:
  *   - P2P/direct: the ranks are threads of one process: the pointer itself,
  *     with peer access enabled between the two devices when they differ;
  *   - P2P/CUMEM: other processes, where the driver has cuMem (VMM)
  *     allocations exportable as file descriptors (CFX_CUMEM_ENABLE, on by
- *     default): the receiver allocates the slots with cuMemCreate and
- *     hands the descriptor over a Unix-domain socket of its own (an
- *     abstract name, served by the proxy thread, so the receiver never
- *     waits for its sender); the sender maps it (cuMemMap, cuMemSetAccess
- *     for its device). Either side may let go first: the memory lives
- *     until its last mapping is gone;
+ *     default): the owner allocates the slots with cuMemCreate and hands
+ *     the descriptor over a Unix-domain socket of its own (an abstract
+ *     name, served by the proxy thread, so the owner never waits for the
+ *     mapper); the mapper maps it (cuMemMap, cuMemSetAccess for its
+ *     device). Either side may let go first: the memory lives until its
+ *     last mapping is gone;
  *   - P2P/IPC: other processes otherwise: legacy CUDA IPC (cuIpcGetMemHandle
- *     on the receiver, cuIpcOpenMemHandle with lazy peer access on the
- *     sender).
+ *     on the owner, cuIpcOpenMemHandle with lazy peer access on the
+ *     mapper).
+ * The log line names the mode, with "/read" in read mode (NCCL's words).
  *
  * A host thread of a GPU rank (host buffers on a GPU rank) reaches the
  * slots only through copies on a stream of its device (the connector's
@@ -88,11 +93,16 @@ CFX_PARAM_STR_CHECKED(p2p_level, "P2P_LEVEL", "PXB", check_p2p_level,
                       "Peer memory between GPU ranks of one host when the path between their "
                       "GPUs is at most this (NCCL's names: LOC, NVL, NVB, PIX, PXB, PHB, SYS)");
 
+CFX_PARAM_INT(p2p_read_enable, "P2P_READ_ENABLE", -2, -2, 1,
+              "1: the slots live in the sender's GPU memory and the receiver's kernel reads "
+              "them (P2P read); 0: in the receiver's, written by the sender (P2P write); "
+              "negative: read over NVLink between sm_80 GPUs, as NCCL decides");
+
 CFX_PARAM_INT(cumem_enable, "CUMEM_ENABLE", 1, 0, 1,
               "1: GPU ranks of different processes share peer memory as cuMem allocations "
               "exported as file descriptors where the driver can (P2P/CUMEM); 0: legacy CUDA IPC");
 
-/* How the sender reaches the receiver's slots. */
+/* How the mapper reaches the owner's slots. */
 enum p2p_mode { P2P_MODE_DIRECT = 1, P2P_MODE_IPC = 2, P2P_MODE_CUMEM = 3 };
 
 static const char *mode_name(uint32_t mode)
@@ -107,9 +117,10 @@ static const char *mode_name(uint32_t mode)
 /* The connect info: shm's, then where the slots are. */
 struct cfx_p2p_info {
     struct cfx_shm_info shm;
-    uint32_t mode;       /* Receiver: enum p2p_mode; sender: 0. */
+    uint32_t mode;       /* Owner: enum p2p_mode; mapper: 0. */
+    uint32_t read;       /* Both: the side set up for read mode (checked alike). */
     int32_t device;      /* The writer of this info's CUDA device (its process's ordinal). */
-    uint64_t slot_bytes; /* Receiver: the slots' geometry, checked by the sender. */
+    uint64_t slot_bytes; /* Owner: the slots' geometry, checked by the mapper. */
     uint64_t n_steps;
     uint64_t local_addr; /* P2P_MODE_DIRECT: the slots' address in the shared process. */
     union {
@@ -127,12 +138,14 @@ _Static_assert(sizeof(struct cfx_p2p_info) <= CFX_CONNECT_INFO_BYTES, "info too 
 struct p2p_conn {
     char shm[CFX_SHM_CONN_BYTES];
     int device;      /* This side's device. */
-    void *slots;     /* Receiver: its allocation; sender: the receiver's, as mapped here. */
-    uint32_t mode;   /* enum p2p_mode (the sender's once connected). */
-    int ipc_open;    /* Sender: slots came from cuIpcOpenMemHandle. */
-    int slots_owned; /* Receiver: slots came from cuMemAlloc. */
-    /* P2P_MODE_CUMEM: the mapping (both sides; the receiver's owns the
-     * allocation), and the receiver's hand-over: its exported descriptor,
+    int owner;       /* The slots are this side's memory (receiver; sender in read mode). */
+    int read;        /* Read mode: the sender owns the slots. */
+    void *slots;     /* Owner: its allocation; mapper: the owner's, as mapped here. */
+    uint32_t mode;   /* enum p2p_mode (the mapper's once connected). */
+    int ipc_open;    /* Mapper: slots came from cuIpcOpenMemHandle. */
+    int slots_owned; /* Owner: slots came from cuMemAlloc. */
+    /* P2P_MODE_CUMEM: the mapping (both sides; the owner's holds the
+     * allocation), and the owner's hand-over: its exported descriptor,
      * the listening socket the proxy serves, the one process allowed to
      * take the descriptor, and whether the proxy watches the socket. */
     struct cfx_cuda_vmm vmm;
@@ -151,7 +164,7 @@ struct p2p_ctx {
     int64_t connect_timeout_s;
     cfxResult_t (*connect_check)(void *arg, int peer_rank);
     void *connect_check_arg;
-    struct cfx_proxy *proxy; /* Taken at the first P2P/CUMEM receive side. */
+    struct cfx_proxy *proxy; /* Taken at the first P2P/CUMEM owner. */
 };
 
 /* ------------------------------------------------------------ lifecycle */
@@ -187,13 +200,14 @@ static void p2p_fini(void *ctx_v)
 
 /* ------------------------------------------------ P2P/CUMEM hand-over */
 
-/* The receiver's descriptor of its slots goes to its sender over a Unix
- * socket (a descriptor cannot travel in the connect info). The receiver
- * listens on an abstract name the kernel picks (autobind), and the
- * process's proxy thread answers: so the receiver's setup and connect never
- * wait for the sender, whose connect comes first (connect.c connects send
- * sides first). Only the sender's process gets the descriptor (its pid,
- * from SO_PEERCRED); once, with the allocation's size. */
+/* The owner's descriptor of its slots goes to the mapper over a Unix
+ * socket (a descriptor cannot travel in the connect info). The owner
+ * listens on an abstract name the kernel picks (autobind), and its
+ * process's proxy thread answers: so the owner's setup and connect never
+ * wait for the mapper, whichever of the two connects first (connect.c
+ * connects send sides first). Only the mapper's process gets the
+ * descriptor (its pid, from SO_PEERCRED); once, with the allocation's
+ * size. */
 
 #define HANDOVER_SLICE_MS 100
 
@@ -233,7 +247,7 @@ static void handover_ready(void *arg, uint32_t events)
             memcpy(CMSG_DATA(cmsg), &pc->export_fd, sizeof(int));
             if (sendmsg(fd, &msg, MSG_NOSIGNAL) == (ssize_t)sizeof(bytes)) {
                 pc->served = 1;
-                close(pc->export_fd); /* The sender holds its own now. */
+                close(pc->export_fd); /* The mapper holds its own now. */
                 pc->export_fd = -1;
             }
         }
@@ -241,7 +255,7 @@ static void handover_ready(void *arg, uint32_t events)
     }
 }
 
-/* Receiver: listen for the sender and let the proxy answer it. */
+/* Owner: listen for the mapper and let the proxy answer it. */
 static cfxResult_t handover_offer(struct p2p_ctx *ctx, struct p2p_conn *pc, int peer_rank,
                                   struct cfx_p2p_info *info)
 {
@@ -278,7 +292,7 @@ static cfxResult_t handover_offer(struct p2p_ctx *ctx, struct p2p_conn *pc, int 
     return cfxSuccess;
 }
 
-/* Sender: one bounded wait for the receiver's descriptor; cfxSuccess with
+/* Mapper: one bounded wait for the owner's descriptor; cfxSuccess with
  * *fd_p, or a sentence naming the peer. */
 static cfxResult_t handover_take(struct p2p_ctx *ctx, const struct cfx_connector *conn,
                                  const struct cfx_p2p_info *info, int *fd_p)
@@ -384,6 +398,64 @@ static int p2p_can_connect(void *ctx_v, const struct cfx_transport_peer *self,
     return cfx_cuda_can_access_peer(mine, theirs) && cfx_cuda_can_access_peer(theirs, mine);
 }
 
+/* Read mode for the connection from @p sender's GPU to @p receiver's:
+ * CFX_P2P_READ_ENABLE, else NCCL's default: over NVLink between GPUs of
+ * compute capability 8.0 (a GPU this process does not see is taken to be
+ * like its own). Both sides decide alike from the same facts; the connect
+ * info carries the decision so that ranks whose settings differ fail with
+ * a sentence instead of both owning (or neither owning) the slots. */
+static int p2p_use_read(const struct cfx_transport_peer *peer, int device)
+{
+    int enable = (int)param_p2p_read_enable();
+    if (enable >= 0)
+        return enable;
+    if (peer->path != CFX_PATH_CLASS_NVL)
+        return 0;
+    int mine = cfx_cuda_compute_capability(device);
+    int theirs_dev = peer->busid[0] != '\0' ? cfx_cuda_device_of_busid(peer->busid) : -1;
+    int theirs = theirs_dev >= 0 ? cfx_cuda_compute_capability(theirs_dev) : mine;
+    return mine == 80 && theirs == 80;
+}
+
+/* Owner: allocate the slots and describe how the mapper reaches them. */
+static cfxResult_t own_slots(struct p2p_ctx *ctx, const struct cfx_transport_peer *peer,
+                             size_t slot_bytes, int n_steps, struct cfx_connector *conn,
+                             struct p2p_conn *pc, struct cfx_p2p_info *info)
+{
+    size_t bytes = slot_bytes * (size_t)n_steps;
+    CFX_CHECK(cfx_cuda_select(pc->device));
+    info->slot_bytes = slot_bytes;
+    info->n_steps = (uint64_t)n_steps;
+    if (peer->pid == (int)getpid()) {
+        info->mode = P2P_MODE_DIRECT;
+    } else {
+        const char *why = "CFX_CUMEM_ENABLE=0";
+        info->mode = param_cumem_enable() && cfx_cuda_vmm_supported(pc->device, &why)
+                         ? P2P_MODE_CUMEM
+                         : P2P_MODE_IPC;
+        if (info->mode == P2P_MODE_IPC)
+            CFX_INFO(CFX_LOG_P2P, "p2p: rank %d %s rank %d: legacy CUDA IPC, not cuMem (%s)",
+                     ctx->rank, conn->dir == CFX_CONN_RECV ? "<-" : "->", peer->rank, why);
+    }
+    if (info->mode == P2P_MODE_CUMEM) {
+        CFX_CHECK(cfx_cuda_vmm_alloc(pc->device, bytes, &pc->vmm));
+        pc->slots = pc->vmm.ptr;
+        CFX_CHECK(cfx_cuda_vmm_export(&pc->vmm, &pc->export_fd));
+        CFX_CHECK(handover_offer(ctx, pc, peer->rank, info));
+    } else {
+        CFX_CHECK(cfx_cuda_mem_alloc(&pc->slots, bytes));
+        pc->slots_owned = 1;
+        if (info->mode == P2P_MODE_DIRECT)
+            info->local_addr = (uint64_t)(uintptr_t)pc->slots;
+        else
+            CFX_CHECK(cfx_cuda_ipc_export(pc->slots, pc->device, info->u.handle));
+    }
+    pc->mode = info->mode;
+    conn->slots = pc->slots;
+    conn->view.slots = pc->slots;
+    return cfx_connector_stage_init(conn, pc->device);
+}
+
 static cfxResult_t p2p_setup(void *ctx_v, const struct cfx_transport_peer *peer, size_t slot_bytes,
                              int n_steps, struct cfx_connector *conn, void *info_out)
 {
@@ -402,46 +474,17 @@ static cfxResult_t p2p_setup(void *ctx_v, const struct cfx_transport_peer *peer,
     pc->export_fd = -1;
     pc->listen_fd = -1;
     pc->peer_pid = peer->pid;
+    pc->read = p2p_use_read(peer, pc->device);
+    pc->owner = (conn->dir == CFX_CONN_RECV) != pc->read;
     info.device = pc->device;
-    if (conn->dir == CFX_CONN_RECV) {
-        size_t bytes = slot_bytes * (size_t)n_steps;
-        CFX_CHECK(cfx_cuda_select(pc->device));
-        info.slot_bytes = slot_bytes;
-        info.n_steps = (uint64_t)n_steps;
-        if (peer->pid == (int)getpid()) {
-            info.mode = P2P_MODE_DIRECT;
-        } else {
-            const char *why = "CFX_CUMEM_ENABLE=0";
-            info.mode = param_cumem_enable() && cfx_cuda_vmm_supported(pc->device, &why)
-                            ? P2P_MODE_CUMEM
-                            : P2P_MODE_IPC;
-            if (info.mode == P2P_MODE_IPC)
-                CFX_INFO(CFX_LOG_P2P, "p2p: rank %d <- rank %d: legacy CUDA IPC, not cuMem (%s)",
-                         ctx->rank, peer->rank, why);
-        }
-        if (info.mode == P2P_MODE_CUMEM) {
-            CFX_CHECK(cfx_cuda_vmm_alloc(pc->device, bytes, &pc->vmm));
-            pc->slots = pc->vmm.ptr;
-            CFX_CHECK(cfx_cuda_vmm_export(&pc->vmm, &pc->export_fd));
-            CFX_CHECK(handover_offer(ctx, pc, peer->rank, &info));
-        } else {
-            CFX_CHECK(cfx_cuda_mem_alloc(&pc->slots, bytes));
-            pc->slots_owned = 1;
-            if (info.mode == P2P_MODE_DIRECT)
-                info.local_addr = (uint64_t)(uintptr_t)pc->slots;
-            else
-                CFX_CHECK(cfx_cuda_ipc_export(pc->slots, pc->device, info.u.handle));
-        }
-        pc->mode = info.mode;
-        conn->slots = pc->slots;
-        conn->view.slots = pc->slots;
-        CFX_CHECK(cfx_connector_stage_init(conn, pc->device));
-    }
+    info.read = (uint32_t)pc->read;
+    if (pc->owner)
+        CFX_CHECK(own_slots(ctx, peer, slot_bytes, n_steps, conn, pc, &info));
     memcpy(info_out, &info, sizeof(info));
     return cfxSuccess;
 }
 
-/* Sender: reach the receiver's slots as its info says. */
+/* Mapper: reach the owner's slots as its info says. */
 static cfxResult_t open_slots(struct p2p_ctx *ctx, struct cfx_connector *conn, struct p2p_conn *pc,
                               const struct cfx_p2p_info *info)
 {
@@ -451,7 +494,7 @@ static cfxResult_t open_slots(struct p2p_ctx *ctx, struct cfx_connector *conn, s
                              "expects %d of %zu (CFX_BUFFSIZE or CFX_STEPS differ between ranks?)",
                              conn->peer_rank, (unsigned long long)info->n_steps,
                              (unsigned long long)info->slot_bytes, conn->n_steps, conn->slot_bytes);
-    int same_process = info->shm.kind == CFX_SHM_KIND_LOCAL;
+    int same_process = pc->peer_pid == (int)getpid();
     if (info->mode == P2P_MODE_DIRECT && same_process && info->local_addr != 0) {
         /* One process: the devices' ordinals are the same here. */
         CFX_CHECK(cfx_cuda_enable_peer_access(pc->device, info->device));
@@ -480,13 +523,7 @@ static cfxResult_t open_slots(struct p2p_ctx *ctx, struct cfx_connector *conn, s
     pc->mode = info->mode;
     conn->slots = pc->slots;
     conn->view.slots = pc->slots;
-    CFX_CHECK(cfx_connector_stage_init(conn, pc->device));
-    CFX_INFO(CFX_LOG_P2P,
-             "p2p: rank %d -> rank %d connected (%s): writes into device %d's memory of rank %d "
-             "from device %d",
-             ctx->rank, conn->peer_rank, mode_name(pc->mode), (int)info->device, conn->peer_rank,
-             pc->device);
-    return cfxSuccess;
+    return cfx_connector_stage_init(conn, pc->device);
 }
 
 static cfxResult_t p2p_connect(void *ctx_v, struct cfx_connector *conn, const void *peer_info)
@@ -497,13 +534,26 @@ static cfxResult_t p2p_connect(void *ctx_v, struct cfx_connector *conn, const vo
     CFX_CHECK(cfx_shm_fifo_connect(ctx->shm, conn, &info.shm));
     conn->peer_readable = 0; /* No read_peer: payloads go through the slots. */
     struct p2p_conn *pc = conn->priv;
-    if (conn->dir == CFX_CONN_SEND)
-        return open_slots(ctx, conn, pc, &info);
+    if (info.read != (uint32_t)pc->read)
+        return cfx_error_set(cfxInvalidUsage, CFX_LOG_P2P,
+                             "p2p: rank %d set up its connection with rank %d for P2P %s, this "
+                             "rank for P2P %s (CFX_P2P_READ_ENABLE differs between them?)",
+                             conn->peer_rank, ctx->rank, info.read ? "read" : "write",
+                             pc->read ? "read" : "write");
+    if (!pc->owner)
+        CFX_CHECK(open_slots(ctx, conn, pc, &info));
+    /* A sending owner's view was pointed at its control block only now,
+     * by shm's connect, which knows no slots. */
+    conn->slots = pc->slots;
+    conn->view.slots = pc->slots;
+    /* The mapper writes the slots (write mode) or reads them (read mode). */
+    int mine = pc->owner, me = ctx->rank, peer = conn->peer_rank;
     CFX_INFO(CFX_LOG_P2P,
-             "p2p: rank %d <- rank %d connected (%s): slots in device %d's memory, written by "
-             "device %d of rank %d",
-             ctx->rank, conn->peer_rank, mode_name(pc->mode), pc->device, (int)info.device,
-             conn->peer_rank);
+             "p2p: rank %d %s rank %d connected (%s%s): slots in device %d's memory of rank %d, "
+             "%s by device %d of rank %d",
+             me, conn->dir == CFX_CONN_SEND ? "->" : "<-", peer, mode_name(pc->mode),
+             pc->read ? "/read" : "", mine ? pc->device : (int)info.device, mine ? me : peer,
+             pc->read ? "read" : "written", mine ? (int)info.device : pc->device, mine ? peer : me);
     return cfxSuccess;
 }
 
@@ -526,9 +576,9 @@ static void p2p_close(void *ctx_v, struct cfx_connector *conn)
     cfx_cuda_vmm_free(&pc->vmm);
     if (pc->ipc_open)
         cfx_cuda_ipc_close(pc->slots, pc->device);
-    /* With legacy IPC the sender's mapping should be closed first; a
-     * receiver that leaves earlier frees the memory under a mapping no
-     * kernel uses any more (the sender's work on it ended or failed). */
+    /* With legacy IPC the mapper's mapping should be closed first; an
+     * owner that leaves earlier frees the memory under a mapping no kernel
+     * uses any more (the mapper's work on it ended or failed). */
     if (pc->slots_owned && cfx_cuda_select(pc->device) == cfxSuccess)
         cfx_cuda_mem_free(pc->slots);
     pc->slots = NULL;
