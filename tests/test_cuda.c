@@ -1353,6 +1353,108 @@ ParameterizedTest(struct p2p_case *pc, cuda, gpu_ranks_of_one_host_connect_throu
     }
 }
 
+/* Inexact float inputs: their sum's rounding depends on the order of the fold. */
+static float inexact_of(int rank, size_t i)
+{
+    float v = 0.1f + (float)rank * 1.37f + (float)i * 0.013f;
+    return (rank + (int)i) % 3 == 0 ? -v : v;
+}
+
+/* CFX_ALGO=direct on device buffers: the one-shot allreduce (each rank's
+ * kernel pushes its input into every peer's slots over p2p and folds the n
+ * inputs) gives every rank x0 + x1 + ... + x(n-1) folded left to right, bit
+ * for bit, in and out of place, in one slot and over several; a group of
+ * two goes too. */
+static void direct_on_device(struct cfx_test_rank *ctx)
+{
+    static const size_t counts[] = {1, 1027, 40000};
+    struct gpu_rank g;
+    if (!gpu_rank_open(ctx, &g, counts[2])) {
+        gpu_rank_close(&g);
+        return;
+    }
+    int n = ctx->nranks;
+    for (size_t c = 0; c < sizeof(counts) / sizeof(counts[0]) && !ctx->slot_failed; c++)
+        for (int in_place = 0; in_place < 2 && !ctx->slot_failed; in_place++) {
+            size_t count = counts[c];
+            cfx_test_step(ctx, "direct allreduce of %zu floats %s", count,
+                          in_place ? "in place" : "out of place");
+            for (size_t i = 0; i < count; i++)
+                g.host[i] = inexact_of(ctx->rank, i);
+            if (!cfx_test_gpu_put(ctx, &g.gpu, g.dsend, g.host, count * sizeof(float)))
+                break;
+            float *out = in_place ? g.dsend : g.drecv;
+            RANK_CFX(ctx,
+                     cfxAllReduce(g.dsend, out, count, cfxFloat32, cfxSum, g.comm, g.gpu.stream));
+            if (!cfx_test_gpu_sync(ctx, &g.gpu) ||
+                !cfx_test_gpu_get(ctx, &g.gpu, g.host, out, count * sizeof(float)))
+                break;
+            for (size_t i = 0; i < count; i++) {
+                float acc = inexact_of(0, i);
+                for (int q = 1; q < n; q++)
+                    acc = acc + inexact_of(q, i);
+                if (memcmp(&acc, &g.host[i], sizeof(float)) != 0) {
+                    cfx_test_fail(ctx, __FILE__, __LINE__,
+                                  "count %zu: element %zu is %.9g, the rank-order fold gives %.9g",
+                                  count, i, (double)g.host[i], (double)acc);
+                    break;
+                }
+            }
+        }
+    for (int q = 0; q < n && !ctx->slot_failed; q++)
+        RANK_ASSERT(ctx,
+                    q == ctx->rank || (g.comm->direct.to[q] != NULL &&
+                                       strcmp(g.comm->direct.to[q]->transport->name, "p2p") == 0),
+                    "no direct connector over p2p to rank %d: the calls did not go direct", q);
+    if (!ctx->slot_failed) {
+        cfx_test_step(ctx, "a group of two direct allreduces");
+        RANK_ASSERT(ctx, put_inputs(ctx, &g), "inputs");
+        RANK_CFX(ctx, cfxGroupStart());
+        RANK_CFX(ctx,
+                 cfxAllReduce(g.dsend, g.drecv, 100, cfxFloat32, cfxSum, g.comm, g.gpu.stream));
+        RANK_CFX(ctx, cfxAllReduce(g.dsend + 100, g.drecv + 100, 200, cfxFloat32, cfxSum, g.comm,
+                                   g.gpu.stream));
+        RANK_CFX(ctx, cfxGroupEnd());
+        size_t keep = g.n;
+        g.n = 300;
+        RANK_ASSERT(ctx, cfx_test_gpu_sync(ctx, &g.gpu) && check_sums(ctx, &g, g.drecv),
+                    "the group's sums");
+        g.n = keep;
+    }
+    gpu_rank_close(&g);
+}
+
+struct direct_case {
+    int nranks;
+    enum cfx_test_mode mode;
+    int read; /* CFX_P2P_READ_ENABLE=1. */
+};
+
+ParameterizedTestParameters(cuda, direct_allreduce_on_device_buffers_folds_in_rank_order)
+{
+    static struct direct_case cases[] = {
+        {2, CFX_TEST_THREADS, 0},
+        {4, CFX_TEST_THREADS, 0},
+        {3, CFX_TEST_PROCS, 0},
+        {3, CFX_TEST_PROCS, 1},
+    };
+    return cr_make_param_array(struct direct_case, cases, sizeof(cases) / sizeof(cases[0]));
+}
+
+ParameterizedTest(struct direct_case *dc, cuda,
+                  direct_allreduce_on_device_buffers_folds_in_rank_order, .timeout = 240)
+{
+    cr_log_info("%d ranks as %s on %s%s", dc->nranks,
+                dc->mode == CFX_TEST_PROCS ? "processes" : "threads", use_gpu(),
+                dc->read ? ", CFX_P2P_READ_ENABLE=1" : "");
+    cfx_test_setenv("CFX_ALGO", "direct");
+    cfx_test_setenv("CFX_P2P_READ_ENABLE", dc->read ? "1" : NULL);
+    struct cfx_test_options opts = {.nranks = dc->nranks, .mode = dc->mode, .deadline_s = 180};
+    CFX_TEST_RUN(&opts, direct_on_device);
+    cfx_test_setenv("CFX_ALGO", NULL);
+    cfx_test_setenv("CFX_P2P_READ_ENABLE", NULL);
+}
+
 /* Ranks set up for different P2P modes (rank 0 read, rank 1 write) would
  * both own, or both map, each connection's slots: init fails on both with
  * a sentence naming the setting, instead of writing into memory no one

@@ -585,12 +585,39 @@ Test(plan, host_ranks_take_direct_for_small_allreduces_and_the_ring_for_large)
         cfx_plan_free(plan);
     }
     cfx_topo_free(sys);
+    /* GPU ranks: direct in Simple (the kernel's slots) on one host only.
+     * The model prices the ring with LL, which beats it everywhere, so the
+     * plan picks direct (and init connects its all-pairs FIFOs) only where
+     * CFX_PROTO or CFX_ALGO rule the ring's LL out. */
     struct cfx_topo_system *gpus = load("dgx-a100.xml");
     struct cfx_plan *plan = plan_for(gpus, 1, 8);
     cr_expect(
         !isfinite(cfx_plan_predict_us(plan, CFX_COLL_ALLREDUCE, CFX_ALGO_DIRECT, CFX_PROTO_LL, 8)),
-        "GPU ranks have no direct schedule");
+        "GPU ranks have no direct LL");
+    cr_expect(isfinite(cfx_plan_predict_us(plan, CFX_COLL_ALLREDUCE, CFX_ALGO_DIRECT,
+                                           CFX_PROTO_SIMPLE, 8)),
+              "GPU ranks of one host have a direct allreduce in Simple");
+    cr_expect(!cfx_plan_may_pick(plan, CFX_COLL_ALLREDUCE, CFX_ALGO_DIRECT),
+              "the ring's LL should win at every size by default");
     cfx_plan_free(plan);
+    plan = plan_for(gpus, 2, 8);
+    cr_expect(!isfinite(cfx_plan_predict_us(plan, CFX_COLL_ALLREDUCE, CFX_ALGO_DIRECT,
+                                            CFX_PROTO_SIMPLE, 8)),
+              "GPU ranks of several hosts have no direct allreduce");
+    cfx_plan_free(plan);
+    cfx_test_setenv("CFX_PROTO", "Simple");
+    plan = plan_for(gpus, 1, 8);
+    cr_expect(cfx_plan_may_pick(plan, CFX_COLL_ALLREDUCE, CFX_ALGO_DIRECT),
+              "with CFX_PROTO=Simple the plan never picks direct on 8 GPUs");
+    struct cfx_plan_choice ch;
+    cr_assert_eq(cfx_plan_choose(plan, CFX_COLL_ALLREDUCE, 8, &ch), cfxSuccess);
+    cr_expect_eq(ch.algo, CFX_ALGO_DIRECT, "8 B on 8 GPUs in Simple: %s",
+                 cfx_plan_algo_name(ch.algo));
+    cr_assert_eq(cfx_plan_choose(plan, CFX_COLL_ALLREDUCE, (size_t)1 << 30, &ch), cfxSuccess);
+    cr_expect_eq(ch.algo, CFX_ALGO_RING, "1 GiB on 8 GPUs in Simple: %s",
+                 cfx_plan_algo_name(ch.algo));
+    cfx_plan_free(plan);
+    cfx_test_setenv("CFX_PROTO", NULL);
     cfx_topo_free(gpus);
 }
 

@@ -239,10 +239,11 @@ int cfx_core_algo_direct_requests(struct cfxComm *comm, struct cfx_conn_request 
 
 cfxResult_t cfx_core_algo_connect(struct cfxComm *comm)
 {
+    /* Only where the plan picks direct at some size: GPU ranks, whose model
+     * prefers the ring's LL at every size unless CFX_ALGO or CFX_PROTO rule
+     * it out, hold no idle all-pairs FIFOs in device memory. */
     if (comm->plan == NULL || comm->nranks < 2 || comm->nranks > CFX_DIRECT_MAX_RANKS ||
-        !comm->plan->model.enabled[CFX_COLL_ALLREDUCE][CFX_ALGO_DIRECT][CFX_PROTO_SIMPLE] ||
-        !isfinite(cfx_plan_predict_us(comm->plan, CFX_COLL_ALLREDUCE, CFX_ALGO_DIRECT,
-                                      CFX_PROTO_SIMPLE, 0)))
+        !cfx_plan_may_pick(comm->plan, CFX_COLL_ALLREDUCE, CFX_ALGO_DIRECT))
         return cfxSuccess;
     struct cfx_conn_request reqs[CFX_CORE_DIRECT_REQUESTS];
     int n = cfx_core_algo_direct_requests(comm, reqs);

@@ -8,8 +8,8 @@
  *          / (reduction bandwidth; host ranks only: GPUs reduce inside their
  *          copies at memory speed, far above any link).
  *
- * Algorithms: ring, tree (double binary tree, chains inside hosts) and, for
- * host ranks, the direct one-shot allreduce.
+ * Algorithms: ring, tree (double binary tree, chains inside hosts) and the
+ * direct one-shot allreduce (host ranks; GPU ranks of one host).
  *
  * The bandwidths come from the rings the search built on the hosts' links
  * (plan->model.ring_bw, intra_bw, net_bw); the per-hop latencies from the
@@ -30,7 +30,7 @@ static const double proto_share[CFX_PROTO_COUNT] = {0.25, 0.92, 1.0};
 static const double gpu_base_us[CFX_ALGO_COUNT][CFX_PROTO_COUNT] = {
     {5.0, 6.0, 8.0},  /* ring */
     {6.0, 7.0, 10.0}, /* tree */
-    {5.0, 6.0, 8.0}   /* direct (not built for GPU ranks: never picked) */
+    {5.0, 6.0, 8.0}   /* direct (one-shot; GPU ranks of one host) */
 };
 /* Per step on a hop of each link class inside a host (LOC: same device). */
 static const double gpu_hop_us[CFX_LINK_TYPES][CFX_PROTO_COUNT] = {
@@ -58,6 +58,8 @@ static const double gpu_net_hop_us[2][CFX_PROTO_COUNT] = {{20.0, 24.0, 30.0}, {3
  * memory direct and ring cross near 64 KiB, as measured (docs/tuning.md). */
 #define HOST_DIRECT_PEER_US   0.15
 #define HOST_DIRECT_REDUCE_BW 7.5
+/* GPU direct allreduce: one more slot posted per peer and chunk. */
+#define GPU_DIRECT_POST_US 0.5
 
 void cfx_plan_model_init(struct cfx_plan *plan)
 {
@@ -162,21 +164,26 @@ static double tree_time(const struct cfx_plan_model *md, enum cfx_coll_kind coll
 
 /* The one-shot allreduce (src/coll/direct.h): one hand-off for the first
  * slot, one more per further chunk; each rank sends (n-1) x bytes and
- * reduces (n-1) x bytes. Host ranks only, allreduce only, at most
- * CFX_DIRECT_MAX_RANKS. */
+ * reduces (n-1) x bytes. Allreduce only, at most CFX_DIRECT_MAX_RANKS; GPU
+ * ranks on one host only (Simple: the kernel's slots; its sends are n-1
+ * postings per chunk, each a system-scope fence and stores to the pinned
+ * control block, GPU_DIRECT_POST_US: not measured on a GPU yet). */
 static double direct_time(const struct cfx_plan_model *md, enum cfx_coll_kind coll,
                           enum cfx_plan_proto proto, double bytes, double *lat_p)
 {
-    if (coll != CFX_COLL_ALLREDUCE || !md->host_ranks || md->n_ranks > CFX_DIRECT_MAX_RANKS)
+    if (coll != CFX_COLL_ALLREDUCE || md->n_ranks > CFX_DIRECT_MAX_RANKS)
+        return INFINITY;
+    if (!md->host_ranks && (md->n_nodes > 1 || proto != CFX_PROTO_SIMPLE))
         return INFINITY;
     double n = md->n_ranks;
     double hop = md->n_nodes > 1 ? md->net_hop_us[proto] : md->intra_hop_us[proto];
     double chunks = ceil(bytes / (double)CFX_DIRECT_SLOT_BYTES);
     if (chunks < 1)
         chunks = 1;
-    double lat = md->base_us[CFX_ALGO_DIRECT][proto] + chunks * hop + (n - 2) * HOST_DIRECT_PEER_US;
+    double per_peer = md->host_ranks ? HOST_DIRECT_PEER_US : GPU_DIRECT_POST_US * chunks;
+    double lat = md->base_us[CFX_ALGO_DIRECT][proto] + chunks * hop + (n - 2) * per_peer;
     double bw = md->ring_bw * proto_share[proto];
-    double reduce = md->reduce_bw > 0 ? (n - 1) / HOST_DIRECT_REDUCE_BW : 0;
+    double reduce = md->host_ranks && md->reduce_bw > 0 ? (n - 1) / HOST_DIRECT_REDUCE_BW : 0;
     *lat_p = lat;
     return lat + bytes * ((n - 1) / bw + reduce) / 1e3;
 }

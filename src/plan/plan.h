@@ -171,6 +171,11 @@ void cfx_plan_free(struct cfx_plan *plan);
 cfxResult_t cfx_plan_choose(struct cfx_plan *plan, enum cfx_coll_kind coll, size_t bytes,
                             struct cfx_plan_choice *out);
 
+/** Whether cfx_plan_choose picks @p algo for @p coll at some power-of-two
+ *  size up to 1 TiB (the same sizes cfx_plan_signature covers). Pure. */
+int cfx_plan_may_pick(const struct cfx_plan *plan, enum cfx_coll_kind coll,
+                      enum cfx_plan_algo algo);
+
 /** A hash of every decision the plan makes: its rings, trees, and the
  *  algorithm and protocol cfx_plan_choose picks for each collective at every
  *  power-of-two size up to 1 TiB. Ranks whose signatures differ would run

@@ -271,6 +271,19 @@ static double pick(const struct cfx_plan *plan, enum cfx_coll_kind coll, size_t 
     return best;
 }
 
+int cfx_plan_may_pick(const struct cfx_plan *plan, enum cfx_coll_kind coll, enum cfx_plan_algo algo)
+{
+    if ((unsigned)coll >= CFX_PLAN_COLLS)
+        return 0;
+    for (int k = 0; k <= 40; k++) {
+        int a, p, fallback;
+        pick(plan, coll, (size_t)1 << k, &a, &p, &fallback);
+        if (a == (int)algo)
+            return 1;
+    }
+    return 0;
+}
+
 uint64_t cfx_plan_signature(const struct cfx_plan *plan)
 {
     uint64_t h = UINT64_C(14695981039346656037); /* FNV-1a over the decisions. */
