@@ -107,7 +107,8 @@ struct suite_case {
     enum cfx_test_mode mode;
     enum coll coll;
     enum mem_kind mem;
-    int p2p_read; /* CFX_P2P_READ_ENABLE=1: the slots in the sender's device memory. */
+    int p2p_read;       /* CFX_P2P_READ_ENABLE=1: the slots in the sender's device memory. */
+    int allreduce_algo; /* Allreduce on device buffers: 1 CFX_ALGO=direct, 2 twoshot. */
 };
 
 /* Large counts for these (type, op) pairs only. */
@@ -584,6 +585,16 @@ static void conformance_rank(struct cfx_test_rank *ctx)
                     want);
     }
     coll_fns[sc->coll](ctx, comm, &b);
+    if (sc->allreduce_algo && !ctx->slot_failed) {
+        /* The forced algorithm ran over the all-pairs connectors. */
+        struct cfx_connector *to = comm->direct.to[(ctx->rank + 1) % ctx->nranks];
+        RANK_ASSERT(ctx, to != NULL, "no all-pairs connector: the allreduces did not go %s",
+                    sc->allreduce_algo == 1 ? "one-shot" : "two-shot");
+        const char *want = sc->transport == P2P ? "p2p" : "shm";
+        RANK_ASSERT(ctx, to == NULL || strcmp(to->transport->name, want) == 0,
+                    "the all-pairs connector went over %s, not %s", to ? to->transport->name : "-",
+                    want);
+    }
     if (!ctx->slot_failed) {
         RANK_CFX(ctx, cfxCommFinalize(comm));
     }
@@ -593,7 +604,7 @@ static void conformance_rank(struct cfx_test_rank *ctx)
     free(b.recv);
 }
 
-#define N_CASES (2 * 5 * 2 * N_COLLS + 2 * 3 * N_COLLS + (5 + 2 + 3 + 2) * N_COLLS)
+#define N_CASES (2 * 5 * 2 * N_COLLS + 2 * 3 * N_COLLS + (5 + 2 + 3 + 2) * N_COLLS + 6)
 static struct suite_case all_cases[N_CASES];
 
 ParameterizedTestParameters(conformance, collective)
@@ -654,6 +665,28 @@ ParameterizedTestParameters(conformance, collective)
                                                          .coll = (enum coll)c,
                                                          .mem = DEVICE_MEM};
             }
+    /* The one-shot and two-shot allreduces on device buffers, forced: 4
+     * threads and 3 processes over p2p, 3 threads over shm. */
+    for (int algo = 1; algo <= 2; algo++) {
+        all_cases[k++] = (struct suite_case){.transport = P2P,
+                                             .nranks = 4,
+                                             .mode = CFX_TEST_THREADS,
+                                             .coll = ALLREDUCE,
+                                             .mem = DEVICE_MEM,
+                                             .allreduce_algo = algo};
+        all_cases[k++] = (struct suite_case){.transport = P2P,
+                                             .nranks = 3,
+                                             .mode = CFX_TEST_PROCS,
+                                             .coll = ALLREDUCE,
+                                             .mem = DEVICE_MEM,
+                                             .allreduce_algo = algo};
+        all_cases[k++] = (struct suite_case){.transport = SHM,
+                                             .nranks = 3,
+                                             .mode = CFX_TEST_THREADS,
+                                             .coll = ALLREDUCE,
+                                             .mem = DEVICE_MEM,
+                                             .allreduce_algo = algo};
+    }
     return cr_make_param_array(struct suite_case, all_cases, (size_t)k);
 }
 
@@ -689,7 +722,8 @@ ParameterizedTest(struct suite_case *sc, conformance, collective, .timeout = 900
         snprintf(where, sizeof(where), " on device buffers (%s)",
                  driver ? driver : "no CUDA driver");
     }
-    cr_log_info("%s over %s%s, %d ranks as %s%s", coll_names[sc->coll],
+    static const char *const algos[] = {"", " (one-shot)", " (two-shot)"};
+    cr_log_info("%s%s over %s%s, %d ranks as %s%s", coll_names[sc->coll], algos[sc->allreduce_algo],
                 transport_names[sc->transport], sc->p2p_read ? " (read mode)" : "", sc->nranks,
                 sc->mode == CFX_TEST_PROCS ? "processes" : "threads", where);
     if (sc->mem == DEVICE_MEM && driver == NULL)
@@ -706,7 +740,8 @@ ParameterizedTest(struct suite_case *sc, conformance, collective, .timeout = 900
     /* GPU ranks of one host go over p2p unless it is off. */
     cfx_test_setenv("CFX_P2P_DISABLE", sc->transport == SHM ? "1" : NULL);
     cfx_test_setenv("CFX_P2P_READ_ENABLE", sc->p2p_read ? "1" : NULL);
-    cfx_test_setenv("CFX_ALGO", on_trees(sc->coll) ? "tree" : NULL);
+    static const char *const algo_settings[] = {NULL, "allreduce:direct", "allreduce:twoshot"};
+    cfx_test_setenv("CFX_ALGO", on_trees(sc->coll) ? "tree" : algo_settings[sc->allreduce_algo]);
     struct cfx_test_options opts = {.nranks = sc->nranks,
                                     .mode = sc->mode,
                                     .deadline_s = 600,

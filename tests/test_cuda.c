@@ -1360,16 +1360,45 @@ static float inexact_of(int rank, size_t i)
     return (rank + (int)i) % 3 == 0 ? -v : v;
 }
 
-/* CFX_ALGO=direct on device buffers: the one-shot allreduce (each rank's
- * kernel pushes its input into every peer's slots over p2p and folds the n
- * inputs) gives every rank x0 + x1 + ... + x(n-1) folded left to right, bit
- * for bit, in and out of place, in one slot and over several; a group of
- * two goes too. */
+struct direct_case {
+    int nranks;
+    enum cfx_test_mode mode;
+    int read;    /* CFX_P2P_READ_ENABLE=1. */
+    int twoshot; /* CFX_ALGO=twoshot, else CFX_ALGO=direct. */
+};
+
+/* Whether @p got holds the rank-order fold of every rank's inexact inputs. */
+static int folded_in_rank_order(struct cfx_test_rank *ctx, const float *got, size_t count,
+                                const char *what)
+{
+    for (size_t i = 0; i < count; i++) {
+        float acc = inexact_of(0, i);
+        for (int q = 1; q < ctx->nranks; q++)
+            acc = acc + inexact_of(q, i);
+        if (memcmp(&acc, &got[i], sizeof(float)) != 0) {
+            cfx_test_fail(ctx, __FILE__, __LINE__,
+                          "%s, count %zu: element %zu is %.9g, the rank-order fold gives %.9g",
+                          what, count, i, (double)got[i], (double)acc);
+            return 0;
+        }
+    }
+    return 1;
+}
+
+/* CFX_ALGO=direct or twoshot on GPU ranks: the one-shot allreduce (each
+ * rank's kernel pushes its input into every peer's slots over p2p and folds
+ * the n inputs) and the two-shot (all-pairs reduce-scatter, then allgather)
+ * give every rank x0 + x1 + ... + x(n-1) folded left to right, bit for bit:
+ * device buffers in and out of place, in one slot and over several, counts
+ * that leave segments empty or uneven; host buffers of the GPU ranks (the
+ * host executor runs the same schedule); a group of two. */
 static void direct_on_device(struct cfx_test_rank *ctx)
 {
-    static const size_t counts[] = {1, 1027, 40000};
+    const struct direct_case *dc = ctx->arg;
+    static const size_t counts[] = {1, 1027, 40000, 200003};
+    const size_t most = counts[sizeof(counts) / sizeof(counts[0]) - 1];
     struct gpu_rank g;
-    if (!gpu_rank_open(ctx, &g, counts[2])) {
+    if (!gpu_rank_open(ctx, &g, most)) {
         gpu_rank_close(&g);
         return;
     }
@@ -1377,8 +1406,8 @@ static void direct_on_device(struct cfx_test_rank *ctx)
     for (size_t c = 0; c < sizeof(counts) / sizeof(counts[0]) && !ctx->slot_failed; c++)
         for (int in_place = 0; in_place < 2 && !ctx->slot_failed; in_place++) {
             size_t count = counts[c];
-            cfx_test_step(ctx, "direct allreduce of %zu floats %s", count,
-                          in_place ? "in place" : "out of place");
+            cfx_test_step(ctx, "%s allreduce of %zu floats %s", dc->twoshot ? "two-shot" : "direct",
+                          count, in_place ? "in place" : "out of place");
             for (size_t i = 0; i < count; i++)
                 g.host[i] = inexact_of(ctx->rank, i);
             if (!cfx_test_gpu_put(ctx, &g.gpu, g.dsend, g.host, count * sizeof(float)))
@@ -1387,27 +1416,26 @@ static void direct_on_device(struct cfx_test_rank *ctx)
             RANK_CFX(ctx,
                      cfxAllReduce(g.dsend, out, count, cfxFloat32, cfxSum, g.comm, g.gpu.stream));
             if (!cfx_test_gpu_sync(ctx, &g.gpu) ||
-                !cfx_test_gpu_get(ctx, &g.gpu, g.host, out, count * sizeof(float)))
+                !cfx_test_gpu_get(ctx, &g.gpu, g.host, out, count * sizeof(float)) ||
+                !folded_in_rank_order(ctx, g.host, count, "device buffers"))
                 break;
-            for (size_t i = 0; i < count; i++) {
-                float acc = inexact_of(0, i);
-                for (int q = 1; q < n; q++)
-                    acc = acc + inexact_of(q, i);
-                if (memcmp(&acc, &g.host[i], sizeof(float)) != 0) {
-                    cfx_test_fail(ctx, __FILE__, __LINE__,
-                                  "count %zu: element %zu is %.9g, the rank-order fold gives %.9g",
-                                  count, i, (double)g.host[i], (double)acc);
-                    break;
-                }
-            }
         }
+    for (size_t c = 0; c < sizeof(counts) / sizeof(counts[0]) && !ctx->slot_failed; c++) {
+        cfx_test_step(ctx, "host allreduce of %zu floats in place on the GPU rank", counts[c]);
+        for (size_t i = 0; i < counts[c]; i++)
+            g.host[i] = inexact_of(ctx->rank, i);
+        RANK_CFX(ctx, cfxAllReduce(g.host, g.host, counts[c], cfxFloat32, cfxSum, g.comm, NULL));
+        if (!folded_in_rank_order(ctx, g.host, counts[c], "host buffers"))
+            break;
+    }
     for (int q = 0; q < n && !ctx->slot_failed; q++)
         RANK_ASSERT(ctx,
                     q == ctx->rank || (g.comm->direct.to[q] != NULL &&
                                        strcmp(g.comm->direct.to[q]->transport->name, "p2p") == 0),
-                    "no direct connector over p2p to rank %d: the calls did not go direct", q);
+                    "no all-pairs connector over p2p to rank %d: the calls did not go %s", q,
+                    dc->twoshot ? "two-shot" : "direct");
     if (!ctx->slot_failed) {
-        cfx_test_step(ctx, "a group of two direct allreduces");
+        cfx_test_step(ctx, "a group of two");
         RANK_ASSERT(ctx, put_inputs(ctx, &g), "inputs");
         RANK_CFX(ctx, cfxGroupStart());
         RANK_CFX(ctx,
@@ -1424,32 +1452,26 @@ static void direct_on_device(struct cfx_test_rank *ctx)
     gpu_rank_close(&g);
 }
 
-struct direct_case {
-    int nranks;
-    enum cfx_test_mode mode;
-    int read; /* CFX_P2P_READ_ENABLE=1. */
-};
-
-ParameterizedTestParameters(cuda, direct_allreduce_on_device_buffers_folds_in_rank_order)
+ParameterizedTestParameters(cuda, one_and_two_shot_allreduces_on_gpu_ranks_fold_in_rank_order)
 {
     static struct direct_case cases[] = {
-        {2, CFX_TEST_THREADS, 0},
-        {4, CFX_TEST_THREADS, 0},
-        {3, CFX_TEST_PROCS, 0},
-        {3, CFX_TEST_PROCS, 1},
+        {2, CFX_TEST_THREADS, 0, 0}, {4, CFX_TEST_THREADS, 0, 0}, {3, CFX_TEST_PROCS, 0, 0},
+        {3, CFX_TEST_PROCS, 1, 0},   {2, CFX_TEST_THREADS, 0, 1}, {4, CFX_TEST_THREADS, 0, 1},
+        {3, CFX_TEST_PROCS, 0, 1},   {3, CFX_TEST_PROCS, 1, 1},
     };
     return cr_make_param_array(struct direct_case, cases, sizeof(cases) / sizeof(cases[0]));
 }
 
 ParameterizedTest(struct direct_case *dc, cuda,
-                  direct_allreduce_on_device_buffers_folds_in_rank_order, .timeout = 240)
+                  one_and_two_shot_allreduces_on_gpu_ranks_fold_in_rank_order, .timeout = 240)
 {
-    cr_log_info("%d ranks as %s on %s%s", dc->nranks,
+    cr_log_info("%s: %d ranks as %s on %s%s", dc->twoshot ? "two-shot" : "one-shot", dc->nranks,
                 dc->mode == CFX_TEST_PROCS ? "processes" : "threads", use_gpu(),
                 dc->read ? ", CFX_P2P_READ_ENABLE=1" : "");
-    cfx_test_setenv("CFX_ALGO", "direct");
+    cfx_test_setenv("CFX_ALGO", dc->twoshot ? "twoshot" : "direct");
     cfx_test_setenv("CFX_P2P_READ_ENABLE", dc->read ? "1" : NULL);
-    struct cfx_test_options opts = {.nranks = dc->nranks, .mode = dc->mode, .deadline_s = 180};
+    struct cfx_test_options opts = {
+        .nranks = dc->nranks, .mode = dc->mode, .deadline_s = 180, .arg = dc};
     CFX_TEST_RUN(&opts, direct_on_device);
     cfx_test_setenv("CFX_ALGO", NULL);
     cfx_test_setenv("CFX_P2P_READ_ENABLE", NULL);

@@ -613,11 +613,30 @@ Test(plan, host_ranks_take_direct_for_small_allreduces_and_the_ring_for_large)
     cr_assert_eq(cfx_plan_choose(plan, CFX_COLL_ALLREDUCE, 8, &ch), cfxSuccess);
     cr_expect_eq(ch.algo, CFX_ALGO_DIRECT, "8 B on 8 GPUs in Simple: %s",
                  cfx_plan_algo_name(ch.algo));
+    /* Two-shot between them: two hand-offs where the ring takes 14, and the
+     * ring's bytes per rank where the one-shot sends 7 x. */
+    cr_assert_eq(cfx_plan_choose(plan, CFX_COLL_ALLREDUCE, (size_t)256 << 10, &ch), cfxSuccess);
+    cr_expect_eq(ch.algo, CFX_ALGO_TWOSHOT, "256 KiB on 8 GPUs in Simple: %s",
+                 cfx_plan_algo_name(ch.algo));
     cr_assert_eq(cfx_plan_choose(plan, CFX_COLL_ALLREDUCE, (size_t)1 << 30, &ch), cfxSuccess);
     cr_expect_eq(ch.algo, CFX_ALGO_RING, "1 GiB on 8 GPUs in Simple: %s",
                  cfx_plan_algo_name(ch.algo));
+    cr_expect(!isfinite(cfx_plan_predict_us(plan, CFX_COLL_BROADCAST, CFX_ALGO_TWOSHOT,
+                                            CFX_PROTO_SIMPLE, 8)),
+              "two-shot is an allreduce");
     cfx_plan_free(plan);
     cfx_test_setenv("CFX_PROTO", NULL);
+    /* Host ranks: no two-shot in the model (not measured against their ring). */
+    struct cfx_topo_system *cpus = NULL;
+    cr_assert_eq(cfx_topo_load_xml_buffer(text, strlen(text), "vm", &cpus), cfxSuccess);
+    struct cfx_plan *host = plan_for(cpus, 1, 4);
+    cr_expect(!isfinite(cfx_plan_predict_us(host, CFX_COLL_ALLREDUCE, CFX_ALGO_TWOSHOT,
+                                            CFX_PROTO_SIMPLE, 8)),
+              "host ranks have a two-shot in the model");
+    cr_expect(!cfx_plan_may_pick(host, CFX_COLL_ALLREDUCE, CFX_ALGO_TWOSHOT),
+              "host ranks pick two-shot");
+    cfx_plan_free(host);
+    cfx_topo_free(cpus);
     cfx_topo_free(gpus);
 }
 

@@ -180,7 +180,7 @@ static void ring_links(struct world *wd, int n)
 
 /* ---------------------------------------------------- reduction families */
 
-enum family { RING_AR, TREE_AR, DIRECT_AR, CHAIN_REDUCE, TREE_REDUCE, RING_RS };
+enum family { RING_AR, TREE_AR, DIRECT_AR, TWOSHOT_AR, CHAIN_REDUCE, TREE_REDUCE, RING_RS };
 
 /* Tree with @p arity children per rank, rooted at rank 0, plus the relay
  * between the call's @p root and rank 0 when they differ. */
@@ -230,6 +230,7 @@ static void run_reduction(enum family fam, int n, uint64_t count, cfxRedOp_t red
     enum cfx_sched algo = fam == RING_AR        ? CFX_SCHED_RING_ALLREDUCE
                           : fam == TREE_AR      ? CFX_SCHED_TREE
                           : fam == DIRECT_AR    ? CFX_SCHED_DIRECT_ALLREDUCE
+                          : fam == TWOSHOT_AR   ? CFX_SCHED_TWOSHOT_ALLREDUCE
                           : fam == CHAIN_REDUCE ? CFX_SCHED_CHAIN_REDUCE
                           : fam == TREE_REDUCE  ? CFX_SCHED_TREE
                                                 : CFX_SCHED_RING_REDUCESCATTER;
@@ -247,7 +248,7 @@ static void run_reduction(enum family fam, int n, uint64_t count, cfxRedOp_t red
     if (n > 1) {
         if (fam == RING_AR || fam == CHAIN_REDUCE || fam == RING_RS)
             ring_links(&wd, n);
-        else if (fam == DIRECT_AR)
+        else if (fam == DIRECT_AR || fam == TWOSHOT_AR)
             direct_links(&wd, n);
         else
             tree_links(&wd, n, arity, kind == CFX_COLL_REDUCE ? root : 0);
@@ -317,6 +318,19 @@ Test(steploop, direct_allreduce_folds_in_rank_order)
             for (int in_place = 0; in_place < 2; in_place++)
                 run_reduction(DIRECT_AR, n, counts[c], c % 2 ? cfxMax : cfxSum, in_place, 4, 256, 2,
                               0);
+}
+
+/* Segments of every shape (empty ones at counts below n, uneven ones),
+ * one round and many (64-byte slots: 16 elements per chunk), FIFOs of the
+ * least depth CFX_STEPS allows and deeper, in and out of place. */
+Test(steploop, twoshot_allreduce_every_size_and_depth)
+{
+    for (int n = 1; n <= MAX_RANKS; n++)
+        for (size_t c = 0; c < sizeof(counts) / sizeof(counts[0]); c++)
+            for (int in_place = 0; in_place < 2; in_place++)
+                for (int depth = 2; depth <= 4; depth += 2)
+                    run_reduction(TWOSHOT_AR, n, counts[c], c % 2 ? cfxMax : cfxSum, in_place,
+                                  depth, depth == 2 ? 64 : 256, 2, 0);
 }
 
 Test(steploop, chain_and_tree_reduce_every_root)

@@ -16,7 +16,7 @@ static enum cfx_sched algo_of(const struct cfx_op *op)
     if (op->tree)
         return CFX_SCHED_TREE;
     if (op->direct)
-        return CFX_SCHED_DIRECT_ALLREDUCE;
+        return op->twoshot ? CFX_SCHED_TWOSHOT_ALLREDUCE : CFX_SCHED_DIRECT_ALLREDUCE;
     if (op->ref_handle != NULL)
         return CFX_SCHED_REF_SEND;
     if (op->pull)

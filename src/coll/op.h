@@ -59,6 +59,7 @@ struct cfx_op {
     const struct cfx_tree_links *tree;
     /* Direct allreduce: this rank's all-pairs connectors (NULL: not direct). */
     const struct cfx_direct_links *direct;
+    int twoshot; /* With direct: the two-shot schedule, not the one-shot. */
     /* Allgather on the ring, single copy: slots carry addresses and each
      * rank reads the data from its predecessor's buffer (only where every
      * ring_recv is peer_readable; src/coll/pull.h). */
@@ -134,6 +135,7 @@ static inline void cfx_op_clear(struct cfx_op *op)
     op->recv_conn = NULL;
     op->tree = NULL;
     op->direct = NULL;
+    op->twoshot = 0;
     op->pull = 0;
     op->ref_handle = NULL;
     op->p2p_msg = 0;

@@ -26,6 +26,7 @@
 #include "src/coll/pull.h"
 #include "src/coll/ring.h"
 #include "src/coll/tree.h"
+#include "src/coll/twoshot.h"
 
 /* X(ID, name): the schedule cfx_<name>_steps/_describe as CFX_SCHED_<ID>. */
 #define CFX_SCHEDULES(X)                                                                           \
@@ -35,9 +36,10 @@
     X(RING_REDUCESCATTER, ring_reducescatter)                                                      \
     X(CHAIN_BROADCAST, chain_broadcast)                                                            \
     X(CHAIN_REDUCE, chain_reduce)                                                                  \
-    X(TREE, tree)                         /* Allreduce, broadcast, reduce. */                      \
-    X(DIRECT_ALLREDUCE, direct_allreduce) /* One shot, all pairs. */                               \
-    X(PULL_ALLGATHER, pull_allgather)     /* Single copy: slots carry addresses. */                \
+    X(TREE, tree)                           /* Allreduce, broadcast, reduce. */                    \
+    X(DIRECT_ALLREDUCE, direct_allreduce)   /* One shot, all pairs. */                             \
+    X(TWOSHOT_ALLREDUCE, twoshot_allreduce) /* Reduce-scatter, allgather: all pairs. */            \
+    X(PULL_ALLGATHER, pull_allgather)       /* Single copy: slots carry addresses. */              \
     X(P2P_SEND, p2p_send)                                                                          \
     X(P2P_RECV, p2p_recv)                                                                          \
     X(PULL_SEND, pull_send) /* Single copy: the receiver reads the sender's buffer. */             \

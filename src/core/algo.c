@@ -168,16 +168,17 @@ static enum cfx_core_algo plan_choice(struct cfxComm *comm, enum cfx_coll_kind k
     }
     if (choice.algo == CFX_ALGO_TREE)
         return CFX_CORE_ALGO_TREE;
-    /* The model offers direct for allreduce on at most CFX_DIRECT_MAX_RANKS only. */
-    if (choice.algo == CFX_ALGO_DIRECT && kind == CFX_COLL_ALLREDUCE &&
-        comm->nranks <= CFX_DIRECT_MAX_RANKS)
-        return CFX_CORE_ALGO_DIRECT;
+    /* The model offers direct and two-shot for allreduce on at most
+     * CFX_DIRECT_MAX_RANKS only. */
+    if ((choice.algo == CFX_ALGO_DIRECT || choice.algo == CFX_ALGO_TWOSHOT) &&
+        kind == CFX_COLL_ALLREDUCE && comm->nranks <= CFX_DIRECT_MAX_RANKS)
+        return choice.algo == CFX_ALGO_DIRECT ? CFX_CORE_ALGO_DIRECT : CFX_CORE_ALGO_TWOSHOT;
     return CFX_CORE_ALGO_RING;
 }
 
 /* Largest size the last-choice word holds beside its two bits of algorithm. */
 #define CHOICE_MAX_BYTES (UINT64_MAX >> 3)
-_Static_assert(CFX_CORE_ALGO_DIRECT <= 3, "an algorithm fits in two bits");
+_Static_assert(CFX_CORE_ALGO_TWOSHOT <= 3, "an algorithm fits in two bits");
 _Static_assert(CFX_COLL_ALLREDUCE < CFX_CORE_ALGO_KINDS &&
                    CFX_COLL_BROADCAST < CFX_CORE_ALGO_KINDS &&
                    CFX_COLL_REDUCE < CFX_CORE_ALGO_KINDS,
@@ -239,11 +240,12 @@ int cfx_core_algo_direct_requests(struct cfxComm *comm, struct cfx_conn_request 
 
 cfxResult_t cfx_core_algo_connect(struct cfxComm *comm)
 {
-    /* Only where the plan picks direct at some size: GPU ranks, whose model
-     * prefers the ring's LL at every size unless CFX_ALGO or CFX_PROTO rule
-     * it out, hold no idle all-pairs FIFOs in device memory. */
+    /* Only where the plan picks direct or two-shot at some size: GPU ranks,
+     * whose model prefers the ring's LL at every size unless CFX_ALGO or
+     * CFX_PROTO rule it out, hold no idle all-pairs FIFOs in device memory. */
     if (comm->plan == NULL || comm->nranks < 2 || comm->nranks > CFX_DIRECT_MAX_RANKS ||
-        !cfx_plan_may_pick(comm->plan, CFX_COLL_ALLREDUCE, CFX_ALGO_DIRECT))
+        !(cfx_plan_may_pick(comm->plan, CFX_COLL_ALLREDUCE, CFX_ALGO_DIRECT) ||
+          cfx_plan_may_pick(comm->plan, CFX_COLL_ALLREDUCE, CFX_ALGO_TWOSHOT)))
         return cfxSuccess;
     struct cfx_conn_request reqs[CFX_CORE_DIRECT_REQUESTS];
     int n = cfx_core_algo_direct_requests(comm, reqs);
@@ -354,7 +356,7 @@ double cfx_core_algo_predict_us(struct cfxComm *comm, const struct cfx_op *op)
         algo = CFX_ALGO_TREE;
         bytes *= 2; /* One half of the call; the other runs beside it on the second tree. */
     } else if (op->direct) {
-        algo = CFX_ALGO_DIRECT;
+        algo = op->twoshot ? CFX_ALGO_TWOSHOT : CFX_ALGO_DIRECT;
     }
     double us = cfx_plan_predict_us(comm->plan, op->kind, algo, CFX_PROTO_SIMPLE, bytes);
     return isfinite(us) ? us : 0;

@@ -281,10 +281,16 @@ cfxResult_t cfx_core_algo_init(struct cfxComm *comm);
 void cfx_core_algo_fini_plan(struct cfxComm *comm);
 void cfx_core_algo_fini(struct cfxComm *comm);
 /* The schedule a call of @p bytes runs on: the trees (allreduce, broadcast,
- * reduce), the direct one-shot allreduce, or the ring (everything else).
+ * reduce), the direct one-shot or two-shot allreduce, or the ring
+ * (everything else).
  * A call of the same collective and size as the one before reuses its
  * choice without asking the planner. Never blocks, never allocates. */
-enum cfx_core_algo { CFX_CORE_ALGO_RING, CFX_CORE_ALGO_TREE, CFX_CORE_ALGO_DIRECT };
+enum cfx_core_algo {
+    CFX_CORE_ALGO_RING,
+    CFX_CORE_ALGO_TREE,
+    CFX_CORE_ALGO_DIRECT,
+    CFX_CORE_ALGO_TWOSHOT
+};
 /* The cost model's time (us) for @p op as queued (its algorithm, its size;
  * a send or receive as one hop); 0 without a plan or on one rank. */
 double cfx_core_algo_predict_us(struct cfxComm *comm, const struct cfx_op *op);

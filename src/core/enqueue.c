@@ -144,8 +144,10 @@ static cfxResult_t submit(struct cfxComm *comm, struct cfx_op *op)
     if (comm->single_copy && op->kind == CFX_COLL_ALLGATHER && bytes > 0 &&
         bytes >= comm->single_copy_min && op->mem_kind == CFX_MEM_HOST)
         op->pull = 1; /* Not for GPU memory: a peer's device pointer is not this kernel's. */
-    if (algo == CFX_CORE_ALGO_DIRECT)
+    if (algo == CFX_CORE_ALGO_DIRECT || algo == CFX_CORE_ALGO_TWOSHOT) {
         op->direct = &comm->direct; /* Its connectors are filled in at launch. */
+        op->twoshot = algo == CFX_CORE_ALGO_TWOSHOT;
+    }
     if (algo == CFX_CORE_ALGO_TREE) {
         /* Two complementary trees, half of the data each. */
         size_t first = op->count / 2, elem = cfx_type_size(op->type);

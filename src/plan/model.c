@@ -8,8 +8,9 @@
  *          / (reduction bandwidth; host ranks only: GPUs reduce inside their
  *          copies at memory speed, far above any link).
  *
- * Algorithms: ring, tree (double binary tree, chains inside hosts) and the
- * direct one-shot allreduce (host ranks; GPU ranks of one host).
+ * Algorithms: ring, tree (double binary tree, chains inside hosts), the
+ * direct one-shot allreduce (host ranks; GPU ranks of one host) and the
+ * two-shot allreduce (GPU ranks of one host).
  *
  * The bandwidths come from the rings the search built on the hosts' links
  * (plan->model.ring_bw, intra_bw, net_bw); the per-hop latencies from the
@@ -30,7 +31,8 @@ static const double proto_share[CFX_PROTO_COUNT] = {0.25, 0.92, 1.0};
 static const double gpu_base_us[CFX_ALGO_COUNT][CFX_PROTO_COUNT] = {
     {5.0, 6.0, 8.0},  /* ring */
     {6.0, 7.0, 10.0}, /* tree */
-    {5.0, 6.0, 8.0}   /* direct (one-shot; GPU ranks of one host) */
+    {5.0, 6.0, 8.0},  /* direct (one-shot; GPU ranks of one host) */
+    {5.0, 6.0, 8.0}   /* two-shot (GPU ranks of one host) */
 };
 /* Per step on a hop of each link class inside a host (LOC: same device). */
 static const double gpu_hop_us[CFX_LINK_TYPES][CFX_PROTO_COUNT] = {
@@ -188,6 +190,27 @@ static double direct_time(const struct cfx_plan_model *md, enum cfx_coll_kind co
     return lat + bytes * ((n - 1) / bw + reduce) / 1e3;
 }
 
+/* The two-shot allreduce (src/coll/twoshot.h): two hand-offs per round of
+ * one chunk per segment, 2(n-1) postings per round, and each rank sends
+ * 2(n-1)/n x bytes, as on the ring. GPU ranks of one host only, in Simple
+ * (for host ranks it is not offered: not measured against their ring). */
+static double twoshot_time(const struct cfx_plan_model *md, enum cfx_coll_kind coll,
+                           enum cfx_plan_proto proto, double bytes, double *lat_p)
+{
+    if (coll != CFX_COLL_ALLREDUCE || md->host_ranks || md->n_nodes > 1 ||
+        proto != CFX_PROTO_SIMPLE || md->n_ranks > CFX_DIRECT_MAX_RANKS)
+        return INFINITY;
+    double n = md->n_ranks;
+    double rounds = ceil(bytes / n / (double)CFX_DIRECT_SLOT_BYTES);
+    if (rounds < 1)
+        rounds = 1;
+    double lat = md->base_us[CFX_ALGO_TWOSHOT][proto] +
+                 rounds * (2 * md->intra_hop_us[proto] + 2 * (n - 2) * GPU_DIRECT_POST_US);
+    double bw = md->ring_bw * proto_share[proto];
+    *lat_p = lat;
+    return lat + bytes * (2 * (n - 1) / n / bw) / 1e3;
+}
+
 /* Time in us of one candidate, and its latency part; INFINITY if it cannot run. */
 double cfx_plan_model_time(const struct cfx_plan *plan, enum cfx_coll_kind coll,
                            enum cfx_plan_algo algo, enum cfx_plan_proto proto, size_t bytes,
@@ -211,6 +234,8 @@ double cfx_plan_model_time(const struct cfx_plan *plan, enum cfx_coll_kind coll,
         t = tree_time(md, coll, proto, (double)bytes, &lat);
     else if (algo == CFX_ALGO_DIRECT)
         t = direct_time(md, coll, proto, (double)bytes, &lat);
+    else if (algo == CFX_ALGO_TWOSHOT)
+        t = twoshot_time(md, coll, proto, (double)bytes, &lat);
 out:
     if (lat_p)
         *lat_p = lat;

@@ -47,7 +47,13 @@
  * time in model.c. DIRECT is the one-shot allreduce (every rank sends its
  * input to every other and reduces all of them; host ranks, at most
  * CFX_DIRECT_MAX_RANKS). */
-enum cfx_plan_algo { CFX_ALGO_RING = 0, CFX_ALGO_TREE = 1, CFX_ALGO_DIRECT = 2, CFX_ALGO_COUNT };
+enum cfx_plan_algo {
+    CFX_ALGO_RING = 0,
+    CFX_ALGO_TREE = 1,
+    CFX_ALGO_DIRECT = 2,  /* One-shot allreduce (src/coll/direct.h). */
+    CFX_ALGO_TWOSHOT = 3, /* Two-shot allreduce (src/coll/twoshot.h). */
+    CFX_ALGO_COUNT
+};
 
 /* Protocols, NCCL's: LL (8-byte flag+data lines, lowest latency), LL128
  * (128-byte lines, NVLink), SIMPLE (bulk copies with a flag per slot; the
@@ -195,7 +201,7 @@ double cfx_plan_busbw(enum cfx_coll_kind coll, int n_ranks, size_t bytes, double
  *  @p local_nranks host ranks: consecutive blocks per NUMA domain. */
 int cfx_plan_default_cpu(const struct cfx_topo_system *sys, int local_rank, int local_nranks);
 
-const char *cfx_plan_algo_name(enum cfx_plan_algo algo);    /* "ring", "tree", "direct" */
+const char *cfx_plan_algo_name(enum cfx_plan_algo algo); /* "ring", "tree", "direct", "twoshot" */
 const char *cfx_plan_proto_name(enum cfx_plan_proto proto); /* "LL", "LL128", "Simple" */
 
 /* Ring neighbours of @p rank in channel @p c. */

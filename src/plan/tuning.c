@@ -8,6 +8,7 @@
  *   CFX_ALGO=ring                         ring for everything
  *   CFX_ALGO=^tree                        anything but tree
  *   CFX_ALGO=allreduce:direct             the one-shot allreduce at every size
+ *   CFX_ALGO=allreduce:twoshot            the two-shot (GPU ranks of one host)
  *   CFX_ALGO="allreduce:tree;broadcast:ring"
  *   CFX_PROTO="LL,Simple;allreduce:^LL"
  *
@@ -27,7 +28,7 @@
 #include "src/util/log.h"
 #include "src/util/param.h"
 
-static const char *const algo_names[CFX_ALGO_COUNT] = {"ring", "tree", "direct"};
+static const char *const algo_names[CFX_ALGO_COUNT] = {"ring", "tree", "direct", "twoshot"};
 static const char *const proto_names[CFX_PROTO_COUNT] = {"LL", "LL128", "Simple"};
 static const char *const coll_keys[CFX_PLAN_COLLS] = {"allreduce", "broadcast", "reduce",
                                                       "allgather", "reducescatter"};
@@ -123,7 +124,7 @@ static int parse_list(const char *var, const char *text, const char *const *name
                 }
             if (!found && !nccl_only(word) && word[0] && why) {
                 snprintf(why, why_len, "unknown name \"%s\"; expected a list of %s", word,
-                         names == algo_names ? "ring, tree, direct (NCCL syntax, see "
+                         names == algo_names ? "ring, tree, direct, twoshot (NCCL syntax, see "
                                                "docs/tuning.md)"
                                              : "LL, LL128, Simple (NCCL syntax, see "
                                                "docs/tuning.md)");
@@ -154,9 +155,10 @@ static const char *check_proto(const char *text, char *buf, size_t len)
     return parse_list("CFX_PROTO", text, proto_names, CFX_PROTO_COUNT, mask, buf, len) ? buf : NULL;
 }
 
-CFX_PARAM_STR_CHECKED(algo, "ALGO", NULL, check_algo,
-                      "Algorithms the planner may use (NCCL syntax: ring, tree, direct, ^tree, "
-                      "allreduce:tree;broadcast:ring)");
+CFX_PARAM_STR_CHECKED(
+    algo, "ALGO", NULL, check_algo,
+    "Algorithms the planner may use (NCCL syntax: ring, tree, direct, twoshot, ^tree, "
+    "allreduce:tree;broadcast:ring)");
 CFX_PARAM_STR_CHECKED(proto, "PROTO", NULL, check_proto,
                       "Protocols the planner may use (NCCL syntax: LL, LL128, Simple, ^LL128, "
                       "allreduce:^LL)");
