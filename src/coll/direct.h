@@ -49,6 +49,23 @@ cfx_direct_describe_send(const struct cfx_work *w, uint64_t chunk, int k, struct
     step->send = w->links.to[peer];
 }
 
+/* A step that receives from every peer, in rank order (recv, recv_more). */
+static inline CFX_HOST_DEVICE void cfx_direct_recv_from_all(const struct cfx_work *w,
+                                                            struct cfx_step *step)
+{
+    step->n_recv_more = 0;
+    int first = 1;
+    for (int peer = 0; peer < w->nranks; peer++) {
+        if (peer == w->rank)
+            continue;
+        if (first)
+            step->recv = w->links.from[peer];
+        else
+            step->recv_more[step->n_recv_more++] = w->links.from[peer];
+        first = 0;
+    }
+}
+
 /* Receive chunk @p chunk from every peer and fold all inputs in rank order. */
 static inline CFX_HOST_DEVICE void cfx_direct_describe_reduce(const struct cfx_work *w,
                                                               uint64_t chunk, struct cfx_step *step)
@@ -61,17 +78,7 @@ static inline CFX_HOST_DEVICE void cfx_direct_describe_reduce(const struct cfx_w
     step->output = cfx_coll_at(w->recvbuff, offset, w->elem_bytes);
     step->n_elems = len;
     step->input_pos = w->rank; /* Ranks below this one come first. */
-    step->n_recv_more = 0;
-    int first = 1;
-    for (int peer = 0; peer < w->nranks; peer++) {
-        if (peer == w->rank)
-            continue;
-        if (first)
-            step->recv = w->links.from[peer];
-        else
-            step->recv_more[step->n_recv_more++] = w->links.from[peer];
-        first = 0;
-    }
+    cfx_direct_recv_from_all(w, step);
 }
 
 static inline CFX_HOST_DEVICE void

@@ -26,6 +26,7 @@
 #ifndef CFX_COLL_TWOSHOT_H
 #define CFX_COLL_TWOSHOT_H
 
+#include "src/coll/direct.h"
 #include "src/coll/work.h"
 
 /* Rank @p r's segment: its first element and its length. */
@@ -99,17 +100,7 @@ cfx_twoshot_allreduce_describe(const struct cfx_work *w, uint64_t index, struct 
         step->output = cfx_coll_at(w->recvbuff, offset, w->elem_bytes);
         step->n_elems = len;
         step->input_pos = (int8_t)w->rank; /* Ranks below this one come first. */
-        step->n_recv_more = 0;
-        int first = 1;
-        for (int peer = 0; peer < n; peer++) {
-            if (peer == w->rank)
-                continue;
-            if (first)
-                step->recv = w->links.from[peer];
-            else
-                step->recv_more[step->n_recv_more++] = w->links.from[peer];
-            first = 0;
-        }
+        cfx_direct_recv_from_all(w, step);
         return;
     }
     if (k < 2 * n - 1) { /* Allgather: the reduced own segment to every peer. */

@@ -723,23 +723,34 @@ static CUresult vmm_map(const struct cfx_cuda_api *cu, CUmemGenericAllocationHan
     return CUDA_SUCCESS;
 }
 
+/* What cuMem calls on @p device need: the device entered, its handle, the
+ * allocation's properties and granularity (at least 1). */
+static cfxResult_t vmm_begin(int device, int subsys, const struct cfx_cuda_api **cu_p,
+                             CUdevice *dev_p, CUmemAllocationProp *prop, size_t *gran_p)
+{
+    const char *why = NULL;
+    if (!cfx_cuda_vmm_supported(device, &why))
+        return cfx_error_set(cfxInvalidUsage, subsys, "%s", why);
+    CFX_CHECK(cfx_cuda_enter(device));
+    const struct cfx_cuda_api *cu = atomic_load_explicit(&loaded_api, memory_order_acquire);
+    CFX_CU_CHECK(cu, device_get(dev_p, device), subsys, "cuDeviceGet");
+    vmm_prop(prop, *dev_p);
+    size_t gran = 0;
+    CFX_CU_CHECK(cu, mem_get_allocation_granularity(&gran, prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM),
+                 subsys, "cuMemGetAllocationGranularity");
+    *gran_p = gran > 0 ? gran : 1;
+    *cu_p = cu;
+    return cfxSuccess;
+}
+
 cfxResult_t cfx_cuda_vmm_alloc(int device, size_t bytes, struct cfx_cuda_vmm *vmm)
 {
     memset(vmm, 0, sizeof(*vmm));
-    const char *why = NULL;
-    if (!cfx_cuda_vmm_supported(device, &why))
-        return cfx_error_set(cfxInvalidUsage, CFX_LOG_ALLOC, "%s", why);
-    CFX_CHECK(cfx_cuda_enter(device));
-    const struct cfx_cuda_api *cu = atomic_load_explicit(&loaded_api, memory_order_acquire);
+    const struct cfx_cuda_api *cu = NULL;
     CUdevice dev;
-    CFX_CU_CHECK(cu, device_get(&dev, device), CFX_LOG_ALLOC, "cuDeviceGet");
     CUmemAllocationProp prop;
-    vmm_prop(&prop, dev);
-    size_t gran = 0;
-    CFX_CU_CHECK(cu, mem_get_allocation_granularity(&gran, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM),
-                 CFX_LOG_ALLOC, "cuMemGetAllocationGranularity");
-    if (gran == 0)
-        gran = 1;
+    size_t gran = 1;
+    CFX_CHECK(vmm_begin(device, CFX_LOG_ALLOC, &cu, &dev, &prop, &gran));
     size_t rounded = (bytes + gran - 1) / gran * gran;
     CUmemGenericAllocationHandle handle = 0;
     CFX_CU_CHECK(cu, mem_create(&handle, rounded, &prop, 0), CFX_LOG_ALLOC,
@@ -783,18 +794,11 @@ cfxResult_t cfx_cuda_vmm_export(const struct cfx_cuda_vmm *vmm, int *fd_p)
 cfxResult_t cfx_cuda_vmm_import(int fd, size_t bytes, int device, struct cfx_cuda_vmm *vmm)
 {
     memset(vmm, 0, sizeof(*vmm));
-    const char *why = NULL;
-    if (!cfx_cuda_vmm_supported(device, &why))
-        return cfx_error_set(cfxInvalidUsage, CFX_LOG_P2P, "%s", why);
-    CFX_CHECK(cfx_cuda_enter(device));
-    const struct cfx_cuda_api *cu = atomic_load_explicit(&loaded_api, memory_order_acquire);
+    const struct cfx_cuda_api *cu = NULL;
     CUdevice dev;
-    CFX_CU_CHECK(cu, device_get(&dev, device), CFX_LOG_P2P, "cuDeviceGet");
     CUmemAllocationProp prop;
-    vmm_prop(&prop, dev);
-    size_t gran = 0;
-    CFX_CU_CHECK(cu, mem_get_allocation_granularity(&gran, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM),
-                 CFX_LOG_P2P, "cuMemGetAllocationGranularity");
+    size_t gran = 1;
+    CFX_CHECK(vmm_begin(device, CFX_LOG_P2P, &cu, &dev, &prop, &gran));
     CUmemGenericAllocationHandle handle = 0;
     CFX_CU_CHECK(cu,
                  mem_import_from_shareable_handle(&handle, (void *)(uintptr_t)fd,
@@ -803,7 +807,7 @@ cfxResult_t cfx_cuda_vmm_import(int fd, size_t bytes, int device, struct cfx_cud
                  "cannot import another process's device memory "
                  "(cuMemImportFromShareableHandle)");
     CUdeviceptr ptr = 0;
-    CUresult err = vmm_map(cu, handle, bytes, gran > 0 ? gran : 1, dev, &ptr);
+    CUresult err = vmm_map(cu, handle, bytes, gran, dev, &ptr);
     /* The mapping holds the memory; the handle is not needed any more. */
     cu->mem_release(handle);
     if (err != CUDA_SUCCESS)
