@@ -786,6 +786,42 @@ static int open_fds(void)
     return n;
 }
 
+/* What this process's descriptors point at ("socket:[123]", "/memfd:x
+ * (deleted)", ...), one per line, into @p buf. */
+static void fd_targets(char *buf, size_t size)
+{
+    DIR *d = opendir("/proc/self/fd");
+    struct dirent *e;
+    size_t used = 0;
+    buf[0] = '\0';
+    while (d != NULL && (e = readdir(d)) != NULL && used + 256 < size) {
+        char path[300], target[200];
+        snprintf(path, sizeof(path), "/proc/self/fd/%s", e->d_name);
+        ssize_t len = readlink(path, target, sizeof(target) - 1);
+        if (len <= 0 || e->d_name[0] == '.')
+            continue;
+        target[len] = '\0';
+        used += (size_t)snprintf(buf + used, size - used, "%s\n", target);
+    }
+    if (d != NULL)
+        closedir(d);
+}
+
+/* A descriptor open now that points at nothing listed in @p before (the
+ * directory handle fd_targets itself opens aside), or NULL. */
+static const char *fd_not_in(const char *before)
+{
+    static char now[16384];
+    fd_targets(now, sizeof(now));
+    for (char *line = strtok(now, "\n"); line != NULL; line = strtok(NULL, "\n")) {
+        char want[256];
+        snprintf(want, sizeof(want), "%s\n", line);
+        if (strstr(before, want) == NULL && strncmp(line, "/proc/", 6) != 0)
+            return line;
+    }
+    return NULL;
+}
+
 /* Rank 2 of 3 (processes) is killed while the others loop allreduces on
  * their streams: each survivor's error names rank 2, well before the
  * timeout (the watcher asks the transports while a kernel stalls). The
@@ -801,7 +837,9 @@ static void killed_peer_is_named(struct cfx_test_rank *ctx)
         gpu_rank_close(&g);
         return;
     }
+    static char before[16384];
     int maps = device_mappings(), fds = open_fds();
+    fd_targets(before, sizeof(before));
     cfx_test_step(ctx, "init");
     RANK_CFX(ctx, cfxCommInitRank(&g.comm, ctx->nranks, ctx->id, ctx->rank));
     if (ctx->slot_failed || !put_inputs(ctx, &g)) {
@@ -834,11 +872,14 @@ static void killed_peer_is_named(struct cfx_test_rank *ctx)
     if (*fake) {
         RANK_ASSERT(ctx, device_mappings() == maps, "%d device mappings after destroy, %d before",
                     device_mappings(), maps);
-        /* Rank 0 had more before init: the bootstrap root's, opened by its
-         * cfxGetUniqueId, which end with the communicator. */
+        /* As many descriptors as before init (rank 0 may have fewer: the
+         * bootstrap root's, opened by its cfxGetUniqueId, end with the
+         * communicator), and none of them opened since. */
         int now = open_fds();
         RANK_ASSERT(ctx, ctx->rank == 0 ? now <= fds : now == fds,
                     "%d descriptors open after destroy, %d before init", now, fds);
+        const char *left = fd_not_in(before);
+        RANK_ASSERT(ctx, left == NULL, "a descriptor opened since init is still open: %s", left);
     }
     gpu_rank_close(&g);
 }
@@ -1208,7 +1249,9 @@ struct p2p_case {
  * alone in its process only (threads share the counts). */
 static void nothing_left_after_destroy(struct cfx_test_rank *ctx, struct gpu_rank *g)
 {
+    static char before[16384];
     int maps = device_mappings(), fds = open_fds();
+    fd_targets(before, sizeof(before));
     cfxComm_t split = NULL;
     cfx_test_step(ctx, "split, allreduce, destroy");
     RANK_CFX(ctx, cfxCommSplit(g->comm, 0, ctx->rank, &split, NULL));
@@ -1221,6 +1264,8 @@ static void nothing_left_after_destroy(struct cfx_test_rank *ctx, struct gpu_ran
                 device_mappings(), maps);
     RANK_ASSERT(ctx, open_fds() == fds, "%d descriptors open after destroy, %d before", open_fds(),
                 fds);
+    const char *left = fd_not_in(before);
+    RANK_ASSERT(ctx, left == NULL, "a descriptor opened by the split is still open: %s", left);
 }
 
 /* Device-buffer allreduces of several sizes (one slot, many, and a payload

@@ -152,7 +152,6 @@ struct p2p_conn {
     int export_fd;
     int listen_fd;
     int peer_pid;
-    int served; /* Proxy thread only. */
     int client_added;
     struct cfx_proxy_client client;
 };
@@ -228,7 +227,7 @@ static void handover_ready(void *arg, uint32_t events)
         socklen_t len = sizeof(cred);
         int ours =
             getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) == 0 && cred.pid == pc->peer_pid;
-        if (ours && !pc->served && pc->export_fd >= 0) {
+        if (ours && pc->export_fd >= 0) { /* Not handed over yet. */
             uint64_t bytes = pc->vmm.bytes;
             struct iovec iov = {.iov_base = &bytes, .iov_len = sizeof(bytes)};
             union {
@@ -246,7 +245,6 @@ static void handover_ready(void *arg, uint32_t events)
             cmsg->cmsg_len = CMSG_LEN(sizeof(int));
             memcpy(CMSG_DATA(cmsg), &pc->export_fd, sizeof(int));
             if (sendmsg(fd, &msg, MSG_NOSIGNAL) == (ssize_t)sizeof(bytes)) {
-                pc->served = 1;
                 close(pc->export_fd); /* The mapper holds its own now. */
                 pc->export_fd = -1;
             }
@@ -412,7 +410,7 @@ static int p2p_use_read(const struct cfx_transport_peer *peer, int device)
     if (peer->path != CFX_PATH_CLASS_NVL)
         return 0;
     int mine = cfx_cuda_compute_capability(device);
-    int theirs_dev = peer->busid[0] != '\0' ? cfx_cuda_device_of_busid(peer->busid) : -1;
+    int theirs_dev = cfx_cuda_device_of_busid(peer->busid);
     int theirs = theirs_dev >= 0 ? cfx_cuda_compute_capability(theirs_dev) : mine;
     return mine == 80 && theirs == 80;
 }
@@ -542,10 +540,6 @@ static cfxResult_t p2p_connect(void *ctx_v, struct cfx_connector *conn, const vo
                              pc->read ? "read" : "write");
     if (!pc->owner)
         CFX_CHECK(open_slots(ctx, conn, pc, &info));
-    /* A sending owner's view was pointed at its control block only now,
-     * by shm's connect, which knows no slots. */
-    conn->slots = pc->slots;
-    conn->view.slots = pc->slots;
     /* The mapper writes the slots (write mode) or reads them (read mode). */
     int mine = pc->owner, me = ctx->rank, peer = conn->peer_rank;
     CFX_INFO(CFX_LOG_P2P,

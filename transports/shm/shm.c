@@ -130,12 +130,12 @@ static size_t fifo_bytes(size_t slot_bytes, int n_steps, int host_slots)
 }
 
 /* The view of a control block at @p base; its slots follow it, or (p2p)
- * the caller points the view at them. */
+ * they are wherever the caller put them (conn->slots, NULL until then). */
 static void attach_fifo(struct cfx_connector *conn, const struct shm_conn *sc, void *base,
                         size_t slot_bytes, int n_steps)
 {
     cfx_connector_set_fifo(conn, base,
-                           sc->host_slots ? (char *)base + cfx_fifo_slots_offset() : NULL,
+                           sc->host_slots ? (char *)base + cfx_fifo_slots_offset() : conn->slots,
                            slot_bytes, n_steps);
 }
 
