@@ -54,6 +54,7 @@
 #include <unistd.h>
 
 #include "src/proxy/proxy.h"
+#include "src/util/atomics.h"
 #include "src/util/check.h"
 #include "src/util/cuda.h"
 #include "src/util/error.h"
@@ -551,6 +552,24 @@ static cfxResult_t p2p_connect(void *ctx_v, struct cfx_connector *conn, const vo
     return cfxSuccess;
 }
 
+/* A sending owner (read mode) whose slots another process or thread reads
+ * straight from its memory (direct, legacy IPC; a cuMem mapping keeps the
+ * memory itself): the sender's last call returned once it posted, so wait
+ * until the receiver has released every slot before freeing them, or the
+ * connection broke, or the peer is gone, at most the connect timeout. */
+static void wait_for_readers(struct p2p_ctx *ctx, struct cfx_connector *conn)
+{
+    const struct p2p_conn *pc = conn->priv;
+    if (!pc->owner || !pc->read || pc->mode == P2P_MODE_CUMEM || conn->view.tail == NULL)
+        return;
+    int64_t deadline = cfx_time_deadline_s(ctx->connect_timeout_s);
+    while (cfx_load_acquire_u64(conn->view.head) < cfx_load_acquire_u64(conn->view.tail) &&
+           __atomic_load_n(conn->view.closed, __ATOMIC_ACQUIRE) == 0 &&
+           cfx_shm_fifo_check(ctx->shm, conn) == cfxSuccess && cfx_time_now_ns() < deadline)
+        usleep(1000);
+    cfx_error_thread_clear(); /* A failed check is not this close's error. */
+}
+
 static void p2p_close(void *ctx_v, struct cfx_connector *conn)
 {
     struct p2p_ctx *ctx = ctx_v;
@@ -566,6 +585,7 @@ static void p2p_close(void *ctx_v, struct cfx_connector *conn)
     if (pc->export_fd >= 0)
         close(pc->export_fd);
     pc->listen_fd = pc->export_fd = -1;
+    wait_for_readers(ctx, conn);
     /* cuMem: the memory lives on in the peer's mapping, if it still has one. */
     cfx_cuda_vmm_free(&pc->vmm);
     if (pc->ipc_open)
