@@ -14,6 +14,8 @@
 #include "src/util/log.h"
 #include "src/util/param.h"
 
+const char cfx_reg_any_host = 0;
+
 /* Accepts "IB", "Socket" or nothing, in any case. */
 static const char *net_check(const char *text, char *buf, size_t len)
 {

@@ -59,6 +59,15 @@
  * connected yet (an RC queue pair drops them and retries after its ACK
  * timeout, seconds later). */
 #define CFX_TRANSPORT_FLAG_CONNECT_ACK 0x10u
+/* post_ref and offer take any host memory, registered or not (the kernel
+ * copies it: a socket's sendmsg/recv): the core gives them the handle
+ * CFX_REG_ANY_HOST instead of a registration (cfxCommRegister). Such a
+ * transport touches a buffer it was given only while the operation runs:
+ * once the connector is poisoned (how every failed call ends) it neither
+ * sends from a posted reference nor writes into an offer again. */
+#define CFX_TRANSPORT_FLAG_ANY_HOST_MEMORY 0x20u
+#define CFX_REG_ANY_HOST                   ((void *)&cfx_reg_any_host)
+extern const char cfx_reg_any_host; /* Its address is the handle above (transport.c). */
 
 enum cfx_conn_dir { CFX_CONN_SEND = 0, CFX_CONN_RECV = 1 };
 

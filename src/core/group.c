@@ -263,9 +263,11 @@ static cfxResult_t connect_missing(struct cfx_op *ops, int n_ops)
 /* How a send or receive of host memory moves: single copy (the receiver
  * reads the sender's buffer: src/coll/pull.h), where both sides decide
  * alike from its size and the threshold the receiver published at
- * connect; else, for a send from a registered buffer, by reference (the
- * transport reads the buffer: src/coll/p2p.h), which the receiver does not
- * see; else through the slots. */
+ * connect; else, for a send from a registered buffer (any host buffer,
+ * for a transport with CFX_TRANSPORT_FLAG_ANY_HOST_MEMORY), by reference
+ * (the transport reads the buffer: src/coll/p2p.h), which the receiver
+ * does not see, and a receive into one is offered to the transport (it
+ * may write slots in place); else through the slots. */
 static cfxResult_t choose_p2p_path(struct cfx_op *op)
 {
     if (op->kind != CFX_COLL_SEND && op->kind != CFX_COLL_RECV)
@@ -288,10 +290,13 @@ static cfxResult_t choose_p2p_path(struct cfx_op *op)
     if (op->pull || t == CFX_MAX_TRANSPORTS || cfx_transports[t] == NULL ||
         bytes < (uint64_t)param_zero_copy_min())
         return cfxSuccess;
+    int any = (conn->transport->flags & CFX_TRANSPORT_FLAG_ANY_HOST_MEMORY) != 0;
     if (op->kind == CFX_COLL_SEND && conn->transport->post_ref != NULL)
-        op->ref_handle = cfx_core_reg_find(op->owner, t, op->sendbuff, bytes);
+        op->ref_handle =
+            any ? CFX_REG_ANY_HOST : cfx_core_reg_find(op->owner, t, op->sendbuff, bytes);
     if (op->kind == CFX_COLL_RECV && conn->transport->offer != NULL) {
-        void *handle = cfx_core_reg_find(op->owner, t, op->recvbuff, bytes);
+        void *handle =
+            any ? CFX_REG_ANY_HOST : cfx_core_reg_find(op->owner, t, op->recvbuff, bytes);
         if (handle != NULL)
             CFX_CHECK(cfx_conn_offer(conn, op->p2p_msg, op->recvbuff, bytes, handle));
     }

@@ -36,6 +36,31 @@ struct cfx_sock_stream {
     int eof;       /* Receiver socket 0: the peer closed it between slots. */
 };
 
+/* Offers a receiver keeps at once (sock_offer): message m at m % SOCK_OFFERS. */
+#define SOCK_OFFERS 8
+
+/* A receive's offer: message msg - 1 (0: none) may land in the `bytes` at
+ * `data`. Written by the user thread, read by passes; a reader takes it only
+ * if msg reads the same before and after data and bytes (a seqlock). */
+struct cfx_sock_offer {
+    _Atomic uint64_t msg;
+    _Atomic uintptr_t data;
+    _Atomic uint64_t bytes;
+};
+
+/* What a connector knows of each slot index besides the FIFO. The sender's
+ * fields are written by the user thread before it posts the slot and read
+ * by passes for that slot only (each names the step it is for, so a value
+ * of an earlier use of the index is never taken); the receiver's by passes. */
+struct cfx_sock_slot {
+    const char *ref;    /* Sender (post_ref): the payload lives here, in user memory, */
+    uint64_t ref_step;  /* for step ref_step - 1. */
+    uint64_t at_msg;    /* Sender (post_at): message at_msg - 1, */
+    uint64_t at_offset; /* at this offset, */
+    uint64_t at_step;   /* for step at_step - 1. */
+    char *dest; /* Receiver: where the payload lands (an offered buffer), or NULL: the slot. */
+};
+
 /* Per-connector state. */
 struct cfx_sock_conn {
     enum cfx_conn_dir dir;
@@ -58,8 +83,12 @@ struct cfx_sock_conn {
     /* Progress (the proxy's pass runs under the proxy's lock). */
     int registered; /* Added to the proxy (set and read by user threads). */
     struct cfx_proxy_client client;
-    uint64_t done_step;               /* Sender: slots released; receiver: slots posted. */
-    uint64_t header_count;            /* Receiver: headers read (sizes known). */
+    struct cfx_sock_slot *slot_meta; /* [n_steps] */
+    struct cfx_sock_offer offers[SOCK_OFFERS];
+    uint64_t ref_slots;      /* Sender: slots sent from user memory (INFO at close). */
+    uint64_t in_place_slots; /* Receiver: slots received into offered buffers (INFO at close). */
+    uint64_t done_step;      /* Sender: slots released; receiver: slots posted. */
+    uint64_t header_count;   /* Receiver: headers read (sizes known). */
     struct cfx_sock_header header_in; /* Receiver: socket 0's header being read. */
     int poison_in;                    /* Receiver: socket 0 brought a poison header. */
     cfxResult_t poison_in_reason;

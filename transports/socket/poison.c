@@ -10,11 +10,14 @@
  */
 #include <assert.h>
 #include <errno.h>
+#include <sched.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/socket.h>
 #include <unistd.h>
+
+#include "src/util/log.h"
 
 #include "src/util/time.h"
 #include "transports/socket/conn.h"
@@ -28,9 +31,23 @@ static void shutdown_all(struct cfx_sock_conn *sc)
             shutdown(sc->streams[s].fd, SHUT_RDWR);
 }
 
+/* Sender: whether a slot posted and not yet on the wire is a reference to
+ * user memory (post_ref). */
+static int refs_pending(const struct cfx_sock_conn *sc)
+{
+    uint64_t tail = cfx_load_acquire_u64(&sc->fifo->tail);
+    for (uint64_t number = sc->done_step; number < tail; number++)
+        if (sc->slot_meta[number % (uint64_t)sc->n_steps].ref_step == number + 1)
+            return 1;
+    return 0;
+}
+
 /* A poisoned connector: a sender first finishes the slots already posted
  * (briefly), then tells the receiver why it stops; then both directions shut
- * their sockets so the peer notices at once. */
+ * their sockets so the peer notices at once. A sender with slots posted by
+ * reference does not finish them: their call has ended (a poison is how a
+ * failed call ends), so that memory may be the user's again; it shuts its
+ * sockets at once, and the receiver sees the stream cut. */
 int cfx_sock_poison_progress(struct cfx_sock_conn *sc, int reason, int blame_rank)
 {
     if (sc->poison_done)
@@ -46,6 +63,8 @@ int cfx_sock_poison_progress(struct cfx_sock_conn *sc, int reason, int blame_ran
         if (send(sc->streams[0].fd, &header, sizeof(header), MSG_NOSIGNAL | MSG_DONTWAIT) < 0 &&
             (errno == EAGAIN || errno == EWOULDBLOCK) && now < sc->poison_deadline_ns)
             return 1;
+    } else if (refs_pending(sc)) {
+        /* Cut: nothing more of user memory goes out. */
     } else {
         cfx_sock_send_progress(sc);
         int idle = !atomic_load_explicit(&sc->failed, memory_order_relaxed);
@@ -65,13 +84,33 @@ int cfx_sock_poison_progress(struct cfx_sock_conn *sc, int reason, int blame_ran
     return 1;
 }
 
+#define QUIESCE_MAX_NS (5 * CFX_NS_PER_SEC)
+
 void cfx_sock_conn_poison(struct cfx_sock_conn *sc, cfxResult_t reason, int blame_rank)
 {
     atomic_store_explicit(&sc->poison_blame, blame_rank, memory_order_relaxed);
     int expected = 0;
     atomic_compare_exchange_strong_explicit(&sc->poison_reason, &expected,
                                             reason == cfxSuccess ? cfxRemoteError : (int)reason,
-                                            memory_order_release, memory_order_relaxed);
+                                            memory_order_seq_cst, memory_order_seq_cst);
+    /* A pass that began before the poison may be moving bytes from or into
+     * the failed call's buffers (post_ref, offers); every pass after it sees
+     * the poison and touches neither. Passes never block, so the wait for
+     * it is short; the caller's buffers are the user's once this returns. */
+    int64_t deadline = 0;
+    while (atomic_load_explicit(&sc->busy, memory_order_seq_cst)) {
+        int64_t now = cfx_time_now_ns();
+        if (deadline == 0)
+            deadline = now + QUIESCE_MAX_NS;
+        if (now > deadline) {
+            CFX_WARN(CFX_LOG_NET,
+                     "socket transport: a pass over the connection between rank %d and rank %d "
+                     "did not end within 5 s of its poison",
+                     sc->self_rank, sc->peer_rank);
+            break;
+        }
+        sched_yield();
+    }
 }
 
 #define CLOSE_LINGER_NS (500 * CFX_NS_PER_MS)

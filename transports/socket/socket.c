@@ -256,6 +256,12 @@ static cfxResult_t sock_setup(void *ctx_v, const struct cfx_transport_peer *peer
                              bytes, peer->rank);
     }
     memset(sc->mem, 0, bytes); /* Touch every page now, never on the data path. */
+    sc->slot_meta = calloc((size_t)n_steps, sizeof(*sc->slot_meta));
+    if (sc->slot_meta == NULL) {
+        free(sc->mem);
+        free(sc);
+        return cfx_error_set(cfxSystemError, CFX_LOG_NET, "socket transport: out of memory");
+    }
     if (conn->place.reader == CFX_READER_KERNEL) {
         /* A GPU rank: its kernel reads and writes this FIFO; the proxy
          * moves it over TCP (polling: a kernel cannot kick). */
@@ -267,6 +273,7 @@ static cfxResult_t sock_setup(void *ctx_v, const struct cfx_transport_peer *peer
                                 peer->rank)
                 : cfx_cuda_host_register(sc->mem, bytes, conn->place.device);
         if (res != cfxSuccess) {
+            free(sc->slot_meta);
             free(sc->mem);
             free(sc);
             return res;
@@ -296,6 +303,7 @@ static cfxResult_t sock_setup(void *ctx_v, const struct cfx_transport_peer *peer
         }
         pthread_mutex_unlock(&ctx->accept_lock);
         if (res != cfxSuccess) {
+            free(sc->slot_meta);
             free(sc->mem);
             free(sc);
             return res;
@@ -355,8 +363,17 @@ static void sock_close(void *ctx_v, struct cfx_connector *conn)
     pthread_mutex_unlock(&ctx->accept_lock);
     for (int s = 0; s < MAX_SOCKS; s++)
         cfx_socket_close(&sc->streams[s].fd);
+    if (sc->ref_slots > 0)
+        CFX_INFO(CFX_LOG_NET,
+                 "socket transport: rank %d -> rank %d sent %llu slot(s) from user buffers",
+                 sc->self_rank, sc->peer_rank, (unsigned long long)sc->ref_slots);
+    if (sc->in_place_slots > 0)
+        CFX_INFO(CFX_LOG_NET,
+                 "socket transport: rank %d <- rank %d received %llu slot(s) into user buffers",
+                 sc->self_rank, sc->peer_rank, (unsigned long long)sc->in_place_slots);
     if (sc->pinned)
         cfx_cuda_host_unregister(sc->mem, sc->pinned - 1);
+    free(sc->slot_meta);
     free(sc->mem);
     free(sc);
     cfx_connector_forget(conn);
@@ -460,11 +477,65 @@ static cfxResult_t sock_check(void *ctx_v, struct cfx_connector *conn)
     return cfx_error_set(sc->failed_res, CFX_LOG_NET, "%s", sc->error);
 }
 
+/* The next slot's payload is the @p bytes at @p data, user memory: the
+ * passes send it from there (no copy into the slot). The core posts the
+ * slot right after; its send ends in a drain, so the memory is the user's
+ * again once every slot is in the kernel. */
+static cfxResult_t sock_post_ref(void *ctx_v, struct cfx_connector *conn, const void *data,
+                                 size_t bytes, void *handle)
+{
+    (void)ctx_v;
+    (void)bytes;
+    (void)handle; /* CFX_REG_ANY_HOST: sendmsg reads any memory of ours. */
+    struct cfx_sock_conn *sc = conn->priv;
+    uint64_t tail = cfx_load_relaxed_u64(&sc->fifo->tail);
+    struct cfx_sock_slot *meta = &sc->slot_meta[tail % (uint64_t)sc->n_steps];
+    meta->ref = data;
+    meta->ref_step = tail + 1;
+    return cfxSuccess;
+}
+
+/* The next slot carries the bytes at @p offset of message @p msg: its
+ * header says so, for the receiver's offer. */
+static void sock_post_at(void *ctx_v, struct cfx_connector *conn, uint64_t msg, uint64_t offset)
+{
+    (void)ctx_v;
+    struct cfx_sock_conn *sc = conn->priv;
+    uint64_t tail = cfx_load_relaxed_u64(&sc->fifo->tail);
+    struct cfx_sock_slot *meta = &sc->slot_meta[tail % (uint64_t)sc->n_steps];
+    meta->at_msg = msg + 1;
+    meta->at_offset = offset;
+    meta->at_step = tail + 1;
+}
+
+/* Receive of message @p msg into the @p bytes at @p data: slots of it whose
+ * header has not been read yet are received straight there (recv() into
+ * the user's buffer, no copy out of the slot). Kept in a ring of
+ * SOCK_OFFERS by message number; a later message's offer replaces it (its
+ * remaining slots then come through the FIFO). The buffer is not touched
+ * after the receive ends: it takes all of its slots, or fails, which
+ * poisons the connector (cfx_sock_conn_poison). */
+static cfxResult_t sock_offer(void *ctx_v, struct cfx_connector *conn, uint64_t msg, void *data,
+                              size_t bytes, void *handle)
+{
+    (void)ctx_v;
+    (void)handle;
+    struct cfx_sock_conn *sc = conn->priv;
+    struct cfx_sock_offer *o = &sc->offers[msg % SOCK_OFFERS];
+    atomic_store_explicit(&o->msg, 0, memory_order_relaxed);
+    atomic_thread_fence(memory_order_release);
+    atomic_store_explicit(&o->data, (uintptr_t)data, memory_order_relaxed);
+    atomic_store_explicit(&o->bytes, (uint64_t)bytes, memory_order_relaxed);
+    atomic_store_explicit(&o->msg, msg + 1, memory_order_release);
+    return cfxSuccess;
+}
+
 const struct cfx_transport cfx_socket_transport = {
     .version = CFX_TRANSPORT_VERSION,
     .name = "socket",
     /* Kicks after host posts; FIFOs a kernel can use (pinned, polled). */
-    .flags = CFX_TRANSPORT_FLAG_PROGRESS | CFX_TRANSPORT_FLAG_READER_KERNEL,
+    .flags = CFX_TRANSPORT_FLAG_PROGRESS | CFX_TRANSPORT_FLAG_READER_KERNEL |
+             CFX_TRANSPORT_FLAG_ANY_HOST_MEMORY,
     /* lifecycle */
     .init = sock_init,
     .fini = sock_fini,
@@ -479,9 +550,13 @@ const struct cfx_transport cfx_socket_transport = {
     .check = sock_check,
     .progress = sock_progress,
     .wait = sock_wait,
-    /* memory: nothing yet (host FIFOs only; no peer mappings) */
+    /* memory: no registration (the kernel copies any host memory), no peer mappings */
     .reg_mem = NULL,
     .dereg_mem = NULL,
     .flush = NULL,
     .map_peer = NULL,
+    /* point to point straight from and into user buffers */
+    .post_ref = sock_post_ref,
+    .offer = sock_offer,
+    .post_at = sock_post_at,
 };

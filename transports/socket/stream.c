@@ -45,6 +45,12 @@ static void slot_part(size_t size, int nsocks, int index, size_t *off_p, size_t 
     *len_p = size - off < each ? size - off : each;
 }
 
+/* Slot @p index's payload size (without the in-place flag). */
+static size_t slot_size(const struct cfx_sock_conn *sc, size_t index)
+{
+    return sc->fifo->info[index].size & CFX_SLOT_SIZE_MASK;
+}
+
 /* Mark a connector failed (progress thread) and keep the sentence for
  * check(): cfx_error_set() would leave it in this thread only. A peer that
  * closed between slots is how every job ends, so that is logged at INFO;
@@ -126,6 +132,7 @@ int cfx_sock_send_progress(struct cfx_sock_conn *sc)
         while (st->step < tail) {
             size_t index = (size_t)(st->step % (uint64_t)sc->n_steps);
             size_t size = sc->fifo->info[index].size;
+            const struct cfx_sock_slot *meta = &sc->slot_meta[index];
             if (size > sc->slot_bytes) {
                 conn_fail(sc, cfxInvalidUsage, 0,
                           "socket transport: a slot of %zu bytes was posted to rank %d on a "
@@ -137,10 +144,16 @@ int cfx_sock_send_progress(struct cfx_sock_conn *sc)
             slot_part(size, sc->nsocks, s, &off, &len);
             size_t head_bytes = s == 0 ? sizeof(struct cfx_sock_header) : 0;
             if (st->offset < head_bytes + len) {
-                char *part =
-                    cfx_fifo_data(sc->fifo->info, sc->slots, sc->slot_bytes, index, size) + off;
-                struct cfx_sock_header header = {CFX_SOCK_HEADER_MAGIC, (uint32_t)st->step, size,
-                                                 sc->fifo->info[index].print};
+                /* A slot posted by reference: its payload is in user memory. */
+                const char *data =
+                    meta->ref_step == st->step + 1
+                        ? meta->ref
+                        : cfx_fifo_data(sc->fifo->info, sc->slots, sc->slot_bytes, index, size);
+                char *part = (char *)data + off;
+                int at = meta->at_step == st->step + 1;
+                struct cfx_sock_header header = {
+                    CFX_SOCK_HEADER_MAGIC,       (uint32_t)st->step,    size,
+                    sc->fifo->info[index].print, at ? meta->at_msg : 0, at ? meta->at_offset : 0};
                 struct iovec iov[2];
                 int n_iov = 0;
                 if (st->offset < head_bytes) {
@@ -174,10 +187,30 @@ int cfx_sock_send_progress(struct cfx_sock_conn *sc)
             low = st->step;
     }
     if (low > sc->done_step) {
+        for (uint64_t number = sc->done_step; number < low; number++)
+            sc->ref_slots += sc->slot_meta[number % (uint64_t)sc->n_steps].ref_step == number + 1;
         sc->done_step = low;
         cfx_store_release_u64(&sc->fifo->head, low);
     }
     return moved;
+}
+
+/* Receiver: where the @p size bytes at @p offset of message @p msg may
+ * land, if its receive offered a buffer that holds them; else NULL. */
+static char *offer_dest(struct cfx_sock_conn *sc, uint64_t msg, uint64_t offset, uint64_t size)
+{
+    struct cfx_sock_offer *o = &sc->offers[msg % SOCK_OFFERS];
+    uint64_t seen = atomic_load_explicit(&o->msg, memory_order_acquire);
+    if (seen != msg + 1)
+        return NULL;
+    uintptr_t data = atomic_load_explicit(&o->data, memory_order_relaxed);
+    uint64_t bytes = atomic_load_explicit(&o->bytes, memory_order_relaxed);
+    atomic_thread_fence(memory_order_acquire);
+    if (atomic_load_explicit(&o->msg, memory_order_relaxed) != seen)
+        return NULL; /* Rewritten meanwhile for a later message. */
+    if (offset > bytes || size > bytes - offset)
+        return NULL;
+    return (char *)data + offset;
 }
 
 /* Receiver socket 0: the header of slot st->step is complete; check it. */
@@ -201,7 +234,13 @@ static int header_accept(struct cfx_sock_conn *sc, struct cfx_sock_stream *st, s
                   header->step, (unsigned long long)header->size, sc->slot_bytes);
         return 0;
     }
-    sc->fifo->info[index].size = (uint32_t)header->size;
+    /* A slot of a message whose receive offered its buffer lands there. */
+    struct cfx_sock_slot *meta = &sc->slot_meta[index];
+    meta->dest = header->msg != 0 && header->size > CFX_SLOT_INLINE_BYTES
+                     ? offer_dest(sc, header->msg - 1, header->offset, header->size)
+                     : NULL;
+    sc->in_place_slots += meta->dest != NULL;
+    sc->fifo->info[index].size = (uint32_t)header->size | (meta->dest ? CFX_SLOT_IN_PLACE : 0);
     sc->fifo->info[index].print = header->print;
     sc->header_count = st->step + 1;
     return 1;
@@ -249,13 +288,15 @@ static int recv_progress(struct cfx_sock_conn *sc)
                     break;
                 }
             }
-            size_t off, len;
-            slot_part(sc->fifo->info[index].size, sc->nsocks, s, &off, &len);
+            size_t off, len, size = slot_size(sc, index);
+            slot_part(size, sc->nsocks, s, &off, &len);
             size_t done = st->offset - head_bytes;
             if (done < len) {
-                char *part = cfx_fifo_data(sc->fifo->info, sc->slots, sc->slot_bytes, index,
-                                           sc->fifo->info[index].size) +
-                             off;
+                char *dest = sc->slot_meta[index].dest;
+                char *part =
+                    (dest ? dest
+                          : cfx_fifo_data(sc->fifo->info, sc->slots, sc->slot_bytes, index, size)) +
+                    off;
                 ssize_t n = recv(st->fd, part + done, len - done, MSG_DONTWAIT);
                 enum io_verdict verdict = io_check(sc, s, n);
                 if (verdict == IO_FAILED)
@@ -352,7 +393,9 @@ static void send_probe(struct cfx_sock_conn *sc)
 /* One connector's work: its poison, or its bytes. */
 static int conn_pass(struct cfx_sock_conn *sc)
 {
-    int reason = atomic_load_explicit(&sc->poison_reason, memory_order_acquire);
+    /* seq_cst: a poisoner that saw `busy` clear after its store knows every
+     * later pass sees the poison (cfx_sock_conn_poison). */
+    int reason = atomic_load_explicit(&sc->poison_reason, memory_order_seq_cst);
     if (reason != 0)
         return cfx_sock_poison_progress(
             sc, reason, atomic_load_explicit(&sc->poison_blame, memory_order_relaxed));
@@ -380,7 +423,7 @@ int cfx_sock_conn_drive(struct cfx_sock_conn *sc)
     int moved = 0;
     atomic_store_explicit(&sc->wanted, 1, memory_order_seq_cst);
     while (atomic_load_explicit(&sc->wanted, memory_order_seq_cst)) {
-        if (atomic_exchange_explicit(&sc->busy, 1, memory_order_acquire))
+        if (atomic_exchange_explicit(&sc->busy, 1, memory_order_seq_cst))
             return moved; /* The holder will see `wanted`. */
         while (atomic_exchange_explicit(&sc->wanted, 0, memory_order_seq_cst))
             moved |= conn_pass(sc);

@@ -54,8 +54,13 @@ struct cfx_sock_header {
     uint32_t step; /* Low 32 bits of the slot's sequence number. */
     uint64_t size;
     struct cfx_fingerprint print;
+    /* Point to point: the slot carries the bytes at `offset` of the
+     * connector's message msg - 1 (0: not a message's slot), so a receive
+     * that offered its buffer for that message takes them in place. */
+    uint64_t msg;
+    uint64_t offset;
 };
-_Static_assert(sizeof(struct cfx_sock_header) == 48, "cfx_sock_header layout");
+_Static_assert(sizeof(struct cfx_sock_header) == 64, "cfx_sock_header layout");
 
 /* The connect info a side of direction @p dir got from rank @p peer_rank:
  * a sender needs a receiver's (with a socket count it can open and an
