@@ -522,10 +522,11 @@ static cfxResult_t sock_offer(void *ctx_v, struct cfx_connector *conn, uint64_t 
     (void)handle;
     struct cfx_sock_conn *sc = conn->priv;
     struct cfx_sock_offer *o = &sc->offers[msg % SOCK_OFFERS];
+    /* A seqlock without fences (TSan has none): the release stores keep
+     * msg = 0 ahead of the new fields for any pass that sees them. */
     atomic_store_explicit(&o->msg, 0, memory_order_relaxed);
-    atomic_thread_fence(memory_order_release);
-    atomic_store_explicit(&o->data, (uintptr_t)data, memory_order_relaxed);
-    atomic_store_explicit(&o->bytes, (uint64_t)bytes, memory_order_relaxed);
+    atomic_store_explicit(&o->data, (uintptr_t)data, memory_order_release);
+    atomic_store_explicit(&o->bytes, (uint64_t)bytes, memory_order_release);
     atomic_store_explicit(&o->msg, msg + 1, memory_order_release);
     return cfxSuccess;
 }

@@ -203,9 +203,10 @@ static char *offer_dest(struct cfx_sock_conn *sc, uint64_t msg, uint64_t offset,
     uint64_t seen = atomic_load_explicit(&o->msg, memory_order_acquire);
     if (seen != msg + 1)
         return NULL;
-    uintptr_t data = atomic_load_explicit(&o->data, memory_order_relaxed);
-    uint64_t bytes = atomic_load_explicit(&o->bytes, memory_order_relaxed);
-    atomic_thread_fence(memory_order_acquire);
+    /* Acquire loads keep the second look at msg after them; a rewrite's
+     * data or bytes seen here carries its msg = 0 with it (sock_offer). */
+    uintptr_t data = atomic_load_explicit(&o->data, memory_order_acquire);
+    uint64_t bytes = atomic_load_explicit(&o->bytes, memory_order_acquire);
     if (atomic_load_explicit(&o->msg, memory_order_relaxed) != seen)
         return NULL; /* Rewritten meanwhile for a later message. */
     if (offset > bytes || size > bytes - offset)
