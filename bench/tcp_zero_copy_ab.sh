@@ -1,11 +1,13 @@
 #!/bin/bash
-# Point to point over loopback TCP with and without the zero-copy path,
-# against Open MPI's tcp BTL, interleaved per repeat; prints medians
-# [min-max] of the time per call in µs (docs/performance.md, "Point to
-# point over TCP straight from user buffers").
+# A collective over loopback TCP with and without the socket transport's
+# path straight from and into user buffers (CFX_ZERO_COPY_MIN_BYTES=1G
+# turns it off), against Open MPI's tcp BTL, interleaved per repeat; prints
+# medians [min-max] of the time per call in µs (docs/performance.md, "TCP
+# straight from user buffers").
 #
 # usage: bench/tcp_zero_copy_ab.sh [coll] [ranks] [repeats] [build dir]
-#   coll: alltoall (default; Open MPI runs it too) or sendrecv (Conflux only)
+#   coll: alltoall (default), allreduce, broadcast, allgather (Open MPI runs
+#   these too), or sendrecv (Conflux only)
 set -euo pipefail
 coll=${1:-alltoall}
 np=${2:-2}
@@ -20,7 +22,7 @@ for _ in $(seq "$reps"); do
     awk '/^ +[0-9]/{print $1, $6}' >>"$out/zero_copy"
   CFX_ZERO_COPY_MIN_BYTES=1G "$build/tools/conflux-perf" "$coll" --np "$np" "${sizes[@]}" -n 20 -c 0 -w 3 2>&1 |
     awk '/^ +[0-9]/{print $1, $6}' >>"$out/fifo"
-  if [ "$coll" = alltoall ]; then
+  if [ "$coll" != sendrecv ]; then
     mpirun --allow-run-as-root --oversubscribe -np "$np" --mca btl self,tcp --mca btl_tcp_if_include lo \
       "$build/bench/mpi_coll_bench" -C alltoall "${sizes[@]}" -n 20 2>&1 |
       awk '/^ +[0-9]/{print $1, $3}' >>"$out/ompi"

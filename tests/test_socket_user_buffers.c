@@ -160,6 +160,145 @@ Test(socket_user_buffers, alltoalls_are_exact_however_slots_land, .timeout = 120
     cr_assert_eq(sent, 6, "%d of the 6 send connections sent 12 slots from user buffers", sent);
 }
 
+/* Allreduce, broadcast and allgather over the ring of 3 ranks, out of
+ * place and in place: final output is sent from the output and taken into
+ * the next rank's output where its offer was waiting. Each output is
+ * overwritten as soon as its call returns (a slot sent from it after that
+ * would carry the overwritten values to the next rank), and holds garbage
+ * before each call. */
+static void collectives_rounds(struct cfx_test_rank *ctx)
+{
+    int n = ctx->nranks, r = ctx->rank;
+    size_t all = COUNT * (size_t)n;
+    float *in = calloc(all, sizeof(float)), *out = calloc(all, sizeof(float));
+    RANK_ASSERT(ctx, in && out, "out of memory");
+    cfxComm_t comm;
+    RANK_CFX(ctx, cfxCommInitRank(&comm, n, ctx->id, r));
+    for (int round = 0; round < 4 && !ctx->slot_failed; round++) {
+        int in_place = round % 2;
+        float *dst = in_place ? in : out;
+        /* Allreduce of COUNT: sum of value(q, 0, i, round) over ranks q. */
+        cfx_test_step(ctx, "allreduce round %d%s", round, in_place ? " in place" : "");
+        for (size_t i = 0; i < COUNT; i++) {
+            in[i] = value(r, 0, i, round);
+            out[i] = -3.0f;
+        }
+        RANK_CFX(ctx, cfxAllReduce(in, dst, COUNT, cfxFloat32, cfxSum, comm, NULL));
+        for (size_t i = 0; i < COUNT && !ctx->slot_failed; i++) {
+            float want = 0.0f;
+            for (int q = 0; q < n; q++)
+                want += value(q, 0, i, round);
+            if (dst[i] != want) {
+                RANK_ASSERT(ctx, 0, "allreduce round %d: element %zu is %g, not %g", round, i,
+                            dst[i], want);
+                break;
+            }
+        }
+        for (size_t i = 0; i < COUNT; i++)
+            dst[i] = -1.0f;
+        /* Broadcast from rank round % n. */
+        int root = round % n;
+        cfx_test_step(ctx, "broadcast round %d from %d", round, root);
+        for (size_t i = 0; i < COUNT; i++) {
+            in[i] = r == root ? value(root, 1, i, round) : -5.0f;
+            out[i] = -3.0f;
+        }
+        RANK_CFX(ctx, cfxBroadcast(in, dst, COUNT, cfxFloat32, root, comm, NULL));
+        for (size_t i = 0; i < COUNT && !ctx->slot_failed; i++)
+            if (dst[i] != value(root, 1, i, round)) {
+                RANK_ASSERT(ctx, 0, "broadcast round %d: element %zu is %g, not %g", round, i,
+                            dst[i], value(root, 1, i, round));
+                break;
+            }
+        for (size_t i = 0; i < COUNT; i++)
+            dst[i] = -1.0f;
+        /* Allgather of COUNT / n per rank (in place: the rank's own block). */
+        size_t per = COUNT / (size_t)n;
+        cfx_test_step(ctx, "allgather round %d", round);
+        for (size_t i = 0; i < all; i++)
+            out[i] = -3.0f;
+        float *send = in_place ? out + (size_t)r * per : in;
+        for (size_t i = 0; i < per; i++)
+            send[i] = value(r, 2, i, round);
+        RANK_CFX(ctx, cfxAllGather(send, out, per, cfxFloat32, comm, NULL));
+        for (int q = 0; q < n && !ctx->slot_failed; q++)
+            for (size_t i = 0; i < per; i++)
+                if (out[(size_t)q * per + i] != value(q, 2, i, round)) {
+                    RANK_ASSERT(ctx, 0, "allgather round %d: element %zu of rank %d is %g, not %g",
+                                round, i, q, out[(size_t)q * per + i], value(q, 2, i, round));
+                    break;
+                }
+        for (size_t i = 0; i < all; i++)
+            out[i] = -1.0f;
+    }
+    if (!ctx->slot_failed)
+        RANK_CFX(ctx, cfxCommFinalize(comm));
+    cfxCommDestroy(comm);
+    free(in);
+    free(out);
+}
+
+Test(socket_user_buffers, ring_collectives_send_and_take_final_output_in_place, .timeout = 120)
+{
+    char logs[128];
+    cfx_test_log_to(logs, sizeof(logs), "sock-coll");
+    struct cfx_test_options opts = {
+        .nranks = 3, .mode = CFX_TEST_PROCS, .deadline_s = 90, .before_rank = own_host};
+    CFX_TEST_RUN(&opts, collectives_rounds);
+    int sent = cfx_test_count_in_logs(logs, "slot(s) from user buffers");
+    int got = cfx_test_count_in_logs(logs, "slot(s) into user buffers");
+    cfx_test_remove_logs(logs);
+    cr_assert_eq(sent, 3, "%d of the 3 ring connections sent from user buffers", sent);
+    cr_assert_eq(got, 3, "%d of the 3 ring connections received into user buffers", got);
+}
+
+#define BIG_COUNT                                                                                  \
+    ((size_t)16 << 20) /* 64 MiB of floats: more than the FIFO and socket buffers hold. */
+
+/* Rank 1 joins a 64 MiB broadcast 0.5 s late, so rank 0's last slots are
+ * still posted (by reference, from its output) when its steps have run:
+ * its call must wait until they left, since it overwrites the buffer the
+ * moment the call returns (from the end: the slots that could still be
+ * posted). On the ring (CFX_ALGO=ring) the root only sends; on the trees
+ * it would also receive the second half back, which waits for its sends. */
+static void late_receiver_broadcast(struct cfx_test_rank *ctx)
+{
+    int r = ctx->rank;
+    float *buf = malloc(BIG_COUNT * sizeof(float));
+    RANK_ASSERT(ctx, buf, "out of memory");
+    for (size_t i = 0; i < BIG_COUNT; i++)
+        buf[i] = r == 0 ? value(0, 1, i, 0) : -3.0f;
+    cfxComm_t comm;
+    RANK_CFX(ctx, cfxCommInitRank(&comm, ctx->nranks, ctx->id, r));
+    int hello = 0; /* Connects the ring first. */
+    RANK_CFX(ctx, cfxAllReduce(&hello, &hello, 1, cfxInt32, cfxSum, comm, NULL));
+    if (r == 1)
+        usleep(500 * 1000);
+    cfx_test_step(ctx, "64 MiB broadcast");
+    RANK_CFX(ctx, cfxBroadcast(buf, buf, BIG_COUNT, cfxFloat32, 0, comm, NULL));
+    if (r == 0)
+        for (size_t i = BIG_COUNT; i-- > 0;)
+            buf[i] = -1.0f;
+    for (size_t i = 0; r == 1 && i < BIG_COUNT; i++)
+        if (buf[i] != value(0, 1, i, 0)) {
+            RANK_ASSERT(ctx, 0, "element %zu is %g, not %g", i, buf[i], value(0, 1, i, 0));
+            break;
+        }
+    if (!ctx->slot_failed)
+        RANK_CFX(ctx, cfxCommFinalize(comm));
+    cfxCommDestroy(comm);
+    free(buf);
+}
+
+Test(socket_user_buffers, a_collective_returns_once_its_output_has_left, .timeout = 120)
+{
+    cfx_test_setenv("CFX_ALGO", "ring");
+    struct cfx_test_options opts = {
+        .nranks = 2, .mode = CFX_TEST_PROCS, .deadline_s = 90, .before_rank = own_host};
+    CFX_TEST_RUN(&opts, late_receiver_broadcast);
+    cfx_test_setenv("CFX_ALGO", NULL);
+}
+
 /* Rank 1's receive times out (CFX_TIMEOUT=2) before rank 0 sends; rank 1
  * then writes its own values into the buffer it had offered and checks for
  * a second that they stay; rank 0 sends at 3 s, and its send fails naming

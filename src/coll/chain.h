@@ -19,9 +19,9 @@ cfx_chain_broadcast_describe(const struct cfx_work *w, uint64_t index, struct cf
     uint64_t offset, len;
     cfx_work_chunk_of(w, index, &offset, &len);
     if (p == 0)
-        step->flags = CFX_PRIM_SEND | CFX_PRIM_OUT;
+        step->flags = CFX_PRIM_SEND | CFX_PRIM_OUT | CFX_PRIM_FINAL;
     else if (p < n - 1)
-        step->flags = CFX_PRIM_RECV | CFX_PRIM_OUT | CFX_PRIM_SEND;
+        step->flags = CFX_PRIM_RECV | CFX_PRIM_OUT | CFX_PRIM_SEND | CFX_PRIM_FINAL;
     else
         step->flags = CFX_PRIM_RECV | CFX_PRIM_OUT;
     step->input = cfx_coll_at(w->sendbuff, offset, w->elem_bytes);

@@ -128,12 +128,22 @@ void cfx_coll_prepare(struct cfx_op *op)
             slot_bytes = op->conns[i]->slot_bytes;
     cfx_work_finish(w, slot_bytes);
     op->step = 0;
+    op->ref_conns = 0;
     op->n_steps = w->n_steps;
     op->next_index = UINT64_MAX;
     op->claimed = 0;
     op->done = op->n_steps == 0;
     op->result = cfxSuccess;
     op->blame_rank = -1;
+}
+
+/* Every connector the op posted to by reference released its slots. */
+static int refs_drained(const struct cfx_op *op)
+{
+    for (uint32_t left = op->ref_conns; left != 0; left &= left - 1)
+        if (!cfx_conn_drained(op->conns[__builtin_ctz(left)]))
+            return 0;
+    return 1;
 }
 
 int cfx_coll_progress(struct cfx_op *op)
@@ -156,14 +166,23 @@ int cfx_coll_progress(struct cfx_op *op)
         op->step++;
         ran++;
     }
-    if (op->step == op->n_steps)
+    /* Slots sent from the user's buffers by reference must have left
+     * before the buffers are the caller's again. */
+    if (op->step == op->n_steps && refs_drained(op))
         op->done = 1;
     return ran;
 }
 
 struct cfx_connector *cfx_coll_waiting_on(const struct cfx_op *op, const char **what_p)
 {
-    if (op->done || op->step >= op->n_steps)
+    if (op->done)
+        return NULL;
+    for (uint32_t left = op->ref_conns; op->step >= op->n_steps && left != 0; left &= left - 1)
+        if (!cfx_conn_drained(op->conns[__builtin_ctz(left)])) {
+            *what_p = "the end of the sends from this rank's buffers to";
+            return op->conns[__builtin_ctz(left)];
+        }
+    if (op->step >= op->n_steps)
         return NULL;
     struct cfx_step step;
     cfx_schedule_describe(&op->work, op->step, &step);

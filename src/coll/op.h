@@ -73,6 +73,17 @@ struct cfx_op {
      * connector (cfx_connector.p2p_msgs at launch), which a transport with
      * post_at/offer uses to match a registered receive with its send. */
     uint64_t p2p_msg;
+    /* Ring and chain collectives of host memory over a transport that moves
+     * any host memory (CFX_TRANSPORT_FLAG_ANY_HOST_MEMORY): nonzero, the
+     * key of this operation's slots (its sequence number with the top bit
+     * set, alike on every rank), and steps that send final output send it
+     * from the output itself (post_ref), marked with the key and their
+     * offset in the output (post_at), so a receiver that offered its
+     * output under the key takes them in place. 0: through the slots. */
+    uint64_t coll_key;
+    /* Peer table entries a slot was posted to by reference (post_ref): the
+     * operation is done only once they are drained (cfx_coll_progress). */
+    uint32_t ref_conns;
     enum cfx_mem_kind mem_kind; /* Of both buffers. */
     cfxStream_t stream;         /* The call's stream (NULL: the legacy stream / at once). */
     void *exec_state; /* The communicator's state in a stream executor (src/exec/cuda.h). */
@@ -139,6 +150,8 @@ static inline void cfx_op_clear(struct cfx_op *op)
     op->pull = 0;
     op->ref_handle = NULL;
     op->p2p_msg = 0;
+    op->coll_key = 0;
+    op->ref_conns = 0;
     op->mem_kind = CFX_MEM_HOST;
     op->stream = NULL;
     op->exec_state = NULL;

@@ -248,20 +248,29 @@ cfxResult_t cfx_prim_run(struct cfx_op *op, const struct cfx_step *step)
         if (res != cfxSuccess)
             return res;
         if (in_place) {
-            /* The transport wrote it where this step would copy it (a
-             * registered receive's offer): only a plain receive gets one. */
-            if (op->kind != CFX_COLL_RECV ||
-                (flags & (CFX_PRIM_SEND | CFX_PRIM_REDUCE | CFX_PRIM_OUT)) != CFX_PRIM_OUT ||
-                step->n_recv_more != 0)
+            /* The transport wrote it where this step would copy it (an
+             * offer): only a plain receive, or a collective's copy of final
+             * data (which may forward it), gets one. */
+            int copy = (flags & (CFX_PRIM_REDUCE | CFX_PRIM_OUT)) == CFX_PRIM_OUT &&
+                       step->n_recv_more == 0;
+            if (!copy ||
+                (op->kind == CFX_COLL_RECV ? (flags & CFX_PRIM_SEND) != 0 : op->coll_key == 0))
                 return cfx_error_set(cfxInternalError, CFX_LOG_COLL,
                                      "%s on rank %d: rank %d's data landed in place for a step "
-                                     "that is not a plain receive",
+                                     "that is not a plain receive or copy",
                                      cfx_coll_name(op->kind), op->rank, from->peer_rank);
             received = step->output;
         }
     }
     char *device_slot = NULL; /* The slot in device memory slot_out stands in for. */
-    if (flags & CFX_PRIM_SEND) {
+    /* Final output of a collective whose transport moves host memory from
+     * anywhere: sent from the output itself, once written (coll_key). */
+    int by_ref = op->coll_key != 0 &&
+                 (flags & (CFX_PRIM_SEND | CFX_PRIM_FINAL)) == (CFX_PRIM_SEND | CFX_PRIM_FINAL) &&
+                 bytes > CFX_SLOT_INLINE_BYTES &&
+                 (op->conns[step->send]->transport->flags & CFX_TRANSPORT_FLAG_ANY_HOST_MEMORY) &&
+                 op->conns[step->send]->slots_device == 0;
+    if ((flags & CFX_PRIM_SEND) && !by_ref) {
         struct cfx_connector *to = op->conns[step->send];
         slot_out = cfx_conn_post_slot(to, bytes);
         if (to->slots_device != 0 && bytes > CFX_SLOT_INLINE_BYTES) {
@@ -295,7 +304,7 @@ cfxResult_t cfx_prim_run(struct cfx_op *op, const struct cfx_step *step)
     }
     if ((flags & (CFX_PRIM_OUT | CFX_PRIM_SEND | CFX_PRIM_REDUCE | CFX_PRIM_AVG)) ==
             (CFX_PRIM_OUT | CFX_PRIM_SEND) &&
-        step->output != value && bytes) {
+        step->output != value && bytes && !by_ref) {
         /* copy-send, recv-copy-send: one pass over the value (the input or a
          * received slot) for both copies. */
         copy_twice(step->output, slot_out, value, bytes,
@@ -312,7 +321,7 @@ cfxResult_t cfx_prim_run(struct cfx_op *op, const struct cfx_step *step)
                 cfx_reduce_avg_finish(step->output, step->output, n, op->type, op->nranks);
             value = step->output;
         }
-        if ((flags & CFX_PRIM_SEND) && value != slot_out && bytes)
+        if ((flags & CFX_PRIM_SEND) && !by_ref && value != slot_out && bytes)
             memcpy(slot_out, value, bytes);
     }
     if (flags & CFX_PRIM_RECV) {
@@ -327,6 +336,17 @@ cfxResult_t cfx_prim_run(struct cfx_op *op, const struct cfx_step *step)
                 cfx_cuda_copy(device_slot, slot_out, bytes, to->slots_device - 1, to->stage_stream);
             if (res != cfxSuccess)
                 return res;
+        }
+        if (by_ref) {
+            /* value is the output (written by this step, or by an earlier
+             * one: a tree's later sends to children), final: the transport
+             * sends it from there; the receiver's offer of its own output
+             * takes it at the same offset (the layouts agree on every rank). */
+            cfxResult_t res = cfx_conn_post_ref(to, value, bytes, CFX_REG_ANY_HOST);
+            if (res != cfxSuccess)
+                return res;
+            cfx_conn_post_at(to, op->coll_key, (uint64_t)(step->output - (char *)op->recvbuff));
+            op->ref_conns |= 1u << step->send;
         }
         if (op->kind == CFX_COLL_SEND)
             cfx_conn_post_at(op->conns[step->send], op->p2p_msg,

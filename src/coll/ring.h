@@ -55,12 +55,12 @@ cfx_ring_allreduce_describe(const struct cfx_work *w, uint64_t index, struct cfx
         flags = CFX_PRIM_RECV | CFX_PRIM_REDUCE | CFX_PRIM_SEND;
     } else if (k == n - 1) {
         block = r;
-        flags = CFX_PRIM_RECV | CFX_PRIM_REDUCE | CFX_PRIM_OUT | CFX_PRIM_SEND;
+        flags = CFX_PRIM_RECV | CFX_PRIM_REDUCE | CFX_PRIM_OUT | CFX_PRIM_SEND | CFX_PRIM_FINAL;
         if (w->redop == cfxAvg)
             flags |= CFX_PRIM_AVG;
     } else if (k < 2 * n - 2) {
         block = cfx_mod(r - (k - n + 1), n);
-        flags = CFX_PRIM_RECV | CFX_PRIM_OUT | CFX_PRIM_SEND;
+        flags = CFX_PRIM_RECV | CFX_PRIM_OUT | CFX_PRIM_SEND | CFX_PRIM_FINAL;
     } else {
         block = cfx_mod(r + 1, n);
         flags = CFX_PRIM_RECV | CFX_PRIM_OUT;
@@ -100,10 +100,10 @@ cfx_ring_allgather_describe(const struct cfx_work *w, uint64_t index, struct cfx
     int block;
     if (k == 0) {
         block = r;
-        step->flags = CFX_PRIM_SEND | CFX_PRIM_OUT;
+        step->flags = CFX_PRIM_SEND | CFX_PRIM_OUT | CFX_PRIM_FINAL;
     } else if (k < n - 1) {
         block = cfx_mod(r - k, n);
-        step->flags = CFX_PRIM_RECV | CFX_PRIM_OUT | CFX_PRIM_SEND;
+        step->flags = CFX_PRIM_RECV | CFX_PRIM_OUT | CFX_PRIM_SEND | CFX_PRIM_FINAL;
     } else {
         block = cfx_mod(r + 1, n);
         step->flags = CFX_PRIM_RECV | CFX_PRIM_OUT;

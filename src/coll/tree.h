@@ -105,7 +105,7 @@ static inline CFX_HOST_DEVICE void cfx_tree_describe_down(const struct cfx_work 
     const struct cfx_links *t = &w->links;
     step->output = out;
     if (cfx_tree_is_root(w)) {
-        step->flags = CFX_PRIM_SEND;
+        step->flags = CFX_PRIM_SEND | CFX_PRIM_FINAL;
         step->send = t->to_child[k];
         step->input = out;
         /* A broadcast from the tree root starts from its input. */
@@ -120,12 +120,12 @@ static inline CFX_HOST_DEVICE void cfx_tree_describe_down(const struct cfx_work 
         step->recv = t->from_parent;
         step->input = NULL;
         if (t->n_children > 0) {
-            step->flags |= CFX_PRIM_SEND;
+            step->flags |= CFX_PRIM_SEND | CFX_PRIM_FINAL;
             step->send = t->to_child[0];
         }
         return;
     }
-    step->flags = CFX_PRIM_SEND;
+    step->flags = CFX_PRIM_SEND | CFX_PRIM_FINAL;
     step->input = out;
     step->send = t->to_child[k];
 }
@@ -192,7 +192,7 @@ static inline CFX_HOST_DEVICE void cfx_tree_describe(const struct cfx_work *w, u
         /* Relay from the call's root to the tree root. */
         step->output = out;
         if (w->rank == w->root) {
-            step->flags = CFX_PRIM_SEND | CFX_PRIM_OUT;
+            step->flags = CFX_PRIM_SEND | CFX_PRIM_OUT | CFX_PRIM_FINAL;
             step->input = in;
             step->send = w->links.send;
         } else {

@@ -130,6 +130,13 @@ CFX_STATIC_ASSERT(sizeof(struct cfx_work) == 168, "the work descriptor keeps its
  * where it is, a registered buffer (cfx_conn_post_ref), instead of a copy
  * in the slot; a device executor copies as for a plain send. */
 #define CFX_PRIM_REF 0x200u
+/* With SEND: the data sent is the operation's final output at
+ * step->output (written by this step, or by an earlier one, and never
+ * again), and every rank's output holds it at the same offset. The host
+ * executor may then send it from there by reference over a transport that
+ * moves any host memory (cfx_op.coll_key), and the receiver may take it in
+ * place; other executors ignore it. */
+#define CFX_PRIM_FINAL 0x400u
 
 /* One step of a schedule: what it moves where. Connectors are indices into
  * the operation's peer table. */

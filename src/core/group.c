@@ -303,6 +303,44 @@ static cfxResult_t choose_p2p_path(struct cfx_op *op)
     return cfxSuccess;
 }
 
+/* Collectives of host memory whose final output travels (allreduce,
+ * broadcast, allgather; ring, chain or tree) of at least
+ * CFX_ZERO_COPY_MIN_BYTES: over a transport that moves any host memory,
+ * steps that send final output (CFX_PRIM_FINAL) send it from the output
+ * (src/coll/prims.c, by_ref), and this rank offers its output to each of
+ * its receive connectors of such a transport under the operation's key,
+ * so final slots from a peer land where the step would copy them (slots
+ * that are not final carry no key and never match). The key: the
+ * operation's sequence number, the half of a tree operation (the two
+ * halves share the number), and the top bit, which keeps it apart from
+ * the point-to-point message numbers; alike on every rank. */
+static void choose_coll_path(struct cfx_op *op)
+{
+    op->coll_key = 0;
+    if ((op->kind != CFX_COLL_ALLREDUCE && op->kind != CFX_COLL_BROADCAST &&
+         op->kind != CFX_COLL_ALLGATHER) ||
+        op->mem_kind != CFX_MEM_HOST || op->pull || op->direct || op->nranks < 2)
+        return;
+    uint64_t out_bytes = (uint64_t)op->count * cfx_type_size(op->type) *
+                         (op->kind == CFX_COLL_ALLGATHER ? (uint64_t)op->nranks : 1);
+    if (out_bytes == 0 || out_bytes < (uint64_t)param_zero_copy_min())
+        return;
+    struct cfxComm *comm = op->owner;
+    int half = op->tree != NULL && op->tree == &comm->trees[1];
+    op->coll_key = op->print.seq | ((uint64_t)half << 62) | ((uint64_t)1 << 63);
+    for (int c = 0; c < op->n_conns; c++) {
+        struct cfx_connector *from = op->conns[c];
+        if (from == NULL || from->dir != CFX_CONN_RECV || from->transport->offer == NULL ||
+            !(from->transport->flags & CFX_TRANSPORT_FLAG_ANY_HOST_MEMORY))
+            continue;
+        if (cfx_conn_offer(from, op->coll_key, op->recvbuff, out_bytes, CFX_REG_ANY_HOST) !=
+            cfxSuccess)
+            CFX_INFO(CFX_LOG_COLL,
+                     "%s on rank %d: rank %d's slots come through the FIFO (no offer)",
+                     cfx_coll_name(op->kind), op->rank, from->peer_rank);
+    }
+}
+
 /* Whether ops[i] is the first operation of its communicator in the batch. */
 static int first_of_comm(const struct cfx_op *ops, int i)
 {
@@ -527,6 +565,7 @@ cfxResult_t cfx_core_launch(struct cfx_op *ops, int n_ops)
                 cfx_core_algo_tree_op(ops[i].owner, tree_index(&ops[i]), &ops[i]);
             else
                 cfx_core_algo_direct_op(ops[i].owner, &ops[i]);
+            choose_coll_path(&ops[i]);
             cfx_coll_prepare(&ops[i]);
             cfx_core_flight_update(ops[i].owner, ops[i].record, CFX_FLIGHT_RUNNING, cfxSuccess, 0,
                                    ops[i].n_steps);
@@ -540,6 +579,7 @@ cfxResult_t cfx_core_launch(struct cfx_op *ops, int n_ops)
             ops[i].conns[ops[i].n_conns++] = ops[i].send_conn;
         if (ops[i].recv_conn)
             ops[i].conns[ops[i].n_conns++] = ops[i].recv_conn;
+        choose_coll_path(&ops[i]);
         cfx_coll_prepare(&ops[i]);
         cfx_core_flight_update(ops[i].owner, ops[i].record, CFX_FLIGHT_RUNNING, cfxSuccess, 0,
                                ops[i].n_steps);
