@@ -259,4 +259,37 @@ static inline int ref_matches(cfxDataType_t t, cfxRedOp_t op, const void *got, d
     return fabs(g - value) <= rel[t] * fabs(value) + 1e-12;
 }
 
+/* ---- tagged float32 values: where a byte came from, for tests of data
+ * that transports may move in place (zero copy) ---- */
+
+/* Element @p i that rank @p from sends rank @p to in round @p round; every
+ * value exact in float32 and none negative (tests mark stale data with
+ * negative ones). */
+static inline float ref_tagged(int from, int to, size_t i, int round)
+{
+    return (float)(from * 1000003 + to * 10007 + (int)(i % 100003) + round * 7);
+}
+
+/* An alltoall's send buffer, @p count per peer of @p n, from rank @p r. */
+static inline void ref_tagged_fill(float *send, int n, int r, size_t count, int round)
+{
+    for (int q = 0; q < n; q++)
+        for (size_t i = 0; i < count; i++)
+            send[(size_t)q * count + i] = ref_tagged(r, q, i, round);
+}
+
+/* The first wrong element of rank @p r's alltoall receive buffer (its
+ * index, the sender in *from_p), or -1 when all are right. */
+static inline long ref_tagged_check(const float *recv, int n, int r, size_t count, int round,
+                                    int *from_p)
+{
+    for (int q = 0; q < n; q++)
+        for (size_t i = 0; i < count; i++)
+            if (recv[(size_t)q * count + i] != ref_tagged(q, r, i, round)) {
+                *from_p = q;
+                return (long)((size_t)q * count + i);
+            }
+    return -1;
+}
+
 #endif /* CFX_TEST_COLL_CHECK_H */

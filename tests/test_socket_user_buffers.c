@@ -18,15 +18,11 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "tests/coll_check.h"
 #include "tests/harness.h"
 
 /* Two full 512 KiB slots and a 12-byte tail (the tail rides in the info line). */
 #define COUNT ((size_t)(2 * 131072 + 3))
-
-static float value(int from, int to, size_t i, int round)
-{
-    return (float)(from * 1000003 + to * 10007 + (int)(i % 100003) + round * 7);
-}
 
 /* Every process its own host; sockets between them. */
 static void own_host(struct cfx_test_rank *ctx)
@@ -57,7 +53,7 @@ static void send_then_overwrite(struct cfx_test_rank *ctx)
         cfx_test_step(ctx, "round %d", round);
         if (r == 0) {
             for (size_t i = 0; i < COUNT; i++)
-                buf[i] = value(0, 1, i, round);
+                buf[i] = ref_tagged(0, 1, i, round);
             usleep(300 * 1000);
             RANK_CFX(ctx, cfxSend(buf, COUNT, cfxFloat32, 1, comm, NULL));
             for (size_t i = 0; i < COUNT; i++)
@@ -67,9 +63,9 @@ static void send_then_overwrite(struct cfx_test_rank *ctx)
                 buf[i] = -7.0f;
             RANK_CFX(ctx, cfxRecv(buf, COUNT, cfxFloat32, 0, comm, NULL));
             for (size_t i = 0; i < COUNT; i++)
-                if (buf[i] != value(0, 1, i, round)) {
+                if (buf[i] != ref_tagged(0, 1, i, round)) {
                     RANK_ASSERT(ctx, 0, "round %d: element %zu is %g, not %g", round, i, buf[i],
-                                value(0, 1, i, round));
+                                ref_tagged(0, 1, i, round));
                     break;
                 }
         }
@@ -124,21 +120,16 @@ static void alltoall_rounds(struct cfx_test_rank *ctx)
     RANK_CFX(ctx, cfxCommInitRank(&comm, n, ctx->id, r));
     for (int round = 0; round < 6 && !ctx->slot_failed; round++) {
         cfx_test_step(ctx, "alltoall round %d", round);
-        for (int q = 0; q < n; q++)
-            for (size_t i = 0; i < COUNT; i++)
-                send[(size_t)q * COUNT + i] = value(r, q, i, round);
+        ref_tagged_fill(send, n, r, COUNT, round);
         for (size_t i = 0; i < all; i++)
             recv[i] = -3.0f;
         RANK_CFX(ctx, cfxAlltoAll(send, recv, COUNT, cfxFloat32, comm, NULL));
         for (size_t i = 0; i < all; i++)
             send[i] = -1.0f;
-        for (int q = 0; q < n && !ctx->slot_failed; q++)
-            for (size_t i = 0; i < COUNT; i++)
-                if (recv[(size_t)q * COUNT + i] != value(q, r, i, round)) {
-                    RANK_ASSERT(ctx, 0, "round %d: element %zu from rank %d is %g, not %g", round,
-                                i, q, recv[(size_t)q * COUNT + i], value(q, r, i, round));
-                    break;
-                }
+        int from;
+        long bad = ref_tagged_check(recv, n, r, COUNT, round, &from);
+        RANK_ASSERT(ctx, bad < 0, "round %d: element %ld (from rank %d) is %g", round, bad, from,
+                    bad < 0 ? 0.0 : recv[bad]);
     }
     if (!ctx->slot_failed)
         RANK_CFX(ctx, cfxCommFinalize(comm));
@@ -177,17 +168,17 @@ static void collectives_rounds(struct cfx_test_rank *ctx)
     for (int round = 0; round < 4 && !ctx->slot_failed; round++) {
         int in_place = round % 2;
         float *dst = in_place ? in : out;
-        /* Allreduce of COUNT: sum of value(q, 0, i, round) over ranks q. */
+        /* Allreduce of COUNT: sum of ref_tagged(q, 0, i, round) over ranks q. */
         cfx_test_step(ctx, "allreduce round %d%s", round, in_place ? " in place" : "");
         for (size_t i = 0; i < COUNT; i++) {
-            in[i] = value(r, 0, i, round);
+            in[i] = ref_tagged(r, 0, i, round);
             out[i] = -3.0f;
         }
         RANK_CFX(ctx, cfxAllReduce(in, dst, COUNT, cfxFloat32, cfxSum, comm, NULL));
         for (size_t i = 0; i < COUNT && !ctx->slot_failed; i++) {
             float want = 0.0f;
             for (int q = 0; q < n; q++)
-                want += value(q, 0, i, round);
+                want += ref_tagged(q, 0, i, round);
             if (dst[i] != want) {
                 RANK_ASSERT(ctx, 0, "allreduce round %d: element %zu is %g, not %g", round, i,
                             dst[i], want);
@@ -200,14 +191,14 @@ static void collectives_rounds(struct cfx_test_rank *ctx)
         int root = round % n;
         cfx_test_step(ctx, "broadcast round %d from %d", round, root);
         for (size_t i = 0; i < COUNT; i++) {
-            in[i] = r == root ? value(root, 1, i, round) : -5.0f;
+            in[i] = r == root ? ref_tagged(root, 1, i, round) : -5.0f;
             out[i] = -3.0f;
         }
         RANK_CFX(ctx, cfxBroadcast(in, dst, COUNT, cfxFloat32, root, comm, NULL));
         for (size_t i = 0; i < COUNT && !ctx->slot_failed; i++)
-            if (dst[i] != value(root, 1, i, round)) {
+            if (dst[i] != ref_tagged(root, 1, i, round)) {
                 RANK_ASSERT(ctx, 0, "broadcast round %d: element %zu is %g, not %g", round, i,
-                            dst[i], value(root, 1, i, round));
+                            dst[i], ref_tagged(root, 1, i, round));
                 break;
             }
         for (size_t i = 0; i < COUNT; i++)
@@ -219,13 +210,13 @@ static void collectives_rounds(struct cfx_test_rank *ctx)
             out[i] = -3.0f;
         float *send = in_place ? out + (size_t)r * per : in;
         for (size_t i = 0; i < per; i++)
-            send[i] = value(r, 2, i, round);
+            send[i] = ref_tagged(r, 2, i, round);
         RANK_CFX(ctx, cfxAllGather(send, out, per, cfxFloat32, comm, NULL));
         for (int q = 0; q < n && !ctx->slot_failed; q++)
             for (size_t i = 0; i < per; i++)
-                if (out[(size_t)q * per + i] != value(q, 2, i, round)) {
+                if (out[(size_t)q * per + i] != ref_tagged(q, 2, i, round)) {
                     RANK_ASSERT(ctx, 0, "allgather round %d: element %zu of rank %d is %g, not %g",
-                                round, i, q, out[(size_t)q * per + i], value(q, 2, i, round));
+                                round, i, q, out[(size_t)q * per + i], ref_tagged(q, 2, i, round));
                     break;
                 }
         for (size_t i = 0; i < all; i++)
@@ -267,7 +258,7 @@ static void late_receiver_broadcast(struct cfx_test_rank *ctx)
     float *buf = malloc(BIG_COUNT * sizeof(float));
     RANK_ASSERT(ctx, buf, "out of memory");
     for (size_t i = 0; i < BIG_COUNT; i++)
-        buf[i] = r == 0 ? value(0, 1, i, 0) : -3.0f;
+        buf[i] = r == 0 ? ref_tagged(0, 1, i, 0) : -3.0f;
     cfxComm_t comm;
     RANK_CFX(ctx, cfxCommInitRank(&comm, ctx->nranks, ctx->id, r));
     int hello = 0; /* Connects the ring first. */
@@ -280,8 +271,8 @@ static void late_receiver_broadcast(struct cfx_test_rank *ctx)
         for (size_t i = BIG_COUNT; i-- > 0;)
             buf[i] = -1.0f;
     for (size_t i = 0; r == 1 && i < BIG_COUNT; i++)
-        if (buf[i] != value(0, 1, i, 0)) {
-            RANK_ASSERT(ctx, 0, "element %zu is %g, not %g", i, buf[i], value(0, 1, i, 0));
+        if (buf[i] != ref_tagged(0, 1, i, 0)) {
+            RANK_ASSERT(ctx, 0, "element %zu is %g, not %g", i, buf[i], ref_tagged(0, 1, i, 0));
             break;
         }
     if (!ctx->slot_failed)
@@ -317,7 +308,7 @@ static void receive_times_out_then_sender_sends(struct cfx_test_rank *ctx)
         RANK_CFX(ctx, cfxRecv(&hello, 1, cfxInt32, 0, comm, NULL));
     if (r == 0) {
         for (size_t i = 0; i < COUNT; i++)
-            buf[i] = value(0, 1, i, 0);
+            buf[i] = ref_tagged(0, 1, i, 0);
         sleep(3);
         cfx_test_step(ctx, "send after the receiver timed out");
         cfxResult_t res = cfxSend(buf, COUNT, cfxFloat32, 1, comm, NULL);

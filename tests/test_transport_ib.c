@@ -19,6 +19,7 @@
 #include <unistd.h>
 
 #include "src/util/verbs.h"
+#include "tests/coll_check.h"
 #include "tests/harness.h"
 
 int cfx_ib_hca_match(const char *spec, const char *name, int port); /* transports/ib/device.c */
@@ -195,11 +196,6 @@ Test(ib_fake, slots_striped_over_four_queue_pairs_arrive_in_order, .timeout = 12
 
 #define REF_COUNT ((size_t)(2 * 131072 + 3)) /* Two full 512 KiB slots and a 12-byte tail. */
 
-static float ref_value(int from, int to, size_t i, int round)
-{
-    return (float)(from * 1000003 + to * 10007 + (int)(i % 100003) + round * 7);
-}
-
 /* Alltoalls of REF_COUNT floats per peer from a send buffer registered
  * (or not: @p arg), each send buffer overwritten the moment the call
  * returns: a send that returned before the NIC had read it delivers the
@@ -221,19 +217,14 @@ static void alltoall_from_registered(struct cfx_test_rank *ctx)
         }
         cfx_test_step(ctx, "alltoall round %d, %s", round,
                       registered && round < 3 ? "registered" : "not registered");
-        for (int q = 0; q < n; q++)
-            for (size_t i = 0; i < REF_COUNT; i++)
-                send[(size_t)q * REF_COUNT + i] = ref_value(r, q, i, round);
+        ref_tagged_fill(send, n, r, REF_COUNT, round);
         RANK_CFX(ctx, cfxAlltoAll(send, recv, REF_COUNT, cfxFloat32, comm, NULL));
         for (size_t i = 0; i < all; i++)
             send[i] = -1.0f;
-        for (int q = 0; q < n && !ctx->slot_failed; q++)
-            for (size_t i = 0; i < REF_COUNT; i++)
-                if (recv[(size_t)q * REF_COUNT + i] != ref_value(q, r, i, round)) {
-                    RANK_ASSERT(ctx, 0, "round %d: element %zu from rank %d is %g, not %g", round,
-                                i, q, recv[(size_t)q * REF_COUNT + i], ref_value(q, r, i, round));
-                    break;
-                }
+        int from;
+        long bad = ref_tagged_check(recv, n, r, REF_COUNT, round, &from);
+        RANK_ASSERT(ctx, bad < 0, "round %d: element %ld (from rank %d) is %g", round, bad, from,
+                    bad < 0 ? 0.0 : recv[bad]);
     }
     if (!ctx->slot_failed)
         RANK_CFX(ctx, cfxCommFinalize(comm));
@@ -302,16 +293,16 @@ static void send_into_registered(struct cfx_test_rank *ctx)
         RANK_CFX(ctx, cfxRecv(&hello, 1, cfxInt32, 0, comm, NULL));
     for (int round = 0; round < 3 && !ctx->slot_failed; round++) {
         for (size_t i = 0; i < REF_COUNT; i++)
-            buf[i] = r == 0 ? ref_value(0, 1, i, round) : -7.0f;
+            buf[i] = r == 0 ? ref_tagged(0, 1, i, round) : -7.0f;
         if (r == 0) {
             usleep(500 * 1000);
             RANK_CFX(ctx, cfxSend(buf, REF_COUNT, cfxFloat32, 1, comm, NULL));
         } else {
             RANK_CFX(ctx, cfxRecv(buf, REF_COUNT, cfxFloat32, 0, comm, NULL));
             for (size_t i = 0; i < REF_COUNT; i++)
-                if (buf[i] != ref_value(0, 1, i, round)) {
+                if (buf[i] != ref_tagged(0, 1, i, round)) {
                     RANK_ASSERT(ctx, 0, "round %d: element %zu is %g, not %g", round, i, buf[i],
-                                ref_value(0, 1, i, round));
+                                ref_tagged(0, 1, i, round));
                     break;
                 }
         }
@@ -372,19 +363,14 @@ static void alltoall_both_registered(struct cfx_test_rank *ctx)
     RANK_CFX(ctx, cfxCommRegister(comm, send, all * sizeof(float), &hs));
     RANK_CFX(ctx, cfxCommRegister(comm, recv, all * sizeof(float), &hr));
     for (int round = 0; round < 6 && !ctx->slot_failed; round++) {
-        for (int q = 0; q < n; q++)
-            for (size_t i = 0; i < REF_COUNT; i++)
-                send[(size_t)q * REF_COUNT + i] = ref_value(r, q, i, round);
+        ref_tagged_fill(send, n, r, REF_COUNT, round);
         for (size_t i = 0; i < all; i++)
             recv[i] = -3.0f;
         RANK_CFX(ctx, cfxAlltoAll(send, recv, REF_COUNT, cfxFloat32, comm, NULL));
-        for (int q = 0; q < n && !ctx->slot_failed; q++)
-            for (size_t i = 0; i < REF_COUNT; i++)
-                if (recv[(size_t)q * REF_COUNT + i] != ref_value(q, r, i, round)) {
-                    RANK_ASSERT(ctx, 0, "round %d: element %zu from rank %d is %g, not %g", round,
-                                i, q, recv[(size_t)q * REF_COUNT + i], ref_value(q, r, i, round));
-                    break;
-                }
+        int from;
+        long bad = ref_tagged_check(recv, n, r, REF_COUNT, round, &from);
+        RANK_ASSERT(ctx, bad < 0, "round %d: element %ld (from rank %d) is %g", round, bad, from,
+                    bad < 0 ? 0.0 : recv[bad]);
     }
     RANK_CFX(ctx, cfxCommDeregister(comm, hs));
     RANK_CFX(ctx, cfxCommDeregister(comm, hr));
