@@ -263,11 +263,12 @@ cfxResult_t cfx_prim_run(struct cfx_op *op, const struct cfx_step *step)
         }
     }
     char *device_slot = NULL; /* The slot in device memory slot_out stands in for. */
-    /* Final output of a collective whose transport moves host memory from
-     * anywhere: sent from the output itself, once written (coll_key). */
-    int by_ref = op->coll_key != 0 &&
-                 (flags & (CFX_PRIM_SEND | CFX_PRIM_FINAL)) == (CFX_PRIM_SEND | CFX_PRIM_FINAL) &&
-                 bytes > CFX_SLOT_INLINE_BYTES &&
+    /* Final output (or a stable input) of a collective whose transport moves
+     * host memory from anywhere: sent from where it is (coll_key). */
+    int final = (flags & (CFX_PRIM_SEND | CFX_PRIM_FINAL)) == (CFX_PRIM_SEND | CFX_PRIM_FINAL);
+    int stable = (flags & (CFX_PRIM_SEND | CFX_PRIM_STABLE | CFX_PRIM_RECV | CFX_PRIM_REDUCE)) ==
+                 (CFX_PRIM_SEND | CFX_PRIM_STABLE);
+    int by_ref = op->coll_key != 0 && (final || stable) && bytes > CFX_SLOT_INLINE_BYTES &&
                  (op->conns[step->send]->transport->flags & CFX_TRANSPORT_FLAG_ANY_HOST_MEMORY) &&
                  op->conns[step->send]->slots_device == 0;
     if ((flags & CFX_PRIM_SEND) && !by_ref) {
@@ -339,13 +340,15 @@ cfxResult_t cfx_prim_run(struct cfx_op *op, const struct cfx_step *step)
         }
         if (by_ref) {
             /* value is the output (written by this step, or by an earlier
-             * one: a tree's later sends to children), final: the transport
-             * sends it from there; the receiver's offer of its own output
-             * takes it at the same offset (the layouts agree on every rank). */
+             * one: a tree's later sends to children), final, or the stable
+             * input: the transport sends it from there; the receiver's offer
+             * of its own output takes final data at the same offset (the
+             * layouts agree on every rank). */
             cfxResult_t res = cfx_conn_post_ref(to, value, bytes, CFX_REG_ANY_HOST);
             if (res != cfxSuccess)
                 return res;
-            cfx_conn_post_at(to, op->coll_key, (uint64_t)(step->output - (char *)op->recvbuff));
+            if (final) /* A stable input is not the receiver's output: no mark. */
+                cfx_conn_post_at(to, op->coll_key, (uint64_t)(step->output - (char *)op->recvbuff));
             op->ref_conns |= 1u << step->send;
         }
         if (op->kind == CFX_COLL_SEND)

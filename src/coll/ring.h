@@ -49,7 +49,7 @@ cfx_ring_allreduce_describe(const struct cfx_work *w, uint64_t index, struct cfx
     unsigned flags;
     if (k == 0) {
         block = cfx_mod(r - 1, n);
-        flags = CFX_PRIM_SEND;
+        flags = CFX_PRIM_SEND | CFX_PRIM_STABLE;
     } else if (k < n - 1) {
         block = cfx_mod(r - 1 - k, n);
         flags = CFX_PRIM_RECV | CFX_PRIM_REDUCE | CFX_PRIM_SEND;

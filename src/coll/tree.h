@@ -77,7 +77,7 @@ static inline CFX_HOST_DEVICE void cfx_tree_describe_up(const struct cfx_work *w
     step->input = in;
     step->output = out;
     if (t->n_children == 0) {
-        step->flags = CFX_PRIM_SEND;
+        step->flags = CFX_PRIM_SEND | CFX_PRIM_STABLE;
         step->send = t->to_parent;
         return;
     }

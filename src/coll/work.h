@@ -137,6 +137,13 @@ CFX_STATIC_ASSERT(sizeof(struct cfx_work) == 168, "the work descriptor keeps its
  * moves any host memory (cfx_op.coll_key), and the receiver may take it in
  * place; other executors ignore it. */
 #define CFX_PRIM_FINAL 0x400u
+/* With SEND alone (no RECV, no REDUCE): the data sent is the operation's
+ * input at step->input, and nothing this operation writes there before the
+ * peer has received it (an in-place output there is the fold of what is
+ * sent, so it can only come back after it arrived). The host executor may
+ * send it by reference like a FINAL step, without the in-place mark: the
+ * receiver reduces it out of its slot. */
+#define CFX_PRIM_STABLE 0x800u
 
 /* One step of a schedule: what it moves where. Connectors are indices into
  * the operation's peer table. */
