@@ -194,6 +194,7 @@ FC_EXPORT CUresult cuInit(unsigned int Flags)
         fc.knobs.no_device = env_long("FAKECUDA_NO_DEVICE", 0) != 0;
         fc.knobs.no_peer = env_long("FAKECUDA_NO_PEER", 0) != 0;
         fc.knobs.no_dmabuf = env_long("FAKECUDA_NO_DMABUF", 0) != 0;
+        fc.knobs.no_rdma_flush = env_long("FAKECUDA_NO_RDMA_FLUSH", 0) != 0;
         fc.knobs.no_cumem = env_long("FAKECUDA_NO_CUMEM", 0) != 0;
         fc.knobs.launch_fail_after = env_long("FAKECUDA_LAUNCH_FAIL_AFTER", -1);
         fc.knobs.lazy_ns = (uint64_t)env_long("FAKECUDA_LAZY_US", 2000) * 1000u;
@@ -306,6 +307,8 @@ static int attribute_value(CUdevice_attribute attrib, CUdevice dev)
     case CU_DEVICE_ATTRIBUTE_READ_ONLY_HOST_REGISTER_SUPPORTED: return 1;
     case CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_SUPPORTED: return 1;
     case CU_DEVICE_ATTRIBUTE_DMA_BUF_SUPPORTED: return !fc.knobs.no_dmabuf;
+    case CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_FLUSH_WRITES_OPTIONS:
+        return fc.knobs.no_rdma_flush ? 0 : CU_FLUSH_GPU_DIRECT_RDMA_WRITES_OPTION_HOST;
     case CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED: return !fc.knobs.no_cumem;
     case CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED: return 1;
     case CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED: return !fc.knobs.no_cumem;

@@ -64,6 +64,7 @@ struct fc_knobs {
     int no_device;
     int no_peer;
     int no_dmabuf;          /* FAKECUDA_NO_DMABUF: the devices say they cannot export dma-bufs */
+    int no_rdma_flush;      /* FAKECUDA_NO_RDMA_FLUSH: no host flush of GPUDirect RDMA writes */
     int no_cumem;           /* FAKECUDA_NO_CUMEM: no virtual memory management (cuMem*) */
     long launch_fail_after; /* -1: off */
     uint64_t lazy_ns;       /* FAKECUDA_LAZY_US: how late a "synchronous" set or copy lands */

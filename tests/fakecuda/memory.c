@@ -602,7 +602,7 @@ FC_EXPORT CUresult cuMemGetHandleForAddressRange(void *handle, CUdeviceptr dptr,
 }
 
 /* Nothing to make visible (the "NIC" wrote host memory); the checks are
- * the driver's. */
+ * the driver's. FAKECUDA_NO_RDMA_FLUSH: a device that cannot (NOT_SUPPORTED). */
 FC_EXPORT CUresult cuFlushGPUDirectRDMAWrites(CUflushGPUDirectRDMAWritesTarget target,
                                               CUflushGPUDirectRDMAWritesScope scope)
 {
@@ -615,6 +615,8 @@ FC_EXPORT CUresult cuFlushGPUDirectRDMAWrites(CUflushGPUDirectRDMAWritesTarget t
                                 (scope != CU_FLUSH_GPU_DIRECT_RDMA_WRITES_TO_OWNER &&
                                  scope != CU_FLUSH_GPU_DIRECT_RDMA_WRITES_TO_ALL_DEVICES)))
         err = CUDA_ERROR_INVALID_VALUE;
+    if (err == CUDA_SUCCESS && fc.knobs.no_rdma_flush)
+        err = CUDA_ERROR_NOT_SUPPORTED;
     fc_unlock();
     return fc_ret(__func__, err);
 }

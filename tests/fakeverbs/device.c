@@ -129,6 +129,7 @@ static void knobs_read_once(void)
     fv.knobs.roce = link != NULL && (strcmp(link, "roce") == 0 || strcmp(link, "ethernet") == 0);
     fv.knobs.log = env_long("FAKEVERBS_LOG", 0) != 0;
     fv.knobs.fail_after_writes = env_long("FAKEVERBS_FAIL_AFTER_WRITES", -1);
+    fv.knobs.fail_reads = env_long("FAKEVERBS_FAIL_READS", 0) != 0;
     fv.knobs.lose_completion = env_long("FAKEVERBS_LOSE_COMPLETION", -1);
     fv.knobs.port_down_after_ms = env_long("FAKEVERBS_PORT_DOWN_AFTER_MS", -1);
     const char *down = getenv("FAKEVERBS_PORT_DOWN_DEVICE");

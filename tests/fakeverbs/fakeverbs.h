@@ -58,6 +58,7 @@ struct fv_knobs {
     int roce;
     int log;
     long fail_after_writes;
+    int fail_reads;
     long lose_completion;
     long port_down_after_ms;
     int port_down_device; /* -1: every device. */
@@ -114,6 +115,7 @@ struct fv_send_wqe {
     uint32_t rkey;
     uint32_t length;
     const void *payload;             /* user memory, or inline_data */
+    void *read_to;                   /* RDMA_READ: the local buffer the bytes land in */
     enum ibv_wc_status local_status; /* not SUCCESS: fails at the head */
     int acked;                       /* the responder answered ACK */
     unsigned char inline_data[FV_MAX_INLINE];
@@ -200,6 +202,7 @@ struct fv_msg_hdr {
     uint64_t remote_addr;
     uint32_t length;
     uint32_t reserved;
+    uint64_t local_addr; /* RDMA_READ: where the responder puts the bytes (no payload follows). */
 };
 
 struct fv_resp {

@@ -118,9 +118,9 @@ static void send_wc(struct fv_qp *qp, const struct fv_send_wqe *wqe, enum ibv_wc
     memset(&wc, 0, sizeof(wc));
     wc.wr_id = wqe->wr_id;
     wc.status = status;
-    wc.opcode = (wqe->opcode == IBV_WR_SEND || wqe->opcode == IBV_WR_SEND_WITH_IMM)
-                    ? IBV_WC_SEND
-                    : IBV_WC_RDMA_WRITE;
+    wc.opcode = (wqe->opcode == IBV_WR_SEND || wqe->opcode == IBV_WR_SEND_WITH_IMM) ? IBV_WC_SEND
+                : wqe->opcode == IBV_WR_RDMA_READ ? IBV_WC_RDMA_READ
+                                                  : IBV_WC_RDMA_WRITE;
     wc.byte_len = wqe->length;
     wc.qp_num = qp->ibqp.qp_num;
     if (status != IBV_WC_SUCCESS && status != IBV_WC_WR_FLUSH_ERR)
@@ -352,10 +352,13 @@ static int post_one_send(struct fv_qp *qp, const struct ibv_send_wr *wr)
     if (wr->num_sge < 0 || wr->num_sge > FV_MAX_SGE)
         return EINVAL;
     if (wr->opcode != IBV_WR_RDMA_WRITE && wr->opcode != IBV_WR_RDMA_WRITE_WITH_IMM &&
-        wr->opcode != IBV_WR_SEND && wr->opcode != IBV_WR_SEND_WITH_IMM)
+        wr->opcode != IBV_WR_SEND && wr->opcode != IBV_WR_SEND_WITH_IMM &&
+        wr->opcode != IBV_WR_RDMA_READ)
         return EINVAL;
     uint32_t length = wr->num_sge == 1 ? wr->sg_list[0].length : 0;
     int is_inline = (wr->send_flags & IBV_SEND_INLINE) != 0;
+    if (wr->opcode == IBV_WR_RDMA_READ && is_inline)
+        return EINVAL; /* A read has nothing to send inline. */
     if (is_inline && length > qp->cap.max_inline_data)
         return EINVAL;
     if (qp->sq_tail - qp->sq_head == qp->cap.max_send_wr)
@@ -371,13 +374,23 @@ static int post_one_send(struct fv_qp *qp, const struct ibv_send_wr *wr)
     wqe->rkey = wr->wr.rdma.rkey;
     wqe->length = length;
     wqe->local_status = IBV_WC_SUCCESS;
-    if (length > 0 && is_inline) {
+    if (length > 0 && wr->opcode == IBV_WR_RDMA_READ) {
+        /* The bytes land in the gather entry: it needs local write. */
+        wqe->read_to = (void *)(uintptr_t)wr->sg_list[0].addr;
+        if (!lkey_covers(qp->ibqp.pd, wr->sg_list[0].lkey, wr->sg_list[0].addr, length,
+                         IBV_ACCESS_LOCAL_WRITE))
+            wqe->local_status = IBV_WC_LOC_PROT_ERR;
+    } else if (length > 0 && is_inline) {
         memcpy(wqe->inline_data, (const void *)(uintptr_t)wr->sg_list[0].addr, length);
         wqe->payload = wqe->inline_data;
     } else if (length > 0) {
         wqe->payload = (const void *)(uintptr_t)wr->sg_list[0].addr;
         if (!lkey_covers(qp->ibqp.pd, wr->sg_list[0].lkey, wr->sg_list[0].addr, length, 0))
             wqe->local_status = IBV_WC_LOC_PROT_ERR;
+    }
+    if (wr->opcode == IBV_WR_RDMA_READ && fv.knobs.fail_reads) {
+        fv_log("a read fails on purpose (FAKEVERBS_FAIL_READS)");
+        wqe->local_status = IBV_WC_RETRY_EXC_ERR;
     }
     if (wr->opcode == IBV_WR_RDMA_WRITE || wr->opcode == IBV_WR_RDMA_WRITE_WITH_IMM) {
         fv.writes_posted++;

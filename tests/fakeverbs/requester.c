@@ -317,14 +317,17 @@ static void req_send(struct fv_qp *qp, uint64_t now)
                                  .imm = wqe->imm,
                                  .rkey = wqe->rkey,
                                  .remote_addr = wqe->remote_addr,
-                                 .length = wqe->length};
-        size_t total = sizeof(hdr) + wqe->length;
+                                 .length = wqe->length,
+                                 .local_addr = (uint64_t)(uintptr_t)wqe->read_to};
+        /* A read sends its request only; the responder puts the bytes. */
+        uint32_t payload = wqe->opcode == IBV_WR_RDMA_READ ? 0 : wqe->length;
+        size_t total = sizeof(hdr) + payload;
         size_t off = conn->tx_off;
         if (off < sizeof(hdr))
             rc = fv_wire_send_part(conn->fd, &hdr, sizeof(hdr), &off);
-        if (rc == 1 && wqe->length > 0) {
+        if (rc == 1 && payload > 0) {
             size_t payload_off = off - sizeof(hdr);
-            rc = fv_wire_send_part(conn->fd, wqe->payload, wqe->length, &payload_off);
+            rc = fv_wire_send_part(conn->fd, wqe->payload, payload, &payload_off);
             off = sizeof(hdr) + payload_off;
         }
         conn->tx_off = off;

@@ -55,7 +55,7 @@ struct ep {
     struct ibv_qp *qp;
     unsigned char *buf;
     struct ibv_mr *mr;
-    struct ibv_mr *mr_readonly; /* local write only: no remote write */
+    struct ibv_mr *mr_readonly; /* local write only: no remote write or read */
     struct ep_info info;
 };
 
@@ -94,8 +94,8 @@ static int ep_open(struct ep *ep, uint32_t sq_depth, int sig_all)
     if (ep->pd == NULL || ep->cq == NULL || ep->qp == NULL || ep->buf == NULL)
         return -1;
     memset(ep->buf, 0, BUF_BYTES);
-    ep->mr =
-        ibv_reg_mr(ep->pd, ep->buf, BUF_BYTES, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
+    ep->mr = ibv_reg_mr(ep->pd, ep->buf, BUF_BYTES,
+                        IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ);
     ep->mr_readonly = ibv_reg_mr(ep->pd, ep->buf, BUF_BYTES, IBV_ACCESS_LOCAL_WRITE);
     if (ep->mr == NULL || ep->mr_readonly == NULL)
         return -1;
@@ -132,7 +132,8 @@ static int to_init(struct ibv_qp *qp)
     struct ibv_qp_attr attr = {.qp_state = IBV_QPS_INIT,
                                .pkey_index = 0,
                                .port_num = 1,
-                               .qp_access_flags = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE};
+                               .qp_access_flags = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE |
+                                                  IBV_ACCESS_REMOTE_READ};
     return ibv_modify_qp(qp, &attr,
                          IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS);
 }
@@ -219,6 +220,9 @@ static int post_write(struct ep *ep, enum ibv_wr_opcode opcode, uint64_t wr_id, 
     struct ibv_send_wr *bad = NULL;
     return ibv_post_send(ep->qp, &wr, &bad);
 }
+
+static int post_read(struct ep *ep, uint64_t wr_id, size_t local_off, uint32_t length,
+                     uint64_t remote_addr, uint32_t rkey);
 
 static int post_recv(struct ep *ep, uint64_t wr_id, size_t off, uint32_t length)
 {
@@ -897,6 +901,21 @@ Test(fakeverbs, fail_after_writes_knob_fails_the_next_write)
     ep_close(&ep);
 }
 
+Test(fakeverbs, fail_reads_knob_fails_every_read_and_no_write)
+{
+    setenv("FAKEVERBS_FAIL_READS", "1", 1);
+    struct ep ep;
+    cr_assert_eq(ep_open(&ep, 64, 1), 0);
+    cr_assert_eq(connect_qp(&ep, &ep.info, RNR_FOREVER), 0);
+    cr_assert_eq(
+        post_write(&ep, IBV_WR_RDMA_WRITE, 1, 0, 8, ep.info.addr + MIB, ep.info.rkey, 0, 0), 0);
+    expect_status(&ep, 1, IBV_WC_SUCCESS);
+    cr_assert_eq(post_read(&ep, 2, 0, 8, ep.info.addr + MIB, ep.info.rkey), 0);
+    expect_status(&ep, 2, IBV_WC_RETRY_EXC_ERR);
+    cr_assert_eq(ep.qp->state, IBV_QPS_ERR);
+    ep_close(&ep);
+}
+
 Test(fakeverbs, lose_completion_knob_drops_exactly_that_completion)
 {
     setenv("FAKEVERBS_LOSE_COMPLETION", "2", 1);
@@ -1034,4 +1053,88 @@ Test(fakeverbs, send_larger_than_the_receive_is_loc_len_err_there_and_rem_inv_re
     cr_assert_eq(responder.qp->state, IBV_QPS_ERR);
     ep_close(&responder);
     ep_close(&requester);
+}
+
+/* ------------------------------------------------------------ RDMA read */
+
+/* Read @p length bytes at @p remote_addr (@p rkey) into ep->buf + local_off. */
+static int post_read(struct ep *ep, uint64_t wr_id, size_t local_off, uint32_t length,
+                     uint64_t remote_addr, uint32_t rkey)
+{
+    struct ibv_sge sge = {
+        .addr = (uint64_t)(uintptr_t)(ep->buf + local_off), .length = length, .lkey = ep->mr->lkey};
+    struct ibv_send_wr wr = {.wr_id = wr_id,
+                             .sg_list = &sge,
+                             .num_sge = 1,
+                             .opcode = IBV_WR_RDMA_READ,
+                             .send_flags = IBV_SEND_SIGNALED};
+    wr.wr.rdma.remote_addr = remote_addr;
+    wr.wr.rdma.rkey = rkey;
+    struct ibv_send_wr *bad = NULL;
+    return ibv_post_send(ep->qp, &wr, &bad);
+}
+
+/* A queue pair connected to itself (a GPUDirect flush's): a read posted
+ * behind an unsignaled write sees the write, and completes as a read. */
+Test(fakeverbs, loopback_read_behind_a_write_returns_the_written_bytes)
+{
+    struct ep ep;
+    cr_assert_eq(ep_open(&ep, 64, 0), 0);
+    cr_assert_eq(connect_qp(&ep, &ep.info, RNR_FOREVER), 0);
+    pattern_fill(ep.buf, 8192, 3);
+    memset(ep.buf + MIB, 0xee, 2 * 8192);
+    cr_assert_eq(
+        post_write(&ep, IBV_WR_RDMA_WRITE, 1, 0, 8192, ep.info.addr + MIB, ep.info.rkey, 0, 0), 0);
+    cr_assert_eq(post_read(&ep, 2, MIB + 8192, 8192, ep.info.addr + MIB, ep.info.rkey), 0);
+    struct ibv_wc wc;
+    cr_assert_eq(wait_wc(ep.cq, &wc), 1, "no completion for the read");
+    cr_assert_eq(wc.wr_id, 2);
+    cr_assert_eq(wc.status, IBV_WC_SUCCESS, "%s", ibv_wc_status_str(wc.status));
+    cr_assert_eq(wc.opcode, IBV_WC_RDMA_READ);
+    cr_assert_eq(wc.byte_len, 8192);
+    cr_assert(pattern_ok(ep.buf + MIB + 8192, 8192, 3),
+              "the read did not return the written bytes");
+    ep_close(&ep);
+}
+
+Test(fakeverbs, read_through_an_rkey_without_remote_read_is_rem_access_err)
+{
+    struct ep ep;
+    cr_assert_eq(ep_open(&ep, 64, 0), 0);
+    cr_assert_eq(connect_qp(&ep, &ep.info, RNR_FOREVER), 0);
+    memset(ep.buf + MIB, 0x5a, 64);
+    cr_assert_eq(post_read(&ep, 1, MIB, 64, ep.info.addr, ep.info.rkey_readonly), 0);
+    expect_status(&ep, 1, IBV_WC_REM_ACCESS_ERR);
+    cr_assert_eq(ep.qp->state, IBV_QPS_ERR);
+    for (int i = 0; i < 64; i++)
+        cr_assert_eq(ep.buf[MIB + i], 0x5a, "a refused read wrote byte %d", i);
+    ep_close(&ep);
+}
+
+/* The responder is another process: its bytes land in this one's buffer. */
+static void read_source_child(int fd)
+{
+    struct ep ep;
+    struct ep_info peer;
+    child_connect(&ep, fd, &peer);
+    pattern_fill(ep.buf, 65536, 11);
+    child_signal(fd);
+    child_wait_signal(fd);
+    ep_close(&ep);
+}
+
+Test(fakeverbs, read_from_another_process_lands_in_the_local_buffer)
+{
+    int fd;
+    pid_t pid = fork_peer(read_source_child, &fd);
+    struct ep ep;
+    struct ep_info peer;
+    parent_connect(&ep, fd, &peer, 64);
+    parent_wait_signal(fd);
+    cr_assert_eq(post_read(&ep, 1, 0, 65536, peer.addr, peer.rkey), 0);
+    expect_status(&ep, 1, IBV_WC_SUCCESS);
+    cr_assert(pattern_ok(ep.buf, 65536, 11), "the read did not return the peer's bytes");
+    parent_signal(fd);
+    wait_child(pid);
+    ep_close(&ep);
 }

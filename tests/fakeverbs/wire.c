@@ -19,6 +19,7 @@
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
 #include <sys/socket.h>
+#include <sys/uio.h>
 #include <unistd.h>
 
 #define FV_ID_WAKE       1u
@@ -122,6 +123,42 @@ static int write_allowed(const struct fv_qp *qp, const struct fv_msg_hdr *hdr)
            hdr->remote_addr - start <= mr->ibmr.length - hdr->length;
 }
 
+/* Whether an incoming read may take its bytes: rkey of the QP's PD, in
+ * bounds, with remote read on both the MR and the QP. */
+static int read_allowed(const struct fv_qp *qp, const struct fv_msg_hdr *hdr)
+{
+    struct fv_mr *mr = fv_mr_find(hdr->rkey);
+    if (mr == NULL || mr->ibmr.rkey != hdr->rkey || mr->ibmr.pd != qp->ibqp.pd ||
+        !(mr->access & IBV_ACCESS_REMOTE_READ) || !(qp->access_flags & IBV_ACCESS_REMOTE_READ))
+        return 0;
+    uint64_t start = (uint64_t)(uintptr_t)mr->ibmr.addr;
+    return hdr->remote_addr >= start && hdr->length <= mr->ibmr.length &&
+           hdr->remote_addr - start <= mr->ibmr.length - hdr->length;
+}
+
+/* A read's response: the bytes go straight into the requester's buffer
+ * (this process's memory, or the requesting process's through
+ * process_vm_writev), before the ACK that completes the read. Returns 0 on
+ * success. */
+static int read_respond(const struct fv_resp_conn *rc)
+{
+    const struct fv_msg_hdr *hdr = &rc->hdr;
+    struct in_addr addr;
+    uint16_t port, lid;
+    pid_t pid;
+    union ibv_gid gids[2];
+    if (fv_registry_lookup(rc->hello.src_qpn, &addr, &port, &pid, &lid, gids) != 0)
+        return -1;
+    void *from = (void *)(uintptr_t)hdr->remote_addr;
+    if (pid == getpid()) {
+        memcpy((void *)(uintptr_t)hdr->local_addr, from, hdr->length);
+        return 0;
+    }
+    struct iovec local = {.iov_base = from, .iov_len = hdr->length};
+    struct iovec remote = {.iov_base = (void *)(uintptr_t)hdr->local_addr, .iov_len = hdr->length};
+    return process_vm_writev(pid, &local, 1, &remote, 1, 0) == (ssize_t)hdr->length ? 0 : -1;
+}
+
 static int needs_recv(uint32_t opcode)
 {
     return opcode == IBV_WR_SEND || opcode == IBV_WR_SEND_WITH_IMM ||
@@ -163,6 +200,27 @@ static void resp_decide(struct fv_resp_conn *rc)
         return;
     }
     rc->verdict = FV_ACK;
+    if (hdr->opcode == IBV_WR_RDMA_READ) {
+        rc->payload_left = 0; /* The request carries no bytes. */
+        if (hdr->length == 0)
+            return;
+        if (!read_allowed(qp, hdr)) {
+            fv_log("QP 0x%x: remote access error on a read (rkey 0x%x addr 0x%llx len %u)",
+                   qp->ibqp.qp_num, hdr->rkey, (unsigned long long)hdr->remote_addr, hdr->length);
+            rc->verdict = FV_NAK_ACCESS;
+            if (!qp->resp_access_err)
+                fv_async_post_ctx((struct fv_context *)qp->ibqp.context, IBV_EVENT_QP_ACCESS_ERR,
+                                  &qp->ibqp);
+            qp->resp_access_err = 1;
+            return;
+        }
+        if (read_respond(rc) != 0) {
+            fv_log("QP 0x%x: cannot put a read's %u bytes into QP 0x%x's process", qp->ibqp.qp_num,
+                   hdr->length, rc->hello.src_qpn);
+            rc->verdict = FV_NAK_INVALID;
+        }
+        return;
+    }
     if (hdr->opcode == IBV_WR_RDMA_WRITE || hdr->opcode == IBV_WR_RDMA_WRITE_WITH_IMM) {
         if (hdr->length == 0)
             return;
