@@ -146,10 +146,32 @@ struct enqueue_case {
     size_t count;
     int sockets; /* CFX_SHM_DISABLE=1: the socket transport, its proxy polling the FIFOs. */
     /* Each rank its own host, verbs (fake-verbs) between them: 1 staged
-     * through the pinned FIFO, 2 the slots in device memory (GPUDirect RDMA
-     * through dma-buf, CFX_NET_GDR_LEVEL=SYS). */
+     * through the pinned FIFO; else the slots in device memory (GPUDirect
+     * RDMA, CFX_NET_GDR_LEVEL=SYS) as enum gdr_case says. */
     int verbs;
 };
+
+/* How the GPUDirect RDMA cases register device memory and flush. */
+enum gdr_case {
+    GDR_DMABUF = 2,        /* dma-buf, flushed by cuFlushGPUDirectRDMAWrites. */
+    GDR_PEERMEM = 3,       /* ibv_reg_mr of device memory (CFX_IB_PEERMEM=1), cuFlush... */
+    GDR_DMABUF_READ = 4,   /* dma-buf, flushed by a loopback RDMA read (CFX_IB_GDR_FLUSH=read). */
+    GDR_PEERMEM_NOCUF = 5, /* peermem on a device that cannot flush from the host: the read. */
+    GDR_NEITHER = 6,       /* CFX_DMABUF_ENABLE=0 and no peermem module: staged, INFO says why. */
+};
+
+/* The settings of a verbs case (NULL: unset). */
+static void gdr_env(int verbs)
+{
+    cfx_test_setenv("CFX_NET_GDR_LEVEL", verbs >= GDR_DMABUF ? "SYS" : NULL);
+    cfx_test_setenv(
+        "CFX_DMABUF_ENABLE",
+        verbs == GDR_PEERMEM || verbs == GDR_PEERMEM_NOCUF || verbs == GDR_NEITHER ? "0" : NULL);
+    cfx_test_setenv("CFX_IB_PEERMEM",
+                    verbs == GDR_PEERMEM || verbs == GDR_PEERMEM_NOCUF ? "1" : NULL);
+    cfx_test_setenv("CFX_IB_GDR_FLUSH", verbs == GDR_DMABUF_READ ? "read" : NULL);
+    cfx_test_setenv("FAKECUDA_NO_RDMA_FLUSH", verbs == GDR_PEERMEM_NOCUF ? "1" : NULL);
+}
 
 /* Every process its own host: the verbs transport carries every connection. */
 static void own_host(struct cfx_test_rank *ctx)
@@ -205,12 +227,22 @@ static void allreduce_returns_before_the_stream_runs(struct cfx_test_rank *ctx)
 ParameterizedTestParameters(cuda, allreduce_is_enqueued_and_the_stream_completes_it)
 {
     static struct enqueue_case cases[] = {
-        {1, CFX_TEST_THREADS, 1000, 0, 0},    {2, CFX_TEST_THREADS, 7, 0, 0},
-        {2, CFX_TEST_THREADS, 1 << 20, 0, 0}, {3, CFX_TEST_THREADS, 4099, 0, 0},
-        {4, CFX_TEST_PROCS, 1 << 18, 0, 0},   {2, CFX_TEST_PROCS, 1, 0, 0},
-        {3, CFX_TEST_THREADS, 70001, 1, 0},   {2, CFX_TEST_PROCS, 1 << 20, 1, 0},
-        {2, CFX_TEST_PROCS, 1 << 20, 0, 1},   {3, CFX_TEST_PROCS, 70001, 0, 1},
-        {2, CFX_TEST_PROCS, 1 << 20, 0, 2},   {3, CFX_TEST_PROCS, 70001, 0, 2},
+        {1, CFX_TEST_THREADS, 1000, 0, 0},
+        {2, CFX_TEST_THREADS, 7, 0, 0},
+        {2, CFX_TEST_THREADS, 1 << 20, 0, 0},
+        {3, CFX_TEST_THREADS, 4099, 0, 0},
+        {4, CFX_TEST_PROCS, 1 << 18, 0, 0},
+        {2, CFX_TEST_PROCS, 1, 0, 0},
+        {3, CFX_TEST_THREADS, 70001, 1, 0},
+        {2, CFX_TEST_PROCS, 1 << 20, 1, 0},
+        {2, CFX_TEST_PROCS, 1 << 20, 0, 1},
+        {3, CFX_TEST_PROCS, 70001, 0, 1},
+        {2, CFX_TEST_PROCS, 1 << 20, 0, 2},
+        {3, CFX_TEST_PROCS, 70001, 0, 2},
+        {2, CFX_TEST_PROCS, 1 << 20, 0, GDR_PEERMEM},
+        {3, CFX_TEST_PROCS, 70001, 0, GDR_DMABUF_READ},
+        {2, CFX_TEST_PROCS, 1 << 20, 0, GDR_PEERMEM_NOCUF},
+        {2, CFX_TEST_PROCS, 4099, 0, GDR_NEITHER},
     };
     return cr_make_param_array(struct enqueue_case, cases, sizeof(cases) / sizeof(cases[0]));
 }
@@ -220,15 +252,23 @@ ParameterizedTest(struct enqueue_case *ec, cuda, allreduce_is_enqueued_and_the_s
 {
     cr_log_info("%d ranks as %s, %zu floats, over %s, on %s", ec->nranks,
                 ec->mode == CFX_TEST_PROCS ? "processes" : "threads", ec->count,
-                ec->verbs == 2   ? "verbs (fake-verbs), GPUDirect RDMA"
-                : ec->verbs == 1 ? "verbs (fake-verbs), staged"
-                : ec->sockets    ? "sockets"
-                                 : "shm",
+                ec->verbs == GDR_DMABUF          ? "verbs (fake-verbs), GPUDirect RDMA (dma-buf)"
+                : ec->verbs == GDR_PEERMEM       ? "verbs (fake-verbs), GPUDirect RDMA (peermem)"
+                : ec->verbs == GDR_DMABUF_READ   ? "verbs (fake-verbs), dma-buf, read flush"
+                : ec->verbs == GDR_PEERMEM_NOCUF ? "verbs (fake-verbs), peermem, no cuFlush"
+                : ec->verbs == GDR_NEITHER       ? "verbs (fake-verbs), neither dma-buf nor peermem"
+                : ec->verbs == 1                 ? "verbs (fake-verbs), staged"
+                : ec->sockets                    ? "sockets"
+                                                 : "shm",
                 use_gpu());
     if (ec->verbs && cfx_test_use_fakeverbs() == NULL)
         cr_skip_test("no fake-verbs library (CFX_TEST_FAKEVERBS unset or unreadable)");
+    if (ec->verbs >= GDR_DMABUF && strcmp(use_gpu(), "GPU") == 0)
+        cr_skip_test("fake-verbs moves bytes with the CPU, which cannot reach a GPU's memory");
+    if (ec->verbs == GDR_NEITHER && cfx_verbs_peermem_loaded())
+        cr_skip_test("this host has nvidia-peermem loaded");
     cfx_test_setenv("CFX_SHM_DISABLE", ec->sockets ? "1" : NULL);
-    cfx_test_setenv("CFX_NET_GDR_LEVEL", ec->verbs == 2 ? "SYS" : NULL);
+    gdr_env(ec->verbs);
     struct cfx_test_options opts = {.nranks = ec->nranks,
                                     .mode = ec->mode,
                                     .deadline_s = 240,
@@ -244,20 +284,52 @@ ParameterizedTest(struct enqueue_case *ec, cuda, allreduce_is_enqueued_and_the_s
         int in_device = cfx_test_count_in_logs(logs, "slots in device 0's memory (GPUDirect RDMA");
         int staged = cfx_test_count_in_logs(logs, "slots staged through pinned host memory");
         int flushed = cfx_test_count_in_logs(logs, "flushed the NIC's writes into device memory");
+        int dmabuf = cfx_test_count_in_logs(logs, "(GPUDirect RDMA, dma-buf");
+        int peermem = cfx_test_count_in_logs(logs, "(GPUDirect RDMA, nvidia-peermem");
+        int by_read = cfx_test_count_in_logs(logs, "flushed by an RDMA read on a loopback");
+        int reads = cfx_test_count_in_logs(logs, "time(s) (RDMA reads)");
+        int cuda_flushes = cfx_test_count_in_logs(logs, "time(s) (cuFlushGPUDirectRDMAWrites)");
+        int no_flush_why = cfx_test_count_in_logs(logs, "cannot flush GPUDirect RDMA writes");
+        int neither = cfx_test_count_in_logs(
+            logs, "no dma-buf: CFX_DMABUF_ENABLE=0; no nvidia-peermem: the kernel module");
         cfx_test_remove_logs(logs);
         cfx_test_setenv("CFX_NET", NULL);
         cfx_test_setenv("CFX_IB_VERBS_LIB", NULL);
-        cfx_test_setenv("CFX_NET_GDR_LEVEL", NULL);
+        gdr_env(0);
         cr_assert_geq(ib, 1, "no verbs connection from rank 0 to rank 1 in the log");
         cr_assert_eq(socket, 0, "a socket connection under CFX_NET=IB");
         /* Each rank's ring send and receive at least. */
         int want = 2 * ec->nranks;
-        if (ec->verbs == 2) {
+        if (ec->verbs >= GDR_DMABUF && ec->verbs != GDR_NEITHER) {
+            int read_flush = ec->verbs == GDR_DMABUF_READ || ec->verbs == GDR_PEERMEM_NOCUF;
             cr_assert_geq(in_device, want, "%d connection ends had their slots in device memory",
                           in_device);
             cr_assert_eq(staged, 0, "a connection staged through host memory");
             cr_assert_geq(flushed, ec->nranks, "%d receivers flushed the NIC's writes", flushed);
+            if (ec->verbs == GDR_PEERMEM || ec->verbs == GDR_PEERMEM_NOCUF)
+                cr_assert(peermem >= want && dmabuf == 0,
+                          "%d ends registered through nvidia-peermem, %d as dma-bufs", peermem,
+                          dmabuf);
+            else
+                cr_assert(dmabuf >= want && peermem == 0,
+                          "%d ends registered as dma-bufs, %d through nvidia-peermem", dmabuf,
+                          peermem);
+            if (read_flush)
+                cr_assert(by_read >= ec->nranks && reads >= ec->nranks && cuda_flushes == 0,
+                          "receivers flushing by RDMA read: %d said so, %d counted reads, %d "
+                          "counted cuFlushGPUDirectRDMAWrites",
+                          by_read, reads, cuda_flushes);
+            else
+                cr_assert(by_read == 0 && reads == 0 && cuda_flushes >= ec->nranks,
+                          "receivers flushing by cuFlushGPUDirectRDMAWrites: %d, by read: %d",
+                          cuda_flushes, reads);
+            if (ec->verbs == GDR_PEERMEM_NOCUF)
+                cr_assert_geq(no_flush_why, ec->nranks,
+                              "the read flush was chosen %d time(s) saying why", no_flush_why);
         } else {
+            if (ec->verbs == GDR_NEITHER)
+                cr_assert_geq(neither, want, "%d staged ends said why not dma-buf nor peermem",
+                              neither);
             cr_assert_geq(staged, want, "%d connection ends staged through host memory", staged);
             cr_assert_eq(in_device, 0, "slots in device memory without CFX_NET_GDR_LEVEL=SYS");
         }
@@ -620,6 +692,55 @@ static cfxResult_t async_error_within(cfxComm_t comm, double limit_s)
         usleep(10000);
     }
     return seen;
+}
+
+/* Every receiver's flush by RDMA read fails (fake-verbs' FAKEVERBS_FAIL_READS):
+ * the slots that arrived are never posted, so the GPU allreduce fails on
+ * every rank rather than read bytes a flush did not cover, and the stream
+ * still completes. */
+static void failed_flush_fails_the_call(struct cfx_test_rank *ctx)
+{
+    struct gpu_rank g;
+    if (!gpu_rank_open(ctx, &g, 1 << 16) || !put_inputs(ctx, &g)) {
+        gpu_rank_close(&g);
+        return;
+    }
+    cfx_test_step(ctx, "allreduce whose flushes fail");
+    cfxResult_t res = cfxAllReduce(g.dsend, g.drecv, g.n, cfxFloat32, cfxSum, g.comm, g.gpu.stream);
+    cfxResult_t seen = res != cfxSuccess ? res : async_error_within(g.comm, 30);
+    RANK_ASSERT(ctx, seen != cfxSuccess, "the allreduce succeeded though every flush failed");
+    cfx_test_step(ctx, "the stream after the failure");
+    RANK_ASSERT(ctx, g.gpu.cu->stream_synchronize(g.gpu.stream) == CUDA_SUCCESS,
+                "the stream did not finish after the failure");
+    gpu_rank_close(&g);
+}
+
+Test(cuda, a_failed_flush_read_fails_the_gpu_allreduce_with_a_sentence, .timeout = 150)
+{
+    cr_log_info("2 processes, each its own host, GPUDirect RDMA with the read flush, every read "
+                "failing, on %s",
+                use_gpu());
+    if (cfx_test_use_fakeverbs() == NULL)
+        cr_skip_test("no fake-verbs library (CFX_TEST_FAKEVERBS unset or unreadable)");
+    if (strcmp(use_gpu(), "GPU") == 0)
+        cr_skip_test("fake-verbs moves bytes with the CPU, which cannot reach a GPU's memory");
+    gdr_env(GDR_DMABUF_READ);
+    cfx_test_setenv("FAKEVERBS_FAIL_READS", "1");
+    cfx_test_setenv("CFX_TIMEOUT", "20");
+    char logs[128];
+    cfx_test_log_to(logs, sizeof(logs), "gdr-flush-fails");
+    struct cfx_test_options opts = {
+        .nranks = 2, .mode = CFX_TEST_PROCS, .deadline_s = 120, .before_rank = own_host};
+    CFX_TEST_RUN(&opts, failed_flush_fails_the_call);
+    int named = cfx_test_count_in_logs(logs, "'s read that flushes rank ");
+    cfx_test_remove_logs(logs);
+    cfx_test_logs_off();
+    gdr_env(0);
+    cfx_test_setenv("FAKEVERBS_FAIL_READS", NULL);
+    cfx_test_setenv("CFX_TIMEOUT", NULL);
+    cfx_test_setenv("CFX_NET", NULL);
+    cfx_test_setenv("CFX_IB_VERBS_LIB", NULL);
+    cr_assert_geq(named, 1, "no rank's log says that the read flushing the NIC's writes failed");
 }
 
 /* Rank 1 calls with another count: every rank's kernel stops, and the

@@ -69,6 +69,7 @@ static const struct env_twin twins[] = {
     {"NCCL_P2P_LEVEL", "CFX_P2P_LEVEL", NULL, 0},
     {"NCCL_P2P_READ_ENABLE", "CFX_P2P_READ_ENABLE", NULL, 0},
     {"NCCL_CUMEM_ENABLE", "CFX_CUMEM_ENABLE", NULL, 0},
+    {"NCCL_DMABUF_ENABLE", "CFX_DMABUF_ENABLE", NULL, 0},
 };
 #define N_TWINS (sizeof(twins) / sizeof(twins[0]))
 

@@ -401,8 +401,7 @@ static void detect_verbs(struct detection *det)
                 net->speed_known = 1;
                 net->guid = be64toh(attr.node_guid);
                 net->maxconn = attr.max_qp;
-                net->gdr = access("/sys/kernel/mm/memory_peers/nv_mem/version", F_OK) == 0 ||
-                           access("/sys/module/nvidia_peermem/version", F_OK) == 0;
+                net->gdr = cfx_verbs_peermem_loaded();
             }
         }
         ibv->close_device(ctx);

@@ -498,10 +498,8 @@ int cfx_cuda_dmabuf_supported(int device, const char **why_p)
     CUdevice dev;
     if (cu == NULL) {
         /* why from the loader */
-    } else if (cu->mem_get_handle_for_address_range == NULL ||
-               cu->flush_gpu_direct_rdma_writes == NULL) {
-        why = "the CUDA driver has no cuMemGetHandleForAddressRange or "
-              "cuFlushGPUDirectRDMAWrites (CUDA 11.7 or later needed)";
+    } else if (cu->mem_get_handle_for_address_range == NULL) {
+        why = "the CUDA driver has no cuMemGetHandleForAddressRange (CUDA 11.7 or later needed)";
     } else if (cu->device_get(&dev, device) != CUDA_SUCCESS ||
                cu->device_get_attribute(&yes, CU_DEVICE_ATTRIBUTE_DMA_BUF_SUPPORTED, dev) !=
                    CUDA_SUCCESS ||
@@ -509,6 +507,31 @@ int cfx_cuda_dmabuf_supported(int device, const char **why_p)
         yes = 0;
         why = "the device does not support dma-buf (CU_DEVICE_ATTRIBUTE_DMA_BUF_SUPPORTED)";
     }
+    if (why_p != NULL)
+        *why_p = yes ? NULL : why;
+    return yes;
+}
+
+int cfx_cuda_rdma_flush_supported(int device, const char **why_p)
+{
+    const char *why = NULL;
+    const struct cfx_cuda_api *cu = cfx_cuda_api(&why);
+    int options = 0;
+    CUdevice dev;
+    if (cu == NULL) {
+        /* why from the loader */
+    } else if (cu->flush_gpu_direct_rdma_writes == NULL) {
+        why = "the CUDA driver has no cuFlushGPUDirectRDMAWrites (CUDA 11.3 or later needed)";
+    } else if (cu->device_get(&dev, device) != CUDA_SUCCESS ||
+               cu->device_get_attribute(&options,
+                                        CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_FLUSH_WRITES_OPTIONS,
+                                        dev) != CUDA_SUCCESS ||
+               !(options & CU_FLUSH_GPU_DIRECT_RDMA_WRITES_OPTION_HOST)) {
+        options = 0;
+        why = "the device cannot flush GPUDirect RDMA writes from the host "
+              "(CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_FLUSH_WRITES_OPTIONS)";
+    }
+    int yes = (options & CU_FLUSH_GPU_DIRECT_RDMA_WRITES_OPTION_HOST) != 0;
     if (why_p != NULL)
         *why_p = yes ? NULL : why;
     return yes;
@@ -920,6 +943,14 @@ cfxResult_t cfx_cuda_mem_free(void *ptr)
 }
 
 int cfx_cuda_dmabuf_supported(int device, const char **why_p)
+{
+    (void)device;
+    if (why_p != NULL)
+        *why_p = "this Conflux was built without CUDA";
+    return 0;
+}
+
+int cfx_cuda_rdma_flush_supported(int device, const char **why_p)
 {
     (void)device;
     if (why_p != NULL)

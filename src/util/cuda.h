@@ -244,6 +244,12 @@ cfxResult_t cfx_cuda_dmabuf_fd(void *ptr, size_t bytes, int device, int *fd_p);
  * device's kernels (cuFlushGPUDirectRDMAWrites, to the owner), from any
  * thread: device @p device's context is made current first. */
 cfxResult_t cfx_cuda_flush_rdma_writes(int device);
+/* Whether cfx_cuda_flush_rdma_writes works for device @p device: the driver
+ * has cuFlushGPUDirectRDMAWrites (CUDA 11.3) and the device lists
+ * CU_FLUSH_GPU_DIRECT_RDMA_WRITES_OPTION_HOST among its
+ * CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_FLUSH_WRITES_OPTIONS; 0 with *why_p
+ * set otherwise. */
+int cfx_cuda_rdma_flush_supported(int device, const char **why_p);
 
 /* ---- Peer memory (transports/p2p). Setup time only, except the copies. */
 

@@ -8,6 +8,7 @@
 #include <pthread.h>
 #include <stdio.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "src/util/log.h"
 #include "src/util/param.h"
@@ -129,4 +130,17 @@ void cfx_verbs_api_reset(void)
     load_done = 0;
     load_why[0] = '\0';
     pthread_mutex_unlock(&load_lock);
+}
+
+int cfx_verbs_peermem_loaded(void)
+{
+    static const char *const files[] = {
+        "/sys/kernel/mm/memory_peers/nv_mem/version",    /* nv_peer_mem */
+        "/sys/kernel/mm/memory_peers/nv_mem_nc/version", /* its non-contiguous variant */
+        "/sys/module/nvidia_peermem/version",            /* nvidia-peermem (driver 465 and later) */
+    };
+    for (size_t i = 0; i < sizeof(files) / sizeof(files[0]); i++)
+        if (access(files[i], F_OK) == 0)
+            return 1;
+    return 0;
 }

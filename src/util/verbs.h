@@ -72,4 +72,9 @@ const struct cfx_verbs_api *cfx_verbs_api(const char **why_p);
  * CFX_IB_VERBS_LIB elsewhere). Not thread-safe; nothing may use the table. */
 void cfx_verbs_api_reset(void);
 
+/* Whether a GPU peer-memory client is loaded in this host's kernel
+ * (nvidia-peermem, or Mellanox's older nv_peer_mem), so that ibv_reg_mr of
+ * a device pointer registers GPU memory: one of its sysfs files exists. */
+int cfx_verbs_peermem_loaded(void);
+
 #endif /* CFX_UTIL_VERBS_H */

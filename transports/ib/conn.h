@@ -59,6 +59,14 @@ enum ib_wr_kind {
     IB_WR_ALIVE = 5,
     IB_WR_RECV = 6,
     IB_WR_OFFER = 7, /* A registered receive's offer, into the sender's mailbox. */
+    IB_WR_FLUSH = 8, /* GPUDirect RDMA: the loopback read that flushes the NIC's writes. */
+};
+
+/* How a GPU rank's slots in device memory are registered with the NIC. */
+enum ib_gdr_mode {
+    IB_GDR_NONE = 0,    /* Slots in pinned host memory, staged. */
+    IB_GDR_DMABUF = 1,  /* ibv_reg_dmabuf_mr of a dma-buf CUDA exported. */
+    IB_GDR_PEERMEM = 2, /* ibv_reg_mr of the device pointer (nvidia-peermem). */
 };
 
 /* Offers a receiver keeps in flight, and the sender's ring of them. */
@@ -89,6 +97,7 @@ struct cfx_ib_mailbox {
     CFX_ALIGNAS(CFX_CACHE_LINE) uint64_t credit_src;
     uint64_t poison_src;
     uint64_t alive_src;
+    uint64_t flush_sink; /* Receiver: where a flush's loopback read lands (never read). */
     /* Receiver's: each slot's info line as the sender wrote it. */
     struct cfx_slot_info staged[CFX_MAX_STEPS];
     /* Sender's: the receiver's offers, offer n at n % IB_OFFERS. */
@@ -175,6 +184,9 @@ struct cfx_ib_ctx {
      * path from this rank's GPU to its nearest port (-1: not known). */
     int gdr_level;
     int nic_path;
+    int dmabuf_enable;     /* CFX_DMABUF_ENABLE. */
+    int peermem;           /* CFX_IB_PEERMEM: -1 when the module is loaded, 0 never, 1 always. */
+    int flush_read_forced; /* CFX_IB_GDR_FLUSH=read. */
     struct cfx_proxy *proxy;
     /* Queue pair settings (NCCL's variables). */
     int timeout, retry_cnt, sl, tc;
@@ -207,10 +219,22 @@ struct cfx_ib_conn {
      * and a receiver flushes before it posts what arrived. 0: the slots
      * are in the block. */
     int gdr_device;
+    enum ib_gdr_mode gdr_mode;
     void *dev_raw;
     char *dev_mem;
     struct ibv_mr *slots_mr[IB_MAX_NICS];
     uint64_t gdr_flushes; /* Receiver: flushes made (INFO at close). */
+    /* Receiver with slots in device memory: slots (bit: number % n_steps)
+     * whose bytes a flush made visible; they are posted only then. Without
+     * cuFlushGPUDirectRDMAWrites the flush is an RDMA read of the slots
+     * through flush_qp, a queue pair on port 0 connected to itself (PCIe
+     * keeps a read behind the writes before it); flush_cover is what the
+     * read in flight covers. */
+    uint64_t flushed_mask;
+    struct ibv_qp *flush_qp;
+    struct ibv_cq *flush_cq;
+    int flush_inflight;
+    uint64_t flush_cover;
     struct cfx_fifo *fifo;
     char *slots;
     size_t slot_bytes;

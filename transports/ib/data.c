@@ -344,25 +344,67 @@ static int qp_index(const struct cfx_ib_conn *ic, uint32_t qp_num)
     return -1;
 }
 
-/* Receiver: post every slot whose immediate came, in order: copy its
- * staged info line into the FIFO, mark it posted, advance the tail. With
- * the slots in device memory (GPUDirect RDMA), first make the NIC's writes
- * visible to the GPU: a completion only says they reached the device. */
-static void post_arrived(struct cfx_ib_conn *ic)
+/* Receiver with slots in device memory: start making the slots that
+ * arrived visible to the GPU (a completion only says the NIC's writes
+ * reached the device). Returns 1 when they are (cuFlushGPUDirectRDMAWrites,
+ * synchronous), 0 when an RDMA read is in flight for them (flush_done posts
+ * them) or the connector failed. */
+static int flush_begin(struct cfx_ib_conn *ic)
 {
-    if (ic->gdr_device && (ic->arrived_mask & (1ull << (ic->arrived % (uint64_t)ic->n_steps)))) {
+    if (ic->flush_qp == NULL) {
         if (cfx_cuda_flush_rdma_writes(ic->gdr_device - 1) != cfxSuccess) {
             conn_fail(ic, cfxSystemError, ic->self_rank, "ib: rank %d's connection to rank %d: %s",
                       ic->self_rank, ic->peer_rank, cfx_error_thread_last());
-            return;
+            return 0;
         }
+        ic->flushed_mask |= ic->arrived_mask;
         ic->gdr_flushes++;
+        return 1;
     }
+    if (ic->flush_inflight)
+        return 0; /* What arrived since waits for the next read. */
+    /* A read of the slots through the loopback queue pair: PCIe keeps it
+     * behind the NIC's writes into the device, so once it completes they
+     * are there. */
+    struct ibv_sge sge = {.addr = (uint64_t)(uintptr_t)&ic->box->flush_sink,
+                          .length = sizeof(uint32_t),
+                          .lkey = ic->mr[0]->lkey};
+    struct ibv_send_wr wr = {.wr_id = IB_WR_ID(IB_WR_FLUSH, 0),
+                             .sg_list = &sge,
+                             .num_sge = 1,
+                             .opcode = IBV_WR_RDMA_READ,
+                             .send_flags = IBV_SEND_SIGNALED};
+    wr.wr.rdma.remote_addr = (uint64_t)(uintptr_t)ic->dev_mem;
+    wr.wr.rdma.rkey = ic->slots_mr[0]->rkey;
+    struct ibv_send_wr *bad = NULL;
+    int err = ibv_post_send(ic->flush_qp, &wr, &bad);
+    if (err != 0) {
+        conn_fail(ic, cfxSystemError, ic->self_rank,
+                  "ib: rank %d cannot post the read that flushes rank %d's writes into device %d's "
+                  "memory on %s: %s",
+                  ic->self_rank, ic->peer_rank, ic->gdr_device - 1, ic->ctx->nic[0].port.label,
+                  strerror(err));
+        return 0;
+    }
+    ic->flush_inflight = 1;
+    ic->flush_cover = ic->arrived_mask;
+    return 0;
+}
+
+/* Receiver: post every slot whose immediate came, in order: copy its
+ * staged info line into the FIFO, mark it posted, advance the tail. With
+ * the slots in device memory (GPUDirect RDMA), only slots a flush covered. */
+static void post_arrived(struct cfx_ib_conn *ic)
+{
     for (;;) {
         size_t index = (size_t)(ic->arrived % (uint64_t)ic->n_steps);
-        if (!(ic->arrived_mask & (1ull << index)))
+        uint64_t bit = 1ull << index;
+        if (!(ic->arrived_mask & bit))
             return;
-        ic->arrived_mask &= ~(1ull << index);
+        if (ic->gdr_device && !(ic->flushed_mask & bit) && !flush_begin(ic))
+            return;
+        ic->arrived_mask &= ~bit;
+        ic->flushed_mask &= ~bit;
         const struct cfx_slot_info *staged = &ic->box->staged[index];
         struct cfx_slot_info *info = &ic->fifo->info[index];
         if ((staged->size & CFX_SLOT_SIZE_MASK) > ic->slot_bytes) {
@@ -378,6 +420,34 @@ static void post_arrived(struct cfx_ib_conn *ic)
         ic->arrived++;
         cfx_store_release_u64(&ic->fifo->tail, ic->arrived);
     }
+}
+
+/* The flush's completion queue: a read that completed makes the slots it
+ * covered visible; they are posted. A failed read fails the connector. */
+static int poll_flush(struct cfx_ib_conn *ic)
+{
+    struct ibv_wc wc;
+    int n = ibv_poll_cq(ic->flush_cq, 1, &wc);
+    if (n <= 0) {
+        if (n < 0)
+            conn_fail(ic, cfxSystemError, ic->self_rank,
+                      "ib: rank %d cannot poll the flush's completion queue on %s", ic->self_rank,
+                      ic->ctx->nic[0].port.label);
+        return 0;
+    }
+    ic->flush_inflight = 0;
+    if (wc.status != IBV_WC_SUCCESS) {
+        conn_fail(ic, cfxSystemError, ic->self_rank,
+                  "ib: rank %d's read that flushes rank %d's writes into device %d's memory failed "
+                  "on %s: %s, status %d",
+                  ic->self_rank, ic->peer_rank, ic->gdr_device - 1, ic->ctx->nic[0].port.label,
+                  wc_status_text(ic, wc.status), (int)wc.status);
+        return 1;
+    }
+    ic->flushed_mask |= ic->flush_cover;
+    ic->gdr_flushes++;
+    post_arrived(ic);
+    return 1;
 }
 
 /* A slot's immediate came (on queue pair @p q): both its writes have
@@ -517,6 +587,8 @@ static int poll_completions(struct cfx_ib_conn *ic)
                 break;
         }
     }
+    if (ic->flush_inflight)
+        moved |= poll_flush(ic);
     return moved;
 }
 
@@ -528,7 +600,7 @@ int cfx_ib_conn_busy(const struct cfx_ib_conn *ic)
         return 1;
     if (ic->dir == CFX_CONN_SEND)
         return ic->sent != cfx_load_acquire_u64(&ic->fifo->tail);
-    return ic->credit_sent != cfx_load_acquire_u64(&ic->fifo->head) ||
+    return ic->flush_inflight || ic->credit_sent != cfx_load_acquire_u64(&ic->fifo->head) ||
            ic->offers_posted != atomic_load_explicit(&ic->offers_made, memory_order_acquire);
 }
 

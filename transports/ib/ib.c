@@ -77,6 +77,25 @@ static const char *check_gdr_level(const char *text, char *buf, size_t len)
 CFX_PARAM_STR_CHECKED(net_gdr_level, "NET_GDR_LEVEL", "PXB", check_gdr_level,
                       "GPUDirect RDMA: used when the path from a GPU rank's GPU to its NIC is at "
                       "most this (LOC: never, PIX, PXB, PHB, SYS: always; NCCL's names)");
+CFX_PARAM_INT(dmabuf_enable, "DMABUF_ENABLE", 1, 0, 1,
+              "GPUDirect RDMA: 0 never registers device memory as a dma-buf (nvidia-peermem, "
+              "when loaded, still can)");
+CFX_PARAM_INT(ib_peermem, "IB_PEERMEM", -1, -1, 1,
+              "GPUDirect RDMA without dma-buf: -1 registers device memory with ibv_reg_mr when "
+              "nvidia-peermem (or nv_peer_mem) is loaded, 1 always tries, 0 never");
+
+static const char *check_gdr_flush(const char *text, char *buf, size_t len)
+{
+    (void)buf;
+    (void)len;
+    return strcasecmp(text, "auto") == 0 || strcasecmp(text, "read") == 0 ? NULL
+                                                                          : "expected auto or read";
+}
+
+CFX_PARAM_STR_CHECKED(ib_gdr_flush, "IB_GDR_FLUSH", "auto", check_gdr_flush,
+                      "GPUDirect RDMA: how a receiver makes the NIC's writes visible to its GPU "
+                      "(auto: cuFlushGPUDirectRDMAWrites where the device can, else an RDMA read "
+                      "on a loopback queue pair; read: always the read)");
 CFX_PARAM_INT(ib_spin_us, "IB_SPIN_US", 0, 0, 1000000,
               "Verbs transport: microseconds the progress thread spins when idle before it sleeps");
 
@@ -113,6 +132,9 @@ static cfxResult_t ib_init(const struct cfx_transport_env *env, void **ctx_p)
     ctx->tc = (int)param_ib_tc();
     ctx->nic_path = env->nic_path;
     ctx->gdr_level = gdr_level_of(param_net_gdr_level()); /* Checked at init (params). */
+    ctx->dmabuf_enable = (int)param_dmabuf_enable();
+    ctx->peermem = (int)param_ib_peermem();
+    ctx->flush_read_forced = strcasecmp(param_ib_gdr_flush(), "read") == 0;
     enum cfx_net_choice net = cfx_transport_net_choice();
     const char *why = NULL;
     if (param_ib_disable() || net == CFX_NET_SOCKET) {
@@ -241,47 +263,128 @@ static cfxResult_t qp_create(struct cfx_ib_ctx *ctx, struct cfx_ib_conn *ic, int
     return cfxSuccess;
 }
 
-/* GPUDirect RDMA for a GPU rank's connector to @p peer on device
- * @p device: 1 when its slots may live in the device's memory (the NIC
- * writes and reads them there), else 0 with *why_p saying why not. */
-static int gdr_wanted(struct cfx_ib_ctx *ctx, int device, const char **why_p)
+/* RTR then RTS: @p qp on @p port, to queue pair @p dest_qpn behind the port
+ * @p theirs describes, whose send queue starts at @p rq_psn; this side's
+ * starts at @p sq_psn. @p what names the queue pair in sentences. */
+static cfxResult_t qp_rtr_rts(struct cfx_ib_ctx *ctx, struct ibv_qp *qp,
+                              const struct cfx_ib_port *port, const struct cfx_ib_info_nic *theirs,
+                              uint32_t dest_qpn, uint32_t rq_psn, uint32_t sq_psn, const char *what)
+{
+    const struct cfx_verbs_api *ibv = ctx->ibv;
+    struct ibv_qp_attr attr = {
+        .qp_state = IBV_QPS_RTR,
+        .path_mtu =
+            (enum ibv_mtu)(theirs->mtu < (uint32_t)port->mtu ? theirs->mtu : (uint32_t)port->mtu),
+        .dest_qp_num = dest_qpn,
+        .rq_psn = rq_psn,
+        .max_dest_rd_atomic = 1,
+        .min_rnr_timer = 12,
+        .ah_attr = {.dlid = theirs->lid,
+                    .sl = (uint8_t)ctx->sl,
+                    .src_path_bits = 0,
+                    .port_num = (uint8_t)port->port},
+    };
+    int global = port->link_layer == IBV_LINK_LAYER_ETHERNET || port->gid_index >= 0;
+    if (global) {
+        attr.ah_attr.is_global = 1;
+        memcpy(attr.ah_attr.grh.dgid.raw, theirs->gid, sizeof(theirs->gid));
+        attr.ah_attr.grh.sgid_index = (uint8_t)(port->gid_index < 0 ? 0 : port->gid_index);
+        attr.ah_attr.grh.hop_limit = 255;
+        attr.ah_attr.grh.traffic_class = (uint8_t)ctx->tc;
+    }
+    int err = ibv->modify_qp(qp, &attr,
+                             IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN |
+                                 IBV_QP_RQ_PSN | IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER);
+    if (err != 0)
+        return cfx_error_set_errno(err, CFX_LOG_NET, "ib: cannot move %s to RTR", what);
+    memset(&attr, 0, sizeof(attr));
+    attr.qp_state = IBV_QPS_RTS;
+    attr.timeout = (uint8_t)ctx->timeout;
+    attr.retry_cnt = (uint8_t)ctx->retry_cnt;
+    attr.rnr_retry = 7;
+    attr.sq_psn = sq_psn;
+    attr.max_rd_atomic = 1;
+    err = ibv->modify_qp(qp, &attr,
+                         IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY |
+                             IBV_QP_SQ_PSN | IBV_QP_MAX_QP_RD_ATOMIC);
+    if (err != 0)
+        return cfx_error_set_errno(err, CFX_LOG_NET, "ib: cannot move %s to RTS", what);
+    return cfxSuccess;
+}
+
+/* Queue pair @p q with the peer's queue pair @p q. */
+static cfxResult_t qp_connect(struct cfx_ib_ctx *ctx, struct cfx_ib_conn *ic,
+                              const struct cfx_ib_info *peer, int q)
+{
+    char what[96];
+    snprintf(what, sizeof(what), "the queue pair to rank %d (%s, qpn %u)", ic->peer_rank,
+             ic->peer_nic[q], peer->qpn[q]);
+    return qp_rtr_rts(ctx, ic->qp[q], &cfx_ib_qp_nic(ic, q)->port,
+                      &peer->nic[q % (int)peer->n_nics], peer->qpn[q], peer->psn, ic->psn, what);
+}
+
+/* GPUDirect RDMA for a GPU rank's connector on device @p device: how its
+ * slots may live in the device's memory (the NIC writes and reads them
+ * there), or IB_GDR_NONE with @p why (of @p len bytes) saying why not.
+ * dma-buf first (CFX_DMABUF_ENABLE), then nvidia-peermem (CFX_IB_PEERMEM). */
+static enum ib_gdr_mode gdr_wanted(struct cfx_ib_ctx *ctx, int device, char *why, size_t len)
 {
     if (ctx->gdr_level < 0) {
-        *why_p = "CFX_NET_GDR_LEVEL=LOC";
-        return 0;
-    }
-    if (ctx->ibv->reg_dmabuf_mr == NULL) {
-        *why_p = "libibverbs has no ibv_reg_dmabuf_mr (rdma-core 34 or later needed)";
-        return 0;
+        snprintf(why, len, "CFX_NET_GDR_LEVEL=LOC");
+        return IB_GDR_NONE;
     }
     if (ctx->nic_path < 0 && ctx->gdr_level < CFX_PATH_CLASS_SYS) {
-        *why_p = "the topology does not say how far the NIC is from the GPU (CFX_NET_GDR_LEVEL=SYS "
-                 "uses it anyway)";
-        return 0;
+        snprintf(why, len,
+                 "the topology does not say how far the NIC is from the GPU (CFX_NET_GDR_LEVEL=SYS "
+                 "uses it anyway)");
+        return IB_GDR_NONE;
     }
     if (ctx->nic_path > ctx->gdr_level) {
-        *why_p = "the NIC is farther from the GPU than CFX_NET_GDR_LEVEL allows";
-        return 0;
+        snprintf(why, len, "the NIC is farther from the GPU than CFX_NET_GDR_LEVEL allows");
+        return IB_GDR_NONE;
     }
-    return cfx_cuda_dmabuf_supported(device, why_p);
+    const char *no_dmabuf = NULL;
+    if (!ctx->dmabuf_enable)
+        no_dmabuf = "CFX_DMABUF_ENABLE=0";
+    else if (ctx->ibv->reg_dmabuf_mr == NULL)
+        no_dmabuf = "libibverbs has no ibv_reg_dmabuf_mr (rdma-core 34 or later needed)";
+    else if (cfx_cuda_dmabuf_supported(device, &no_dmabuf))
+        return IB_GDR_DMABUF;
+    if (ctx->peermem == 1 || (ctx->peermem < 0 && cfx_verbs_peermem_loaded()))
+        return IB_GDR_PEERMEM;
+    snprintf(why, len, "no dma-buf: %s; no nvidia-peermem: %s", no_dmabuf,
+             ctx->peermem == 0 ? "CFX_IB_PEERMEM=0" : "the kernel module is not loaded");
+    return IB_GDR_NONE;
 }
 
 /* The slots of @p ic in device @p device's memory, registered through each
- * port as a dma-buf region. Undone by close on failure. */
+ * port (as a dma-buf, or by address through nvidia-peermem); remote read
+ * too, for a flush by loopback read. Undone by close on failure. */
 static cfxResult_t gdr_slots(struct cfx_ib_ctx *ctx, struct cfx_ib_conn *ic, int device,
-                             size_t slots_bytes)
+                             enum ib_gdr_mode mode, size_t slots_bytes)
 {
     size_t bytes = (slots_bytes + 4095) & ~(size_t)4095;
+    int access = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ;
     CFX_CHECK(cfx_cuda_select(device));
     CFX_CHECK(cfx_cuda_mem_alloc(&ic->dev_raw, bytes + 4096));
     ic->gdr_device = device + 1;
+    ic->gdr_mode = mode;
     ic->dev_mem = (char *)(((uintptr_t)ic->dev_raw + 4095) & ~(uintptr_t)4095);
     for (int n = 0; n < ic->n_nics; n++) {
+        if (mode == IB_GDR_PEERMEM) {
+            ic->slots_mr[n] = ctx->ibv->reg_mr(ctx->nic[n].pd, ic->dev_mem, bytes, access);
+            if (ic->slots_mr[n] == NULL)
+                return cfx_error_set_errno(errno, CFX_LOG_NET,
+                                           "ib: cannot register %zu bytes of device %d's memory on "
+                                           "%s (ibv_reg_mr of a device pointer: is nvidia-peermem "
+                                           "loaded? CFX_IB_PEERMEM=0 stages through host memory)",
+                                           bytes, device, ctx->nic[n].port.label);
+            continue;
+        }
         int fd = -1;
         CFX_CHECK(cfx_cuda_dmabuf_fd(ic->dev_mem, bytes, device, &fd));
-        ic->slots_mr[n] =
-            ctx->ibv->reg_dmabuf_mr(ctx->nic[n].pd, 0, bytes, (uint64_t)(uintptr_t)ic->dev_mem, fd,
-                                    IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
+        ic->slots_mr[n] = ctx->ibv->reg_dmabuf_mr(ctx->nic[n].pd, 0, bytes,
+                                                  (uint64_t)(uintptr_t)ic->dev_mem, fd, access);
         int err = errno;
         close(fd); /* The registration holds the dma-buf. */
         if (ic->slots_mr[n] == NULL)
@@ -293,13 +396,61 @@ static cfxResult_t gdr_slots(struct cfx_ib_ctx *ctx, struct cfx_ib_conn *ic, int
     return cfxSuccess;
 }
 
+/* A receiver's flush by RDMA read: a queue pair on port 0 connected to
+ * itself, with a completion queue of its own, that may read the slots. */
+static cfxResult_t flush_qp_open(struct cfx_ib_ctx *ctx, struct cfx_ib_conn *ic)
+{
+    const struct cfx_verbs_api *ibv = ctx->ibv;
+    struct cfx_ib_nic *nic = &ctx->nic[0];
+    ic->flush_cq = ibv->create_cq(nic->dev, 4, ic, NULL, 0);
+    if (ic->flush_cq == NULL)
+        return cfx_error_set_errno(errno, CFX_LOG_NET,
+                                   "ib: cannot create the flush's completion queue on %s",
+                                   nic->port.label);
+    struct ibv_qp_init_attr init = {
+        .qp_context = ic,
+        .send_cq = ic->flush_cq,
+        .recv_cq = ic->flush_cq,
+        .cap = {.max_send_wr = 2, .max_recv_wr = 1, .max_send_sge = 1, .max_recv_sge = 1},
+        .qp_type = IBV_QPT_RC,
+        .sq_sig_all = 0,
+    };
+    ic->flush_qp = ibv->create_qp(nic->pd, &init);
+    if (ic->flush_qp == NULL)
+        return cfx_error_set_errno(
+            errno, CFX_LOG_NET, "ib: cannot create the flush's queue pair on %s", nic->port.label);
+    struct ibv_qp_attr attr = {.qp_state = IBV_QPS_INIT,
+                               .pkey_index = 0,
+                               .port_num = (uint8_t)nic->port.port,
+                               .qp_access_flags = IBV_ACCESS_REMOTE_READ | IBV_ACCESS_LOCAL_WRITE};
+    int err = ibv->modify_qp(ic->flush_qp, &attr,
+                             IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS);
+    if (err != 0)
+        return cfx_error_set_errno(err, CFX_LOG_NET,
+                                   "ib: cannot move the flush's queue pair to INIT on %s",
+                                   nic->port.label);
+    struct cfx_ib_info_nic self = {.lid = nic->port.lid,
+                                   .mtu = (uint8_t)nic->port.mtu,
+                                   .link_layer = (uint8_t)nic->port.link_layer};
+    memcpy(self.gid, nic->port.gid.raw, sizeof(self.gid));
+    return qp_rtr_rts(ctx, ic->flush_qp, &nic->port, &self, ic->flush_qp->qp_num, ic->psn, ic->psn,
+                      "the flush's queue pair (connected to itself)");
+}
+
 /* Undo gdr_slots (any part of it). */
 static void gdr_slots_free(struct cfx_ib_ctx *ctx, struct cfx_ib_conn *ic)
 {
+    if (ic->flush_qp != NULL)
+        ctx->ibv->destroy_qp(ic->flush_qp);
+    if (ic->flush_cq != NULL)
+        ctx->ibv->destroy_cq(ic->flush_cq);
+    ic->flush_qp = NULL;
+    ic->flush_cq = NULL;
     for (int n = 0; n < IB_MAX_NICS; n++)
         if (ic->slots_mr[n])
             ctx->ibv->dereg_mr(ic->slots_mr[n]);
     memset(ic->slots_mr, 0, sizeof(ic->slots_mr));
+    ic->gdr_mode = IB_GDR_NONE;
     if (ic->dev_raw != NULL && cfx_cuda_select(ic->gdr_device - 1) == cfxSuccess)
         cfx_cuda_mem_free(ic->dev_raw);
     ic->dev_raw = NULL;
@@ -333,9 +484,10 @@ static cfxResult_t ib_setup(void *ctx_v, const struct cfx_transport_peer *peer, 
     /* A GPU rank's slots go to its device's memory when GPUDirect RDMA
      * can reach them; its FIFO's control block stays in pinned host memory
      * (the proxy reads it), as do the mailboxes. */
-    const char *no_gdr = NULL;
-    int gdr =
-        conn->place.reader == CFX_READER_KERNEL && gdr_wanted(ctx, conn->place.device, &no_gdr);
+    char no_gdr[CFX_ERROR_MAX] = "not wanted";
+    enum ib_gdr_mode gdr = conn->place.reader == CFX_READER_KERNEL
+                               ? gdr_wanted(ctx, conn->place.device, no_gdr, sizeof(no_gdr))
+                               : IB_GDR_NONE;
     size_t slots_bytes = (size_t)n_steps * slot_bytes;
     size_t box_off = (slots_off + (gdr ? 0 : slots_bytes) + 4095) & ~(size_t)4095;
     size_t bytes = box_off + ((sizeof(struct cfx_ib_mailbox) + 4095) & ~(size_t)4095);
@@ -374,18 +526,30 @@ static cfxResult_t ib_setup(void *ctx_v, const struct cfx_transport_peer *peer, 
 
     ic->n_qps = (int)param_ib_qps_per_connection();
     ic->n_nics = ic->n_qps < ctx->n_nics ? ic->n_qps : ctx->n_nics;
+    int flush_read = 0;
     if (gdr) {
-        CFX_CHECK(gdr_slots(ctx, ic, conn->place.device, slots_bytes));
+        CFX_CHECK(gdr_slots(ctx, ic, conn->place.device, gdr, slots_bytes));
         ic->slots = ic->dev_mem;
+        /* A receiver flushes the NIC's writes before it posts them. */
+        const char *no_cuda_flush = NULL;
+        const char *flush = "";
+        if (ic->dir == CFX_CONN_RECV) {
+            flush = "; flushed by cuFlushGPUDirectRDMAWrites";
+            flush_read = ctx->flush_read_forced ||
+                         !cfx_cuda_rdma_flush_supported(conn->place.device, &no_cuda_flush);
+            if (flush_read)
+                flush = "; flushed by an RDMA read on a loopback queue pair";
+        }
         CFX_INFO(CFX_LOG_NET,
-                 "ib: rank %d %s rank %d: slots in device %d's memory (GPUDirect RDMA, dma-buf)",
-                 ctx->rank, ic->dir == CFX_CONN_SEND ? "->" : "<-", peer->rank, conn->place.device);
+                 "ib: rank %d %s rank %d: slots in device %d's memory (GPUDirect RDMA, %s%s%s%s)",
+                 ctx->rank, ic->dir == CFX_CONN_SEND ? "->" : "<-", peer->rank, conn->place.device,
+                 gdr == IB_GDR_DMABUF ? "dma-buf" : "nvidia-peermem", flush,
+                 no_cuda_flush ? ": " : "", no_cuda_flush ? no_cuda_flush : "");
     } else if (conn->place.reader == CFX_READER_KERNEL) {
         CFX_INFO(CFX_LOG_NET,
                  "ib: rank %d %s rank %d: slots staged through pinned host memory (no GPUDirect "
                  "RDMA: %s)",
-                 ctx->rank, ic->dir == CFX_CONN_SEND ? "->" : "<-", peer->rank,
-                 no_gdr ? no_gdr : "not wanted");
+                 ctx->rank, ic->dir == CFX_CONN_SEND ? "->" : "<-", peer->rank, no_gdr);
     }
     for (int n = 0; n < ic->n_nics; n++) {
         struct cfx_ib_nic *nic = &ctx->nic[n];
@@ -414,6 +578,8 @@ static cfxResult_t ib_setup(void *ctx_v, const struct cfx_transport_peer *peer, 
     if (getrandom(&psn, sizeof(psn), GRND_NONBLOCK) != (ssize_t)sizeof(psn))
         psn = (uint32_t)cfx_time_now_ns();
     ic->psn = psn & 0xffffff;
+    if (flush_read)
+        CFX_CHECK(flush_qp_open(ctx, ic));
 
     struct cfx_ib_info info = {.magic = IB_INFO_MAGIC,
                                .rank = ctx->rank,
@@ -444,57 +610,6 @@ static cfxResult_t ib_setup(void *ctx_v, const struct cfx_transport_peer *peer, 
     conn->peer_rank = peer->rank;
     if (gdr) /* Host buffers of this GPU rank reach device slots through copies. */
         CFX_CHECK(cfx_connector_stage_init(conn, conn->place.device));
-    return cfxSuccess;
-}
-
-/* RTR then RTS: queue pair @p q with the peer's queue pair @p q. */
-static cfxResult_t qp_connect(struct cfx_ib_ctx *ctx, struct cfx_ib_conn *ic,
-                              const struct cfx_ib_info *peer, int q)
-{
-    const struct cfx_verbs_api *ibv = ctx->ibv;
-    const struct cfx_ib_port *port = &cfx_ib_qp_nic(ic, q)->port;
-    const struct cfx_ib_info_nic *theirs = &peer->nic[q % (int)peer->n_nics];
-    struct ibv_qp_attr attr = {
-        .qp_state = IBV_QPS_RTR,
-        .path_mtu =
-            (enum ibv_mtu)(theirs->mtu < (uint32_t)port->mtu ? theirs->mtu : (uint32_t)port->mtu),
-        .dest_qp_num = peer->qpn[q],
-        .rq_psn = peer->psn,
-        .max_dest_rd_atomic = 1,
-        .min_rnr_timer = 12,
-        .ah_attr = {.dlid = theirs->lid,
-                    .sl = (uint8_t)ctx->sl,
-                    .src_path_bits = 0,
-                    .port_num = (uint8_t)port->port},
-    };
-    int global = port->link_layer == IBV_LINK_LAYER_ETHERNET || port->gid_index >= 0;
-    if (global) {
-        attr.ah_attr.is_global = 1;
-        memcpy(attr.ah_attr.grh.dgid.raw, theirs->gid, sizeof(theirs->gid));
-        attr.ah_attr.grh.sgid_index = (uint8_t)(port->gid_index < 0 ? 0 : port->gid_index);
-        attr.ah_attr.grh.hop_limit = 255;
-        attr.ah_attr.grh.traffic_class = (uint8_t)ctx->tc;
-    }
-    int err = ibv->modify_qp(ic->qp[q], &attr,
-                             IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN |
-                                 IBV_QP_RQ_PSN | IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER);
-    if (err != 0)
-        return cfx_error_set_errno(err, CFX_LOG_NET,
-                                   "ib: cannot move the queue pair to rank %d (%s, qpn %u) to RTR",
-                                   ic->peer_rank, ic->peer_nic[q], peer->qpn[q]);
-    memset(&attr, 0, sizeof(attr));
-    attr.qp_state = IBV_QPS_RTS;
-    attr.timeout = (uint8_t)ctx->timeout;
-    attr.retry_cnt = (uint8_t)ctx->retry_cnt;
-    attr.rnr_retry = 7;
-    attr.sq_psn = ic->psn;
-    attr.max_rd_atomic = 1;
-    err = ibv->modify_qp(ic->qp[q], &attr,
-                         IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY |
-                             IBV_QP_SQ_PSN | IBV_QP_MAX_QP_RD_ATOMIC);
-    if (err != 0)
-        return cfx_error_set_errno(
-            err, CFX_LOG_NET, "ib: cannot move the queue pair to rank %d to RTS", ic->peer_rank);
     return cfxSuccess;
 }
 
@@ -623,8 +738,10 @@ static void ib_close(void *ctx_v, struct cfx_connector *conn)
         cfx_cuda_host_unregister(ic->mem, ic->pinned - 1);
     if (ic->gdr_flushes > 0)
         CFX_INFO(CFX_LOG_NET,
-                 "ib: rank %d <- rank %d flushed the NIC's writes into device memory %llu time(s)",
-                 ic->self_rank, ic->peer_rank, (unsigned long long)ic->gdr_flushes);
+                 "ib: rank %d <- rank %d flushed the NIC's writes into device memory %llu time(s) "
+                 "(%s)",
+                 ic->self_rank, ic->peer_rank, (unsigned long long)ic->gdr_flushes,
+                 ic->flush_qp ? "RDMA reads" : "cuFlushGPUDirectRDMAWrites");
     cfx_connector_stage_fini(conn);
     gdr_slots_free(ctx, ic);
     free(ic->mem);
