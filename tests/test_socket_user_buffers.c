@@ -19,6 +19,7 @@
 #include <unistd.h>
 
 #include "tests/coll_check.h"
+#include "tests/coll_rounds.h"
 #include "tests/harness.h"
 
 /* Two full 512 KiB slots and a 12-byte tail (the tail rides in the info line). */
@@ -151,77 +152,15 @@ Test(socket_user_buffers, alltoalls_are_exact_however_slots_land, .timeout = 120
     cr_assert_eq(sent, 6, "%d of the 6 send connections sent 12 slots from user buffers", sent);
 }
 
-/* Allreduce, broadcast and allgather over the ring of 3 ranks, out of
- * place and in place: final output is sent from the output and taken into
- * the next rank's output where its offer was waiting. Each output is
- * overwritten as soon as its call returns (a slot sent from it after that
- * would carry the overwritten values to the next rank), and holds garbage
- * before each call. */
+/* The shared rounds (tests/coll_rounds.h) over the ring of 3 ranks. */
 static void collectives_rounds(struct cfx_test_rank *ctx)
 {
-    int n = ctx->nranks, r = ctx->rank;
-    size_t all = COUNT * (size_t)n;
+    size_t all = COUNT * (size_t)ctx->nranks;
     float *in = calloc(all, sizeof(float)), *out = calloc(all, sizeof(float));
     RANK_ASSERT(ctx, in && out, "out of memory");
     cfxComm_t comm;
-    RANK_CFX(ctx, cfxCommInitRank(&comm, n, ctx->id, r));
-    for (int round = 0; round < 4 && !ctx->slot_failed; round++) {
-        int in_place = round % 2;
-        float *dst = in_place ? in : out;
-        /* Allreduce of COUNT: sum of ref_tagged(q, 0, i, round) over ranks q. */
-        cfx_test_step(ctx, "allreduce round %d%s", round, in_place ? " in place" : "");
-        for (size_t i = 0; i < COUNT; i++) {
-            in[i] = ref_tagged(r, 0, i, round);
-            out[i] = -3.0f;
-        }
-        RANK_CFX(ctx, cfxAllReduce(in, dst, COUNT, cfxFloat32, cfxSum, comm, NULL));
-        for (size_t i = 0; i < COUNT && !ctx->slot_failed; i++) {
-            float want = 0.0f;
-            for (int q = 0; q < n; q++)
-                want += ref_tagged(q, 0, i, round);
-            if (dst[i] != want) {
-                RANK_ASSERT(ctx, 0, "allreduce round %d: element %zu is %g, not %g", round, i,
-                            dst[i], want);
-                break;
-            }
-        }
-        for (size_t i = 0; i < COUNT; i++)
-            dst[i] = -1.0f;
-        /* Broadcast from rank round % n. */
-        int root = round % n;
-        cfx_test_step(ctx, "broadcast round %d from %d", round, root);
-        for (size_t i = 0; i < COUNT; i++) {
-            in[i] = r == root ? ref_tagged(root, 1, i, round) : -5.0f;
-            out[i] = -3.0f;
-        }
-        RANK_CFX(ctx, cfxBroadcast(in, dst, COUNT, cfxFloat32, root, comm, NULL));
-        for (size_t i = 0; i < COUNT && !ctx->slot_failed; i++)
-            if (dst[i] != ref_tagged(root, 1, i, round)) {
-                RANK_ASSERT(ctx, 0, "broadcast round %d: element %zu is %g, not %g", round, i,
-                            dst[i], ref_tagged(root, 1, i, round));
-                break;
-            }
-        for (size_t i = 0; i < COUNT; i++)
-            dst[i] = -1.0f;
-        /* Allgather of COUNT / n per rank (in place: the rank's own block). */
-        size_t per = COUNT / (size_t)n;
-        cfx_test_step(ctx, "allgather round %d", round);
-        for (size_t i = 0; i < all; i++)
-            out[i] = -3.0f;
-        float *send = in_place ? out + (size_t)r * per : in;
-        for (size_t i = 0; i < per; i++)
-            send[i] = ref_tagged(r, 2, i, round);
-        RANK_CFX(ctx, cfxAllGather(send, out, per, cfxFloat32, comm, NULL));
-        for (int q = 0; q < n && !ctx->slot_failed; q++)
-            for (size_t i = 0; i < per; i++)
-                if (out[(size_t)q * per + i] != ref_tagged(q, 2, i, round)) {
-                    RANK_ASSERT(ctx, 0, "allgather round %d: element %zu of rank %d is %g, not %g",
-                                round, i, q, out[(size_t)q * per + i], ref_tagged(q, 2, i, round));
-                    break;
-                }
-        for (size_t i = 0; i < all; i++)
-            out[i] = -1.0f;
-    }
+    RANK_CFX(ctx, cfxCommInitRank(&comm, ctx->nranks, ctx->id, ctx->rank));
+    ref_collective_rounds(ctx, comm, in, out, COUNT);
     if (!ctx->slot_failed)
         RANK_CFX(ctx, cfxCommFinalize(comm));
     cfxCommDestroy(comm);

@@ -20,6 +20,7 @@
 
 #include "src/util/verbs.h"
 #include "tests/coll_check.h"
+#include "tests/coll_rounds.h"
 #include "tests/harness.h"
 
 int cfx_ib_hca_match(const char *spec, const char *name, int port); /* transports/ib/device.c */
@@ -387,6 +388,69 @@ Test(ib_fake, alltoall_between_registered_buffers_is_exact_however_slots_land, .
     struct cfx_test_options opts = {
         .nranks = 3, .mode = CFX_TEST_PROCS, .deadline_s = 90, .before_rank = own_host};
     CFX_TEST_RUN(&opts, alltoall_both_registered);
+}
+
+/* The shared collective rounds (tests/coll_rounds.h) between buffers
+ * registered with cfxCommRegister (or not: @p arg): over verbs, final
+ * output and the allreduce's first sends are written from the user's
+ * buffers, and final slots into the next rank's output where it offered it. */
+static void collectives_between_registered(struct cfx_test_rank *ctx)
+{
+    int registered = *(const int *)ctx->arg;
+    size_t all = REF_COUNT * (size_t)ctx->nranks;
+    float *in = calloc(all, sizeof(float)), *out = calloc(all, sizeof(float));
+    RANK_ASSERT(ctx, in && out, "out of memory");
+    cfxComm_t comm;
+    RANK_CFX(ctx, cfxCommInitRank(&comm, ctx->nranks, ctx->id, ctx->rank));
+    void *in_handle = NULL, *out_handle = NULL;
+    if (registered) {
+        RANK_CFX(ctx, cfxCommRegister(comm, in, all * sizeof(float), &in_handle));
+        RANK_CFX(ctx, cfxCommRegister(comm, out, all * sizeof(float), &out_handle));
+    }
+    ref_collective_rounds(ctx, comm, in, out, REF_COUNT);
+    if (registered && !ctx->slot_failed) {
+        RANK_CFX(ctx, cfxCommDeregister(comm, in_handle));
+        RANK_CFX(ctx, cfxCommDeregister(comm, out_handle));
+    }
+    if (!ctx->slot_failed)
+        RANK_CFX(ctx, cfxCommFinalize(comm));
+    cfxCommDestroy(comm);
+    free(in);
+    free(out);
+}
+
+ParameterizedTestParameters(ib_fake, collectives_write_final_output_between_registered_buffers)
+{
+    static int registered[] = {1, 0};
+    return cr_make_param_array(int, registered, 2);
+}
+
+ParameterizedTest(int *registered, ib_fake,
+                  collectives_write_final_output_between_registered_buffers, .timeout = 120)
+{
+    use_fake();
+    cr_log_info("allreduce, broadcast, allgather over fake-verbs, 3 ranks, buffers %s",
+                *registered ? "registered" : "not registered");
+    char logs[128];
+    cfx_test_log_to(logs, sizeof(logs), "ib-coll");
+    struct cfx_test_options opts = {.nranks = 3,
+                                    .mode = CFX_TEST_PROCS,
+                                    .deadline_s = 90,
+                                    .arg = registered,
+                                    .before_rank = own_host};
+    CFX_TEST_RUN(&opts, collectives_between_registered);
+    int from = cfx_test_count_in_logs(logs, "slot(s) from registered buffers");
+    int into = cfx_test_count_in_logs(logs, "slot(s) into registered receive buffers");
+    cfx_test_remove_logs(logs);
+    if (*registered) {
+        cr_assert_geq(from, 3, "%d send connections wrote from registered buffers", from);
+        cr_assert_geq(into, 3, "%d send connections wrote into registered receive buffers", into);
+    } else {
+        cr_assert(from == 0 && into == 0,
+                  "nothing registered, yet %d connections wrote from and %d into registered "
+                  "buffers",
+                  from, into);
+    }
 }
 
 static void two_queue_pairs_in_rank_one(struct cfx_test_rank *ctx)

@@ -81,6 +81,13 @@ struct cfx_op {
      * offset in the output (post_at), so a receiver that offered its
      * output under the key takes them in place. 0: through the slots. */
     uint64_t coll_key;
+    /* With coll_key, over a transport that moves registered memory only
+     * (verbs): that transport, and the registrations (cfxCommRegister) with
+     * it that hold the whole output and the whole input (NULL: none), so
+     * final output and stable input go from where they are there too. */
+    const struct cfx_transport *reg_transport;
+    void *reg_out;
+    void *reg_in;
     /* Peer table entries a slot was posted to by reference (post_ref): the
      * operation is done only once they are drained (cfx_coll_progress). */
     uint32_t ref_conns;
@@ -151,6 +158,9 @@ static inline void cfx_op_clear(struct cfx_op *op)
     op->ref_handle = NULL;
     op->p2p_msg = 0;
     op->coll_key = 0;
+    op->reg_transport = NULL;
+    op->reg_out = NULL;
+    op->reg_in = NULL;
     op->ref_conns = 0;
     op->mem_kind = CFX_MEM_HOST;
     op->stream = NULL;

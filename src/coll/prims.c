@@ -196,6 +196,27 @@ static cfxResult_t run_single_copy(struct cfx_op *op, const struct cfx_step *ste
     return cfxSuccess;
 }
 
+/* The handle a collective's send of @p bytes at @p from (NULL: not user
+ * memory) may be posted by reference with over @p tr: any host memory for a
+ * transport that moves it, else a registration of the output or the input
+ * with the op's reg_transport that holds them; NULL: through the slots. */
+static void *coll_ref_handle(const struct cfx_op *op, const struct cfx_transport *tr,
+                             const char *from, uint64_t bytes)
+{
+    if (tr->flags & CFX_TRANSPORT_FLAG_ANY_HOST_MEMORY)
+        return CFX_REG_ANY_HOST;
+    if (from == NULL || tr != op->reg_transport)
+        return NULL;
+    uint64_t in_bytes = (uint64_t)op->count * op->elem_bytes;
+    uint64_t out_bytes = in_bytes * (op->kind == CFX_COLL_ALLGATHER ? (uint64_t)op->nranks : 1);
+    const char *out = op->recvbuff, *in = op->sendbuff;
+    if (op->reg_out && from >= out && bytes <= out_bytes &&
+        (uint64_t)(from - out) <= out_bytes - bytes)
+        return op->reg_out;
+    if (op->reg_in && from >= in && bytes <= in_bytes && (uint64_t)(from - in) <= in_bytes - bytes)
+        return op->reg_in;
+    return NULL;
+}
 /* The finish of a PreMulSum op: out[i] *= scalar, through the product
  * kernel against a run of copies of the scalar on the stack. */
 static void premul_finish(const struct cfx_op *op, char *out, size_t n)
@@ -268,9 +289,15 @@ cfxResult_t cfx_prim_run(struct cfx_op *op, const struct cfx_step *step)
     int final = (flags & (CFX_PRIM_SEND | CFX_PRIM_FINAL)) == (CFX_PRIM_SEND | CFX_PRIM_FINAL);
     int stable = (flags & (CFX_PRIM_SEND | CFX_PRIM_STABLE | CFX_PRIM_RECV | CFX_PRIM_REDUCE)) ==
                  (CFX_PRIM_SEND | CFX_PRIM_STABLE);
-    int by_ref = op->coll_key != 0 && (final || stable) && bytes > CFX_SLOT_INLINE_BYTES &&
-                 (op->conns[step->send]->transport->flags & CFX_TRANSPORT_FLAG_ANY_HOST_MEMORY) &&
-                 op->conns[step->send]->slots_device == 0;
+    void *ref = NULL;
+    if (op->coll_key != 0 && (final || stable) && bytes > CFX_SLOT_INLINE_BYTES &&
+        op->conns[step->send]->slots_device == 0)
+        ref = coll_ref_handle(op, op->conns[step->send]->transport,
+                              (flags & CFX_PRIM_OUT)    ? step->output
+                              : (flags & CFX_PRIM_RECV) ? NULL
+                                                        : step->input,
+                              bytes);
+    int by_ref = ref != NULL;
     if ((flags & CFX_PRIM_SEND) && !by_ref) {
         struct cfx_connector *to = op->conns[step->send];
         slot_out = cfx_conn_post_slot(to, bytes);
@@ -344,7 +371,7 @@ cfxResult_t cfx_prim_run(struct cfx_op *op, const struct cfx_step *step)
              * input: the transport sends it from there; the receiver's offer
              * of its own output takes final data at the same offset (the
              * layouts agree on every rank). */
-            cfxResult_t res = cfx_conn_post_ref(to, value, bytes, CFX_REG_ANY_HOST);
+            cfxResult_t res = cfx_conn_post_ref(to, value, bytes, ref);
             if (res != cfxSuccess)
                 return res;
             if (final) /* A stable input is not the receiver's output: no mark. */

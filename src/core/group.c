@@ -260,6 +260,14 @@ static cfxResult_t connect_missing(struct cfx_op *ops, int n_ops)
     return res;
 }
 
+/* The index of @p tr in cfx_transports (registrations are kept by it), or -1. */
+static int transport_index(const struct cfx_transport *tr)
+{
+    for (int t = 0; t < CFX_MAX_TRANSPORTS && cfx_transports[t] != NULL; t++)
+        if (cfx_transports[t] == tr)
+            return t;
+    return -1;
+}
 /* How a send or receive of host memory moves: single copy (the receiver
  * reads the sender's buffer: src/coll/pull.h), where both sides decide
  * alike from its size and the threshold the receiver published at
@@ -284,11 +292,8 @@ static cfxResult_t choose_p2p_path(struct cfx_op *op)
     op->pull = min != CFX_PULL_NEVER && bytes >= min;
     /* Else, from (or into) a buffer registered with the connector's
      * transport, if it can move the data from (or into) it. */
-    int t = 0;
-    while (t < CFX_MAX_TRANSPORTS && cfx_transports[t] && cfx_transports[t] != conn->transport)
-        t++;
-    if (op->pull || t == CFX_MAX_TRANSPORTS || cfx_transports[t] == NULL ||
-        bytes < (uint64_t)param_zero_copy_min())
+    int t = transport_index(conn->transport);
+    if (op->pull || t < 0 || bytes < (uint64_t)param_zero_copy_min())
         return cfxSuccess;
     int any = (conn->transport->flags & CFX_TRANSPORT_FLAG_ANY_HOST_MEMORY) != 0;
     if (op->kind == CFX_COLL_SEND && conn->transport->post_ref != NULL)
@@ -313,10 +318,16 @@ static cfxResult_t choose_p2p_path(struct cfx_op *op)
  * that are not final carry no key and never match). The key: the
  * operation's sequence number, the half of a tree operation (the two
  * halves share the number), and the top bit, which keeps it apart from
- * the point-to-point message numbers; alike on every rank. */
+ * the point-to-point message numbers; alike on every rank. Over a
+ * transport that moves only registered memory (verbs) the same holds where
+ * the user registered the output (offers, final sends) or the input (stable
+ * sends) with cfxCommRegister. */
 static void choose_coll_path(struct cfx_op *op)
 {
     op->coll_key = 0;
+    op->reg_transport = NULL;
+    op->reg_out = NULL;
+    op->reg_in = NULL;
     if ((op->kind != CFX_COLL_ALLREDUCE && op->kind != CFX_COLL_BROADCAST &&
          op->kind != CFX_COLL_ALLGATHER) ||
         op->mem_kind != CFX_MEM_HOST || op->pull || op->direct || op->nranks < 2)
@@ -328,13 +339,29 @@ static void choose_coll_path(struct cfx_op *op)
     struct cfxComm *comm = op->owner;
     int half = op->tree != NULL && op->tree == &comm->trees[1];
     op->coll_key = op->print.seq | ((uint64_t)half << 62) | ((uint64_t)1 << 63);
+    /* A transport that moves only registered memory (verbs): the user's
+     * registrations with it of the whole output and input, if any. */
+    for (int c = 0; c < op->n_conns && op->reg_transport == NULL; c++) {
+        const struct cfx_transport *tr = op->conns[c] ? op->conns[c]->transport : NULL;
+        int t = tr ? transport_index(tr) : -1;
+        if (t < 0 || (tr->flags & CFX_TRANSPORT_FLAG_ANY_HOST_MEMORY) || tr->post_ref == NULL)
+            continue;
+        op->reg_transport = tr;
+        op->reg_out = cfx_core_reg_find(comm, t, op->recvbuff, out_bytes);
+        op->reg_in =
+            cfx_core_reg_find(comm, t, op->sendbuff, (uint64_t)op->count * cfx_type_size(op->type));
+    }
     for (int c = 0; c < op->n_conns; c++) {
         struct cfx_connector *from = op->conns[c];
-        if (from == NULL || from->dir != CFX_CONN_RECV || from->transport->offer == NULL ||
-            !(from->transport->flags & CFX_TRANSPORT_FLAG_ANY_HOST_MEMORY))
+        if (from == NULL || from->dir != CFX_CONN_RECV || from->transport->offer == NULL)
             continue;
-        if (cfx_conn_offer(from, op->coll_key, op->recvbuff, out_bytes, CFX_REG_ANY_HOST) !=
-            cfxSuccess)
+        void *handle = (from->transport->flags & CFX_TRANSPORT_FLAG_ANY_HOST_MEMORY)
+                           ? CFX_REG_ANY_HOST
+                       : from->transport == op->reg_transport ? op->reg_out
+                                                              : NULL;
+        if (handle == NULL)
+            continue;
+        if (cfx_conn_offer(from, op->coll_key, op->recvbuff, out_bytes, handle) != cfxSuccess)
             CFX_INFO(CFX_LOG_COLL,
                      "%s on rank %d: rank %d's slots come through the FIFO (no offer)",
                      cfx_coll_name(op->kind), op->rank, from->peer_rank);
