@@ -35,11 +35,17 @@ struct world {
     int n_blocks;
 };
 
+/* Tests of the LL protocol set this: every FIFO gets LL slots, and every
+ * operation but the single-copy ones runs LL. */
+static int g_ll;
+
 /* A FIFO from loop @p a (producer) to loop @p b (consumer); *ia_p and
  * *ib_p receive the indices in their peer tables. */
 static void fifo_between(struct world *wd, int a, int b, int8_t *ia_p, int8_t *ib_p)
 {
-    size_t bytes = cfx_fifo_slots_offset() + (size_t)wd->n_steps * wd->slot_bytes;
+    size_t slots_end = cfx_fifo_slots_offset() + (size_t)wd->n_steps * wd->slot_bytes;
+    size_t ll_at = (slots_end + 63) & ~(size_t)63;
+    size_t bytes = g_ll ? ll_at + (size_t)wd->n_steps * CFX_LL_SLOT_BYTES : slots_end;
     void *block = aligned_alloc(4096, (bytes + 4095) & ~(size_t)4095);
     cr_assert_not_null(block);
     memset(block, 0, bytes);
@@ -52,6 +58,8 @@ static void fifo_between(struct world *wd, int a, int b, int8_t *ia_p, int8_t *i
     *ib_p = (int8_t)sb->work.n_conns++;
     cfx_fifo_view(&sa->conns[*ia_p], fifo, slots, wd->slot_bytes, wd->n_steps);
     cfx_fifo_view(&sb->conns[*ib_p], fifo, slots, wd->slot_bytes, wd->n_steps);
+    if (g_ll)
+        sa->conns[*ia_p].ll = sb->conns[*ib_p].ll = (uint64_t *)((char *)block + ll_at);
 }
 
 static void world_free(struct world *wd)
@@ -109,6 +117,10 @@ static void set_work(struct cfx_work *w, enum cfx_sched algo, enum cfx_coll_kind
 static int drive(struct world *wd, int n_loops)
 {
     for (int i = 0; i < n_loops; i++) {
+        uint8_t algo = wd->st[i].work.algo;
+        if (g_ll && algo != CFX_SCHED_PULL_ALLGATHER && algo != CFX_SCHED_PULL_SEND &&
+            algo != CFX_SCHED_PULL_RECV)
+            wd->st[i].work.proto = CFX_WORK_PROTO_LL;
         cfx_work_finish(&wd->st[i].work, wd->slot_bytes);
         cfx_steploop_init(&wd->st[i].loop, &wd->st[i].work, wd->st[i].conns);
     }
@@ -285,7 +297,7 @@ static void run_reduction(enum family fam, int n, uint64_t count, cfxRedOp_t red
 
 static const uint64_t counts[] = {0, 1, 7, 300, 4099};
 
-Test(steploop, ring_allreduce_every_size_1_to_8_ranks)
+static void ring_allreduce_every_size_1_to_8_ranks(void)
 {
     for (int n = 1; n <= MAX_RANKS; n++)
         for (size_t c = 0; c < sizeof(counts) / sizeof(counts[0]); c++)
@@ -293,7 +305,18 @@ Test(steploop, ring_allreduce_every_size_1_to_8_ranks)
                 run_reduction(RING_AR, n, counts[c], cfxSum, in_place, 4, 256, 2, 0);
 }
 
-Test(steploop, ring_allreduce_ops_and_fifo_depths)
+Test(steploop, ring_allreduce_every_size_1_to_8_ranks)
+{
+    ring_allreduce_every_size_1_to_8_ranks();
+}
+
+Test(steploop_ll, ring_allreduce_every_size_1_to_8_ranks)
+{
+    g_ll = 1;
+    ring_allreduce_every_size_1_to_8_ranks();
+}
+
+static void ring_allreduce_ops_and_fifo_depths(void)
 {
     cfxRedOp_t ops[] = {cfxSum, cfxProd, cfxMax, cfxMin};
     for (int n = 2; n <= MAX_RANKS; n += 3)
@@ -302,7 +325,18 @@ Test(steploop, ring_allreduce_ops_and_fifo_depths)
                 run_reduction(RING_AR, n, 1000, ops[o], 0, depth, 64, 2, 0);
 }
 
-Test(steploop, tree_allreduce_binary_and_ternary)
+Test(steploop, ring_allreduce_ops_and_fifo_depths)
+{
+    ring_allreduce_ops_and_fifo_depths();
+}
+
+Test(steploop_ll, ring_allreduce_ops_and_fifo_depths)
+{
+    g_ll = 1;
+    ring_allreduce_ops_and_fifo_depths();
+}
+
+static void tree_allreduce_binary_and_ternary(void)
 {
     for (int n = 1; n <= MAX_RANKS; n++)
         for (int arity = 2; arity <= CFX_TREE_MAX_CHILDREN; arity++)
@@ -311,7 +345,18 @@ Test(steploop, tree_allreduce_binary_and_ternary)
                     run_reduction(TREE_AR, n, counts[c], cfxSum, in_place, 2, 128, arity, 0);
 }
 
-Test(steploop, direct_allreduce_folds_in_rank_order)
+Test(steploop, tree_allreduce_binary_and_ternary)
+{
+    tree_allreduce_binary_and_ternary();
+}
+
+Test(steploop_ll, tree_allreduce_binary_and_ternary)
+{
+    g_ll = 1;
+    tree_allreduce_binary_and_ternary();
+}
+
+static void direct_allreduce_folds_in_rank_order(void)
 {
     for (int n = 1; n <= MAX_RANKS; n++)
         for (size_t c = 0; c < sizeof(counts) / sizeof(counts[0]); c++)
@@ -320,10 +365,21 @@ Test(steploop, direct_allreduce_folds_in_rank_order)
                               0);
 }
 
+Test(steploop, direct_allreduce_folds_in_rank_order)
+{
+    direct_allreduce_folds_in_rank_order();
+}
+
+Test(steploop_ll, direct_allreduce_folds_in_rank_order)
+{
+    g_ll = 1;
+    direct_allreduce_folds_in_rank_order();
+}
+
 /* Segments of every shape (empty ones at counts below n, uneven ones),
  * one round and many (64-byte slots: 16 elements per chunk), FIFOs of the
  * least depth CFX_STEPS allows and deeper, in and out of place. */
-Test(steploop, twoshot_allreduce_every_size_and_depth)
+static void twoshot_allreduce_every_size_and_depth(void)
 {
     for (int n = 1; n <= MAX_RANKS; n++)
         for (size_t c = 0; c < sizeof(counts) / sizeof(counts[0]); c++)
@@ -333,7 +389,18 @@ Test(steploop, twoshot_allreduce_every_size_and_depth)
                                   depth, depth == 2 ? 64 : 256, 2, 0);
 }
 
-Test(steploop, chain_and_tree_reduce_every_root)
+Test(steploop, twoshot_allreduce_every_size_and_depth)
+{
+    twoshot_allreduce_every_size_and_depth();
+}
+
+Test(steploop_ll, twoshot_allreduce_every_size_and_depth)
+{
+    g_ll = 1;
+    twoshot_allreduce_every_size_and_depth();
+}
+
+static void chain_and_tree_reduce_every_root(void)
 {
     for (int n = 1; n <= MAX_RANKS; n++)
         for (int root = 0; root < n; root++)
@@ -343,12 +410,34 @@ Test(steploop, chain_and_tree_reduce_every_root)
             }
 }
 
-Test(steploop, ring_reducescatter_every_size)
+Test(steploop, chain_and_tree_reduce_every_root)
+{
+    chain_and_tree_reduce_every_root();
+}
+
+Test(steploop_ll, chain_and_tree_reduce_every_root)
+{
+    g_ll = 1;
+    chain_and_tree_reduce_every_root();
+}
+
+static void ring_reducescatter_every_size(void)
 {
     for (int n = 1; n <= MAX_RANKS; n++)
         for (size_t c = 0; c < sizeof(counts) / sizeof(counts[0]); c++)
             for (int in_place = 0; in_place < 2; in_place++)
                 run_reduction(RING_RS, n, counts[c], cfxSum, in_place, 4, 256, 2, 0);
+}
+
+Test(steploop, ring_reducescatter_every_size)
+{
+    ring_reducescatter_every_size();
+}
+
+Test(steploop_ll, ring_reducescatter_every_size)
+{
+    g_ll = 1;
+    ring_reducescatter_every_size();
 }
 
 /* ------------------------------------------------------ data movement only */
@@ -440,7 +529,7 @@ static void run_move(enum move mv, int n, uint64_t count, int root, int n_steps,
     world_free(&wd);
 }
 
-Test(steploop, chain_and_tree_broadcast_every_root)
+static void chain_and_tree_broadcast_every_root(void)
 {
     for (int n = 1; n <= MAX_RANKS; n++)
         for (int root = 0; root < n; root++)
@@ -450,7 +539,18 @@ Test(steploop, chain_and_tree_broadcast_every_root)
             }
 }
 
-Test(steploop, ring_and_single_copy_allgather)
+Test(steploop, chain_and_tree_broadcast_every_root)
+{
+    chain_and_tree_broadcast_every_root();
+}
+
+Test(steploop_ll, chain_and_tree_broadcast_every_root)
+{
+    g_ll = 1;
+    chain_and_tree_broadcast_every_root();
+}
+
+static void ring_and_single_copy_allgather(void)
 {
     for (int n = 1; n <= MAX_RANKS; n++)
         for (size_t c = 0; c < sizeof(counts) / sizeof(counts[0]); c++) {
@@ -459,7 +559,18 @@ Test(steploop, ring_and_single_copy_allgather)
         }
 }
 
-Test(steploop, send_recv_ring_of_pairs)
+Test(steploop, ring_and_single_copy_allgather)
+{
+    ring_and_single_copy_allgather();
+}
+
+Test(steploop_ll, ring_and_single_copy_allgather)
+{
+    g_ll = 1;
+    ring_and_single_copy_allgather();
+}
+
+static void send_recv_ring_of_pairs(void)
 {
     for (int n = 2; n <= MAX_RANKS; n++)
         for (size_t c = 0; c < sizeof(counts) / sizeof(counts[0]); c++) {
@@ -468,9 +579,20 @@ Test(steploop, send_recv_ring_of_pairs)
         }
 }
 
+Test(steploop, send_recv_ring_of_pairs)
+{
+    send_recv_ring_of_pairs();
+}
+
+Test(steploop_ll, send_recv_ring_of_pairs)
+{
+    g_ll = 1;
+    send_recv_ring_of_pairs();
+}
+
 /* ---------------------------------------------------------- the finishes */
 
-Test(steploop, avg_and_premulsum_finish_once_on_every_rank)
+static void avg_and_premulsum_finish_once_on_every_rank(void)
 {
     static struct world wd;
     for (int premul = 0; premul < 2; premul++) {
@@ -507,9 +629,20 @@ Test(steploop, avg_and_premulsum_finish_once_on_every_rank)
     }
 }
 
+Test(steploop, avg_and_premulsum_finish_once_on_every_rank)
+{
+    avg_and_premulsum_finish_once_on_every_rank();
+}
+
+Test(steploop_ll, avg_and_premulsum_finish_once_on_every_rank)
+{
+    g_ll = 1;
+    avg_and_premulsum_finish_once_on_every_rank();
+}
+
 /* ------------------------------------------------------------- mismatch */
 
-Test(steploop, mismatched_fingerprint_stops_the_loop_on_its_connector)
+static void mismatched_fingerprint_stops_the_loop_on_its_connector(void)
 {
     static struct world wd;
     int n = 3;
@@ -534,6 +667,17 @@ Test(steploop, mismatched_fingerprint_stops_the_loop_on_its_connector)
         }
     cr_assert(found);
     world_free(&wd);
+}
+
+Test(steploop, mismatched_fingerprint_stops_the_loop_on_its_connector)
+{
+    mismatched_fingerprint_stops_the_loop_on_its_connector();
+}
+
+Test(steploop_ll, mismatched_fingerprint_stops_the_loop_on_its_connector)
+{
+    g_ll = 1;
+    mismatched_fingerprint_stops_the_loop_on_its_connector();
 }
 
 /* ------------------------------------------- the data split (vector path) */
@@ -659,4 +803,126 @@ Test(steploop, data_split_over_threads_matches_one_thread_aligned_or_not)
         }
     }
     cr_assert_gt(checked, 2000);
+}
+
+/* ------------------------------------------------------------------ LL */
+
+/* Slots larger than an LL slot carries: LL steps are cut to its data. */
+Test(steploop_ll, steps_are_cut_to_an_ll_slot)
+{
+    g_ll = 1;
+    run_reduction(RING_AR, 3, 20000, cfxSum, 0, 4, 65536, 2, 0);
+    run_reduction(TREE_AR, 5, 9000, cfxMax, 1, 2, 65536, 2, 0);
+    run_move(RING_AG, 4, 5000, 0, 4, 65536);
+    static struct cfx_work w;
+    memset(&w, 0, sizeof(w));
+    w.algo = CFX_SCHED_RING_ALLREDUCE;
+    w.elem_bytes = 4;
+    w.nranks = 2;
+    w.count = 20000;
+    w.proto = CFX_WORK_PROTO_LL;
+    cfx_work_finish(&w, 65536);
+    cr_assert_eq(w.chunk_elems, CFX_LL_DATA_BYTES / 4, "LL chunks of %llu elements",
+                 (unsigned long long)w.chunk_elems);
+}
+
+/* One step's data written as LL words by @p nthreads threads (each its
+ * share of the packs), then read back by as many threads: the result is
+ * the one-thread fold, every type and op, sizes that end inside a pack. */
+Test(steploop_ll, words_written_and_read_by_many_threads_round_trip)
+{
+    enum { MAX_BYTES = 1000 * 8 + 64 };
+    static char src[2][MAX_BYTES] __attribute__((aligned(64)));
+    static char out[MAX_BYTES] __attribute__((aligned(64))), ref[MAX_BYTES];
+    static uint64_t words[2 * (MAX_BYTES / 4) + 8];
+    unsigned seed = 777;
+    for (int k = 0; k < 2; k++)
+        for (size_t i = 0; i < MAX_BYTES; i++)
+            src[k][i] = (char)((seed = seed * 1103515245u + 12345u) >> 16);
+    static const uint64_t sizes[] = {1, 3, 16, 17, 1000};
+    static const unsigned threads[] = {1, 3, 64};
+    static const int ops[] = {cfxSum, cfxProd, cfxMax, cfxMin, cfxAvg};
+    uint32_t flag = 7;
+    for (int type = 0; type < cfxNumTypes; type++)
+        for (size_t o = 0; o < sizeof(ops) / sizeof(ops[0]); o++)
+            for (size_t c = 0; c < sizeof(sizes) / sizeof(sizes[0]); c++) {
+                struct cfx_work w;
+                memset(&w, 0, sizeof(w));
+                w.type = (uint8_t)type;
+                w.redop = (uint8_t)ops[o];
+                w.elem_bytes = (uint32_t)cfx_type_size((cfxDataType_t)type);
+                w.nranks = 2;
+                uint64_t n = sizes[c];
+                size_t bytes = (size_t)n * w.elem_bytes;
+                unsigned nt = threads[(type + c) % 3];
+                /* Reference: the fold of both sources, one element at a time. */
+                struct cfx_steploop_plan rp;
+                memset(&rp, 0, sizeof(rp));
+                rp.n = n;
+                rp.n_operands = 2;
+                rp.operands[0] = src[0];
+                rp.operands[1] = src[1];
+                rp.avg = ops[o] == cfxAvg;
+                rp.out = ref;
+                cfx_steploop_data(&w, &rp, 0, 1);
+                /* The sender folds into LL words. */
+                flag++;
+                struct cfx_steploop_plan sp = rp;
+                sp.out = 0;
+                sp.slot_out = (char *)words;
+                sp.ll_out = 1;
+                sp.ll_out_flag = flag;
+                for (unsigned t = nt; t-- > 0;)
+                    cfx_steploop_data(&w, &sp, t, nt);
+                /* The receiver copies them out. */
+                struct cfx_steploop_plan cp;
+                memset(&cp, 0, sizeof(cp));
+                cp.n = n;
+                cp.n_operands = 1;
+                cp.operands[0] = (const char *)words;
+                cp.ll_in = 1;
+                cp.ll_flag[0] = flag;
+                cp.out = out + 1; /* Unaligned: its bytes only. */
+                memset(out, 0x5a, bytes + 2);
+                for (unsigned t = 0; t < nt; t++)
+                    cfx_steploop_data(&w, &cp, t, nt);
+                cr_assert(memcmp(out + 1, ref, bytes) == 0,
+                          "type %d op %d count %llu over %u threads: LL round trip differs", type,
+                          ops[o], (unsigned long long)n, nt);
+                cr_assert(out[0] == 0x5a && out[bytes + 1] == 0x5a,
+                          "type %d count %llu: the LL copy wrote outside its bytes", type,
+                          (unsigned long long)n);
+                /* Every word of the padded packs carries the flag. */
+                for (size_t k = 0; k < (bytes + 15) / 16 * 4; k++)
+                    cr_assert_eq((uint32_t)(words[k] >> 32), flag, "word %zu without its flag", k);
+            }
+}
+
+/* A thread waiting for words that never come gives up when the stop word
+ * turns nonzero (a kernel's abort), and a word with another slot's flag
+ * is not taken. */
+Test(steploop_ll, a_wait_for_words_ends_at_the_stop_word)
+{
+    static uint64_t words[8];
+    for (int k = 0; k < 8; k++)
+        words[k] = (uint64_t)0x11111111u | ((uint64_t)4 << 32); /* Slot 3's flag, not 5's. */
+    int32_t stop = 1;
+    char out[32];
+    memset(out, 0x33, sizeof(out));
+    struct cfx_work w;
+    memset(&w, 0, sizeof(w));
+    w.type = cfxInt32;
+    w.elem_bytes = 4;
+    struct cfx_steploop_plan p;
+    memset(&p, 0, sizeof(p));
+    p.n = 8;
+    p.n_operands = 1;
+    p.operands[0] = (const char *)words;
+    p.ll_in = 1;
+    p.ll_flag[0] = 5;
+    p.out = out;
+    p.stop = &stop;
+    cfx_steploop_data(&w, &p, 0, 1);
+    for (size_t i = 0; i < sizeof(out); i++)
+        cr_assert_eq(out[i], 0x33, "byte %zu written from words of another slot", i);
 }

@@ -109,7 +109,7 @@ void cfx_coll_prepare(struct cfx_op *op)
     w->premul = (uint8_t)op->premul;
     w->check_prints = (uint8_t)op->check_prints;
     w->n_conns = (uint8_t)op->n_conns;
-    w->reserved = 0;
+    w->proto = CFX_WORK_PROTO_SIMPLE;
     w->rank = op->rank;
     w->nranks = op->nranks;
     w->root = op->root;

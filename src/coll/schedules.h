@@ -92,7 +92,8 @@ static inline const char *cfx_schedule_name(int algo)
 
 /*
  * Finish a work descriptor whose shape and links are set: elements per
- * chunk from the connectors' @p slot_bytes, and the number of steps. With
+ * chunk from the connectors' @p slot_bytes (an LL slot's data at most, for
+ * LL), and the number of steps. With
  * mismatch checks on, even an empty operation (not on one rank) trades one
  * round of empty slots, so a rank that called something else is caught.
  */
@@ -103,6 +104,8 @@ static inline CFX_HOST_DEVICE void cfx_work_finish(struct cfx_work *w, uint64_t 
         slot_bytes = CFX_PULL_CHUNK_BYTES;
     if (w->algo == CFX_SCHED_PULL_SEND || w->algo == CFX_SCHED_PULL_RECV)
         slot_bytes = CFX_PULL_P2P_CHUNK_BYTES;
+    else if (w->proto == CFX_WORK_PROTO_LL && slot_bytes > CFX_LL_DATA_BYTES)
+        slot_bytes = CFX_LL_DATA_BYTES;
     w->chunk_elems = w->elem_bytes ? slot_bytes / w->elem_bytes : 0;
     if (w->chunk_elems == 0)
         w->chunk_elems = 1;

@@ -56,6 +56,9 @@ struct cfx_steploop {
     int status;          /* enum cfx_steploop_status. */
     int failed_conn;     /* On failure: the peer table index it came from. */
     uint64_t copy_bytes; /* Bytes copied or reduced so far (tests, counters). */
+    /* LL: a word whose turning nonzero stops threads waiting for data words
+     * (the executor's abort word), or NULL. */
+    const int32_t *stop;
     /* This side's counter of each connector, the head of those it receives
      * on and the tail of those it sends on: only this loop writes them
      * while it runs, so they are read from memory once, at init (a kernel's
@@ -74,6 +77,7 @@ cfx_steploop_init(struct cfx_steploop *l, const struct cfx_work *work, struct cf
     l->status = work->n_steps == 0 ? CFX_STEPLOOP_DONE : CFX_STEPLOOP_RUNNING;
     l->failed_conn = -1;
     l->copy_bytes = 0;
+    l->stop = 0;
     for (int i = 0; i < work->n_conns && i < CFX_OP_MAX_CONNS; i++) {
         l->heads[i] = cfx_load_relaxed_u64(conns[i].head);
         l->tails[i] = cfx_load_relaxed_u64(conns[i].tail);
@@ -95,6 +99,16 @@ struct cfx_steploop_plan {
     int avg;
     char *out;
     char *slot_out;
+    /* LL (work proto): operands[k] is an LL slot's data words when bit k of
+     * ll_in is set, valid once each word carries ll_flag[k]; with ll_out,
+     * slot_out is an LL slot's data words, written with ll_out_flag. A
+     * thread that waits for a word gives up when *stop (if not NULL) turns
+     * nonzero. */
+    uint32_t ll_in;
+    int ll_out;
+    uint32_t ll_flag[CFX_PRIM_MAX_RECV + 1];
+    uint32_t ll_out_flag;
+    const int32_t *stop;
 };
 
 /* The finish of cfxAvg (x / nranks) or of a PreMulSum (x * scalar). */
@@ -217,6 +231,96 @@ static inline CFX_HOST_DEVICE int cfx_sl_plan_aligned16(const struct cfx_steploo
         CFX_SL_LOOP(p, w, name, T, OPFN, packs_ *(16 / sizeof(T)), tid, nthreads, scalar);         \
     } while (0)
 
+/* Idle rounds between a waiting thread's looks at plan.stop. */
+#define CFX_SL_LL_SPIN_CHECK 1024
+
+/* Pack @p i (bytes 16i..16i+15, fewer at the end: zeros after) of operand
+ * @p k into *v: an LL slot's words once each carries its flag, else plain
+ * loads. 0 when the wait was stopped. */
+static inline CFX_HOST_DEVICE int cfx_sl_ll_get(const struct cfx_steploop_plan *p, int k,
+                                                uint64_t i, uint64_t bytes, struct cfx_pack16 *v)
+{
+    uint64_t off = 16 * i, n = bytes - off < 16 ? bytes - off : 16;
+    if (p->ll_in & (1u << k)) {
+        const uint64_t *words = (const uint64_t *)p->operands[k] + 4 * i;
+        uint32_t d[4];
+        for (int j = 0; j < 4; j++) {
+            unsigned spins = 0;
+            while (!cfx_ll_load(&words[j], p->ll_flag[k], &d[j]))
+                if (++spins % CFX_SL_LL_SPIN_CHECK == 0 && p->stop != 0 &&
+                    cfx_load_relaxed_u32((const uint32_t *)p->stop) != 0)
+                    return 0;
+        }
+        memcpy(v, d, sizeof(d));
+        return 1;
+    }
+    const char *from = p->operands[k] + off;
+    if (n == 16 && cfx_sl_aligned16(from)) {
+        *v = cfx_pack16_load(from);
+        return 1;
+    }
+    char b[16];
+    for (int j = 0; j < 16; j++)
+        b[j] = j < (int)n ? from[j] : 0;
+    memcpy(v, b, sizeof(b));
+    return 1;
+}
+
+/* Store pack @p i of the result: to out (its bytes only), and to slot_out
+ * as LL words (all four: the tail of the last pack is zero padding). */
+static inline CFX_HOST_DEVICE void cfx_sl_ll_put(const struct cfx_steploop_plan *p, uint64_t i,
+                                                 uint64_t bytes, struct cfx_pack16 v)
+{
+    uint64_t off = 16 * i, n = bytes - off < 16 ? bytes - off : 16;
+    if (p->out) {
+        char *to = p->out + off;
+        if (n == 16 && cfx_sl_aligned16(to)) {
+            cfx_pack16_store(to, v);
+        } else {
+            char b[16];
+            memcpy(b, &v, sizeof(b));
+            for (uint64_t j = 0; j < n; j++)
+                to[j] = b[j];
+        }
+    }
+    if (p->slot_out) {
+        uint32_t d[4];
+        memcpy(d, &v, sizeof(d));
+        uint64_t *words = (uint64_t *)p->slot_out + 4 * i;
+        for (int j = 0; j < 4; j++)
+            cfx_ll_store(&words[j], d[j], p->ll_out_flag);
+    }
+}
+
+/* One pack of an LL step: fold the operands (type T), finish, store. */
+#define CFX_SL_LL_PACK(p, w, name, T, OPFN, i, bytes, scalar, ok)                                  \
+    do {                                                                                           \
+        union {                                                                                    \
+            struct cfx_pack16 raw;                                                                 \
+            T elt[16 / sizeof(T)];                                                                 \
+        } a_, b_;                                                                                  \
+        ok = cfx_sl_ll_get(p, 0, i, bytes, &a_.raw);                                               \
+        for (int k_ = 1; ok && k_ < (p)->n_operands; k_++) {                                       \
+            ok = cfx_sl_ll_get(p, k_, i, bytes, &b_.raw);                                          \
+            for (int j_ = 0; j_ < (int)(16 / sizeof(T)); j_++)                                     \
+                a_.elt[j_] = OPFN(a_.elt[j_], b_.elt[j_]);                                         \
+        }                                                                                          \
+        if (ok && (p)->avg)                                                                        \
+            for (int j_ = 0; j_ < (int)(16 / sizeof(T)); j_++)                                     \
+                a_.elt[j_] = CFX_SL_FINISH(w, name, T, a_.elt[j_], scalar);                        \
+        if (ok)                                                                                    \
+            cfx_sl_ll_put(p, i, bytes, a_.raw);                                                    \
+    } while (0)
+
+/* Data of a step with LL slots on either side: this thread's packs. */
+#define CFX_SL_LL_RUN(p, w, name, T, OPFN, tid, nthreads, scalar)                                  \
+    do {                                                                                           \
+        uint64_t bytes_ = (p)->n * sizeof(T), packs_ = (bytes_ + 15) / 16;                         \
+        int ok_ = 1;                                                                               \
+        for (uint64_t i_ = (tid); ok_ && i_ < packs_; i_ += (nthreads))                            \
+            CFX_SL_LL_PACK(p, w, name, T, OPFN, i_, bytes_, scalar, ok_);                          \
+    } while (0)
+
 /* Data: this thread's share of what @p p moves: packs (or, unaligned,
  * elements) tid, tid + nthreads, ... Every thread of a step calls it with
  * the same plan; the threads may span several blocks (a team: tid is then
@@ -231,6 +335,28 @@ static inline CFX_HOST_DEVICE void cfx_steploop_data(const struct cfx_work *w,
     }
     if (p->n_operands == 0 || p->n == 0)
         return;
+    if (p->ll_in || p->ll_out) {
+        switch (w->type) {
+#define CFX_SL_LL_TYPE(enumv, name, T)                                                             \
+    case enumv: {                                                                                  \
+        T scalar;                                                                                  \
+        memcpy(&scalar, &w->premul_bits, sizeof(T));                                               \
+        switch (w->redop) {                                                                        \
+        case cfxProd: CFX_SL_LL_RUN(p, w, name, T, cfx_prod_##name, tid, nthreads, scalar); break; \
+        case cfxMax: CFX_SL_LL_RUN(p, w, name, T, cfx_max_##name, tid, nthreads, scalar); break;   \
+        case cfxMin: CFX_SL_LL_RUN(p, w, name, T, cfx_min_##name, tid, nthreads, scalar); break;   \
+        default: /* Sum, Avg, PreMulSum. */                                                        \
+            CFX_SL_LL_RUN(p, w, name, T, cfx_sum_##name, tid, nthreads, scalar);                   \
+            break;                                                                                 \
+        }                                                                                          \
+        break;                                                                                     \
+    }
+            CFX_REDUCE_FOR_EACH_TYPE(CFX_SL_LL_TYPE)
+#undef CFX_SL_LL_TYPE
+        default: break;
+        }
+        return;
+    }
     if (p->n_operands == 1 && !p->avg) {
         /* A plain copy to one or two places (a forwarded slot, an output). */
         if (p->out != 0 && p->slot_out == 0) {
@@ -263,15 +389,26 @@ static inline CFX_HOST_DEVICE void cfx_steploop_data(const struct cfx_work *w,
     }
 }
 
+/* Whether connector @p index has its next slot (loads only): an LL slot's
+ * header, or a Simple slot's posted info line. */
+static inline CFX_HOST_DEVICE int cfx_steploop_can_take(struct cfx_steploop *l, int index)
+{
+    if (l->work->proto == CFX_WORK_PROTO_LL) {
+        uint32_t bytes, check;
+        return cfx_ll_can_take_at(&l->conns[index], l->heads[index], &bytes, &check);
+    }
+    return cfx_fifo_can_take_at(&l->conns[index], l->heads[index]);
+}
+
 /* Whether step @p s may run now (loads only). */
 static inline CFX_HOST_DEVICE int cfx_steploop_ready(struct cfx_steploop *l,
                                                      const struct cfx_step *s)
 {
     if (s->flags & CFX_PRIM_RECV) {
-        if (!cfx_fifo_can_take_at(&l->conns[s->recv], l->heads[s->recv]))
+        if (!cfx_steploop_can_take(l, s->recv))
             return 0;
         for (int i = 0; i < s->n_recv_more; i++)
-            if (!cfx_fifo_can_take_at(&l->conns[s->recv_more[i]], l->heads[s->recv_more[i]]))
+            if (!cfx_steploop_can_take(l, s->recv_more[i]))
                 return 0;
     }
     if ((s->flags & CFX_PRIM_DRAIN) && !cfx_fifo_drained_at(&l->conns[s->send], l->tails[s->send]))
@@ -289,6 +426,21 @@ static inline CFX_HOST_DEVICE const char *cfx_steploop_take(struct cfx_steploop 
     const struct cfx_work *w = l->work;
     struct cfx_conn *c = &l->conns[index];
     uint32_t number = (uint32_t)l->heads[index];
+    if (w->proto == CFX_WORK_PROTO_LL) {
+        /* Its header is in (ready): size and check; the data words are
+         * waited for as they are read. */
+        uint32_t got_bytes = 0, check = 0;
+        cfx_ll_can_take_at(c, l->heads[index], &got_bytes, &check);
+        if (w->check_prints && check != cfx_ll_check(&w->expect, number))
+            l->status = CFX_STEPLOOP_MISMATCH;
+        else if (got_bytes != bytes)
+            l->status = CFX_STEPLOOP_BAD_SIZE;
+        if (l->status != CFX_STEPLOOP_RUNNING) {
+            l->failed_conn = index;
+            return 0;
+        }
+        return (const char *)(cfx_ll_slot(c, l->heads[index]) + CFX_LL_HEADER_WORDS);
+    }
     size_t got;
     const struct cfx_fingerprint *print;
     const char *slot = cfx_fifo_take_slot_at(c, l->heads[index], &got, &print);
@@ -328,6 +480,9 @@ cfx_steploop_plan(struct cfx_steploop *l, const struct cfx_step *s, struct cfx_s
     p->avg = 0;
     p->out = 0;
     p->slot_out = 0;
+    p->ll_in = 0;
+    p->ll_out = 0;
+    p->stop = l->stop;
     if (flags & (CFX_PRIM_PULL | CFX_PRIM_ADDR | CFX_PRIM_DRAIN)) {
         /* Single copy: slots carry addresses; the data is one byte copy
          * (none for a drain, whose readiness was all it waited for). */
@@ -359,8 +514,15 @@ cfx_steploop_plan(struct cfx_steploop *l, const struct cfx_step *s, struct cfx_s
         if (received == 0)
             return l->status;
     }
-    if (flags & CFX_PRIM_SEND)
+    int ll = w->proto == CFX_WORK_PROTO_LL;
+    if ((flags & CFX_PRIM_SEND) && ll) {
+        p->slot_out =
+            (char *)(cfx_ll_slot(&l->conns[s->send], l->tails[s->send]) + CFX_LL_HEADER_WORDS);
+        p->ll_out = 1;
+        p->ll_out_flag = cfx_ll_flag(l->tails[s->send]);
+    } else if (flags & CFX_PRIM_SEND) {
         p->slot_out = cfx_fifo_post_slot_at(&l->conns[s->send], l->tails[s->send], bytes);
+    }
     if (flags & CFX_PRIM_REDUCE) {
         /* Operands in order: recv, recv_more..., with the input at input_pos
          * when ORDERED, else second; folded left to right per element. */
@@ -368,6 +530,11 @@ cfx_steploop_plan(struct cfx_steploop *l, const struct cfx_step *s, struct cfx_s
         for (int i = 0; i <= s->n_recv_more; i++) {
             if (i == input_pos)
                 p->operands[p->n_operands++] = s->input;
+            if (ll) {
+                int from = i == 0 ? s->recv : s->recv_more[i - 1];
+                p->ll_in |= 1u << p->n_operands;
+                p->ll_flag[p->n_operands] = cfx_ll_flag(l->heads[from]);
+            }
             p->operands[p->n_operands++] = i == 0 ? received : more[i - 1];
         }
         if (input_pos == s->n_recv_more + 1)
@@ -376,12 +543,16 @@ cfx_steploop_plan(struct cfx_steploop *l, const struct cfx_step *s, struct cfx_s
     } else {
         p->operands[0] = received ? received : s->input;
         p->n_operands = 1;
+        if (received && ll) {
+            p->ll_in = 1;
+            p->ll_flag[0] = cfx_ll_flag(l->heads[s->recv]);
+        }
     }
     if (flags & CFX_PRIM_OUT) {
         p->out = s->output;
         p->avg = (flags & CFX_PRIM_AVG) != 0;
     }
-    if (p->out == p->operands[0] && p->n_operands == 1 && !p->avg)
+    if (p->out == p->operands[0] && p->n_operands == 1 && !p->avg && !p->ll_in)
         p->out = 0; /* In place: the output already holds the value. */
     l->copy_bytes += bytes;
     return 0;
@@ -420,8 +591,15 @@ static inline CFX_HOST_DEVICE void cfx_steploop_commit(struct cfx_steploop *l,
         for (int i = 0; i < s->n_recv_more; i++)
             cfx_steploop_release(l, s->recv_more[i]);
     }
-    if (flags & CFX_PRIM_SEND)
+    if ((flags & CFX_PRIM_SEND) && w->proto == CFX_WORK_PROTO_LL) {
+        /* The words carry their flags: no fence, no info line. The tail
+         * only counts (its readers are the host's progress reports). */
+        struct cfx_conn *c = &l->conns[s->send];
+        cfx_ll_post_header(c, l->tails[s->send], bytes, &w->print);
+        cfx_store_relaxed_u64(c->tail, ++l->tails[s->send]);
+    } else if (flags & CFX_PRIM_SEND) {
         cfx_fifo_post_at(&l->conns[s->send], l->tails[s->send]++, bytes, &w->print);
+    }
 }
 
 /* The step the loop is at, described (once per index). NULL when the loop

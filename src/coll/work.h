@@ -83,7 +83,7 @@ struct cfx_work {
     uint8_t premul;
     uint8_t check_prints; /* Compare received fingerprints (CFX_CHECK_MISMATCH). */
     uint8_t n_conns;      /* Entries of the peer table. */
-    uint8_t reserved;
+    uint8_t proto;        /* enum cfx_work_proto: how its slots travel. */
     int32_t rank, nranks;
     int32_t root; /* Broadcast/reduce root, or the peer of send/recv. */
     uint32_t elem_bytes;
@@ -98,6 +98,14 @@ struct cfx_work {
     struct cfx_links links;
 };
 CFX_STATIC_ASSERT(sizeof(struct cfx_work) == 168, "the work descriptor keeps its size");
+
+/* Values of cfx_work.proto. LL (src/conn/fifo.h) only where every
+ * connector of the operation has LL slots (cfx_conn.ll) and the step loop
+ * runs it; never for single-copy schedules. */
+enum cfx_work_proto {
+    CFX_WORK_PROTO_SIMPLE = 0,
+    CFX_WORK_PROTO_LL = 1,
+};
 
 /* Values of cfx_work.premul (0: no PreMulSum). */
 #define CFX_PREMUL_HOST   1

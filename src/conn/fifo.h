@@ -104,6 +104,10 @@ struct cfx_conn {
     /* Nonzero once a side broke the connection (a cfxResult_t), in memory
      * the reader of this view can poll: a kernel that waits here stops. */
     const int32_t *closed;
+    /* The LL slots ([n_steps] of CFX_LL_SLOT_BYTES, zeroed at setup, only
+     * ever written as LL words), where the consumer polls; NULL: this
+     * connector carries Simple slots only. */
+    uint64_t *ll;
 };
 
 /* Point @p view at a FIFO whose parts are all in one block. */
@@ -119,6 +123,7 @@ static inline void cfx_fifo_view(struct cfx_conn *view, struct cfx_fifo *fifo, c
     view->peer = -1;
     view->head_seen = 0;
     view->closed = &fifo->closed;
+    view->ll = 0;
 }
 
 /* Mark slot @p number posted (its info and data written before). */
@@ -271,6 +276,92 @@ static inline CFX_HOST_DEVICE int32_t cfx_fifo_closed(const struct cfx_conn *c)
 static inline CFX_HOST_DEVICE uint32_t cfx_fifo_next_number(const struct cfx_conn *c)
 {
     return (uint32_t)cfx_load_relaxed_u64(c->head);
+}
+
+/*
+ * LL (low latency), the protocol for small steps between agents that reach
+ * each other's memory (NCCL's LL): every 4 bytes of a slot travel in one
+ * 8-byte word together with a flag, the slot's number + 1 (low 32 bits),
+ * written by one store. The consumer polls the words themselves: a word
+ * whose flag is its slot's is valid, with no fence on the producer and no
+ * info line or tail to read first. Half of each word is flag, so LL is for
+ * small steps; the slots live in a region of their own (cfx_conn.ll) that
+ * nothing else writes, so a stale word can only hold an older flag.
+ *
+ * An LL slot: word 0 {size, flag}, word 1 {check, flag} (check: a hash of
+ * the fingerprint and the slot number, for mismatch detection), then the
+ * data, 4 bytes per word, zero-padded to 16 bytes. The producer still waits
+ * for head (a slot is free) and bumps its tail (relaxed: nobody reads data
+ * by it); the consumer still releases head.
+ */
+#define CFX_LL_SLOT_BYTES   ((size_t)16384)
+#define CFX_LL_HEADER_WORDS 2
+/* Data bytes one LL slot carries (whole 16-byte packs). */
+#define CFX_LL_DATA_BYTES ((((CFX_LL_SLOT_BYTES / 8) - CFX_LL_HEADER_WORDS) * 4) & ~(size_t)15)
+
+/* The LL slot @p number of @p c uses. */
+static inline CFX_HOST_DEVICE uint64_t *cfx_ll_slot(const struct cfx_conn *c, uint64_t number)
+{
+    return c->ll + (size_t)(number % (uint64_t)c->n_steps) * (CFX_LL_SLOT_BYTES / 8);
+}
+
+static inline CFX_HOST_DEVICE uint32_t cfx_ll_flag(uint64_t number)
+{
+    return (uint32_t)(number + 1);
+}
+
+static inline CFX_HOST_DEVICE void cfx_ll_store(uint64_t *word, uint32_t data, uint32_t flag)
+{
+    cfx_store_relaxed_u64(word, (uint64_t)data | ((uint64_t)flag << 32));
+}
+
+/* Whether @p word holds @p flag's data (then *data_p is it). */
+static inline CFX_HOST_DEVICE int cfx_ll_load(const uint64_t *word, uint32_t flag, uint32_t *data_p)
+{
+    uint64_t v = cfx_load_relaxed_u64(word);
+    *data_p = (uint32_t)v;
+    return (uint32_t)(v >> 32) == flag;
+}
+
+/* The check word of a slot: the fingerprint's fields and the slot number,
+ * mixed into 32 bits (equal fingerprints, equal checks). */
+static inline CFX_HOST_DEVICE uint32_t cfx_ll_check(const struct cfx_fingerprint *print,
+                                                    uint32_t slot)
+{
+    uint64_t h = 0x9e3779b97f4a7c15ull;
+    uint64_t parts[4] = {print->seq, print->count,
+                         (uint64_t)(uint32_t)print->root | ((uint64_t)print->kind << 32) |
+                             ((uint64_t)print->type << 40) | ((uint64_t)print->op << 48) |
+                             ((uint64_t)print->valid << 56),
+                         slot};
+    for (int i = 0; i < 4; i++) {
+        h ^= parts[i];
+        h *= 0xff51afd7ed558ccdull;
+        h ^= h >> 33;
+    }
+    return (uint32_t)h ^ (uint32_t)(h >> 32);
+}
+
+/* Producer: write LL slot @p number's header (its data words may come
+ * before or after: each word carries its own flag). */
+static inline CFX_HOST_DEVICE void cfx_ll_post_header(const struct cfx_conn *c, uint64_t number,
+                                                      size_t bytes,
+                                                      const struct cfx_fingerprint *print)
+{
+    uint64_t *slot = cfx_ll_slot(c, number);
+    uint32_t flag = cfx_ll_flag(number);
+    cfx_ll_store(&slot[0], (uint32_t)bytes, flag);
+    cfx_ll_store(&slot[1], cfx_ll_check(print, (uint32_t)number), flag);
+}
+
+/* Consumer: LL slot @p number's header has arrived (its size and check in
+ * *bytes_p and *check_p). */
+static inline CFX_HOST_DEVICE int cfx_ll_can_take_at(const struct cfx_conn *c, uint64_t number,
+                                                     uint32_t *bytes_p, uint32_t *check_p)
+{
+    const uint64_t *slot = cfx_ll_slot(c, number);
+    uint32_t flag = cfx_ll_flag(number);
+    return cfx_ll_load(&slot[0], flag, bytes_p) && cfx_ll_load(&slot[1], flag, check_p);
 }
 
 #endif /* CFX_CONN_FIFO_H */

@@ -47,9 +47,11 @@
 
 #define CFX_KERNEL_NAME "cfx_kernel_batch"
 
-/* What one launch can carry (its parameter stays within CUDA's 4 KiB). */
+/* What one launch can carry (its parameter stays within CUDA's 4 KiB): the
+ * views are 72 bytes since they carry their LL slots, so 15 of them (one
+ * direct allreduce of 8 ranks has 14). */
 #define CFX_KERNEL_MAX_OPS   16
-#define CFX_KERNEL_MAX_VIEWS 17
+#define CFX_KERNEL_MAX_VIEWS 15
 /* Threads per block the executor launches (the CPU runs one). */
 #define CFX_KERNEL_THREADS 512
 /* Idle rounds between a waiting block's checks of the abort and closed
@@ -163,7 +165,7 @@ struct cfx_kernel_args {
 CFX_STATIC_ASSERT(sizeof(struct cfx_kernel_args) <= 4096, "a launch's parameter fits CUDA's 4 KiB");
 
 /* The parameter's layout, as a number: its version and size. */
-#define CFX_KERNEL_ABI ((uint32_t)(4u << 16) | (uint32_t)sizeof(struct cfx_kernel_args))
+#define CFX_KERNEL_ABI ((uint32_t)(5u << 16) | (uint32_t)sizeof(struct cfx_kernel_args))
 
 /* What the leader decided (cfx_kernel_lead). */
 enum cfx_kernel_action {
