@@ -35,8 +35,8 @@ struct world {
     int n_blocks;
 };
 
-/* Tests of the LL protocol set this: every FIFO gets LL slots, and every
- * operation but the single-copy ones runs LL. */
+/* Tests of the LL protocol set this: every FIFO gets LL slots (2: every
+ * other one), and every operation but the single-copy ones runs LL. */
 static int g_ll;
 
 /* A FIFO from loop @p a (producer) to loop @p b (consumer); *ia_p and
@@ -58,7 +58,9 @@ static void fifo_between(struct world *wd, int a, int b, int8_t *ia_p, int8_t *i
     *ib_p = (int8_t)sb->work.n_conns++;
     cfx_fifo_view(&sa->conns[*ia_p], fifo, slots, wd->slot_bytes, wd->n_steps);
     cfx_fifo_view(&sb->conns[*ib_p], fifo, slots, wd->slot_bytes, wd->n_steps);
-    if (g_ll)
+    /* g_ll 2: every other FIFO only (an LL operation over connectors of
+     * both kinds, as where some peers are over the network). */
+    if (g_ll == 1 || (g_ll == 2 && wd->n_blocks % 2 == 0))
         sa->conns[*ia_p].ll = sb->conns[*ib_p].ll = (uint64_t *)((char *)block + ll_at);
 }
 
@@ -806,6 +808,22 @@ Test(steploop, data_split_over_threads_matches_one_thread_aligned_or_not)
 }
 
 /* ------------------------------------------------------------------ LL */
+
+/* An LL operation whose connectors are LL and Simple by turns: each
+ * connector carries its slots its own way, the results are the same. */
+Test(steploop_ll, connectors_of_both_kinds_in_one_operation)
+{
+    g_ll = 2;
+    for (int n = 2; n <= MAX_RANKS; n++)
+        for (size_t c = 0; c < sizeof(counts) / sizeof(counts[0]); c++) {
+            run_reduction(RING_AR, n, counts[c], cfxSum, c % 2, 4, 256, 2, 0);
+            run_reduction(TREE_AR, n, counts[c], cfxMin, 0, 2, 128, 3, 0);
+            run_reduction(DIRECT_AR, n, counts[c], cfxSum, 0, 4, 256, 2, 0);
+            run_move(CHAIN_BCAST, n, counts[c], n - 1, 4, 256);
+            run_move(RING_AG, n, counts[c], 0, 2, 64);
+            run_move(P2P, n, counts[c], 0, 2, 64);
+        }
+}
 
 /* Slots larger than an LL slot carries: LL steps are cut to its data. */
 Test(steploop_ll, steps_are_cut_to_an_ll_slot)

@@ -266,24 +266,31 @@ static inline CFX_HOST_DEVICE int cfx_sl_ll_get(const struct cfx_steploop_plan *
     return 1;
 }
 
-/* Store pack @p i of the result: to out (its bytes only), and to slot_out
- * as LL words (all four: the tail of the last pack is zero padding). */
+/* Bytes @p n (at most 16) of @p v at @p to. */
+static inline CFX_HOST_DEVICE void cfx_sl_put_bytes(char *to, uint64_t n, struct cfx_pack16 v)
+{
+    if (n == 16 && cfx_sl_aligned16(to)) {
+        cfx_pack16_store(to, v);
+        return;
+    }
+    char b[16];
+    memcpy(b, &v, sizeof(b));
+    for (uint64_t j = 0; j < n; j++)
+        to[j] = b[j];
+}
+
+/* Store pack @p i of the result: to out (its bytes only), and to slot_out,
+ * as LL words with ll_out (all four: the tail of the last pack is zero
+ * padding), else as bytes. */
 static inline CFX_HOST_DEVICE void cfx_sl_ll_put(const struct cfx_steploop_plan *p, uint64_t i,
                                                  uint64_t bytes, struct cfx_pack16 v)
 {
     uint64_t off = 16 * i, n = bytes - off < 16 ? bytes - off : 16;
-    if (p->out) {
-        char *to = p->out + off;
-        if (n == 16 && cfx_sl_aligned16(to)) {
-            cfx_pack16_store(to, v);
-        } else {
-            char b[16];
-            memcpy(b, &v, sizeof(b));
-            for (uint64_t j = 0; j < n; j++)
-                to[j] = b[j];
-        }
-    }
-    if (p->slot_out) {
+    if (p->out)
+        cfx_sl_put_bytes(p->out + off, n, v);
+    if (p->slot_out && !p->ll_out)
+        cfx_sl_put_bytes(p->slot_out + off, n, v);
+    if (p->slot_out && p->ll_out) {
         uint32_t d[4];
         memcpy(d, &v, sizeof(d));
         uint64_t *words = (uint64_t *)p->slot_out + 4 * i;
@@ -389,11 +396,19 @@ static inline CFX_HOST_DEVICE void cfx_steploop_data(const struct cfx_work *w,
     }
 }
 
+/* Whether connector @p index carries this operation's slots as LL: the
+ * operation runs LL and the connector has LL slots (at both ends, as its
+ * transport gives them; the operation's proto is alike on every rank). */
+static inline CFX_HOST_DEVICE int cfx_steploop_ll(const struct cfx_steploop *l, int index)
+{
+    return l->work->proto == CFX_WORK_PROTO_LL && l->conns[index].ll != 0;
+}
+
 /* Whether connector @p index has its next slot (loads only): an LL slot's
  * header, or a Simple slot's posted info line. */
 static inline CFX_HOST_DEVICE int cfx_steploop_can_take(struct cfx_steploop *l, int index)
 {
-    if (l->work->proto == CFX_WORK_PROTO_LL) {
+    if (cfx_steploop_ll(l, index)) {
         uint32_t bytes, check;
         return cfx_ll_can_take_at(&l->conns[index], l->heads[index], &bytes, &check);
     }
@@ -426,7 +441,7 @@ static inline CFX_HOST_DEVICE const char *cfx_steploop_take(struct cfx_steploop 
     const struct cfx_work *w = l->work;
     struct cfx_conn *c = &l->conns[index];
     uint32_t number = (uint32_t)l->heads[index];
-    if (w->proto == CFX_WORK_PROTO_LL) {
+    if (cfx_steploop_ll(l, index)) {
         /* Its header is in (ready): size and check; the data words are
          * waited for as they are read. */
         uint32_t got_bytes = 0, check = 0;
@@ -514,8 +529,7 @@ cfx_steploop_plan(struct cfx_steploop *l, const struct cfx_step *s, struct cfx_s
         if (received == 0)
             return l->status;
     }
-    int ll = w->proto == CFX_WORK_PROTO_LL;
-    if ((flags & CFX_PRIM_SEND) && ll) {
+    if ((flags & CFX_PRIM_SEND) && cfx_steploop_ll(l, s->send)) {
         p->slot_out =
             (char *)(cfx_ll_slot(&l->conns[s->send], l->tails[s->send]) + CFX_LL_HEADER_WORDS);
         p->ll_out = 1;
@@ -530,8 +544,8 @@ cfx_steploop_plan(struct cfx_steploop *l, const struct cfx_step *s, struct cfx_s
         for (int i = 0; i <= s->n_recv_more; i++) {
             if (i == input_pos)
                 p->operands[p->n_operands++] = s->input;
-            if (ll) {
-                int from = i == 0 ? s->recv : s->recv_more[i - 1];
+            int from = i == 0 ? s->recv : s->recv_more[i - 1];
+            if (cfx_steploop_ll(l, from)) {
                 p->ll_in |= 1u << p->n_operands;
                 p->ll_flag[p->n_operands] = cfx_ll_flag(l->heads[from]);
             }
@@ -543,7 +557,7 @@ cfx_steploop_plan(struct cfx_steploop *l, const struct cfx_step *s, struct cfx_s
     } else {
         p->operands[0] = received ? received : s->input;
         p->n_operands = 1;
-        if (received && ll) {
+        if (received && cfx_steploop_ll(l, s->recv)) {
             p->ll_in = 1;
             p->ll_flag[0] = cfx_ll_flag(l->heads[s->recv]);
         }
@@ -591,7 +605,7 @@ static inline CFX_HOST_DEVICE void cfx_steploop_commit(struct cfx_steploop *l,
         for (int i = 0; i < s->n_recv_more; i++)
             cfx_steploop_release(l, s->recv_more[i]);
     }
-    if ((flags & CFX_PRIM_SEND) && w->proto == CFX_WORK_PROTO_LL) {
+    if ((flags & CFX_PRIM_SEND) && cfx_steploop_ll(l, s->send)) {
         /* The words carry their flags: no fence, no info line. The tail
          * only counts (its readers are the host's progress reports). */
         struct cfx_conn *c = &l->conns[s->send];
