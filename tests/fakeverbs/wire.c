@@ -110,26 +110,14 @@ static void resp_close(struct fv_resp_conn *rc)
     free(rc);
 }
 
-/* Whether an incoming write may land: rkey of the QP's PD, in bounds, with
- * remote write on both the MR and the QP. */
-static int write_allowed(const struct fv_qp *qp, const struct fv_msg_hdr *hdr)
+/* Whether an incoming write may land (@p access IBV_ACCESS_REMOTE_WRITE) or
+ * a read take its bytes (IBV_ACCESS_REMOTE_READ): rkey of the QP's PD, in
+ * bounds, with that access on both the MR and the QP. */
+static int remote_allowed(const struct fv_qp *qp, const struct fv_msg_hdr *hdr, int access)
 {
     struct fv_mr *mr = fv_mr_find(hdr->rkey);
     if (mr == NULL || mr->ibmr.rkey != hdr->rkey || mr->ibmr.pd != qp->ibqp.pd ||
-        !(mr->access & IBV_ACCESS_REMOTE_WRITE) || !(qp->access_flags & IBV_ACCESS_REMOTE_WRITE))
-        return 0;
-    uint64_t start = (uint64_t)(uintptr_t)mr->ibmr.addr;
-    return hdr->remote_addr >= start && hdr->length <= mr->ibmr.length &&
-           hdr->remote_addr - start <= mr->ibmr.length - hdr->length;
-}
-
-/* Whether an incoming read may take its bytes: rkey of the QP's PD, in
- * bounds, with remote read on both the MR and the QP. */
-static int read_allowed(const struct fv_qp *qp, const struct fv_msg_hdr *hdr)
-{
-    struct fv_mr *mr = fv_mr_find(hdr->rkey);
-    if (mr == NULL || mr->ibmr.rkey != hdr->rkey || mr->ibmr.pd != qp->ibqp.pd ||
-        !(mr->access & IBV_ACCESS_REMOTE_READ) || !(qp->access_flags & IBV_ACCESS_REMOTE_READ))
+        !(mr->access & access) || !(qp->access_flags & access))
         return 0;
     uint64_t start = (uint64_t)(uintptr_t)mr->ibmr.addr;
     return hdr->remote_addr >= start && hdr->length <= mr->ibmr.length &&
@@ -204,7 +192,7 @@ static void resp_decide(struct fv_resp_conn *rc)
         rc->payload_left = 0; /* The request carries no bytes. */
         if (hdr->length == 0)
             return;
-        if (!read_allowed(qp, hdr)) {
+        if (!remote_allowed(qp, hdr, IBV_ACCESS_REMOTE_READ)) {
             fv_log("QP 0x%x: remote access error on a read (rkey 0x%x addr 0x%llx len %u)",
                    qp->ibqp.qp_num, hdr->rkey, (unsigned long long)hdr->remote_addr, hdr->length);
             rc->verdict = FV_NAK_ACCESS;
@@ -224,7 +212,7 @@ static void resp_decide(struct fv_resp_conn *rc)
     if (hdr->opcode == IBV_WR_RDMA_WRITE || hdr->opcode == IBV_WR_RDMA_WRITE_WITH_IMM) {
         if (hdr->length == 0)
             return;
-        if (!write_allowed(qp, hdr)) {
+        if (!remote_allowed(qp, hdr, IBV_ACCESS_REMOTE_WRITE)) {
             fv_log("QP 0x%x: remote access error (rkey 0x%x addr 0x%llx len %u)", qp->ibqp.qp_num,
                    hdr->rkey, (unsigned long long)hdr->remote_addr, hdr->length);
             rc->verdict = FV_NAK_ACCESS;
