@@ -23,6 +23,7 @@
 #include <unistd.h>
 
 #include "src/core/comm.h"
+#include "src/exec/cuda.h"
 #include "src/util/param.h"
 #include "src/util/verbs.h"
 #include "tests/harness_gpu.h"
@@ -1139,6 +1140,83 @@ Test(cuda, alltoall_gather_scatter_and_premulsum_run_on_device_buffers, .timeout
     struct cfx_test_options opts = {
         .nranks = API_RANKS, .mode = CFX_TEST_THREADS, .deadline_s = 90};
     CFX_TEST_RUN(&opts, rest_of_the_api);
+}
+
+/* ------------------------------------------------ groups wider than a narrow launch */
+
+#define WIDE_RANKS 4
+#define WIDE_MSGS  4    /* Messages each way per pair: 2 x 3 x 4 = 24 ops per rank. */
+#define WIDE_COUNT 1500 /* Floats per message. */
+
+static float wide_value(int from, int to, int msg, size_t i)
+{
+    return (float)(from * 1000 + to * 100 + msg * 10) + (float)(i % 7);
+}
+
+/* A group of 24 point-to-point calls per rank (more than the narrow
+ * launch's 16 operations and 14 views) runs as one wide launch, every
+ * message in its place; a group of more than a wide launch carries is
+ * refused with a sentence on every rank, and the communicator goes on. */
+static void wide_group(struct cfx_test_rank *ctx)
+{
+    struct gpu_rank g;
+    const int n = ctx->nranks, r = ctx->rank;
+    const size_t block = (size_t)WIDE_MSGS * WIDE_COUNT, all = block * (size_t)n;
+    if (!gpu_rank_open(ctx, &g, all)) {
+        gpu_rank_close(&g);
+        return;
+    }
+    cfx_test_step(ctx, "a group of %d sends and receives", 2 * (n - 1) * WIDE_MSGS);
+    for (int to = 0; to < n; to++)
+        for (int m = 0; m < WIDE_MSGS; m++)
+            for (size_t i = 0; i < WIDE_COUNT; i++)
+                g.host[(size_t)to * block + (size_t)m * WIDE_COUNT + i] = wide_value(r, to, m, i);
+    RANK_ASSERT(ctx, cfx_test_gpu_put(ctx, &g.gpu, g.dsend, g.host, all * sizeof(float)), "put");
+    RANK_CFX(ctx, cfxGroupStart());
+    for (int k = 1; k < n; k++) {
+        int to = (r + k) % n, from = (r - k + n) % n;
+        for (int m = 0; m < WIDE_MSGS; m++) {
+            RANK_CFX(ctx, cfxSend(g.dsend + (size_t)to * block + (size_t)m * WIDE_COUNT, WIDE_COUNT,
+                                  cfxFloat32, to, g.comm, g.gpu.stream));
+            RANK_CFX(ctx, cfxRecv(g.drecv + (size_t)from * block + (size_t)m * WIDE_COUNT,
+                                  WIDE_COUNT, cfxFloat32, from, g.comm, g.gpu.stream));
+        }
+    }
+    RANK_CFX(ctx, cfxGroupEnd());
+    RANK_ASSERT(ctx, cfx_test_gpu_sync(ctx, &g.gpu), "sync");
+    RANK_ASSERT(ctx, cfx_test_gpu_get(ctx, &g.gpu, g.host, g.drecv, all * sizeof(float)), "get");
+    for (int from = 0; from < n; from++)
+        for (int m = 0; m < WIDE_MSGS && from != r; m++)
+            for (size_t i = 0; i < WIDE_COUNT; i++) {
+                float got = g.host[(size_t)from * block + (size_t)m * WIDE_COUNT + i];
+                RANK_ASSERT(ctx, got == wide_value(from, r, m, i),
+                            "message %d from rank %d, element %zu: %g, not %g", m, from, i,
+                            (double)got, (double)wide_value(from, r, m, i));
+            }
+
+    cfx_test_step(ctx, "a group of %d operations", CFX_EXEC_CUDA_MAX_OPS + 1);
+    RANK_CFX(ctx, cfxGroupStart());
+    for (int k = 0; k <= CFX_EXEC_CUDA_MAX_OPS; k++)
+        RANK_CFX(ctx, cfxAllReduce(g.dsend, g.drecv, 64, cfxFloat32, cfxSum, g.comm, g.gpu.stream));
+    cfxResult_t res = cfxGroupEnd();
+    RANK_ASSERT(ctx, res == cfxInvalidUsage, "%d allreduces in one group gave %s",
+                CFX_EXEC_CUDA_MAX_OPS + 1, cfxGetErrorString(res));
+    const char *why = cfxGetLastError(g.comm);
+    RANK_ASSERT(ctx, strstr(why, "split the group") != NULL, "the refusal says: %s", why);
+
+    cfx_test_step(ctx, "an allreduce after the refusal");
+    RANK_ASSERT(ctx, put_inputs(ctx, &g), "inputs");
+    RANK_CFX(ctx, cfxAllReduce(g.dsend, g.drecv, all, cfxFloat32, cfxSum, g.comm, g.gpu.stream));
+    RANK_ASSERT(ctx, cfx_test_gpu_sync(ctx, &g.gpu) && check_sums(ctx, &g, g.drecv), "sums");
+    gpu_rank_close(&g);
+}
+
+Test(cuda, a_group_wider_than_a_narrow_launch_runs_and_a_wider_one_is_refused, .timeout = 120)
+{
+    cr_log_info("on %s", use_gpu());
+    struct cfx_test_options opts = {
+        .nranks = WIDE_RANKS, .mode = CFX_TEST_THREADS, .deadline_s = 90};
+    CFX_TEST_RUN(&opts, wide_group);
 }
 
 /* ------------------------------------------------ graph capture */

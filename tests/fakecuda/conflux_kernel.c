@@ -1,5 +1,6 @@
 /*
- * Conflux's kernel (src/exec/cuda/kernel.h: "cfx_kernel_batch") for
+ * Conflux's kernels (src/exec/cuda/kernel.h: "cfx_kernel_batch" and its
+ * wide twin, which differ only in the size of their parameter) for
  * fake-cuda: the very functions the GPU's __global__ wrapper calls
  * (src/exec/cuda/kernel.cu), compiled for the CPU. One pass is one round
  * of the wrapper's loop: the leader decides; for a step, every thread of
@@ -81,7 +82,14 @@ static int conflux_pass(void *state, const void *params, unsigned block, unsigne
 
 const struct fakecuda_kernel fakecuda_conflux_kernel = {
     .name = CFX_KERNEL_NAME,
-    .param_bytes = sizeof(struct cfx_kernel_args),
+    .param_bytes = sizeof(struct cfx_kernel_narrow),
+    .state_bytes = sizeof(struct cfx_kernel_block),
+    .pass = conflux_pass,
+};
+
+const struct fakecuda_kernel fakecuda_conflux_kernel_wide = {
+    .name = CFX_KERNEL_WIDE_NAME,
+    .param_bytes = sizeof(struct cfx_kernel_wide),
     .state_bytes = sizeof(struct cfx_kernel_block),
     .pass = conflux_pass,
 };

@@ -38,6 +38,9 @@ extern const struct fakecuda_kernel *const fakecuda_kernels[];
 /* Conflux's own kernel, "cfx_kernel_batch" (conflux_kernel.c: the functions
  * of src/exec/cuda/kernel.h that the GPU runs, compiled for the CPU). */
 extern const struct fakecuda_kernel fakecuda_conflux_kernel;
+/* Its twin for launches of up to 32764 bytes of parameter,
+ * "cfx_kernel_batch_wide". */
+extern const struct fakecuda_kernel fakecuda_conflux_kernel_wide;
 
 /* ---- Test kernels (test_kernels.c), for tests/fakecuda/test_fakecuda.c. */
 

@@ -53,7 +53,8 @@ CFX_STATIC_ASSERT(CFX_EXEC_CUDA_MAX_OPS == CFX_KERNEL_MAX_OPS,
 
 struct cfx_cuda_comm {
     struct cfx_cuda_comm_desc desc;
-    CUfunction fn;
+    CUfunction fn;                  /* The narrow launch's kernel. */
+    CUfunction fn_wide;             /* The wide launch's. */
     struct cfx_kernel_comm *mapped; /* Host-mapped (the same address on the device). */
     void *teams;                    /* Device memory: mapped->teams. */
     int team_cap;                   /* Most blocks per chain on this device (team_for). */
@@ -81,8 +82,11 @@ static cfxResult_t host_batches_open(const struct cfx_cuda_api *cu);
 
 static pthread_mutex_t module_lock = PTHREAD_MUTEX_INITIALIZER;
 static CUfunction device_fn[MAX_DEVICES];
+static CUfunction device_fn_wide[MAX_DEVICES];
 
-static cfxResult_t kernel_of(const struct cfx_cuda_api *cu, int device, CUfunction *fn_p)
+/* Conflux's kernels on @p device: the narrow launch's and the wide one's. */
+static cfxResult_t kernel_of(const struct cfx_cuda_api *cu, int device, CUfunction *fn_p,
+                             CUfunction *wide_p)
 {
     if (device < 0 || device >= MAX_DEVICES)
         return cfx_error_set(cfxInvalidArgument, CFX_LOG_INIT, "CUDA device %d is out of range",
@@ -91,20 +95,27 @@ static cfxResult_t kernel_of(const struct cfx_cuda_api *cu, int device, CUfuncti
     pthread_mutex_lock(&module_lock);
     if (device_fn[device] == NULL) {
         CUmodule module;
+        CUfunction fn = NULL, wide = NULL;
         CUresult err = cu->module_load_data(&module, cfx_kernel_image);
         if (err == CUDA_SUCCESS) {
-            err = cu->module_get_function(&device_fn[device], module, CFX_KERNEL_NAME);
+            err = cu->module_get_function(&fn, module, CFX_KERNEL_NAME);
+            if (err == CUDA_SUCCESS)
+                err = cu->module_get_function(&wide, module, CFX_KERNEL_WIDE_NAME);
             if (err != CUDA_SUCCESS)
                 cu->module_unload(module);
         }
-        if (err != CUDA_SUCCESS)
+        if (err != CUDA_SUCCESS) {
             res = cfx_cuda_error(err, CFX_LOG_INIT,
                                  "cannot load Conflux's kernel on this GPU (built for the "
                                  "architectures of CMAKE_CUDA_ARCHITECTURES)");
-        else
+        } else {
+            device_fn[device] = fn;
+            device_fn_wide[device] = wide;
             CFX_INFO(CFX_LOG_INIT, "cuda: kernel loaded on device %d (%lu-byte image)", device,
                      cfx_kernel_image_size);
+        }
     }
+    *wide_p = device_fn_wide[device];
     *fn_p = device_fn[device];
     pthread_mutex_unlock(&module_lock);
     return res;
@@ -439,7 +450,7 @@ cfxResult_t cfx_exec_cuda_comm_open(const struct cfx_cuda_comm_desc *desc,
              "GPU rank(s) of this process on device %d)",
              desc->rank, c->team_cap, (int)param_cuda_blocks(), sms, desc->ranks_on_device,
              desc->device);
-    cfxResult_t res = kernel_of(cu, desc->device, &c->fn);
+    cfxResult_t res = kernel_of(cu, desc->device, &c->fn, &c->fn_wide);
     if (res == cfxSuccess)
         res = host_batches_open(cu);
     if (res != cfxSuccess)
@@ -626,13 +637,15 @@ static int team_for(const struct cfx_work *work, int most, int so_far)
     return team > so_far ? team : so_far;
 }
 
-/* The launch of the batch's ops on @p stream into @p args: the ops in
+/* The launch of the batch's ops on @p stream into @p launch: the ops in
  * chains (those that share a connector, transitively, in one chain in call
- * order), a block per chain. */
+ * order), a block per chain; the narrow parameter where it carries them,
+ * else the wide one (*wide_p set). */
 static cfxResult_t build_args(struct cfx_op *ops, int n_ops, cfxStream_t stream,
-                              struct cfx_kernel_args *args)
+                              struct cfx_kernel_wide *launch, int *wide_p)
 {
     int on[CFX_KERNEL_MAX_OPS], parent[CFX_KERNEL_MAX_OPS], n = 0;
+    uint32_t n_views = 0;
     for (int i = 0; i < n_ops; i++) {
         if (ops[i].stream != stream)
             continue;
@@ -646,15 +659,26 @@ static cfxResult_t build_args(struct cfx_op *ops, int n_ops, cfxStream_t stream,
         for (int j = 0; j < n; j++)
             if (share_a_connector(&ops[on[j]], &ops[i]))
                 parent[chain_root(parent, n)] = chain_root(parent, j);
+        n_views += (uint32_t)ops[i].n_conns;
         n++;
     }
+    if (n_views > CFX_KERNEL_WIDE_VIEWS)
+        return cfx_error_set(cfxInvalidUsage, CFX_LOG_COLL,
+                             "a group puts %u connectors on one CUDA stream, more than one "
+                             "kernel launch carries (%d): split the group",
+                             n_views, CFX_KERNEL_WIDE_VIEWS);
+    int wide = n > CFX_KERNEL_NARROW_OPS || n_views > CFX_KERNEL_NARROW_VIEWS;
+    struct cfx_kernel_args *args = &launch->head;
     args->abi = CFX_KERNEL_ABI;
     args->n_ops = 0;
     args->n_views = 0;
     args->n_blocks = 0;
     args->spin_check = CFX_KERNEL_SPIN_CHECK;
+    args->cap_ops = wide ? CFX_KERNEL_WIDE_OPS : CFX_KERNEL_NARROW_OPS;
     args->team = 1;
-    memset(args->reserved, 0, sizeof(args->reserved));
+    memset(args->pad, 0, sizeof(args->pad));
+    struct cfx_kernel_op *k_ops = cfx_kernel_args_ops(args);
+    struct cfx_conn *views = cfx_kernel_args_views(args);
     int placed[CFX_KERNEL_MAX_OPS] = {0};
     for (int first = 0; first < n; first++) {
         if (placed[first])
@@ -669,33 +693,36 @@ static cfxResult_t build_args(struct cfx_op *ops, int n_ops, cfxStream_t stream,
             struct cfx_cuda_comm *c = op->exec_state;
             /* Its report slot: its place among its communicator's ops here. */
             int slot = 0;
-            for (uint32_t j = 0; j < args->n_ops; j++)
-                slot += args->ops[j].comm == c->mapped;
-            if (args->n_views + (uint32_t)op->n_conns > CFX_KERNEL_MAX_VIEWS)
-                return cfx_error_set(cfxInvalidUsage, CFX_LOG_COLL,
-                                     "a group puts more connectors on one CUDA stream than one "
-                                     "kernel launch carries (%d): split the group",
-                                     CFX_KERNEL_MAX_VIEWS);
+            for (int j = 0; j < args->n_ops; j++)
+                slot += k_ops[j].comm == c->mapped;
             args->team = (uint8_t)team_for(&op->work, c->team_cap, args->team);
-            struct cfx_kernel_op *k_op = &args->ops[args->n_ops++];
+            struct cfx_kernel_op *k_op = &k_ops[args->n_ops++];
             k_op->work = op->work;
             k_op->comm = c->mapped;
             k_op->slot = (uint8_t)slot;
             k_op->first_view = (uint8_t)args->n_views;
             memset(k_op->reserved, 0, sizeof(k_op->reserved));
             for (int v = 0; v < op->n_conns; v++)
-                args->views[args->n_views++] = op->conns[v]->view;
+                views[args->n_views++] = op->conns[v]->view;
         }
     }
     args->block_first[args->n_blocks] = (uint8_t)args->n_ops;
+    *wide_p = wide;
     return cfxSuccess;
 }
 
 static cfxResult_t launch_stream(const struct cfx_cuda_api *cu, struct cfx_op *ops, int n_ops,
                                  cfxStream_t stream)
 {
-    struct cfx_kernel_args args;
-    CFX_CHECK(build_args(ops, n_ops, stream, &args));
+    /* Filled in place as the narrow or the wide parameter (their heads and
+     * operations coincide; the views follow cap_ops operations). */
+    union {
+        struct cfx_kernel_narrow narrow;
+        struct cfx_kernel_wide wide;
+    } launch;
+    int wide = 0;
+    CFX_CHECK(build_args(ops, n_ops, stream, &launch.wide, &wide));
+    const struct cfx_kernel_args *args = &launch.wide.head;
     struct cfx_cuda_comm *first = NULL;
     for (int i = 0; i < n_ops && first == NULL; i++)
         if (ops[i].stream == stream)
@@ -707,9 +734,9 @@ static cfxResult_t launch_stream(const struct cfx_cuda_api *cu, struct cfx_op *o
     for (int i = 0; i < n_ops; i++)
         if (ops[i].stream == stream)
             CFX_CHECK(order_after_previous(cu, ops[i].exec_state, s, capturing));
-    void *params[] = {&args};
+    void *params[] = {&launch};
     CFX_CU_CHECK(cu,
-                 launch_kernel(first->fn, args.n_blocks * args.team, 1, 1,
+                 launch_kernel(wide ? first->fn_wide : first->fn, args->n_blocks * args->team, 1, 1,
                                (unsigned)param_cuda_threads(), 1, 1, 0, s, params, NULL),
                  CFX_LOG_COLL, "cannot launch the collective's kernel");
     for (int i = 0; i < n_ops; i++)

@@ -41,21 +41,21 @@ static __device__ void run_helper(struct cfx_kernel_block *block, int *action, u
     }
 }
 
-extern "C" __global__ void __launch_bounds__(CFX_KERNEL_THREADS)
-    cfx_kernel_batch(const __grid_constant__ struct cfx_kernel_args args)
+/* One launch, whichever size its parameter (@p args points into it). */
+static __device__ __forceinline__ void run_batch(const struct cfx_kernel_args *args)
 {
     __shared__ struct cfx_kernel_block block;
     __shared__ int action;
     __shared__ int stopped; /* The leader gave up waiting for its helpers (set once). */
     const unsigned tid = threadIdx.x, nthreads = blockDim.x;
-    const unsigned team = cfx_kernel_team_size(&args);
+    const unsigned team = cfx_kernel_team_size(args);
     const unsigned chain = blockIdx.x / team, member = blockIdx.x % team;
     /* This thread's place in its team, and the team's threads. */
     const unsigned share = member * nthreads + tid, shares = team * nthreads;
     if (tid == 0) {
         block.started = 0;
         stopped = 0;
-        cfx_kernel_team_join(&block, &args, chain);
+        cfx_kernel_team_join(&block, args, chain);
     }
     __syncthreads();
     if (member != 0) {
@@ -64,13 +64,13 @@ extern "C" __global__ void __launch_bounds__(CFX_KERNEL_THREADS)
     }
     for (;;) {
         if (tid == 0)
-            action = cfx_kernel_lead(&block, &args, chain);
+            action = cfx_kernel_lead(&block, args, chain);
         __syncthreads();
         if (action == CFX_KERNEL_FINISHED) {
             if (tid == 0 && team > 1) {
                 int acked;
                 cfx_kernel_team_publish(&block, CFX_KERNEL_FINISHED);
-                while ((acked = cfx_kernel_team_wait(&block, &args, chain, team,
+                while ((acked = cfx_kernel_team_wait(&block, args, chain, team,
                                                      CFX_KERNEL_FINISHED)) == 0)
                     ;
                 if (acked > 0)
@@ -85,12 +85,12 @@ extern "C" __global__ void __launch_bounds__(CFX_KERNEL_THREADS)
             __syncthreads(); /* Every thread's stores before the leader publishes them. */
             if (tid == 0) {
                 int acked = 1;
-                while (team > 1 && (acked = cfx_kernel_team_wait(&block, &args, chain, team,
+                while (team > 1 && (acked = cfx_kernel_team_wait(&block, args, chain, team,
                                                                  CFX_KERNEL_STEP)) == 0)
                     ;
                 if (acked > 0) {
                     __threadfence_system();
-                    cfx_kernel_commit(&block, &args, chain);
+                    cfx_kernel_commit(&block, args, chain);
                 } else {
                     stopped = 1; /* The communicator stopped while helpers were away. */
                 }
@@ -100,4 +100,18 @@ extern "C" __global__ void __launch_bounds__(CFX_KERNEL_THREADS)
         if (stopped)
             return;
     }
+}
+
+extern "C" __global__ void __launch_bounds__(CFX_KERNEL_THREADS)
+    cfx_kernel_batch(const __grid_constant__ struct cfx_kernel_narrow args)
+{
+    run_batch(&args.head);
+}
+
+/* Groups the narrow parameter cannot carry (up to 32764 bytes of
+ * parameter: CUDA 12.1 and newer, sm_70 and newer). */
+extern "C" __global__ void __launch_bounds__(CFX_KERNEL_THREADS)
+    cfx_kernel_batch_wide(const __grid_constant__ struct cfx_kernel_wide args)
+{
+    run_batch(&args.head);
 }

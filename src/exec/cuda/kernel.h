@@ -41,17 +41,27 @@
 #ifndef CFX_EXEC_CUDA_KERNEL_H
 #define CFX_EXEC_CUDA_KERNEL_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 #include "src/coll/steploop.h"
 
 #define CFX_KERNEL_NAME "cfx_kernel_batch"
 
-/* What one launch can carry (its parameter stays within CUDA's 4 KiB): the
- * views are 72 bytes since they carry their LL slots, so 15 of them (one
- * direct allreduce of 8 ranks has 14). */
-#define CFX_KERNEL_MAX_OPS   16
-#define CFX_KERNEL_MAX_VIEWS 15
+/* What one launch can carry. A launch's one parameter comes in two sizes:
+ * the narrow one stays within CUDA's classic 4 KiB (16 operations, 14
+ * views of 72 bytes: one direct allreduce of 8 ranks has 14), the wide one
+ * within the 32764 bytes CUDA 12.1 allows on sm_70 and newer (64
+ * operations, 256 views: an all-to-all of 32 ranks in one group), for
+ * groups the narrow one cannot carry. Launching the narrow one keeps the
+ * common launch's parameter copy small. CFX_KERNEL_MAX_OPS bounds both (a
+ * communicator's report slots). */
+#define CFX_KERNEL_NARROW_OPS   16
+#define CFX_KERNEL_NARROW_VIEWS 14
+#define CFX_KERNEL_WIDE_OPS     64
+#define CFX_KERNEL_WIDE_VIEWS   256
+#define CFX_KERNEL_MAX_OPS      CFX_KERNEL_WIDE_OPS
+#define CFX_KERNEL_WIDE_NAME    "cfx_kernel_batch_wide"
 /* Threads per block the executor launches (the CPU runs one). */
 #define CFX_KERNEL_THREADS 512
 /* Idle rounds between a waiting block's checks of the abort and closed
@@ -145,27 +155,66 @@ struct cfx_kernel_op {
     uint8_t reserved[6];
 };
 
-/* The kernel's one parameter, by value. Operations of several
- * communicators (ranks a thread drives in one group) may share a launch. */
+/* The head of the kernel's one parameter, by value: the operations follow
+ * it (cap_ops of them), then the views (cfx_kernel_args_ops/_views).
+ * Operations of several communicators (ranks a thread drives in one group)
+ * may share a launch. */
 struct cfx_kernel_args {
     uint32_t abi; /* CFX_KERNEL_ABI: a kernel built from another kernel.h refuses it. */
-    uint32_t n_ops;
-    uint32_t n_views;
     uint32_t spin_check;
-    uint32_t n_blocks; /* Chains: the grid is n_blocks x team blocks. */
+    uint16_t n_views;
+    uint8_t n_ops;
+    uint8_t n_blocks; /* Chains: the grid is n_blocks x team blocks. */
+    uint8_t cap_ops;  /* Room for operations: CFX_KERNEL_NARROW_OPS or _WIDE_OPS. */
+    uint8_t team;     /* Blocks per chain (0 or 1: each chain alone). */
     /* Block b runs ops[block_first[b] .. block_first[b + 1]) one after the
      * other: operations that share a connector go in one block, in call
      * order (two blocks posting to one FIFO would mix their slots). */
     uint8_t block_first[CFX_KERNEL_MAX_OPS + 1];
-    uint8_t team; /* Blocks per chain (0 or 1: each chain alone). */
-    uint8_t reserved[2];
-    struct cfx_kernel_op ops[CFX_KERNEL_MAX_OPS];
-    struct cfx_conn views[CFX_KERNEL_MAX_VIEWS];
+    uint8_t pad[1];
 };
-CFX_STATIC_ASSERT(sizeof(struct cfx_kernel_args) <= 4096, "a launch's parameter fits CUDA's 4 KiB");
 
-/* The parameter's layout, as a number: its version and size. */
-#define CFX_KERNEL_ABI ((uint32_t)(5u << 16) | (uint32_t)sizeof(struct cfx_kernel_args))
+/* The two parameters a launch passes ("cfx_kernel_batch" takes the narrow
+ * one, CFX_KERNEL_WIDE_NAME the wide one). */
+struct cfx_kernel_narrow {
+    struct cfx_kernel_args head;
+    struct cfx_kernel_op ops[CFX_KERNEL_NARROW_OPS];
+    struct cfx_conn views[CFX_KERNEL_NARROW_VIEWS];
+};
+struct cfx_kernel_wide {
+    struct cfx_kernel_args head;
+    struct cfx_kernel_op ops[CFX_KERNEL_WIDE_OPS];
+    struct cfx_conn views[CFX_KERNEL_WIDE_VIEWS];
+};
+CFX_STATIC_ASSERT(sizeof(struct cfx_kernel_narrow) <= 4096, "the narrow launch fits 4 KiB");
+CFX_STATIC_ASSERT(sizeof(struct cfx_kernel_wide) <= 32764, "the wide launch fits 32764 bytes");
+CFX_STATIC_ASSERT(offsetof(struct cfx_kernel_narrow, ops) == sizeof(struct cfx_kernel_args) &&
+                      offsetof(struct cfx_kernel_wide, ops) == sizeof(struct cfx_kernel_args),
+                  "the operations follow the head");
+CFX_STATIC_ASSERT(offsetof(struct cfx_kernel_narrow, views) ==
+                          sizeof(struct cfx_kernel_args) +
+                              CFX_KERNEL_NARROW_OPS * sizeof(struct cfx_kernel_op) &&
+                      offsetof(struct cfx_kernel_wide, views) ==
+                          sizeof(struct cfx_kernel_args) +
+                              CFX_KERNEL_WIDE_OPS * sizeof(struct cfx_kernel_op),
+                  "the views follow cap_ops operations");
+CFX_STATIC_ASSERT(CFX_KERNEL_WIDE_VIEWS <= 256 && CFX_KERNEL_WIDE_OPS < 256,
+                  "first_view, n_ops and block_first are bytes");
+
+/* A launch's operations and views (they follow its head). */
+static inline CFX_HOST_DEVICE struct cfx_kernel_op *
+cfx_kernel_args_ops(const struct cfx_kernel_args *a)
+{
+    return (struct cfx_kernel_op *)(uintptr_t)(a + 1);
+}
+static inline CFX_HOST_DEVICE struct cfx_conn *
+cfx_kernel_args_views(const struct cfx_kernel_args *a)
+{
+    return (struct cfx_conn *)(uintptr_t)(cfx_kernel_args_ops(a) + a->cap_ops);
+}
+
+/* The parameter's layout, as a number: its version and the narrow size. */
+#define CFX_KERNEL_ABI ((uint32_t)(6u << 16) | (uint32_t)sizeof(struct cfx_kernel_narrow))
 
 /* What the leader decided (cfx_kernel_lead). */
 enum cfx_kernel_action {
@@ -313,11 +362,12 @@ static inline CFX_HOST_DEVICE void cfx_kernel_note_wait(struct cfx_kernel_block 
 static inline CFX_HOST_DEVICE int cfx_kernel_op_start(struct cfx_kernel_block *b,
                                                       const struct cfx_kernel_args *a)
 {
-    const struct cfx_kernel_op *op = &a->ops[b->op];
+    const struct cfx_kernel_op *op = &cfx_kernel_args_ops(a)[b->op];
     struct cfx_kernel_report *r = &op->comm->reports[op->slot];
+    const struct cfx_conn *views = cfx_kernel_args_views(a);
     b->op_started = 1;
     for (int i = 0; i < op->work.n_conns; i++)
-        b->conns[i] = a->views[op->first_view + i];
+        b->conns[i] = views[op->first_view + i];
     b->work = op->work;
     if (b->work.premul == CFX_PREMUL_DEVICE) {
         /* cfxScalarDevice: the scalar as it is when the operation runs. */
@@ -354,7 +404,7 @@ static inline CFX_HOST_DEVICE int cfx_kernel_lead(struct cfx_kernel_block *b,
     for (;;) {
         if (b->op >= a->block_first[block + 1])
             return CFX_KERNEL_FINISHED;
-        const struct cfx_kernel_op *op = &a->ops[b->op];
+        const struct cfx_kernel_op *op = &cfx_kernel_args_ops(a)[b->op];
         if (!b->op_started && cfx_kernel_op_start(b, a)) {
             b->op++; /* Ended ABORTED: the next one ends the same way. */
             b->op_started = 0;
@@ -426,7 +476,7 @@ cfx_kernel_team_join(struct cfx_kernel_block *b, const struct cfx_kernel_args *a
     b->team_gen = 0;
     b->team = 0;
     if (cfx_kernel_team_size(a) > 1) {
-        const struct cfx_kernel_op *first = &a->ops[a->block_first[chain]];
+        const struct cfx_kernel_op *first = &cfx_kernel_args_ops(a)[a->block_first[chain]];
         uint64_t teams = cfx_load_relaxed_u64(&first->comm->teams);
         b->team = (struct cfx_kernel_team *)(uintptr_t)teams + first->slot;
     }
@@ -468,7 +518,7 @@ static inline CFX_HOST_DEVICE int cfx_kernel_team_wait(struct cfx_kernel_block *
     if (++b->idle % (a->spin_check ? a->spin_check : CFX_KERNEL_SPIN_CHECK) != 0)
         return 0;
     const struct cfx_kernel_op *op =
-        &a->ops[kind == CFX_KERNEL_STEP ? b->op : a->block_first[chain + 1] - 1];
+        &cfx_kernel_args_ops(a)[kind == CFX_KERNEL_STEP ? b->op : a->block_first[chain + 1] - 1];
     int32_t aborted = cfx_kernel_aborted(op);
     if (aborted == 0)
         return 0;
@@ -517,7 +567,8 @@ cfx_kernel_commit(struct cfx_kernel_block *b, const struct cfx_kernel_args *a, u
     (void)block;
     cfx_steploop_commit(&b->loop, b->step);
     b->loop.step++;
-    struct cfx_kernel_report *r = &a->ops[b->op].comm->reports[a->ops[b->op].slot];
+    const struct cfx_kernel_op *op = &cfx_kernel_args_ops(a)[b->op];
+    struct cfx_kernel_report *r = &op->comm->reports[op->slot];
     if (b->step->flags & CFX_PRIM_SEND)
         b->last_send = b->step->send;
     cfx_store_relaxed_u64(&r->heartbeat, ++b->beats);
