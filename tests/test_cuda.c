@@ -1219,6 +1219,93 @@ Test(cuda, a_group_wider_than_a_narrow_launch_runs_and_a_wider_one_is_refused, .
     CFX_TEST_RUN(&opts, wide_group);
 }
 
+/* ------------------------------------------------ LL */
+
+#define LL_COUNT 3000 /* Floats: 3 KB chunks on the ring of 4, LL steps. */
+
+/* The header of the last LL slot this rank received on its ring connector
+ * matches the connector's count of slots taken: the words carry the flag of
+ * that slot (its number + 1) and its size. (The receiving side: its slots
+ * are this rank's memory, which a peer that finished first cannot free.)
+ * 0 (failure recorded) otherwise. */
+static int ring_took_ll(struct cfx_test_rank *ctx, struct gpu_rank *g, const char *what)
+{
+    struct cfx_connector *from = g->comm->ring_recv;
+    if (from == NULL || from->view.ll == NULL) {
+        cfx_test_fail(ctx, __FILE__, __LINE__, "%s: the ring connector has no LL slots", what);
+        return 0;
+    }
+    uint64_t head = cfx_load_acquire_u64(from->view.head);
+    uint64_t header[CFX_LL_HEADER_WORDS] = {0};
+    if (head == 0 || !cfx_test_gpu_get(ctx, &g->gpu, header, cfx_ll_slot(&from->view, head - 1),
+                                       sizeof(header))) {
+        cfx_test_fail(ctx, __FILE__, __LINE__, "%s: nothing received (head %llu)", what,
+                      (unsigned long long)head);
+        return 0;
+    }
+    uint32_t size = 0, check = 0;
+    if (!cfx_ll_load(&header[0], cfx_ll_flag(head - 1), &size) ||
+        !cfx_ll_load(&header[1], cfx_ll_flag(head - 1), &check) || size == 0 ||
+        size > CFX_LL_DATA_BYTES) {
+        cfx_test_fail(ctx, __FILE__, __LINE__,
+                      "%s: LL slot %llu's header is %016llx %016llx, not that slot's (flag %u)",
+                      what, (unsigned long long)(head - 1), (unsigned long long)header[0],
+                      (unsigned long long)header[1], cfx_ll_flag(head - 1));
+        return 0;
+    }
+    return 1;
+}
+
+/* Small allreduces in LL (CFX_PROTO=LL, on the ring): on device buffers,
+ * the kernels' LL words; then with rank 0 on host buffers, its host thread
+ * reads and writes LL words through the connectors' stages while the other
+ * ranks' kernels do; the sums are right and every rank's last slot in
+ * came as LL words. */
+static void ll_allreduces(struct cfx_test_rank *ctx)
+{
+    struct gpu_rank g;
+    if (!gpu_rank_open(ctx, &g, LL_COUNT)) {
+        gpu_rank_close(&g);
+        return;
+    }
+    cfx_test_step(ctx, "an allreduce of device buffers");
+    RANK_ASSERT(ctx, put_inputs(ctx, &g), "inputs");
+    RANK_CFX(ctx,
+             cfxAllReduce(g.dsend, g.drecv, LL_COUNT, cfxFloat32, cfxSum, g.comm, g.gpu.stream));
+    RANK_ASSERT(ctx, cfx_test_gpu_sync(ctx, &g.gpu) && check_sums(ctx, &g, g.drecv), "sums");
+    RANK_ASSERT(ctx, ring_took_ll(ctx, &g, "device buffers"), "LL");
+
+    cfx_test_step(ctx, "an allreduce with rank 0 on host buffers");
+    float *in = malloc(LL_COUNT * sizeof(float)), *out = malloc(LL_COUNT * sizeof(float));
+    RANK_ASSERT(ctx, in != NULL && out != NULL, "out of memory");
+    for (size_t i = 0; i < LL_COUNT; i++)
+        in[i] = input_of(ctx->rank, i);
+    RANK_ASSERT(ctx, put_inputs(ctx, &g), "inputs");
+    if (ctx->rank == 0) {
+        RANK_CFX(ctx, cfxAllReduce(in, out, LL_COUNT, cfxFloat32, cfxSum, g.comm, NULL));
+        for (size_t i = 0; i < LL_COUNT; i++)
+            RANK_ASSERT(ctx, out[i] == sum_of(ctx->nranks, i), "element %zu is %g, not %g", i,
+                        (double)out[i], (double)sum_of(ctx->nranks, i));
+    } else {
+        RANK_CFX(ctx, cfxAllReduce(g.dsend, g.drecv, LL_COUNT, cfxFloat32, cfxSum, g.comm,
+                                   g.gpu.stream));
+        RANK_ASSERT(ctx, cfx_test_gpu_sync(ctx, &g.gpu) && check_sums(ctx, &g, g.drecv), "sums");
+    }
+    RANK_ASSERT(ctx, ring_took_ll(ctx, &g, "mixed buffers"), "LL");
+    free(in);
+    free(out);
+    gpu_rank_close(&g);
+}
+
+Test(cuda, small_allreduces_run_in_ll_on_device_and_host_buffers_alike, .timeout = 120)
+{
+    cr_log_info("on %s", use_gpu());
+    cfx_test_setenv("CFX_PROTO", "LL");
+    cfx_test_setenv("CFX_ALGO", "Ring");
+    struct cfx_test_options opts = {.nranks = 4, .mode = CFX_TEST_THREADS, .deadline_s = 90};
+    CFX_TEST_RUN(&opts, ll_allreduces);
+}
+
 /* ------------------------------------------------ graph capture */
 
 /* Both ranks (threads) between their eager calls and their captures: in

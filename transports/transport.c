@@ -65,13 +65,15 @@ cfxResult_t cfx_transport_place_check(const struct cfx_transport *tr,
 
 cfxResult_t cfx_connector_stage_init(struct cfx_connector *conn, int device)
 {
+    /* A payload slot, or an LL slot's words (src/conn/fifo.h), whichever is larger. */
+    size_t bytes = conn->slot_bytes > CFX_LL_SLOT_BYTES ? conn->slot_bytes : CFX_LL_SLOT_BYTES;
     void *stage = NULL;
-    if (posix_memalign(&stage, 4096, conn->slot_bytes) != 0)
+    if (posix_memalign(&stage, 4096, bytes) != 0)
         return cfx_error_set(cfxSystemError, CFX_LOG_ALLOC,
                              "out of memory for a %zu-byte staging slot (connection with rank %d)",
-                             conn->slot_bytes, conn->peer_rank);
-    memset(stage, 0, conn->slot_bytes); /* Touch every page now, never on the data path. */
-    cfxResult_t res = cfx_cuda_host_register(stage, conn->slot_bytes, device);
+                             bytes, conn->peer_rank);
+    memset(stage, 0, bytes); /* Touch every page now, never on the data path. */
+    cfxResult_t res = cfx_cuda_host_register(stage, bytes, device);
     if (res != cfxSuccess) {
         free(stage);
         return res;

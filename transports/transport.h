@@ -146,7 +146,7 @@ struct cfx_connector {
      * device + 1 (its context reaches them, a peer's memory included),
      * else 0. A host thread cannot load or store them: the host executor
      * (host buffers of a GPU rank) copies a slot's payload through stage
-     * (slot_bytes of pinned host memory) on stage_stream, a stream of that
+     * (slot_bytes, at least an LL slot, of pinned host memory) on stage_stream, a stream of that
      * device. Info lines (and the payloads that fit in them) stay host
      * memory. Set by the transport, with cfx_connector_stage_init. */
     int slots_device;

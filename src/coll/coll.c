@@ -109,7 +109,8 @@ void cfx_coll_prepare(struct cfx_op *op)
     w->premul = (uint8_t)op->premul;
     w->check_prints = (uint8_t)op->check_prints;
     w->n_conns = (uint8_t)op->n_conns;
-    w->proto = CFX_WORK_PROTO_SIMPLE;
+    w->proto =
+        op->ll && !op->pull && op->direct == NULL ? CFX_WORK_PROTO_LL : CFX_WORK_PROTO_SIMPLE;
     w->rank = op->rank;
     w->nranks = op->nranks;
     w->root = op->root;
@@ -186,12 +187,12 @@ struct cfx_connector *cfx_coll_waiting_on(const struct cfx_op *op, const char **
         return NULL;
     struct cfx_step step;
     cfx_schedule_describe(&op->work, op->step, &step);
-    if ((step.flags & CFX_PRIM_RECV) && !cfx_conn_can_take(op->conns[step.recv])) {
+    if ((step.flags & CFX_PRIM_RECV) && !cfx_prim_can_take(op, op->conns[step.recv])) {
         *what_p = "data from";
         return op->conns[step.recv];
     }
     for (int i = 0; (step.flags & CFX_PRIM_RECV) && i < step.n_recv_more; i++)
-        if (!cfx_conn_can_take(op->conns[step.recv_more[i]])) {
+        if (!cfx_prim_can_take(op, op->conns[step.recv_more[i]])) {
             *what_p = "data from";
             return op->conns[step.recv_more[i]];
         }

@@ -60,6 +60,10 @@ struct cfx_op {
     /* Direct allreduce: this rank's all-pairs connectors (NULL: not direct). */
     const struct cfx_direct_links *direct;
     int twoshot; /* With direct: the two-shot schedule, not the one-shot. */
+    /* The LL protocol (cfx_work.proto; src/conn/fifo.h): set alike on every
+     * rank by the plan; connectors with LL slots carry LL words, and every
+     * step is cut to what an LL slot holds. Ring and tree schedules only. */
+    int ll;
     /* Allgather on the ring, single copy: slots carry addresses and each
      * rank reads the data from its predecessor's buffer (only where every
      * ring_recv is peer_readable; src/coll/pull.h). */
@@ -154,6 +158,7 @@ static inline void cfx_op_clear(struct cfx_op *op)
     op->tree = NULL;
     op->direct = NULL;
     op->twoshot = 0;
+    op->ll = 0;
     op->pull = 0;
     op->ref_handle = NULL;
     op->p2p_msg = 0;

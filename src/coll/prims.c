@@ -12,6 +12,7 @@
 #include "src/util/cuda.h"
 #include "src/util/error.h"
 #include "src/util/log.h"
+#include "src/util/time.h"
 
 /* The oldest slot of @p conn, checked against what the op expects. */
 static cfxResult_t take(struct cfx_op *op, struct cfx_connector *conn, size_t bytes,
@@ -58,6 +59,126 @@ static cfxResult_t readable(struct cfx_connector *conn, size_t bytes, const char
     CFX_CHECK(
         cfx_cuda_copy(conn->stage, *slot_p, bytes, conn->slots_device - 1, conn->stage_stream));
     *slot_p = conn->stage;
+    return cfxSuccess;
+}
+
+/* ------------------------------------------------------------ LL */
+
+/* How long a host thread waits for an LL slot's words once its producer's
+ * tail counted it (the words were stored before the tail: they are on the
+ * way, unless the producer died between the two). */
+#define LL_WORDS_WAIT_NS (10 * 1000000000ll)
+
+/* Data words of an LL slot of @p bytes (zero-padded to 16 bytes). */
+static size_t ll_data_words(size_t bytes)
+{
+    return ((bytes + 15) & ~(size_t)15) / 4;
+}
+
+/* Consumer: the oldest slot of @p conn, an LL slot (src/conn/fifo.h),
+ * checked as take() checks a Simple one and decoded into the connector's
+ * stage (*data_p): its words are copied there first when they live in
+ * device memory, until every word carries the slot's flag. */
+static cfxResult_t ll_take(struct cfx_op *op, struct cfx_connector *conn, size_t bytes,
+                           const char **data_p)
+{
+    if (conn->stage == NULL)
+        return cfx_error_set(cfxInternalError, CFX_LOG_COLL,
+                             "%s on rank %d: the LL slots from rank %d have no staging slot for "
+                             "a host thread",
+                             cfx_coll_name(op->kind), op->rank, conn->peer_rank);
+    uint64_t number = cfx_load_relaxed_u64(conn->view.head);
+    uint32_t flag = cfx_ll_flag(number);
+    const uint64_t *slot = cfx_ll_slot(&conn->view, number);
+    uint64_t *words = (uint64_t *)(void *)conn->stage;
+    /* The producer wrote the size it sent: read the header first, then as
+     * many words as the schedule expects (fewer when it sent less). */
+    size_t n_words = CFX_LL_HEADER_WORDS + ll_data_words(bytes);
+    int64_t deadline = 0;
+    for (;;) {
+        if (conn->slots_device != 0)
+            CFX_CHECK(cfx_cuda_copy(words, slot, n_words * 8, conn->slots_device - 1,
+                                    conn->stage_stream));
+        else
+            for (size_t i = 0; i < n_words; i++)
+                words[i] = cfx_load_relaxed_u64(&slot[i]);
+        size_t i = 0;
+        uint32_t data;
+        while (i < n_words && cfx_ll_load(&words[i], flag, &data))
+            i++;
+        if (i == n_words)
+            break;
+        if (i >= CFX_LL_HEADER_WORDS && (uint32_t)words[0] != bytes)
+            break; /* Checked below. */
+        if (op->abort_flag && __atomic_load_n(op->abort_flag, __ATOMIC_RELAXED))
+            return cfx_error_set(cfxInvalidUsage, CFX_LOG_COLL,
+                                 "%s on rank %d was aborted while LL slot %llu from rank %d "
+                                 "arrived",
+                                 cfx_coll_name(op->kind), op->rank, (unsigned long long)number,
+                                 conn->peer_rank);
+        int64_t now = cfx_time_now_ns();
+        if (deadline == 0)
+            deadline = now + LL_WORDS_WAIT_NS;
+        else if (now > deadline)
+            return cfx_error_set(cfxRemoteError, CFX_LOG_COLL,
+                                 "%s on rank %d: rank %d counted LL slot %llu as sent but its "
+                                 "words did not arrive within %lld s",
+                                 cfx_coll_name(op->kind), op->rank, conn->peer_rank,
+                                 (unsigned long long)number, LL_WORDS_WAIT_NS / 1000000000ll);
+    }
+    uint32_t got = (uint32_t)words[0], check = (uint32_t)words[1];
+    if (op->check_prints && check != cfx_ll_check(&op->expect, (uint32_t)number)) {
+        char mine[160];
+        cfx_coll_print_format(&op->expect, mine, sizeof(mine));
+        return cfx_error_set(cfxInvalidUsage, CFX_LOG_COLL,
+                             "mismatched operations: rank %d runs %s but rank %d sent data of "
+                             "another operation (its LL check word differs); every rank must "
+                             "call the same collectives in the same order with the same count, "
+                             "type, op and root",
+                             op->rank, mine, conn->peer_rank);
+    }
+    if (got != bytes)
+        return cfx_error_set(cfxInternalError, CFX_LOG_COLL,
+                             "%s: rank %d received %u bytes from rank %d where the schedule "
+                             "expects %zu; the ranks disagree on the operation",
+                             cfx_coll_name(op->kind), op->rank, got, conn->peer_rank, bytes);
+    /* Decode in place: data word i (at byte 8i + 16) goes to byte 4i, below it. */
+    char *data = conn->stage;
+    for (size_t i = 0; i < ll_data_words(bytes); i++) {
+        uint32_t d = (uint32_t)words[CFX_LL_HEADER_WORDS + i];
+        memcpy(data + 4 * i, &d, 4);
+    }
+    *data_p = data;
+    return cfxSuccess;
+}
+
+/* Producer: post the @p bytes at the start of @p to's stage (where the
+ * step wrote them) as its next LL slot: encoded in place into words with
+ * the slot's flag, stored into the slot, and counted by the tail. */
+static cfxResult_t ll_post(struct cfx_op *op, struct cfx_connector *to, size_t bytes)
+{
+    uint64_t number = cfx_load_relaxed_u64(to->view.tail);
+    uint32_t flag = cfx_ll_flag(number);
+    size_t n_data = ll_data_words(bytes);
+    char *data = to->stage;
+    memset(data + bytes, 0, n_data * 4 - bytes);
+    uint64_t *words = (uint64_t *)(void *)to->stage;
+    /* Word i (at byte 8i + 16) comes from byte 4i, below it: last first. */
+    for (size_t i = n_data; i-- > 0;) {
+        uint32_t d;
+        memcpy(&d, data + 4 * i, 4);
+        words[CFX_LL_HEADER_WORDS + i] = (uint64_t)d | (uint64_t)flag << 32;
+    }
+    words[0] = (uint64_t)(uint32_t)bytes | (uint64_t)flag << 32;
+    words[1] = (uint64_t)cfx_ll_check(&op->print, (uint32_t)number) | (uint64_t)flag << 32;
+    uint64_t *slot = cfx_ll_slot(&to->view, number);
+    size_t n_words = CFX_LL_HEADER_WORDS + n_data;
+    if (to->slots_device != 0)
+        CFX_CHECK(cfx_cuda_copy(slot, words, n_words * 8, to->slots_device - 1, to->stage_stream));
+    else
+        for (size_t i = 0; i < n_words; i++)
+            cfx_store_relaxed_u64(&slot[i], words[i]);
+    cfx_store_release_u64(to->view.tail, number + 1);
     return cfxSuccess;
 }
 
@@ -232,6 +353,18 @@ static void premul_finish(const struct cfx_op *op, char *out, size_t n)
     }
 }
 
+/* The oldest slot of @p from, checked, where this thread can read it: an
+ * LL slot decoded, a Simple one copied out of device memory (not when its
+ * payload is @p in_place). */
+static cfxResult_t take_readable(struct cfx_op *op, struct cfx_connector *from, size_t bytes,
+                                 int in_place, const char **slot_p)
+{
+    if (cfx_prim_ll(op, from))
+        return ll_take(op, from, bytes, slot_p);
+    CFX_CHECK(take(op, from, bytes, slot_p));
+    return in_place ? cfxSuccess : readable(from, bytes, slot_p);
+}
+
 cfxResult_t cfx_prim_run(struct cfx_op *op, const struct cfx_step *step)
 {
     unsigned flags = step->flags;
@@ -258,14 +391,10 @@ cfxResult_t cfx_prim_run(struct cfx_op *op, const struct cfx_step *step)
     char *slot_out = NULL;
     if (flags & CFX_PRIM_RECV) {
         struct cfx_connector *from = op->conns[step->recv];
-        int in_place = cfx_conn_in_place(from);
-        cfxResult_t res = take(op, from, bytes, &received);
+        int in_place = !cfx_prim_ll(op, from) && cfx_conn_in_place(from);
+        cfxResult_t res = take_readable(op, from, bytes, in_place, &received);
         for (int i = 0; res == cfxSuccess && i < step->n_recv_more; i++)
-            res = take(op, op->conns[step->recv_more[i]], bytes, &more[i]);
-        if (res == cfxSuccess && !in_place)
-            res = readable(from, bytes, &received);
-        for (int i = 0; res == cfxSuccess && i < step->n_recv_more; i++)
-            res = readable(op->conns[step->recv_more[i]], bytes, &more[i]);
+            res = take_readable(op, op->conns[step->recv_more[i]], bytes, 0, &more[i]);
         if (res != cfxSuccess)
             return res;
         if (in_place) {
@@ -290,15 +419,24 @@ cfxResult_t cfx_prim_run(struct cfx_op *op, const struct cfx_step *step)
     int stable = (flags & (CFX_PRIM_SEND | CFX_PRIM_STABLE | CFX_PRIM_RECV | CFX_PRIM_REDUCE)) ==
                  (CFX_PRIM_SEND | CFX_PRIM_STABLE);
     void *ref = NULL;
+    int ll_out = (flags & CFX_PRIM_SEND) && cfx_prim_ll(op, op->conns[step->send]);
     if (op->coll_key != 0 && (final || stable) && bytes > CFX_SLOT_INLINE_BYTES &&
-        op->conns[step->send]->slots_device == 0)
+        op->conns[step->send]->slots_device == 0 && !ll_out)
         ref = coll_ref_handle(op, op->conns[step->send]->transport,
                               (flags & CFX_PRIM_OUT)    ? step->output
                               : (flags & CFX_PRIM_RECV) ? NULL
                                                         : step->input,
                               bytes);
     int by_ref = ref != NULL;
-    if ((flags & CFX_PRIM_SEND) && !by_ref) {
+    if (ll_out) {
+        slot_out = op->conns[step->send]->stage; /* Encoded in place at the post. */
+        if (slot_out == NULL)
+            return cfx_error_set(cfxInternalError, CFX_LOG_COLL,
+                                 "%s on rank %d: the LL slots to rank %d have no staging slot "
+                                 "for a host thread",
+                                 cfx_coll_name(op->kind), op->rank,
+                                 op->conns[step->send]->peer_rank);
+    } else if ((flags & CFX_PRIM_SEND) && !by_ref) {
         struct cfx_connector *to = op->conns[step->send];
         slot_out = cfx_conn_post_slot(to, bytes);
         if (to->slots_device != 0 && bytes > CFX_SLOT_INLINE_BYTES) {
@@ -357,6 +495,8 @@ cfxResult_t cfx_prim_run(struct cfx_op *op, const struct cfx_step *step)
         for (int i = 0; i < step->n_recv_more; i++)
             cfx_conn_release(op->conns[step->recv_more[i]]);
     }
+    if (ll_out)
+        return ll_post(op, op->conns[step->send], bytes);
     if (flags & CFX_PRIM_SEND) {
         struct cfx_connector *to = op->conns[step->send];
         if (device_slot != NULL) {

@@ -24,15 +24,32 @@
 /* The flags (CFX_PRIM_*) and struct cfx_step are in work.h. Connectors are
  * the op's peer table entries a step names by index. */
 
+/* Whether connector @p conn carries @p op's slots as LL words: an LL op
+ * (cfx_work.proto) over a connector with LL slots (src/conn/fifo.h). */
+static inline int cfx_prim_ll(const struct cfx_op *op, const struct cfx_connector *conn)
+{
+    return op->work.proto == CFX_WORK_PROTO_LL && conn->view.ll != NULL;
+}
+
+/* Whether @p conn has @p op's next slot: an LL slot counted by its
+ * producer's tail (its words may still be on the way: cfx_prim_run waits
+ * for them), or a posted Simple slot. */
+static inline int cfx_prim_can_take(const struct cfx_op *op, const struct cfx_connector *conn)
+{
+    if (cfx_prim_ll(op, conn))
+        return cfx_load_relaxed_u64(conn->view.tail) > cfx_load_relaxed_u64(conn->view.head);
+    return cfx_conn_can_take(conn);
+}
+
 /* Whether the step's FIFOs allow it to run now. Loads only; an executor
  * polls it while the op waits. */
 static inline int cfx_prim_ready(const struct cfx_op *op, const struct cfx_step *step)
 {
     if (step->flags & CFX_PRIM_RECV) {
-        if (!cfx_conn_can_take(op->conns[step->recv]))
+        if (!cfx_prim_can_take(op, op->conns[step->recv]))
             return 0;
         for (int i = 0; i < step->n_recv_more; i++)
-            if (!cfx_conn_can_take(op->conns[step->recv_more[i]]))
+            if (!cfx_prim_can_take(op, op->conns[step->recv_more[i]]))
                 return 0;
     }
     if ((step->flags & CFX_PRIM_SEND) && !cfx_conn_can_post(op->conns[step->send]))

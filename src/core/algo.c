@@ -158,25 +158,33 @@ void cfx_core_algo_fini(struct cfxComm *comm)
     }
 }
 
-/* What the planner picks for @p kind at @p bytes. */
-static enum cfx_core_algo plan_choice(struct cfxComm *comm, enum cfx_coll_kind kind, size_t bytes)
+/* What the planner picks for @p kind at @p bytes; *ll_p set when it runs
+ * LL (the plan's LL on the ring or the trees: LL128 is not built yet and
+ * runs Simple, the direct schedules are Simple only). */
+static enum cfx_core_algo plan_choice(struct cfxComm *comm, enum cfx_coll_kind kind, size_t bytes,
+                                      int *ll_p)
 {
     struct cfx_plan_choice choice;
+    *ll_p = 0;
     if (cfx_plan_choose(comm->plan, kind, bytes, &choice) != cfxSuccess) {
         cfx_error_thread_clear();
         return CFX_CORE_ALGO_RING;
     }
-    if (choice.algo == CFX_ALGO_TREE)
+    if (choice.algo == CFX_ALGO_TREE) {
+        *ll_p = choice.proto == CFX_PROTO_LL;
         return CFX_CORE_ALGO_TREE;
+    }
     /* The model offers direct and two-shot for allreduce on at most
      * CFX_DIRECT_MAX_RANKS only. */
     if ((choice.algo == CFX_ALGO_DIRECT || choice.algo == CFX_ALGO_TWOSHOT) &&
         kind == CFX_COLL_ALLREDUCE && comm->nranks <= CFX_DIRECT_MAX_RANKS)
         return choice.algo == CFX_ALGO_DIRECT ? CFX_CORE_ALGO_DIRECT : CFX_CORE_ALGO_TWOSHOT;
+    *ll_p = choice.algo == CFX_ALGO_RING && choice.proto == CFX_PROTO_LL;
     return CFX_CORE_ALGO_RING;
 }
 
-/* Largest size the last-choice word holds beside its two bits of algorithm. */
+/* Largest size the last-choice word holds beside its two bits of algorithm
+ * and one of protocol. */
 #define CHOICE_MAX_BYTES (UINT64_MAX >> 3)
 _Static_assert(CFX_CORE_ALGO_TWOSHOT <= 3, "an algorithm fits in two bits");
 _Static_assert(CFX_COLL_ALLREDUCE < CFX_CORE_ALGO_KINDS &&
@@ -184,8 +192,10 @@ _Static_assert(CFX_COLL_ALLREDUCE < CFX_CORE_ALGO_KINDS &&
                    CFX_COLL_REDUCE < CFX_CORE_ALGO_KINDS,
                "one last choice per collective the plan chooses for");
 
-enum cfx_core_algo cfx_core_algo_choose(struct cfxComm *comm, enum cfx_coll_kind kind, size_t bytes)
+enum cfx_core_algo cfx_core_algo_choose(struct cfxComm *comm, enum cfx_coll_kind kind, size_t bytes,
+                                        int *ll_p)
 {
+    *ll_p = 0;
     if (comm->plan == NULL || comm->nranks < 2)
         return CFX_CORE_ALGO_RING;
     if (kind != CFX_COLL_ALLREDUCE && kind != CFX_COLL_BROADCAST && kind != CFX_COLL_REDUCE)
@@ -195,13 +205,16 @@ enum cfx_core_algo cfx_core_algo_choose(struct cfxComm *comm, enum cfx_coll_kind
      * explanation it logs comes with the first call of a size bucket, which
      * the remembered call already made: reuse the answer. One word, so
      * threads sharing the communicator read whole entries. */
-    uint64_t key = (uint64_t)bytes < CHOICE_MAX_BYTES ? ((uint64_t)bytes + 1) << 2 : 0;
+    uint64_t key = (uint64_t)bytes < CHOICE_MAX_BYTES ? ((uint64_t)bytes + 1) << 3 : 0;
     uint64_t last = atomic_load_explicit(&comm->algo_last[kind], memory_order_relaxed);
-    if (key != 0 && (last & ~(uint64_t)3) == key)
+    if (key != 0 && (last & ~(uint64_t)7) == key) {
+        *ll_p = (int)((last >> 2) & 1);
         return (enum cfx_core_algo)(last & 3);
-    enum cfx_core_algo algo = plan_choice(comm, kind, bytes);
+    }
+    enum cfx_core_algo algo = plan_choice(comm, kind, bytes, ll_p);
     if (key != 0)
-        atomic_store_explicit(&comm->algo_last[kind], key | (uint64_t)algo, memory_order_relaxed);
+        atomic_store_explicit(&comm->algo_last[kind], key | (uint64_t)*ll_p << 2 | (uint64_t)algo,
+                              memory_order_relaxed);
     return algo;
 }
 
@@ -358,6 +371,7 @@ double cfx_core_algo_predict_us(struct cfxComm *comm, const struct cfx_op *op)
     } else if (op->direct) {
         algo = op->twoshot ? CFX_ALGO_TWOSHOT : CFX_ALGO_DIRECT;
     }
-    double us = cfx_plan_predict_us(comm->plan, op->kind, algo, CFX_PROTO_SIMPLE, bytes);
+    double us = cfx_plan_predict_us(comm->plan, op->kind, algo,
+                                    op->ll ? CFX_PROTO_LL : CFX_PROTO_SIMPLE, bytes);
     return isfinite(us) ? us : 0;
 }

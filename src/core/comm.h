@@ -282,7 +282,8 @@ void cfx_core_algo_fini_plan(struct cfxComm *comm);
 void cfx_core_algo_fini(struct cfxComm *comm);
 /* The schedule a call of @p bytes runs on: the trees (allreduce, broadcast,
  * reduce), the direct one-shot or two-shot allreduce, or the ring
- * (everything else).
+ * (everything else); *ll_p set where the plan runs it in LL (GPU ranks:
+ * alike on every rank, whatever each rank's buffers are).
  * A call of the same collective and size as the one before reuses its
  * choice without asking the planner. Never blocks, never allocates. */
 enum cfx_core_algo {
@@ -294,8 +295,8 @@ enum cfx_core_algo {
 /* The cost model's time (us) for @p op as queued (its algorithm, its size;
  * a send or receive as one hop); 0 without a plan or on one rank. */
 double cfx_core_algo_predict_us(struct cfxComm *comm, const struct cfx_op *op);
-enum cfx_core_algo cfx_core_algo_choose(struct cfxComm *comm, enum cfx_coll_kind kind,
-                                        size_t bytes);
+enum cfx_core_algo cfx_core_algo_choose(struct cfxComm *comm, enum cfx_coll_kind kind, size_t bytes,
+                                        int *ll_p);
 /* Requests for the connectors a tree op of tree @p t rooted at @p root
  * (-1: none) still lacks; returns how many were written, at most
  * CFX_CORE_TREE_REQUESTS. */

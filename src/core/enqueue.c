@@ -138,7 +138,7 @@ static cfxResult_t submit(struct cfxComm *comm, struct cfx_op *op)
     int n_ops = 1;
     struct cfx_op *ops = op;
     size_t bytes = op->count * cfx_type_size(op->type);
-    enum cfx_core_algo algo = cfx_core_algo_choose(comm, op->kind, bytes);
+    enum cfx_core_algo algo = cfx_core_algo_choose(comm, op->kind, bytes, &op->ll);
     /* Large allgathers between ranks that read each other's memory: one
      * copy per byte and rank fewer (src/coll/pull.h). */
     if (comm->single_copy && op->kind == CFX_COLL_ALLGATHER && bytes > 0 &&

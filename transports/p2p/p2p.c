@@ -9,6 +9,9 @@
  * NCCL decides) the slots live in the sender's memory instead: the sender
  * writes locally and the receiver's kernel reads them over the link. The
  * side whose memory holds the slots is their owner; the other maps them.
+ * The same allocation holds the connection's LL slots after the payload
+ * slots (src/conn/fifo.h), so an operation the plan runs in LL moves its
+ * words the same way, every 4 bytes with their flag, no fence.
  *
  * The control block (tail, head, info lines with the payloads of 24 bytes
  * or less, closed word) is shm's: host memory both processes map, pinned
@@ -121,6 +124,7 @@ struct cfx_p2p_info {
     uint32_t mode;       /* Owner: enum p2p_mode; mapper: 0. */
     uint32_t read;       /* Both: the side set up for read mode (checked alike). */
     int32_t device;      /* The writer of this info's CUDA device (its process's ordinal). */
+    uint32_t ll;         /* Owner: LL slots follow the payload slots (p2p_ll_offset). */
     uint64_t slot_bytes; /* Owner: the slots' geometry, checked by the mapper. */
     uint64_t n_steps;
     uint64_t local_addr; /* P2P_MODE_DIRECT: the slots' address in the shared process. */
@@ -416,13 +420,35 @@ static int p2p_use_read(const struct cfx_transport_peer *peer, int device)
     return mine == 80 && theirs == 80;
 }
 
+/* Where the LL slots start in the owner's allocation: after the payload
+ * slots, page aligned. One allocation holds both, so every mode that
+ * reaches the payload slots reaches the LL slots too. Zeroed with it: a
+ * word holds no LL flag until its slot is first written (src/conn/fifo.h). */
+static size_t p2p_ll_offset(size_t slot_bytes, int n_steps)
+{
+    return (slot_bytes * (size_t)n_steps + 4095) & ~(size_t)4095;
+}
+
+static size_t p2p_slots_bytes(size_t slot_bytes, int n_steps)
+{
+    return p2p_ll_offset(slot_bytes, n_steps) + CFX_LL_SLOT_BYTES * (size_t)n_steps;
+}
+
+/* Point the view at the LL slots of the allocation at @p slots. */
+static void p2p_set_ll(struct cfx_connector *conn, void *slots)
+{
+    conn->view.ll =
+        (uint64_t *)(void *)((char *)slots + p2p_ll_offset(conn->slot_bytes, conn->n_steps));
+}
+
 /* Owner: allocate the slots and describe how the mapper reaches them. */
 static cfxResult_t own_slots(struct p2p_ctx *ctx, const struct cfx_transport_peer *peer,
                              size_t slot_bytes, int n_steps, struct cfx_connector *conn,
                              struct p2p_conn *pc, struct cfx_p2p_info *info)
 {
-    size_t bytes = slot_bytes * (size_t)n_steps;
+    size_t bytes = p2p_slots_bytes(slot_bytes, n_steps);
     CFX_CHECK(cfx_cuda_select(pc->device));
+    info->ll = 1;
     info->slot_bytes = slot_bytes;
     info->n_steps = (uint64_t)n_steps;
     if (peer->pid == (int)getpid()) {
@@ -493,6 +519,11 @@ static cfxResult_t open_slots(struct p2p_ctx *ctx, struct cfx_connector *conn, s
                              "expects %d of %zu (CFX_BUFFSIZE or CFX_STEPS differ between ranks?)",
                              conn->peer_rank, (unsigned long long)info->n_steps,
                              (unsigned long long)info->slot_bytes, conn->n_steps, conn->slot_bytes);
+    if (info->ll != 1)
+        return cfx_error_set(cfxInternalError, CFX_LOG_P2P,
+                             "p2p: rank %d's slots come without LL slots (a Conflux of another "
+                             "version?)",
+                             conn->peer_rank);
     int same_process = pc->peer_pid == (int)getpid();
     if (info->mode == P2P_MODE_DIRECT && same_process && info->local_addr != 0) {
         /* One process: the devices' ordinals are the same here. */
@@ -502,7 +533,7 @@ static cfxResult_t open_slots(struct p2p_ctx *ctx, struct cfx_connector *conn, s
         CFX_CHECK(cfx_cuda_ipc_open(info->u.handle, pc->device, &pc->slots));
         pc->ipc_open = 1;
     } else if (info->mode == P2P_MODE_CUMEM && !same_process) {
-        size_t need = conn->slot_bytes * (size_t)conn->n_steps;
+        size_t need = p2p_slots_bytes(conn->slot_bytes, conn->n_steps);
         if (info->u.cumem.bytes < need)
             return cfx_error_set(cfxInternalError, CFX_LOG_P2P,
                                  "p2p: rank %d's slots are %llu bytes, fewer than the %zu its "
@@ -541,6 +572,7 @@ static cfxResult_t p2p_connect(void *ctx_v, struct cfx_connector *conn, const vo
                              pc->read ? "read" : "write");
     if (!pc->owner)
         CFX_CHECK(open_slots(ctx, conn, pc, &info));
+    p2p_set_ll(conn, pc->slots); /* Both sides, once the view is final. */
     /* The mapper writes the slots (write mode) or reads them (read mode). */
     int mine = pc->owner, me = ctx->rank, peer = conn->peer_rank;
     CFX_INFO(CFX_LOG_P2P,

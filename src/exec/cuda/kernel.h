@@ -377,6 +377,8 @@ static inline CFX_HOST_DEVICE int cfx_kernel_op_start(struct cfx_kernel_block *b
         b->work.premul = CFX_PREMUL_HOST;
     }
     cfx_steploop_init(&b->loop, &b->work, b->conns);
+    /* LL: a thread waiting for data words gives up when the abort word is set. */
+    b->loop.stop = &op->comm->abort_word;
     b->idle = 0;
     b->last_send = -1;
     r->running = op->work.print;
