@@ -1257,10 +1257,9 @@ static int ring_took_ll(struct cfx_test_rank *ctx, struct gpu_rank *g, const cha
 }
 
 /* Small allreduces in LL (CFX_PROTO=LL, on the ring): on device buffers,
- * the kernels' LL words; then with rank 0 on host buffers, its host thread
- * reads and writes LL words through the connectors' stages while the other
- * ranks' kernels do; the sums are right and every rank's last slot in
- * came as LL words. */
+ * the kernels' LL words, and an allgather and a reduce-scatter; then with rank 0 on host buffers,
+ * its host thread reads and writes LL words through the connectors' stages while the other ranks'
+ * kernels do; the sums are right and every rank's last slot in came as LL words. */
 static void ll_allreduces(struct cfx_test_rank *ctx)
 {
     struct gpu_rank g;
@@ -1274,6 +1273,31 @@ static void ll_allreduces(struct cfx_test_rank *ctx)
              cfxAllReduce(g.dsend, g.drecv, LL_COUNT, cfxFloat32, cfxSum, g.comm, g.gpu.stream));
     RANK_ASSERT(ctx, cfx_test_gpu_sync(ctx, &g.gpu) && check_sums(ctx, &g, g.drecv), "sums");
     RANK_ASSERT(ctx, ring_took_ll(ctx, &g, "device buffers"), "LL");
+
+    cfx_test_step(ctx, "an allgather and a reduce-scatter of device buffers");
+    const size_t per = LL_COUNT / (size_t)ctx->nranks;
+    RANK_ASSERT(ctx, put_inputs(ctx, &g), "inputs");
+    RANK_CFX(ctx, cfxAllGather(g.dsend, g.drecv, per, cfxFloat32, g.comm, g.gpu.stream));
+    RANK_ASSERT(ctx, cfx_test_gpu_sync(ctx, &g.gpu), "sync");
+    RANK_ASSERT(ctx, cfx_test_gpu_get(ctx, &g.gpu, g.host, g.drecv, per * ctx->nranks * 4), "get");
+    for (int r = 0; r < ctx->nranks; r++)
+        for (size_t i = 0; i < per; i++)
+            RANK_ASSERT(ctx, g.host[(size_t)r * per + i] == input_of(r, i),
+                        "allgather: rank %d's element %zu is %g, not %g", r, i,
+                        (double)g.host[(size_t)r * per + i], (double)input_of(r, i));
+    RANK_ASSERT(ctx, ring_took_ll(ctx, &g, "allgather"), "LL");
+    RANK_ASSERT(ctx, put_inputs(ctx, &g), "inputs");
+    RANK_CFX(ctx,
+             cfxReduceScatter(g.dsend, g.drecv, per, cfxFloat32, cfxSum, g.comm, g.gpu.stream));
+    RANK_ASSERT(ctx, cfx_test_gpu_sync(ctx, &g.gpu), "sync");
+    RANK_ASSERT(ctx, cfx_test_gpu_get(ctx, &g.gpu, g.host, g.drecv, per * 4), "get");
+    for (size_t i = 0; i < per; i++) {
+        size_t at = (size_t)ctx->rank * per + i;
+        RANK_ASSERT(ctx, g.host[i] == sum_of(ctx->nranks, at),
+                    "reduce-scatter: element %zu is %g, not %g", i, (double)g.host[i],
+                    (double)sum_of(ctx->nranks, at));
+    }
+    RANK_ASSERT(ctx, ring_took_ll(ctx, &g, "reduce-scatter"), "LL");
 
     cfx_test_step(ctx, "an allreduce with rank 0 on host buffers");
     float *in = malloc(LL_COUNT * sizeof(float)), *out = malloc(LL_COUNT * sizeof(float));
@@ -1297,7 +1321,7 @@ static void ll_allreduces(struct cfx_test_rank *ctx)
     gpu_rank_close(&g);
 }
 
-Test(cuda, small_allreduces_run_in_ll_on_device_and_host_buffers_alike, .timeout = 120)
+Test(cuda, small_collectives_run_in_ll_on_device_and_host_buffers_alike, .timeout = 120)
 {
     cr_log_info("on %s", use_gpu());
     cfx_test_setenv("CFX_PROTO", "LL");

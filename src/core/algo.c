@@ -170,6 +170,10 @@ static enum cfx_core_algo plan_choice(struct cfxComm *comm, enum cfx_coll_kind k
         cfx_error_thread_clear();
         return CFX_CORE_ALGO_RING;
     }
+    if (kind == CFX_COLL_ALLGATHER || kind == CFX_COLL_REDUCESCATTER) {
+        *ll_p = choice.proto == CFX_PROTO_LL; /* On the ring, their one schedule. */
+        return CFX_CORE_ALGO_RING;
+    }
     if (choice.algo == CFX_ALGO_TREE) {
         *ll_p = choice.proto == CFX_PROTO_LL;
         return CFX_CORE_ALGO_TREE;
@@ -189,7 +193,9 @@ static enum cfx_core_algo plan_choice(struct cfxComm *comm, enum cfx_coll_kind k
 _Static_assert(CFX_CORE_ALGO_TWOSHOT <= 3, "an algorithm fits in two bits");
 _Static_assert(CFX_COLL_ALLREDUCE < CFX_CORE_ALGO_KINDS &&
                    CFX_COLL_BROADCAST < CFX_CORE_ALGO_KINDS &&
-                   CFX_COLL_REDUCE < CFX_CORE_ALGO_KINDS,
+                   CFX_COLL_REDUCE < CFX_CORE_ALGO_KINDS &&
+                   CFX_COLL_ALLGATHER < CFX_CORE_ALGO_KINDS &&
+                   CFX_COLL_REDUCESCATTER < CFX_CORE_ALGO_KINDS,
                "one last choice per collective the plan chooses for");
 
 enum cfx_core_algo cfx_core_algo_choose(struct cfxComm *comm, enum cfx_coll_kind kind, size_t bytes,
@@ -198,8 +204,10 @@ enum cfx_core_algo cfx_core_algo_choose(struct cfxComm *comm, enum cfx_coll_kind
     *ll_p = 0;
     if (comm->plan == NULL || comm->nranks < 2)
         return CFX_CORE_ALGO_RING;
-    if (kind != CFX_COLL_ALLREDUCE && kind != CFX_COLL_BROADCAST && kind != CFX_COLL_REDUCE)
+    if ((int)kind >= CFX_CORE_ALGO_KINDS)
         return CFX_CORE_ALGO_RING;
+    if (kind == CFX_COLL_ALLGATHER || kind == CFX_COLL_REDUCESCATTER) /* Per rank. */
+        bytes = bytes <= SIZE_MAX / (size_t)comm->nranks ? bytes * (size_t)comm->nranks : SIZE_MAX;
     /* Loops call one size over and over. The planner's answer depends only
      * on the collective and the size (the plan is immutable), and the
      * explanation it logs comes with the first call of a size bucket, which

@@ -21,9 +21,11 @@
 #define CFX_COMM_MAGIC UINT64_C(0x434658434f4d4d31) /* "CFXCOMM1" */
 #define CFX_COMM_DEAD  UINT64_C(0xdeadc0ffeedeadc0)
 
-/* Collectives whose algorithm the plan chooses per call: allreduce,
- * broadcast and reduce (the first values of enum cfx_coll_kind). */
-#define CFX_CORE_ALGO_KINDS 3
+/* Collectives whose algorithm or protocol the plan chooses per call:
+ * allreduce, broadcast and reduce (algorithm and protocol), allgather and
+ * reduce-scatter (protocol: they run on the ring), the first values of
+ * enum cfx_coll_kind. */
+#define CFX_CORE_ALGO_KINDS 5
 
 /* What every rank tells the others at init. Fixed size: it is all-gathered. */
 struct cfx_peer_info {
