@@ -1147,6 +1147,12 @@ Test(cuda, alltoall_gather_scatter_and_premulsum_run_on_device_buffers, .timeout
 #define WIDE_RANKS 4
 #define WIDE_MSGS  4    /* Messages each way per pair: 2 x 3 x 4 = 24 ops per rank. */
 #define WIDE_COUNT 1500 /* Floats per message. */
+/* Allreduces (two connectors each, on the ring) in a group that only a far
+ * launch carries (more than 64 operations), and in one that none carries
+ * (more than 255 operations). */
+#define WIDE_FAR_CALLS  100
+#define WIDE_FAR_GROUPS 5
+#define WIDE_TOO_MANY   (CFX_EXEC_CUDA_MAX_OPS + 1)
 
 static float wide_value(int from, int to, int msg, size_t i)
 {
@@ -1155,8 +1161,10 @@ static float wide_value(int from, int to, int msg, size_t i)
 
 /* A group of 24 point-to-point calls per rank (more than the narrow
  * launch's 16 operations and 14 views) runs as one wide launch, every
- * message in its place; a group of more than a wide launch carries is
- * refused with a sentence on every rank, and the communicator goes on. */
+ * message in its place; a group of 100 allreduces (more than the wide
+ * launch's 64 operations) runs as a far launch; a group of more than a far
+ * launch carries is refused with a sentence on every rank, and the
+ * communicator goes on. */
 static void wide_group(struct cfx_test_rank *ctx)
 {
     struct gpu_rank g;
@@ -1194,13 +1202,43 @@ static void wide_group(struct cfx_test_rank *ctx)
                             (double)got, (double)wide_value(from, r, m, i));
             }
 
-    cfx_test_step(ctx, "a group of %d operations", CFX_EXEC_CUDA_MAX_OPS + 1);
+    cfx_test_step(ctx, "a group of %d allreduces (a far launch)", WIDE_FAR_CALLS);
+    RANK_ASSERT(ctx, put_inputs(ctx, &g), "inputs");
     RANK_CFX(ctx, cfxGroupStart());
-    for (int k = 0; k <= CFX_EXEC_CUDA_MAX_OPS; k++)
+    for (int k = 0; k < WIDE_FAR_CALLS; k++)
+        RANK_CFX(ctx,
+                 cfxAllReduce(g.dsend, g.drecv, all, cfxFloat32, cfxSum, g.comm, g.gpu.stream));
+    RANK_CFX(ctx, cfxGroupEnd());
+    RANK_ASSERT(ctx, cfx_test_gpu_sync(ctx, &g.gpu) && check_sums(ctx, &g, g.drecv), "sums");
+
+    cfx_test_step(ctx, "%d far groups back to back", WIDE_FAR_GROUPS);
+    /* More far launches in flight than a communicator has argument
+     * buffers: a buffer is filled again only once its launch is over. */
+    const size_t part = all / WIDE_FAR_GROUPS;
+    RANK_ASSERT(ctx, put_inputs(ctx, &g), "inputs");
+    memset(g.host, 0, all * sizeof(float));
+    RANK_ASSERT(ctx, cfx_test_gpu_put(ctx, &g.gpu, g.drecv, g.host, all * sizeof(float)), "zeros");
+    for (int k = 0; k < WIDE_FAR_GROUPS; k++) {
+        RANK_CFX(ctx, cfxGroupStart());
+        for (int c = 0; c < WIDE_FAR_CALLS; c++)
+            RANK_CFX(ctx, cfxAllReduce(g.dsend, g.drecv + (size_t)k * part, part, cfxFloat32,
+                                       cfxSum, g.comm, g.gpu.stream));
+        RANK_CFX(ctx, cfxGroupEnd());
+    }
+    RANK_ASSERT(ctx, cfx_test_gpu_sync(ctx, &g.gpu), "sync");
+    RANK_ASSERT(ctx, cfx_test_gpu_get(ctx, &g.gpu, g.host, g.drecv, all * sizeof(float)), "get");
+    for (size_t i = 0; i < part * WIDE_FAR_GROUPS; i++)
+        RANK_ASSERT(ctx, g.host[i] == sum_of(ctx->nranks, i % part),
+                    "group %zu, element %zu is %g, not %g", i / part, i % part, (double)g.host[i],
+                    (double)sum_of(ctx->nranks, i % part));
+
+    cfx_test_step(ctx, "a group of %d allreduces", WIDE_TOO_MANY);
+    RANK_CFX(ctx, cfxGroupStart());
+    for (int k = 0; k < WIDE_TOO_MANY; k++)
         RANK_CFX(ctx, cfxAllReduce(g.dsend, g.drecv, 64, cfxFloat32, cfxSum, g.comm, g.gpu.stream));
     cfxResult_t res = cfxGroupEnd();
-    RANK_ASSERT(ctx, res == cfxInvalidUsage, "%d allreduces in one group gave %s",
-                CFX_EXEC_CUDA_MAX_OPS + 1, cfxGetErrorString(res));
+    RANK_ASSERT(ctx, res == cfxInvalidUsage, "%d allreduces in one group gave %s", WIDE_TOO_MANY,
+                cfxGetErrorString(res));
     const char *why = cfxGetLastError(g.comm);
     RANK_ASSERT(ctx, strstr(why, "split the group") != NULL, "the refusal says: %s", why);
 
@@ -1211,7 +1249,7 @@ static void wide_group(struct cfx_test_rank *ctx)
     gpu_rank_close(&g);
 }
 
-Test(cuda, a_group_wider_than_a_narrow_launch_runs_and_a_wider_one_is_refused, .timeout = 120)
+Test(cuda, wide_and_far_groups_run_and_a_wider_one_is_refused, .timeout = 120)
 {
     cr_log_info("on %s", use_gpu());
     struct cfx_test_options opts = {

@@ -35,8 +35,8 @@
 struct cfx_cuda_comm;
 
 /* Most GPU operations one kernel launch (one stream of a batch) carries
- * (its wide parameter; src/exec/cuda/kernel.h). */
-#define CFX_EXEC_CUDA_MAX_OPS 64
+ * (its far arguments; src/exec/cuda/kernel.h). */
+#define CFX_EXEC_CUDA_MAX_OPS 255
 
 /* What a communicator's CUDA state is made from. */
 struct cfx_cuda_comm_desc {

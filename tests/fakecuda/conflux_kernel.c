@@ -1,6 +1,7 @@
 /*
  * Conflux's kernels (src/exec/cuda/kernel.h: "cfx_kernel_batch" and its
- * wide twin, which differ only in the size of their parameter) for
+ * wide twin, which differ only in the size of their parameter, and the far
+ * one, whose parameter is the address of the same layout) for
  * fake-cuda: the very functions the GPU's __global__ wrapper calls
  * (src/exec/cuda/kernel.cu), compiled for the CPU. One pass is one round
  * of the wrapper's loop: the leader decides; for a step, every thread of
@@ -14,15 +15,14 @@
 
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "src/exec/cuda/kernel.h"
 
-static int conflux_pass(void *state, const void *params, unsigned block, unsigned n_blocks,
-                        unsigned threads_per_block)
+static int conflux_pass_on(void *state, const struct cfx_kernel_args *args, unsigned block,
+                           unsigned threads_per_block)
 {
-    (void)n_blocks;
     struct cfx_kernel_block *b = state;
-    const struct cfx_kernel_args *args = params;
     if (args->abi != CFX_KERNEL_ABI) {
         /* A library built from another kernel.h than this fake: rebuild both. */
         fprintf(stderr,
@@ -80,6 +80,24 @@ static int conflux_pass(void *state, const void *params, unsigned block, unsigne
     return 1;
 }
 
+/* The narrow and the wide launch: the parameter is the arguments. */
+static int conflux_pass(void *state, const void *params, unsigned block, unsigned n_blocks,
+                        unsigned threads_per_block)
+{
+    (void)n_blocks;
+    return conflux_pass_on(state, params, block, threads_per_block);
+}
+
+/* The far launch: the parameter is their address. */
+static int conflux_pass_far(void *state, const void *params, unsigned block, unsigned n_blocks,
+                            unsigned threads_per_block)
+{
+    (void)n_blocks;
+    const struct cfx_kernel_args *args;
+    memcpy(&args, params, sizeof(args));
+    return conflux_pass_on(state, args, block, threads_per_block);
+}
+
 const struct fakecuda_kernel fakecuda_conflux_kernel = {
     .name = CFX_KERNEL_NAME,
     .param_bytes = sizeof(struct cfx_kernel_narrow),
@@ -92,4 +110,11 @@ const struct fakecuda_kernel fakecuda_conflux_kernel_wide = {
     .param_bytes = sizeof(struct cfx_kernel_wide),
     .state_bytes = sizeof(struct cfx_kernel_block),
     .pass = conflux_pass,
+};
+
+const struct fakecuda_kernel fakecuda_conflux_kernel_far = {
+    .name = CFX_KERNEL_FAR_NAME,
+    .param_bytes = sizeof(const struct cfx_kernel_args *),
+    .state_bytes = sizeof(struct cfx_kernel_block),
+    .pass = conflux_pass_far,
 };

@@ -41,6 +41,7 @@ extern const struct fakecuda_kernel fakecuda_conflux_kernel;
 /* Its twin for launches of up to 32764 bytes of parameter,
  * "cfx_kernel_batch_wide". */
 extern const struct fakecuda_kernel fakecuda_conflux_kernel_wide;
+extern const struct fakecuda_kernel fakecuda_conflux_kernel_far;
 
 /* ---- Test kernels (test_kernels.c), for tests/fakecuda/test_fakecuda.c. */
 

@@ -50,11 +50,21 @@ CFX_STATIC_ASSERT(CFX_EXEC_CUDA_MAX_OPS == CFX_KERNEL_MAX_OPS,
 #define WATCH_EVERY_NS (1 * CFX_NS_PER_MS)
 #define STALL_ASK_NS   (100 * CFX_NS_PER_MS) /* How often a stall asks stalled(). */
 #define MAX_DEVICES    64
+/* Far launches in flight per communicator before the next waits. */
+#define CFX_CUDA_FAR_BUFFERS 2
 
 struct cfx_cuda_comm {
     struct cfx_cuda_comm_desc desc;
-    CUfunction fn;                  /* The narrow launch's kernel. */
-    CUfunction fn_wide;             /* The wide launch's. */
+    CUfunction fn;      /* The narrow launch's kernel. */
+    CUfunction fn_wide; /* The wide launch's. */
+    CUfunction fn_far;  /* The far launch's. */
+    /* The far launches' arguments (pinned, device-mapped), used in turn;
+     * far_done[i] is recorded after the launch that reads far[i], which
+     * far_busy[i] says happened (a later launch waits for it first). */
+    struct cfx_kernel_far *far[CFX_CUDA_FAR_BUFFERS];
+    CUevent far_done[CFX_CUDA_FAR_BUFFERS];
+    int far_busy[CFX_CUDA_FAR_BUFFERS];
+    int far_next;
     struct cfx_kernel_comm *mapped; /* Host-mapped (the same address on the device). */
     void *teams;                    /* Device memory: mapped->teams. */
     int team_cap;                   /* Most blocks per chain on this device (team_for). */
@@ -83,10 +93,12 @@ static cfxResult_t host_batches_open(const struct cfx_cuda_api *cu);
 static pthread_mutex_t module_lock = PTHREAD_MUTEX_INITIALIZER;
 static CUfunction device_fn[MAX_DEVICES];
 static CUfunction device_fn_wide[MAX_DEVICES];
+static CUfunction device_fn_far[MAX_DEVICES];
 
-/* Conflux's kernels on @p device: the narrow launch's and the wide one's. */
+/* Conflux's kernels on @p device: the narrow launch's, the wide one's and
+ * the far one's. */
 static cfxResult_t kernel_of(const struct cfx_cuda_api *cu, int device, CUfunction *fn_p,
-                             CUfunction *wide_p)
+                             CUfunction *wide_p, CUfunction *far_p)
 {
     if (device < 0 || device >= MAX_DEVICES)
         return cfx_error_set(cfxInvalidArgument, CFX_LOG_INIT, "CUDA device %d is out of range",
@@ -95,12 +107,14 @@ static cfxResult_t kernel_of(const struct cfx_cuda_api *cu, int device, CUfuncti
     pthread_mutex_lock(&module_lock);
     if (device_fn[device] == NULL) {
         CUmodule module;
-        CUfunction fn = NULL, wide = NULL;
+        CUfunction fn = NULL, wide = NULL, far = NULL;
         CUresult err = cu->module_load_data(&module, cfx_kernel_image);
         if (err == CUDA_SUCCESS) {
             err = cu->module_get_function(&fn, module, CFX_KERNEL_NAME);
             if (err == CUDA_SUCCESS)
                 err = cu->module_get_function(&wide, module, CFX_KERNEL_WIDE_NAME);
+            if (err == CUDA_SUCCESS)
+                err = cu->module_get_function(&far, module, CFX_KERNEL_FAR_NAME);
             if (err != CUDA_SUCCESS)
                 cu->module_unload(module);
         }
@@ -111,11 +125,13 @@ static cfxResult_t kernel_of(const struct cfx_cuda_api *cu, int device, CUfuncti
         } else {
             device_fn[device] = fn;
             device_fn_wide[device] = wide;
+            device_fn_far[device] = far;
             CFX_INFO(CFX_LOG_INIT, "cuda: kernel loaded on device %d (%lu-byte image)", device,
                      cfx_kernel_image_size);
         }
     }
     *wide_p = device_fn_wide[device];
+    *far_p = device_fn_far[device];
     *fn_p = device_fn[device];
     pthread_mutex_unlock(&module_lock);
     return res;
@@ -398,6 +414,38 @@ static void watch_remove(struct cfx_cuda_comm *c)
 
 /* ------------------------------------------------------------ communicator */
 
+/* The far launches' argument buffers and their events (setup time). */
+static cfxResult_t far_open(const struct cfx_cuda_api *cu, struct cfx_cuda_comm *c)
+{
+    for (int i = 0; i < CFX_CUDA_FAR_BUFFERS; i++) {
+        void *far = NULL;
+        CUresult err = cu->mem_host_alloc(&far, sizeof(struct cfx_kernel_far),
+                                          CU_MEMHOSTALLOC_PORTABLE | CU_MEMHOSTALLOC_DEVICEMAP);
+        if (err != CUDA_SUCCESS)
+            return cfx_cuda_error(err, CFX_LOG_INIT,
+                                  "cannot allocate the arguments of large kernel launches");
+        memset(far, 0, sizeof(struct cfx_kernel_far)); /* Touched now, not at a launch. */
+        c->far[i] = far;
+        err = cu->event_create(&c->far_done[i], CU_EVENT_DISABLE_TIMING);
+        if (err != CUDA_SUCCESS)
+            return cfx_cuda_error(err, CFX_LOG_INIT, "cannot create the communicator's event");
+    }
+    return cfxSuccess;
+}
+
+/* Undo far_open, whatever part of it ran (no launch reads them any more). */
+static void far_close(const struct cfx_cuda_api *cu, struct cfx_cuda_comm *c)
+{
+    for (int i = 0; i < CFX_CUDA_FAR_BUFFERS; i++) {
+        if (c->far_done[i] != NULL)
+            cu->event_destroy(c->far_done[i]);
+        if (c->far[i] != NULL)
+            cu->mem_free_host(c->far[i]);
+        c->far_done[i] = NULL;
+        c->far[i] = NULL;
+    }
+}
+
 /* Most blocks a chain of this communicator's runs on: CFX_CUDA_BLOCKS, and
  * no more than half the device's SMs shared among the process's GPU ranks
  * on it. A team's blocks wait for each other and the ranks' kernels for
@@ -450,7 +498,7 @@ cfxResult_t cfx_exec_cuda_comm_open(const struct cfx_cuda_comm_desc *desc,
              "GPU rank(s) of this process on device %d)",
              desc->rank, c->team_cap, (int)param_cuda_blocks(), sms, desc->ranks_on_device,
              desc->device);
-    cfxResult_t res = kernel_of(cu, desc->device, &c->fn, &c->fn_wide);
+    cfxResult_t res = kernel_of(cu, desc->device, &c->fn, &c->fn_wide, &c->fn_far);
     if (res == cfxSuccess)
         res = host_batches_open(cu);
     if (res != cfxSuccess)
@@ -473,13 +521,17 @@ cfxResult_t cfx_exec_cuda_comm_open(const struct cfx_cuda_comm_desc *desc,
         res = cfx_cuda_error(err, CFX_LOG_INIT, "cannot create the communicator's event");
         goto err_teams;
     }
+    res = far_open(cu, c);
+    if (res != cfxSuccess)
+        goto err_far;
     res = watch_add(c);
     if (res != cfxSuccess)
-        goto err_event;
+        goto err_far;
     *state_p = c;
     return cfxSuccess;
 
-err_event:
+err_far:
+    far_close(cu, c);
     cu->event_destroy(c->done);
 err_teams:
     cfx_cuda_mem_free(c->teams);
@@ -561,6 +613,7 @@ void cfx_exec_cuda_comm_close(struct cfx_cuda_comm *c)
         cfx_cuda_relaxed_end(cu, mode);
     }
     watch_remove(c);
+    far_close(cu, c);
     cu->event_destroy(c->done);
     cfx_cuda_mem_free(c->teams);
     cu->mem_free_host(c->mapped);
@@ -637,12 +690,38 @@ static int team_for(const struct cfx_work *work, int most, int so_far)
     return team > so_far ? team : so_far;
 }
 
-/* The launch of the batch's ops on @p stream into @p launch: the ops in
- * chains (those that share a connector, transitively, in one chain in call
- * order), a block per chain; the narrow parameter where it carries them,
- * else the wide one (*wide_p set). */
-static cfxResult_t build_args(struct cfx_op *ops, int n_ops, cfxStream_t stream,
-                              struct cfx_kernel_wide *launch, int *wide_p)
+/* How a launch passes its arguments (kernel.h). */
+enum launch_kind { LAUNCH_NARROW, LAUNCH_WIDE, LAUNCH_FAR };
+
+/* A far argument buffer of @p c, free: the launch that last read it is
+ * over (the host waits for it when both are in flight). */
+static cfxResult_t far_take(const struct cfx_cuda_api *cu, struct cfx_cuda_comm *c, int *index_p)
+{
+    int i = c->far_next;
+    if (c->far_busy[i]) {
+        CUstreamCaptureMode mode = cfx_cuda_relaxed_begin(cu);
+        CUresult err = cu->event_synchronize(c->far_done[i]);
+        cfx_cuda_relaxed_end(cu, mode);
+        if (err != CUDA_SUCCESS)
+            return cfx_cuda_error(err, CFX_LOG_COLL, "cannot wait for an earlier kernel launch");
+        c->far_busy[i] = 0;
+    }
+    c->far_next = (i + 1) % CFX_CUDA_FAR_BUFFERS;
+    *index_p = i;
+    return cfxSuccess;
+}
+
+/* The launch of the batch's ops on @p stream: the ops in chains (those that
+ * share a connector, transitively, in one chain in call order), a block
+ * per chain; its arguments in @p launch (the narrow parameter where it
+ * carries them, else the wide one), or in a far buffer of @p first's
+ * (*far_p set to its index) for groups the wide one cannot carry, which a
+ * capture refuses (@p capturing: the buffer is used again by later
+ * launches, so a replay would read other arguments). */
+static cfxResult_t build_args(const struct cfx_cuda_api *cu, struct cfx_op *ops, int n_ops,
+                              cfxStream_t stream, struct cfx_cuda_comm *first, int capturing,
+                              struct cfx_kernel_wide *launch, enum launch_kind *kind_p,
+                              struct cfx_kernel_args **args_p, int *far_p)
 {
     int on[CFX_KERNEL_MAX_OPS], parent[CFX_KERNEL_MAX_OPS], n = 0;
     uint32_t n_views = 0;
@@ -662,30 +741,49 @@ static cfxResult_t build_args(struct cfx_op *ops, int n_ops, cfxStream_t stream,
         n_views += (uint32_t)ops[i].n_conns;
         n++;
     }
-    if (n_views > CFX_KERNEL_WIDE_VIEWS)
+    if (n_views > CFX_KERNEL_FAR_VIEWS)
         return cfx_error_set(cfxInvalidUsage, CFX_LOG_COLL,
                              "a group puts %u connectors on one CUDA stream, more than one "
                              "kernel launch carries (%d): split the group",
-                             n_views, CFX_KERNEL_WIDE_VIEWS);
-    int wide = n > CFX_KERNEL_NARROW_OPS || n_views > CFX_KERNEL_NARROW_VIEWS;
+                             n_views, CFX_KERNEL_FAR_VIEWS);
+    enum launch_kind kind = LAUNCH_NARROW;
+    if (n > CFX_KERNEL_WIDE_OPS || n_views > CFX_KERNEL_WIDE_VIEWS)
+        kind = LAUNCH_FAR;
+    else if (n > CFX_KERNEL_NARROW_OPS || n_views > CFX_KERNEL_NARROW_VIEWS)
+        kind = LAUNCH_WIDE;
     struct cfx_kernel_args *args = &launch->head;
+    uint8_t *block_first = args->block_first;
+    *far_p = -1;
+    if (kind == LAUNCH_FAR) {
+        if (capturing)
+            return cfx_error_set(cfxInvalidUsage, CFX_LOG_COLL,
+                                 "a group of %d GPU operations on one stream cannot be captured "
+                                 "into a CUDA graph: a captured launch carries at most %d; split "
+                                 "the group",
+                                 n, CFX_KERNEL_WIDE_OPS);
+        CFX_CHECK(far_take(cu, first, far_p));
+        args = &first->far[*far_p]->head;
+        block_first = first->far[*far_p]->block_first;
+    }
     args->abi = CFX_KERNEL_ABI;
     args->n_ops = 0;
     args->n_views = 0;
     args->n_blocks = 0;
     args->spin_check = CFX_KERNEL_SPIN_CHECK;
-    args->cap_ops = wide ? CFX_KERNEL_WIDE_OPS : CFX_KERNEL_NARROW_OPS;
+    args->cap_ops = kind == LAUNCH_FAR    ? CFX_KERNEL_FAR_OPS
+                    : kind == LAUNCH_WIDE ? CFX_KERNEL_WIDE_OPS
+                                          : CFX_KERNEL_NARROW_OPS;
     args->team = 1;
     memset(args->pad, 0, sizeof(args->pad));
     struct cfx_kernel_op *k_ops = cfx_kernel_args_ops(args);
     struct cfx_conn *views = cfx_kernel_args_views(args);
     int placed[CFX_KERNEL_MAX_OPS] = {0};
-    for (int first = 0; first < n; first++) {
-        if (placed[first])
+    for (int first_op = 0; first_op < n; first_op++) {
+        if (placed[first_op])
             continue;
-        int root = chain_root(parent, first);
-        args->block_first[args->n_blocks++] = (uint8_t)args->n_ops;
-        for (int k = first; k < n; k++) {
+        int root = chain_root(parent, first_op);
+        block_first[args->n_blocks++] = (uint8_t)args->n_ops;
+        for (int k = first_op; k < n; k++) {
             if (placed[k] || chain_root(parent, k) != root)
                 continue;
             placed[k] = 1;
@@ -706,8 +804,9 @@ static cfxResult_t build_args(struct cfx_op *ops, int n_ops, cfxStream_t stream,
                 views[args->n_views++] = op->conns[v]->view;
         }
     }
-    args->block_first[args->n_blocks] = (uint8_t)args->n_ops;
-    *wide_p = wide;
+    block_first[args->n_blocks] = (uint8_t)args->n_ops;
+    *kind_p = kind;
+    *args_p = args;
     return cfxSuccess;
 }
 
@@ -720,9 +819,6 @@ static cfxResult_t launch_stream(const struct cfx_cuda_api *cu, struct cfx_op *o
         struct cfx_kernel_narrow narrow;
         struct cfx_kernel_wide wide;
     } launch;
-    int wide = 0;
-    CFX_CHECK(build_args(ops, n_ops, stream, &launch.wide, &wide));
-    const struct cfx_kernel_args *args = &launch.wide.head;
     struct cfx_cuda_comm *first = NULL;
     for (int i = 0; i < n_ops && first == NULL; i++)
         if (ops[i].stream == stream)
@@ -730,15 +826,30 @@ static cfxResult_t launch_stream(const struct cfx_cuda_api *cu, struct cfx_op *o
     CFX_CHECK(cfx_cuda_enter(first->desc.device));
     int capturing = 0;
     CFX_CHECK(cfx_exec_cuda_stream_capturing(stream, &capturing));
+    enum launch_kind kind = LAUNCH_NARROW;
+    struct cfx_kernel_args *args = NULL;
+    int far = -1;
+    CFX_CHECK(
+        build_args(cu, ops, n_ops, stream, first, capturing, &launch.wide, &kind, &args, &far));
     CUstream s = (CUstream)stream;
     for (int i = 0; i < n_ops; i++)
         if (ops[i].stream == stream)
             CFX_CHECK(order_after_previous(cu, ops[i].exec_state, s, capturing));
     void *params[] = {&launch};
+    CUfunction fn = kind == LAUNCH_WIDE ? first->fn_wide : first->fn;
+    if (kind == LAUNCH_FAR) {
+        params[0] = &args; /* The parameter is the arguments' (mapped) address. */
+        fn = first->fn_far;
+    }
     CFX_CU_CHECK(cu,
-                 launch_kernel(wide ? first->fn_wide : first->fn, args->n_blocks * args->team, 1, 1,
+                 launch_kernel(fn, args->n_blocks * args->team, 1, 1,
                                (unsigned)param_cuda_threads(), 1, 1, 0, s, params, NULL),
                  CFX_LOG_COLL, "cannot launch the collective's kernel");
+    if (far >= 0) {
+        CFX_CU_CHECK(cu, event_record(first->far_done[far], s), CFX_LOG_COLL,
+                     "cannot record the communicator's event");
+        first->far_busy[far] = 1;
+    }
     for (int i = 0; i < n_ops; i++)
         if (ops[i].stream == stream)
             CFX_CHECK(note_launched(cu, ops[i].exec_state, s, capturing));

@@ -115,3 +115,11 @@ extern "C" __global__ void __launch_bounds__(CFX_KERNEL_THREADS)
 {
     run_batch(&args.head);
 }
+
+/* Groups the wide parameter cannot carry: the parameter is the address of
+ * their struct cfx_kernel_far (pinned host memory, mapped). */
+extern "C" __global__ void __launch_bounds__(CFX_KERNEL_THREADS)
+    cfx_kernel_batch_far(const struct cfx_kernel_args *args)
+{
+    run_batch(args);
+}

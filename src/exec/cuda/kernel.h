@@ -54,14 +54,21 @@
  * within the 32764 bytes CUDA 12.1 allows on sm_70 and newer (64
  * operations, 256 views: an all-to-all of 32 ranks in one group), for
  * groups the narrow one cannot carry. Launching the narrow one keeps the
- * common launch's parameter copy small. CFX_KERNEL_MAX_OPS bounds both (a
+ * common launch's parameter copy small. Larger groups go far: the launch
+ * passes a pointer to the same layout with room for 255 operations (and a
+ * table of chains of its own) in the first communicator's pinned host
+ * memory (struct cfx_kernel_far; its views stay 256, the most a byte's
+ * first_view reaches). CFX_KERNEL_MAX_OPS bounds all three (a
  * communicator's report slots). */
 #define CFX_KERNEL_NARROW_OPS   16
 #define CFX_KERNEL_NARROW_VIEWS 14
 #define CFX_KERNEL_WIDE_OPS     64
 #define CFX_KERNEL_WIDE_VIEWS   256
-#define CFX_KERNEL_MAX_OPS      CFX_KERNEL_WIDE_OPS
+#define CFX_KERNEL_FAR_OPS      255
+#define CFX_KERNEL_FAR_VIEWS    256
+#define CFX_KERNEL_MAX_OPS      CFX_KERNEL_FAR_OPS
 #define CFX_KERNEL_WIDE_NAME    "cfx_kernel_batch_wide"
+#define CFX_KERNEL_FAR_NAME     "cfx_kernel_batch_far"
 /* Threads per block the executor launches (the CPU runs one). */
 #define CFX_KERNEL_THREADS 512
 /* Idle rounds between a waiting block's checks of the abort and closed
@@ -165,12 +172,14 @@ struct cfx_kernel_args {
     uint16_t n_views;
     uint8_t n_ops;
     uint8_t n_blocks; /* Chains: the grid is n_blocks x team blocks. */
-    uint8_t cap_ops;  /* Room for operations: CFX_KERNEL_NARROW_OPS or _WIDE_OPS. */
+    uint8_t cap_ops;  /* Room for operations: CFX_KERNEL_NARROW_OPS, _WIDE_OPS or _FAR_OPS. */
     uint8_t team;     /* Blocks per chain (0 or 1: each chain alone). */
     /* Block b runs ops[block_first[b] .. block_first[b + 1]) one after the
      * other: operations that share a connector go in one block, in call
-     * order (two blocks posting to one FIFO would mix their slots). */
-    uint8_t block_first[CFX_KERNEL_MAX_OPS + 1];
+     * order (two blocks posting to one FIFO would mix their slots). A far
+     * launch keeps its (longer) table after its views instead
+     * (cfx_kernel_block_firsts). */
+    uint8_t block_first[CFX_KERNEL_WIDE_OPS + 1];
     uint8_t pad[1];
 };
 
@@ -186,6 +195,14 @@ struct cfx_kernel_wide {
     struct cfx_kernel_op ops[CFX_KERNEL_WIDE_OPS];
     struct cfx_conn views[CFX_KERNEL_WIDE_VIEWS];
 };
+/* A far launch's arguments, in memory the device reads (the launch's
+ * parameter is their address). */
+struct cfx_kernel_far {
+    struct cfx_kernel_args head;
+    struct cfx_kernel_op ops[CFX_KERNEL_FAR_OPS];
+    struct cfx_conn views[CFX_KERNEL_FAR_VIEWS];
+    uint8_t block_first[CFX_KERNEL_FAR_OPS + 1];
+};
 CFX_STATIC_ASSERT(sizeof(struct cfx_kernel_narrow) <= 4096, "the narrow launch fits 4 KiB");
 CFX_STATIC_ASSERT(sizeof(struct cfx_kernel_wide) <= 32764, "the wide launch fits 32764 bytes");
 CFX_STATIC_ASSERT(offsetof(struct cfx_kernel_narrow, ops) == sizeof(struct cfx_kernel_args) &&
@@ -198,8 +215,17 @@ CFX_STATIC_ASSERT(offsetof(struct cfx_kernel_narrow, views) ==
                           sizeof(struct cfx_kernel_args) +
                               CFX_KERNEL_WIDE_OPS * sizeof(struct cfx_kernel_op),
                   "the views follow cap_ops operations");
-CFX_STATIC_ASSERT(CFX_KERNEL_WIDE_VIEWS <= 256 && CFX_KERNEL_WIDE_OPS < 256,
-                  "first_view, n_ops and block_first are bytes");
+CFX_STATIC_ASSERT(offsetof(struct cfx_kernel_far, ops) == sizeof(struct cfx_kernel_args) &&
+                      offsetof(struct cfx_kernel_far, views) ==
+                          sizeof(struct cfx_kernel_args) +
+                              CFX_KERNEL_FAR_OPS * sizeof(struct cfx_kernel_op) &&
+                      offsetof(struct cfx_kernel_far, block_first) ==
+                          offsetof(struct cfx_kernel_far, views) +
+                              CFX_KERNEL_FAR_VIEWS * sizeof(struct cfx_conn),
+                  "a far launch: the head, cap_ops operations, the views, the chains");
+CFX_STATIC_ASSERT(CFX_KERNEL_FAR_VIEWS <= 256 && CFX_KERNEL_FAR_OPS < 256 &&
+                      CFX_KERNEL_WIDE_VIEWS <= 256,
+                  "first_view, slot, n_ops, n_blocks and block_first are bytes");
 
 /* A launch's operations and views (they follow its head). */
 static inline CFX_HOST_DEVICE struct cfx_kernel_op *
@@ -213,8 +239,18 @@ cfx_kernel_args_views(const struct cfx_kernel_args *a)
     return (struct cfx_conn *)(uintptr_t)(cfx_kernel_args_ops(a) + a->cap_ops);
 }
 
+/* Block b's chain of operations starts at cfx_kernel_block_firsts(a)[b]
+ * (and ends where b + 1's starts). */
+static inline CFX_HOST_DEVICE const uint8_t *
+cfx_kernel_block_firsts(const struct cfx_kernel_args *a)
+{
+    if (a->cap_ops == CFX_KERNEL_FAR_OPS)
+        return (const uint8_t *)(cfx_kernel_args_views(a) + CFX_KERNEL_FAR_VIEWS);
+    return a->block_first;
+}
+
 /* The parameter's layout, as a number: its version and the narrow size. */
-#define CFX_KERNEL_ABI ((uint32_t)(6u << 16) | (uint32_t)sizeof(struct cfx_kernel_narrow))
+#define CFX_KERNEL_ABI ((uint32_t)(7u << 16) | (uint32_t)sizeof(struct cfx_kernel_narrow))
 
 /* What the leader decided (cfx_kernel_lead). */
 enum cfx_kernel_action {
@@ -400,11 +436,11 @@ static inline CFX_HOST_DEVICE int cfx_kernel_lead(struct cfx_kernel_block *b,
 {
     if (!b->started) {
         b->started = 1;
-        b->op = a->block_first[block];
+        b->op = cfx_kernel_block_firsts(a)[block];
         b->op_started = 0;
     }
     for (;;) {
-        if (b->op >= a->block_first[block + 1])
+        if (b->op >= cfx_kernel_block_firsts(a)[block + 1])
             return CFX_KERNEL_FINISHED;
         const struct cfx_kernel_op *op = &cfx_kernel_args_ops(a)[b->op];
         if (!b->op_started && cfx_kernel_op_start(b, a)) {
@@ -478,7 +514,8 @@ cfx_kernel_team_join(struct cfx_kernel_block *b, const struct cfx_kernel_args *a
     b->team_gen = 0;
     b->team = 0;
     if (cfx_kernel_team_size(a) > 1) {
-        const struct cfx_kernel_op *first = &cfx_kernel_args_ops(a)[a->block_first[chain]];
+        const struct cfx_kernel_op *first =
+            &cfx_kernel_args_ops(a)[cfx_kernel_block_firsts(a)[chain]];
         uint64_t teams = cfx_load_relaxed_u64(&first->comm->teams);
         b->team = (struct cfx_kernel_team *)(uintptr_t)teams + first->slot;
     }
@@ -519,8 +556,8 @@ static inline CFX_HOST_DEVICE int cfx_kernel_team_wait(struct cfx_kernel_block *
         return 1;
     if (++b->idle % (a->spin_check ? a->spin_check : CFX_KERNEL_SPIN_CHECK) != 0)
         return 0;
-    const struct cfx_kernel_op *op =
-        &cfx_kernel_args_ops(a)[kind == CFX_KERNEL_STEP ? b->op : a->block_first[chain + 1] - 1];
+    const struct cfx_kernel_op *op = &cfx_kernel_args_ops(
+        a)[kind == CFX_KERNEL_STEP ? b->op : cfx_kernel_block_firsts(a)[chain + 1] - 1];
     int32_t aborted = cfx_kernel_aborted(op);
     if (aborted == 0)
         return 0;
