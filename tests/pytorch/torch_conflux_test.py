@@ -43,8 +43,34 @@ def free_port():
         return s.getsockname()[1]
 
 
+# How often a run whose store lost its port is tried again (free_port's
+# port is free when it is chosen; another process may bind it before rank
+# 0's store does: "Address already in use").
+PORT_TRIES = 3
+
+
 def launch(case, nprocs, deadline_s):
     """Runs the ranks; returns the exit status of the test."""
+    for attempt in range(PORT_TRIES):
+        status, port_taken = launch_once(case, nprocs, deadline_s)
+        if not port_taken:
+            return status
+        print(f"NOTE: the store's port was taken before rank 0 bound it (try {attempt + 1} "
+              f"of {PORT_TRIES}); running the case again on another port", flush=True)
+    return status
+
+
+def store_lost_port(log):
+    """Whether rank 0's output (@p log) says its store could not bind."""
+    log.seek(0)
+    out = log.read()
+    log.seek(0, os.SEEK_END)
+    return "failed to bind" in out and "Address already in use" in out
+
+
+def launch_once(case, nprocs, deadline_s):
+    """Runs the ranks once; returns the exit status of the test and whether
+    rank 0's store could not bind its port (nothing of the case ran)."""
     port = free_port()
     tmp = tempfile.mkdtemp(prefix="cfx_torch_")
     procs, logs = [], []
@@ -58,16 +84,25 @@ def launch(case, nprocs, deadline_s):
         logs.append(log)
     end = time.monotonic() + deadline_s
     while time.monotonic() < end and any(p.poll() is None for p in procs):
+        if procs[0].poll() is not None and procs[0].returncode != 0 and store_lost_port(logs[0]):
+            for p in procs:  # The others wait for a store that never came.
+                if p.poll() is None:
+                    p.kill()
+                    p.wait()
+            break
         time.sleep(0.1)
     hung = [r for r, p in enumerate(procs) if p.poll() is None]
     for r in hung:
         procs[r].kill()
         procs[r].wait()
     ok = not hung
+    port_taken = False
     for rank, (p, log) in enumerate(zip(procs, logs)):
         expected = -signal.SIGKILL if case == "killed" and rank == KILLED_RANK else 0
         log.seek(0)
         out = log.read()
+        if rank == 0 and p.returncode != 0 and store_lost_port(log):
+            port_taken = True
         status = "HUNG" if rank in hung else f"exit {p.returncode}"
         if rank not in hung and p.returncode != expected:
             ok = False
@@ -76,7 +111,7 @@ def launch(case, nprocs, deadline_s):
         print(f"FAIL: rank(s) {hung} still running after the {deadline_s} s deadline "
               f"(case {case}); see their output above", flush=True)
     print(f"{'PASS' if ok else 'FAIL'}: case {case} on {nprocs} processes", flush=True)
-    return 0 if ok else 1
+    return (0 if ok else 1), port_taken and not ok
 
 
 # ------------------------------------------------------------------ worker
