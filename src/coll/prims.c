@@ -75,6 +75,18 @@ static size_t ll_data_words(size_t bytes)
     return ((bytes + 15) & ~(size_t)15) / 4;
 }
 
+/* A host thread reaches a connector's LL slots through its stage (every
+ * transport that gives LL slots gives one); cfxInternalError if it has none. */
+static cfxResult_t ll_stage(const struct cfx_op *op, const struct cfx_connector *conn)
+{
+    if (conn->stage != NULL)
+        return cfxSuccess;
+    return cfx_error_set(cfxInternalError, CFX_LOG_COLL,
+                         "%s on rank %d: the LL slots shared with rank %d have no staging slot "
+                         "for a host thread",
+                         cfx_coll_name(op->kind), op->rank, conn->peer_rank);
+}
+
 /* Consumer: the oldest slot of @p conn, an LL slot (src/conn/fifo.h),
  * checked as take() checks a Simple one and decoded into the connector's
  * stage (*data_p): its words are copied there first when they live in
@@ -82,11 +94,7 @@ static size_t ll_data_words(size_t bytes)
 static cfxResult_t ll_take(struct cfx_op *op, struct cfx_connector *conn, size_t bytes,
                            const char **data_p)
 {
-    if (conn->stage == NULL)
-        return cfx_error_set(cfxInternalError, CFX_LOG_COLL,
-                             "%s on rank %d: the LL slots from rank %d have no staging slot for "
-                             "a host thread",
-                             cfx_coll_name(op->kind), op->rank, conn->peer_rank);
+    CFX_CHECK(ll_stage(op, conn));
     uint64_t number = cfx_load_relaxed_u64(conn->view.head);
     uint32_t flag = cfx_ll_flag(number);
     const uint64_t *slot = cfx_ll_slot(&conn->view, number);
@@ -167,10 +175,10 @@ static cfxResult_t ll_post(struct cfx_op *op, struct cfx_connector *to, size_t b
     for (size_t i = n_data; i-- > 0;) {
         uint32_t d;
         memcpy(&d, data + 4 * i, 4);
-        words[CFX_LL_HEADER_WORDS + i] = (uint64_t)d | (uint64_t)flag << 32;
+        words[CFX_LL_HEADER_WORDS + i] = cfx_ll_word(d, flag);
     }
-    words[0] = (uint64_t)(uint32_t)bytes | (uint64_t)flag << 32;
-    words[1] = (uint64_t)cfx_ll_check(&op->print, (uint32_t)number) | (uint64_t)flag << 32;
+    words[0] = cfx_ll_word((uint32_t)bytes, flag);
+    words[1] = cfx_ll_word(cfx_ll_check(&op->print, (uint32_t)number), flag);
     uint64_t *slot = cfx_ll_slot(&to->view, number);
     size_t n_words = CFX_LL_HEADER_WORDS + n_data;
     if (to->slots_device != 0)
@@ -429,13 +437,8 @@ cfxResult_t cfx_prim_run(struct cfx_op *op, const struct cfx_step *step)
                               bytes);
     int by_ref = ref != NULL;
     if (ll_out) {
+        CFX_CHECK(ll_stage(op, op->conns[step->send]));
         slot_out = op->conns[step->send]->stage; /* Encoded in place at the post. */
-        if (slot_out == NULL)
-            return cfx_error_set(cfxInternalError, CFX_LOG_COLL,
-                                 "%s on rank %d: the LL slots to rank %d have no staging slot "
-                                 "for a host thread",
-                                 cfx_coll_name(op->kind), op->rank,
-                                 op->conns[step->send]->peer_rank);
     } else if ((flags & CFX_PRIM_SEND) && !by_ref) {
         struct cfx_connector *to = op->conns[step->send];
         slot_out = cfx_conn_post_slot(to, bytes);

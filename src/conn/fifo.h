@@ -310,9 +310,15 @@ static inline CFX_HOST_DEVICE uint32_t cfx_ll_flag(uint64_t number)
     return (uint32_t)(number + 1);
 }
 
+/* An LL word: @p data in the low half, @p flag in the high one. */
+static inline CFX_HOST_DEVICE uint64_t cfx_ll_word(uint32_t data, uint32_t flag)
+{
+    return (uint64_t)data | ((uint64_t)flag << 32);
+}
+
 static inline CFX_HOST_DEVICE void cfx_ll_store(uint64_t *word, uint32_t data, uint32_t flag)
 {
-    cfx_store_relaxed_u64(word, (uint64_t)data | ((uint64_t)flag << 32));
+    cfx_store_relaxed_u64(word, cfx_ll_word(data, flag));
 }
 
 /* Whether @p word holds @p flag's data (then *data_p is it). */

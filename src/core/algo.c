@@ -170,21 +170,15 @@ static enum cfx_core_algo plan_choice(struct cfxComm *comm, enum cfx_coll_kind k
         cfx_error_thread_clear();
         return CFX_CORE_ALGO_RING;
     }
-    if (kind == CFX_COLL_ALLGATHER || kind == CFX_COLL_REDUCESCATTER) {
-        *ll_p = choice.proto == CFX_PROTO_LL; /* On the ring, their one schedule. */
-        return CFX_CORE_ALGO_RING;
-    }
-    if (choice.algo == CFX_ALGO_TREE) {
-        *ll_p = choice.proto == CFX_PROTO_LL;
-        return CFX_CORE_ALGO_TREE;
-    }
-    /* The model offers direct and two-shot for allreduce on at most
-     * CFX_DIRECT_MAX_RANKS only. */
+    /* Allgather and reduce-scatter run on their one schedule, the ring. The
+     * model offers direct and two-shot (Simple only) for allreduce on at
+     * most CFX_DIRECT_MAX_RANKS only. */
+    int ring_family = kind == CFX_COLL_ALLGATHER || kind == CFX_COLL_REDUCESCATTER;
     if ((choice.algo == CFX_ALGO_DIRECT || choice.algo == CFX_ALGO_TWOSHOT) &&
         kind == CFX_COLL_ALLREDUCE && comm->nranks <= CFX_DIRECT_MAX_RANKS)
         return choice.algo == CFX_ALGO_DIRECT ? CFX_CORE_ALGO_DIRECT : CFX_CORE_ALGO_TWOSHOT;
-    *ll_p = choice.algo == CFX_ALGO_RING && choice.proto == CFX_PROTO_LL;
-    return CFX_CORE_ALGO_RING;
+    *ll_p = choice.proto == CFX_PROTO_LL;
+    return !ring_family && choice.algo == CFX_ALGO_TREE ? CFX_CORE_ALGO_TREE : CFX_CORE_ALGO_RING;
 }
 
 /* Largest size the last-choice word holds beside its two bits of algorithm

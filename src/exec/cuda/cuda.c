@@ -752,7 +752,6 @@ static cfxResult_t build_args(const struct cfx_cuda_api *cu, struct cfx_op *ops,
     else if (n > CFX_KERNEL_NARROW_OPS || n_views > CFX_KERNEL_NARROW_VIEWS)
         kind = LAUNCH_WIDE;
     struct cfx_kernel_args *args = &launch->head;
-    uint8_t *block_first = args->block_first;
     *far_p = -1;
     if (kind == LAUNCH_FAR) {
         if (capturing)
@@ -763,7 +762,6 @@ static cfxResult_t build_args(const struct cfx_cuda_api *cu, struct cfx_op *ops,
                                  n, CFX_KERNEL_WIDE_OPS);
         CFX_CHECK(far_take(cu, first, far_p));
         args = &first->far[*far_p]->head;
-        block_first = first->far[*far_p]->block_first;
     }
     args->abi = CFX_KERNEL_ABI;
     args->n_ops = 0;
@@ -775,6 +773,8 @@ static cfxResult_t build_args(const struct cfx_cuda_api *cu, struct cfx_op *ops,
                                           : CFX_KERNEL_NARROW_OPS;
     args->team = 1;
     memset(args->pad, 0, sizeof(args->pad));
+    /* Where this launch keeps its chains (cap_ops says: far ones after their views). */
+    uint8_t *block_first = (uint8_t *)(uintptr_t)cfx_kernel_block_firsts(args);
     struct cfx_kernel_op *k_ops = cfx_kernel_args_ops(args);
     struct cfx_conn *views = cfx_kernel_args_views(args);
     int placed[CFX_KERNEL_MAX_OPS] = {0};
