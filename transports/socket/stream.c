@@ -19,6 +19,7 @@
 #include <unistd.h>
 
 #include "src/util/log.h"
+#include "src/util/tsan.h"
 #include "transports/socket/conn.h"
 
 static const char *dir_name(enum cfx_conn_dir dir)
@@ -166,7 +167,7 @@ int cfx_sock_send_progress(struct cfx_sock_conn *sc)
                     iov[n_iov++] = (struct iovec){part + done, len - done};
                 }
                 struct msghdr msg = {.msg_iov = iov, .msg_iovlen = (size_t)n_iov};
-                ssize_t n = sendmsg(st->fd, &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
+                ssize_t n = CFX_SENDMSG(st->fd, &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
                 enum io_verdict verdict = io_check(sc, s, n);
                 if (verdict == IO_FAILED)
                     return 1;
@@ -263,8 +264,8 @@ static int recv_progress(struct cfx_sock_conn *sc)
         while (st->step < (s == 0 ? limit : sc->header_count)) {
             size_t index = (size_t)(st->step % (uint64_t)sc->n_steps);
             if (st->offset < head_bytes) {
-                ssize_t n = recv(st->fd, (char *)&sc->header_in + st->offset,
-                                 head_bytes - st->offset, MSG_DONTWAIT);
+                ssize_t n = CFX_RECV(st->fd, (char *)&sc->header_in + st->offset,
+                                     head_bytes - st->offset, MSG_DONTWAIT);
                 if (n == 0 && st->offset == 0) {
                     /* The peer closed between slots: the other sockets may
                      * still hold parts of slots already announced. */
@@ -298,7 +299,7 @@ static int recv_progress(struct cfx_sock_conn *sc)
                     (dest ? dest
                           : cfx_fifo_data(sc->fifo->info, sc->slots, sc->slot_bytes, index, size)) +
                     off;
-                ssize_t n = recv(st->fd, part + done, len - done, MSG_DONTWAIT);
+                ssize_t n = CFX_RECV(st->fd, part + done, len - done, MSG_DONTWAIT);
                 enum io_verdict verdict = io_check(sc, s, n);
                 if (verdict == IO_FAILED)
                     goto publish;
