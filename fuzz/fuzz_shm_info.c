@@ -20,6 +20,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     if (cfx_shm_info_refusal(&info, expect_bytes, expect_pid, same_process) != NULL)
         return 0;
     FUZZ_CHECK(info.bytes == expect_bytes);
+    FUZZ_CHECK((info.flags & ~CFX_SHM_FLAG_LL) == 0);
     if (info.kind == CFX_SHM_KIND_LOCAL) {
         FUZZ_CHECK(same_process && info.local_addr != 0 && info.local_addr % 4096 == 0);
         return 0;

@@ -1294,17 +1294,22 @@ static int ring_took_ll(struct cfx_test_rank *ctx, struct gpu_rank *g, const cha
     return 1;
 }
 
-/* Small allreduces in LL (CFX_PROTO=LL, on the ring): on device buffers,
- * the kernels' LL words, and an allgather and a reduce-scatter; then with rank 0 on host buffers,
- * its host thread reads and writes LL words through the connectors' stages while the other ranks'
- * kernels do; the sums are right and every rank's last slot in came as LL words. */
+/* Small allreduces in LL (CFX_PROTO=LL, on the ring, over the transport
+ * named by ctx->arg): on device buffers, the kernels' LL words, and an
+ * allgather and a reduce-scatter; then with rank 0 on host buffers, its
+ * host thread reads and writes LL words through the connectors' stages
+ * while the other ranks' kernels do; the sums are right and every rank's
+ * last slot in came as LL words. */
 static void ll_allreduces(struct cfx_test_rank *ctx)
 {
+    const char *transport = ctx->arg;
     struct gpu_rank g;
     if (!gpu_rank_open(ctx, &g, LL_COUNT)) {
         gpu_rank_close(&g);
         return;
     }
+    RANK_ASSERT(ctx, strcmp(g.comm->ring_recv->transport->name, transport) == 0,
+                "the ring goes over %s, not %s", g.comm->ring_recv->transport->name, transport);
     cfx_test_step(ctx, "an allreduce of device buffers");
     RANK_ASSERT(ctx, put_inputs(ctx, &g), "inputs");
     RANK_CFX(ctx,
@@ -1364,7 +1369,30 @@ Test(cuda, small_collectives_run_in_ll_on_device_and_host_buffers_alike, .timeou
     cr_log_info("on %s", use_gpu());
     cfx_test_setenv("CFX_PROTO", "LL");
     cfx_test_setenv("CFX_ALGO", "Ring");
-    struct cfx_test_options opts = {.nranks = 4, .mode = CFX_TEST_THREADS, .deadline_s = 90};
+    struct cfx_test_options opts = {
+        .nranks = 4, .mode = CFX_TEST_THREADS, .deadline_s = 90, .arg = "p2p"};
+    CFX_TEST_RUN(&opts, ll_allreduces);
+}
+
+/* GPU ranks without peer memory (CFX_P2P_DISABLE=1) meet in shm's pinned
+ * FIFOs, whose LL slots carry the same small steps: as threads (one FIFO
+ * both map) and as processes (a memfd; the sender learns of the LL slots
+ * from the receiver's connect info). */
+ParameterizedTestParameters(cuda, small_collectives_run_in_ll_over_shared_memory_too)
+{
+    static enum cfx_test_mode modes[] = {CFX_TEST_THREADS, CFX_TEST_PROCS};
+    return cr_make_param_array(enum cfx_test_mode, modes, sizeof(modes) / sizeof(modes[0]));
+}
+
+ParameterizedTest(enum cfx_test_mode *mode, cuda,
+                  small_collectives_run_in_ll_over_shared_memory_too, .timeout = 120)
+{
+    cr_log_info("on %s", use_gpu());
+    cfx_test_setenv("CFX_PROTO", "LL");
+    cfx_test_setenv("CFX_ALGO", "Ring");
+    cfx_test_setenv("CFX_P2P_DISABLE", "1");
+    struct cfx_test_options opts = {
+        .nranks = *mode == CFX_TEST_PROCS ? 3 : 4, .mode = *mode, .deadline_s = 90, .arg = "shm"};
     CFX_TEST_RUN(&opts, ll_allreduces);
 }
 

@@ -91,13 +91,27 @@ cfxResult_t cfx_connector_stage_init(struct cfx_connector *conn, int device)
     return cfxSuccess;
 }
 
+cfxResult_t cfx_connector_ll_stage_init(struct cfx_connector *conn)
+{
+    void *stage = NULL;
+    if (posix_memalign(&stage, 4096, CFX_LL_SLOT_BYTES) != 0)
+        return cfx_error_set(cfxSystemError, CFX_LOG_ALLOC,
+                             "out of memory for an LL staging slot (connection with rank %d)",
+                             conn->peer_rank);
+    memset(stage, 0, CFX_LL_SLOT_BYTES); /* Touch every page now, never on the data path. */
+    conn->stage = stage;
+    return cfxSuccess;
+}
+
 void cfx_connector_stage_fini(struct cfx_connector *conn)
 {
     if (conn->stage == NULL)
         return;
-    int device = conn->slots_device - 1;
-    cfx_cuda_copy_stream_destroy(conn->stage_stream, device);
-    cfx_cuda_host_unregister(conn->stage, device);
+    if (conn->slots_device != 0) {
+        int device = conn->slots_device - 1;
+        cfx_cuda_copy_stream_destroy(conn->stage_stream, device);
+        cfx_cuda_host_unregister(conn->stage, device);
+    }
     free(conn->stage);
     conn->stage = NULL;
     conn->stage_stream = NULL;

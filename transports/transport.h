@@ -148,7 +148,9 @@ struct cfx_connector {
      * (host buffers of a GPU rank) copies a slot's payload through stage
      * (slot_bytes, at least an LL slot, of pinned host memory) on stage_stream, a stream of that
      * device. Info lines (and the payloads that fit in them) stay host
-     * memory. Set by the transport, with cfx_connector_stage_init. */
+     * memory. Set by the transport, with cfx_connector_stage_init. LL
+     * slots in host memory (shm) come with a plain stage only
+     * (cfx_connector_ll_stage_init; slots_device 0, no stream). */
     int slots_device;
     char *stage;
     void *stage_stream;
@@ -358,7 +360,11 @@ static inline void cfx_connector_set_fifo(struct cfx_connector *conn, struct cfx
  * the FIFO: pinned host memory and a stream for a host thread's copies of
  * the connector's payloads (slots_device, stage, stage_stream). Setup time. */
 cfxResult_t cfx_connector_stage_init(struct cfx_connector *conn, int device);
-/* Release what cfx_connector_stage_init made (none: nothing). */
+/* Transports whose LL slots are host memory (shm between GPU ranks): a
+ * plain stage of CFX_LL_SLOT_BYTES where a host thread encodes and decodes
+ * LL slots (slots_device stays 0). Setup time. */
+cfxResult_t cfx_connector_ll_stage_init(struct cfx_connector *conn);
+/* Release what cfx_connector_stage_init or _ll_stage_init made (none: nothing). */
 void cfx_connector_stage_fini(struct cfx_connector *conn);
 
 /* Forget a connector's FIFO and per-connector state (transports, at the

@@ -30,6 +30,12 @@
  * same address and a host thread still can; between threads the memory is
  * registered once, by the side that needs it first, and unregistered by the
  * side that frees it. FIFOs in device memory are another transport's.
+ * A GPU rank's FIFO also holds LL slots ([n_steps] of CFX_LL_SLOT_BYTES,
+ * page aligned after the payload slots, zeroed with them), so an operation
+ * the plan runs in LL moves its small steps as LL words here too (kernels
+ * poll them in the pinned memory; a host thread decodes them through a
+ * plain stage of its own, src/coll/prims.c). The receiver says so in its
+ * connect info (CFX_SHM_FLAG_LL) and the sender sizes the FIFO by it.
  */
 #include "transports/shm/shm.h"
 
@@ -68,6 +74,7 @@ struct shm_conn {
     int peer_pid;
     int pinned;     /* CFX_SHM_KIND_MEMFD: this side's mapping is registered, device + 1; else 0. */
     int host_slots; /* The slots follow the control block (shm); 0: control block only (p2p). */
+    int ll;         /* LL slots follow the payload slots (a GPU rank's FIFO). */
 };
 _Static_assert(sizeof(struct shm_conn) <= CFX_SHM_CONN_BYTES, "see transports/shm/shm.h");
 
@@ -124,19 +131,31 @@ static int shm_can_connect(void *ctx, const struct cfx_transport_peer *self,
     return !param_shm_disable() && self->host_hash == peer->host_hash;
 }
 
-static size_t fifo_bytes(size_t slot_bytes, int n_steps, int host_slots)
+/* Where the LL slots start: the first page after the payload slots. */
+static size_t ll_offset(size_t slot_bytes, int n_steps)
 {
+    size_t end = cfx_fifo_slots_offset() + slot_bytes * (size_t)n_steps;
+    return (end + 4095) & ~(size_t)4095;
+}
+
+static size_t fifo_bytes(size_t slot_bytes, int n_steps, int host_slots, int ll)
+{
+    if (host_slots && ll)
+        return ll_offset(slot_bytes, n_steps) + CFX_LL_SLOT_BYTES * (size_t)n_steps;
     return cfx_fifo_slots_offset() + (host_slots ? slot_bytes * (size_t)n_steps : 0);
 }
 
 /* The view of a control block at @p base; its slots follow it, or (p2p)
- * they are wherever the caller put them (conn->slots, NULL until then). */
+ * they are wherever the caller put them (conn->slots, NULL until then);
+ * then its LL slots, if it has them. */
 static void attach_fifo(struct cfx_connector *conn, const struct shm_conn *sc, void *base,
                         size_t slot_bytes, int n_steps)
 {
     cfx_connector_set_fifo(conn, base,
                            sc->host_slots ? (char *)base + cfx_fifo_slots_offset() : conn->slots,
                            slot_bytes, n_steps);
+    if (sc->ll)
+        conn->view.ll = (uint64_t *)(void *)((char *)base + ll_offset(slot_bytes, n_steps));
 }
 
 /* Receiver: a fresh, zeroed, pre-faulted FIFO in a memfd whose size is
@@ -237,7 +256,10 @@ cfxResult_t cfx_shm_fifo_setup(void *ctx_v, const struct cfx_transport_peer *pee
     sc->host_slots = host_slots;
     struct cfx_shm_info info = {.kind = CFX_SHM_KIND_NONE};
     if (conn->dir == CFX_CONN_RECV) {
-        sc->bytes = fifo_bytes(slot_bytes, n_steps, host_slots);
+        /* A GPU rank's FIFO has LL slots (its sender learns it from the info). */
+        sc->ll = host_slots && conn->place.mem == CFX_MEM_HOST_PINNED;
+        info.flags = sc->ll ? CFX_SHM_FLAG_LL : 0;
+        sc->bytes = fifo_bytes(slot_bytes, n_steps, host_slots, sc->ll);
         if (peer->pid == (int)getpid()) {
             /* Threads of one process: plain page-aligned memory. */
             void *base = NULL;
@@ -261,6 +283,8 @@ cfxResult_t cfx_shm_fifo_setup(void *ctx_v, const struct cfx_transport_peer *pee
         info.bytes = sc->bytes;
         attach_fifo(conn, sc, sc->base, slot_bytes, n_steps);
         cfxResult_t res = pin(conn, sc);
+        if (res == cfxSuccess && sc->ll)
+            res = cfx_connector_ll_stage_init(conn);
         if (res != cfxSuccess)
             return res;
     } else {
@@ -344,9 +368,13 @@ out_close:
 static cfxResult_t connect_send(const struct shm_ctx *ctx, struct cfx_connector *conn,
                                 struct shm_conn *sc, const struct cfx_shm_info *info)
 {
+    sc->ll = (info->flags & CFX_SHM_FLAG_LL) != 0;
     const char *why =
-        cfx_shm_info_refusal(info, fifo_bytes(conn->slot_bytes, conn->n_steps, sc->host_slots),
-                             sc->peer_pid, sc->peer_pid == (int)getpid());
+        sc->ll && !sc->host_slots
+            ? "LL slots in a FIFO whose slots are not host memory"
+            : cfx_shm_info_refusal(
+                  info, fifo_bytes(conn->slot_bytes, conn->n_steps, sc->host_slots, sc->ll),
+                  sc->peer_pid, sc->peer_pid == (int)getpid());
     if (why != NULL)
         return cfx_error_set(cfxInternalError, CFX_LOG_SHM,
                              "shm: rank %d described its FIFO with %s", conn->peer_rank, why);
@@ -361,6 +389,8 @@ static cfxResult_t connect_send(const struct shm_ctx *ctx, struct cfx_connector 
     }
     attach_fifo(conn, sc, sc->base, conn->slot_bytes, conn->n_steps);
     CFX_CHECK(pin(conn, sc));
+    if (sc->ll)
+        CFX_CHECK(cfx_connector_ll_stage_init(conn));
     cfx_store_release_i32(&conn->fifo->attached, 1);
     return cfxSuccess;
 }
@@ -446,6 +476,8 @@ void cfx_shm_fifo_close(void *ctx_v, struct cfx_connector *conn)
             free(sc->base);
         }
     }
+    if (sc->ll)
+        cfx_connector_stage_fini(conn);
     free(sc);
     cfx_connector_forget(conn);
 }

@@ -18,8 +18,8 @@
 enum cfx_shm_kind { CFX_SHM_KIND_NONE = 0, CFX_SHM_KIND_MEMFD = 1, CFX_SHM_KIND_LOCAL = 2 };
 
 struct cfx_shm_info {
-    uint32_t kind; /* enum cfx_shm_kind */
-    uint32_t reserved;
+    uint32_t kind;        /* enum cfx_shm_kind */
+    uint32_t flags;       /* CFX_SHM_FLAG_*. */
     uint64_t bytes;       /* Size of the FIFO block. */
     uint64_t local_addr;  /* CFX_SHM_KIND_LOCAL: the FIFO's address in this process. */
     int32_t pid;          /* CFX_SHM_KIND_MEMFD: the receiver's process ... */
@@ -28,6 +28,9 @@ struct cfx_shm_info {
     uint64_t probe_value; /* ... and the word, for the receiver's trial read. */
 };
 _Static_assert(sizeof(struct cfx_shm_info) <= CFX_CONNECT_INFO_BYTES, "info too large");
+
+/* The FIFO has LL slots after its payload slots (transports/shm/shm.c). */
+#define CFX_SHM_FLAG_LL 1u
 
 /* Why a sender refuses the receiver's info, or NULL. @p expect_bytes: the
  * FIFO size this sender's geometry gives; @p expect_pid: the receiver's
@@ -52,6 +55,8 @@ static inline const char *cfx_shm_info_refusal(const struct cfx_shm_info *info,
     } else {
         return "no FIFO description";
     }
+    if (info->flags & ~CFX_SHM_FLAG_LL)
+        return "unknown flags";
     if (info->bytes != expect_bytes)
         return "a FIFO of another size (CFX_BUFFSIZE or CFX_STEPS differ between ranks?)";
     return NULL;
