@@ -19,6 +19,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -1394,6 +1395,124 @@ ParameterizedTest(enum cfx_test_mode *mode, cuda,
     struct cfx_test_options opts = {
         .nranks = *mode == CFX_TEST_PROCS ? 3 : 4, .mode = *mode, .deadline_s = 90, .arg = "shm"};
     CFX_TEST_RUN(&opts, ll_allreduces);
+}
+
+/* ------------------------------------------------ the cost of an enqueue */
+
+/* Driver calls an in-place allreduce on device buffers may make, from call
+ * to return, over a stream of calls: the current context, the buffer's
+ * kind, the stream's capture state, the launch and the communicator's
+ * event (5), and now and then a reap (an event query between two
+ * capture-mode exchanges, at most every millisecond: the window's 64 calls
+ * take about 2 ms here, so far fewer than one in two). Each driver call is
+ * 0.1-2 us of CPU on a GPU machine, and issue 12 asks for an enqueue of at
+ * most 5 us. */
+#define ENQUEUE_CALLS     64
+#define ENQUEUE_MAX_CALLS (5 * ENQUEUE_CALLS)
+
+/* Each rank marks (on stderr, where fake-cuda's FAKECUDA_DEBUG lines go)
+ * the window of its thread's timed calls. */
+static void enqueue_in_a_stream_of_calls(struct cfx_test_rank *ctx)
+{
+    struct gpu_rank g;
+    if (!gpu_rank_open(ctx, &g, 1024) || !put_inputs(ctx, &g)) {
+        gpu_rank_close(&g);
+        return;
+    }
+    /* A first call connects; then the stream of calls. */
+    RANK_CFX(ctx, cfxAllReduce(g.drecv, g.drecv, 1024, cfxFloat32, cfxSum, g.comm, g.gpu.stream));
+    RANK_ASSERT(ctx, cfx_test_gpu_sync(ctx, &g.gpu), "sync");
+    long tid = (long)syscall(SYS_gettid);
+    fprintf(stderr, "enqueue-test: begin %ld\n", tid);
+    for (int i = 0; i < ENQUEUE_CALLS; i++)
+        RANK_CFX(ctx,
+                 cfxAllReduce(g.drecv, g.drecv, 1024, cfxFloat32, cfxSum, g.comm, g.gpu.stream));
+    fprintf(stderr, "enqueue-test: end %ld\n", tid);
+    RANK_ASSERT(ctx, cfx_test_gpu_sync(ctx, &g.gpu), "sync");
+    gpu_rank_close(&g);
+}
+
+/* Counts fake-cuda's lines of each marked thread inside its window: their
+ * number, and the calls by name for the message. */
+static void count_enqueue_calls(FILE *log)
+{
+    char line[600];
+    long open_tid[2] = {-1, -1}, counts[2] = {0, 0}, reaps[2] = {0, 0};
+    char names[2][400] = {"", ""};
+    int windows = 0;
+    while (fgets(line, sizeof(line), log) != NULL) {
+        long tid;
+        char call[64];
+        if (sscanf(line, "enqueue-test: begin %ld", &tid) == 1 && windows < 2) {
+            open_tid[windows++] = tid;
+            continue;
+        }
+        if (sscanf(line, "enqueue-test: end %ld", &tid) == 1) {
+            for (int w = 0; w < windows; w++)
+                if (open_tid[w] == tid)
+                    open_tid[w] = -2; /* Closed. */
+            continue;
+        }
+        int pid;
+        char arrow[4];
+        /* A call's line ("cuName -> CUDA_SUCCESS"), not the fake's notes. */
+        if (sscanf(line, "fakecuda: [pid %d tid %ld] %63s %3s", &pid, &tid, call, arrow) != 4 ||
+            strcmp(arrow, "->") != 0)
+            continue;
+        for (int w = 0; w < windows; w++) {
+            if (open_tid[w] != tid)
+                continue;
+            if (strcmp(call, "cuEventQuery") == 0)
+                reaps[w]++;
+            else if (strcmp(call, "cuThreadExchangeStreamCaptureMode") != 0)
+                counts[w]++; /* The exchanges go with the queries. */
+            if (strstr(names[w], call) == NULL && strlen(names[w]) + strlen(call) + 2 < 400) {
+                strcat(names[w], " ");
+                strcat(names[w], call);
+            }
+        }
+    }
+    cr_assert_eq(windows, 2, "the log holds %d ranks' windows, not 2", windows);
+    for (int w = 0; w < 2; w++) {
+        cr_log_info("rank thread %d: %ld driver calls and %ld reaps in %d enqueues (%s)", w,
+                    counts[w], reaps[w], ENQUEUE_CALLS, names[w]);
+        cr_assert(counts[w] >= ENQUEUE_CALLS,
+                  "rank thread %d: %ld driver calls for %d launches: the window is wrong", w,
+                  counts[w], ENQUEUE_CALLS);
+        cr_assert(counts[w] <= ENQUEUE_MAX_CALLS,
+                  "rank thread %d: %ld driver calls in %d enqueues besides the reaps, more than "
+                  "%d (%s)",
+                  w, counts[w], ENQUEUE_CALLS, ENQUEUE_MAX_CALLS, names[w]);
+        cr_assert(reaps[w] <= ENQUEUE_CALLS / 2,
+                  "rank thread %d reaped %ld times in %d enqueues: at most every millisecond "
+                  "should be far fewer",
+                  w, reaps[w], ENQUEUE_CALLS);
+    }
+}
+
+Test(cuda, an_enqueue_makes_five_driver_calls_and_reaps_now_and_then, .timeout = 60)
+{
+    const char *driver = use_gpu();
+    if (strcmp(driver, "fake-cuda") != 0)
+        cr_skip_test("counts fake-cuda's log of driver calls; the driver here is %s", driver);
+    char path[] = "/tmp/cfx-enqueue-XXXXXX";
+    int fd = mkstemp(path);
+    cr_assert(fd >= 0, "mkstemp");
+    unlink(path);
+    fflush(stderr);
+    int saved = dup(STDERR_FILENO);
+    cr_assert(saved >= 0 && dup2(fd, STDERR_FILENO) >= 0, "redirect stderr");
+    cfx_test_setenv("FAKECUDA_DEBUG", "1"); /* Read at the first driver call, after this. */
+    struct cfx_test_options opts = {.nranks = 2, .mode = CFX_TEST_THREADS, .deadline_s = 40};
+    CFX_TEST_RUN(&opts, enqueue_in_a_stream_of_calls);
+    fflush(stderr);
+    dup2(saved, STDERR_FILENO);
+    close(saved);
+    FILE *log = fdopen(fd, "r");
+    cr_assert(log != NULL, "fdopen");
+    rewind(log);
+    count_enqueue_calls(log);
+    fclose(log);
 }
 
 /* ------------------------------------------------ graph capture */

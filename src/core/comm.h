@@ -184,9 +184,11 @@ struct cfxComm {
     struct cfx_op *batch_ops;
     /* A GPU rank's CUDA state (gpu.c, src/exec/cuda.h); NULL for a host rank. */
     struct cfx_cuda_comm *cuda;
-    int gpu_poison_pending; /* The watcher found a failure but could not tell the peers. */
-    int gpu_shared;         /* Another rank of this process is on the same GPU. */
-    uint64_t gpu_unreaped;  /* Flight entries from here on may be GPU work not yet seen done. */
+    int gpu_poison_pending;  /* The watcher found a failure but could not tell the peers. */
+    int gpu_shared;          /* Another rank of this process is on the same GPU. */
+    uint64_t gpu_unreaped;   /* Flight entries from here on may be GPU work not yet seen done. */
+    int64_t gpu_reaped_ns;   /* When a call last tried to reap (cfx_core_gpu_reap_soon) ... */
+    uint64_t gpu_reap_tried; /* ... and flight_count then. */
     struct cfxComm *registry_next;
     struct cfxComm *quarantine_next; /* handle.c: destroyed headers, oldest first. */
     char name[64];
@@ -331,6 +333,11 @@ void cfx_core_poison_all(struct cfxComm *comm, cfxResult_t reason, int blame_ran
 cfxResult_t cfx_core_gpu_setup(struct cfxComm *comm);
 cfxResult_t cfx_core_gpu_surface(struct cfxComm *comm);
 void cfx_core_gpu_reap(struct cfxComm *comm);
+/* gpu_reap from an enqueue: at most every millisecond, or after half the
+ * flight recorder's worth of calls (the event query and the capture-mode
+ * exchanges around it are three driver calls a stream of calls need not
+ * make each time). */
+void cfx_core_gpu_reap_soon(struct cfxComm *comm);
 void cfx_core_gpu_close(struct cfxComm *comm);
 
 /* Flight recorder (flight.c). Record returns the entry's index. */

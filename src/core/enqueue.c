@@ -210,7 +210,12 @@ static cfxResult_t classify(struct cfxComm *comm, cfxStream_t stream, const void
                              "host buffers",
                              fn, why);
     int dev_a = -1, dev_b = -1;
-    int on_a = cfx_cuda_is_device_ptr(buf_a, &dev_a), on_b = cfx_cuda_is_device_ptr(buf_b, &dev_b);
+    int on_a = cfx_cuda_is_device_ptr(buf_a, &dev_a);
+    int on_b = on_a; /* In place: one question. */
+    if (buf_b != buf_a)
+        on_b = cfx_cuda_is_device_ptr(buf_b, &dev_b);
+    else
+        dev_b = dev_a;
     if (comm->cuda == NULL) {
         if (on_a || on_b)
             return cfx_error_set(cfxInvalidUsage, CFX_LOG_COLL,
@@ -264,7 +269,7 @@ static cfxResult_t check_common(struct cfxComm *comm, cfxDataType_t type, cfxStr
     cfx_core_held_by_me = 1;
     CFX_CHECK(cfx_argcheck_type(type, fn));
     if (comm->cuda != NULL) {
-        cfx_core_gpu_reap(comm);
+        cfx_core_gpu_reap_soon(comm);
         cfx_core_gpu_surface(comm); /* A failure found meanwhile breaks the communicator. */
     }
     return classify(comm, stream, a, b, fn);

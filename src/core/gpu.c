@@ -17,6 +17,7 @@
 #include "src/util/check.h"
 #include "src/util/log.h"
 #include "src/util/param.h"
+#include "src/util/time.h"
 
 CFX_PARAM_INT(multi_rank_gpu_enable, "MULTI_RANK_GPU_ENABLE", 0, 0, 1,
               "1: ranks of one communicator may share a GPU (as threads or processes); each "
@@ -181,6 +182,22 @@ void cfx_core_gpu_reap(struct cfxComm *comm)
         return;
     }
     settle_flight(comm, NULL, cfxSuccess);
+}
+
+#define REAP_EVERY_NS CFX_NS_PER_MS
+
+void cfx_core_gpu_reap_soon(struct cfxComm *comm)
+{
+    if (comm->cuda == NULL || comm->gpu_unreaped == comm->flight_count)
+        return;
+    int64_t now = cfx_time_now_ns();
+    uint64_t since = comm->flight_count - comm->gpu_reap_tried;
+    if (now - comm->gpu_reaped_ns < REAP_EVERY_NS &&
+        (comm->flight_size == 0 || since * 2 < (uint64_t)comm->flight_size))
+        return;
+    comm->gpu_reaped_ns = now;
+    comm->gpu_reap_tried = comm->flight_count;
+    cfx_core_gpu_reap(comm);
 }
 
 void cfx_core_gpu_close(struct cfxComm *comm)

@@ -90,6 +90,7 @@ static const struct cu_sym {
     CU_SYM(ctx_get_device, cuCtxGetDevice, 1),
     CU_SYM(ctx_enable_peer_access, cuCtxEnablePeerAccess, 1),
     CU_SYM(pointer_get_attribute, cuPointerGetAttribute, 1),
+    CU_SYM(pointer_get_attributes, cuPointerGetAttributes, 1),
     CU_SYM(mem_alloc, cuMemAlloc, 1),
     CU_SYM(mem_free, cuMemFree, 1),
     CU_SYM(mem_host_alloc, cuMemHostAlloc, 1),
@@ -164,6 +165,7 @@ CU_SAME_TYPE(ctx_set_current, cuCtxSetCurrent);
 CU_SAME_TYPE(ctx_get_device, cuCtxGetDevice);
 CU_SAME_TYPE(ctx_enable_peer_access, cuCtxEnablePeerAccess);
 CU_SAME_TYPE(pointer_get_attribute, cuPointerGetAttribute);
+CU_SAME_TYPE(pointer_get_attributes, cuPointerGetAttributes);
 CU_SAME_TYPE(mem_alloc, cuMemAlloc);
 CU_SAME_TYPE(mem_free, cuMemFree);
 CU_SAME_TYPE(mem_host_alloc, cuMemHostAlloc);
@@ -312,9 +314,12 @@ static cfxResult_t primary_of(const struct cfx_cuda_api *cu, int device, CUconte
     CUresult err = CUDA_SUCCESS;
     if (primary[device] == NULL) {
         CUdevice dev;
+        CUcontext retained = NULL;
         err = cu->device_get(&dev, device);
         if (err == CUDA_SUCCESS)
-            err = cu->primary_ctx_retain(&primary[device], dev);
+            err = cu->primary_ctx_retain(&retained, dev);
+        if (err == CUDA_SUCCESS) /* cfx_cuda_enter reads it without the lock. */
+            __atomic_store_n(&primary[device], retained, __ATOMIC_RELEASE);
     }
     CUcontext ctx = primary[device];
     pthread_mutex_unlock(&primary_lock);
@@ -332,9 +337,18 @@ cfxResult_t cfx_cuda_enter(int device)
         return cfx_error_set(cfxInvalidUsage, CFX_LOG_INIT, "CUDA is not usable here: %s", why);
     CUcontext current = NULL;
     CUdevice dev;
-    if (cu->ctx_get_current(&current) == CUDA_SUCCESS && current != NULL &&
-        cu->ctx_get_device(&dev) == CUDA_SUCCESS && (int)dev == device)
-        return cfxSuccess;
+    if (cu->ctx_get_current(&current) == CUDA_SUCCESS && current != NULL) {
+        /* The device's primary context (the runtime's): one call per enqueue. */
+        int known = device >= 0 && device < CUDA_MAX_DEVICES;
+        if (known && current == __atomic_load_n(&primary[device], __ATOMIC_ACQUIRE))
+            return cfxSuccess;
+        if (cu->ctx_get_device(&dev) == CUDA_SUCCESS && (int)dev == device) {
+            CUcontext ctx = NULL; /* Learn the primary's handle, once per device. */
+            if (known && __atomic_load_n(&primary[device], __ATOMIC_ACQUIRE) == NULL)
+                (void)primary_of(cu, device, &ctx);
+            return cfxSuccess;
+        }
+    }
     CUcontext ctx = NULL;
     CFX_CHECK(primary_of(cu, device, &ctx));
     CFX_CU_CHECK(cu, ctx_set_current(ctx), CFX_LOG_INIT, "cannot make the GPU's context current");
@@ -381,15 +395,16 @@ int cfx_cuda_is_device_ptr(const void *ptr, int *device_p)
     const struct cfx_cuda_api *cu = atomic_load_explicit(&loaded_api, memory_order_acquire);
     if (cu == NULL || ptr == NULL)
         return 0;
+    /* One call for both (each enqueue asks, for each of its buffers). */
     unsigned int type = 0;
-    if (cu->pointer_get_attribute(&type, CU_POINTER_ATTRIBUTE_MEMORY_TYPE,
-                                  (CUdeviceptr)(uintptr_t)ptr) != CUDA_SUCCESS ||
+    int ordinal = 0;
+    CUpointer_attribute attributes[2] = {CU_POINTER_ATTRIBUTE_MEMORY_TYPE,
+                                         CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL};
+    void *data[2] = {&type, &ordinal};
+    if (cu->pointer_get_attributes(2, attributes, data, (CUdeviceptr)(uintptr_t)ptr) !=
+            CUDA_SUCCESS ||
         type != CU_MEMORYTYPE_DEVICE)
         return 0;
-    int ordinal = 0;
-    if (cu->pointer_get_attribute(&ordinal, CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL,
-                                  (CUdeviceptr)(uintptr_t)ptr) != CUDA_SUCCESS)
-        ordinal = 0;
     if (device_p != NULL)
         *device_p = ordinal;
     return 1;

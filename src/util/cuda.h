@@ -54,6 +54,8 @@ struct cfx_cuda_api {
     CUresult (*ctx_enable_peer_access)(CUcontext peer, unsigned int flags);
     /* Memory. */
     CUresult (*pointer_get_attribute)(void *data, CUpointer_attribute attribute, CUdeviceptr ptr);
+    CUresult (*pointer_get_attributes)(unsigned int n, CUpointer_attribute *attributes, void **data,
+                                       CUdeviceptr ptr);
     CUresult (*mem_alloc)(CUdeviceptr *dptr, size_t bytes);
     CUresult (*mem_free)(CUdeviceptr dptr);
     CUresult (*mem_host_alloc)(void **pp, size_t bytes, unsigned int flags);

@@ -382,6 +382,43 @@ FC_EXPORT CUresult cuPointerGetAttribute(void *data, CUpointer_attribute attribu
     return fc_ret(__func__, err);
 }
 
+/* Several attributes in one call. As the driver: a pointer CUDA does not
+ * know is no error here, its attributes read as zeros (MEMORY_TYPE 0: not
+ * CUDA's). */
+FC_EXPORT CUresult cuPointerGetAttributes(unsigned int numAttributes,
+                                          CUpointer_attribute *attributes, void **data,
+                                          CUdeviceptr ptr)
+{
+    CUresult err = fc_lock_enter();
+    if (err != CUDA_SUCCESS)
+        return fc_ret(__func__, err);
+    const struct fc_alloc *alloc = fc_alloc_find((uintptr_t)ptr);
+    if (attributes == NULL || data == NULL)
+        err = CUDA_ERROR_INVALID_VALUE;
+    for (unsigned i = 0; err == CUDA_SUCCESS && i < numAttributes; i++) {
+        if (data[i] == NULL)
+            continue; /* The driver skips an attribute without a place. */
+        if (alloc != NULL) {
+            err = pointer_attribute(data[i], attributes[i], alloc, (uintptr_t)ptr);
+            continue;
+        }
+        switch (attributes[i]) {
+        case CU_POINTER_ATTRIBUTE_MEMORY_TYPE:
+        case CU_POINTER_ATTRIBUTE_IS_MANAGED: *(unsigned int *)data[i] = 0; break;
+        case CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL:
+        case CU_POINTER_ATTRIBUTE_MAPPED: *(int *)data[i] = 0; break;
+        case CU_POINTER_ATTRIBUTE_CONTEXT: *(CUcontext *)data[i] = NULL; break;
+        case CU_POINTER_ATTRIBUTE_HOST_POINTER: *(void **)data[i] = NULL; break;
+        case CU_POINTER_ATTRIBUTE_DEVICE_POINTER:
+        case CU_POINTER_ATTRIBUTE_RANGE_START_ADDR: *(CUdeviceptr *)data[i] = 0; break;
+        case CU_POINTER_ATTRIBUTE_RANGE_SIZE: *(size_t *)data[i] = 0; break;
+        default: err = CUDA_ERROR_NOT_SUPPORTED; break;
+        }
+    }
+    fc_unlock();
+    return fc_ret(__func__, err);
+}
+
 /* ------------------------------------------------------------ copies */
 
 /* A copy of @p bytes from @p src to @p dst; each side must be known memory
