@@ -1397,6 +1397,108 @@ ParameterizedTest(enum cfx_test_mode *mode, cuda,
     CFX_TEST_RUN(&opts, ll_allreduces);
 }
 
+/* ------------------------------------------------ rings split into channels */
+
+#define CHANNEL_COUNT ((size_t)(1 << 20) + 5) /* 4 MiB of floats: 16 parts of 256 KiB. */
+
+/* How many of the communicator's extra rings moved data in (each part a
+ * ring of its own: its receive connector exists and took slots). */
+static int extra_rings_used(const struct gpu_rank *g)
+{
+    int used = 0;
+    for (int c = 0; c < CFX_RING_CHANNELS - 1; c++) {
+        struct cfx_connector *from = g->comm->ring_more_recv[c];
+        used += from != NULL && cfx_load_acquire_u64(from->view.head) > 0;
+    }
+    return used;
+}
+
+/* A large allreduce, broadcast and reduce of a GPU communicator, split over
+ * its rings (ctx->arg: the channels expected in use, 1 when
+ * CFX_MAX_NCHANNELS=1): right results on every rank, also with rank 0 on
+ * host buffers (its host thread runs the same parts), and the extra rings
+ * took slots exactly when expected. */
+static void channel_collectives(struct cfx_test_rank *ctx)
+{
+    int expect = *(const int *)ctx->arg;
+    struct gpu_rank g;
+    if (!gpu_rank_open(ctx, &g, CHANNEL_COUNT) || !put_inputs(ctx, &g)) {
+        gpu_rank_close(&g);
+        return;
+    }
+    RANK_ASSERT(ctx, g.comm->ring_channels == (expect > 1 ? 16 : 1),
+                "the communicator has %d rings, not %d", g.comm->ring_channels,
+                expect > 1 ? 16 : 1);
+    cfx_test_step(ctx, "allreduce");
+    RANK_CFX(ctx, cfxAllReduce(g.dsend, g.drecv, CHANNEL_COUNT, cfxFloat32, cfxSum, g.comm,
+                               g.gpu.stream));
+    RANK_ASSERT(ctx, cfx_test_gpu_sync(ctx, &g.gpu) && check_sums(ctx, &g, g.drecv), "sums");
+    RANK_ASSERT(ctx, extra_rings_used(&g) == expect - 1, "%d extra rings took slots, not %d",
+                extra_rings_used(&g), expect - 1);
+
+    cfx_test_step(ctx, "broadcast from rank 1");
+    RANK_CFX(ctx,
+             cfxBroadcast(g.dsend, g.drecv, CHANNEL_COUNT, cfxFloat32, 1, g.comm, g.gpu.stream));
+    RANK_ASSERT(ctx, cfx_test_gpu_sync(ctx, &g.gpu), "sync");
+    RANK_ASSERT(ctx, cfx_test_gpu_get(ctx, &g.gpu, g.host, g.drecv, CHANNEL_COUNT * 4), "get");
+    for (size_t i = 0; i < CHANNEL_COUNT; i++)
+        RANK_ASSERT(ctx, g.host[i] == input_of(1, i), "broadcast: element %zu is %g, not %g", i,
+                    (double)g.host[i], (double)input_of(1, i));
+
+    cfx_test_step(ctx, "reduce (max) to rank 2");
+    RANK_ASSERT(ctx, put_inputs(ctx, &g), "inputs");
+    RANK_CFX(ctx, cfxReduce(g.dsend, g.drecv, CHANNEL_COUNT, cfxFloat32, cfxMax, 2, g.comm,
+                            g.gpu.stream));
+    RANK_ASSERT(ctx, cfx_test_gpu_sync(ctx, &g.gpu), "sync");
+    if (ctx->rank == 2) {
+        RANK_ASSERT(ctx, cfx_test_gpu_get(ctx, &g.gpu, g.host, g.drecv, CHANNEL_COUNT * 4), "get");
+        for (size_t i = 0; i < CHANNEL_COUNT; i++)
+            RANK_ASSERT(ctx, g.host[i] == input_of(ctx->nranks - 1, i),
+                        "reduce: element %zu is %g, not %g", i, (double)g.host[i],
+                        (double)input_of(ctx->nranks - 1, i));
+    }
+
+    cfx_test_step(ctx, "allreduce with rank 0 on host buffers");
+    RANK_ASSERT(ctx, put_inputs(ctx, &g), "inputs");
+    if (ctx->rank == 0) {
+        float *buf = malloc(CHANNEL_COUNT * sizeof(float));
+        RANK_ASSERT(ctx, buf != NULL, "out of memory");
+        for (size_t i = 0; i < CHANNEL_COUNT; i++)
+            buf[i] = input_of(0, i);
+        RANK_CFX(ctx, cfxAllReduce(buf, buf, CHANNEL_COUNT, cfxFloat32, cfxSum, g.comm, NULL));
+        for (size_t i = 0; i < CHANNEL_COUNT; i++)
+            RANK_ASSERT(ctx, buf[i] == sum_of(ctx->nranks, i), "element %zu is %g, not %g", i,
+                        (double)buf[i], (double)sum_of(ctx->nranks, i));
+        free(buf);
+    } else {
+        RANK_CFX(ctx, cfxAllReduce(g.dsend, g.drecv, CHANNEL_COUNT, cfxFloat32, cfxSum, g.comm,
+                                   g.gpu.stream));
+        RANK_ASSERT(ctx, cfx_test_gpu_sync(ctx, &g.gpu) && check_sums(ctx, &g, g.drecv), "sums");
+    }
+    gpu_rank_close(&g);
+}
+
+/* The plan of GPU ranks on one GPU asks for 32 rings (capped at 16): a
+ * 4 MiB allreduce, broadcast and reduce run as 16 parts on 16 rings;
+ * CFX_MAX_NCHANNELS=1 keeps one. */
+ParameterizedTestParameters(cuda, large_ring_collectives_split_over_the_plans_channels)
+{
+    static int channels[] = {16, 1};
+    return cr_make_param_array(int, channels, sizeof(channels) / sizeof(channels[0]));
+}
+
+ParameterizedTest(int *channels, cuda, large_ring_collectives_split_over_the_plans_channels,
+                  .timeout = 120)
+{
+    cr_log_info("on %s", use_gpu());
+    cfx_test_setenv("CFX_ALGO", "Ring");
+    if (*channels == 1)
+        cfx_test_setenv("CFX_MAX_NCHANNELS", "1");
+    struct cfx_test_options opts = {
+        .nranks = 3, .mode = CFX_TEST_THREADS, .deadline_s = 90, .arg = channels};
+    CFX_TEST_RUN(&opts, channel_collectives);
+}
+
 /* ------------------------------------------------ the cost of an enqueue */
 
 /* Driver calls an in-place allreduce on device buffers may make, from call

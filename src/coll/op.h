@@ -68,6 +68,9 @@ struct cfx_op {
      * rank reads the data from its predecessor's buffer (only where every
      * ring_recv is peer_readable; src/coll/pull.h). */
     int pull;
+    /* Ring ops: which of the communicator's rings it runs on (0: ring_send
+     * and ring_recv; c > 0: ring_more_send/recv[c - 1]). */
+    int channel;
     /* A send from a buffer registered with its connector's transport
      * (cfxCommRegister): the registration's handle there, and the
      * transport moves the data from the buffer itself (src/coll/p2p.h);
@@ -160,6 +163,7 @@ static inline void cfx_op_clear(struct cfx_op *op)
     op->twoshot = 0;
     op->ll = 0;
     op->pull = 0;
+    op->channel = 0;
     op->ref_handle = NULL;
     op->p2p_msg = 0;
     op->coll_key = 0;

@@ -22,6 +22,11 @@
 #include "src/plan/plan.h"
 #include "src/topo/topo.h"
 #include "src/util/log.h"
+#include "src/util/param.h"
+
+CFX_PARAM_INT(min_nchannels, "MIN_NCHANNELS", 1, 1, 32,
+              "Fewest rings a GPU communicator splits large ring allreduces, broadcasts and "
+              "reduces over (1..32; CFX_MAX_NCHANNELS and 16 bound it)");
 
 static pthread_once_t topo_once = PTHREAD_ONCE_INIT;
 static struct cfx_topo_system *host_topo; /* Kept for the life of the process. */
@@ -74,14 +79,49 @@ static cfxResult_t plan_agree(struct cfxComm *comm)
     return res;
 }
 
+/* The rings of a GPU communicator: the plan's count, at least
+ * CFX_MIN_NCHANNELS, at most CFX_MAX_NCHANNELS and CFX_RING_CHANNELS.
+ * Host ranks keep one: one thread runs all of a call's steps. */
+static void pick_ring_channels(struct cfxComm *comm)
+{
+    comm->ring_channels = 1;
+    if (comm->plan == NULL)
+        return;
+    for (int r = 0; r < comm->nranks; r++)
+        if (comm->peers[r].cuda_dev < 0)
+            return;
+    int n = comm->plan->n_channels;
+    if (n < (int)param_min_nchannels())
+        n = (int)param_min_nchannels();
+    if (n > cfx_plan_max_channels())
+        n = cfx_plan_max_channels();
+    comm->ring_channels = n < 1 ? 1 : n > CFX_RING_CHANNELS ? CFX_RING_CHANNELS : n;
+    if (comm->ring_channels > 1)
+        CFX_INFO(CFX_LOG_TUNING,
+                 "GPU ring collectives of %zu bytes or more split over up to %d rings",
+                 2 * CFX_RING_CHANNEL_MIN_BYTES, comm->ring_channels);
+}
+
 cfxResult_t cfx_core_algo_init(struct cfxComm *comm)
 {
+    comm->ring_channels = 1;
     for (int t = 0; t < 2; t++)
         comm->trees[t] = (struct cfx_tree_links){.parent = -1};
     if (comm->nranks < 2)
         return cfxSuccess;
     plan_build(comm);
-    return plan_agree(comm);
+    cfxResult_t res = plan_agree(comm);
+    pick_ring_channels(comm);
+    return res;
+}
+
+int cfx_core_algo_ring_channels(const struct cfxComm *comm, enum cfx_coll_kind kind, size_t bytes)
+{
+    if (comm->ring_channels <= 1 ||
+        (kind != CFX_COLL_ALLREDUCE && kind != CFX_COLL_BROADCAST && kind != CFX_COLL_REDUCE))
+        return 1;
+    size_t n = bytes / CFX_RING_CHANNEL_MIN_BYTES;
+    return n < 2 ? 1 : n < (size_t)comm->ring_channels ? (int)n : comm->ring_channels;
 }
 
 static void plan_build(struct cfxComm *comm)

@@ -27,6 +27,12 @@
  * enum cfx_coll_kind. */
 #define CFX_CORE_ALGO_KINDS 5
 
+/* Rings a GPU communicator may split a large ring collective over, and the
+ * least bytes a channel then carries (below that, fewer channels: a small
+ * call keeps the latency of one). */
+#define CFX_RING_CHANNELS          16
+#define CFX_RING_CHANNEL_MIN_BYTES ((size_t)256 * 1024)
+
 /* What every rank tells the others at init. Fixed size: it is all-gathered. */
 struct cfx_peer_info {
     int32_t rank;
@@ -120,6 +126,13 @@ struct cfxComm {
     void *transport_ctx[CFX_MAX_TRANSPORTS]; /* Per transport, made on first use. */
     struct cfx_connector *ring_send;         /* To rank+1. */
     struct cfx_connector *ring_recv;         /* From rank-1. */
+    /* GPU ranks: more rings in the same order, channels 1..ring_channels-1
+     * (the plan's channel count within CFX_MIN/MAX_NCHANNELS), connected at
+     * their first use; a large ring allreduce, broadcast or reduce is split
+     * over them, one chain (thread block team) each. 1 for host ranks. */
+    int ring_channels;
+    struct cfx_connector *ring_more_send[CFX_RING_CHANNELS - 1];
+    struct cfx_connector *ring_more_recv[CFX_RING_CHANNELS - 1];
     /* Allgathers of at least single_copy_min bytes (per rank) read
      * straight from the peer's buffer (src/coll/pull.h): every
      * rank's ring_recv is peer_readable and CFX_SINGLE_COPY is on (agreed at
@@ -301,6 +314,10 @@ enum cfx_core_algo {
 double cfx_core_algo_predict_us(struct cfxComm *comm, const struct cfx_op *op);
 enum cfx_core_algo cfx_core_algo_choose(struct cfxComm *comm, enum cfx_coll_kind kind, size_t bytes,
                                         int *ll_p);
+/* The ring channels a ring op of @p kind and @p bytes runs on: 1, or up to
+ * comm->ring_channels for allreduce, broadcast and reduce of GPU
+ * communicators (the same on every rank: size and communicator only). */
+int cfx_core_algo_ring_channels(const struct cfxComm *comm, enum cfx_coll_kind kind, size_t bytes);
 /* Requests for the connectors a tree op of tree @p t rooted at @p root
  * (-1: none) still lacks; returns how many were written, at most
  * CFX_CORE_TREE_REQUESTS. */

@@ -680,6 +680,11 @@ void cfx_core_disconnect_all(struct cfxComm *comm)
     close_conn(comm->ring_send);
     close_conn(comm->ring_recv);
     comm->ring_send = comm->ring_recv = NULL;
+    for (int c = 0; c < CFX_RING_CHANNELS - 1; c++) {
+        close_conn(comm->ring_more_send[c]);
+        close_conn(comm->ring_more_recv[c]);
+        comm->ring_more_send[c] = comm->ring_more_recv[c] = NULL;
+    }
     struct cfx_connector **slots[MAX_TREE_SLOTS];
     int n = tree_conns(comm, slots);
     for (int i = 0; i < n; i++) {
@@ -725,6 +730,10 @@ void cfx_core_poison_all(struct cfxComm *comm, cfxResult_t reason, int blame_ran
         blame_rank = comm->rank;
     poison_conn(comm->ring_send, reason, blame_rank);
     poison_conn(comm->ring_recv, reason, blame_rank);
+    for (int c = 0; c < CFX_RING_CHANNELS - 1; c++) {
+        poison_conn(comm->ring_more_send[c], reason, blame_rank);
+        poison_conn(comm->ring_more_recv[c], reason, blame_rank);
+    }
     struct cfx_connector **slots[MAX_TREE_SLOTS];
     int n = tree_conns(comm, slots);
     for (int i = 0; i < n; i++)

@@ -134,7 +134,7 @@ static cfxResult_t submit(struct cfxComm *comm, struct cfx_op *op)
                              "(cfxScalarDevice) runs on GPU buffers only",
                              cfx_coll_name(op->kind));
     fingerprint(comm, op);
-    struct cfx_op halves[2];
+    struct cfx_op parts[CFX_RING_CHANNELS]; /* Two trees' halves, or rings' parts. */
     int n_ops = 1;
     struct cfx_op *ops = op;
     size_t bytes = op->count * cfx_type_size(op->type);
@@ -151,16 +151,36 @@ static cfxResult_t submit(struct cfxComm *comm, struct cfx_op *op)
     if (algo == CFX_CORE_ALGO_TREE) {
         /* Two complementary trees, half of the data each. */
         size_t first = op->count / 2, elem = cfx_type_size(op->type);
-        halves[0] = *op;
-        halves[1] = *op;
-        halves[0].count = first;
-        halves[1].count = op->count - first;
-        halves[1].sendbuff = op->sendbuff ? (const char *)op->sendbuff + first * elem : NULL;
-        halves[1].recvbuff = op->recvbuff ? (char *)op->recvbuff + first * elem : NULL;
-        halves[0].tree = &comm->trees[0];
-        halves[1].tree = &comm->trees[1];
-        ops = halves;
+        parts[0] = *op;
+        parts[1] = *op;
+        parts[0].count = first;
+        parts[1].count = op->count - first;
+        parts[1].sendbuff = op->sendbuff ? (const char *)op->sendbuff + first * elem : NULL;
+        parts[1].recvbuff = op->recvbuff ? (char *)op->recvbuff + first * elem : NULL;
+        parts[0].tree = &comm->trees[0];
+        parts[1].tree = &comm->trees[1];
+        ops = parts;
         n_ops = 2;
+    }
+    int channels = algo == CFX_CORE_ALGO_RING && !op->pull
+                       ? cfx_core_algo_ring_channels(comm, op->kind, bytes)
+                       : 1;
+    if (channels > 1) {
+        /* Rings of their own, a contiguous part each (whole 64-byte
+         * lines but the last): on a GPU rank each runs as a chain of its
+         * own, in blocks of its own. Every rank splits alike. */
+        size_t elem = cfx_type_size(op->type), line = 64 / elem;
+        size_t per = op->count / (size_t)channels / line * line, at = 0;
+        for (int c = 0; c < channels; c++) {
+            parts[c] = *op;
+            parts[c].channel = c;
+            parts[c].count = c == channels - 1 ? op->count - at : per;
+            parts[c].sendbuff = op->sendbuff ? (const char *)op->sendbuff + at * elem : NULL;
+            parts[c].recvbuff = op->recvbuff ? (char *)op->recvbuff + at * elem : NULL;
+            at += per;
+        }
+        ops = parts;
+        n_ops = channels;
     }
     if (cfx_core_group_active()) {
         for (int i = 0; i < n_ops; i++)

@@ -169,7 +169,7 @@ static struct cfx_connector **send_slot(struct cfx_op *op)
         return &comm->p2p_send[op->root];
     if (op->kind == CFX_COLL_RECV)
         return NULL;
-    return &comm->ring_send;
+    return op->channel > 0 ? &comm->ring_more_send[op->channel - 1] : &comm->ring_send;
 }
 
 static struct cfx_connector **recv_slot(struct cfx_op *op)
@@ -179,7 +179,7 @@ static struct cfx_connector **recv_slot(struct cfx_op *op)
         return &comm->p2p_recv[op->root];
     if (op->kind == CFX_COLL_SEND)
         return NULL;
-    return &comm->ring_recv;
+    return op->channel > 0 ? &comm->ring_more_recv[op->channel - 1] : &comm->ring_recv;
 }
 
 static int already_requested(const struct cfx_conn_request *reqs, int n,
@@ -215,6 +215,10 @@ static cfxResult_t connect_missing(struct cfx_op *ops, int n_ops)
         else if (ops[i].direct)
             missing += cfx_core_algo_direct_requests(ops[i].owner, probe);
     for (int i = 0; i < n_ops; i++) {
+        if (ops[i].channel > 0) { /* A ring channel's first use. */
+            missing += (*send_slot(&ops[i]) == NULL) + (*recv_slot(&ops[i]) == NULL);
+            continue;
+        }
         if (ops[i].kind != CFX_COLL_SEND && ops[i].kind != CFX_COLL_RECV)
             continue;
         struct cfx_connector **slot =
@@ -239,6 +243,30 @@ static cfxResult_t connect_missing(struct cfx_op *ops, int n_ops)
                 reqs[n] = mine[j];
                 reqs[n++].op = &ops[i];
             }
+    }
+    for (int i = 0; i < n_ops; i++) {
+        struct cfx_op *op = &ops[i];
+        if (op->channel == 0)
+            continue;
+        struct cfxComm *comm = op->owner;
+        struct cfx_connector **to = send_slot(op), **from = recv_slot(op);
+        if (*to == NULL && !already_requested(reqs, n, to))
+            reqs[n++] = (struct cfx_conn_request){.comm = comm,
+                                                  .peer = (comm->rank + 1) % comm->nranks,
+                                                  .dir = CFX_CONN_SEND,
+                                                  .kind = CFX_CONN_KIND_RING,
+                                                  .channel = op->channel,
+                                                  .out_p = to,
+                                                  .op = op};
+        if (*from == NULL && !already_requested(reqs, n, from))
+            reqs[n++] =
+                (struct cfx_conn_request){.comm = comm,
+                                          .peer = (comm->rank + comm->nranks - 1) % comm->nranks,
+                                          .dir = CFX_CONN_RECV,
+                                          .kind = CFX_CONN_KIND_RING,
+                                          .channel = op->channel,
+                                          .out_p = from,
+                                          .op = op};
     }
     for (int i = 0; i < n_ops; i++) {
         struct cfx_op *op = &ops[i];

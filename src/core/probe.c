@@ -158,6 +158,8 @@ cfxResult_t cfx_core_probe_conflict(struct cfxComm *comm, const struct cfx_op *o
         return cfxSuccess;
     const struct cfx_fingerprint *mine = &op->print;
     CFX_CHECK(conflict_in(comm, comm->ring_recv, mine));
+    for (int c = 0; c < CFX_RING_CHANNELS - 1; c++)
+        CFX_CHECK(conflict_in(comm, comm->ring_more_recv[c], mine));
     for (int peer = 0; peer < comm->nranks && peer < CFX_DIRECT_MAX_RANKS; peer++)
         CFX_CHECK(conflict_in(comm, comm->direct.from[peer], mine));
     if (comm->plan == NULL)
@@ -181,6 +183,8 @@ cfxResult_t cfx_core_probe_leftovers(struct cfxComm *comm, int *blame_p)
     if (!comm->check_mismatch || comm->coll_settled == 0)
         return cfxSuccess;
     CFX_CHECK(leftover_in(comm, comm->ring_recv));
+    for (int c = 0; c < CFX_RING_CHANNELS - 1; c++)
+        CFX_CHECK(leftover_in(comm, comm->ring_more_recv[c]));
     for (int peer = 0; peer < comm->nranks && peer < CFX_DIRECT_MAX_RANKS; peer++)
         CFX_CHECK(leftover_in(comm, comm->direct.from[peer]));
     if (comm->plan == NULL)
@@ -231,6 +235,10 @@ cfxResult_t cfx_core_probe_connectors(struct cfxComm *comm, int gone_too, int *b
 {
     CFX_CHECK(poisoned(comm, comm->ring_send, gone_too, blame_p));
     CFX_CHECK(poisoned(comm, comm->ring_recv, gone_too, blame_p));
+    for (int c = 0; c < CFX_RING_CHANNELS - 1; c++) {
+        CFX_CHECK(poisoned(comm, comm->ring_more_send[c], gone_too, blame_p));
+        CFX_CHECK(poisoned(comm, comm->ring_more_recv[c], gone_too, blame_p));
+    }
     for (int peer = 0; peer < CFX_DIRECT_MAX_RANKS; peer++) {
         CFX_CHECK(poisoned(comm, comm->direct.to[peer], gone_too, blame_p));
         CFX_CHECK(poisoned(comm, comm->direct.from[peer], gone_too, blame_p));

@@ -15,6 +15,11 @@
 CFX_PARAM_INT(max_nchannels, "MAX_NCHANNELS", CFX_PLAN_MAX_CHANNELS, 1, CFX_PLAN_MAX_CHANNELS,
               "Most rings (channels) the planner builds (1..32)");
 
+int cfx_plan_max_channels(void)
+{
+    return (int)param_max_nchannels();
+}
+
 struct builder {
     const struct cfx_plan_input *in;
     struct cfx_plan *plan;

@@ -188,6 +188,9 @@ int cfx_plan_may_pick(const struct cfx_plan *plan, enum cfx_coll_kind coll,
  *  different schedules. Pure (logs nothing). */
 uint64_t cfx_plan_signature(const struct cfx_plan *plan);
 
+/* CFX_MAX_NCHANNELS: the most rings a plan builds (and an executor uses). */
+int cfx_plan_max_channels(void);
+
 /** Model time of one (algorithm, protocol) in microseconds; INFINITY when it
  *  cannot run that collective (tree allgather) or the plan lacks it. Ignores
  *  CFX_ALGO/CFX_PROTO. */

@@ -805,6 +805,14 @@ static cfxResult_t build_args(const struct cfx_cuda_api *cu, struct cfx_op *ops,
         }
     }
     block_first[args->n_blocks] = (uint8_t)args->n_ops;
+    /* Chains share the budget of one: a launch of several (a ring split
+     * into channels, a group's peers) runs on at most team_cap blocks in
+     * all, one per chain at least, so that every rank's blocks stay
+     * resident together (team_cap_for). */
+    if (args->n_blocks > 1 && args->n_blocks * args->team > first->team_cap) {
+        int team = first->team_cap / args->n_blocks;
+        args->team = (uint8_t)(team > 1 ? team : 1);
+    }
     *kind_p = kind;
     *args_p = args;
     return cfxSuccess;
