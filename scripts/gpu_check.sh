@@ -29,7 +29,8 @@
 #      2.28.9 refuses two ranks on one GPU, "Duplicate GPU detected", even
 #      with NCCL_MULTI_RANK_GPU_ENABLE=1; seen on an H200 on 2026-12-04);
 #      each sweep once per setting of GPU_CHECK_PERF_ENV ("|"-separated
-#      sets of VAR=value; "-" for none; default "- | CFX_CUDA_BLOCKS=1");
+#      sets of VAR=value; "-" for none; default "- | CFX_MAX_NCHANNELS=1": the
+#      rings of docs/tuning.md against one ring);
 #   5. writes a short report (gpu_report.md), the first failures
 #      (failures.log) and every log (logs.tar.gz) to $OUT (or ./gpu-out).
 # It stops starting steps once GPU_CHECK_BUDGET seconds (default 380) have
@@ -58,7 +59,7 @@ budget=${GPU_CHECK_BUDGET:-380}
 colls=${GPU_CHECK_COLLS:-allreduce}
 launches=${GPU_CHECK_LAUNCH:-threads procs}
 nps=${GPU_CHECK_NPS:-2 4}
-perf_envs=${GPU_CHECK_PERF_ENV:-- | CFX_CUDA_BLOCKS=1}
+perf_envs=${GPU_CHECK_PERF_ENV:-- | CFX_MAX_NCHANNELS=1}
 bw_mib=${GPU_CHECK_BW_MIB:-256}
 start_all=$(date +%s)
 : > "$report"
