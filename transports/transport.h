@@ -345,6 +345,29 @@ extern const struct cfx_transport *const cfx_transports[];
 
 /* Set a connector's FIFO (transports, in setup): the control block, the
  * slots after it, and the data path's view of both. */
+/* LL slots in a block after its payload slots (p2p's device memory, shm's
+ * pinned FIFOs): [n_steps] of CFX_LL_SLOT_BYTES from the first page at or
+ * after @p payload_end bytes, so whatever reaches the block (a mapping, a
+ * registration) reaches them too. Zeroed with the block: a word holds no LL
+ * flag until its slot is first written (src/conn/fifo.h). */
+static inline size_t cfx_ll_slots_offset(size_t payload_end)
+{
+    return (payload_end + 4095) & ~(size_t)4095;
+}
+
+/* The size of such a block, its LL slots included. */
+static inline size_t cfx_ll_block_bytes(size_t payload_end, int n_steps)
+{
+    return cfx_ll_slots_offset(payload_end) + CFX_LL_SLOT_BYTES * (size_t)n_steps;
+}
+
+/* Point @p conn's view at the LL slots of the block at @p base (after its
+ * view's n_steps is set). */
+static inline void cfx_connector_set_ll(struct cfx_connector *conn, void *base, size_t payload_end)
+{
+    conn->view.ll = (uint64_t *)(void *)((char *)base + cfx_ll_slots_offset(payload_end));
+}
+
 static inline void cfx_connector_set_fifo(struct cfx_connector *conn, struct cfx_fifo *fifo,
                                           char *slots, size_t slot_bytes, int n_steps)
 {

@@ -124,7 +124,7 @@ struct cfx_p2p_info {
     uint32_t mode;       /* Owner: enum p2p_mode; mapper: 0. */
     uint32_t read;       /* Both: the side set up for read mode (checked alike). */
     int32_t device;      /* The writer of this info's CUDA device (its process's ordinal). */
-    uint32_t ll;         /* Owner: LL slots follow the payload slots (p2p_ll_offset). */
+    uint32_t ll;         /* Owner: LL slots follow the payload slots (cfx_ll_slots_offset). */
     uint64_t slot_bytes; /* Owner: the slots' geometry, checked by the mapper. */
     uint64_t n_steps;
     uint64_t local_addr; /* P2P_MODE_DIRECT: the slots' address in the shared process. */
@@ -420,25 +420,12 @@ static int p2p_use_read(const struct cfx_transport_peer *peer, int device)
     return mine == 80 && theirs == 80;
 }
 
-/* Where the LL slots start in the owner's allocation: after the payload
- * slots, page aligned. One allocation holds both, so every mode that
- * reaches the payload slots reaches the LL slots too. Zeroed with it: a
- * word holds no LL flag until its slot is first written (src/conn/fifo.h). */
-static size_t p2p_ll_offset(size_t slot_bytes, int n_steps)
-{
-    return (slot_bytes * (size_t)n_steps + 4095) & ~(size_t)4095;
-}
-
+/* The owner's allocation: the payload slots, then the LL slots
+ * (cfx_ll_slots_offset), so every mode that reaches the payload slots,
+ * direct, cuMem and IPC, reaches the LL slots too. */
 static size_t p2p_slots_bytes(size_t slot_bytes, int n_steps)
 {
-    return p2p_ll_offset(slot_bytes, n_steps) + CFX_LL_SLOT_BYTES * (size_t)n_steps;
-}
-
-/* Point the view at the LL slots of the allocation at @p slots. */
-static void p2p_set_ll(struct cfx_connector *conn, void *slots)
-{
-    conn->view.ll =
-        (uint64_t *)(void *)((char *)slots + p2p_ll_offset(conn->slot_bytes, conn->n_steps));
+    return cfx_ll_block_bytes(slot_bytes * (size_t)n_steps, n_steps);
 }
 
 /* Owner: allocate the slots and describe how the mapper reaches them. */
@@ -572,7 +559,8 @@ static cfxResult_t p2p_connect(void *ctx_v, struct cfx_connector *conn, const vo
                              pc->read ? "read" : "write");
     if (!pc->owner)
         CFX_CHECK(open_slots(ctx, conn, pc, &info));
-    p2p_set_ll(conn, pc->slots); /* Both sides, once the view is final. */
+    /* Both sides, once the view is final. */
+    cfx_connector_set_ll(conn, pc->slots, conn->slot_bytes * (size_t)conn->n_steps);
     /* The mapper writes the slots (write mode) or reads them (read mode). */
     int mine = pc->owner, me = ctx->rank, peer = conn->peer_rank;
     CFX_INFO(CFX_LOG_P2P,

@@ -131,18 +131,12 @@ static int shm_can_connect(void *ctx, const struct cfx_transport_peer *self,
     return !param_shm_disable() && self->host_hash == peer->host_hash;
 }
 
-/* Where the LL slots start: the first page after the payload slots. */
-static size_t ll_offset(size_t slot_bytes, int n_steps)
-{
-    size_t end = cfx_fifo_slots_offset() + slot_bytes * (size_t)n_steps;
-    return (end + 4095) & ~(size_t)4095;
-}
-
+/* The control block, its payload slots (shm) and its LL slots (a GPU
+ * rank's FIFO), in one block. */
 static size_t fifo_bytes(size_t slot_bytes, int n_steps, int host_slots, int ll)
 {
-    if (host_slots && ll)
-        return ll_offset(slot_bytes, n_steps) + CFX_LL_SLOT_BYTES * (size_t)n_steps;
-    return cfx_fifo_slots_offset() + (host_slots ? slot_bytes * (size_t)n_steps : 0);
+    size_t payload_end = cfx_fifo_slots_offset() + (host_slots ? slot_bytes * (size_t)n_steps : 0);
+    return host_slots && ll ? cfx_ll_block_bytes(payload_end, n_steps) : payload_end;
 }
 
 /* The view of a control block at @p base; its slots follow it, or (p2p)
@@ -155,7 +149,7 @@ static void attach_fifo(struct cfx_connector *conn, const struct shm_conn *sc, v
                            sc->host_slots ? (char *)base + cfx_fifo_slots_offset() : conn->slots,
                            slot_bytes, n_steps);
     if (sc->ll)
-        conn->view.ll = (uint64_t *)(void *)((char *)base + ll_offset(slot_bytes, n_steps));
+        cfx_connector_set_ll(conn, base, cfx_fifo_slots_offset() + slot_bytes * (size_t)n_steps);
 }
 
 /* Receiver: a fresh, zeroed, pre-faulted FIFO in a memfd whose size is
