@@ -1413,11 +1413,11 @@ static int extra_rings_used(const struct gpu_rank *g)
     return used;
 }
 
-/* A large allreduce, broadcast and reduce of a GPU communicator, split over
- * its rings (ctx->arg: the channels expected in use, 1 when
- * CFX_MAX_NCHANNELS=1): right results on every rank, also with rank 0 on
- * host buffers (its host thread runs the same parts), and the extra rings
- * took slots exactly when expected. */
+/* A large allreduce, broadcast, reduce, allgather and reduce-scatter of a
+ * GPU communicator, split over its rings (ctx->arg: the channels expected
+ * in use, 1 when CFX_MAX_NCHANNELS=1): right results on every rank, also
+ * with rank 0 on host buffers (its host thread runs the same parts), and
+ * the extra rings took slots exactly when expected. */
 static void channel_collectives(struct cfx_test_rank *ctx)
 {
     int expect = *(const int *)ctx->arg;
@@ -1479,8 +1479,9 @@ static void channel_collectives(struct cfx_test_rank *ctx)
 }
 
 /* The plan of GPU ranks on one GPU asks for 32 rings (capped at 16): a
- * 4 MiB allreduce, broadcast and reduce run as 16 parts on 16 rings;
- * CFX_MAX_NCHANNELS=1 keeps one. */
+ * 4 MiB allreduce, broadcast and reduce run as 16 parts on 16 rings, and
+ * so do an allgather and a reduce-scatter of 4 MiB in all (16 parts of
+ * every rank's block); CFX_MAX_NCHANNELS=1 keeps one. */
 ParameterizedTestParameters(cuda, large_ring_collectives_split_over_the_plans_channels)
 {
     static int channels[] = {16, 1};
@@ -1489,6 +1490,27 @@ ParameterizedTestParameters(cuda, large_ring_collectives_split_over_the_plans_ch
 
 ParameterizedTest(int *channels, cuda, large_ring_collectives_split_over_the_plans_channels,
                   .timeout = 120)
+/* A block of the allgather and reduce-scatter of 3 ranks: the three blocks
+ * make 4 MiB, 16 parts of every block (not a whole number of lines). */
+#define CHANNEL_BLOCK (CHANNEL_COUNT / 3)
+
+/* Slots the communicator's extra rings have taken in so far. */
+static uint64_t extra_ring_slots(const struct gpu_rank *g)
+{
+    uint64_t slots = 0;
+    for (int c = 0; c < CFX_RING_CHANNELS - 1; c++) {
+        struct cfx_connector *from = g->comm->ring_more_recv[c];
+        slots += from != NULL ? cfx_load_acquire_u64(from->view.head) : 0;
+    }
+    return slots;
+}
+
+/* Rank @p rank's block of an allgather: input_of(rank, i + rank), so that
+ * every block differs. */
+static float block_of(int rank, size_t i)
+{
+    return input_of(rank, i + (size_t)rank);
+}
 {
     cr_log_info("on %s", use_gpu());
     cfx_test_setenv("CFX_ALGO", "Ring");
@@ -1547,6 +1569,69 @@ static void count_enqueue_calls(FILE *log)
         char call[64];
         if (sscanf(line, "enqueue-test: begin %ld", &tid) == 1 && windows < 2) {
             open_tid[windows++] = tid;
+    cfx_test_step(ctx, "allgather");
+    const size_t B = CHANNEL_BLOCK;
+    int n = ctx->nranks;
+    for (size_t i = 0; i < B; i++)
+        g.host[i] = block_of(ctx->rank, i);
+    RANK_ASSERT(ctx, cfx_test_gpu_put(ctx, &g.gpu, g.dsend, g.host, B * 4), "put");
+    uint64_t before = extra_ring_slots(&g);
+    RANK_CFX(ctx, cfxAllGather(g.dsend, g.drecv, B, cfxFloat32, g.comm, g.gpu.stream));
+    RANK_ASSERT(ctx, cfx_test_gpu_sync(ctx, &g.gpu), "sync");
+    RANK_ASSERT(ctx, (extra_ring_slots(&g) > before) == (expect > 1),
+                "the extra rings took %llu slots",
+                (unsigned long long)(extra_ring_slots(&g) - before));
+    RANK_ASSERT(ctx, cfx_test_gpu_get(ctx, &g.gpu, g.host, g.drecv, (size_t)n * B * 4), "get");
+    for (int r = 0; r < n; r++)
+        for (size_t i = 0; i < B; i++)
+            RANK_ASSERT(ctx, g.host[(size_t)r * B + i] == block_of(r, i),
+                        "allgather: block %d element %zu is %g, not %g", r, i,
+                        (double)g.host[(size_t)r * B + i], (double)block_of(r, i));
+
+    cfx_test_step(ctx, "reduce-scatter");
+    RANK_ASSERT(ctx, put_inputs(ctx, &g), "inputs");
+    before = extra_ring_slots(&g);
+    RANK_CFX(ctx, cfxReduceScatter(g.dsend, g.drecv, B, cfxFloat32, cfxSum, g.comm, g.gpu.stream));
+    RANK_ASSERT(ctx, cfx_test_gpu_sync(ctx, &g.gpu), "sync");
+    RANK_ASSERT(ctx, (extra_ring_slots(&g) > before) == (expect > 1),
+                "the extra rings took %llu slots",
+                (unsigned long long)(extra_ring_slots(&g) - before));
+    RANK_ASSERT(ctx, cfx_test_gpu_get(ctx, &g.gpu, g.host, g.drecv, B * 4), "get");
+    for (size_t i = 0; i < B; i++) {
+        size_t at = (size_t)ctx->rank * B + i;
+        RANK_ASSERT(ctx, g.host[i] == sum_of(n, at), "reduce-scatter: element %zu is %g, not %g", i,
+                    (double)g.host[i], (double)sum_of(n, at));
+    }
+
+    cfx_test_step(ctx, "allgather in place, rank 0 on host buffers");
+    if (ctx->rank == 0) {
+        float *buf = malloc((size_t)n * B * sizeof(float));
+        RANK_ASSERT(ctx, buf != NULL, "out of memory");
+        memset(buf, 0xff, (size_t)n * B * sizeof(float));
+        for (size_t i = 0; i < B; i++)
+            buf[i] = block_of(0, i);
+        RANK_CFX(ctx, cfxAllGather(buf, buf, B, cfxFloat32, g.comm, NULL));
+        for (int r = 0; r < n; r++)
+            for (size_t i = 0; i < B; i++)
+                RANK_ASSERT(ctx, buf[(size_t)r * B + i] == block_of(r, i),
+                            "host allgather: block %d element %zu is %g, not %g", r, i,
+                            (double)buf[(size_t)r * B + i], (double)block_of(r, i));
+        free(buf);
+    } else {
+        float *mine = g.drecv + (size_t)ctx->rank * B;
+        for (size_t i = 0; i < B; i++)
+            g.host[i] = block_of(ctx->rank, i);
+        RANK_ASSERT(ctx, cfx_test_gpu_put(ctx, &g.gpu, mine, g.host, B * 4), "put");
+        RANK_CFX(ctx, cfxAllGather(mine, g.drecv, B, cfxFloat32, g.comm, g.gpu.stream));
+        RANK_ASSERT(ctx, cfx_test_gpu_sync(ctx, &g.gpu), "sync");
+        RANK_ASSERT(ctx, cfx_test_gpu_get(ctx, &g.gpu, g.host, g.drecv, (size_t)n * B * 4), "get");
+        for (int r = 0; r < n; r++)
+            for (size_t i = 0; i < B; i++)
+                RANK_ASSERT(ctx, g.host[(size_t)r * B + i] == block_of(r, i),
+                            "allgather in place: block %d element %zu is %g, not %g", r, i,
+                            (double)g.host[(size_t)r * B + i], (double)block_of(r, i));
+    }
+
             continue;
         }
         if (sscanf(line, "enqueue-test: end %ld", &tid) == 1) {

@@ -99,6 +99,7 @@ static void set_work(struct cfx_work *w, enum cfx_sched algo, enum cfx_coll_kind
     w->nranks = nranks;
     w->root = root;
     w->count = count;
+    w->pitch = 0; /* Blocks side by side (cfx_work_finish). */
     w->elem_bytes = type == cfxFloat64 ? 8 : 4;
     w->sendbuff = sendbuff;
     w->recvbuff = recvbuff;
@@ -298,6 +299,86 @@ static void run_reduction(enum family fam, int n, uint64_t count, cfxRedOp_t red
 }
 
 static const uint64_t counts[] = {0, 1, 7, 300, 4099};
+
+/* An allgather and a reduce-scatter of @p count per rank on @p n ranks run
+ * as @p parts parts, as a GPU communicator cuts them over its rings: part
+ * c moves the same elements of every rank's block (sendbuff and recvbuff
+ * moved by its first element, count its share, pitch the whole count);
+ * each part runs alone (on rings of its own they are independent), and
+ * together they write every block whole, in and out of place. */
+static void run_parts_with_a_pitch(int n, uint64_t count, int parts, int in_place)
+{
+    static struct world wd;
+    uint64_t all = count * (uint64_t)n;
+    int32_t *ag_in[MAX_RANKS], *ag_out[MAX_RANKS], *rs_in[MAX_RANKS], *rs_out[MAX_RANKS];
+    for (int r = 0; r < n; r++) {
+        ag_out[r] = malloc(all * sizeof(int32_t));
+        rs_in[r] = malloc(all * sizeof(int32_t));
+        rs_out[r] = malloc(count * sizeof(int32_t));
+        for (uint64_t i = 0; i < all; i++) {
+            ag_out[r][i] = -999;
+            rs_in[r][i] = input_value(r, i, cfxSum);
+        }
+        ag_in[r] = in_place ? ag_out[r] + (uint64_t)r * count : malloc(count * sizeof(int32_t));
+        for (uint64_t i = 0; i < count; i++) {
+            ag_in[r][i] = input_value(r, i, cfxSum);
+            rs_out[r][i] = -999;
+        }
+    }
+    uint64_t per = count / (uint64_t)parts, at = 0;
+    for (int c = 0; c < parts; c++, at += per) {
+        uint64_t len = c == parts - 1 ? count - at : per;
+        for (int rs = 0; rs < 2; rs++) {
+            world_init(&wd, n, n, 4, 64);
+            for (int r = 0; r < n; r++) {
+                struct cfx_work *w = &wd.st[r].work;
+                if (rs)
+                    set_work(w, CFX_SCHED_RING_REDUCESCATTER, CFX_COLL_REDUCESCATTER, cfxInt32,
+                             cfxSum, r, n, -1, len, rs_in[r] + at, rs_out[r] + at);
+                else
+                    set_work(w, CFX_SCHED_RING_ALLGATHER, CFX_COLL_ALLGATHER, cfxInt32, cfxSum, r,
+                             n, -1, len, ag_in[r] + at, ag_out[r] + at);
+                w->pitch = count;
+            }
+            ring_links(&wd, n);
+            int status = drive(&wd, n);
+            cr_assert_eq(status, 0, "part %d of %s on %d ranks: status %d", c,
+                         rs ? "reduce-scatter" : "allgather", n, status);
+            world_free(&wd);
+        }
+    }
+    for (int r = 0; r < n; r++) {
+        for (uint64_t i = 0; i < all; i++) {
+            int32_t want = input_value((int)(i / count), i % count, cfxSum);
+            cr_assert_eq(ag_out[r][i], want,
+                         "allgather, %d parts on %d ranks%s: rank %d element %llu is %d, not %d",
+                         parts, n, in_place ? " in place" : "", r, (unsigned long long)i,
+                         ag_out[r][i], want);
+        }
+        for (uint64_t i = 0; i < count; i++) {
+            uint64_t x = (uint64_t)r * count + i;
+            int32_t want = 0;
+            for (int q = 0; q < n; q++)
+                want += input_value(q, x, cfxSum);
+            cr_assert_eq(rs_out[r][i], want,
+                         "reduce-scatter, %d parts on %d ranks: rank %d element %llu is %d, not %d",
+                         parts, n, r, (unsigned long long)i, rs_out[r][i], want);
+        }
+        if (!in_place)
+            free(ag_in[r]);
+        free(ag_out[r]);
+        free(rs_in[r]);
+        free(rs_out[r]);
+    }
+}
+
+Test(steploop, ring_allgather_and_reducescatter_in_parts_a_pitch_apart)
+{
+    for (int n = 2; n <= MAX_RANKS; n += 3)
+        for (int parts = 1; parts <= 5; parts += 2)
+            for (int in_place = 0; in_place < 2; in_place++)
+                run_parts_with_a_pitch(n, 1003, parts, in_place);
+}
 
 static void ring_allreduce_every_size_1_to_8_ranks(void)
 {

@@ -116,6 +116,7 @@ void cfx_coll_prepare(struct cfx_op *op)
     w->root = op->root;
     w->elem_bytes = (uint32_t)op->elem_bytes;
     w->count = op->count;
+    w->pitch = op->pitch; /* 0: count (cfx_work_finish). */
     w->premul_bits = op->premul_bits;
     w->sendbuff = op->sendbuff;
     w->recvbuff = op->recvbuff;

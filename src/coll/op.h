@@ -71,6 +71,10 @@ struct cfx_op {
     /* Ring ops: which of the communicator's rings it runs on (0: ring_send
      * and ring_recv; c > 0: ring_more_send/recv[c - 1]). */
     int channel;
+    /* Allgather and reduce-scatter: elements from one rank's block to the
+     * next in the n-block buffer; 0 means count. A channel's part of a call
+     * has the call's count here (cfx_work.pitch). */
+    size_t pitch;
     /* A send from a buffer registered with its connector's transport
      * (cfxCommRegister): the registration's handle there, and the
      * transport moves the data from the buffer itself (src/coll/p2p.h);
@@ -138,6 +142,17 @@ struct cfx_op {
     struct cfx_step next;
 };
 
+/* Bytes from the start of an allgather's output (a reduce-scatter's
+ * input) to the end of its last block: n blocks of count, or, for a
+ * channel's part, n - 1 pitches and one count. Other kinds: count. */
+static inline uint64_t cfx_op_blocks_bytes(const struct cfx_op *op, size_t elem_bytes)
+{
+    if (op->kind != CFX_COLL_ALLGATHER && op->kind != CFX_COLL_REDUCESCATTER)
+        return (uint64_t)op->count * elem_bytes;
+    uint64_t pitch = op->pitch ? op->pitch : op->count;
+    return ((uint64_t)(op->nranks - 1) * pitch + op->count) * elem_bytes;
+}
+
 /* Zero every field of @p op but the arrays at its end (which are written
  * before they are read): what a new call starts from. Field by field, not
  * memset: a constant memset of this size compiles to rep stos on x86-64,
@@ -164,6 +179,7 @@ static inline void cfx_op_clear(struct cfx_op *op)
     op->ll = 0;
     op->pull = 0;
     op->channel = 0;
+    op->pitch = 0;
     op->ref_handle = NULL;
     op->p2p_msg = 0;
     op->coll_key = 0;

@@ -337,7 +337,8 @@ static void *coll_ref_handle(const struct cfx_op *op, const struct cfx_transport
     if (from == NULL || tr != op->reg_transport)
         return NULL;
     uint64_t in_bytes = (uint64_t)op->count * op->elem_bytes;
-    uint64_t out_bytes = in_bytes * (op->kind == CFX_COLL_ALLGATHER ? (uint64_t)op->nranks : 1);
+    uint64_t out_bytes =
+        op->kind == CFX_COLL_ALLGATHER ? cfx_op_blocks_bytes(op, op->elem_bytes) : in_bytes;
     const char *out = op->recvbuff, *in = op->sendbuff;
     if (op->reg_out && from >= out && bytes <= out_bytes &&
         (uint64_t)(from - out) <= out_bytes - bytes)

@@ -109,7 +109,7 @@ cfx_ring_allgather_describe(const struct cfx_work *w, uint64_t index, struct cfx
         step->flags = CFX_PRIM_RECV | CFX_PRIM_OUT;
     }
     step->input = cfx_coll_at(w->sendbuff, offset, w->elem_bytes);
-    step->output = cfx_coll_at(w->recvbuff, (uint64_t)block * w->count + offset, w->elem_bytes);
+    step->output = cfx_coll_at(w->recvbuff, (uint64_t)block * w->pitch + offset, w->elem_bytes);
     step->n_elems = len;
 }
 
@@ -127,7 +127,7 @@ cfx_ring_reducescatter_describe(const struct cfx_work *w, uint64_t index, struct
     else
         step->flags = CFX_PRIM_RECV | CFX_PRIM_REDUCE | CFX_PRIM_OUT |
                       (w->redop == cfxAvg ? CFX_PRIM_AVG : 0);
-    step->input = cfx_coll_at(w->sendbuff, (uint64_t)block * w->count + offset, w->elem_bytes);
+    step->input = cfx_coll_at(w->sendbuff, (uint64_t)block * w->pitch + offset, w->elem_bytes);
     step->output = cfx_coll_at(w->recvbuff, offset, w->elem_bytes);
     step->n_elems = len;
 }

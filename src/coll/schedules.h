@@ -99,6 +99,8 @@ static inline const char *cfx_schedule_name(int algo)
  */
 static inline CFX_HOST_DEVICE void cfx_work_finish(struct cfx_work *w, uint64_t slot_bytes)
 {
+    if (w->pitch == 0)
+        w->pitch = w->count; /* Blocks side by side. */
     /* The data does not go through the slots. */
     if (w->algo == CFX_SCHED_PULL_ALLGATHER)
         slot_bytes = CFX_PULL_CHUNK_BYTES;

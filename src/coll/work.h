@@ -87,7 +87,11 @@ struct cfx_work {
     int32_t rank, nranks;
     int32_t root; /* Broadcast/reduce root, or the peer of send/recv. */
     uint32_t elem_bytes;
-    uint64_t count;       /* Elements; per rank for allgather and reduce-scatter. */
+    uint64_t count; /* Elements; per rank for allgather and reduce-scatter. */
+    /* Allgather and reduce-scatter: elements from the start of one rank's
+     * block to the next one's in the n-block buffer (count, or the whole
+     * call's count for the part of a call one channel moves). */
+    uint64_t pitch;
     uint64_t chunk_elems; /* Elements per slot. */
     uint64_t n_steps;
     uint64_t premul_bits;
@@ -97,7 +101,7 @@ struct cfx_work {
     struct cfx_fingerprint print, expect;
     struct cfx_links links;
 };
-CFX_STATIC_ASSERT(sizeof(struct cfx_work) == 168, "the work descriptor keeps its size");
+CFX_STATIC_ASSERT(sizeof(struct cfx_work) == 176, "the work descriptor keeps its size");
 
 /* Values of cfx_work.proto. LL (src/conn/fifo.h) only where every
  * connector of the operation has LL slots (cfx_conn.ll) and the step loop

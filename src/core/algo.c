@@ -115,12 +115,21 @@ cfxResult_t cfx_core_algo_init(struct cfxComm *comm)
     return res;
 }
 
-int cfx_core_algo_ring_channels(const struct cfxComm *comm, enum cfx_coll_kind kind, size_t bytes)
+int cfx_core_algo_ring_channels(const struct cfxComm *comm, enum cfx_coll_kind kind, size_t count,
+                                cfxDataType_t type)
 {
-    if (comm->ring_channels <= 1 ||
-        (kind != CFX_COLL_ALLREDUCE && kind != CFX_COLL_BROADCAST && kind != CFX_COLL_REDUCE))
+    if (comm->ring_channels <= 1 || kind == CFX_COLL_SEND || kind == CFX_COLL_RECV)
+        return 1;
+    size_t elem = cfx_type_size(type), bytes = count * elem;
+    if (kind == CFX_COLL_ALLGATHER || kind == CFX_COLL_REDUCESCATTER)
+        bytes *= (size_t)comm->nranks; /* What the ring moves: every block. */
+    else if (kind != CFX_COLL_ALLREDUCE && kind != CFX_COLL_BROADCAST && kind != CFX_COLL_REDUCE)
         return 1;
     size_t n = bytes / CFX_RING_CHANNEL_MIN_BYTES;
+    /* Each part holds a whole 64-byte line of count at least. */
+    size_t lines = count / (64 / elem);
+    if (n > lines)
+        n = lines;
     return n < 2 ? 1 : n < (size_t)comm->ring_channels ? (int)n : comm->ring_channels;
 }
 

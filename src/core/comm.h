@@ -314,10 +314,14 @@ enum cfx_core_algo {
 double cfx_core_algo_predict_us(struct cfxComm *comm, const struct cfx_op *op);
 enum cfx_core_algo cfx_core_algo_choose(struct cfxComm *comm, enum cfx_coll_kind kind, size_t bytes,
                                         int *ll_p);
-/* The ring channels a ring op of @p kind and @p bytes runs on: 1, or up to
- * comm->ring_channels for allreduce, broadcast and reduce of GPU
- * communicators (the same on every rank: size and communicator only). */
-int cfx_core_algo_ring_channels(const struct cfxComm *comm, enum cfx_coll_kind kind, size_t bytes);
+/* The ring channels a ring op of @p kind, @p count and @p type runs on: 1,
+ * or up to comm->ring_channels for allreduce, broadcast, reduce, allgather
+ * and reduce-scatter of GPU communicators, one per CFX_RING_CHANNEL_MIN_BYTES
+ * the ring moves (all blocks for allgather and reduce-scatter) and at most
+ * one per 64-byte line of count (the same on every rank: arguments and
+ * communicator only). */
+int cfx_core_algo_ring_channels(const struct cfxComm *comm, enum cfx_coll_kind kind, size_t count,
+                                cfxDataType_t type);
 /* Requests for the connectors a tree op of tree @p t rooted at @p root
  * (-1: none) still lacks; returns how many were written, at most
  * CFX_CORE_TREE_REQUESTS. */

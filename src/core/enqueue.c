@@ -163,18 +163,23 @@ static cfxResult_t submit(struct cfxComm *comm, struct cfx_op *op)
         n_ops = 2;
     }
     int channels = algo == CFX_CORE_ALGO_RING && !op->pull
-                       ? cfx_core_algo_ring_channels(comm, op->kind, bytes)
+                       ? cfx_core_algo_ring_channels(comm, op->kind, op->count, op->type)
                        : 1;
     if (channels > 1) {
         /* Rings of their own, a contiguous part each (whole 64-byte
          * lines but the last): on a GPU rank each runs as a chain of its
-         * own, in blocks of its own. Every rank splits alike. */
+         * own, in blocks of its own. Every rank splits alike. An allgather
+         * or reduce-scatter splits each rank's block alike: part c is the
+         * same elements of every block, so its blocks stand a whole
+         * block's count apart (pitch), in the output or the input. */
         size_t elem = cfx_type_size(op->type), line = 64 / elem;
         size_t per = op->count / (size_t)channels / line * line, at = 0;
+        int blocks = op->kind == CFX_COLL_ALLGATHER || op->kind == CFX_COLL_REDUCESCATTER;
         for (int c = 0; c < channels; c++) {
             parts[c] = *op;
             parts[c].channel = c;
             parts[c].count = c == channels - 1 ? op->count - at : per;
+            parts[c].pitch = blocks ? op->count : 0;
             parts[c].sendbuff = op->sendbuff ? (const char *)op->sendbuff + at * elem : NULL;
             parts[c].recvbuff = op->recvbuff ? (char *)op->recvbuff + at * elem : NULL;
             at += per;

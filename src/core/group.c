@@ -360,8 +360,7 @@ static void choose_coll_path(struct cfx_op *op)
          op->kind != CFX_COLL_ALLGATHER) ||
         op->mem_kind != CFX_MEM_HOST || op->pull || op->direct || op->nranks < 2)
         return;
-    uint64_t out_bytes = (uint64_t)op->count * cfx_type_size(op->type) *
-                         (op->kind == CFX_COLL_ALLGATHER ? (uint64_t)op->nranks : 1);
+    uint64_t out_bytes = cfx_op_blocks_bytes(op, cfx_type_size(op->type));
     if (out_bytes == 0 || out_bytes < (uint64_t)param_zero_copy_min())
         return;
     struct cfxComm *comm = op->owner;
@@ -753,9 +752,12 @@ static double simulate(const struct cfx_op *ops, int n_ops)
         for (int j = i; j < n_ops; j++) {
             if (ops[j].owner != comm)
                 continue;
-            if (ops[j].tree == &comm->trees[1])
-                continue; /* Priced with its first half. */
-            double us = cfx_core_algo_predict_us(comm, &ops[j]);
+            if (ops[j].tree == &comm->trees[1] || ops[j].channel > 0)
+                continue; /* Priced with its first half, or its first ring's part. */
+            struct cfx_op call = ops[j];
+            if (call.tree == NULL && call.kind != CFX_COLL_SEND && call.kind != CFX_COLL_RECV)
+                call.count = call.print.count; /* A ring's part: the whole call. */
+            double us = cfx_core_algo_predict_us(comm, &call);
             if (ops[j].kind == CFX_COLL_SEND)
                 sends += us;
             else if (ops[j].kind == CFX_COLL_RECV)

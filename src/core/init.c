@@ -176,8 +176,11 @@ static cfxResult_t agree_single_copy(struct cfxComm *comm)
                              comm->nranks);
     struct cfx_connector *recv = comm->ring_recv;
     int64_t min_bytes = param_single_copy_min();
-    offers[comm->rank] = (struct offer){.able = param_single_copy() != 0 && recv->peer_readable &&
-                                                recv->transport->read_peer,
+    /* Not for GPU ranks: their allgathers of device memory never pull, and
+     * one of host memory must run the schedule its device-buffer peers
+     * run (and split over the rings alike). */
+    offers[comm->rank] = (struct offer){.able = param_single_copy() != 0 && comm->cuda_dev < 0 &&
+                                                recv->peer_readable && recv->transport->read_peer,
                                         .min_bytes = min_bytes < 0 ? 0 : (uint64_t)min_bytes};
     cfxResult_t res = cfx_bootstrap_allgather(comm->bootstrap, offers, sizeof(*offers));
     int unable = -1;
@@ -199,7 +202,7 @@ static cfxResult_t agree_single_copy(struct cfxComm *comm)
     else
         CFX_INFO(CFX_LOG_INIT,
                  "no single-copy path: rank %d cannot read its ring neighbour's memory (another "
-                 "host, CFX_SINGLE_COPY=0, or the kernel refuses)",
+                 "host, CFX_SINGLE_COPY=0, a GPU rank, or the kernel refuses)",
                  unable);
     return cfxSuccess;
 }

@@ -91,6 +91,7 @@ static int run_case(enum cfx_sched algo, enum cfx_coll_kind kind)
         w->root = kind == CFX_COLL_BROADCAST ? 0 : -1;
         w->elem_bytes = 4;
         w->count = COUNT;
+        w->pitch = 0; /* Blocks side by side (cfx_work_finish). */
         w->sendbuff = in[r];
         w->recvbuff = out[r];
         w->check_prints = 1;

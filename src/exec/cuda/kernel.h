@@ -49,8 +49,8 @@
 #define CFX_KERNEL_NAME "cfx_kernel_batch"
 
 /* What one launch can carry. A launch's one parameter comes in two sizes:
- * the narrow one stays within CUDA's classic 4 KiB (16 operations, 14
- * views of 72 bytes: one direct allreduce of 8 ranks has 14), the wide one
+ * the narrow one stays within CUDA's classic 4 KiB (15 operations of 192
+ * bytes, 14 views of 72 bytes: one direct allreduce of 8 ranks has 14), the wide one
  * within the 32764 bytes CUDA 12.1 allows on sm_70 and newer (64
  * operations, 256 views: an all-to-all of 32 ranks in one group), for
  * groups the narrow one cannot carry. Launching the narrow one keeps the
@@ -60,7 +60,7 @@
  * memory (struct cfx_kernel_far; its views stay 256, the most a byte's
  * first_view reaches). CFX_KERNEL_MAX_OPS bounds all three (a
  * communicator's report slots). */
-#define CFX_KERNEL_NARROW_OPS   16
+#define CFX_KERNEL_NARROW_OPS   15
 #define CFX_KERNEL_NARROW_VIEWS 14
 #define CFX_KERNEL_WIDE_OPS     64
 #define CFX_KERNEL_WIDE_VIEWS   256
@@ -250,7 +250,7 @@ cfx_kernel_block_firsts(const struct cfx_kernel_args *a)
 }
 
 /* The parameter's layout, as a number: its version and the narrow size. */
-#define CFX_KERNEL_ABI ((uint32_t)(7u << 16) | (uint32_t)sizeof(struct cfx_kernel_narrow))
+#define CFX_KERNEL_ABI ((uint32_t)(8u << 16) | (uint32_t)sizeof(struct cfx_kernel_narrow))
 
 /* What the leader decided (cfx_kernel_lead). */
 enum cfx_kernel_action {
