@@ -527,7 +527,8 @@ Test(cuda, the_legacy_stream_runs_one_rank_per_process_and_refuses_shared_gpus, 
 #define GROUP_RANKS 4
 
 /* One thread drives GROUP_RANKS GPU ranks (cfxCommInitAll) in one group:
- * on one stream each, and all on one stream (one kernel for all). */
+ * on one stream each, and all on one stream (one kernel for all; a group
+ * of theirs that one launch cannot carry is refused). */
 static void one_thread_group(int one_stream)
 {
     const struct cfx_cuda_api *cu = cfx_cuda_api(NULL);
@@ -557,6 +558,22 @@ static void one_thread_group(int one_stream)
                                       cfxFloat32, cfxSum, comms[r], streams[one_stream ? 0 : r]),
                          cfxSuccess, "%s", cfxGetLastError(comms[r]));
         cr_assert_eq(cfxGroupEnd(), cfxSuccess, "%s", cfxGetLastError(NULL));
+    }
+    if (one_stream) {
+        /* More operations of several communicators on one stream than one
+         * launch carries: refused before anything runs (only one
+         * communicator's go in several launches). */
+        cr_assert_eq(cfxGroupStart(), cfxSuccess);
+        for (int k = 0; k < 64; k++)
+            for (int r = 0; r < GROUP_RANKS; r++)
+                cr_assert_eq(cfxAllReduce((void *)(uintptr_t)send[r], (void *)(uintptr_t)recv[r],
+                                          16, cfxFloat32, cfxSum, comms[r], streams[0]),
+                             cfxSuccess, "%s", cfxGetLastError(comms[r]));
+        cfxResult_t res = cfxGroupEnd();
+        cr_assert_eq(res, cfxInvalidUsage, "%d allreduces of %d ranks on one stream gave %s",
+                     64 * GROUP_RANKS, GROUP_RANKS, cfxGetErrorString(res));
+        const char *why = cfxGetLastError(comms[0]);
+        cr_assert(strstr(why, "several communicators") != NULL, "the refusal says: %s", why);
     }
     for (int r = 0; r < GROUP_RANKS; r++) {
         cr_assert_eq(cu->stream_synchronize(streams[r]), CUDA_SUCCESS);
@@ -1149,11 +1166,13 @@ Test(cuda, alltoall_gather_scatter_and_premulsum_run_on_device_buffers, .timeout
 #define WIDE_MSGS  4    /* Messages each way per pair: 2 x 3 x 4 = 24 ops per rank. */
 #define WIDE_COUNT 1500 /* Floats per message. */
 /* Allreduces (two connectors each, on the ring) in a group that only a far
- * launch carries (more than 64 operations), and in one that none carries
- * (more than 255 operations). */
+ * launch carries (more than 64 operations), in one that no launch carries
+ * (more than 255 operations: several launches), and in one a group may not
+ * hold. */
 #define WIDE_FAR_CALLS  100
 #define WIDE_FAR_GROUPS 5
-#define WIDE_TOO_MANY   (CFX_EXEC_CUDA_MAX_OPS + 1)
+#define WIDE_SEVERAL    (CFX_EXEC_CUDA_MAX_OPS + 45)
+#define WIDE_TOO_MANY   (CFX_EXEC_CUDA_MAX_GROUP_OPS + 1)
 
 static float wide_value(int from, int to, int msg, size_t i)
 {
@@ -1161,11 +1180,12 @@ static float wide_value(int from, int to, int msg, size_t i)
 }
 
 /* A group of 24 point-to-point calls per rank (more than the narrow
- * launch's 16 operations and 14 views) runs as one wide launch, every
+ * launch's 15 operations and 14 views) runs as one wide launch, every
  * message in its place; a group of 100 allreduces (more than the wide
- * launch's 64 operations) runs as a far launch; a group of more than a far
- * launch carries is refused with a sentence on every rank, and the
- * communicator goes on. */
+ * launch's 64 operations) runs as a far launch; one of 300 (more than a far
+ * launch carries) as several launches; a group of more than a group may
+ * hold is refused with a sentence on every rank, and the communicator goes
+ * on. */
 static void wide_group(struct cfx_test_rank *ctx)
 {
     struct gpu_rank g;
@@ -1233,6 +1253,20 @@ static void wide_group(struct cfx_test_rank *ctx)
                     "group %zu, element %zu is %g, not %g", i / part, i % part, (double)g.host[i],
                     (double)sum_of(ctx->nranks, i % part));
 
+    cfx_test_step(ctx, "a group of %d allreduces (several launches)", WIDE_SEVERAL);
+    const size_t small = all / WIDE_SEVERAL;
+    RANK_ASSERT(ctx, put_inputs(ctx, &g), "inputs");
+    RANK_CFX(ctx, cfxGroupStart());
+    for (int k = 0; k < WIDE_SEVERAL; k++)
+        RANK_CFX(ctx, cfxAllReduce(g.dsend + (size_t)k * small, g.drecv + (size_t)k * small, small,
+                                   cfxFloat32, cfxSum, g.comm, g.gpu.stream));
+    RANK_CFX(ctx, cfxGroupEnd());
+    RANK_ASSERT(ctx, cfx_test_gpu_sync(ctx, &g.gpu), "sync");
+    RANK_ASSERT(ctx, cfx_test_gpu_get(ctx, &g.gpu, g.host, g.drecv, all * sizeof(float)), "get");
+    for (size_t i = 0; i < small * WIDE_SEVERAL; i++)
+        RANK_ASSERT(ctx, g.host[i] == sum_of(ctx->nranks, i), "call %zu, element %zu is %g, not %g",
+                    i / small, i % small, (double)g.host[i], (double)sum_of(ctx->nranks, i));
+
     cfx_test_step(ctx, "a group of %d allreduces", WIDE_TOO_MANY);
     RANK_CFX(ctx, cfxGroupStart());
     for (int k = 0; k < WIDE_TOO_MANY; k++)
@@ -1250,12 +1284,84 @@ static void wide_group(struct cfx_test_rank *ctx)
     gpu_rank_close(&g);
 }
 
-Test(cuda, wide_and_far_groups_run_and_a_wider_one_is_refused, .timeout = 120)
+Test(cuda, wide_far_and_split_groups_run_and_a_wider_one_is_refused, .timeout = 120)
 {
     cr_log_info("on %s", use_gpu());
     struct cfx_test_options opts = {
         .nranks = WIDE_RANKS, .mode = CFX_TEST_THREADS, .deadline_s = 90};
     CFX_TEST_RUN(&opts, wide_group);
+}
+
+/* ------------------------------------------------ groups of several launches */
+
+#define SPLIT_RANKS 3
+#define SPLIT_MSGS  70   /* Messages each way per pair: 4 x 70 = 280 ops per rank. */
+#define SPLIT_COUNT 8192 /* Floats per message: 32 KiB, twice a FIFO of CFX_BUFFSIZE. */
+
+/* A group of 280 sends and receives per rank, more than one launch
+ * carries, issued in an order that differs from rank to rank (rank 0 all
+ * its sends first, rank 1 all its receives first, rank 2 one peer after
+ * the other), with messages larger than a FIFO (so a send waits for its
+ * receive): cut into launches in call order, a rank's first launch would
+ * wait for receives that its peer put in a later one (and the run would
+ * hang); in the order every rank takes alike it completes, every message
+ * in its place. */
+static void split_group(struct cfx_test_rank *ctx)
+{
+    struct gpu_rank g;
+    const int n = ctx->nranks, r = ctx->rank;
+    const size_t block = (size_t)SPLIT_MSGS * SPLIT_COUNT, all = block * (size_t)n;
+    if (!gpu_rank_open(ctx, &g, all)) {
+        gpu_rank_close(&g);
+        return;
+    }
+    for (int to = 0; to < n; to++)
+        for (int m = 0; m < SPLIT_MSGS; m++)
+            for (size_t i = 0; i < SPLIT_COUNT; i++)
+                g.host[(size_t)to * block + (size_t)m * SPLIT_COUNT + i] = wide_value(r, to, m, i);
+    RANK_ASSERT(ctx, cfx_test_gpu_put(ctx, &g.gpu, g.dsend, g.host, all * sizeof(float)), "put");
+    cfx_test_step(ctx, "a group of %d sends and receives", 4 * SPLIT_MSGS);
+    RANK_CFX(ctx, cfxGroupStart());
+    for (int pass = 0; pass < 2; pass++)
+        for (int k = 1; k < n; k++) {
+            int peer = (r + k) % n;
+            /* Rank 0: sends, then receives; rank 1: the other way round;
+             * rank 2: both with one peer, then both with the other. */
+            int sends = r == 0 ? pass == 0 : r == 1 ? pass == 1 : 1;
+            int recvs = r == 0 ? pass == 1 : r == 1 ? pass == 0 : 1;
+            if (r == 2 && (pass == 0) != (k == 1))
+                continue;
+            for (int m = 0; m < SPLIT_MSGS && sends; m++)
+                RANK_CFX(ctx, cfxSend(g.dsend + (size_t)peer * block + (size_t)m * SPLIT_COUNT,
+                                      SPLIT_COUNT, cfxFloat32, peer, g.comm, g.gpu.stream));
+            for (int m = 0; m < SPLIT_MSGS && recvs; m++)
+                RANK_CFX(ctx, cfxRecv(g.drecv + (size_t)peer * block + (size_t)m * SPLIT_COUNT,
+                                      SPLIT_COUNT, cfxFloat32, peer, g.comm, g.gpu.stream));
+        }
+    RANK_CFX(ctx, cfxGroupEnd());
+    RANK_ASSERT(ctx, cfx_test_gpu_sync(ctx, &g.gpu), "sync");
+    cfxResult_t seen = cfxSuccess;
+    RANK_CFX(ctx, cfxCommGetAsyncError(g.comm, &seen));
+    RANK_ASSERT(ctx, seen == cfxSuccess, "%s", cfxGetLastError(g.comm));
+    RANK_ASSERT(ctx, cfx_test_gpu_get(ctx, &g.gpu, g.host, g.drecv, all * sizeof(float)), "get");
+    for (int from = 0; from < n; from++)
+        for (int m = 0; m < SPLIT_MSGS && from != r; m++)
+            for (size_t i = 0; i < SPLIT_COUNT; i++) {
+                float got = g.host[(size_t)from * block + (size_t)m * SPLIT_COUNT + i];
+                RANK_ASSERT(ctx, got == wide_value(from, r, m, i),
+                            "message %d from rank %d, element %zu: %g, not %g", m, from, i,
+                            (double)got, (double)wide_value(from, r, m, i));
+            }
+    gpu_rank_close(&g);
+}
+
+Test(cuda, a_group_wider_than_a_launch_runs_in_launches_in_one_order_on_every_rank, .timeout = 120)
+{
+    cr_log_info("on %s", use_gpu());
+    cfx_test_setenv("CFX_BUFFSIZE", "16384");
+    struct cfx_test_options opts = {
+        .nranks = SPLIT_RANKS, .mode = CFX_TEST_THREADS, .deadline_s = 90};
+    CFX_TEST_RUN(&opts, split_group);
 }
 
 /* ------------------------------------------------ LL */
@@ -1400,6 +1506,27 @@ ParameterizedTest(enum cfx_test_mode *mode, cuda,
 /* ------------------------------------------------ rings split into channels */
 
 #define CHANNEL_COUNT ((size_t)(1 << 20) + 5) /* 4 MiB of floats: 16 parts of 256 KiB. */
+/* A block of the allgather and reduce-scatter of 3 ranks: the three blocks
+ * make 4 MiB, 16 parts of every block (not a whole number of lines). */
+#define CHANNEL_BLOCK (CHANNEL_COUNT / 3)
+
+/* Slots the communicator's extra rings have taken in so far. */
+static uint64_t extra_ring_slots(const struct gpu_rank *g)
+{
+    uint64_t slots = 0;
+    for (int c = 0; c < CFX_RING_CHANNELS - 1; c++) {
+        struct cfx_connector *from = g->comm->ring_more_recv[c];
+        slots += from != NULL ? cfx_load_acquire_u64(from->view.head) : 0;
+    }
+    return slots;
+}
+
+/* Rank @p rank's block of an allgather: input_of(rank, i + rank), so that
+ * every block differs. */
+static float block_of(int rank, size_t i)
+{
+    return input_of(rank, i + (size_t)rank);
+}
 
 /* How many of the communicator's extra rings moved data in (each part a
  * ring of its own: its receive connector exists and took slots). */
@@ -1458,117 +1585,6 @@ static void channel_collectives(struct cfx_test_rank *ctx)
                         (double)input_of(ctx->nranks - 1, i));
     }
 
-    cfx_test_step(ctx, "allreduce with rank 0 on host buffers");
-    RANK_ASSERT(ctx, put_inputs(ctx, &g), "inputs");
-    if (ctx->rank == 0) {
-        float *buf = malloc(CHANNEL_COUNT * sizeof(float));
-        RANK_ASSERT(ctx, buf != NULL, "out of memory");
-        for (size_t i = 0; i < CHANNEL_COUNT; i++)
-            buf[i] = input_of(0, i);
-        RANK_CFX(ctx, cfxAllReduce(buf, buf, CHANNEL_COUNT, cfxFloat32, cfxSum, g.comm, NULL));
-        for (size_t i = 0; i < CHANNEL_COUNT; i++)
-            RANK_ASSERT(ctx, buf[i] == sum_of(ctx->nranks, i), "element %zu is %g, not %g", i,
-                        (double)buf[i], (double)sum_of(ctx->nranks, i));
-        free(buf);
-    } else {
-        RANK_CFX(ctx, cfxAllReduce(g.dsend, g.drecv, CHANNEL_COUNT, cfxFloat32, cfxSum, g.comm,
-                                   g.gpu.stream));
-        RANK_ASSERT(ctx, cfx_test_gpu_sync(ctx, &g.gpu) && check_sums(ctx, &g, g.drecv), "sums");
-    }
-    gpu_rank_close(&g);
-}
-
-/* The plan of GPU ranks on one GPU asks for 32 rings (capped at 16): a
- * 4 MiB allreduce, broadcast and reduce run as 16 parts on 16 rings, and
- * so do an allgather and a reduce-scatter of 4 MiB in all (16 parts of
- * every rank's block); CFX_MAX_NCHANNELS=1 keeps one. */
-ParameterizedTestParameters(cuda, large_ring_collectives_split_over_the_plans_channels)
-{
-    static int channels[] = {16, 1};
-    return cr_make_param_array(int, channels, sizeof(channels) / sizeof(channels[0]));
-}
-
-ParameterizedTest(int *channels, cuda, large_ring_collectives_split_over_the_plans_channels,
-                  .timeout = 120)
-/* A block of the allgather and reduce-scatter of 3 ranks: the three blocks
- * make 4 MiB, 16 parts of every block (not a whole number of lines). */
-#define CHANNEL_BLOCK (CHANNEL_COUNT / 3)
-
-/* Slots the communicator's extra rings have taken in so far. */
-static uint64_t extra_ring_slots(const struct gpu_rank *g)
-{
-    uint64_t slots = 0;
-    for (int c = 0; c < CFX_RING_CHANNELS - 1; c++) {
-        struct cfx_connector *from = g->comm->ring_more_recv[c];
-        slots += from != NULL ? cfx_load_acquire_u64(from->view.head) : 0;
-    }
-    return slots;
-}
-
-/* Rank @p rank's block of an allgather: input_of(rank, i + rank), so that
- * every block differs. */
-static float block_of(int rank, size_t i)
-{
-    return input_of(rank, i + (size_t)rank);
-}
-{
-    cr_log_info("on %s", use_gpu());
-    cfx_test_setenv("CFX_ALGO", "Ring");
-    if (*channels == 1)
-        cfx_test_setenv("CFX_MAX_NCHANNELS", "1");
-    struct cfx_test_options opts = {
-        .nranks = 3, .mode = CFX_TEST_THREADS, .deadline_s = 90, .arg = channels};
-    CFX_TEST_RUN(&opts, channel_collectives);
-}
-
-/* ------------------------------------------------ the cost of an enqueue */
-
-/* Driver calls an in-place allreduce on device buffers may make, from call
- * to return, over a stream of calls: the current context, the buffer's
- * kind, the stream's capture state, the launch and the communicator's
- * event (5), and now and then a reap (an event query between two
- * capture-mode exchanges, at most every millisecond: the window's 64 calls
- * take about 2 ms here, so far fewer than one in two). Each driver call is
- * 0.1-2 us of CPU on a GPU machine, and issue 12 asks for an enqueue of at
- * most 5 us. */
-#define ENQUEUE_CALLS     64
-#define ENQUEUE_MAX_CALLS (5 * ENQUEUE_CALLS)
-
-/* Each rank marks (on stderr, where fake-cuda's FAKECUDA_DEBUG lines go)
- * the window of its thread's timed calls. */
-static void enqueue_in_a_stream_of_calls(struct cfx_test_rank *ctx)
-{
-    struct gpu_rank g;
-    if (!gpu_rank_open(ctx, &g, 1024) || !put_inputs(ctx, &g)) {
-        gpu_rank_close(&g);
-        return;
-    }
-    /* A first call connects; then the stream of calls. */
-    RANK_CFX(ctx, cfxAllReduce(g.drecv, g.drecv, 1024, cfxFloat32, cfxSum, g.comm, g.gpu.stream));
-    RANK_ASSERT(ctx, cfx_test_gpu_sync(ctx, &g.gpu), "sync");
-    long tid = (long)syscall(SYS_gettid);
-    fprintf(stderr, "enqueue-test: begin %ld\n", tid);
-    for (int i = 0; i < ENQUEUE_CALLS; i++)
-        RANK_CFX(ctx,
-                 cfxAllReduce(g.drecv, g.drecv, 1024, cfxFloat32, cfxSum, g.comm, g.gpu.stream));
-    fprintf(stderr, "enqueue-test: end %ld\n", tid);
-    RANK_ASSERT(ctx, cfx_test_gpu_sync(ctx, &g.gpu), "sync");
-    gpu_rank_close(&g);
-}
-
-/* Counts fake-cuda's lines of each marked thread inside its window: their
- * number, and the calls by name for the message. */
-static void count_enqueue_calls(FILE *log)
-{
-    char line[600];
-    long open_tid[2] = {-1, -1}, counts[2] = {0, 0}, reaps[2] = {0, 0};
-    char names[2][400] = {"", ""};
-    int windows = 0;
-    while (fgets(line, sizeof(line), log) != NULL) {
-        long tid;
-        char call[64];
-        if (sscanf(line, "enqueue-test: begin %ld", &tid) == 1 && windows < 2) {
-            open_tid[windows++] = tid;
     cfx_test_step(ctx, "allgather");
     const size_t B = CHANNEL_BLOCK;
     int n = ctx->nranks;
@@ -1632,6 +1648,96 @@ static void count_enqueue_calls(FILE *log)
                             (double)g.host[(size_t)r * B + i], (double)block_of(r, i));
     }
 
+    cfx_test_step(ctx, "allreduce with rank 0 on host buffers");
+    RANK_ASSERT(ctx, put_inputs(ctx, &g), "inputs");
+    if (ctx->rank == 0) {
+        float *buf = malloc(CHANNEL_COUNT * sizeof(float));
+        RANK_ASSERT(ctx, buf != NULL, "out of memory");
+        for (size_t i = 0; i < CHANNEL_COUNT; i++)
+            buf[i] = input_of(0, i);
+        RANK_CFX(ctx, cfxAllReduce(buf, buf, CHANNEL_COUNT, cfxFloat32, cfxSum, g.comm, NULL));
+        for (size_t i = 0; i < CHANNEL_COUNT; i++)
+            RANK_ASSERT(ctx, buf[i] == sum_of(ctx->nranks, i), "element %zu is %g, not %g", i,
+                        (double)buf[i], (double)sum_of(ctx->nranks, i));
+        free(buf);
+    } else {
+        RANK_CFX(ctx, cfxAllReduce(g.dsend, g.drecv, CHANNEL_COUNT, cfxFloat32, cfxSum, g.comm,
+                                   g.gpu.stream));
+        RANK_ASSERT(ctx, cfx_test_gpu_sync(ctx, &g.gpu) && check_sums(ctx, &g, g.drecv), "sums");
+    }
+    gpu_rank_close(&g);
+}
+
+/* The plan of GPU ranks on one GPU asks for 32 rings (capped at 16): a
+ * 4 MiB allreduce, broadcast and reduce run as 16 parts on 16 rings, and
+ * so do an allgather and a reduce-scatter of 4 MiB in all (16 parts of
+ * every rank's block); CFX_MAX_NCHANNELS=1 keeps one. */
+ParameterizedTestParameters(cuda, large_ring_collectives_split_over_the_plans_channels)
+{
+    static int channels[] = {16, 1};
+    return cr_make_param_array(int, channels, sizeof(channels) / sizeof(channels[0]));
+}
+
+ParameterizedTest(int *channels, cuda, large_ring_collectives_split_over_the_plans_channels,
+                  .timeout = 120)
+{
+    cr_log_info("on %s", use_gpu());
+    cfx_test_setenv("CFX_ALGO", "Ring");
+    if (*channels == 1)
+        cfx_test_setenv("CFX_MAX_NCHANNELS", "1");
+    struct cfx_test_options opts = {
+        .nranks = 3, .mode = CFX_TEST_THREADS, .deadline_s = 90, .arg = channels};
+    CFX_TEST_RUN(&opts, channel_collectives);
+}
+
+/* ------------------------------------------------ the cost of an enqueue */
+
+/* Driver calls an in-place allreduce on device buffers may make, from call
+ * to return, over a stream of calls: the current context, the buffer's
+ * kind, the stream's capture state, the launch and the communicator's
+ * event (5), and now and then a reap (an event query between two
+ * capture-mode exchanges, at most every millisecond: the window's 64 calls
+ * take about 2 ms here, so far fewer than one in two). Each driver call is
+ * 0.1-2 us of CPU on a GPU machine, and issue 12 asks for an enqueue of at
+ * most 5 us. */
+#define ENQUEUE_CALLS     64
+#define ENQUEUE_MAX_CALLS (5 * ENQUEUE_CALLS)
+
+/* Each rank marks (on stderr, where fake-cuda's FAKECUDA_DEBUG lines go)
+ * the window of its thread's timed calls. */
+static void enqueue_in_a_stream_of_calls(struct cfx_test_rank *ctx)
+{
+    struct gpu_rank g;
+    if (!gpu_rank_open(ctx, &g, 1024) || !put_inputs(ctx, &g)) {
+        gpu_rank_close(&g);
+        return;
+    }
+    /* A first call connects; then the stream of calls. */
+    RANK_CFX(ctx, cfxAllReduce(g.drecv, g.drecv, 1024, cfxFloat32, cfxSum, g.comm, g.gpu.stream));
+    RANK_ASSERT(ctx, cfx_test_gpu_sync(ctx, &g.gpu), "sync");
+    long tid = (long)syscall(SYS_gettid);
+    fprintf(stderr, "enqueue-test: begin %ld\n", tid);
+    for (int i = 0; i < ENQUEUE_CALLS; i++)
+        RANK_CFX(ctx,
+                 cfxAllReduce(g.drecv, g.drecv, 1024, cfxFloat32, cfxSum, g.comm, g.gpu.stream));
+    fprintf(stderr, "enqueue-test: end %ld\n", tid);
+    RANK_ASSERT(ctx, cfx_test_gpu_sync(ctx, &g.gpu), "sync");
+    gpu_rank_close(&g);
+}
+
+/* Counts fake-cuda's lines of each marked thread inside its window: their
+ * number, and the calls by name for the message. */
+static void count_enqueue_calls(FILE *log)
+{
+    char line[600];
+    long open_tid[2] = {-1, -1}, counts[2] = {0, 0}, reaps[2] = {0, 0};
+    char names[2][400] = {"", ""};
+    int windows = 0;
+    while (fgets(line, sizeof(line), log) != NULL) {
+        long tid;
+        char call[64];
+        if (sscanf(line, "enqueue-test: begin %ld", &tid) == 1 && windows < 2) {
+            open_tid[windows++] = tid;
             continue;
         }
         if (sscanf(line, "enqueue-test: end %ld", &tid) == 1) {
@@ -1710,9 +1816,13 @@ Test(cuda, an_enqueue_makes_five_driver_calls_and_reaps_now_and_then, .timeout =
  * not overlap a capture (Conflux's calls may: it queries in RELAXED mode). */
 static pthread_barrier_t capture_barrier;
 
+/* Allreduces in a captured group: more than the 64 a captured launch carries. */
+#define CAPTURE_GROUP 70
+
 /* An allreduce captured on a stream replays correctly three times, with new
  * inputs copied in before each replay (every rank captures the same, in
- * GLOBAL mode, at the same time). */
+ * GLOBAL mode, at the same time); so does a captured group of 70
+ * allreduces, more than one captured launch carries. */
 static void capture_and_replay(struct cfx_test_rank *ctx)
 {
     struct gpu_rank g;
@@ -1758,6 +1868,38 @@ static void capture_and_replay(struct cfx_test_rank *ctx)
     RANK_ASSERT(ctx, put_inputs(ctx, &g), "inputs");
     RANK_CFX(ctx, cfxAllReduce(g.dsend, g.drecv, n, cfxFloat32, cfxSum, g.comm, g.gpu.stream));
     RANK_ASSERT(ctx, cfx_test_gpu_sync(ctx, &g.gpu) && check_sums(ctx, &g, g.drecv), "after");
+    cu->graph_exec_destroy(exec);
+    cu->graph_destroy(graph);
+
+    /* A group of more operations than a captured launch carries (its
+     * arguments by value: 64) is captured as several launches. */
+    cfx_test_step(ctx, "capture a group of %d allreduces", CAPTURE_GROUP);
+    const size_t part = n / CAPTURE_GROUP;
+    pthread_barrier_wait(&capture_barrier);
+    RANK_ASSERT(
+        ctx, cu->stream_begin_capture(g.gpu.stream, CU_STREAM_CAPTURE_MODE_GLOBAL) == CUDA_SUCCESS,
+        "cuStreamBeginCapture");
+    res = cfxGroupStart();
+    for (int k = 0; k < CAPTURE_GROUP && res == cfxSuccess; k++)
+        res = cfxAllReduce(g.dsend + (size_t)k * part, g.drecv + (size_t)k * part, part, cfxFloat32,
+                           cfxSum, g.comm, g.gpu.stream);
+    cfxResult_t end = cfxGroupEnd();
+    graph = NULL;
+    err = cu->stream_end_capture(g.gpu.stream, &graph);
+    pthread_barrier_wait(&capture_barrier);
+    RANK_ASSERT(ctx, res == cfxSuccess && end == cfxSuccess, "captured group: %s",
+                cfxGetLastError(g.comm));
+    RANK_ASSERT(ctx, err == CUDA_SUCCESS, "cuStreamEndCapture: CUDA error %d", (int)err);
+    RANK_ASSERT(ctx, cu->graph_instantiate(&exec, graph, 0) == CUDA_SUCCESS, "instantiate");
+    for (size_t i = 0; i < n; i++)
+        g.host[i] = input_of(ctx->rank, i) * 3.0f;
+    RANK_ASSERT(ctx, cfx_test_gpu_put(ctx, &g.gpu, g.dsend, g.host, n * sizeof(float)), "inputs");
+    RANK_ASSERT(ctx, cu->graph_launch(exec, g.gpu.stream) == CUDA_SUCCESS, "cuGraphLaunch");
+    RANK_ASSERT(ctx, cfx_test_gpu_sync(ctx, &g.gpu), "sync");
+    RANK_ASSERT(ctx, cfx_test_gpu_get(ctx, &g.gpu, g.host, g.drecv, n * sizeof(float)), "get");
+    for (size_t i = 0; i < part * CAPTURE_GROUP; i++)
+        RANK_ASSERT(ctx, g.host[i] == sum_of(ctx->nranks, i) * 3.0f,
+                    "captured group: element %zu is %g", i, (double)g.host[i]);
     cu->graph_exec_destroy(exec);
     cu->graph_destroy(graph);
     gpu_rank_close(&g);

@@ -71,6 +71,9 @@ struct cfx_cuda_comm {
     CUevent done;                   /* Recorded after the last eager launch. */
     CUstream last_stream;           /* The stream of that launch. */
     int launched;                   /* done was recorded at least once. */
+    /* A batch's ops on this communicator's stream in the order they are
+     * split over launches (launch_split): indices into the batch. */
+    int order[CFX_EXEC_CUDA_MAX_GROUP_OPS];
     /* The watcher's (under watch_lock). */
     uint64_t last_beats;
     int64_t stalled_since_ns;
@@ -718,28 +721,24 @@ static cfxResult_t far_take(const struct cfx_cuda_api *cu, struct cfx_cuda_comm 
  * (*far_p set to its index) for groups the wide one cannot carry, which a
  * capture refuses (@p capturing: the buffer is used again by later
  * launches, so a replay would read other arguments). */
-static cfxResult_t build_args(const struct cfx_cuda_api *cu, struct cfx_op *ops, int n_ops,
-                              cfxStream_t stream, struct cfx_cuda_comm *first, int capturing,
+static cfxResult_t build_args(const struct cfx_cuda_api *cu, struct cfx_op *ops, const int *on,
+                              int n, struct cfx_cuda_comm *first, int capturing,
                               struct cfx_kernel_wide *launch, enum launch_kind *kind_p,
                               struct cfx_kernel_args **args_p, int *far_p)
 {
-    int on[CFX_KERNEL_MAX_OPS], parent[CFX_KERNEL_MAX_OPS], n = 0;
+    int parent[CFX_KERNEL_MAX_OPS];
     uint32_t n_views = 0;
-    for (int i = 0; i < n_ops; i++) {
-        if (ops[i].stream != stream)
-            continue;
-        if (n == CFX_KERNEL_MAX_OPS)
-            return cfx_error_set(cfxInvalidUsage, CFX_LOG_COLL,
-                                 "a group puts more than %d GPU operations on one CUDA stream; "
-                                 "split the group",
-                                 CFX_KERNEL_MAX_OPS);
-        on[n] = i;
-        parent[n] = n;
-        for (int j = 0; j < n; j++)
-            if (share_a_connector(&ops[on[j]], &ops[i]))
-                parent[chain_root(parent, n)] = chain_root(parent, j);
-        n_views += (uint32_t)ops[i].n_conns;
-        n++;
+    if (n > CFX_KERNEL_MAX_OPS)
+        return cfx_error_set(cfxInvalidUsage, CFX_LOG_COLL,
+                             "a group puts %d GPU operations of several communicators on one CUDA "
+                             "stream, more than one kernel launch carries (%d): split the group",
+                             n, CFX_KERNEL_MAX_OPS);
+    for (int k = 0; k < n; k++) {
+        parent[k] = k;
+        for (int j = 0; j < k; j++)
+            if (share_a_connector(&ops[on[j]], &ops[on[k]]))
+                parent[chain_root(parent, k)] = chain_root(parent, j);
+        n_views += (uint32_t)ops[on[k]].n_conns;
     }
     if (n_views > CFX_KERNEL_FAR_VIEWS)
         return cfx_error_set(cfxInvalidUsage, CFX_LOG_COLL,
@@ -818,8 +817,10 @@ static cfxResult_t build_args(const struct cfx_cuda_api *cu, struct cfx_op *ops,
     return cfxSuccess;
 }
 
-static cfxResult_t launch_stream(const struct cfx_cuda_api *cu, struct cfx_op *ops, int n_ops,
-                                 cfxStream_t stream)
+/* One launch of the @p n ops ops[on[0..n)] on @p stream (@p first: the
+ * first one's communicator). */
+static cfxResult_t launch_one(const struct cfx_cuda_api *cu, struct cfx_op *ops, const int *on,
+                              int n, cfxStream_t stream, struct cfx_cuda_comm *first, int capturing)
 {
     /* Filled in place as the narrow or the wide parameter (their heads and
      * operations coincide; the views follow cap_ops operations). */
@@ -827,22 +828,13 @@ static cfxResult_t launch_stream(const struct cfx_cuda_api *cu, struct cfx_op *o
         struct cfx_kernel_narrow narrow;
         struct cfx_kernel_wide wide;
     } launch;
-    struct cfx_cuda_comm *first = NULL;
-    for (int i = 0; i < n_ops && first == NULL; i++)
-        if (ops[i].stream == stream)
-            first = ops[i].exec_state;
-    CFX_CHECK(cfx_cuda_enter(first->desc.device));
-    int capturing = 0;
-    CFX_CHECK(cfx_exec_cuda_stream_capturing(stream, &capturing));
     enum launch_kind kind = LAUNCH_NARROW;
     struct cfx_kernel_args *args = NULL;
     int far = -1;
-    CFX_CHECK(
-        build_args(cu, ops, n_ops, stream, first, capturing, &launch.wide, &kind, &args, &far));
+    CFX_CHECK(build_args(cu, ops, on, n, first, capturing, &launch.wide, &kind, &args, &far));
     CUstream s = (CUstream)stream;
-    for (int i = 0; i < n_ops; i++)
-        if (ops[i].stream == stream)
-            CFX_CHECK(order_after_previous(cu, ops[i].exec_state, s, capturing));
+    for (int k = 0; k < n; k++)
+        CFX_CHECK(order_after_previous(cu, ops[on[k]].exec_state, s, capturing));
     void *params[] = {&launch};
     CUfunction fn = kind == LAUNCH_WIDE ? first->fn_wide : first->fn;
     if (kind == LAUNCH_FAR) {
@@ -858,10 +850,145 @@ static cfxResult_t launch_stream(const struct cfx_cuda_api *cu, struct cfx_op *o
                      "cannot record the communicator's event");
         first->far_busy[far] = 1;
     }
-    for (int i = 0; i < n_ops; i++)
-        if (ops[i].stream == stream)
-            CFX_CHECK(note_launched(cu, ops[i].exec_state, s, capturing));
+    for (int k = 0; k < n; k++)
+        CFX_CHECK(note_launched(cu, ops[on[k]].exec_state, s, capturing));
     return cfxSuccess;
+}
+
+/*
+ * Groups of several launches. A communicator's ops on one stream that one
+ * launch cannot carry (more than CFX_KERNEL_FAR_OPS ops or
+ * CFX_KERNEL_FAR_VIEWS views; while capturing, more than the wide
+ * parameter's) go in several launches that the stream runs one after the
+ * other, each at most a wide parameter's worth (never a far one: a far
+ * buffer may make the host wait for an earlier launch, which may wait for
+ * a peer this thread has yet to launch for).
+ *
+ * A launch must not wait for a peer's op that the peer put in a later
+ * launch while that peer's earlier launch waits for one of this rank's
+ * later ops. So every rank orders its ops alike before cutting them:
+ * first the collectives, in call order (every rank calls them alike); then
+ * sends and receives by round and message: a send to rank + d and a
+ * receive from rank - d (mod n) are in round d, and the k-th message on
+ * a connector is message k on both of its sides (cfx_op.p2p_msg), so each
+ * op and its peer's matching op have the same (round, message). The send
+ * and the receive of one (round, message) stay in one launch. Then the
+ * least (round, message) not done is, on every rank that has it, in the
+ * launch running there (every earlier launch holds only lesser ones, all
+ * done), at the head of its chains, and so is its match on the peer: it
+ * completes, and so on up. Ops of one connector keep their order (their
+ * message numbers rise).
+ */
+
+/* The round of a send or receive (a send to rank + d, a receive from
+ * rank - d: d), or -1 for a collective. */
+static int p2p_round(const struct cfx_op *op)
+{
+    if (op->kind == CFX_COLL_SEND)
+        return cfx_mod(op->root - op->rank, op->nranks);
+    if (op->kind == CFX_COLL_RECV)
+        return cfx_mod(op->rank - op->root, op->nranks);
+    return -1;
+}
+
+/* The order of two ops of a batch (qsort_r over indices into @p ops_v). */
+static int order_compare(const void *a, const void *b, void *ops_v)
+{
+    const struct cfx_op *ops = ops_v;
+    int i = *(const int *)a, j = *(const int *)b;
+    int di = p2p_round(&ops[i]), dj = p2p_round(&ops[j]);
+    if (di != dj)
+        return di < dj ? -1 : 1; /* Collectives (-1) first. */
+    if (di >= 0 && ops[i].p2p_msg != ops[j].p2p_msg)
+        return ops[i].p2p_msg < ops[j].p2p_msg ? -1 : 1;
+    return i < j ? -1 : i > j; /* Call order. */
+}
+
+/* Whether ops @p x and @p y are a send and a receive of one round and
+ * message, which stay in one launch. */
+static int one_unit(const struct cfx_op *x, const struct cfx_op *y)
+{
+    int d = p2p_round(x);
+    return d >= 0 && d == p2p_round(y) && x->p2p_msg == y->p2p_msg;
+}
+
+/* The @p n ops ops[c->order[0..n)] of communicator @p c on @p stream, in
+ * several launches (above). */
+static cfxResult_t launch_split(const struct cfx_cuda_api *cu, struct cfx_op *ops, int n,
+                                cfxStream_t stream, struct cfx_cuda_comm *c, int capturing)
+{
+    int *order = c->order;
+    qsort_r(order, (size_t)n, sizeof(*order), order_compare, ops);
+    int start = 0, launches = 0;
+    while (start < n) {
+        int end = start, views = 0;
+        while (end < n) {
+            /* The next unit: one op, or a send and receive that go together. */
+            int len = end + 1 < n && one_unit(&ops[order[end]], &ops[order[end + 1]]) ? 2 : 1;
+            int unit_views = ops[order[end]].n_conns + (len == 2 ? ops[order[end + 1]].n_conns : 0);
+            if (end > start && (end + len - start > CFX_KERNEL_WIDE_OPS ||
+                                views + unit_views > CFX_KERNEL_WIDE_VIEWS))
+                break;
+            views += unit_views;
+            end += len;
+        }
+        cfxResult_t res = launch_one(cu, ops, order + start, end - start, stream, c, capturing);
+        if (res != cfxSuccess) {
+            /* The launches already on the stream wait for ops that never
+             * come: stop them (the communicator is broken, as the core
+             * takes it after a failed launch). */
+            if (launches > 0)
+                cfx_exec_cuda_comm_abort(c, 1);
+            return res;
+        }
+        launches++;
+        start = end;
+    }
+    CFX_TRACE(CFX_LOG_COLL, "rank %d: %d GPU operations in %d launches", c->desc.rank, n, launches);
+    return cfxSuccess;
+}
+
+static cfxResult_t launch_stream(const struct cfx_cuda_api *cu, struct cfx_op *ops, int n_ops,
+                                 cfxStream_t stream)
+{
+    struct cfx_cuda_comm *first = NULL;
+    int n = 0, one_comm = 1;
+    uint32_t views = 0;
+    for (int i = 0; i < n_ops; i++) {
+        if (ops[i].stream != stream)
+            continue;
+        if (first == NULL)
+            first = ops[i].exec_state;
+        one_comm &= ops[i].exec_state == first;
+        views += (uint32_t)ops[i].n_conns;
+        n++;
+    }
+    CFX_CHECK(cfx_cuda_enter(first->desc.device));
+    int capturing = 0;
+    CFX_CHECK(cfx_exec_cuda_stream_capturing(stream, &capturing));
+    int most_ops = capturing ? CFX_KERNEL_WIDE_OPS : CFX_KERNEL_FAR_OPS;
+    uint32_t most_views = capturing ? CFX_KERNEL_WIDE_VIEWS : CFX_KERNEL_FAR_VIEWS;
+    if (one_comm && (n > most_ops || views > most_views)) {
+        if (n > CFX_EXEC_CUDA_MAX_GROUP_OPS) /* group.c refuses these first. */
+            return cfx_error_set(cfxInvalidUsage, CFX_LOG_COLL,
+                                 "a group puts %d GPU operations of rank %d on one stream, more "
+                                 "than %d: split the group",
+                                 n, first->desc.rank, CFX_EXEC_CUDA_MAX_GROUP_OPS);
+        for (int i = 0, k = 0; i < n_ops; i++)
+            if (ops[i].stream == stream)
+                first->order[k++] = i;
+        return launch_split(cu, ops, n, stream, first, capturing);
+    }
+    int on[CFX_KERNEL_MAX_OPS];
+    if (n > CFX_KERNEL_MAX_OPS)
+        return cfx_error_set(cfxInvalidUsage, CFX_LOG_COLL,
+                             "a group puts %d GPU operations of several communicators on one CUDA "
+                             "stream, more than one kernel launch carries (%d): split the group",
+                             n, CFX_KERNEL_MAX_OPS);
+    for (int i = 0, k = 0; i < n_ops; i++)
+        if (ops[i].stream == stream)
+            on[k++] = i;
+    return launch_one(cu, ops, on, n, stream, first, capturing);
 }
 
 /* Whether ops[i] is the first op of the batch on its stream. */
@@ -879,14 +1006,19 @@ static cfxResult_t cuda_launch(const struct cfx_executor *exec, struct cfx_exec_
     const struct cfx_cuda_api *cu = cfx_cuda_api(NULL);
     struct cfx_op *ops = batch->ops;
     int n_ops = batch->n_ops;
-    /* One communicator's ops go on one stream (one kernel runs them). */
+    /* One communicator's ops go on one stream (one kernel runs them):
+     * each op against its communicator's first. */
     for (int i = 0; i < n_ops; i++)
-        for (int j = 0; j < i; j++)
-            if (ops[j].exec_state == ops[i].exec_state && ops[j].stream != ops[i].stream)
-                return cfx_error_set(cfxInvalidUsage, CFX_LOG_COLL,
-                                     "a group gives rank %d's GPU operations two streams; one "
-                                     "communicator's operations in a group must share a stream",
-                                     ops[i].rank);
+        for (int j = 0; j < i; j++) {
+            if (ops[j].exec_state != ops[i].exec_state)
+                continue;
+            if (ops[j].stream == ops[i].stream)
+                break;
+            return cfx_error_set(cfxInvalidUsage, CFX_LOG_COLL,
+                                 "a group gives rank %d's GPU operations two streams; one "
+                                 "communicator's operations in a group must share a stream",
+                                 ops[i].rank);
+        }
     for (int i = 0; i < n_ops; i++) {
         if (!first_on_stream(ops, i))
             continue;
