@@ -151,6 +151,10 @@ struct enqueue_case {
      * through the pinned FIFO; else the slots in device memory (GPUDirect
      * RDMA, CFX_NET_GDR_LEVEL=SYS) as enum gdr_case says. */
     int verbs;
+    /* Each rank its own host, the net-plugin transport between them over
+     * the test plugin (CFX_TEST_NET_PLUGIN): the proxy moves the kernels'
+     * slots from and into pinned host memory through the plugin. */
+    int net_plugin;
 };
 
 /* How the GPUDirect RDMA cases register device memory and flush. */
@@ -229,22 +233,24 @@ static void allreduce_returns_before_the_stream_runs(struct cfx_test_rank *ctx)
 ParameterizedTestParameters(cuda, allreduce_is_enqueued_and_the_stream_completes_it)
 {
     static struct enqueue_case cases[] = {
-        {1, CFX_TEST_THREADS, 1000, 0, 0},
-        {2, CFX_TEST_THREADS, 7, 0, 0},
-        {2, CFX_TEST_THREADS, 1 << 20, 0, 0},
-        {3, CFX_TEST_THREADS, 4099, 0, 0},
-        {4, CFX_TEST_PROCS, 1 << 18, 0, 0},
-        {2, CFX_TEST_PROCS, 1, 0, 0},
-        {3, CFX_TEST_THREADS, 70001, 1, 0},
-        {2, CFX_TEST_PROCS, 1 << 20, 1, 0},
-        {2, CFX_TEST_PROCS, 1 << 20, 0, 1},
-        {3, CFX_TEST_PROCS, 70001, 0, 1},
-        {2, CFX_TEST_PROCS, 1 << 20, 0, 2},
-        {3, CFX_TEST_PROCS, 70001, 0, 2},
-        {2, CFX_TEST_PROCS, 1 << 20, 0, GDR_PEERMEM},
-        {3, CFX_TEST_PROCS, 70001, 0, GDR_DMABUF_READ},
-        {2, CFX_TEST_PROCS, 1 << 20, 0, GDR_PEERMEM_NOCUF},
-        {2, CFX_TEST_PROCS, 4099, 0, GDR_NEITHER},
+        {1, CFX_TEST_THREADS, 1000, 0, 0, 0},
+        {2, CFX_TEST_THREADS, 7, 0, 0, 0},
+        {2, CFX_TEST_THREADS, 1 << 20, 0, 0, 0},
+        {3, CFX_TEST_THREADS, 4099, 0, 0, 0},
+        {4, CFX_TEST_PROCS, 1 << 18, 0, 0, 0},
+        {2, CFX_TEST_PROCS, 1, 0, 0, 0},
+        {3, CFX_TEST_THREADS, 70001, 1, 0, 0},
+        {2, CFX_TEST_PROCS, 1 << 20, 1, 0, 0},
+        {2, CFX_TEST_PROCS, 1 << 20, 0, 1, 0},
+        {3, CFX_TEST_PROCS, 70001, 0, 1, 0},
+        {2, CFX_TEST_PROCS, 1 << 20, 0, 2, 0},
+        {3, CFX_TEST_PROCS, 70001, 0, 2, 0},
+        {2, CFX_TEST_PROCS, 1 << 20, 0, GDR_PEERMEM, 0},
+        {3, CFX_TEST_PROCS, 70001, 0, GDR_DMABUF_READ, 0},
+        {2, CFX_TEST_PROCS, 1 << 20, 0, GDR_PEERMEM_NOCUF, 0},
+        {2, CFX_TEST_PROCS, 4099, 0, GDR_NEITHER, 0},
+        {2, CFX_TEST_PROCS, 1 << 20, 0, 0, 1},
+        {3, CFX_TEST_PROCS, 70001, 0, 0, 1},
     };
     return cr_make_param_array(struct enqueue_case, cases, sizeof(cases) / sizeof(cases[0]));
 }
@@ -260,6 +266,7 @@ ParameterizedTest(struct enqueue_case *ec, cuda, allreduce_is_enqueued_and_the_s
                 : ec->verbs == GDR_PEERMEM_NOCUF ? "verbs (fake-verbs), peermem, no cuFlush"
                 : ec->verbs == GDR_NEITHER       ? "verbs (fake-verbs), neither dma-buf nor peermem"
                 : ec->verbs == 1                 ? "verbs (fake-verbs), staged"
+                : ec->net_plugin                 ? "the test net plugin (one host per rank)"
                 : ec->sockets                    ? "sockets"
                                                  : "shm",
                 use_gpu());
@@ -269,17 +276,32 @@ ParameterizedTest(struct enqueue_case *ec, cuda, allreduce_is_enqueued_and_the_s
         cr_skip_test("fake-verbs moves bytes with the CPU, which cannot reach a GPU's memory");
     if (ec->verbs == GDR_NEITHER && cfx_verbs_peermem_loaded())
         cr_skip_test("this host has nvidia-peermem loaded");
+    const char *plugin = getenv("CFX_TEST_NET_PLUGIN");
+    if (ec->net_plugin && (plugin == NULL || access(plugin, R_OK) != 0))
+        cr_skip_test("no test net plugin (CFX_TEST_NET_PLUGIN unset: run through ctest)");
     cfx_test_setenv("CFX_SHM_DISABLE", ec->sockets ? "1" : NULL);
+    cfx_test_setenv("CFX_NET_PLUGIN", ec->net_plugin ? plugin : NULL);
     gdr_env(ec->verbs);
     struct cfx_test_options opts = {.nranks = ec->nranks,
                                     .mode = ec->mode,
                                     .deadline_s = 240,
                                     .arg = ec,
-                                    .before_rank = ec->verbs ? own_host : NULL};
+                                    .before_rank = ec->verbs || ec->net_plugin ? own_host : NULL};
     char logs[128];
-    if (ec->verbs)
-        cfx_test_log_to(logs, sizeof(logs), "cuda-ib");
+    if (ec->verbs || ec->net_plugin)
+        cfx_test_log_to(logs, sizeof(logs), ec->verbs ? "cuda-ib" : "cuda-net");
     CFX_TEST_RUN(&opts, allreduce_returns_before_the_stream_runs);
+    if (ec->net_plugin) {
+        int pinned = cfx_test_count_in_logs(
+            logs, "connected (plugin cfxtest, device 0: lo), a GPU rank's slots in pinned");
+        int other = cfx_test_count_in_logs(logs, "socket transport: rank 0 -> rank 1 connected");
+        cfx_test_remove_logs(logs);
+        cfx_test_setenv("CFX_NET_PLUGIN", NULL);
+        /* Each rank's ring send and receive at least. */
+        cr_assert_geq(pinned, 2 * ec->nranks,
+                      "%d connection ends went through the plugin from pinned memory", pinned);
+        cr_assert_eq(other, 0, "a socket connection beside the plugin");
+    }
     if (ec->verbs) {
         int ib = cfx_test_count_in_logs(logs, "ib: rank 0 -> rank 1 connected");
         int socket = cfx_test_count_in_logs(logs, "socket transport: rank 0 -> rank 1 connected");

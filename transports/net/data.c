@@ -20,6 +20,7 @@
 #include <string.h>
 
 #include "src/util/log.h"
+#include "src/util/time.h"
 #include "transports/net/conn.h"
 
 static const char *dir_name(enum cfx_conn_dir dir)
@@ -359,6 +360,16 @@ static int conn_pass(struct cfx_net_conn *nc)
                       : cfx_net_conn_busy(nc) ? NET_POLL_NS
                       : nc->info_posted       ? NET_IDLE_POLL_NS
                                               : 0;
+    if (nc->pinned && !failed) {
+        /* A kernel's connector: polled always (its kernel never kicks). */
+        int64_t now = cfx_time_now_ns();
+        if (moved)
+            nc->moved_ns = now;
+        int64_t kernel = now - nc->moved_ns < NET_KERNEL_POLL_AFTER_NS ? NET_KERNEL_POLL_FAST_NS
+                                                                       : NET_KERNEL_POLL_IDLE_NS;
+        if (poll_ns == 0 || kernel < poll_ns)
+            poll_ns = kernel;
+    }
     atomic_store_explicit(&nc->client.poll_ns, poll_ns, memory_order_relaxed);
     return moved;
 }

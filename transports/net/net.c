@@ -25,6 +25,7 @@
 #include <time.h>
 
 #include "src/util/check.h"
+#include "src/util/cuda.h"
 #include "src/util/log.h"
 #include "src/util/time.h"
 #include "transports/net/conn.h"
@@ -98,10 +99,15 @@ static cfxResult_t net_setup(void *ctx_v, const struct cfx_transport_peer *peer,
 {
     struct cfx_net_ctx *ctx = ctx_v;
     assert(ctx->plugin != NULL && n_steps >= 1 && n_steps <= CFX_MAX_STEPS && slot_bytes > 0);
-    if (conn->place.mem != CFX_MEM_HOST)
+    if (conn->place.mem == CFX_MEM_DEVICE)
         return cfx_error_set(cfxInvalidUsage, CFX_LOG_NET,
-                             "net-plugin: cannot place a FIFO in %s memory yet (host memory only)",
-                             conn->place.mem == CFX_MEM_DEVICE ? "device" : "pinned");
+                             "net-plugin: cannot place a FIFO in device memory (a plugin moves "
+                             "GPU ranks' slots from pinned host memory)");
+    if (conn->place.reader == CFX_READER_KERNEL && conn->place.mem != CFX_MEM_HOST_PINNED)
+        return cfx_error_set(cfxInvalidUsage, CFX_LOG_NET,
+                             "net-plugin: a FIFO a kernel reads must be pinned host memory "
+                             "(connection with rank %d)",
+                             peer->rank);
     if (slot_bytes > INT_MAX)
         return cfx_error_set(cfxInvalidArgument, CFX_LOG_NET,
                              "net-plugin: %zu-byte slots are larger than a plugin message may be",
@@ -137,6 +143,12 @@ static cfxResult_t net_setup(void *ctx_v, const struct cfx_transport_peer *peer,
     }
     memset(nc->mem, 0, bytes); /* Touch every page now, never on the data path. */
     nc->mem_bytes = bytes;
+    if (conn->place.reader == CFX_READER_KERNEL) {
+        /* A GPU rank: its kernel fills and drains the slots in place; the
+         * proxy moves them through the plugin, from and into host memory. */
+        CFX_CHECK(cfx_cuda_host_register(nc->mem, bytes, conn->place.device));
+        nc->pinned = conn->place.device + 1;
+    }
     nc->fifo = nc->mem;
     nc->slots = (char *)nc->mem + slots_off;
     nc->staging = (struct cfx_slot_info *)((char *)nc->mem + staging_off);
@@ -251,11 +263,15 @@ static cfxResult_t net_connect(void *ctx_v, struct cfx_connector *conn, const vo
     nc->client.progress = conn_proxy_progress;
     nc->client.ready = NULL;
     nc->client.arg = nc;
+    nc->moved_ns = cfx_time_now_ns();
+    atomic_store_explicit(&nc->client.poll_ns, nc->pinned ? NET_KERNEL_POLL_FAST_NS : 0,
+                          memory_order_relaxed);
     CFX_CHECK(cfx_proxy_add(ctx->proxy, &nc->client, NULL, 0, 0));
     nc->registered = 1;
-    CFX_INFO(CFX_LOG_NET, "net-plugin: rank %d %s rank %d connected (plugin %s, device %d: %s)",
+    CFX_INFO(CFX_LOG_NET, "net-plugin: rank %d %s rank %d connected (plugin %s, device %d: %s)%s",
              ctx->rank, dir_arrow(nc->dir), nc->peer_rank, nc->plugin->name, nc->dev,
-             nc->plugin->dev_name[nc->dev]);
+             nc->plugin->dev_name[nc->dev],
+             nc->pinned ? ", a GPU rank's slots in pinned host memory" : "");
     return cfxSuccess;
 }
 
@@ -307,6 +323,8 @@ static void net_close(void *ctx_v, struct cfx_connector *conn)
     }
     if (nc->listen_comm != NULL)
         cfx_net_plugin_close_listen(p, nc->listen_comm);
+    if (nc->pinned)
+        cfx_cuda_host_unregister(nc->mem, nc->pinned - 1);
     free(nc->mem);
     free(nc);
     cfx_connector_forget(conn);
@@ -356,7 +374,9 @@ static cfxResult_t net_check(void *ctx_v, struct cfx_connector *conn)
 const struct cfx_transport cfx_net_plugin_transport = {
     .version = CFX_TRANSPORT_VERSION,
     .name = "net-plugin",
-    .flags = CFX_TRANSPORT_FLAG_PROGRESS | CFX_TRANSPORT_FLAG_CONNECT_ACK,
+    /* Kicks after host posts; FIFOs a kernel can use (pinned, polled). */
+    .flags = CFX_TRANSPORT_FLAG_PROGRESS | CFX_TRANSPORT_FLAG_CONNECT_ACK |
+             CFX_TRANSPORT_FLAG_READER_KERNEL,
     /* lifecycle */
     .init = net_init,
     .fini = net_fini,
@@ -372,7 +392,7 @@ const struct cfx_transport cfx_net_plugin_transport = {
     .progress = net_progress,
     .wait = NULL,
     .read_peer = NULL,
-    /* memory: host FIFOs only so far */
+    /* memory: FIFOs in host memory (pinned for GPU ranks) only */
     .reg_mem = NULL,
     .dereg_mem = NULL,
     .flush = NULL,
