@@ -1319,6 +1319,7 @@ Test(cuda, wide_far_and_split_groups_run_and_a_wider_one_is_refused, .timeout = 
 #define SPLIT_RANKS 3
 #define SPLIT_MSGS  70   /* Messages each way per pair: 4 x 70 = 280 ops per rank. */
 #define SPLIT_COUNT 8192 /* Floats per message: 32 KiB, twice a FIFO of CFX_BUFFSIZE. */
+#define SPLIT_CALLS 40   /* Allreduces of SPLIT_COUNT floats mixed into the second group. */
 
 /* A group of 280 sends and receives per rank, more than one launch
  * carries, issued in an order that differs from rank to rank (rank 0 all
@@ -1327,7 +1328,9 @@ Test(cuda, wide_far_and_split_groups_run_and_a_wider_one_is_refused, .timeout = 
  * receive): cut into launches in call order, a rank's first launch would
  * wait for receives that its peer put in a later one (and the run would
  * hang); in the order every rank takes alike it completes, every message
- * in its place. */
+ * in its place. Then the same with 40 allreduces of 32 KiB in the group,
+ * before the sends and receives on even ranks and after them on odd ones:
+ * collectives go first on every rank. */
 static void split_group(struct cfx_test_rank *ctx)
 {
     struct gpu_rank g;
@@ -1374,6 +1377,54 @@ static void split_group(struct cfx_test_rank *ctx)
                             "message %d from rank %d, element %zu: %g, not %g", m, from, i,
                             (double)got, (double)wide_value(from, r, m, i));
             }
+
+    cfx_test_step(ctx, "%d allreduces and %d sends and receives in one group", SPLIT_CALLS,
+                  4 * SPLIT_MSGS);
+    const size_t ar_all = (size_t)SPLIT_CALLS * SPLIT_COUNT;
+    float *ar_in = cfx_test_gpu_alloc(ctx, &g.gpu, ar_all * sizeof(float));
+    float *ar_out = cfx_test_gpu_alloc(ctx, &g.gpu, ar_all * sizeof(float));
+    float *host = malloc(ar_all * sizeof(float));
+    RANK_ASSERT(ctx, ar_in != NULL && ar_out != NULL && host != NULL, "out of memory");
+    for (size_t i = 0; i < ar_all; i++)
+        host[i] = input_of(r, i);
+    RANK_ASSERT(ctx, cfx_test_gpu_put(ctx, &g.gpu, ar_in, host, ar_all * sizeof(float)), "put");
+    memset(g.host, 0, all * sizeof(float));
+    RANK_ASSERT(ctx, cfx_test_gpu_put(ctx, &g.gpu, g.drecv, g.host, all * sizeof(float)), "zero");
+    RANK_CFX(ctx, cfxGroupStart());
+    for (int pass = 0; pass < 2; pass++) {
+        if ((pass == 0) == (r % 2 == 0))
+            for (int c = 0; c < SPLIT_CALLS; c++)
+                RANK_CFX(ctx, cfxAllReduce(ar_in + (size_t)c * SPLIT_COUNT,
+                                           ar_out + (size_t)c * SPLIT_COUNT, SPLIT_COUNT,
+                                           cfxFloat32, cfxSum, g.comm, g.gpu.stream));
+        else
+            for (int k = 1; k < n; k++)
+                for (int m = 0; m < SPLIT_MSGS; m++) {
+                    int to = (r + k) % n, from = (r - k + n) % n;
+                    RANK_CFX(ctx, cfxSend(g.dsend + (size_t)to * block + (size_t)m * SPLIT_COUNT,
+                                          SPLIT_COUNT, cfxFloat32, to, g.comm, g.gpu.stream));
+                    RANK_CFX(ctx, cfxRecv(g.drecv + (size_t)from * block + (size_t)m * SPLIT_COUNT,
+                                          SPLIT_COUNT, cfxFloat32, from, g.comm, g.gpu.stream));
+                }
+    }
+    RANK_CFX(ctx, cfxGroupEnd());
+    RANK_ASSERT(ctx, cfx_test_gpu_sync(ctx, &g.gpu), "sync");
+    RANK_ASSERT(ctx, cfx_test_gpu_get(ctx, &g.gpu, host, ar_out, ar_all * sizeof(float)), "get");
+    for (size_t i = 0; i < ar_all; i++)
+        RANK_ASSERT(ctx, host[i] == sum_of(n, i), "allreduce %zu, element %zu is %g, not %g",
+                    i / SPLIT_COUNT, i % SPLIT_COUNT, (double)host[i], (double)sum_of(n, i));
+    RANK_ASSERT(ctx, cfx_test_gpu_get(ctx, &g.gpu, g.host, g.drecv, all * sizeof(float)), "get");
+    for (int from = 0; from < n; from++)
+        for (int m = 0; m < SPLIT_MSGS && from != r; m++)
+            for (size_t i = 0; i < SPLIT_COUNT; i++) {
+                float got = g.host[(size_t)from * block + (size_t)m * SPLIT_COUNT + i];
+                RANK_ASSERT(ctx, got == wide_value(from, r, m, i),
+                            "mixed group: message %d from rank %d, element %zu: %g, not %g", m,
+                            from, i, (double)got, (double)wide_value(from, r, m, i));
+            }
+    free(host);
+    cfx_test_gpu_free(&g.gpu, ar_in);
+    cfx_test_gpu_free(&g.gpu, ar_out);
     gpu_rank_close(&g);
 }
 
