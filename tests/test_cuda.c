@@ -152,8 +152,10 @@ struct enqueue_case {
      * RDMA, CFX_NET_GDR_LEVEL=SYS) as enum gdr_case says. */
     int verbs;
     /* Each rank its own host, the net-plugin transport between them over
-     * the test plugin (CFX_TEST_NET_PLUGIN): the proxy moves the kernels'
-     * slots from and into pinned host memory through the plugin. */
+     * the test plugin (CFX_TEST_NET_PLUGIN): 1, the proxy moves the
+     * kernels' slots from and into pinned host memory through the plugin;
+     * 2, the slots are in device memory and the plugin moves them there
+     * (GPUDirect RDMA: CFXTEST_PTR_CUDA=1, CFX_NET_GDR_LEVEL=SYS). */
     int net_plugin;
 };
 
@@ -251,6 +253,8 @@ ParameterizedTestParameters(cuda, allreduce_is_enqueued_and_the_stream_completes
         {2, CFX_TEST_PROCS, 4099, 0, GDR_NEITHER, 0},
         {2, CFX_TEST_PROCS, 1 << 20, 0, 0, 1},
         {3, CFX_TEST_PROCS, 70001, 0, 0, 1},
+        {2, CFX_TEST_PROCS, 1 << 20, 0, 0, 2},
+        {3, CFX_TEST_PROCS, 70001, 0, 0, 2},
     };
     return cr_make_param_array(struct enqueue_case, cases, sizeof(cases) / sizeof(cases[0]));
 }
@@ -266,9 +270,10 @@ ParameterizedTest(struct enqueue_case *ec, cuda, allreduce_is_enqueued_and_the_s
                 : ec->verbs == GDR_PEERMEM_NOCUF ? "verbs (fake-verbs), peermem, no cuFlush"
                 : ec->verbs == GDR_NEITHER       ? "verbs (fake-verbs), neither dma-buf nor peermem"
                 : ec->verbs == 1                 ? "verbs (fake-verbs), staged"
-                : ec->net_plugin                 ? "the test net plugin (one host per rank)"
-                : ec->sockets                    ? "sockets"
-                                                 : "shm",
+                : ec->net_plugin == 2 ? "the test net plugin, GPUDirect RDMA (one host per rank)"
+                : ec->net_plugin      ? "the test net plugin (one host per rank)"
+                : ec->sockets         ? "sockets"
+                                      : "shm",
                 use_gpu());
     if (ec->verbs && cfx_test_use_fakeverbs() == NULL)
         cr_skip_test("no fake-verbs library (CFX_TEST_FAKEVERBS unset or unreadable)");
@@ -279,9 +284,14 @@ ParameterizedTest(struct enqueue_case *ec, cuda, allreduce_is_enqueued_and_the_s
     const char *plugin = getenv("CFX_TEST_NET_PLUGIN");
     if (ec->net_plugin && (plugin == NULL || access(plugin, R_OK) != 0))
         cr_skip_test("no test net plugin (CFX_TEST_NET_PLUGIN unset: run through ctest)");
+    if (ec->net_plugin == 2 && strcmp(use_gpu(), "GPU") == 0)
+        cr_skip_test("the test plugin moves bytes with the CPU, which cannot reach a GPU's memory");
+    cfx_test_setenv("CFXTEST_PTR_CUDA", ec->net_plugin == 2 ? "1" : NULL);
     cfx_test_setenv("CFX_SHM_DISABLE", ec->sockets ? "1" : NULL);
     cfx_test_setenv("CFX_NET_PLUGIN", ec->net_plugin ? plugin : NULL);
     gdr_env(ec->verbs);
+    if (ec->net_plugin) /* After gdr_env, which sets it for verbs. */
+        cfx_test_setenv("CFX_NET_GDR_LEVEL", ec->net_plugin == 2 ? "SYS" : NULL);
     struct cfx_test_options opts = {.nranks = ec->nranks,
                                     .mode = ec->mode,
                                     .deadline_s = 240,
@@ -294,12 +304,27 @@ ParameterizedTest(struct enqueue_case *ec, cuda, allreduce_is_enqueued_and_the_s
     if (ec->net_plugin) {
         int pinned = cfx_test_count_in_logs(
             logs, "connected (plugin cfxtest, device 0: lo), a GPU rank's slots in pinned");
+        int device = cfx_test_count_in_logs(
+            logs, "connected (plugin cfxtest, device 0: lo), a GPU rank's slots in device");
+        int flushed = cfx_test_count_in_logs(logs, "flushed the plugin's writes into device");
         int other = cfx_test_count_in_logs(logs, "socket transport: rank 0 -> rank 1 connected");
         cfx_test_remove_logs(logs);
         cfx_test_setenv("CFX_NET_PLUGIN", NULL);
+        cfx_test_setenv("CFXTEST_PTR_CUDA", NULL);
+        cfx_test_setenv("CFX_NET_GDR_LEVEL", NULL);
         /* Each rank's ring send and receive at least. */
-        cr_assert_geq(pinned, 2 * ec->nranks,
-                      "%d connection ends went through the plugin from pinned memory", pinned);
+        int want = 2 * ec->nranks;
+        if (ec->net_plugin == 2) {
+            cr_assert(device >= want && pinned == 0,
+                      "%d connection ends had their slots in device memory, %d in pinned memory",
+                      device, pinned);
+            cr_assert_geq(flushed, ec->nranks, "%d receivers flushed the plugin's writes", flushed);
+        } else {
+            cr_assert(pinned >= want && device == 0,
+                      "%d connection ends went through the plugin from pinned memory, %d from "
+                      "device memory",
+                      pinned, device);
+        }
         cr_assert_eq(other, 0, "a socket connection beside the plugin");
     }
     if (ec->verbs) {

@@ -29,6 +29,40 @@ CFX_PARAM_STR_CHECKED(net, "NET", "", net_check,
                       "Network between hosts: IB (verbs only) or Socket (TCP only); unset: verbs "
                       "where usable, else sockets");
 
+/* CFX_NET_GDR_LEVEL's value as a path class (-1: LOC, never), or -2 when
+ * it is none of NCCL's names. */
+static int gdr_level_of(const char *text)
+{
+    static const struct {
+        const char *name;
+        int level;
+    } levels[] = {{"LOC", -1},
+                  {"PIX", CFX_PATH_CLASS_PIX},
+                  {"PXB", CFX_PATH_CLASS_PXB},
+                  {"PHB", CFX_PATH_CLASS_PHB},
+                  {"SYS", CFX_PATH_CLASS_SYS}};
+    for (size_t i = 0; i < sizeof(levels) / sizeof(levels[0]); i++)
+        if (strcasecmp(text, levels[i].name) == 0)
+            return levels[i].level;
+    return -2;
+}
+
+static const char *check_gdr_level(const char *text, char *buf, size_t len)
+{
+    (void)buf;
+    (void)len;
+    return gdr_level_of(text) == -2 ? "expected one of LOC, PIX, PXB, PHB, SYS" : NULL;
+}
+
+CFX_PARAM_STR_CHECKED(net_gdr_level, "NET_GDR_LEVEL", "PXB", check_gdr_level,
+                      "GPUDirect RDMA: used when the path from a GPU rank's GPU to its NIC is at "
+                      "most this (LOC: never, PIX, PXB, PHB, SYS: always; NCCL's names)");
+
+int cfx_transport_gdr_level(void)
+{
+    return gdr_level_of(param_net_gdr_level()); /* Checked when read (params): never -2. */
+}
+
 enum cfx_net_choice cfx_transport_net_choice(void)
 {
     const char *text = param_net();

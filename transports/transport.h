@@ -498,6 +498,10 @@ cfxResult_t cfx_conn_map_peer(struct cfx_connector *conn, uint64_t remote, size_
 enum cfx_net_choice { CFX_NET_ANY = 0, CFX_NET_IB = 1, CFX_NET_SOCKET = 2 };
 enum cfx_net_choice cfx_transport_net_choice(void);
 
+/* CFX_NET_GDR_LEVEL (NCCL's names) as a path class: GPUDirect RDMA is used
+ * between a GPU and a NIC at most that far apart; -1 (LOC): never. */
+int cfx_transport_gdr_level(void);
+
 /* Whether @p tr can honour @p place at all, from its flags: cfxSuccess, or
  * cfxInvalidUsage with a sentence naming the transport (transports/transport.c). */
 cfxResult_t cfx_transport_place_check(const struct cfx_transport *tr,

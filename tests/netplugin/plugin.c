@@ -13,7 +13,10 @@
  * Knobs for failure tests, read at init: CFXTEST_NDEV=n reports n
  * devices ("lo", "lo1", ...; default 1, 0 for none), CFXTEST_FAIL_AFTER_SENDS=n
  * makes every isend after the first n of this process fail with
- * ncclSystemError.
+ * ncclSystemError. CFXTEST_PTR_CUDA=1 says the devices move CUDA memory too
+ * (NCCL_PTR_CUDA) and registers it like host memory: the plugin still
+ * moves bytes with the CPU, so this is for fake-cuda only, whose device
+ * memory is host memory.
  *
  * Built twice: libnccl-net-cfxtest.so exports ncclNetPlugin_v9,
  * libnccl-net-cfxtest8.so (CFXTEST_V8) exports ncclNetPlugin_v8 only.
@@ -39,6 +42,7 @@
 static ncclDebugLogger_t logger;
 static int n_devices = 1;
 static long fail_after_sends = -1; /* -1: never. */
+static int ptr_cuda;               /* CFXTEST_PTR_CUDA=1. */
 static _Atomic long sends;         /* isends of this process (any thread). */
 
 #define LOG_WARN(...)                                                                              \
@@ -94,6 +98,8 @@ static ncclResult_t tp_init(ncclDebugLogger_t log)
     text = getenv("CFXTEST_FAIL_AFTER_SENDS");
     if (text != NULL && text[0])
         fail_after_sends = atol(text);
+    text = getenv("CFXTEST_PTR_CUDA");
+    ptr_cuda = text != NULL && atoi(text) == 1;
     if (logger)
         logger(NCCL_LOG_INFO, NCCL_LOG_SUBSYS_NET, __FILE__, __LINE__,
                "cfxtest plugin: %d device(s) over TCP on %s", n_devices, "127.0.0.1");
@@ -222,7 +228,7 @@ static ncclResult_t tp_reg_mr(void *comm, void *data, size_t size, int type, voi
     (void)comm;
     (void)data;
     (void)size;
-    if (type != NCCL_PTR_HOST)
+    if (type != NCCL_PTR_HOST && !(type == NCCL_PTR_CUDA && ptr_cuda))
         return ncclInternalError;
     *mhandle = malloc(1);
     return *mhandle ? ncclSuccess : ncclSystemError;
@@ -353,7 +359,9 @@ static ncclResult_t tp_test(void *request, int *done, int *sizes)
 {
     struct request *r = request;
     ncclResult_t res = comm_progress(r->comm);
-    if (res != ncclSuccess)
+    /* A request that completed is done, even when a later one on its comm
+     * then failed (a peer that closed after its last message). */
+    if (res != ncclSuccess && !r->done)
         return res;
     *done = r->done;
     if (r->done) {
@@ -396,7 +404,7 @@ static ncclResult_t tp_properties(int dev, ncclNetProperties_v8_t *props)
         return ncclInvalidArgument;
     memset(props, 0, sizeof(*props));
     props->name = dev_names[dev];
-    props->ptrSupport = NCCL_PTR_HOST;
+    props->ptrSupport = NCCL_PTR_HOST | (ptr_cuda ? NCCL_PTR_CUDA : 0);
     props->speed = 10000;
     props->maxComms = 65536;
     props->maxRecvs = 1;
@@ -466,7 +474,7 @@ static ncclResult_t tp_properties(int dev, ncclNetProperties_v9_t *props)
         return ncclInvalidArgument;
     memset(props, 0, sizeof(*props));
     props->name = dev_names[dev];
-    props->ptrSupport = NCCL_PTR_HOST;
+    props->ptrSupport = NCCL_PTR_HOST | (ptr_cuda ? NCCL_PTR_CUDA : 0);
     props->speed = 10000;
     props->maxComms = 65536;
     props->maxRecvs = 1;

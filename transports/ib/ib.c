@@ -49,34 +49,6 @@ CFX_PARAM_INT(ib_sl, "IB_SL", 0, 0, 15, "Verbs transport: InfiniBand service lev
 CFX_PARAM_INT(ib_tc, "IB_TC", 0, 0, 255, "Verbs transport: traffic class (GRH, RoCE)");
 CFX_PARAM_INT(ib_qps_per_connection, "IB_QPS_PER_CONNECTION", 1, 1, IB_MAX_QPS,
               "Verbs transport: queue pairs per connection; slots are striped over them");
-/* CFX_NET_GDR_LEVEL's value as a path class (-1: LOC, never), or -2 when
- * it is none of NCCL's names. */
-static int gdr_level_of(const char *text)
-{
-    static const struct {
-        const char *name;
-        int level;
-    } levels[] = {{"LOC", -1},
-                  {"PIX", CFX_PATH_CLASS_PIX},
-                  {"PXB", CFX_PATH_CLASS_PXB},
-                  {"PHB", CFX_PATH_CLASS_PHB},
-                  {"SYS", CFX_PATH_CLASS_SYS}};
-    for (size_t i = 0; i < sizeof(levels) / sizeof(levels[0]); i++)
-        if (strcasecmp(text, levels[i].name) == 0)
-            return levels[i].level;
-    return -2;
-}
-
-static const char *check_gdr_level(const char *text, char *buf, size_t len)
-{
-    (void)buf;
-    (void)len;
-    return gdr_level_of(text) == -2 ? "expected one of LOC, PIX, PXB, PHB, SYS" : NULL;
-}
-
-CFX_PARAM_STR_CHECKED(net_gdr_level, "NET_GDR_LEVEL", "PXB", check_gdr_level,
-                      "GPUDirect RDMA: used when the path from a GPU rank's GPU to its NIC is at "
-                      "most this (LOC: never, PIX, PXB, PHB, SYS: always; NCCL's names)");
 CFX_PARAM_INT(dmabuf_enable, "DMABUF_ENABLE", 1, 0, 1,
               "GPUDirect RDMA: 0 never registers device memory as a dma-buf (nvidia-peermem, "
               "when loaded, still can)");
@@ -131,7 +103,7 @@ static cfxResult_t ib_init(const struct cfx_transport_env *env, void **ctx_p)
     ctx->sl = (int)param_ib_sl();
     ctx->tc = (int)param_ib_tc();
     ctx->nic_path = env->nic_path;
-    ctx->gdr_level = gdr_level_of(param_net_gdr_level()); /* Checked at init (params). */
+    ctx->gdr_level = cfx_transport_gdr_level();
     ctx->dmabuf_enable = (int)param_dmabuf_enable();
     ctx->peermem = (int)param_ib_peermem();
     ctx->flush_read_forced = strcasecmp(param_ib_gdr_flush(), "read") == 0;
@@ -339,7 +311,7 @@ static enum ib_gdr_mode gdr_wanted(struct cfx_ib_ctx *ctx, int device, char *why
                  "uses it anyway)");
         return IB_GDR_NONE;
     }
-    if (ctx->nic_path > ctx->gdr_level) {
+    if (ctx->gdr_level < CFX_PATH_CLASS_SYS && ctx->nic_path > ctx->gdr_level) { /* SYS: always. */
         snprintf(why, len, "the NIC is farther from the GPU than CFX_NET_GDR_LEVEL allows");
         return IB_GDR_NONE;
     }

@@ -84,8 +84,9 @@ ncclResult_t cfx_net_plugin_connect(const struct cfx_net_plugin *p, int dev, voi
                                     void **send_comm_p);
 ncclResult_t cfx_net_plugin_accept(const struct cfx_net_plugin *p, void *listen_comm,
                                    void **recv_comm_p);
+/* @p type: NCCL_PTR_HOST or NCCL_PTR_CUDA. */
 ncclResult_t cfx_net_plugin_reg_mr(const struct cfx_net_plugin *p, void *comm, void *data,
-                                   size_t bytes, void **mhandle_p);
+                                   size_t bytes, int type, void **mhandle_p);
 ncclResult_t cfx_net_plugin_dereg_mr(const struct cfx_net_plugin *p, void *comm, void *mhandle);
 ncclResult_t cfx_net_plugin_isend(const struct cfx_net_plugin *p, void *send_comm, void *data,
                                   size_t bytes, void *mhandle, void **request_p);
@@ -113,6 +114,8 @@ _Static_assert(sizeof(struct cfx_net_info) <= CFX_CONNECT_INFO_BYTES, "fits the 
 /* Per-communicator state. */
 struct cfx_net_ctx {
     int rank;
+    int nic_path;  /* The path class from this rank's GPU to its NIC, or -1: unknown. */
+    int gdr_level; /* cfx_transport_gdr_level(). */
     const struct cfx_net_plugin *plugin; /* NULL: CFX_NET_PLUGIN unset, accepts no pair. */
     const int *abort_flag;
     int64_t connect_timeout_s;
@@ -143,6 +146,16 @@ struct cfx_net_conn {
      * kernel reads and writes the FIFO; the proxy moves the slots). */
     int pinned;
     int64_t moved_ns; /* When a pass last moved something (pinned). */
+    /* GPUDirect RDMA through the plugin (a GPU rank whose device the
+     * plugin's moves CUDA memory): the payload slots in device gdr - 1's
+     * memory (dev_raw, aligned at slots), registered as slots_mhandle;
+     * the receiver flushes the plugin's writes (cuFlushGPUDirectRDMAWrites)
+     * before it posts them. Otherwise slots is in mem and slots_mhandle is
+     * mhandle. */
+    int gdr;
+    void *dev_raw;
+    void *slots_mhandle;
+    uint64_t gdr_flushes; /* Receiver: flushes made. */
     struct cfx_fifo *fifo;
     char *slots;
     size_t slot_bytes;

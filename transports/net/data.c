@@ -19,6 +19,8 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "src/util/cuda.h"
+#include "src/util/error.h"
 #include "src/util/log.h"
 #include "src/util/time.h"
 #include "transports/net/conn.h"
@@ -164,8 +166,9 @@ static int send_pass(struct cfx_net_conn *nc)
         }
         if (size > CFX_SLOT_INLINE_BYTES) {
             void *req = NULL;
-            ncclResult_t res = cfx_net_plugin_isend(
-                nc->plugin, nc->comm, nc->slots + index * nc->slot_bytes, size, nc->mhandle, &req);
+            ncclResult_t res =
+                cfx_net_plugin_isend(nc->plugin, nc->comm, nc->slots + index * nc->slot_bytes, size,
+                                     nc->slots_mhandle, &req);
             if (res != ncclSuccess) {
                 call_failed(nc, "isend", res);
                 return moved;
@@ -196,6 +199,76 @@ static void slot_arrived(struct cfx_net_conn *nc)
     cfx_fifo_mark_posted(nc->fifo->info, nc->n_steps, nc->arrived);
     nc->arrived++;
     cfx_store_release_u64(&nc->fifo->tail, nc->arrived);
+}
+
+/* Slots complete in order go to the FIFO: after every pass, and after a
+ * failure too (what arrived whole can still be taken, cfx_net_conn_check). */
+static int post_arrived(struct cfx_net_conn *nc)
+{
+    int moved = 0;
+    int flushed = 0;
+    while (nc->arrived < nc->decided) {
+        size_t index = (size_t)(nc->arrived % (uint64_t)nc->n_steps);
+        struct cfx_net_slot *s = &nc->slot[index];
+        if (!s->info_done || !s->data_done)
+            break;
+        uint32_t size = nc->staging[index].size;
+        if (size > CFX_SLOT_INLINE_BYTES && s->data_bytes != (int)size) {
+            conn_fail(nc, cfxRemoteError, nc->peer_rank,
+                      "net-plugin: rank %d's slot %llu says %u bytes but %d arrived at rank %d: "
+                      "the stream from rank %d is corrupt",
+                      nc->peer_rank, (unsigned long long)nc->arrived, size, s->data_bytes,
+                      nc->self_rank, nc->peer_rank);
+            return moved;
+        }
+        if (nc->staging[index].seq != (uint32_t)(nc->arrived + 1)) {
+            conn_fail(nc, cfxRemoteError, nc->peer_rank,
+                      "net-plugin: rank %d sent slot %u to rank %d, which expected slot %llu: the "
+                      "stream from rank %d is corrupt",
+                      nc->peer_rank, nc->staging[index].seq - 1, nc->self_rank,
+                      (unsigned long long)nc->arrived, nc->peer_rank);
+            return moved;
+        }
+        if (nc->gdr && size > CFX_SLOT_INLINE_BYTES && !flushed) {
+            /* The plugin wrote the payload into device memory: make its
+             * writes visible to the kernel before the slot is posted (one
+             * flush covers every payload in so far). */
+            cfxResult_t res = cfx_cuda_flush_rdma_writes(nc->gdr - 1);
+            if (res != cfxSuccess) {
+                conn_fail(nc, res, nc->self_rank,
+                          "net-plugin: rank %d cannot flush the plugin's writes from rank %d into "
+                          "device %d's memory: %s",
+                          nc->self_rank, nc->peer_rank, nc->gdr - 1, cfx_error_thread_last());
+                return moved;
+            }
+            nc->gdr_flushes++;
+            flushed = 1;
+        }
+        slot_arrived(nc);
+        moved = 1;
+    }
+    return moved;
+}
+
+/* After the connector failed (for instance the peer closed its comm after
+ * its last slot, and this side's receive for the next info line saw the
+ * end): the requests of slots already decided may have completed in the
+ * plugin before the failure showed in another request's test. Test them
+ * once more (a plugin reports a completed request done) and post what
+ * arrived whole, so it can still be taken. */
+static int recv_after_failure(struct cfx_net_conn *nc)
+{
+    for (uint64_t k = nc->arrived; k < nc->decided; k++) {
+        struct cfx_net_slot *s = &nc->slot[k % (uint64_t)nc->n_steps];
+        int bytes = 0;
+        if (request_test(nc, &s->req_info, &bytes) && bytes == (int)sizeof(struct cfx_slot_info))
+            s->info_done = 1;
+        if (request_test(nc, &s->req_data, &bytes)) {
+            s->data_done = 1;
+            s->data_bytes = bytes;
+        }
+    }
+    return post_arrived(nc);
 }
 
 static int recv_pass(struct cfx_net_conn *nc)
@@ -251,7 +324,7 @@ static int recv_pass(struct cfx_net_conn *nc)
                 void *req = NULL;
                 ncclResult_t res =
                     cfx_net_plugin_irecv(nc->plugin, nc->comm, nc->slots + index * nc->slot_bytes,
-                                         nc->slot_bytes, nc->mhandle, &req);
+                                         nc->slot_bytes, nc->slots_mhandle, &req);
                 if (res != ncclSuccess) {
                     call_failed(nc, "irecv", res);
                     return moved;
@@ -303,33 +376,7 @@ static int recv_pass(struct cfx_net_conn *nc)
         if (atomic_load_explicit(&nc->failed, memory_order_relaxed))
             return moved;
     }
-    /* Slots complete in order go to the FIFO. */
-    while (nc->arrived < nc->decided) {
-        size_t index = (size_t)(nc->arrived % (uint64_t)nc->n_steps);
-        struct cfx_net_slot *s = &nc->slot[index];
-        if (!s->info_done || !s->data_done)
-            break;
-        uint32_t size = nc->staging[index].size;
-        if (size > CFX_SLOT_INLINE_BYTES && s->data_bytes != (int)size) {
-            conn_fail(nc, cfxRemoteError, nc->peer_rank,
-                      "net-plugin: rank %d's slot %llu says %u bytes but %d arrived at rank %d: "
-                      "the stream from rank %d is corrupt",
-                      nc->peer_rank, (unsigned long long)nc->arrived, size, s->data_bytes,
-                      nc->self_rank, nc->peer_rank);
-            return moved;
-        }
-        if (nc->staging[index].seq != (uint32_t)(nc->arrived + 1)) {
-            conn_fail(nc, cfxRemoteError, nc->peer_rank,
-                      "net-plugin: rank %d sent slot %u to rank %d, which expected slot %llu: the "
-                      "stream from rank %d is corrupt",
-                      nc->peer_rank, nc->staging[index].seq - 1, nc->self_rank,
-                      (unsigned long long)nc->arrived, nc->peer_rank);
-            return moved;
-        }
-        slot_arrived(nc);
-        moved = 1;
-    }
-    return moved;
+    return moved | post_arrived(nc);
 }
 
 /* ============================================================ passes */
@@ -352,6 +399,8 @@ static int conn_pass(struct cfx_net_conn *nc)
     if (!atomic_load_explicit(&nc->failed, memory_order_relaxed))
         moved = nc->dir == CFX_CONN_SEND ? send_pass(nc) : recv_pass(nc);
     int failed = atomic_load_explicit(&nc->failed, memory_order_relaxed);
+    if (failed && nc->dir == CFX_CONN_RECV)
+        moved |= recv_after_failure(nc);
     /* A receiver that only waits for the next info line is passed over
      * now and then too: its user thread may be waiting elsewhere while the
      * plugin needs a test to move the bytes (a plugin over TCP reads in

@@ -50,6 +50,8 @@ static cfxResult_t net_init(const struct cfx_transport_env *env, void **ctx_p)
     if (ctx == NULL)
         return cfx_error_set(cfxSystemError, CFX_LOG_NET, "net-plugin: out of memory");
     ctx->rank = env->rank;
+    ctx->nic_path = env->nic_path;
+    ctx->gdr_level = cfx_transport_gdr_level();
     ctx->plugin = plugin;
     ctx->abort_flag = env->abort_flag;
     ctx->connect_timeout_s = env->connect_timeout_s;
@@ -90,6 +92,32 @@ static int net_can_connect(void *ctx_v, const struct cfx_transport_peer *self,
 static const char *dir_arrow(enum cfx_conn_dir dir)
 {
     return dir == CFX_CONN_SEND ? "->" : "<-";
+}
+
+/* Whether a GPU rank's slots go in device memory, moved by the plugin
+ * (GPUDirect RDMA): its device moves CUDA memory, the NIC is near enough
+ * (CFX_NET_GDR_LEVEL, as for verbs), and the driver can flush the NIC's
+ * writes (cuFlushGPUDirectRDMAWrites). 0 with the reason in @p why. */
+static int gdr_wanted(const struct cfx_net_ctx *ctx, const struct cfx_net_conn *nc, int device,
+                      char *why, size_t len)
+{
+    const char *no_flush = NULL;
+    if (!(ctx->plugin->ptr_support[nc->dev] & NCCL_PTR_CUDA))
+        snprintf(why, len, "its device %d moves host memory only", nc->dev);
+    else if (ctx->gdr_level < 0)
+        snprintf(why, len, "CFX_NET_GDR_LEVEL=LOC");
+    else if (ctx->nic_path < 0 && ctx->gdr_level < CFX_PATH_CLASS_SYS)
+        snprintf(why, len,
+                 "the topology does not say how far the NIC is from the GPU "
+                 "(CFX_NET_GDR_LEVEL=SYS uses it anyway)");
+    else if (ctx->gdr_level < CFX_PATH_CLASS_SYS && ctx->nic_path > ctx->gdr_level)
+        snprintf(why, len, "the NIC is farther from the GPU than CFX_NET_GDR_LEVEL allows");
+    else if (!cfx_cuda_rdma_flush_supported(device, &no_flush))
+        snprintf(why, len, "the driver cannot flush GPUDirect RDMA writes (%s)",
+                 no_flush ? no_flush : "unknown");
+    else
+        return 1;
+    return 0;
 }
 
 /* Allocates and touches this side's block; a receiver listens. Writes a
@@ -145,9 +173,24 @@ static cfxResult_t net_setup(void *ctx_v, const struct cfx_transport_peer *peer,
     nc->mem_bytes = bytes;
     if (conn->place.reader == CFX_READER_KERNEL) {
         /* A GPU rank: its kernel fills and drains the slots in place; the
-         * proxy moves them through the plugin, from and into host memory. */
+         * proxy moves them through the plugin, from and into host memory,
+         * or (GPUDirect RDMA) the plugin moves them in device memory. */
         CFX_CHECK(cfx_cuda_host_register(nc->mem, bytes, conn->place.device));
         nc->pinned = conn->place.device + 1;
+        char why[160];
+        if (gdr_wanted(ctx, nc, conn->place.device, why, sizeof(why))) {
+            size_t slots_bytes = ((size_t)n_steps * slot_bytes + 4095) & ~(size_t)4095;
+            CFX_CHECK(cfx_cuda_select(conn->place.device));
+            CFX_CHECK(cfx_cuda_mem_alloc(&nc->dev_raw, slots_bytes + 4096));
+            nc->gdr = conn->place.device + 1;
+            nc->slots = (char *)(((uintptr_t)nc->dev_raw + 4095) & ~(uintptr_t)4095);
+        } else {
+            CFX_INFO(CFX_LOG_NET,
+                     "net-plugin: rank %d %s rank %d: slots in pinned host memory, not device "
+                     "%d's (no GPUDirect RDMA through plugin %s: %s)",
+                     ctx->rank, dir_arrow(conn->dir), peer->rank, conn->place.device,
+                     ctx->plugin->name, why);
+        }
     }
     nc->fifo = nc->mem;
     nc->slots = (char *)nc->mem + slots_off;
@@ -171,6 +214,8 @@ static cfxResult_t net_setup(void *ctx_v, const struct cfx_transport_peer *peer,
     memcpy(info_out, &info, sizeof(info));
     cfx_connector_set_fifo(conn, nc->fifo, nc->slots, slot_bytes, n_steps);
     conn->peer_rank = peer->rank;
+    if (nc->gdr) /* Host buffers of this GPU rank reach device slots through copies. */
+        CFX_CHECK(cfx_connector_stage_init(conn, nc->gdr - 1));
     return cfxSuccess;
 }
 
@@ -252,14 +297,29 @@ static cfxResult_t net_connect(void *ctx_v, struct cfx_connector *conn, const vo
         cfx_net_plugin_close_listen(nc->plugin, nc->listen_comm);
         nc->listen_comm = NULL;
     }
-    ncclResult_t res =
-        cfx_net_plugin_reg_mr(nc->plugin, nc->comm, nc->mem, nc->mem_bytes, &nc->mhandle);
+    ncclResult_t res = cfx_net_plugin_reg_mr(nc->plugin, nc->comm, nc->mem, nc->mem_bytes,
+                                             NCCL_PTR_HOST, &nc->mhandle);
     if (res != ncclSuccess)
         return cfx_error_set(cfxSystemError, CFX_LOG_NET,
                              "net-plugin: rank %d cannot register %zu bytes for rank %d with "
                              "plugin %s: regMr returned %s",
                              ctx->rank, nc->mem_bytes, nc->peer_rank, nc->plugin->name,
                              cfx_net_result_name(res));
+    nc->slots_mhandle = nc->mhandle;
+    if (nc->gdr) {
+        size_t slots_bytes = ((size_t)nc->n_steps * nc->slot_bytes + 4095) & ~(size_t)4095;
+        res = cfx_net_plugin_reg_mr(nc->plugin, nc->comm, nc->slots, slots_bytes, NCCL_PTR_CUDA,
+                                    &nc->slots_mhandle);
+        if (res != ncclSuccess) {
+            nc->slots_mhandle = NULL;
+            return cfx_error_set(cfxSystemError, CFX_LOG_NET,
+                                 "net-plugin: rank %d cannot register %zu bytes of device %d's "
+                                 "memory for rank %d with plugin %s: regMr (NCCL_PTR_CUDA) "
+                                 "returned %s (CFX_NET_GDR_LEVEL=LOC stages through host memory)",
+                                 ctx->rank, slots_bytes, nc->gdr - 1, nc->peer_rank,
+                                 nc->plugin->name, cfx_net_result_name(res));
+        }
+    }
     nc->client.progress = conn_proxy_progress;
     nc->client.ready = NULL;
     nc->client.arg = nc;
@@ -271,7 +331,9 @@ static cfxResult_t net_connect(void *ctx_v, struct cfx_connector *conn, const vo
     CFX_INFO(CFX_LOG_NET, "net-plugin: rank %d %s rank %d connected (plugin %s, device %d: %s)%s",
              ctx->rank, dir_arrow(nc->dir), nc->peer_rank, nc->plugin->name, nc->dev,
              nc->plugin->dev_name[nc->dev],
-             nc->pinned ? ", a GPU rank's slots in pinned host memory" : "");
+             nc->gdr      ? ", a GPU rank's slots in device memory (GPUDirect RDMA)"
+             : nc->pinned ? ", a GPU rank's slots in pinned host memory"
+                          : "");
     return cfxSuccess;
 }
 
@@ -313,6 +375,13 @@ static void net_close(void *ctx_v, struct cfx_connector *conn)
         nc->registered = 0;
     }
     const struct cfx_net_plugin *p = nc->plugin;
+    if (nc->gdr && nc->gdr_flushes > 0)
+        CFX_INFO(CFX_LOG_NET,
+                 "net-plugin: rank %d <- rank %d flushed the plugin's writes into device %d's "
+                 "memory %llu time(s)",
+                 nc->self_rank, nc->peer_rank, nc->gdr - 1, (unsigned long long)nc->gdr_flushes);
+    if (nc->slots_mhandle != NULL && nc->slots_mhandle != nc->mhandle)
+        cfx_net_plugin_dereg_mr(p, nc->comm, nc->slots_mhandle);
     if (nc->mhandle != NULL)
         cfx_net_plugin_dereg_mr(p, nc->comm, nc->mhandle);
     if (nc->comm != NULL) {
@@ -325,6 +394,9 @@ static void net_close(void *ctx_v, struct cfx_connector *conn)
         cfx_net_plugin_close_listen(p, nc->listen_comm);
     if (nc->pinned)
         cfx_cuda_host_unregister(nc->mem, nc->pinned - 1);
+    cfx_connector_stage_fini(conn);
+    if (nc->dev_raw != NULL && cfx_cuda_select(nc->gdr - 1) == cfxSuccess)
+        cfx_cuda_mem_free(nc->dev_raw);
     free(nc->mem);
     free(nc);
     cfx_connector_forget(conn);

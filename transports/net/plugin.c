@@ -219,9 +219,9 @@ ncclResult_t cfx_net_plugin_accept(const struct cfx_net_plugin *p, void *listen_
 }
 
 ncclResult_t cfx_net_plugin_reg_mr(const struct cfx_net_plugin *p, void *comm, void *data,
-                                   size_t bytes, void **mhandle_p)
+                                   size_t bytes, int type, void **mhandle_p)
 {
-    return NET_CALL(p, regMr, comm, data, bytes, NCCL_PTR_HOST, mhandle_p);
+    return NET_CALL(p, regMr, comm, data, bytes, type, mhandle_p);
 }
 
 ncclResult_t cfx_net_plugin_dereg_mr(const struct cfx_net_plugin *p, void *comm, void *mhandle)
