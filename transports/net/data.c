@@ -418,6 +418,11 @@ static int conn_pass(struct cfx_net_conn *nc)
                                                                        : NET_KERNEL_POLL_IDLE_NS;
         if (poll_ns == 0 || kernel < poll_ns)
             poll_ns = kernel;
+    } else if (nc->pinned && nc->dir == CFX_CONN_RECV && nc->arrived < nc->decided) {
+        /* Failed, with slots begun: a kernel waiting for them never
+         * drives, so the proxy tests them now and then (the plugin may
+         * still finish them). */
+        poll_ns = NET_KERNEL_POLL_IDLE_NS;
     }
     atomic_store_explicit(&nc->client.poll_ns, poll_ns, memory_order_relaxed);
     return moved;

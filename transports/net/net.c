@@ -96,8 +96,9 @@ static const char *dir_arrow(enum cfx_conn_dir dir)
 
 /* Whether a GPU rank's slots go in device memory, moved by the plugin
  * (GPUDirect RDMA): its device moves CUDA memory, the NIC is near enough
- * (CFX_NET_GDR_LEVEL, as for verbs), and the driver can flush the NIC's
- * writes (cuFlushGPUDirectRDMAWrites). 0 with the reason in @p why. */
+ * (CFX_NET_GDR_LEVEL, as for verbs), and, on the receiving side, the driver
+ * can flush the NIC's writes (cuFlushGPUDirectRDMAWrites). 0 with the
+ * reason in @p why. */
 static int gdr_wanted(const struct cfx_net_ctx *ctx, const struct cfx_net_conn *nc, int device,
                       char *why, size_t len)
 {
@@ -112,7 +113,7 @@ static int gdr_wanted(const struct cfx_net_ctx *ctx, const struct cfx_net_conn *
                  "(CFX_NET_GDR_LEVEL=SYS uses it anyway)");
     else if (ctx->gdr_level < CFX_PATH_CLASS_SYS && ctx->nic_path > ctx->gdr_level)
         snprintf(why, len, "the NIC is farther from the GPU than CFX_NET_GDR_LEVEL allows");
-    else if (!cfx_cuda_rdma_flush_supported(device, &no_flush))
+    else if (nc->dir == CFX_CONN_RECV && !cfx_cuda_rdma_flush_supported(device, &no_flush))
         snprintf(why, len, "the driver cannot flush GPUDirect RDMA writes (%s)",
                  no_flush ? no_flush : "unknown");
     else
@@ -129,8 +130,8 @@ static cfxResult_t net_setup(void *ctx_v, const struct cfx_transport_peer *peer,
     assert(ctx->plugin != NULL && n_steps >= 1 && n_steps <= CFX_MAX_STEPS && slot_bytes > 0);
     if (conn->place.mem == CFX_MEM_DEVICE)
         return cfx_error_set(cfxInvalidUsage, CFX_LOG_NET,
-                             "net-plugin: cannot place a FIFO in device memory (a plugin moves "
-                             "GPU ranks' slots from pinned host memory)");
+                             "net-plugin: cannot place a FIFO in device memory (a GPU rank's "
+                             "FIFO is pinned host memory; only its slots may be device memory)");
     if (conn->place.reader == CFX_READER_KERNEL && conn->place.mem != CFX_MEM_HOST_PINNED)
         return cfx_error_set(cfxInvalidUsage, CFX_LOG_NET,
                              "net-plugin: a FIFO a kernel reads must be pinned host memory "
@@ -145,10 +146,6 @@ static cfxResult_t net_setup(void *ctx_v, const struct cfx_transport_peer *peer,
         return cfx_error_set(cfxInvalidArgument, CFX_LOG_NET,
                              "net-plugin: %d slots of %zu bytes do not fit in memory", n_steps,
                              slot_bytes);
-    size_t staging_off = (slots_off + (size_t)n_steps * slot_bytes + 4095) & ~(size_t)4095;
-    size_t bytes =
-        staging_off + (((size_t)n_steps * sizeof(struct cfx_slot_info) + 4095) & ~(size_t)4095);
-
     struct cfx_net_conn *nc = NULL;
     if (posix_memalign((void **)&nc, CFX_CACHE_LINE, sizeof(*nc)) != 0)
         return cfx_error_set(cfxSystemError, CFX_LOG_NET, "net-plugin: out of memory");
@@ -163,6 +160,18 @@ static cfxResult_t net_setup(void *ctx_v, const struct cfx_transport_peer *peer,
     nc->n_steps = n_steps;
     nc->slot_bytes = slot_bytes;
     nc->dev = cfx_net_plugin_pick_dev(ctx->plugin, peer->nic_name);
+    /* A GPU rank: its kernel fills and drains the slots in place; the proxy
+     * moves them through the plugin, from and into pinned host memory, or
+     * (GPUDirect RDMA) the plugin moves them in device memory, and the
+     * block holds no slots. */
+    char why[160] = "";
+    int gdr = conn->place.reader == CFX_READER_KERNEL &&
+              gdr_wanted(ctx, nc, conn->place.device, why, sizeof(why));
+    size_t slots_bytes = ((size_t)n_steps * slot_bytes + 4095) & ~(size_t)4095;
+    size_t staging_off =
+        (slots_off + (gdr ? 0 : (size_t)n_steps * slot_bytes) + 4095) & ~(size_t)4095;
+    size_t bytes =
+        staging_off + (((size_t)n_steps * sizeof(struct cfx_slot_info) + 4095) & ~(size_t)4095);
     if (posix_memalign(&nc->mem, 4096, bytes) != 0) {
         nc->mem = NULL;
         return cfx_error_set(cfxSystemError, CFX_LOG_NET,
@@ -171,15 +180,13 @@ static cfxResult_t net_setup(void *ctx_v, const struct cfx_transport_peer *peer,
     }
     memset(nc->mem, 0, bytes); /* Touch every page now, never on the data path. */
     nc->mem_bytes = bytes;
+    nc->fifo = nc->mem;
+    nc->slots = (char *)nc->mem + slots_off;
+    nc->staging = (struct cfx_slot_info *)((char *)nc->mem + staging_off);
     if (conn->place.reader == CFX_READER_KERNEL) {
-        /* A GPU rank: its kernel fills and drains the slots in place; the
-         * proxy moves them through the plugin, from and into host memory,
-         * or (GPUDirect RDMA) the plugin moves them in device memory. */
         CFX_CHECK(cfx_cuda_host_register(nc->mem, bytes, conn->place.device));
         nc->pinned = conn->place.device + 1;
-        char why[160];
-        if (gdr_wanted(ctx, nc, conn->place.device, why, sizeof(why))) {
-            size_t slots_bytes = ((size_t)n_steps * slot_bytes + 4095) & ~(size_t)4095;
+        if (gdr) {
             CFX_CHECK(cfx_cuda_select(conn->place.device));
             CFX_CHECK(cfx_cuda_mem_alloc(&nc->dev_raw, slots_bytes + 4096));
             nc->gdr = conn->place.device + 1;
@@ -192,9 +199,6 @@ static cfxResult_t net_setup(void *ctx_v, const struct cfx_transport_peer *peer,
                      ctx->plugin->name, why);
         }
     }
-    nc->fifo = nc->mem;
-    nc->slots = (char *)nc->mem + slots_off;
-    nc->staging = (struct cfx_slot_info *)((char *)nc->mem + staging_off);
 
     struct cfx_net_info info = {.magic = NET_INFO_MAGIC,
                                 .rank = ctx->rank,
@@ -328,10 +332,13 @@ static cfxResult_t net_connect(void *ctx_v, struct cfx_connector *conn, const vo
                           memory_order_relaxed);
     CFX_CHECK(cfx_proxy_add(ctx->proxy, &nc->client, NULL, 0, 0));
     nc->registered = 1;
+    /* What the driver says the slots are, not what was meant. */
+    int slots_device = -1;
+    int in_device = nc->pinned && cfx_cuda_is_device_ptr(nc->slots, &slots_device);
     CFX_INFO(CFX_LOG_NET, "net-plugin: rank %d %s rank %d connected (plugin %s, device %d: %s)%s",
              ctx->rank, dir_arrow(nc->dir), nc->peer_rank, nc->plugin->name, nc->dev,
              nc->plugin->dev_name[nc->dev],
-             nc->gdr      ? ", a GPU rank's slots in device memory (GPUDirect RDMA)"
+             in_device    ? ", a GPU rank's slots in device memory (GPUDirect RDMA)"
              : nc->pinned ? ", a GPU rank's slots in pinned host memory"
                           : "");
     return cfxSuccess;
