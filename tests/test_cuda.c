@@ -1226,6 +1226,42 @@ static float wide_value(int from, int to, int msg, size_t i)
     return (float)(from * 1000 + to * 100 + msg * 10) + (float)(i % 7);
 }
 
+/* The send buffer of @p msgs messages of @p count floats to each rank
+ * (block `to` holds them in order), put on the device. */
+static int put_messages(struct cfx_test_rank *ctx, struct gpu_rank *g, int msgs, size_t count)
+{
+    const size_t block = (size_t)msgs * count, all = block * (size_t)ctx->nranks;
+    for (int to = 0; to < ctx->nranks; to++)
+        for (int m = 0; m < msgs; m++)
+            for (size_t i = 0; i < count; i++)
+                g->host[(size_t)to * block + (size_t)m * count + i] =
+                    wide_value(ctx->rank, to, m, i);
+    return cfx_test_gpu_put(ctx, &g->gpu, g->dsend, g->host, all * sizeof(float));
+}
+
+/* The receive buffer holds every peer's messages in their places; 0
+ * (failure recorded, naming @p what) otherwise. */
+static int check_messages(struct cfx_test_rank *ctx, struct gpu_rank *g, int msgs, size_t count,
+                          const char *what)
+{
+    const int n = ctx->nranks, r = ctx->rank;
+    const size_t block = (size_t)msgs * count;
+    if (!cfx_test_gpu_get(ctx, &g->gpu, g->host, g->drecv, block * (size_t)n * sizeof(float)))
+        return 0;
+    for (int from = 0; from < n; from++)
+        for (int m = 0; m < msgs && from != r; m++)
+            for (size_t i = 0; i < count; i++) {
+                float got = g->host[(size_t)from * block + (size_t)m * count + i];
+                if (got != wide_value(from, r, m, i)) {
+                    cfx_test_fail(ctx, __FILE__, __LINE__,
+                                  "%s: message %d from rank %d, element %zu: %g, not %g", what, m,
+                                  from, i, (double)got, (double)wide_value(from, r, m, i));
+                    return 0;
+                }
+            }
+    return 1;
+}
+
 /* A group of 24 point-to-point calls per rank (more than the narrow
  * launch's 15 operations and 14 views) runs as one wide launch, every
  * message in its place; a group of 100 allreduces (more than the wide
@@ -1243,11 +1279,7 @@ static void wide_group(struct cfx_test_rank *ctx)
         return;
     }
     cfx_test_step(ctx, "a group of %d sends and receives", 2 * (n - 1) * WIDE_MSGS);
-    for (int to = 0; to < n; to++)
-        for (int m = 0; m < WIDE_MSGS; m++)
-            for (size_t i = 0; i < WIDE_COUNT; i++)
-                g.host[(size_t)to * block + (size_t)m * WIDE_COUNT + i] = wide_value(r, to, m, i);
-    RANK_ASSERT(ctx, cfx_test_gpu_put(ctx, &g.gpu, g.dsend, g.host, all * sizeof(float)), "put");
+    RANK_ASSERT(ctx, put_messages(ctx, &g, WIDE_MSGS, WIDE_COUNT), "put");
     RANK_CFX(ctx, cfxGroupStart());
     for (int k = 1; k < n; k++) {
         int to = (r + k) % n, from = (r - k + n) % n;
@@ -1260,15 +1292,7 @@ static void wide_group(struct cfx_test_rank *ctx)
     }
     RANK_CFX(ctx, cfxGroupEnd());
     RANK_ASSERT(ctx, cfx_test_gpu_sync(ctx, &g.gpu), "sync");
-    RANK_ASSERT(ctx, cfx_test_gpu_get(ctx, &g.gpu, g.host, g.drecv, all * sizeof(float)), "get");
-    for (int from = 0; from < n; from++)
-        for (int m = 0; m < WIDE_MSGS && from != r; m++)
-            for (size_t i = 0; i < WIDE_COUNT; i++) {
-                float got = g.host[(size_t)from * block + (size_t)m * WIDE_COUNT + i];
-                RANK_ASSERT(ctx, got == wide_value(from, r, m, i),
-                            "message %d from rank %d, element %zu: %g, not %g", m, from, i,
-                            (double)got, (double)wide_value(from, r, m, i));
-            }
+    RANK_ASSERT(ctx, check_messages(ctx, &g, WIDE_MSGS, WIDE_COUNT, "point to point"), "messages");
 
     cfx_test_step(ctx, "a group of %d allreduces (a far launch)", WIDE_FAR_CALLS);
     RANK_ASSERT(ctx, put_inputs(ctx, &g), "inputs");
@@ -1365,11 +1389,7 @@ static void split_group(struct cfx_test_rank *ctx)
         gpu_rank_close(&g);
         return;
     }
-    for (int to = 0; to < n; to++)
-        for (int m = 0; m < SPLIT_MSGS; m++)
-            for (size_t i = 0; i < SPLIT_COUNT; i++)
-                g.host[(size_t)to * block + (size_t)m * SPLIT_COUNT + i] = wide_value(r, to, m, i);
-    RANK_ASSERT(ctx, cfx_test_gpu_put(ctx, &g.gpu, g.dsend, g.host, all * sizeof(float)), "put");
+    RANK_ASSERT(ctx, put_messages(ctx, &g, SPLIT_MSGS, SPLIT_COUNT), "put");
     cfx_test_step(ctx, "a group of %d sends and receives", 4 * SPLIT_MSGS);
     RANK_CFX(ctx, cfxGroupStart());
     for (int pass = 0; pass < 2; pass++)
@@ -1393,15 +1413,8 @@ static void split_group(struct cfx_test_rank *ctx)
     cfxResult_t seen = cfxSuccess;
     RANK_CFX(ctx, cfxCommGetAsyncError(g.comm, &seen));
     RANK_ASSERT(ctx, seen == cfxSuccess, "%s", cfxGetLastError(g.comm));
-    RANK_ASSERT(ctx, cfx_test_gpu_get(ctx, &g.gpu, g.host, g.drecv, all * sizeof(float)), "get");
-    for (int from = 0; from < n; from++)
-        for (int m = 0; m < SPLIT_MSGS && from != r; m++)
-            for (size_t i = 0; i < SPLIT_COUNT; i++) {
-                float got = g.host[(size_t)from * block + (size_t)m * SPLIT_COUNT + i];
-                RANK_ASSERT(ctx, got == wide_value(from, r, m, i),
-                            "message %d from rank %d, element %zu: %g, not %g", m, from, i,
-                            (double)got, (double)wide_value(from, r, m, i));
-            }
+    RANK_ASSERT(ctx, check_messages(ctx, &g, SPLIT_MSGS, SPLIT_COUNT, "point to point"),
+                "messages");
 
     cfx_test_step(ctx, "%d allreduces and %d sends and receives in one group", SPLIT_CALLS,
                   4 * SPLIT_MSGS);
@@ -1438,15 +1451,7 @@ static void split_group(struct cfx_test_rank *ctx)
     for (size_t i = 0; i < ar_all; i++)
         RANK_ASSERT(ctx, host[i] == sum_of(n, i), "allreduce %zu, element %zu is %g, not %g",
                     i / SPLIT_COUNT, i % SPLIT_COUNT, (double)host[i], (double)sum_of(n, i));
-    RANK_ASSERT(ctx, cfx_test_gpu_get(ctx, &g.gpu, g.host, g.drecv, all * sizeof(float)), "get");
-    for (int from = 0; from < n; from++)
-        for (int m = 0; m < SPLIT_MSGS && from != r; m++)
-            for (size_t i = 0; i < SPLIT_COUNT; i++) {
-                float got = g.host[(size_t)from * block + (size_t)m * SPLIT_COUNT + i];
-                RANK_ASSERT(ctx, got == wide_value(from, r, m, i),
-                            "mixed group: message %d from rank %d, element %zu: %g, not %g", m,
-                            from, i, (double)got, (double)wide_value(from, r, m, i));
-            }
+    RANK_ASSERT(ctx, check_messages(ctx, &g, SPLIT_MSGS, SPLIT_COUNT, "mixed group"), "messages");
     free(host);
     cfx_test_gpu_free(&g.gpu, ar_in);
     cfx_test_gpu_free(&g.gpu, ar_out);
@@ -1626,6 +1631,22 @@ static float block_of(int rank, size_t i)
     return input_of(rank, i + (size_t)rank);
 }
 
+/* An allgather's output of @p n blocks of @p count (host memory) holds
+ * every rank's block; 0 (failure recorded, naming @p what) otherwise. */
+static int check_blocks(struct cfx_test_rank *ctx, const float *out, int n, size_t count,
+                        const char *what)
+{
+    for (int r = 0; r < n; r++)
+        for (size_t i = 0; i < count; i++)
+            if (out[(size_t)r * count + i] != block_of(r, i)) {
+                cfx_test_fail(ctx, __FILE__, __LINE__, "%s: block %d element %zu is %g, not %g",
+                              what, r, i, (double)out[(size_t)r * count + i],
+                              (double)block_of(r, i));
+                return 0;
+            }
+    return 1;
+}
+
 /* How many of the communicator's extra rings moved data in (each part a
  * ring of its own: its receive connector exists and took slots). */
 static int extra_rings_used(const struct gpu_rank *g)
@@ -1696,11 +1717,7 @@ static void channel_collectives(struct cfx_test_rank *ctx)
                 "the extra rings took %llu slots",
                 (unsigned long long)(extra_ring_slots(&g) - before));
     RANK_ASSERT(ctx, cfx_test_gpu_get(ctx, &g.gpu, g.host, g.drecv, (size_t)n * B * 4), "get");
-    for (int r = 0; r < n; r++)
-        for (size_t i = 0; i < B; i++)
-            RANK_ASSERT(ctx, g.host[(size_t)r * B + i] == block_of(r, i),
-                        "allgather: block %d element %zu is %g, not %g", r, i,
-                        (double)g.host[(size_t)r * B + i], (double)block_of(r, i));
+    RANK_ASSERT(ctx, check_blocks(ctx, g.host, n, B, "allgather"), "allgather");
 
     cfx_test_step(ctx, "reduce-scatter");
     RANK_ASSERT(ctx, put_inputs(ctx, &g), "inputs");
@@ -1725,12 +1742,9 @@ static void channel_collectives(struct cfx_test_rank *ctx)
         for (size_t i = 0; i < B; i++)
             buf[i] = block_of(0, i);
         RANK_CFX(ctx, cfxAllGather(buf, buf, B, cfxFloat32, g.comm, NULL));
-        for (int r = 0; r < n; r++)
-            for (size_t i = 0; i < B; i++)
-                RANK_ASSERT(ctx, buf[(size_t)r * B + i] == block_of(r, i),
-                            "host allgather: block %d element %zu is %g, not %g", r, i,
-                            (double)buf[(size_t)r * B + i], (double)block_of(r, i));
+        int ok = check_blocks(ctx, buf, n, B, "host allgather");
         free(buf);
+        RANK_ASSERT(ctx, ok, "host allgather");
     } else {
         float *mine = g.drecv + (size_t)ctx->rank * B;
         for (size_t i = 0; i < B; i++)
@@ -1739,11 +1753,7 @@ static void channel_collectives(struct cfx_test_rank *ctx)
         RANK_CFX(ctx, cfxAllGather(mine, g.drecv, B, cfxFloat32, g.comm, g.gpu.stream));
         RANK_ASSERT(ctx, cfx_test_gpu_sync(ctx, &g.gpu), "sync");
         RANK_ASSERT(ctx, cfx_test_gpu_get(ctx, &g.gpu, g.host, g.drecv, (size_t)n * B * 4), "get");
-        for (int r = 0; r < n; r++)
-            for (size_t i = 0; i < B; i++)
-                RANK_ASSERT(ctx, g.host[(size_t)r * B + i] == block_of(r, i),
-                            "allgather in place: block %d element %zu is %g, not %g", r, i,
-                            (double)g.host[(size_t)r * B + i], (double)block_of(r, i));
+        RANK_ASSERT(ctx, check_blocks(ctx, g.host, n, B, "allgather in place"), "in place");
     }
 
     cfx_test_step(ctx, "allreduce with rank 0 on host buffers");
