@@ -58,6 +58,24 @@ struct cfx_proxy_client {
     struct cfx_proxy_client *next, *prev;
 };
 
+/* A client whose connector a GPU kernel posts to and releases (a kernel
+ * never kicks): the proxy passes over it every CFX_PROXY_KERNEL_FAST_NS for
+ * CFX_PROXY_KERNEL_AFTER_NS after anything moved, else every
+ * CFX_PROXY_KERNEL_IDLE_NS (the socket, ib and net-plugin transports). */
+#define CFX_PROXY_KERNEL_FAST_NS  ((int64_t)20 * 1000)
+#define CFX_PROXY_KERNEL_IDLE_NS  ((int64_t)1000 * 1000)
+#define CFX_PROXY_KERNEL_AFTER_NS ((int64_t)50 * 1000 * 1000)
+
+/* The poll interval of such a client after a pass at @p now that moved
+ * something (@p moved) or not; *moved_ns keeps when it last did. */
+static inline int64_t cfx_proxy_kernel_poll_ns(int64_t *moved_ns, int moved, int64_t now)
+{
+    if (moved)
+        *moved_ns = now;
+    return now - *moved_ns < CFX_PROXY_KERNEL_AFTER_NS ? CFX_PROXY_KERNEL_FAST_NS
+                                                       : CFX_PROXY_KERNEL_IDLE_NS;
+}
+
 /* The process's proxy, started by the first caller (a thread named
  * "cfx-proxy", an epoll set and an eventfd), with one more user counted;
  * every successful get is paired with one cfx_proxy_put. @p spin_ns: how

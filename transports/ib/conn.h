@@ -40,15 +40,9 @@
 #define IB_CREDITS_IN_FLIGHT 4                   /* Credit writes outstanding at most. */
 #define IB_KEEPALIVE_NS      (100 * 1000 * 1000) /* A waiting side writes this often. */
 #define IB_POLL_NS           (200 * 1000)        /* Proxy pass interval while work is in flight. */
-/* A GPU rank's connector: its kernel posts and releases without a kick, so
- * the proxy polls it, every IB_KERNEL_POLL_FAST_NS for IB_KERNEL_POLL_AFTER_NS
- * after anything moved, else every IB_KERNEL_POLL_IDLE_NS. */
-#define IB_KERNEL_POLL_FAST_NS  (20 * 1000)
-#define IB_KERNEL_POLL_IDLE_NS  (1000 * 1000)
-#define IB_KERNEL_POLL_AFTER_NS (50 * 1000 * 1000)
-#define IB_LINGER_NS            (2 * 1000000000LL) /* close(): posted slots still get this long. */
-#define IB_FLUSH_WHY_NS         (100 * 1000 * 1000) /* check() waits this long for a flush's cause. */
-#define IB_INFO_MAGIC           0x43464942u         /* "CFIB" */
+#define IB_LINGER_NS         (2 * 1000000000LL)  /* close(): posted slots still get this long. */
+#define IB_FLUSH_WHY_NS      (100 * 1000 * 1000) /* check() waits this long for a flush's cause. */
+#define IB_INFO_MAGIC        0x43464942u         /* "CFIB" */
 
 /* Work request ids: the kind in the top byte, a slot number below. */
 enum ib_wr_kind {

@@ -619,13 +619,9 @@ static int conn_pass(struct cfx_ib_conn *ic)
     failed = atomic_load_explicit(&ic->failed, memory_order_relaxed);
     int64_t poll = !failed && cfx_ib_conn_busy(ic) ? IB_POLL_NS : 0;
     if (ic->pinned && !failed) {
-        int64_t now = cfx_time_now_ns();
-        if (moved) {
-            ic->moved_ns = now;
+        if (moved)
             atomic_store_explicit(&ic->started, 1, memory_order_relaxed);
-        }
-        int64_t kernel = now - ic->moved_ns < IB_KERNEL_POLL_AFTER_NS ? IB_KERNEL_POLL_FAST_NS
-                                                                      : IB_KERNEL_POLL_IDLE_NS;
+        int64_t kernel = cfx_proxy_kernel_poll_ns(&ic->moved_ns, moved, cfx_time_now_ns());
         if (poll == 0 || kernel < poll)
             poll = kernel;
     }

@@ -632,7 +632,7 @@ static cfxResult_t ib_connect(void *ctx_v, struct cfx_connector *conn, const voi
     ic->client.progress = conn_proxy_progress;
     ic->client.ready = NULL;
     ic->client.arg = ic;
-    atomic_store_explicit(&ic->client.poll_ns, ic->pinned ? IB_KERNEL_POLL_FAST_NS : 0,
+    atomic_store_explicit(&ic->client.poll_ns, ic->pinned ? CFX_PROXY_KERNEL_FAST_NS : 0,
                           memory_order_relaxed);
     CFX_CHECK(cfx_proxy_add(ctx->proxy, &ic->client, NULL, 0, 0));
     ic->registered = 1;

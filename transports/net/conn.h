@@ -44,17 +44,10 @@
 #define NET_POLL_NS      (200 * 1000)             /* Proxy pass interval while work is in flight. */
 #define NET_IDLE_POLL_NS (1000 * 1000)            /* A receiver waiting for its next slot. */
 #define NET_LINGER_NS    (2 * 1000000000LL)       /* close(): posted slots still get this long. */
-/* A GPU rank's connector: its kernel posts and releases slots without a
- * kick, so the proxy passes over it every NET_KERNEL_POLL_FAST_NS for
- * NET_KERNEL_POLL_AFTER_NS after anything moved, else every
- * NET_KERNEL_POLL_IDLE_NS (as the socket and ib transports do). */
-#define NET_KERNEL_POLL_FAST_NS  (20 * 1000)
-#define NET_KERNEL_POLL_IDLE_NS  (1000 * 1000)
-#define NET_KERNEL_POLL_AFTER_NS (50 * 1000 * 1000LL)
-#define NET_POISON_SIZE          0xffffffffu /* An info line with this size (and seq 0) is a poison. */
-#define NET_INFO_MAGIC           0x43464e50u /* "CFNP" */
-#define NET_NAME_MAX             64
-#define NET_MAX_DEVS             16 /* Devices of a plugin Conflux looks at. */
+#define NET_POISON_SIZE  0xffffffffu /* An info line with this size (and seq 0) is a poison. */
+#define NET_INFO_MAGIC   0x43464e50u /* "CFNP" */
+#define NET_NAME_MAX     64
+#define NET_MAX_DEVS     16 /* Devices of a plugin Conflux looks at. */
 
 /* The loaded plugin, one per process (plugin.c): v8 and v9 behind one face. */
 struct cfx_net_plugin {

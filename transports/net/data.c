@@ -411,18 +411,14 @@ static int conn_pass(struct cfx_net_conn *nc)
                                               : 0;
     if (nc->pinned && !failed) {
         /* A kernel's connector: polled always (its kernel never kicks). */
-        int64_t now = cfx_time_now_ns();
-        if (moved)
-            nc->moved_ns = now;
-        int64_t kernel = now - nc->moved_ns < NET_KERNEL_POLL_AFTER_NS ? NET_KERNEL_POLL_FAST_NS
-                                                                       : NET_KERNEL_POLL_IDLE_NS;
+        int64_t kernel = cfx_proxy_kernel_poll_ns(&nc->moved_ns, moved, cfx_time_now_ns());
         if (poll_ns == 0 || kernel < poll_ns)
             poll_ns = kernel;
     } else if (nc->pinned && nc->dir == CFX_CONN_RECV && nc->arrived < nc->decided) {
         /* Failed, with slots begun: a kernel waiting for them never
          * drives, so the proxy tests them now and then (the plugin may
          * still finish them). */
-        poll_ns = NET_KERNEL_POLL_IDLE_NS;
+        poll_ns = CFX_PROXY_KERNEL_IDLE_NS;
     }
     atomic_store_explicit(&nc->client.poll_ns, poll_ns, memory_order_relaxed);
     return moved;

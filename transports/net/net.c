@@ -328,7 +328,7 @@ static cfxResult_t net_connect(void *ctx_v, struct cfx_connector *conn, const vo
     nc->client.ready = NULL;
     nc->client.arg = nc;
     nc->moved_ns = cfx_time_now_ns();
-    atomic_store_explicit(&nc->client.poll_ns, nc->pinned ? NET_KERNEL_POLL_FAST_NS : 0,
+    atomic_store_explicit(&nc->client.poll_ns, nc->pinned ? CFX_PROXY_KERNEL_FAST_NS : 0,
                           memory_order_relaxed);
     CFX_CHECK(cfx_proxy_add(ctx->proxy, &nc->client, NULL, 0, 0));
     nc->registered = 1;

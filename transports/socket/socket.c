@@ -63,27 +63,15 @@ static void *zalloc_aligned(size_t bytes)
     return mem;
 }
 
-/* A GPU rank's connector: its kernel posts and releases slots without a
- * kick, so the proxy polls it, every KERNEL_POLL_FAST_NS for a while after
- * bytes moved, else every KERNEL_POLL_IDLE_NS. */
-#define KERNEL_POLL_FAST_NS  (20 * 1000)
-#define KERNEL_POLL_IDLE_NS  (1000 * 1000)
-#define KERNEL_POLL_AFTER_NS (50 * 1000 * 1000)
-
 /* The proxy's pass over one connector (proxy thread, under its lock). */
 static int conn_proxy_progress(void *arg)
 {
     struct cfx_sock_conn *sc = arg;
     int moved = cfx_sock_conn_drive(sc);
-    if (sc->pinned) {
-        int64_t now = cfx_time_now_ns();
-        if (moved)
-            sc->moved_ns = now;
+    if (sc->pinned) /* A GPU rank's connector: its kernel never kicks. */
         atomic_store_explicit(&sc->client.poll_ns,
-                              now - sc->moved_ns < KERNEL_POLL_AFTER_NS ? KERNEL_POLL_FAST_NS
-                                                                        : KERNEL_POLL_IDLE_NS,
+                              cfx_proxy_kernel_poll_ns(&sc->moved_ns, moved, cfx_time_now_ns()),
                               memory_order_relaxed);
-    }
     return moved;
 }
 
@@ -107,7 +95,7 @@ static cfxResult_t proxy_add(struct cfx_sock_ctx *ctx, struct cfx_sock_conn *sc)
     sc->client.progress = conn_proxy_progress;
     sc->client.ready = conn_proxy_ready;
     sc->client.arg = sc;
-    atomic_store_explicit(&sc->client.poll_ns, sc->pinned ? KERNEL_POLL_FAST_NS : 0,
+    atomic_store_explicit(&sc->client.poll_ns, sc->pinned ? CFX_PROXY_KERNEL_FAST_NS : 0,
                           memory_order_relaxed);
     uint32_t events = EPOLLIN | EPOLLRDHUP | (sc->dir == CFX_CONN_SEND ? EPOLLOUT : 0);
     cfxResult_t res = cfx_proxy_add(ctx->proxy, &sc->client, fds, sc->nsocks, events);
