@@ -1264,6 +1264,147 @@ ParameterizedTest(struct tree_root_case *tc, tree, rooted_calls_away_from_the_tr
     cfx_test_setenv("CFX_ALGO", NULL);
 }
 
+/* ------------------------------------------------------ rings in the plan's order */
+
+/* Ranks dealt to hosts round robin (CFX_HOSTID = rh<rank % hosts>), as
+ * `mpirun --map-by node` places them: ring 0 must be the plan's, each
+ * host's ranks one after the other, so it crosses between hosts once per
+ * host instead of at every hop, and the connectors must be its; the
+ * ring collectives (CFX_ALGO=ring) give every rank the right blocks on
+ * it, and broadcast and reduce work from every root. Host buffers, and
+ * device buffers (processes; GPU ranks of different hosts go through the
+ * proxy and sockets). */
+struct ring_order_case {
+    int nranks;
+    int hosts;
+    int device; /* A flag: device buffers. */
+};
+
+static void hosts_round_robin(struct cfx_test_rank *ctx)
+{
+    const struct ring_order_case *rc = ctx->arg;
+    char host[32];
+    snprintf(host, sizeof(host), "rh%d", ctx->rank % rc->hosts);
+    cfx_test_setenv("CFX_HOSTID", host);
+}
+
+/* How many times ring 0 of @p comm goes from one host to another (host of
+ * rank q: q % hosts); 0 with a ring that is not an order of the ranks. */
+static int ring_host_changes(const struct cfxComm *comm, int hosts)
+{
+    int n = comm->nranks, changes = 0, seen = 0;
+    if (comm->ring_ranks == NULL)
+        return 0;
+    for (int i = 0; i < n; i++) {
+        int q = comm->ring_ranks[i], after = comm->ring_ranks[(i + 1) % n];
+        if (q < 0 || q >= n || after < 0 || after >= n || (seen & (1 << q)))
+            return 0;
+        seen |= 1 << q;
+        changes += q % hosts != after % hosts;
+    }
+    return changes;
+}
+
+static void ring_order_rank(struct cfx_test_rank *ctx)
+{
+    const struct ring_order_case *rc = ctx->arg;
+    int n = ctx->nranks, r = ctx->rank;
+    struct ctx_bufs b;
+    RANK_ASSERT(ctx, bufs_init(&b, n), "out of memory");
+    if (rc->device && !bufs_open_gpu(ctx, &b))
+        return;
+    cfxComm_t comm;
+    RANK_CFX(ctx, cfxCommInitRank(&comm, n, ctx->id, r));
+    /* Ring 0 visits each host's ranks one after the other: it changes
+     * hosts once per host (rank order would change at every hop). */
+    int changes = ring_host_changes(comm, rc->hosts);
+    RANK_ASSERT(ctx, changes == rc->hosts, "ring 0 changes hosts %d times, not %d", changes,
+                rc->hosts);
+    int pos = -1;
+    for (int i = 0; comm->ring_ranks != NULL && i < n; i++)
+        pos = comm->ring_ranks[i] == r ? i : pos;
+    int next = pos < 0 ? -1 : comm->ring_ranks[(pos + 1) % n];
+    int prev = pos < 0 ? -1 : comm->ring_ranks[(pos + n - 1) % n];
+    RANK_ASSERT(ctx, comm->ring_send != NULL && comm->ring_send->peer_rank == next,
+                "ring 0 sends to rank %d, not to rank %d (the next on the ring)",
+                comm->ring_send ? comm->ring_send->peer_rank : -1, next);
+    RANK_ASSERT(ctx, comm->ring_recv != NULL && comm->ring_recv->peer_rank == prev,
+                "ring 0 receives from rank %d, not from rank %d (the previous on the ring)",
+                comm->ring_recv ? comm->ring_recv->peer_rank : -1, prev);
+    run_allreduce(ctx, comm, &b);
+    run_allgather(ctx, comm, &b);
+    run_reducescatter(ctx, comm, &b);
+    /* Rooted calls from every root: positions on the ring, not ranks. */
+    for (int root = 0; root < n && !ctx->slot_failed; root++) {
+        size_t count = root % 2 ? 5 : 70001;
+        int32_t *in = (int32_t *)b.send, *out = (int32_t *)b.recv;
+        char desc[128];
+        snprintf(desc, sizeof(desc), "broadcast int32 count %zu root %d", count, root);
+        cfx_test_step(ctx, "%s", desc);
+        for (size_t i = 0; i < count; i++)
+            in[i] = r == root ? (int32_t)(i * 3 + (size_t)root) : -1;
+        memset(out, 0xee, count * 4 + 8);
+        b.span = count * 4 + 64;
+        CALL_ON(ctx, &b, desc,
+                cfxBroadcast(D(&b, b.send), D(&b, b.recv), count, cfxInt32, root, comm, S(&b)));
+        for (size_t i = 0; i < count; i++)
+            RANK_ASSERT(ctx, out[i] == (int32_t)(i * 3 + (size_t)root),
+                        "%s: element %zu is %d, not %d", desc, i, out[i],
+                        (int32_t)(i * 3 + (size_t)root));
+        snprintf(desc, sizeof(desc), "reduce sum int32 count %zu root %d", count, root);
+        cfx_test_step(ctx, "%s", desc);
+        for (size_t i = 0; i < count; i++)
+            in[i] = (int32_t)(i + (size_t)r * 1000);
+        memset(out, 0xee, count * 4 + 8);
+        CALL_ON(
+            ctx, &b, desc,
+            cfxReduce(D(&b, b.send), D(&b, b.recv), count, cfxInt32, cfxSum, root, comm, S(&b)));
+        for (size_t i = 0; r == root && i < count; i++) {
+            int32_t want = (int32_t)((size_t)n * i + (size_t)1000 * (size_t)(n * (n - 1) / 2));
+            RANK_ASSERT(ctx, out[i] == want, "%s: element %zu is %d, not %d", desc, i, out[i],
+                        want);
+        }
+        RANK_ASSERT(ctx, r == root || (unsigned char)b.recv[0] == 0xee,
+                    "%s: a non-root's recvbuff was written", desc);
+    }
+    if (!ctx->slot_failed) {
+        RANK_CFX(ctx, cfxCommFinalize(comm));
+    }
+    cfxCommDestroy(comm);
+    bufs_close_gpu(&b);
+    free(b.send);
+    free(b.recv);
+}
+
+ParameterizedTestParameters(ring, collectives_on_the_plans_ring_across_hosts)
+{
+    static struct ring_order_case cases[] = {{4, 2, 0}, {5, 2, 0}, {6, 3, 0}, {4, 2, 1}};
+    return cr_make_param_array(struct ring_order_case, cases, sizeof(cases) / sizeof(cases[0]));
+}
+
+ParameterizedTest(struct ring_order_case *rc, ring, collectives_on_the_plans_ring_across_hosts,
+                  .timeout = 600)
+{
+    const char *why = NULL, *driver = rc->device ? cfx_test_use_cuda(&why) : NULL;
+    cr_log_info("ring collectives, %d ranks dealt round robin to %d hosts, %s buffers", rc->nranks,
+                rc->hosts, rc->device ? "device" : "host");
+    if (rc->device && driver == NULL)
+        cr_skip_test("%s", why);
+    cfx_test_setenv("CFX_MULTI_RANK_GPU_ENABLE", rc->device ? "1" : NULL);
+    cfx_test_setenv("CFX_SHM_DISABLE", NULL);
+    cfx_test_setenv("CFX_ALGO", "ring");
+    cfx_test_setenv("CFX_TIMEOUT", "20");
+    struct cfx_test_options opts = {.nranks = rc->nranks,
+                                    .mode = CFX_TEST_PROCS,
+                                    .deadline_s = 500,
+                                    .arg = rc,
+                                    .before_rank = hosts_round_robin};
+    CFX_TEST_RUN(&opts, ring_order_rank);
+    cfx_test_setenv("CFX_TIMEOUT", NULL);
+    cfx_test_setenv("CFX_ALGO", NULL);
+    cfx_test_setenv("CFX_MULTI_RANK_GPU_ENABLE", NULL);
+}
+
 /* --------------------------------------------------- the fewest slots per FIFO */
 
 /* CFX_STEPS below 2 cannot work: a ring step receives a slot and sends one

@@ -1,6 +1,7 @@
 /*
  * Chain schedules for rooted collectives: the ring order, cut open at the
- * root, pipelined one chunk at a time.
+ * root, pipelined one chunk at a time (r and root are positions on the
+ * ring, as in ring.h).
  *   broadcast: root -> root+1 -> ... -> root-1; position p = r - root
  *     p = 0: copy-send; 0 < p < n-1: recv-copy-send; p = n-1: recv.
  *   reduce: root+1 -> ... -> root; position p = r - root - 1

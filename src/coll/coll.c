@@ -38,6 +38,14 @@ static enum cfx_sched algo_of(const struct cfx_op *op)
     return CFX_SCHED_LOCAL_COPY;
 }
 
+/* Schedules that run on a ring's send and receive connectors. */
+static int on_ring(int sched)
+{
+    return sched == CFX_SCHED_RING_ALLREDUCE || sched == CFX_SCHED_RING_ALLGATHER ||
+           sched == CFX_SCHED_RING_REDUCESCATTER || sched == CFX_SCHED_CHAIN_BROADCAST ||
+           sched == CFX_SCHED_CHAIN_REDUCE || sched == CFX_SCHED_PULL_ALLGATHER;
+}
+
 /* @p conn's index in the op's peer table (CFX_NO_CONN for NULL). */
 static int8_t index_of(const struct cfx_op *op, const struct cfx_connector *conn)
 {
@@ -114,6 +122,13 @@ void cfx_coll_prepare(struct cfx_op *op)
     w->rank = op->rank;
     w->nranks = op->nranks;
     w->root = op->root;
+    w->ring = NULL;
+    if (op->ring_ranks != NULL && on_ring(w->algo)) { /* Positions, not ranks. */
+        w->ring = op->ring_ranks;
+        w->rank = op->ring_pos[op->rank];
+        if (op->root >= 0 && op->root < op->nranks)
+            w->root = op->ring_pos[op->root];
+    }
     w->elem_bytes = (uint32_t)op->elem_bytes;
     w->count = op->count;
     w->pitch = op->pitch; /* 0: count (cfx_work_finish). */

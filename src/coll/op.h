@@ -71,6 +71,11 @@ struct cfx_op {
     /* Ring ops: which of the communicator's rings it runs on (0: ring_send
      * and ring_recv; c > 0: ring_more_send/recv[c - 1]). */
     int channel;
+    /* Ring ops on a ring in another order than 0, 1, ..., n-1: the rank at
+     * each position (cfx_work.ring) and the position of each rank; NULL:
+     * position = rank. Set by the core with the channel. */
+    const int32_t *ring_ranks;
+    const int32_t *ring_pos;
     /* Allgather and reduce-scatter: elements from one rank's block to the
      * next in the n-block buffer; 0 means count. A channel's part of a call
      * has the call's count here (cfx_work.pitch). */
@@ -179,6 +184,8 @@ static inline void cfx_op_clear(struct cfx_op *op)
     op->ll = 0;
     op->pull = 0;
     op->channel = 0;
+    op->ring_ranks = NULL;
+    op->ring_pos = NULL;
     op->pitch = 0;
     op->ref_handle = NULL;
     op->p2p_msg = 0;

@@ -1,6 +1,11 @@
 /*
- * Ring schedules: every rank sends to rank+1 and receives from rank-1,
- * pipelined one slot at a time.
+ * Ring schedules: every rank sends to the next position of its ring and
+ * receives from the previous one, pipelined one slot at a time. r below is
+ * the rank's position (its rank when the ring is 0, 1, ..., n-1; see
+ * cfx_work.ring): the allreduce's blocks are numbered by position (every
+ * rank ends with all of them, so no rank needs to know whose is whose),
+ * while an allgather's or reduce-scatter's block B is the block of the rank
+ * at position B (cfx_work_block_rank).
  *
  * Allreduce = reduce-scatter then allgather. The data is cut into rounds of
  * n*chunk elements; each round into n blocks. In a round, rank r runs 2n-1
@@ -109,7 +114,8 @@ cfx_ring_allgather_describe(const struct cfx_work *w, uint64_t index, struct cfx
         step->flags = CFX_PRIM_RECV | CFX_PRIM_OUT;
     }
     step->input = cfx_coll_at(w->sendbuff, offset, w->elem_bytes);
-    step->output = cfx_coll_at(w->recvbuff, (uint64_t)block * w->pitch + offset, w->elem_bytes);
+    step->output = cfx_coll_at(
+        w->recvbuff, (uint64_t)cfx_work_block_rank(w, block) * w->pitch + offset, w->elem_bytes);
     step->n_elems = len;
 }
 
@@ -127,7 +133,8 @@ cfx_ring_reducescatter_describe(const struct cfx_work *w, uint64_t index, struct
     else
         step->flags = CFX_PRIM_RECV | CFX_PRIM_REDUCE | CFX_PRIM_OUT |
                       (w->redop == cfxAvg ? CFX_PRIM_AVG : 0);
-    step->input = cfx_coll_at(w->sendbuff, (uint64_t)block * w->pitch + offset, w->elem_bytes);
+    step->input = cfx_coll_at(
+        w->sendbuff, (uint64_t)cfx_work_block_rank(w, block) * w->pitch + offset, w->elem_bytes);
     step->output = cfx_coll_at(w->recvbuff, offset, w->elem_bytes);
     step->n_elems = len;
 }

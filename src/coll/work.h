@@ -97,11 +97,17 @@ struct cfx_work {
     uint64_t premul_bits;
     const void *sendbuff;
     void *recvbuff;
+    /* Ring and chain schedules on a ring in another order than 0, 1, ...,
+     * n-1: rank and root above are positions on the ring, and ring[p] is
+     * the rank at position p (whose block an allgather or reduce-scatter
+     * step names: cfx_work_block_rank). NULL: positions are ranks. Host
+     * memory, registered with CUDA for a GPU communicator's kernels. */
+    const int32_t *ring;
     /* Mismatch detection: stamped on the slots sent, expected on those received. */
     struct cfx_fingerprint print, expect;
     struct cfx_links links;
 };
-CFX_STATIC_ASSERT(sizeof(struct cfx_work) == 176, "the work descriptor keeps its size");
+CFX_STATIC_ASSERT(sizeof(struct cfx_work) == 184, "the work descriptor keeps its size");
 
 /* Values of cfx_work.proto. LL (src/conn/fifo.h) only where every
  * connector of the operation has LL slots (cfx_conn.ll) and the step loop
@@ -199,6 +205,13 @@ static inline CFX_HOST_DEVICE char *cfx_coll_at(const void *base, uint64_t elems
 static inline CFX_HOST_DEVICE int cfx_mod(int a, int n)
 {
     return ((a % n) + n) % n;
+}
+
+/* The rank whose block a ring step at position @p pos names (the user's
+ * buffers hold blocks by rank; the ring counts positions). */
+static inline CFX_HOST_DEVICE int cfx_work_block_rank(const struct cfx_work *w, int pos)
+{
+    return w->ring ? w->ring[pos] : pos;
 }
 
 static inline CFX_HOST_DEVICE uint64_t cfx_div_up(uint64_t a, uint64_t b)

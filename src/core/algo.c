@@ -13,6 +13,7 @@
 #include <math.h>
 #include <pthread.h>
 #include <stdatomic.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -21,12 +22,26 @@
 #include "src/core/comm.h"
 #include "src/plan/plan.h"
 #include "src/topo/topo.h"
+#include "src/util/check.h"
+#include "src/util/cuda.h"
 #include "src/util/log.h"
 #include "src/util/param.h"
 
 CFX_PARAM_INT(min_nchannels, "MIN_NCHANNELS", 1, 1, 32,
               "Fewest rings a GPU communicator splits large ring allreduces, broadcasts and "
               "reduces over (1..32; CFX_MAX_NCHANNELS and 16 bound it)");
+
+static const char *check_ring_order(const char *text, char *buf, size_t len)
+{
+    (void)buf;
+    (void)len;
+    return strcmp(text, "plan") == 0 || strcmp(text, "rank") == 0 ? NULL : "expected plan or rank";
+}
+
+CFX_PARAM_STR_CHECKED(ring_order, "RING_ORDER", "plan", check_ring_order,
+                      "The order of the rings: plan (the planner's, hosts one after the other "
+                      "and GPUs by their links) or rank (0, 1, ..., n-1 whatever the topology); "
+                      "the same on every rank");
 
 static pthread_once_t topo_once = PTHREAD_ONCE_INIT;
 static struct cfx_topo_system *host_topo; /* Kept for the life of the process. */
@@ -61,6 +76,8 @@ static cfxResult_t plan_agree(struct cfxComm *comm)
         return cfx_error_set(cfxSystemError, CFX_LOG_INIT,
                              "out of memory comparing the plans of %d ranks", comm->nranks);
     sigs[comm->rank] = comm->plan ? cfx_plan_signature(comm->plan) : 0;
+    if (comm->plan && strcmp(param_ring_order(), "rank") == 0)
+        sigs[comm->rank] ^= 0x52494e47u; /* Ranks that ring differently drop the plan. */
     cfxResult_t res = cfx_bootstrap_allgather(comm->bootstrap, sigs, sizeof(*sigs));
     int other = -1;
     for (int r = 0; res == cfxSuccess && r < comm->nranks && other < 0; r++)
@@ -102,6 +119,64 @@ static void pick_ring_channels(struct cfxComm *comm)
                  2 * CFX_RING_CHANNEL_MIN_BYTES, comm->ring_channels);
 }
 
+/* The order of each ring: the plan's (ring c of the plan for channel c,
+ * round robin when the communicator has more channels than the plan
+ * rings), or 0, 1, ..., n-1 without a plan or with CFX_RING_ORDER=rank.
+ * Every rank has the same plan (plan_agree), so the same tables. A GPU
+ * communicator's kernels read the tables of permuted rings, so those are
+ * registered with CUDA. */
+static cfxResult_t order_rings(struct cfxComm *comm)
+{
+    int n = comm->nranks, channels = comm->ring_channels;
+    size_t entries = (size_t)channels * (size_t)n;
+    void *mem = NULL;
+    if (posix_memalign(&mem, 4096, 2 * entries * sizeof(int32_t)) != 0)
+        return cfx_error_set(cfxSystemError, CFX_LOG_INIT,
+                             "out of memory for the order of %d rings of %d ranks", channels, n);
+    comm->ring_ranks = mem;
+    comm->ring_pos = comm->ring_ranks + entries;
+    int use_plan =
+        comm->plan != NULL && comm->plan->n_channels > 0 && strcmp(param_ring_order(), "plan") == 0;
+    for (int c = 0; c < channels; c++) {
+        int32_t *ranks = comm->ring_ranks + (size_t)c * (size_t)n;
+        int32_t *pos = comm->ring_pos + (size_t)c * (size_t)n;
+        const int *planned =
+            use_plan ? comm->plan->rings + (size_t)(c % comm->plan->n_channels) * (size_t)n : NULL;
+        for (int i = 0; i < n; i++)
+            ranks[i] = planned ? planned[i] : i;
+        for (int i = 0; i < n; i++)
+            pos[i] = -1;
+        for (int i = 0; i < n; i++) {
+            if (ranks[i] < 0 || ranks[i] >= n || pos[ranks[i]] >= 0)
+                return cfx_error_set(cfxInternalError, CFX_LOG_INIT,
+                                     "the plan's ring %d is not an order of the %d ranks "
+                                     "(position %d holds %d)",
+                                     c, n, i, ranks[i]);
+            pos[ranks[i]] = i;
+            if (ranks[i] != i)
+                comm->ring_permuted |= 1u << c;
+        }
+    }
+    if (comm->ring_permuted & 1u) {
+        const int32_t *ring = comm->ring_ranks;
+        char text[160];
+        int used = 0;
+        for (int i = 0; i < n && used < (int)sizeof(text) - 16; i++)
+            used +=
+                snprintf(text + used, sizeof(text) - (size_t)used, "%s%d", i ? " " : "", ring[i]);
+        if (used >= (int)sizeof(text) - 16)
+            snprintf(text + used, sizeof(text) - (size_t)used, " ...");
+        CFX_INFO(CFX_LOG_INIT, "rank %d: ring 0 visits %s (rank %d -> %d -> %d)", comm->rank, text,
+                 cfx_core_algo_ring_prev(comm, 0), comm->rank, cfx_core_algo_ring_next(comm, 0));
+    }
+    if (comm->ring_permuted != 0 && comm->cuda_dev >= 0) {
+        CFX_CHECK(cfx_cuda_host_register(comm->ring_ranks, 2 * entries * sizeof(int32_t),
+                                         comm->cuda_dev));
+        comm->ring_tables_pinned = 1;
+    }
+    return cfxSuccess;
+}
+
 cfxResult_t cfx_core_algo_init(struct cfxComm *comm)
 {
     comm->ring_channels = 1;
@@ -112,7 +187,37 @@ cfxResult_t cfx_core_algo_init(struct cfxComm *comm)
     plan_build(comm);
     cfxResult_t res = plan_agree(comm);
     pick_ring_channels(comm);
-    return res;
+    return res == cfxSuccess ? order_rings(comm) : res;
+}
+
+int cfx_core_algo_ring_next(const struct cfxComm *comm, int channel)
+{
+    int n = comm->nranks;
+    if (comm->ring_ranks == NULL)
+        return (comm->rank + 1) % n;
+    size_t base = (size_t)channel * (size_t)n;
+    int pos = comm->ring_pos[base + (size_t)comm->rank] + 1;
+    return comm->ring_ranks[base + (size_t)(pos == n ? 0 : pos)];
+}
+
+int cfx_core_algo_ring_prev(const struct cfxComm *comm, int channel)
+{
+    int n = comm->nranks;
+    if (comm->ring_ranks == NULL)
+        return (comm->rank + n - 1) % n;
+    size_t base = (size_t)channel * (size_t)n;
+    int pos = comm->ring_pos[base + (size_t)comm->rank];
+    return comm->ring_ranks[base + (size_t)(pos == 0 ? n - 1 : pos - 1)];
+}
+
+void cfx_core_algo_ring_order(const struct cfxComm *comm, struct cfx_op *op)
+{
+    op->ring_ranks = op->ring_pos = NULL;
+    if (!(comm->ring_permuted & (1u << op->channel)))
+        return;
+    size_t base = (size_t)op->channel * (size_t)comm->nranks;
+    op->ring_ranks = comm->ring_ranks + base;
+    op->ring_pos = comm->ring_pos + base;
 }
 
 int cfx_core_algo_ring_channels(const struct cfxComm *comm, enum cfx_coll_kind kind, size_t count,
@@ -200,6 +305,12 @@ void cfx_core_algo_fini(struct cfxComm *comm)
 {
     cfx_plan_free(comm->plan);
     comm->plan = NULL;
+    if (comm->ring_tables_pinned)
+        cfx_cuda_host_unregister(comm->ring_ranks, comm->cuda_dev);
+    free(comm->ring_ranks);
+    comm->ring_ranks = comm->ring_pos = NULL;
+    comm->ring_permuted = 0;
+    comm->ring_tables_pinned = 0;
     for (int t = 0; t < 2; t++) {
         free(comm->relay_send[t]);
         free(comm->relay_recv[t]);

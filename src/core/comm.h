@@ -124,15 +124,25 @@ struct cfxComm {
     size_t slot_bytes;
     int n_steps;
     void *transport_ctx[CFX_MAX_TRANSPORTS]; /* Per transport, made on first use. */
-    struct cfx_connector *ring_send;         /* To rank+1. */
-    struct cfx_connector *ring_recv;         /* From rank-1. */
-    /* GPU ranks: more rings in the same order, channels 1..ring_channels-1
-     * (the plan's channel count within CFX_MIN/MAX_NCHANNELS), connected at
-     * their first use; a large ring allreduce, broadcast or reduce is split
-     * over them, one chain (thread block team) each. 1 for host ranks. */
+    struct cfx_connector *ring_send;         /* To the next rank of ring 0. */
+    struct cfx_connector *ring_recv;         /* From the previous one. */
+    /* GPU ranks: more rings, channels 1..ring_channels-1 (the plan's
+     * channel count within CFX_MIN/MAX_NCHANNELS), connected at their
+     * first use; a large ring collective is split over them, one chain
+     * (thread block team) each. 1 for host ranks. */
     int ring_channels;
     struct cfx_connector *ring_more_send[CFX_RING_CHANNELS - 1];
     struct cfx_connector *ring_more_recv[CFX_RING_CHANNELS - 1];
+    /* The order of each ring (the plan's rings, CFX_RING_ORDER; algo.c):
+     * ring_ranks[c * nranks + i] is the rank at position i of ring c, and
+     * ring_pos[c * nranks + r] the position of rank r. Ring c's ops carry
+     * the table when ring_permuted has bit c (a ring other than 0, 1, ...,
+     * n-1); for a GPU communicator the tables are registered with CUDA
+     * (ring_tables_pinned), as kernels read them. NULL when nranks < 2. */
+    int32_t *ring_ranks;
+    int32_t *ring_pos;
+    uint32_t ring_permuted;
+    int ring_tables_pinned;
     /* Allgathers of at least single_copy_min bytes (per rank) read
      * straight from the peer's buffer (src/coll/pull.h): every
      * rank's ring_recv is peer_readable and CFX_SINGLE_COPY is on (agreed at
@@ -322,6 +332,13 @@ enum cfx_core_algo cfx_core_algo_choose(struct cfxComm *comm, enum cfx_coll_kind
  * communicator only). */
 int cfx_core_algo_ring_channels(const struct cfxComm *comm, enum cfx_coll_kind kind, size_t count,
                                 cfxDataType_t type);
+/* This rank's neighbours on ring @p channel (rank + 1 and rank - 1 before
+ * cfx_core_algo_init ordered the rings). */
+int cfx_core_algo_ring_next(const struct cfxComm *comm, int channel);
+int cfx_core_algo_ring_prev(const struct cfxComm *comm, int channel);
+/* Give a ring op the order of its channel's ring (op->ring_ranks and
+ * ring_pos; NULL for a ring in rank order). */
+void cfx_core_algo_ring_order(const struct cfxComm *comm, struct cfx_op *op);
 /* Requests for the connectors a tree op of tree @p t rooted at @p root
  * (-1: none) still lacks; returns how many were written, at most
  * CFX_CORE_TREE_REQUESTS. */

@@ -268,17 +268,18 @@ static cfxResult_t connect_missing(struct cfx_op *ops, int n_ops)
         struct cfxComm *comm = op->owner;
         struct cfx_connector **to = send_slot(op), **from = recv_slot(op);
         if (*to == NULL && !already_requested(reqs, n, to))
-            reqs[n++] = (struct cfx_conn_request){.comm = comm,
-                                                  .peer = (comm->rank + 1) % comm->nranks,
-                                                  .dir = CFX_CONN_SEND,
-                                                  .kind = CFX_CONN_KIND_RING,
-                                                  .channel = op->channel,
-                                                  .out_p = to,
-                                                  .op = op};
+            reqs[n++] =
+                (struct cfx_conn_request){.comm = comm,
+                                          .peer = cfx_core_algo_ring_next(comm, op->channel),
+                                          .dir = CFX_CONN_SEND,
+                                          .kind = CFX_CONN_KIND_RING,
+                                          .channel = op->channel,
+                                          .out_p = to,
+                                          .op = op};
         if (*from == NULL && !already_requested(reqs, n, from))
             reqs[n++] =
                 (struct cfx_conn_request){.comm = comm,
-                                          .peer = (comm->rank + comm->nranks - 1) % comm->nranks,
+                                          .peer = cfx_core_algo_ring_prev(comm, op->channel),
                                           .dir = CFX_CONN_RECV,
                                           .kind = CFX_CONN_KIND_RING,
                                           .channel = op->channel,
@@ -645,6 +646,7 @@ cfxResult_t cfx_core_launch(struct cfx_op *ops, int n_ops)
         struct cfx_connector **s = send_slot(&ops[i]), **r = recv_slot(&ops[i]);
         ops[i].send_conn = s ? *s : NULL;
         ops[i].recv_conn = r ? *r : NULL;
+        cfx_core_algo_ring_order(ops[i].owner, &ops[i]);
         ops[i].n_conns = 0;
         if (ops[i].send_conn)
             ops[i].conns[ops[i].n_conns++] = ops[i].send_conn;

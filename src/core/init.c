@@ -130,10 +130,10 @@ static cfxResult_t pick_geometry(struct cfxComm *comm)
     return cfxSuccess;
 }
 
-/* The ring every collective runs on: send to rank+1, receive from rank-1. */
+/* The peer tables, and the ring every collective runs on (ring 0 of the
+ * plan, or rank + 1; cfx_core_algo_ring_next). */
 static cfxResult_t connect_ring(struct cfxComm *comm)
 {
-    CFX_CHECK(pick_geometry(comm));
     comm->p2p_send = calloc((size_t)comm->nranks, sizeof(*comm->p2p_send));
     comm->p2p_recv = calloc((size_t)comm->nranks, sizeof(*comm->p2p_recv));
     comm->p2p_send_seq = calloc((size_t)comm->nranks, sizeof(*comm->p2p_send_seq));
@@ -145,12 +145,12 @@ static cfxResult_t connect_ring(struct cfxComm *comm)
         return cfxSuccess;
     struct cfx_conn_request reqs[2] = {
         {.comm = comm,
-         .peer = (comm->rank + 1) % comm->nranks,
+         .peer = cfx_core_algo_ring_next(comm, 0),
          .dir = CFX_CONN_SEND,
          .kind = CFX_CONN_KIND_RING,
          .out_p = &comm->ring_send},
         {.comm = comm,
-         .peer = (comm->rank + comm->nranks - 1) % comm->nranks,
+         .peer = cfx_core_algo_ring_prev(comm, 0),
          .dir = CFX_CONN_RECV,
          .kind = CFX_CONN_KIND_RING,
          .out_p = &comm->ring_recv},
@@ -268,11 +268,12 @@ static cfxResult_t comm_setup(struct cfxComm *comm)
     }
     CFX_CHECK(cfx_core_peers_watch(comm));
     CFX_CHECK(cfx_core_gpu_setup(comm));
+    CFX_CHECK(pick_geometry(comm));
+    CFX_CHECK(cfx_core_algo_init(comm)); /* The plan, and so the rings' order. */
     CFX_CHECK(connect_ring(comm));
     CFX_CHECK(agree_single_copy(comm));
     comm->p2p_single_copy_min =
         param_single_copy() ? (uint64_t)param_p2p_single_copy_min() : CFX_PULL_NEVER;
-    CFX_CHECK(cfx_core_algo_init(comm));
     CFX_CHECK(cfx_core_algo_connect(comm));
     CFX_CHECK(cfx_core_flight_init(comm));
     comm->check_mismatch = param_check_mismatch() != 0;

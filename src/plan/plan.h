@@ -22,8 +22,9 @@
  * uses (ring_nets) and enters the next host through the same NIC index.
  *
  * On one host whose ranks are host (CPU) ranks placed in rank order (as
- * cfx_plan_default_cpu places them), every ring is 0, 1, ..., n-1: what the
- * host data path runs today. GPU ranks get the searched order.
+ * cfx_plan_default_cpu places them), every ring is 0, 1, ..., n-1. GPU
+ * ranks get the searched order. The communicator's rings run in these
+ * orders (src/core/algo.c, order_rings).
  *
  * Trees. trees[0] and trees[1] are NCCL's double binary tree: the hosts form
  * two binary trees in which no host is interior in both (mirror image for an

@@ -250,7 +250,7 @@ cfx_kernel_block_firsts(const struct cfx_kernel_args *a)
 }
 
 /* The parameter's layout, as a number: its version and the narrow size. */
-#define CFX_KERNEL_ABI ((uint32_t)(8u << 16) | (uint32_t)sizeof(struct cfx_kernel_narrow))
+#define CFX_KERNEL_ABI ((uint32_t)(9u << 16) | (uint32_t)sizeof(struct cfx_kernel_narrow))
 
 /* What the leader decided (cfx_kernel_lead). */
 enum cfx_kernel_action {
