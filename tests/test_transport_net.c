@@ -258,6 +258,76 @@ Test(net_plugin, a_plugin_without_devices_fails_init_with_a_sentence, .timeout =
     cr_assert(ok, "%s", report);
 }
 
+/* ------------------------------------------------------------ devices */
+
+/* Per rank r, a topology whose only port is "lo<r+1>": the test plugin's
+ * device r+1 of 3 (CFXTEST_NDEV). Written by the test, read by the rank. */
+static char nic_topo[2][64];
+
+static void own_host_and_nic(struct cfx_test_rank *ctx)
+{
+    own_host(ctx);
+    cfx_test_setenv("CFX_TOPO_FILE", nic_topo[ctx->rank]);
+}
+
+static void write_nic_topo(char *path, size_t size, int rank)
+{
+    snprintf(path, size, "/tmp/cfx-net-topo-%d-XXXXXX", rank);
+    int fd = mkstemp(path);
+    cr_assert_geq(fd, 0, "mkstemp");
+    FILE *f = fdopen(fd, "w");
+    cr_assert_not_null(f);
+    fprintf(f,
+            "<system version=\"1\">\n"
+            "  <cpu numaid=\"0\" affinity=\"ffffffff\" arch=\"x86_64\" vendor=\"GenuineIntel\" "
+            "familyid=\"6\" modelid=\"143\">\n"
+            "    <pci busid=\"0000:31:00.0\" class=\"0x020000\" vendor=\"0x15b3\" "
+            "device=\"0x101d\" link_speed=\"16.0 GT/s PCIe\" link_width=\"16\">\n"
+            "      <nic><net name=\"lo%d\" dev=\"0\" speed=\"100000\" port=\"1\" "
+            "guid=\"0x1\" maxconn=\"131072\" gdr=\"0\"/></nic>\n"
+            "    </pci>\n"
+            "  </cpu>\n"
+            "</system>\n",
+            rank + 1);
+    fclose(f);
+}
+
+/* Each rank connects through the plugin's device named as its own nearest
+ * port, whatever its peer's is: rank 0 through lo1, rank 1 through lo2. */
+Test(net_plugin, each_rank_uses_the_device_of_its_own_nearest_port, .timeout = 150)
+{
+    for (int r = 0; r < 2; r++)
+        write_nic_topo(nic_topo[r], sizeof(nic_topo[r]), r);
+    cfx_test_setenv("CFX_NET_PLUGIN", test_plugin("CFX_TEST_NET_PLUGIN"));
+    cfx_test_setenv("CFXTEST_NDEV", "3");
+    char logs[128];
+    cfx_test_log_to(logs, sizeof(logs), "dev");
+    struct cfx_test_options opts = {
+        .nranks = 2, .mode = CFX_TEST_PROCS, .deadline_s = 90, .before_rank = own_host_and_nic};
+    char report[8192];
+    int ok = cfx_test_run(&opts, allreduces_of_every_size, report, sizeof(report));
+    int said0 = cfx_test_count_in_logs(logs, "rank 0 uses device 1 (lo1), the topology's nearest");
+    int said1 = cfx_test_count_in_logs(logs, "rank 1 uses device 2 (lo2), the topology's nearest");
+    int on0 =
+        cfx_test_count_in_logs(logs, "rank 0 -> rank 1 connected (plugin cfxtest, device 1: lo1)");
+    int on1 =
+        cfx_test_count_in_logs(logs, "rank 1 -> rank 0 connected (plugin cfxtest, device 2: lo2)");
+    int on_first = cfx_test_count_in_logs(logs, "device 0: lo)");
+    if (ok)
+        cfx_test_remove_logs(logs);
+    cfx_test_logs_off();
+    cfx_test_setenv("CFX_NET_PLUGIN", NULL);
+    cfx_test_setenv("CFXTEST_NDEV", NULL);
+    for (int r = 0; r < 2; r++)
+        unlink(nic_topo[r]);
+    cr_assert(ok, "%s(logs kept in %s.*)", report, logs);
+    cr_assert_geq(said0, 1, "rank 0 did not say it uses lo1, its nearest port");
+    cr_assert_geq(said1, 1, "rank 1 did not say it uses lo2, its nearest port");
+    cr_assert_geq(on0, 1, "rank 0's send connection is not on lo1");
+    cr_assert_geq(on1, 1, "rank 1's send connection is not on lo2");
+    cr_assert_eq(on_first, 0, "%d connections on device 0, which is no rank's nearest", on_first);
+}
+
 /* Rank 1's plugin fails every isend after its first 40. */
 static void isends_fail_in_rank_one(struct cfx_test_rank *ctx)
 {

@@ -16,7 +16,12 @@
  * ncclSystemError. CFXTEST_PTR_CUDA=1 says the devices move CUDA memory too
  * (NCCL_PTR_CUDA) and registers it like host memory: the plugin still
  * moves bytes with the CPU, so this is for fake-cuda only, whose device
- * memory is host memory.
+ * memory is host memory. iflush of CUDA memory returns a request that is
+ * done at its second test; of host memory, none. CFXTEST_LAZY_CUDA=1
+ * plays a NIC whose writes into GPU memory are not visible before a flush:
+ * a receive into CUDA memory reports done with its bytes hidden (kept
+ * aside, 0xa5 in their place) until an iflush of that buffer completes, so
+ * a caller that reads them earlier reads garbage.
  *
  * Built twice: libnccl-net-cfxtest.so exports ncclNetPlugin_v9,
  * libnccl-net-cfxtest8.so (CFXTEST_V8) exports ncclNetPlugin_v8 only.
@@ -43,6 +48,7 @@ static ncclDebugLogger_t logger;
 static int n_devices = 1;
 static long fail_after_sends = -1; /* -1: never. */
 static int ptr_cuda;               /* CFXTEST_PTR_CUDA=1. */
+static int lazy_cuda;              /* CFXTEST_LAZY_CUDA=1. */
 static _Atomic long sends;         /* isends of this process (any thread). */
 
 #define LOG_WARN(...)                                                                              \
@@ -71,6 +77,16 @@ struct request {
     size_t size;     /* Send: bytes; receive: the most accepted. */
     uint64_t header; /* Send: size; receive: the size that came. */
     size_t moved;    /* Bytes of header and data moved so far. */
+    int flush;       /* An iflush's request: done at its second test. */
+    int flush_tests;
+    int cuda; /* A receive into memory registered as CUDA memory. */
+};
+
+/* CFXTEST_LAZY_CUDA: a receive's bytes not yet flushed into place. */
+struct hidden {
+    char *data; /* NULL: free entry. */
+    size_t size;
+    char *saved;
 };
 
 struct comm {
@@ -80,6 +96,7 @@ struct comm {
     struct request reqs[CFXTEST_MAX_REQUESTS];
     int queue[CFXTEST_MAX_REQUESTS]; /* Unfinished requests, in posting order. */
     int q_first, q_len;
+    struct hidden hidden[CFXTEST_MAX_REQUESTS];
 };
 
 struct listen_comm {
@@ -100,6 +117,8 @@ static ncclResult_t tp_init(ncclDebugLogger_t log)
         fail_after_sends = atol(text);
     text = getenv("CFXTEST_PTR_CUDA");
     ptr_cuda = text != NULL && atoi(text) == 1;
+    text = getenv("CFXTEST_LAZY_CUDA");
+    lazy_cuda = text != NULL && atoi(text) == 1;
     if (logger)
         logger(NCCL_LOG_INFO, NCCL_LOG_SUBSYS_NET, __FILE__, __LINE__,
                "cfxtest plugin: %d device(s) over TCP on %s", n_devices, "127.0.0.1");
@@ -230,8 +249,12 @@ static ncclResult_t tp_reg_mr(void *comm, void *data, size_t size, int type, voi
     (void)size;
     if (type != NCCL_PTR_HOST && !(type == NCCL_PTR_CUDA && ptr_cuda))
         return ncclInternalError;
-    *mhandle = malloc(1);
-    return *mhandle ? ncclSuccess : ncclSystemError;
+    int *kind = malloc(sizeof(int));
+    if (kind == NULL)
+        return ncclSystemError;
+    *kind = type;
+    *mhandle = kind;
+    return ncclSuccess;
 }
 
 static ncclResult_t tp_reg_mr_dmabuf(void *comm, void *data, size_t size, int type, uint64_t offset,
@@ -332,7 +355,8 @@ static ncclResult_t tp_isend_any(void *send_comm, void *data, size_t size, void 
     return comm_progress(c);
 }
 
-static ncclResult_t tp_irecv_any(void *recv_comm, int n, void **data, size_t size, void **request)
+static ncclResult_t tp_irecv_any(void *recv_comm, int n, void **data, size_t size, void **mhandles,
+                                 void **request)
 {
     struct comm *c = recv_comm;
     *request = NULL;
@@ -343,6 +367,7 @@ static ncclResult_t tp_irecv_any(void *recv_comm, int n, void **data, size_t siz
     struct request *r = request_new(c, data[0], size);
     if (r == NULL)
         return ncclSuccess;
+    r->cuda = mhandles != NULL && mhandles[0] != NULL && *(int *)mhandles[0] == NCCL_PTR_CUDA;
     *request = r;
     return ncclSuccess;
 }
@@ -350,14 +375,69 @@ static ncclResult_t tp_irecv_any(void *recv_comm, int n, void **data, size_t siz
 static ncclResult_t tp_iflush(void *recv_comm, int n, void **data, int *sizes, void **mhandles,
                               void **request)
 {
-    (void)recv_comm, (void)n, (void)data, (void)sizes, (void)mhandles;
+    (void)sizes;
+    struct comm *c = recv_comm;
     *request = NULL; /* Host memory: nothing to flush. */
-    return ncclSuccess;
+    if (n < 1 || mhandles == NULL || mhandles[0] == NULL || *(int *)mhandles[0] != NCCL_PTR_CUDA)
+        return ncclSuccess;
+    /* Local: it flushes bytes that are here, also after the peer left. */
+    for (int i = 0; i < CFXTEST_MAX_REQUESTS; i++) {
+        struct request *r = &c->reqs[i];
+        if (!r->used) { /* Not queued: it moves no bytes. */
+            memset(r, 0, sizeof(*r));
+            r->comm = c;
+            r->used = 1;
+            r->flush = 1;
+            r->data = data[0]; /* The buffer whose hidden bytes it shows. */
+            *request = r;
+            return ncclSuccess;
+        }
+    }
+    return ncclInternalError; /* More requests than maxRecvs allows. */
+}
+
+/* CFXTEST_LAZY_CUDA: the bytes a receive just completed stay out of sight
+ * until an iflush of its buffer completes. */
+static ncclResult_t hide(struct request *r)
+{
+    for (int i = 0; i < CFXTEST_MAX_REQUESTS; i++) {
+        struct hidden *h = &r->comm->hidden[i];
+        if (h->data == NULL) {
+            h->saved = malloc(r->header);
+            if (h->saved == NULL)
+                return ncclSystemError;
+            memcpy(h->saved, r->data, r->header);
+            memset(r->data, 0xa5, r->header);
+            h->data = r->data;
+            h->size = r->header;
+            return ncclSuccess;
+        }
+    }
+    LOG_WARN("cfxtest: more than %d receives into CUDA memory wait for a flush",
+             CFXTEST_MAX_REQUESTS);
+    return ncclInternalError;
 }
 
 static ncclResult_t tp_test(void *request, int *done, int *sizes)
 {
     struct request *r = request;
+    if (r->flush) {
+        *done = ++r->flush_tests >= 2;
+        if (*done) {
+            for (int i = 0; i < CFXTEST_MAX_REQUESTS; i++) {
+                struct hidden *h = &r->comm->hidden[i];
+                if (h->data == r->data) { /* The flush makes them visible. */
+                    memcpy(h->data, h->saved, h->size);
+                    free(h->saved);
+                    h->data = NULL;
+                }
+            }
+            if (sizes)
+                *sizes = 0;
+            r->used = 0;
+        }
+        return ncclSuccess;
+    }
     ncclResult_t res = comm_progress(r->comm);
     /* A request that completed is done, even when a later one on its comm
      * then failed (a peer that closed after its last message). */
@@ -368,6 +448,8 @@ static ncclResult_t tp_test(void *request, int *done, int *sizes)
         if (sizes)
             *sizes = (int)r->header;
         r->used = 0;
+        if (r->cuda && lazy_cuda && r->header > 0)
+            return hide(r);
     }
     return ncclSuccess;
 }
@@ -377,6 +459,8 @@ static ncclResult_t comm_close(void *comm)
     struct comm *c = comm;
     if (c == NULL)
         return ncclSuccess;
+    for (int i = 0; i < CFXTEST_MAX_REQUESTS; i++)
+        free(c->hidden[i].data ? c->hidden[i].saved : NULL);
     close(c->fd);
     free(c);
     return ncclSuccess;
@@ -438,10 +522,10 @@ static ncclResult_t tp_isend(void *send_comm, void *data, int size, int tag, voi
 static ncclResult_t tp_irecv(void *recv_comm, int n, void **data, int *sizes, int *tags,
                              void **mhandles, void **request)
 {
-    (void)tags, (void)mhandles;
+    (void)tags;
     if (n != 1 || sizes[0] < 0)
         return ncclInvalidArgument;
-    return tp_irecv_any(recv_comm, n, data, (size_t)sizes[0], request);
+    return tp_irecv_any(recv_comm, n, data, (size_t)sizes[0], mhandles, request);
 }
 
 PLUGIN_EXPORT const ncclNet_v8_t ncclNetPlugin_v8 = {
@@ -510,10 +594,10 @@ static ncclResult_t tp_isend(void *send_comm, void *data, size_t size, int tag, 
 static ncclResult_t tp_irecv(void *recv_comm, int n, void **data, size_t *sizes, int *tags,
                              void **mhandles, void **request)
 {
-    (void)tags, (void)mhandles;
+    (void)tags;
     if (n != 1)
         return ncclInvalidArgument;
-    return tp_irecv_any(recv_comm, n, data, sizes[0], request);
+    return tp_irecv_any(recv_comm, n, data, sizes[0], mhandles, request);
 }
 
 PLUGIN_EXPORT const ncclNet_v9_t ncclNetPlugin_v9 = {

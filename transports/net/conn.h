@@ -59,6 +59,7 @@ struct cfx_net_plugin {
     int n_devs;                                /* As devices() said. */
     char dev_name[NET_MAX_DEVS][NET_NAME_MAX]; /* The first NET_MAX_DEVS devices' names. */
     int ptr_support[NET_MAX_DEVS];
+    int has_iflush; /* The table's iflush is set. */
 };
 
 /* The plugin, loaded on first call (thread-safe, once per process), or
@@ -68,9 +69,11 @@ struct cfx_net_plugin {
 cfxResult_t cfx_net_plugin_get(const struct cfx_net_plugin **plugin_p);
 
 /* The plugin's calls, version-independent. Each returns its ncclResult_t. */
-/* The device for a connection to a rank whose nearest NIC is @p nic_name
- * (the first device of that name that moves host memory), else 0. */
-int cfx_net_plugin_pick_dev(const struct cfx_net_plugin *p, const char *nic_name);
+/* The device this rank's connections use: the first one named as the
+ * topology's port nearest this rank, @p nic_name ("mlx5_0"; a ":port"
+ * suffix on either name is ignored), that moves host memory; *matched_p 1.
+ * Else device 0, *matched_p 0 (no name, or no device of that name). */
+int cfx_net_plugin_pick_dev(const struct cfx_net_plugin *p, const char *nic_name, int *matched_p);
 ncclResult_t cfx_net_plugin_listen(const struct cfx_net_plugin *p, int dev, void *handle,
                                    void **listen_comm_p);
 ncclResult_t cfx_net_plugin_connect(const struct cfx_net_plugin *p, int dev, void *handle,
@@ -87,6 +90,10 @@ ncclResult_t cfx_net_plugin_irecv(const struct cfx_net_plugin *p, void *recv_com
                                   size_t bytes, void *mhandle, void **request_p);
 ncclResult_t cfx_net_plugin_test(const struct cfx_net_plugin *p, void *request, int *done_p,
                                  int *bytes_p);
+/* Make @p bytes received at @p data (registered as NCCL_PTR_CUDA) visible
+ * to the GPU; *request_p NULL: nothing to wait for. Only with has_iflush. */
+ncclResult_t cfx_net_plugin_iflush(const struct cfx_net_plugin *p, void *recv_comm, void *data,
+                                   size_t bytes, void *mhandle, void **request_p);
 ncclResult_t cfx_net_plugin_close_send(const struct cfx_net_plugin *p, void *send_comm);
 ncclResult_t cfx_net_plugin_close_recv(const struct cfx_net_plugin *p, void *recv_comm);
 ncclResult_t cfx_net_plugin_close_listen(const struct cfx_net_plugin *p, void *listen_comm);
@@ -107,8 +114,15 @@ _Static_assert(sizeof(struct cfx_net_info) <= CFX_CONNECT_INFO_BYTES, "fits the 
 /* Per-communicator state. */
 struct cfx_net_ctx {
     int rank;
-    int nic_path;  /* The path class from this rank's GPU to its NIC, or -1: unknown. */
-    int gdr_level; /* cfx_transport_gdr_level(). */
+    /* The plugin device this rank's connections use, and whether it is
+     * the topology's port nearest this rank (nic_name). */
+    int dev;
+    int dev_is_nearest;
+    char nic_name[CFX_TRANSPORT_NIC_NAME_MAX]; /* "": the topology named none. */
+    /* The path class from this rank's GPU to dev, or -1: unknown (a host
+     * rank, or dev is not the topology's nearest port). */
+    int nic_path;
+    int gdr_level;                       /* cfx_transport_gdr_level(). */
     const struct cfx_net_plugin *plugin; /* NULL: CFX_NET_PLUGIN unset, accepts no pair. */
     const int *abort_flag;
     int64_t connect_timeout_s;
@@ -121,6 +135,10 @@ struct cfx_net_ctx {
 struct cfx_net_slot {
     void *req_info, *req_data; /* Outstanding requests (NULL: none or done). */
     int info_done, data_done;
+    /* Receiver flushing through the plugin (gdr_iflush): 1 once the
+     * payload's iflush is posted (req_flush outstanding), 2 once done. */
+    void *req_flush;
+    int flush_state;
     int data_bytes; /* Receiver: bytes the payload's test reported. */
 };
 
@@ -142,10 +160,12 @@ struct cfx_net_conn {
     /* GPUDirect RDMA through the plugin (a GPU rank whose device the
      * plugin's moves CUDA memory): the payload slots in device gdr - 1's
      * memory (dev_raw, aligned at slots), registered as slots_mhandle;
-     * the receiver flushes the plugin's writes (cuFlushGPUDirectRDMAWrites)
-     * before it posts them. Otherwise slots is in mem and slots_mhandle is
-     * mhandle. */
+     * the receiver flushes the plugin's writes before it posts them: with
+     * cuFlushGPUDirectRDMAWrites, or where the driver cannot, with the
+     * plugin's iflush of each payload (gdr_iflush). Otherwise slots is in
+     * mem and slots_mhandle is mhandle. */
     int gdr;
+    int gdr_iflush;
     void *dev_raw;
     void *slots_mhandle;
     uint64_t gdr_flushes; /* Receiver: flushes made. */

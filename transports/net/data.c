@@ -201,6 +201,42 @@ static void slot_arrived(struct cfx_net_conn *nc)
     cfx_store_release_u64(&nc->fifo->tail, nc->arrived);
 }
 
+/* Flushing through the plugin (gdr_iflush): slot @p index's payload is
+ * visible to the GPU once its iflush completed. 1 when it has; 0 while the
+ * flush is in flight or cannot be posted yet (requests), or when it failed
+ * (the connector failed). An iflush that returns no request had nothing to
+ * do (NCCL's rule). */
+static int plugin_flushed(struct cfx_net_conn *nc, struct cfx_net_slot *s, size_t index,
+                          uint32_t size)
+{
+    if (s->flush_state == 2)
+        return 1;
+    if (s->flush_state == 0) {
+        if (nc->n_reqs >= NET_MAX_REQUESTS)
+            return 0;
+        void *req = NULL;
+        ncclResult_t res =
+            cfx_net_plugin_iflush(nc->plugin, nc->comm, nc->slots + index * nc->slot_bytes, size,
+                                  nc->slots_mhandle, &req);
+        if (res != ncclSuccess) {
+            call_failed(nc, "iflush", res);
+            return 0;
+        }
+        nc->gdr_flushes++;
+        if (req == NULL) {
+            s->flush_state = 2;
+            return 1;
+        }
+        s->req_flush = req;
+        nc->n_reqs++;
+        s->flush_state = 1;
+    }
+    if (!request_test(nc, &s->req_flush, NULL))
+        return 0;
+    s->flush_state = 2;
+    return 1;
+}
+
 /* Slots complete in order go to the FIFO: after every pass, and after a
  * failure too (what arrived whole can still be taken, cfx_net_conn_check). */
 static int post_arrived(struct cfx_net_conn *nc)
@@ -229,7 +265,10 @@ static int post_arrived(struct cfx_net_conn *nc)
                       (unsigned long long)nc->arrived, nc->peer_rank);
             return moved;
         }
-        if (nc->gdr && size > CFX_SLOT_INLINE_BYTES && !flushed) {
+        if (nc->gdr_iflush && size > CFX_SLOT_INLINE_BYTES) {
+            if (!plugin_flushed(nc, s, index, size))
+                return moved; /* In flight, or the connector failed. */
+        } else if (nc->gdr && size > CFX_SLOT_INLINE_BYTES && !flushed) {
             /* The plugin wrote the payload into device memory: make its
              * writes visible to the kernel before the slot is posted (one
              * flush covers every payload in so far). */

@@ -50,14 +50,28 @@ static cfxResult_t net_init(const struct cfx_transport_env *env, void **ctx_p)
     if (ctx == NULL)
         return cfx_error_set(cfxSystemError, CFX_LOG_NET, "net-plugin: out of memory");
     ctx->rank = env->rank;
-    ctx->nic_path = env->nic_path;
     ctx->gdr_level = cfx_transport_gdr_level();
     ctx->plugin = plugin;
+    snprintf(ctx->nic_name, sizeof(ctx->nic_name), "%s", env->nic_name ? env->nic_name : "");
     ctx->abort_flag = env->abort_flag;
     ctx->connect_timeout_s = env->connect_timeout_s;
     ctx->connect_check = env->connect_check;
     ctx->connect_check_arg = env->connect_check_arg;
     if (plugin != NULL) {
+        /* One device for all of this rank's connections, its own nearest
+         * port (the peer picks its own on its side, as NCCL's ranks do). */
+        ctx->dev = cfx_net_plugin_pick_dev(plugin, ctx->nic_name, &ctx->dev_is_nearest);
+        ctx->nic_path = ctx->dev_is_nearest ? env->nic_path : -1;
+        if (ctx->dev_is_nearest)
+            CFX_INFO(CFX_LOG_NET | CFX_LOG_INIT,
+                     "net-plugin: rank %d uses device %d (%s), the topology's nearest port",
+                     ctx->rank, ctx->dev, plugin->dev_name[ctx->dev]);
+        else
+            CFX_INFO(CFX_LOG_NET | CFX_LOG_INIT, "net-plugin: rank %d uses device %d (%s): %s%s%s",
+                     ctx->rank, ctx->dev, plugin->dev_name[ctx->dev],
+                     ctx->nic_name[0] ? "no device of the plugin is named " : "",
+                     ctx->nic_name[0] ? ctx->nic_name : "the topology names no port near this rank",
+                     ctx->nic_name[0] ? ", the topology's nearest port" : "");
         res = cfx_proxy_get(0, &ctx->proxy);
         if (res != cfxSuccess) {
             net_fini(ctx);
@@ -96,13 +110,15 @@ static const char *dir_arrow(enum cfx_conn_dir dir)
 
 /* Whether a GPU rank's slots go in device memory, moved by the plugin
  * (GPUDirect RDMA): its device moves CUDA memory, the NIC is near enough
- * (CFX_NET_GDR_LEVEL, as for verbs), and, on the receiving side, the driver
- * can flush the NIC's writes (cuFlushGPUDirectRDMAWrites). 0 with the
- * reason in @p why. */
+ * (CFX_NET_GDR_LEVEL, as for verbs), and, on the receiving side, the NIC's
+ * writes can be flushed: by the driver (cuFlushGPUDirectRDMAWrites), else
+ * by the plugin's iflush (*iflush_p set). 0 with the reason in @p why. */
 static int gdr_wanted(const struct cfx_net_ctx *ctx, const struct cfx_net_conn *nc, int device,
-                      char *why, size_t len)
+                      int *iflush_p, char *why, size_t len)
 {
     const char *no_flush = NULL;
+    int driver_flush = nc->dir == CFX_CONN_SEND || cfx_cuda_rdma_flush_supported(device, &no_flush);
+    *iflush_p = 0;
     if (!(ctx->plugin->ptr_support[nc->dev] & NCCL_PTR_CUDA))
         snprintf(why, len, "its device %d moves host memory only", nc->dev);
     else if (ctx->gdr_level < 0)
@@ -113,11 +129,15 @@ static int gdr_wanted(const struct cfx_net_ctx *ctx, const struct cfx_net_conn *
                  "(CFX_NET_GDR_LEVEL=SYS uses it anyway)");
     else if (ctx->gdr_level < CFX_PATH_CLASS_SYS && ctx->nic_path > ctx->gdr_level)
         snprintf(why, len, "the NIC is farther from the GPU than CFX_NET_GDR_LEVEL allows");
-    else if (nc->dir == CFX_CONN_RECV && !cfx_cuda_rdma_flush_supported(device, &no_flush))
-        snprintf(why, len, "the driver cannot flush GPUDirect RDMA writes (%s)",
+    else if (!driver_flush && !ctx->plugin->has_iflush)
+        snprintf(why, len,
+                 "the driver cannot flush GPUDirect RDMA writes (%s), nor the plugin "
+                 "(no iflush)",
                  no_flush ? no_flush : "unknown");
-    else
+    else {
+        *iflush_p = !driver_flush;
         return 1;
+    }
     return 0;
 }
 
@@ -159,14 +179,15 @@ static cfxResult_t net_setup(void *ctx_v, const struct cfx_transport_peer *peer,
     nc->blame_rank = -1;
     nc->n_steps = n_steps;
     nc->slot_bytes = slot_bytes;
-    nc->dev = cfx_net_plugin_pick_dev(ctx->plugin, peer->nic_name);
+    nc->dev = ctx->dev;
     /* A GPU rank: its kernel fills and drains the slots in place; the proxy
      * moves them through the plugin, from and into pinned host memory, or
      * (GPUDirect RDMA) the plugin moves them in device memory, and the
      * block holds no slots. */
-    char why[160] = "";
+    char why[200] = "";
+    int iflush = 0;
     int gdr = conn->place.reader == CFX_READER_KERNEL &&
-              gdr_wanted(ctx, nc, conn->place.device, why, sizeof(why));
+              gdr_wanted(ctx, nc, conn->place.device, &iflush, why, sizeof(why));
     size_t slots_bytes = ((size_t)n_steps * slot_bytes + 4095) & ~(size_t)4095;
     size_t staging_off =
         (slots_off + (gdr ? 0 : (size_t)n_steps * slot_bytes) + 4095) & ~(size_t)4095;
@@ -190,6 +211,7 @@ static cfxResult_t net_setup(void *ctx_v, const struct cfx_transport_peer *peer,
             CFX_CHECK(cfx_cuda_select(conn->place.device));
             CFX_CHECK(cfx_cuda_mem_alloc(&nc->dev_raw, slots_bytes + 4096));
             nc->gdr = conn->place.device + 1;
+            nc->gdr_iflush = iflush;
             nc->slots = (char *)(((uintptr_t)nc->dev_raw + 4095) & ~(uintptr_t)4095);
         } else {
             CFX_INFO(CFX_LOG_NET,
@@ -385,8 +407,9 @@ static void net_close(void *ctx_v, struct cfx_connector *conn)
     if (nc->gdr && nc->gdr_flushes > 0)
         CFX_INFO(CFX_LOG_NET,
                  "net-plugin: rank %d <- rank %d flushed the plugin's writes into device %d's "
-                 "memory %llu time(s)",
-                 nc->self_rank, nc->peer_rank, nc->gdr - 1, (unsigned long long)nc->gdr_flushes);
+                 "memory %llu time(s), %s",
+                 nc->self_rank, nc->peer_rank, nc->gdr - 1, (unsigned long long)nc->gdr_flushes,
+                 nc->gdr_iflush ? "with the plugin's iflush" : "with cuFlushGPUDirectRDMAWrites");
     if (nc->slots_mhandle != NULL && nc->slots_mhandle != nc->mhandle)
         cfx_net_plugin_dereg_mr(p, nc->comm, nc->slots_mhandle);
     if (nc->mhandle != NULL)

@@ -94,6 +94,7 @@ static cfxResult_t load(const char *spec)
                   "ncclNetPlugin_v8 (older plugins are not supported)",
                   spec, plugin.path);
     }
+    plugin.has_iflush = plugin.version == 9 ? plugin.v9->iflush != NULL : plugin.v8->iflush != NULL;
     const char *name = plugin.version == 9 ? plugin.v9->name : plugin.v8->name;
     snprintf(plugin.name, sizeof(plugin.name), "%s", name ? name : "?");
     ncclResult_t res =
@@ -168,12 +169,24 @@ cfxResult_t cfx_net_plugin_get(const struct cfx_net_plugin **plugin_p)
     return cfxSuccess;
 }
 
-int cfx_net_plugin_pick_dev(const struct cfx_net_plugin *p, const char *nic_name)
+/* Length of @p name up to a ":port" suffix. Pure. */
+static size_t base_len(const char *name)
+{
+    const char *colon = strchr(name, ':');
+    return colon ? (size_t)(colon - name) : strlen(name);
+}
+
+int cfx_net_plugin_pick_dev(const struct cfx_net_plugin *p, const char *nic_name, int *matched_p)
 {
     int n_seen = p->n_devs < NET_MAX_DEVS ? p->n_devs : NET_MAX_DEVS;
-    for (int dev = 0; nic_name != NULL && nic_name[0] && dev < n_seen; dev++)
-        if ((p->ptr_support[dev] & NCCL_PTR_HOST) && strcmp(p->dev_name[dev], nic_name) == 0)
+    size_t len = nic_name != NULL ? base_len(nic_name) : 0;
+    *matched_p = 0;
+    for (int dev = 0; len > 0 && dev < n_seen; dev++)
+        if ((p->ptr_support[dev] & NCCL_PTR_HOST) && base_len(p->dev_name[dev]) == len &&
+            strncmp(p->dev_name[dev], nic_name, len) == 0) {
+            *matched_p = 1;
             return dev;
+        }
     return 0;
 }
 
@@ -254,6 +267,14 @@ ncclResult_t cfx_net_plugin_test(const struct cfx_net_plugin *p, void *request, 
                                  int *bytes_p)
 {
     return NET_CALL(p, test, request, done_p, bytes_p);
+}
+
+ncclResult_t cfx_net_plugin_iflush(const struct cfx_net_plugin *p, void *recv_comm, void *data,
+                                   size_t bytes, void *mhandle, void **request_p)
+{
+    void *datas[1] = {data}, *mhandles[1] = {mhandle};
+    int sizes[1] = {(int)bytes};
+    return NET_CALL(p, iflush, recv_comm, 1, datas, sizes, mhandles, request_p);
 }
 
 ncclResult_t cfx_net_plugin_close_send(const struct cfx_net_plugin *p, void *send_comm)
