@@ -155,7 +155,11 @@ struct enqueue_case {
      * the test plugin (CFX_TEST_NET_PLUGIN): 1, the proxy moves the
      * kernels' slots from and into pinned host memory through the plugin;
      * 2, the slots are in device memory and the plugin moves them there
-     * (GPUDirect RDMA: CFXTEST_PTR_CUDA=1, CFX_NET_GDR_LEVEL=SYS). */
+     * (GPUDirect RDMA: CFXTEST_PTR_CUDA=1, CFX_NET_GDR_LEVEL=SYS); 3, the
+     * same on a device that cannot flush from the host
+     * (FAKECUDA_NO_RDMA_FLUSH=1): receivers flush with the plugin's iflush,
+     * and the plugin hides each payload until its flush completes
+     * (CFXTEST_LAZY_CUDA=1). */
     int net_plugin;
 };
 
@@ -255,6 +259,8 @@ ParameterizedTestParameters(cuda, allreduce_is_enqueued_and_the_stream_completes
         {3, CFX_TEST_PROCS, 70001, 0, 0, 1},
         {2, CFX_TEST_PROCS, 1 << 20, 0, 0, 2},
         {3, CFX_TEST_PROCS, 70001, 0, 0, 2},
+        {2, CFX_TEST_PROCS, 1 << 20, 0, 0, 3},
+        {3, CFX_TEST_PROCS, 70001, 0, 0, 3},
     };
     return cr_make_param_array(struct enqueue_case, cases, sizeof(cases) / sizeof(cases[0]));
 }
@@ -270,6 +276,7 @@ ParameterizedTest(struct enqueue_case *ec, cuda, allreduce_is_enqueued_and_the_s
                 : ec->verbs == GDR_PEERMEM_NOCUF ? "verbs (fake-verbs), peermem, no cuFlush"
                 : ec->verbs == GDR_NEITHER       ? "verbs (fake-verbs), neither dma-buf nor peermem"
                 : ec->verbs == 1                 ? "verbs (fake-verbs), staged"
+                : ec->net_plugin == 3 ? "the test net plugin, GPUDirect RDMA flushed by its iflush"
                 : ec->net_plugin == 2 ? "the test net plugin, GPUDirect RDMA (one host per rank)"
                 : ec->net_plugin      ? "the test net plugin (one host per rank)"
                 : ec->sockets         ? "sockets"
@@ -284,14 +291,18 @@ ParameterizedTest(struct enqueue_case *ec, cuda, allreduce_is_enqueued_and_the_s
     const char *plugin = getenv("CFX_TEST_NET_PLUGIN");
     if (ec->net_plugin && (plugin == NULL || access(plugin, R_OK) != 0))
         cr_skip_test("no test net plugin (CFX_TEST_NET_PLUGIN unset: run through ctest)");
-    if (ec->net_plugin == 2 && strcmp(use_gpu(), "GPU") == 0)
+    if (ec->net_plugin >= 2 && strcmp(use_gpu(), "GPU") == 0)
         cr_skip_test("the test plugin moves bytes with the CPU, which cannot reach a GPU's memory");
-    cfx_test_setenv("CFXTEST_PTR_CUDA", ec->net_plugin == 2 ? "1" : NULL);
+    cfx_test_setenv("CFXTEST_PTR_CUDA", ec->net_plugin >= 2 ? "1" : NULL);
     cfx_test_setenv("CFX_SHM_DISABLE", ec->sockets ? "1" : NULL);
     cfx_test_setenv("CFX_NET_PLUGIN", ec->net_plugin ? plugin : NULL);
     gdr_env(ec->verbs);
-    if (ec->net_plugin) /* After gdr_env, which sets it for verbs. */
-        cfx_test_setenv("CFX_NET_GDR_LEVEL", ec->net_plugin == 2 ? "SYS" : NULL);
+    if (ec->net_plugin) { /* After gdr_env, which sets these for verbs. */
+        cfx_test_setenv("CFX_NET_GDR_LEVEL", ec->net_plugin >= 2 ? "SYS" : NULL);
+        cfx_test_setenv("FAKECUDA_NO_RDMA_FLUSH", ec->net_plugin == 3 ? "1" : NULL);
+        /* Payloads hidden until their flush completes: read earlier, wrong. */
+        cfx_test_setenv("CFXTEST_LAZY_CUDA", ec->net_plugin == 3 ? "1" : NULL);
+    }
     struct cfx_test_options opts = {.nranks = ec->nranks,
                                     .mode = ec->mode,
                                     .deadline_s = 240,
@@ -307,18 +318,28 @@ ParameterizedTest(struct enqueue_case *ec, cuda, allreduce_is_enqueued_and_the_s
         int device = cfx_test_count_in_logs(
             logs, "connected (plugin cfxtest, device 0: lo), a GPU rank's slots in device");
         int flushed = cfx_test_count_in_logs(logs, "flushed the plugin's writes into device");
+        int by_iflush = cfx_test_count_in_logs(logs, "with the plugin's iflush");
         int other = cfx_test_count_in_logs(logs, "socket transport: rank 0 -> rank 1 connected");
         cfx_test_remove_logs(logs);
         cfx_test_setenv("CFX_NET_PLUGIN", NULL);
         cfx_test_setenv("CFXTEST_PTR_CUDA", NULL);
         cfx_test_setenv("CFX_NET_GDR_LEVEL", NULL);
+        cfx_test_setenv("FAKECUDA_NO_RDMA_FLUSH", NULL);
+        cfx_test_setenv("CFXTEST_LAZY_CUDA", NULL);
         /* Each rank's ring send and receive at least. */
         int want = 2 * ec->nranks;
-        if (ec->net_plugin == 2) {
+        if (ec->net_plugin >= 2) {
             cr_assert(device >= want && pinned == 0,
                       "%d connection ends had their slots in device memory, %d in pinned memory",
                       device, pinned);
             cr_assert_geq(flushed, ec->nranks, "%d receivers flushed the plugin's writes", flushed);
+            if (ec->net_plugin == 3)
+                cr_assert_eq(by_iflush, flushed,
+                             "%d of %d receivers flushed with the plugin's iflush", by_iflush,
+                             flushed);
+            else
+                cr_assert_eq(by_iflush, 0,
+                             "%d receivers used the plugin's iflush beside the driver", by_iflush);
         } else {
             cr_assert(pinned >= want && device == 0,
                       "%d connection ends went through the plugin from pinned memory, %d from "
@@ -573,9 +594,81 @@ Test(cuda, the_legacy_stream_runs_one_rank_per_process_and_refuses_shared_gpus, 
 
 #define GROUP_RANKS 4
 
+#define LONG_ROUNDS 64 /* Allreduces per rank in the long group. */
+#define LONG_MSGS   40 /* Sends to the next rank (and receives) per rank. */
+#define LONG_COUNT  16 /* Floats per operation. */
+
+/* A group of the GROUP_RANKS ranks' operations on one stream, more than
+ * one launch carries (LONG_ROUNDS allreduces and LONG_MSGS sends and
+ * receives around the ring per rank, 576 in all), called rank by rank:
+ * every allreduce of rank 0 first, then rank 1's, ... A split of the
+ * stream in call order would put rank 0's first allreduces in a launch
+ * without their peers' and hang; split by the operations' keys, every
+ * result is right. Then a group of more than a group may put on one stream
+ * is refused before anything runs. */
+static void long_group_on_one_stream(const struct cfx_cuda_api *cu, cfxComm_t *comms,
+                                     const CUdeviceptr *send, CUstream stream)
+{
+    CUdeviceptr sums[GROUP_RANKS], got[GROUP_RANKS];
+    size_t sums_n = (size_t)LONG_ROUNDS * LONG_COUNT, got_n = (size_t)LONG_MSGS * LONG_COUNT;
+    for (int r = 0; r < GROUP_RANKS; r++) {
+        cr_assert_eq(cu->mem_alloc(&sums[r], sums_n * sizeof(float)), CUDA_SUCCESS);
+        cr_assert_eq(cu->mem_alloc(&got[r], got_n * sizeof(float)), CUDA_SUCCESS);
+    }
+    size_t bytes = LONG_COUNT * sizeof(float);
+    cr_assert_eq(cfxGroupStart(), cfxSuccess);
+    for (int r = 0; r < GROUP_RANKS; r++) {
+        for (int k = 0; k < LONG_ROUNDS; k++)
+            cr_assert_eq(cfxAllReduce((void *)(uintptr_t)(send[r] + k * bytes),
+                                      (void *)(uintptr_t)(sums[r] + k * bytes), LONG_COUNT,
+                                      cfxFloat32, cfxSum, comms[r], stream),
+                         cfxSuccess, "%s", cfxGetLastError(comms[r]));
+        for (int k = 0; k < LONG_MSGS; k++) {
+            cr_assert_eq(cfxSend((void *)(uintptr_t)(send[r] + k * bytes), LONG_COUNT, cfxFloat32,
+                                 (r + 1) % GROUP_RANKS, comms[r], stream),
+                         cfxSuccess, "%s", cfxGetLastError(comms[r]));
+            cr_assert_eq(cfxRecv((void *)(uintptr_t)(got[r] + k * bytes), LONG_COUNT, cfxFloat32,
+                                 (r + GROUP_RANKS - 1) % GROUP_RANKS, comms[r], stream),
+                         cfxSuccess, "%s", cfxGetLastError(comms[r]));
+        }
+    }
+    cr_assert_eq(cfxGroupEnd(), cfxSuccess, "%s", cfxGetLastError(NULL));
+    cr_assert_eq(cu->stream_synchronize(stream), CUDA_SUCCESS);
+    float *host = malloc(sums_n * sizeof(float));
+    for (int r = 0; r < GROUP_RANKS; r++) {
+        cr_assert_eq(cu->memcpy_dtoh(host, sums[r], sums_n * sizeof(float)), CUDA_SUCCESS);
+        for (size_t i = 0; i < sums_n; i++)
+            cr_assert_eq(host[i], sum_of(GROUP_RANKS, i), "rank %d allreduce %zu element %zu: %g",
+                         r, i / LONG_COUNT, i % LONG_COUNT, (double)host[i]);
+        cr_assert_eq(cu->memcpy_dtoh(host, got[r], got_n * sizeof(float)), CUDA_SUCCESS);
+        int from = (r + GROUP_RANKS - 1) % GROUP_RANKS;
+        for (size_t i = 0; i < got_n; i++)
+            cr_assert_eq(host[i], input_of(from, i), "rank %d message %zu element %zu: %g", r,
+                         i / LONG_COUNT, i % LONG_COUNT, (double)host[i]);
+    }
+    free(host);
+    /* More than a group may put on one stream: refused on every rank. */
+    int too_many = CFX_EXEC_CUDA_MAX_GROUP_OPS / GROUP_RANKS + 1;
+    cr_assert_eq(cfxGroupStart(), cfxSuccess);
+    for (int k = 0; k < too_many; k++)
+        for (int r = 0; r < GROUP_RANKS; r++)
+            cr_assert_eq(cfxAllReduce((void *)(uintptr_t)send[r], (void *)(uintptr_t)sums[r],
+                                      LONG_COUNT, cfxFloat32, cfxSum, comms[r], stream),
+                         cfxSuccess, "%s", cfxGetLastError(comms[r]));
+    cfxResult_t res = cfxGroupEnd();
+    cr_assert_eq(res, cfxInvalidUsage, "%d allreduces on one stream gave %s",
+                 too_many * GROUP_RANKS, cfxGetErrorString(res));
+    const char *why = cfxGetLastError(comms[0]);
+    cr_assert(strstr(why, "split the group") != NULL, "the refusal says: %s", why);
+    for (int r = 0; r < GROUP_RANKS; r++) {
+        cu->mem_free(sums[r]);
+        cu->mem_free(got[r]);
+    }
+}
+
 /* One thread drives GROUP_RANKS GPU ranks (cfxCommInitAll) in one group:
- * on one stream each, and all on one stream (one kernel for all; a group
- * of theirs that one launch cannot carry is refused). */
+ * on one stream each, and all on one stream (one kernel for all; then a
+ * group of theirs that one launch cannot carry, in several). */
 static void one_thread_group(int one_stream)
 {
     const struct cfx_cuda_api *cu = cfx_cuda_api(NULL);
@@ -606,22 +699,8 @@ static void one_thread_group(int one_stream)
                          cfxSuccess, "%s", cfxGetLastError(comms[r]));
         cr_assert_eq(cfxGroupEnd(), cfxSuccess, "%s", cfxGetLastError(NULL));
     }
-    if (one_stream) {
-        /* More operations of several communicators on one stream than one
-         * launch carries: refused before anything runs (only one
-         * communicator's go in several launches). */
-        cr_assert_eq(cfxGroupStart(), cfxSuccess);
-        for (int k = 0; k < 64; k++)
-            for (int r = 0; r < GROUP_RANKS; r++)
-                cr_assert_eq(cfxAllReduce((void *)(uintptr_t)send[r], (void *)(uintptr_t)recv[r],
-                                          16, cfxFloat32, cfxSum, comms[r], streams[0]),
-                             cfxSuccess, "%s", cfxGetLastError(comms[r]));
-        cfxResult_t res = cfxGroupEnd();
-        cr_assert_eq(res, cfxInvalidUsage, "%d allreduces of %d ranks on one stream gave %s",
-                     64 * GROUP_RANKS, GROUP_RANKS, cfxGetErrorString(res));
-        const char *why = cfxGetLastError(comms[0]);
-        cr_assert(strstr(why, "several communicators") != NULL, "the refusal says: %s", why);
-    }
+    if (one_stream)
+        long_group_on_one_stream(cu, comms, send, streams[0]);
     for (int r = 0; r < GROUP_RANKS; r++) {
         cr_assert_eq(cu->stream_synchronize(streams[r]), CUDA_SUCCESS);
         cr_assert_eq(cu->memcpy_dtoh(host, recv[r], n * sizeof(float)), CUDA_SUCCESS);

@@ -141,33 +141,23 @@ static cfxResult_t choose_executor(const struct cfx_op *ops, int n_ops,
                                  "%s: GPU buffers on rank %d, a host rank (no CUDA context was "
                                  "current when it was initialised)",
                                  api_name(ops[i].kind), ops[i].rank);
-    /* One kernel launch carries at most CFX_EXEC_CUDA_MAX_OPS; one
-     * communicator's ops on a stream go in several launches up to
-     * CFX_EXEC_CUDA_MAX_GROUP_OPS, several communicators' in one. Host
-     * buffers on a stream go as one host function on one stream. */
+    /* One kernel launch carries at most CFX_EXEC_CUDA_MAX_OPS; the ops on
+     * a stream (of one communicator or several) go in several launches up
+     * to CFX_EXEC_CUDA_MAX_GROUP_OPS. Host buffers on a stream go as one
+     * host function on one stream. */
     for (int i = 0; i < n_ops; i++) {
         int seen = 0;
         for (int j = 0; j < i && !seen; j++)
             seen = ops[j].stream == ops[i].stream;
         if (seen)
             continue; /* Counted with the stream's first op. */
-        int on_stream = 0, several = 0;
+        int on_stream = 0;
         for (int j = i; j < n_ops; j++)
-            if (ops[j].stream == ops[i].stream) {
-                on_stream++;
-                several |= ops[j].owner != ops[i].owner;
-            }
-        if (kind == CFX_MEM_DEVICE && several && on_stream > CFX_EXEC_CUDA_MAX_OPS)
-            return cfx_error_set(cfxInvalidUsage, CFX_LOG_COLL,
-                                 "cfxGroupEnd: %d GPU operations of several communicators on one "
-                                 "stream; one kernel launch carries at most %d (only one "
-                                 "communicator's operations go in several): split the group, or "
-                                 "give each communicator a stream of its own",
-                                 on_stream, CFX_EXEC_CUDA_MAX_OPS);
+            on_stream += ops[j].stream == ops[i].stream;
         if (kind == CFX_MEM_DEVICE && on_stream > CFX_EXEC_CUDA_MAX_GROUP_OPS)
             return cfx_error_set(cfxInvalidUsage, CFX_LOG_COLL,
-                                 "cfxGroupEnd: %d GPU operations of one communicator on one "
-                                 "stream, more than the %d a group may hold: split the group",
+                                 "cfxGroupEnd: %d GPU operations on one stream, more than the %d "
+                                 "a group may put on one stream: split the group",
                                  on_stream, CFX_EXEC_CUDA_MAX_GROUP_OPS);
         if (kind == CFX_MEM_HOST && ops[i].stream != ops[0].stream)
             return cfx_error_set(cfxInvalidUsage, CFX_LOG_COLL,

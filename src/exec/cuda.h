@@ -35,13 +35,12 @@
 struct cfx_cuda_comm;
 
 /* Most GPU operations one kernel launch carries (its far arguments;
- * src/exec/cuda/kernel.h): a batch's operations on one stream, when they
- * are of several communicators. */
+ * src/exec/cuda/kernel.h). */
 #define CFX_EXEC_CUDA_MAX_OPS 255
-/* Most GPU operations of one communicator on one stream in a batch: more
- * than one launch carries (or than a captured one does) go in several
- * launches one after the other, in an order every rank takes alike
- * (src/exec/cuda/cuda.c, "Groups of several launches"). */
+/* Most GPU operations on one stream in a batch, of one communicator or of
+ * several: more than one launch carries (or than a captured one does) go
+ * in several launches one after the other, in an order every rank takes
+ * alike (src/exec/cuda/cuda.c, "Groups of several launches"). */
 #define CFX_EXEC_CUDA_MAX_GROUP_OPS 4096
 
 /* What a communicator's CUDA state is made from. */

@@ -53,6 +53,16 @@ CFX_STATIC_ASSERT(CFX_EXEC_CUDA_MAX_OPS == CFX_KERNEL_MAX_OPS,
 /* Far launches in flight per communicator before the next waits. */
 #define CFX_CUDA_FAR_BUFFERS 2
 
+/* Where an op goes when a stream's ops are split over launches
+ * (launch_split): collectives first (round -1) by their place among their
+ * communicator's collectives (seq), then sends and receives by round and
+ * message; call order (op) last. */
+struct split_key {
+    int round;
+    int op;
+    uint64_t seq;
+};
+
 struct cfx_cuda_comm {
     struct cfx_cuda_comm_desc desc;
     CUfunction fn;      /* The narrow launch's kernel. */
@@ -71,8 +81,10 @@ struct cfx_cuda_comm {
     CUevent done;                   /* Recorded after the last eager launch. */
     CUstream last_stream;           /* The stream of that launch. */
     int launched;                   /* done was recorded at least once. */
-    /* A batch's ops on this communicator's stream in the order they are
-     * split over launches (launch_split): indices into the batch. */
+    /* A batch's ops on a stream whose first op is this communicator's, in
+     * the order they are split over launches (launch_split): their keys,
+     * then their indices into the batch. */
+    struct split_key order_keys[CFX_EXEC_CUDA_MAX_GROUP_OPS];
     int order[CFX_EXEC_CUDA_MAX_GROUP_OPS];
     /* The watcher's (under watch_lock). */
     uint64_t last_beats;
@@ -856,13 +868,13 @@ static cfxResult_t launch_one(const struct cfx_cuda_api *cu, struct cfx_op *ops,
 }
 
 /*
- * Groups of several launches. A communicator's ops on one stream that one
- * launch cannot carry (more than CFX_KERNEL_FAR_OPS ops or
- * CFX_KERNEL_FAR_VIEWS views; while capturing, more than the wide
- * parameter's) go in several launches that the stream runs one after the
- * other, each at most a wide parameter's worth (never a far one: a far
- * buffer may make the host wait for an earlier launch, which may wait for
- * a peer this thread has yet to launch for).
+ * Groups of several launches. The ops on one stream that one launch cannot
+ * carry (more than CFX_KERNEL_FAR_OPS ops or CFX_KERNEL_FAR_VIEWS views;
+ * while capturing, more than the wide parameter's), of one communicator or
+ * of several (ranks one thread drives), go in several launches that the
+ * stream runs one after the other, each at most a wide parameter's worth
+ * (never a far one: a far buffer may make the host wait for an earlier
+ * launch, which may wait for a peer this thread has yet to launch for).
  *
  * A launch must not wait for a peer's op that the peer put in a later
  * launch while that peer's earlier launch waits for one of this rank's
@@ -878,6 +890,17 @@ static cfxResult_t launch_one(const struct cfx_cuda_api *cu, struct cfx_op *ops,
  * done), at the head of its chains, and so is its match on the peer: it
  * completes, and so on up. Ops of one connector keep their order (their
  * message numbers rise).
+ *
+ * Several communicators on one stream: each op's key is the same as if
+ * its communicator were alone (a collective's place is among its own
+ * communicator's collectives), the stream's ops are sorted by key whatever
+ * their communicator, and a launch ends only between two different keys.
+ * So every launch on every stream holds a range of keys above the ranges
+ * of the launches before it, the ops with the least key not done are in
+ * the launches running on their streams, and the argument above holds
+ * across communicators: ranks of one communicator on one stream have
+ * their matching ops in one launch, and ranks elsewhere wait for nothing
+ * of a later launch.
  */
 
 /* The round of a send or receive (a send to rank + d, a receive from
@@ -891,60 +914,96 @@ static int p2p_round(const struct cfx_op *op)
     return -1;
 }
 
-/* The order of two ops of a batch (qsort_r over indices into @p ops_v). */
-static int order_compare(const void *a, const void *b, void *ops_v)
+/* The order of two split keys (qsort). */
+static int key_compare(const void *a, const void *b)
 {
-    const struct cfx_op *ops = ops_v;
-    int i = *(const int *)a, j = *(const int *)b;
-    int di = p2p_round(&ops[i]), dj = p2p_round(&ops[j]);
-    if (di != dj)
-        return di < dj ? -1 : 1; /* Collectives (-1) first. */
-    if (di >= 0 && ops[i].p2p_msg != ops[j].p2p_msg)
-        return ops[i].p2p_msg < ops[j].p2p_msg ? -1 : 1;
-    return i < j ? -1 : i > j; /* Call order. */
+    const struct split_key *x = a, *y = b;
+    if (x->round != y->round)
+        return x->round < y->round ? -1 : 1; /* Collectives (-1) first. */
+    if (x->seq != y->seq)
+        return x->seq < y->seq ? -1 : 1;
+    return x->op < y->op ? -1 : x->op > y->op; /* Call order. */
 }
 
-/* Whether ops @p x and @p y are a send and a receive of one round and
- * message, which stay in one launch. */
-static int one_unit(const struct cfx_op *x, const struct cfx_op *y)
+/* The length of the unit at keys[k]: the ops of one key (a collective of
+ * each communicator, a send and a receive of one round and message of
+ * each), which stay in one launch. */
+static int unit_len(const struct split_key *keys, int n, int k)
 {
-    int d = p2p_round(x);
-    return d >= 0 && d == p2p_round(y) && x->p2p_msg == y->p2p_msg;
+    int len = 1;
+    while (k + len < n && keys[k + len].round == keys[k].round && keys[k + len].seq == keys[k].seq)
+        len++;
+    return len;
 }
 
-/* The @p n ops ops[c->order[0..n)] of communicator @p c on @p stream, in
- * several launches (above). */
+/* The connectors of the @p len ops ops[order[k..k+len)]. */
+static int unit_views(const struct cfx_op *ops, const int *order, int k, int len)
+{
+    int views = 0;
+    for (int j = k; j < k + len; j++)
+        views += ops[order[j]].n_conns;
+    return views;
+}
+
+/* The @p n ops on @p stream, ops[c->order[0..n)] (one communicator's, or
+ * several: @p c is the first one's), in several launches (above). */
 static cfxResult_t launch_split(const struct cfx_cuda_api *cu, struct cfx_op *ops, int n,
                                 cfxStream_t stream, struct cfx_cuda_comm *c, int capturing)
 {
+    struct split_key *keys = c->order_keys;
     int *order = c->order;
-    qsort_r(order, (size_t)n, sizeof(*order), order_compare, ops);
+    for (int k = 0; k < n; k++) {
+        const struct cfx_op *op = &ops[order[k]];
+        keys[k].op = order[k];
+        keys[k].round = p2p_round(op);
+        keys[k].seq = op->p2p_msg;
+        if (keys[k].round < 0) { /* Its place among its communicator's collectives here. */
+            keys[k].seq = 0;
+            for (int j = 0; j < k; j++)
+                keys[k].seq += keys[j].round < 0 && ops[order[j]].exec_state == op->exec_state;
+        }
+    }
+    qsort(keys, (size_t)n, sizeof(*keys), key_compare);
+    for (int k = 0; k < n; k++)
+        order[k] = keys[k].op;
+    /* Refused before anything is launched: a unit no launch of the split
+     * carries. */
+    for (int k = 0; k < n;) {
+        int len = unit_len(keys, n, k), views = unit_views(ops, order, k, len);
+        if (len > CFX_KERNEL_WIDE_OPS || views > CFX_KERNEL_WIDE_VIEWS)
+            return cfx_error_set(cfxInvalidUsage, CFX_LOG_COLL,
+                                 "a group puts %d GPU operations on one CUDA stream that must run "
+                                 "in one kernel launch (%d connectors), more than a launch of a "
+                                 "long group carries (%d operations, %d connectors): give the "
+                                 "communicators streams of their own",
+                                 len, views, CFX_KERNEL_WIDE_OPS, CFX_KERNEL_WIDE_VIEWS);
+        k += len;
+    }
     int start = 0, launches = 0;
     while (start < n) {
         int end = start, views = 0;
         while (end < n) {
-            /* The next unit: one op, or a send and receive that go together. */
-            int len = end + 1 < n && one_unit(&ops[order[end]], &ops[order[end + 1]]) ? 2 : 1;
-            int unit_views = ops[order[end]].n_conns + (len == 2 ? ops[order[end + 1]].n_conns : 0);
-            if (end > start && (end + len - start > CFX_KERNEL_WIDE_OPS ||
-                                views + unit_views > CFX_KERNEL_WIDE_VIEWS))
+            int len = unit_len(keys, n, end), more = unit_views(ops, order, end, len);
+            if (end > start &&
+                (end + len - start > CFX_KERNEL_WIDE_OPS || views + more > CFX_KERNEL_WIDE_VIEWS))
                 break;
-            views += unit_views;
+            views += more;
             end += len;
         }
         cfxResult_t res = launch_one(cu, ops, order + start, end - start, stream, c, capturing);
         if (res != cfxSuccess) {
             /* The launches already on the stream wait for ops that never
-             * come: stop them (the communicator is broken, as the core
+             * come: stop them (the communicators are broken, as the core
              * takes it after a failed launch). */
-            if (launches > 0)
-                cfx_exec_cuda_comm_abort(c, 1);
+            for (int k = 0; k < start; k++)
+                cfx_exec_cuda_comm_abort(ops[order[k]].exec_state, 1);
             return res;
         }
         launches++;
         start = end;
     }
-    CFX_TRACE(CFX_LOG_COLL, "rank %d: %d GPU operations in %d launches", c->desc.rank, n, launches);
+    CFX_TRACE(CFX_LOG_COLL, "rank %d: %d GPU operations on one stream in %d launches", c->desc.rank,
+              n, launches);
     return cfxSuccess;
 }
 
@@ -952,14 +1011,13 @@ static cfxResult_t launch_stream(const struct cfx_cuda_api *cu, struct cfx_op *o
                                  cfxStream_t stream)
 {
     struct cfx_cuda_comm *first = NULL;
-    int n = 0, one_comm = 1;
+    int n = 0;
     uint32_t views = 0;
     for (int i = 0; i < n_ops; i++) {
         if (ops[i].stream != stream)
             continue;
         if (first == NULL)
             first = ops[i].exec_state;
-        one_comm &= ops[i].exec_state == first;
         views += (uint32_t)ops[i].n_conns;
         n++;
     }
@@ -968,23 +1026,18 @@ static cfxResult_t launch_stream(const struct cfx_cuda_api *cu, struct cfx_op *o
     CFX_CHECK(cfx_exec_cuda_stream_capturing(stream, &capturing));
     int most_ops = capturing ? CFX_KERNEL_WIDE_OPS : CFX_KERNEL_FAR_OPS;
     uint32_t most_views = capturing ? CFX_KERNEL_WIDE_VIEWS : CFX_KERNEL_FAR_VIEWS;
-    if (one_comm && (n > most_ops || views > most_views)) {
+    if (n > most_ops || views > most_views) {
         if (n > CFX_EXEC_CUDA_MAX_GROUP_OPS) /* group.c refuses these first. */
             return cfx_error_set(cfxInvalidUsage, CFX_LOG_COLL,
-                                 "a group puts %d GPU operations of rank %d on one stream, more "
-                                 "than %d: split the group",
-                                 n, first->desc.rank, CFX_EXEC_CUDA_MAX_GROUP_OPS);
+                                 "a group puts %d GPU operations on one stream, more than %d: "
+                                 "split the group",
+                                 n, CFX_EXEC_CUDA_MAX_GROUP_OPS);
         for (int i = 0, k = 0; i < n_ops; i++)
             if (ops[i].stream == stream)
                 first->order[k++] = i;
         return launch_split(cu, ops, n, stream, first, capturing);
     }
     int on[CFX_KERNEL_MAX_OPS];
-    if (n > CFX_KERNEL_MAX_OPS)
-        return cfx_error_set(cfxInvalidUsage, CFX_LOG_COLL,
-                             "a group puts %d GPU operations of several communicators on one CUDA "
-                             "stream, more than one kernel launch carries (%d): split the group",
-                             n, CFX_KERNEL_MAX_OPS);
     for (int i = 0, k = 0; i < n_ops; i++)
         if (ops[i].stream == stream)
             on[k++] = i;
