@@ -102,6 +102,19 @@ ParameterizedTest(int *nranks, net_plugin, allreduce_of_every_size_over_the_plug
                   loaded);
 }
 
+/* The plugin in rendezvous (a message leaves only once its receive is
+ * posted, as over RDMA): every size still arrives whole and in order. */
+Test(net_plugin, allreduce_of_every_size_over_a_rendezvous_plugin, .timeout = 150)
+{
+    int plugin, socket, loaded;
+    cfx_test_setenv("CFXTEST_RENDEZVOUS", "1");
+    run_over_plugin("CFX_TEST_NET_PLUGIN", 3, allreduces_of_every_size, &plugin, &socket, &loaded,
+                    "(ncclNetPlugin_v9, name \"cfxtest\")");
+    cfx_test_setenv("CFXTEST_RENDEZVOUS", NULL);
+    cr_assert_geq(plugin, 3, "only %d connections via net-plugin in the logs", plugin);
+    cr_assert_eq(socket, 0, "%d connections via socket with a net plugin loaded", socket);
+}
+
 Test(net_plugin, allreduce_over_a_v8_plugin, .timeout = 150)
 {
     int plugin, socket, loaded;

@@ -21,7 +21,12 @@
  * plays a NIC whose writes into GPU memory are not visible before a flush:
  * a receive into CUDA memory reports done with its bytes hidden (kept
  * aside, 0xa5 in their place) until an iflush of that buffer completes, so
- * a caller that reads them earlier reads garbage.
+ * a caller that reads them earlier reads garbage. CFXTEST_RENDEZVOUS=1
+ * plays an RDMA NIC's rendezvous: a message leaves only once its receive
+ * is posted at the other end (each irecv sends the sender a one-byte
+ * clear-to-send back over the connection, which the sender must have read
+ * before it starts the message), so a protocol that posts its receives
+ * late pays a round trip per message, as over NCCL's ib plugin.
  *
  * Built twice: libnccl-net-cfxtest.so exports ncclNetPlugin_v9,
  * libnccl-net-cfxtest8.so (CFXTEST_V8) exports ncclNetPlugin_v8 only.
@@ -49,6 +54,7 @@ static int n_devices = 1;
 static long fail_after_sends = -1; /* -1: never. */
 static int ptr_cuda;               /* CFXTEST_PTR_CUDA=1. */
 static int lazy_cuda;              /* CFXTEST_LAZY_CUDA=1. */
+static int rendezvous;             /* CFXTEST_RENDEZVOUS=1. */
 static _Atomic long sends;         /* isends of this process (any thread). */
 
 #define LOG_WARN(...)                                                                              \
@@ -79,7 +85,8 @@ struct request {
     size_t moved;    /* Bytes of header and data moved so far. */
     int flush;       /* An iflush's request: done at its second test. */
     int flush_tests;
-    int cuda; /* A receive into memory registered as CUDA memory. */
+    int cuda;    /* A receive into memory registered as CUDA memory. */
+    int cleared; /* CFXTEST_RENDEZVOUS: a send that took its clear-to-send. */
 };
 
 /* CFXTEST_LAZY_CUDA: a receive's bytes not yet flushed into place. */
@@ -97,6 +104,10 @@ struct comm {
     int queue[CFXTEST_MAX_REQUESTS]; /* Unfinished requests, in posting order. */
     int q_first, q_len;
     struct hidden hidden[CFXTEST_MAX_REQUESTS];
+    /* CFXTEST_RENDEZVOUS: a receiver's clear-to-send bytes not yet
+     * written; a sender's read and not yet used. */
+    int cts_owed;
+    int cts_credit;
 };
 
 struct listen_comm {
@@ -119,6 +130,8 @@ static ncclResult_t tp_init(ncclDebugLogger_t log)
     ptr_cuda = text != NULL && atoi(text) == 1;
     text = getenv("CFXTEST_LAZY_CUDA");
     lazy_cuda = text != NULL && atoi(text) == 1;
+    text = getenv("CFXTEST_RENDEZVOUS");
+    rendezvous = text != NULL && atoi(text) == 1;
     if (logger)
         logger(NCCL_LOG_INFO, NCCL_LOG_SUBSYS_NET, __FILE__, __LINE__,
                "cfxtest plugin: %d device(s) over TCP on %s", n_devices, "127.0.0.1");
@@ -291,11 +304,51 @@ static struct request *request_new(struct comm *c, char *data, size_t size)
     return NULL;
 }
 
+/* CFXTEST_RENDEZVOUS: a receiver writes the clear-to-send bytes it owes;
+ * a sender reads those that came. Without blocking. */
+static ncclResult_t cts_progress(struct comm *c)
+{
+    while (c->error == ncclSuccess && !c->is_send && c->cts_owed > 0) {
+        char bytes[CFXTEST_MAX_REQUESTS] = {0};
+        ssize_t n = send(c->fd, bytes, (size_t)c->cts_owed, MSG_NOSIGNAL | MSG_DONTWAIT);
+        if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR))
+            break;
+        if (n <= 0) {
+            LOG_WARN("cfxtest: clear-to-send: %s", strerror(errno));
+            c->error = ncclRemoteError;
+            break;
+        }
+        c->cts_owed -= (int)n;
+    }
+    while (c->error == ncclSuccess && c->is_send) {
+        char bytes[64];
+        ssize_t n = recv(c->fd, bytes, sizeof(bytes), MSG_DONTWAIT);
+        if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR))
+            break;
+        if (n <= 0) {
+            LOG_WARN("cfxtest: clear-to-send: %s",
+                     n == 0 ? "the peer closed the connection" : strerror(errno));
+            c->error = ncclRemoteError;
+            break;
+        }
+        c->cts_credit += (int)n;
+    }
+    return c->error;
+}
+
 /* Move bytes of the oldest unfinished requests, without blocking. */
 static ncclResult_t comm_progress(struct comm *c)
 {
+    if (rendezvous && cts_progress(c) != ncclSuccess)
+        return c->error;
     while (c->error == ncclSuccess && c->q_len > 0) {
         struct request *r = &c->reqs[c->queue[c->q_first]];
+        if (rendezvous && c->is_send && !r->cleared) {
+            if (c->cts_credit == 0)
+                return ncclSuccess; /* Its receive is not posted yet. */
+            c->cts_credit--;
+            r->cleared = 1;
+        }
         for (;;) {
             size_t total = sizeof(r->header) + (size_t)r->header;
             if (r->moved >= sizeof(r->header) && r->moved == total)
@@ -369,6 +422,10 @@ static ncclResult_t tp_irecv_any(void *recv_comm, int n, void **data, size_t siz
         return ncclSuccess;
     r->cuda = mhandles != NULL && mhandles[0] != NULL && *(int *)mhandles[0] == NCCL_PTR_CUDA;
     *request = r;
+    if (rendezvous) {
+        c->cts_owed++;
+        return cts_progress(c);
+    }
     return ncclSuccess;
 }
 

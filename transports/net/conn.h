@@ -9,22 +9,24 @@
  * connection has a local FIFO in one block of host memory, registered with
  * the plugin once after connect: [FIFO control block][slots][staging lines].
  * For each posted slot k the sender isends, on its one send comm and in
- * this order, the slot's 64-byte info line, then (only when the payload
- * does not travel inside the info line, size > CFX_SLOT_INLINE_BYTES) the
- * payload. It releases slot k once both sends tested done. The receiver
- * irecvs slot k's info line into staging[k % n_steps] only while slot k of
- * its FIFO is free (k < head + n_steps); once it is in, the line says
- * whether a payload follows, and the receiver irecvs it straight into the
- * slot. When both are in, it copies the line into the FIFO and posts the
- * slot. The plugin's in-order matching of messages on a comm is what
- * keeps the two streams in step; the receiver's irecvs are its flow
+ * this order, the payload (empty when it travels inside the info line,
+ * size <= CFX_SLOT_INLINE_BYTES), then the slot's 64-byte info line. It
+ * releases slot k once both sends tested done. The receiver posts both
+ * receives of slot k ahead, while slot k of its FIFO is free (k < head +
+ * n_steps) and its request budget allows: the payload (at most slot_bytes)
+ * straight into the slot, then the info line into staging[k % n_steps].
+ * When both are in and agree, it copies the line into the FIFO and
+ * posts the slot. The plugin's in-order matching of messages on a comm is
+ * what keeps the two streams in step; the receiver's irecvs are its flow
  * control (the plugin holds a send until the matching receive is posted or
- * buffers it).
+ * buffers it), and posting them ahead lets a rendezvous plugin move the
+ * next slots without a round trip each.
  *
  * Poison: a sender that is told to stop sends, after the slots it already
- * sent, one more info line with size NET_POISON_SIZE and seq 0 (from
- * staging[0] of its block), carrying the reason in print.count and the
- * rank to blame in print.root; the receiver's check() reports it. A
+ * sent, one more slot: an empty payload, then an info line with size
+ * NET_POISON_SIZE and seq 0 (from staging[0] of its block), carrying the
+ * reason in print.count and the rank to blame in print.root; the
+ * receiver's check() reports it. A
  * receiver cannot tell its sender anything (a comm goes one way): its
  * peer learns of it when the comm is closed, or by its own timeout.
  */
@@ -185,17 +187,18 @@ struct cfx_net_conn {
     struct cfx_net_slot slot[CFX_MAX_STEPS];
     int n_reqs; /* Requests outstanding on the comm. */
     /* Sender: slots [released, issued) have their sends posted; slot
-     * `issued` has its info send posted when info_issued. */
+     * `issued` has its payload's send posted when payload_issued. */
     uint64_t released, issued;
-    int info_issued;
-    /* Receiver: slots [arrived, decided) have every receive posted; slot
-     * `decided` has its info receive posted when info_posted. */
-    uint64_t arrived, decided;
-    int info_posted;
+    int payload_issued;
+    /* Receiver: slots [arrived, posted) have both receives posted; slot
+     * `posted` has its payload's receive posted when payload_posted. */
+    uint64_t arrived, posted;
+    int payload_posted;
     _Atomic int poison_reason; /* Set by poison(): stop issuing (a sender tells its peer). */
     _Atomic int poison_blame;
+    void *req_poison_empty;  /* Sender: the poison's empty payload send, outstanding. */
     void *req_poison;        /* Sender: the poison line's send, outstanding. */
-    int poison_sent;         /* Sender: the poison line's send is posted. */
+    int poison_sent;         /* Sender: 1: the empty payload's send is posted; 2: the line's too. */
     _Atomic int poison_done; /* Sender: and completed (close() lingers for it). */
     /* Receiver: the peer's poison line came (reason, blame rank); set by
      * the driving thread, read by check(). */

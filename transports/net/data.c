@@ -1,9 +1,9 @@
 /*
  * The net-plugin transport's data path: a pass over a connector tests its
  * outstanding requests, then posts what may go: a sender's isends (each
- * posted slot's info line, then its payload unless inline), a receiver's
- * irecvs (the next free slot's info line into its staging line; once that
- * came, the payload straight into the slot). At most NET_MAX_REQUESTS per
+ * posted slot's info line, then its payload, empty when inline), a
+ * receiver's irecvs (both of each free slot, ahead: the info line into its
+ * staging line, the payload straight into the slot). At most NET_MAX_REQUESTS per
  * comm; a call that returns a NULL request is retried on a later pass.
  * Any plugin call that fails fails the connector once, with a sentence
  * naming both ranks, the plugin, the call and its result. The protocol is
@@ -77,51 +77,76 @@ static int request_test(struct cfx_net_conn *nc, void **req, int *bytes_p)
 
 /* ============================================================ sender */
 
-/* Poisoned: once no slot is half sent, send the poison line; test it. */
-static int send_poison(struct cfx_net_conn *nc)
+/* Posts one isend of @p bytes at @p data (registered as @p mhandle) into
+ * *req_p; 1 when it went, 0 when the plugin said "not now" or failed (the
+ * connector failed then). */
+static int post_send(struct cfx_net_conn *nc, void *data, size_t bytes, void *mhandle, void **req_p)
 {
-    if (nc->req_poison != NULL) {
-        if (!request_test(nc, &nc->req_poison, NULL))
-            return 0;
-        atomic_store_explicit(&nc->poison_done, 1, memory_order_release);
-        return 1;
-    }
-    if (nc->poison_sent || nc->info_issued || nc->n_reqs >= NET_MAX_REQUESTS)
-        return 0;
-    struct cfx_slot_info *line = &nc->staging[0];
-    memset(line, 0, sizeof(*line));
-    line->size = NET_POISON_SIZE;
-    line->seq = 0;
-    line->print.count = (uint64_t)atomic_load_explicit(&nc->poison_reason, memory_order_acquire);
-    line->print.root = atomic_load_explicit(&nc->poison_blame, memory_order_relaxed);
     void *req = NULL;
-    ncclResult_t res =
-        cfx_net_plugin_isend(nc->plugin, nc->comm, line, sizeof(*line), nc->mhandle, &req);
+    ncclResult_t res = cfx_net_plugin_isend(nc->plugin, nc->comm, data, bytes, mhandle, &req);
     if (res != ncclSuccess) {
         call_failed(nc, "isend", res);
         return 0;
     }
     if (req == NULL)
         return 0;
-    nc->req_poison = req;
+    *req_p = req;
     nc->n_reqs++;
-    nc->poison_sent = 1;
+    return 1;
+}
+
+/* Poisoned: once no slot is half sent, send the poison as a slot of its
+ * own (an empty payload, then the poison line); test both. */
+static int send_poison(struct cfx_net_conn *nc)
+{
+    if (nc->poison_sent == 2) {
+        request_test(nc, &nc->req_poison_empty, NULL);
+        request_test(nc, &nc->req_poison, NULL);
+        if (nc->req_poison_empty != NULL || nc->req_poison != NULL)
+            return 0;
+        atomic_store_explicit(&nc->poison_done, 1, memory_order_release);
+        return 1;
+    }
+    if (nc->payload_issued || nc->n_reqs >= NET_MAX_REQUESTS)
+        return 0;
+    struct cfx_slot_info *line = &nc->staging[0];
+    if (nc->poison_sent == 0) {
+        memset(line, 0, sizeof(*line));
+        line->size = NET_POISON_SIZE;
+        line->seq = 0;
+        line->print.count =
+            (uint64_t)atomic_load_explicit(&nc->poison_reason, memory_order_acquire);
+        line->print.root = atomic_load_explicit(&nc->poison_blame, memory_order_relaxed);
+        if (!post_send(nc, line, 0, nc->mhandle, &nc->req_poison_empty))
+            return 0;
+        nc->poison_sent = 1;
+        if (nc->n_reqs >= NET_MAX_REQUESTS)
+            return 1;
+    }
+    if (!post_send(nc, line, sizeof(*line), nc->mhandle, &nc->req_poison))
+        return 1;
+    nc->poison_sent = 2;
     return 1;
 }
 
 static int send_pass(struct cfx_net_conn *nc)
 {
     int moved = 0;
-    /* Completions, in any order; releases in order. */
-    uint64_t last = nc->issued + (nc->info_issued ? 1 : 0);
+    /* Completions, in order up to the first slot not done (releases go in
+     * order; a test can cost the plugin a system call). */
+    uint64_t last = nc->issued + (nc->payload_issued ? 1 : 0);
     for (uint64_t k = nc->released; k < last; k++) {
         struct cfx_net_slot *s = &nc->slot[k % (uint64_t)nc->n_steps];
-        if (request_test(nc, &s->req_info, NULL))
-            s->info_done = 1, moved = 1;
         if (request_test(nc, &s->req_data, NULL))
             s->data_done = 1, moved = 1;
+        if (!s->data_done)
+            break;
+        if (request_test(nc, &s->req_info, NULL))
+            s->info_done = 1, moved = 1;
         if (atomic_load_explicit(&nc->failed, memory_order_relaxed))
             return moved;
+        if (!s->info_done || !s->data_done)
+            break;
     }
     while (nc->released < nc->issued) {
         struct cfx_net_slot *s = &nc->slot[nc->released % (uint64_t)nc->n_steps];
@@ -131,10 +156,12 @@ static int send_pass(struct cfx_net_conn *nc)
         cfx_store_release_u64(&nc->fifo->head, nc->released);
         moved = 1;
     }
-    if (atomic_load_explicit(&nc->poison_reason, memory_order_acquire))
-        return moved | send_poison(nc);
-    /* Sends of posted slots, in order, within the request limit. */
-    uint64_t tail = cfx_load_acquire_u64(&nc->fifo->tail);
+    /* Sends of posted slots, in order, within the request limit; once
+     * poisoned, only the line of a slot whose payload went, then the
+     * poison. */
+    int poisoned = atomic_load_explicit(&nc->poison_reason, memory_order_acquire) != 0;
+    uint64_t tail = !poisoned ? cfx_load_acquire_u64(&nc->fifo->tail)
+                              : nc->issued + (nc->payload_issued ? 1 : 0);
     while (nc->issued < tail && nc->n_reqs < NET_MAX_REQUESTS) {
         uint64_t k = nc->issued;
         size_t index = (size_t)(k % (uint64_t)nc->n_steps);
@@ -147,41 +174,29 @@ static int send_pass(struct cfx_net_conn *nc)
                       nc->self_rank, size, nc->slot_bytes, nc->peer_rank);
             return moved;
         }
-        if (!nc->info_issued) {
+        /* The payload first, even when the line carries the bytes (empty
+         * then): the receiver posted its receive with the line's, and the
+         * line, last, finds the payload in when it comes. */
+        if (!nc->payload_issued) {
+            uint32_t payload = size > CFX_SLOT_INLINE_BYTES ? size : 0;
             void *req = NULL;
-            ncclResult_t res =
-                cfx_net_plugin_isend(nc->plugin, nc->comm, info, sizeof(*info), nc->mhandle, &req);
-            if (res != ncclSuccess) {
-                call_failed(nc, "isend", res);
-                return moved;
-            }
-            if (req == NULL)
-                return moved; /* Not now. */
-            *s = (struct cfx_net_slot){.req_info = req, .data_done = size <= CFX_SLOT_INLINE_BYTES};
-            nc->n_reqs++;
-            nc->info_issued = 1;
+            if (!post_send(nc, nc->slots + index * nc->slot_bytes, payload, nc->slots_mhandle,
+                           &req))
+                return moved; /* Not now, or failed. */
+            *s = (struct cfx_net_slot){.req_data = req};
+            nc->payload_issued = 1;
             moved = 1;
-            if (size > CFX_SLOT_INLINE_BYTES && nc->n_reqs >= NET_MAX_REQUESTS)
+            if (nc->n_reqs >= NET_MAX_REQUESTS)
                 return moved;
         }
-        if (size > CFX_SLOT_INLINE_BYTES) {
-            void *req = NULL;
-            ncclResult_t res =
-                cfx_net_plugin_isend(nc->plugin, nc->comm, nc->slots + index * nc->slot_bytes, size,
-                                     nc->slots_mhandle, &req);
-            if (res != ncclSuccess) {
-                call_failed(nc, "isend", res);
-                return moved;
-            }
-            if (req == NULL)
-                return moved;
-            s->req_data = req;
-            nc->n_reqs++;
-        }
-        nc->info_issued = 0;
+        if (!post_send(nc, info, sizeof(*info), nc->mhandle, &s->req_info))
+            return moved;
+        nc->payload_issued = 0;
         nc->issued++;
         moved = 1;
     }
+    if (poisoned)
+        moved |= send_poison(nc);
     return moved;
 }
 
@@ -243,16 +258,34 @@ static int post_arrived(struct cfx_net_conn *nc)
 {
     int moved = 0;
     int flushed = 0;
-    while (nc->arrived < nc->decided) {
+    while (nc->arrived < nc->posted) {
         size_t index = (size_t)(nc->arrived % (uint64_t)nc->n_steps);
         struct cfx_net_slot *s = &nc->slot[index];
-        if (!s->info_done || !s->data_done)
+        if (!s->info_done)
             break;
         uint32_t size = nc->staging[index].size;
-        if (size > CFX_SLOT_INLINE_BYTES && s->data_bytes != (int)size) {
+        if (size == NET_POISON_SIZE && nc->staging[index].seq == 0) {
+            /* Nothing follows (no payload message either). */
+            if (!atomic_load_explicit(&nc->peer_poison, memory_order_relaxed)) {
+                nc->peer_poison_blame = nc->staging[index].print.root;
+                atomic_store_explicit(&nc->peer_poison, (int)nc->staging[index].print.count,
+                                      memory_order_release);
+            }
+            return moved;
+        }
+        if (size > nc->slot_bytes) {
+            conn_fail(nc, cfxInvalidUsage, nc->peer_rank,
+                      "net-plugin: rank %d sent %u bytes for a %zu-byte slot of rank %d",
+                      nc->peer_rank, size, nc->slot_bytes, nc->self_rank);
+            return moved;
+        }
+        if (!s->data_done)
+            break;
+        int payload = size > CFX_SLOT_INLINE_BYTES ? (int)size : 0;
+        if (s->data_bytes != payload) {
             conn_fail(nc, cfxRemoteError, nc->peer_rank,
-                      "net-plugin: rank %d's slot %llu says %u bytes but %d arrived at rank %d: "
-                      "the stream from rank %d is corrupt",
+                      "net-plugin: rank %d's slot %llu says %u bytes but a %d-byte payload "
+                      "arrived at rank %d: the stream from rank %d is corrupt",
                       nc->peer_rank, (unsigned long long)nc->arrived, size, s->data_bytes,
                       nc->self_rank, nc->peer_rank);
             return moved;
@@ -291,13 +324,13 @@ static int post_arrived(struct cfx_net_conn *nc)
 
 /* After the connector failed (for instance the peer closed its comm after
  * its last slot, and this side's receive for the next info line saw the
- * end): the requests of slots already decided may have completed in the
+ * end): the requests of slots already posted may have completed in the
  * plugin before the failure showed in another request's test. Test them
  * once more (a plugin reports a completed request done) and post what
  * arrived whole, so it can still be taken. */
 static int recv_after_failure(struct cfx_net_conn *nc)
 {
-    for (uint64_t k = nc->arrived; k < nc->decided; k++) {
+    for (uint64_t k = nc->arrived; k < nc->posted; k++) {
         struct cfx_net_slot *s = &nc->slot[k % (uint64_t)nc->n_steps];
         int bytes = 0;
         if (request_test(nc, &s->req_info, &bytes) && bytes == (int)sizeof(struct cfx_slot_info))
@@ -310,112 +343,120 @@ static int recv_after_failure(struct cfx_net_conn *nc)
     return post_arrived(nc);
 }
 
-static int recv_pass(struct cfx_net_conn *nc)
+/* Tests the receives of the slots begun, in order, up to the first that
+ * is not in whole (slots are posted in order; a test can cost the plugin
+ * a system call). 0 when the connector failed. */
+static int test_receives(struct cfx_net_conn *nc, int *moved_p)
 {
-    int moved = 0;
-    uint64_t last = nc->decided + (nc->info_posted ? 1 : 0);
+    uint64_t last = nc->posted + (nc->payload_posted ? 1 : 0);
     for (uint64_t k = nc->arrived; k < last; k++) {
         struct cfx_net_slot *s = &nc->slot[k % (uint64_t)nc->n_steps];
         int bytes = 0;
+        if (request_test(nc, &s->req_data, &bytes)) { /* The first of the two to come. */
+            s->data_done = 1, *moved_p = 1;
+            s->data_bytes = bytes;
+        }
+        if (!s->data_done)
+            break;
         if (request_test(nc, &s->req_info, &bytes)) {
-            s->info_done = 1, moved = 1;
+            s->info_done = 1, *moved_p = 1;
             if (bytes != (int)sizeof(struct cfx_slot_info)) {
                 conn_fail(nc, cfxRemoteError, nc->peer_rank,
                           "net-plugin: rank %d sent a %d-byte info line for slot %llu to rank %d "
                           "(expected %zu): the stream from rank %d is corrupt",
                           nc->peer_rank, bytes, (unsigned long long)k, nc->self_rank,
                           sizeof(struct cfx_slot_info), nc->peer_rank);
-                return moved;
+                return 0;
             }
-        }
-        if (request_test(nc, &s->req_data, &bytes)) {
-            s->data_done = 1, moved = 1;
-            s->data_bytes = bytes;
         }
         if (atomic_load_explicit(&nc->failed, memory_order_relaxed))
-            return moved;
-    }
-    for (;;) {
-        /* Slot `decided`: its info came, so its payload receive can go. */
-        if (nc->info_posted) {
-            size_t index = (size_t)(nc->decided % (uint64_t)nc->n_steps);
-            struct cfx_net_slot *s = &nc->slot[index];
-            if (!s->info_done)
-                break;
-            uint32_t size = nc->staging[index].size;
-            if (size == NET_POISON_SIZE && nc->staging[index].seq == 0) {
-                if (!atomic_load_explicit(&nc->peer_poison, memory_order_relaxed)) {
-                    nc->peer_poison_blame = nc->staging[index].print.root;
-                    atomic_store_explicit(&nc->peer_poison, (int)nc->staging[index].print.count,
-                                          memory_order_release);
-                }
-                return moved; /* Nothing follows. */
-            }
-            if (size > nc->slot_bytes) {
-                conn_fail(nc, cfxInvalidUsage, nc->peer_rank,
-                          "net-plugin: rank %d sent %u bytes for a %zu-byte slot of rank %d",
-                          nc->peer_rank, size, nc->slot_bytes, nc->self_rank);
-                return moved;
-            }
-            if (size > CFX_SLOT_INLINE_BYTES) {
-                if (nc->n_reqs >= NET_MAX_REQUESTS)
-                    break;
-                void *req = NULL;
-                ncclResult_t res =
-                    cfx_net_plugin_irecv(nc->plugin, nc->comm, nc->slots + index * nc->slot_bytes,
-                                         nc->slot_bytes, nc->slots_mhandle, &req);
-                if (res != ncclSuccess) {
-                    call_failed(nc, "irecv", res);
-                    return moved;
-                }
-                if (req == NULL)
-                    break;
-                s->req_data = req;
-                nc->n_reqs++;
-            } else {
-                s->data_done = 1;
-            }
-            nc->info_posted = 0;
-            nc->decided++;
-            moved = 1;
-        }
-        /* The next slot's info line, once that slot of the FIFO is free. */
-        if (atomic_load_explicit(&nc->poison_reason, memory_order_acquire))
+            return 0;
+        if (!s->info_done || !s->data_done)
             break;
+    }
+    return 1;
+}
+
+/* Posts one irecv of at most @p bytes into @p data (registered as
+ * @p mhandle) into *req_p; 1 when it went, 0 when the plugin said "not
+ * now" or failed (the connector failed then). */
+static int post_recv(struct cfx_net_conn *nc, void *data, size_t bytes, void *mhandle, void **req_p)
+{
+    void *req = NULL;
+    ncclResult_t res = cfx_net_plugin_irecv(nc->plugin, nc->comm, data, bytes, mhandle, &req);
+    if (res != ncclSuccess) {
+        call_failed(nc, "irecv", res);
+        return 0;
+    }
+    if (req == NULL)
+        return 0;
+    *req_p = req;
+    nc->n_reqs++;
+    return 1;
+}
+
+/* Posts both receives of each free slot of the FIFO ahead of time (its
+ * payload straight into the slot, then its info line into its staging
+ * line, in the order the sender sends them),
+ * within the request budget: so a plugin that sends only into a posted
+ * receive (RDMA's rendezvous) finds the next slots' receives there and
+ * moves them back to back. One request stays free for an iflush. 1 when
+ * any went. */
+static int post_receives(struct cfx_net_conn *nc)
+{
+    int moved = 0;
+    int budget = NET_MAX_REQUESTS - (nc->gdr_iflush ? 1 : 0);
+    while (!atomic_load_explicit(&nc->poison_reason, memory_order_acquire)) {
         uint64_t head = cfx_load_acquire_u64(&nc->fifo->head);
-        if (nc->decided >= head + (uint64_t)nc->n_steps || nc->n_reqs >= NET_MAX_REQUESTS)
+        if (nc->posted >= head + (uint64_t)nc->n_steps || nc->n_reqs >= budget)
             break;
-        size_t index = (size_t)(nc->decided % (uint64_t)nc->n_steps);
+        size_t index = (size_t)(nc->posted % (uint64_t)nc->n_steps);
+        struct cfx_net_slot *s = &nc->slot[index];
         void *req = NULL;
-        ncclResult_t res = cfx_net_plugin_irecv(nc->plugin, nc->comm, &nc->staging[index],
-                                                sizeof(struct cfx_slot_info), nc->mhandle, &req);
-        if (res != ncclSuccess) {
-            call_failed(nc, "irecv", res);
-            return moved;
+        if (!nc->payload_posted) {
+            if (!post_recv(nc, nc->slots + index * nc->slot_bytes, nc->slot_bytes,
+                           nc->slots_mhandle, &req))
+                break;
+            *s = (struct cfx_net_slot){.req_data = req};
+            nc->payload_posted = 1;
+            moved = 1;
+            if (nc->n_reqs >= budget)
+                break;
         }
-        if (req == NULL)
+        if (!post_recv(nc, &nc->staging[index], sizeof(struct cfx_slot_info), nc->mhandle,
+                       &s->req_info))
             break;
-        nc->slot[index] = (struct cfx_net_slot){.req_info = req};
-        nc->n_reqs++;
-        nc->info_posted = 1;
+        nc->payload_posted = 0;
+        nc->posted++;
         moved = 1;
-        /* Test it at once: small slots often are in already. */
-        int bytes = 0;
-        if (request_test(nc, &nc->slot[index].req_info, &bytes)) {
-            nc->slot[index].info_done = 1;
-            if (bytes != (int)sizeof(struct cfx_slot_info)) {
-                conn_fail(nc, cfxRemoteError, nc->peer_rank,
-                          "net-plugin: rank %d sent a %d-byte info line to rank %d (expected "
-                          "%zu): the stream from rank %d is corrupt",
-                          nc->peer_rank, bytes, nc->self_rank, sizeof(struct cfx_slot_info),
-                          nc->peer_rank);
-                return moved;
-            }
-        }
-        if (atomic_load_explicit(&nc->failed, memory_order_relaxed))
-            return moved;
     }
-    return moved | post_arrived(nc);
+    return moved;
+}
+
+static int recv_pass(struct cfx_net_conn *nc)
+{
+    int moved = 0;
+    /* Twice at most: receives just posted are tested at once (small
+     * slots often are in already). */
+    for (int round = 0; round < 2; round++) {
+        if (!test_receives(nc, &moved))
+            return moved;
+        moved |= post_arrived(nc);
+        if (atomic_load_explicit(&nc->failed, memory_order_relaxed) || !post_receives(nc))
+            break;
+        moved = 1;
+    }
+    return moved;
+}
+
+/* A receiver with a payload on its way (or a flush): a slot whose info
+ * line came and that is not posted yet. */
+static int recv_busy(const struct cfx_net_conn *nc)
+{
+    for (uint64_t k = nc->arrived; k < nc->posted; k++)
+        if (nc->slot[k % (uint64_t)nc->n_steps].info_done)
+            return 1;
+    return 0;
 }
 
 /* ============================================================ passes */
@@ -429,7 +470,7 @@ int cfx_net_conn_busy(const struct cfx_net_conn *nc)
     }
     /* A receiver waiting for the next info line is left to the thread
      * that waits on it; a payload on its way is the proxy's too. */
-    return nc->decided > nc->arrived;
+    return recv_busy(nc);
 }
 
 static int conn_pass(struct cfx_net_conn *nc)
@@ -446,14 +487,15 @@ static int conn_pass(struct cfx_net_conn *nc)
      * test). */
     int64_t poll_ns = failed                  ? 0
                       : cfx_net_conn_busy(nc) ? NET_POLL_NS
-                      : nc->info_posted       ? NET_IDLE_POLL_NS
-                                              : 0;
+                      : nc->dir == CFX_CONN_RECV && (nc->posted > nc->arrived || nc->payload_posted)
+                          ? NET_IDLE_POLL_NS
+                          : 0;
     if (nc->pinned && !failed) {
         /* A kernel's connector: polled always (its kernel never kicks). */
         int64_t kernel = cfx_proxy_kernel_poll_ns(&nc->moved_ns, moved, cfx_time_now_ns());
         if (poll_ns == 0 || kernel < poll_ns)
             poll_ns = kernel;
-    } else if (nc->pinned && nc->dir == CFX_CONN_RECV && nc->arrived < nc->decided) {
+    } else if (nc->pinned && nc->dir == CFX_CONN_RECV && nc->arrived < nc->posted) {
         /* Failed, with slots begun: a kernel waiting for them never
          * drives, so the proxy tests them now and then (the plugin may
          * still finish them). */
