@@ -271,6 +271,54 @@ Test(net_plugin, a_plugin_without_devices_fails_init_with_a_sentence, .timeout =
     cr_assert(ok, "%s", report);
 }
 
+/* ------------------------------------------------------------ mismatch */
+
+/* Rank 1 calls the second allreduce with another count: every rank's call
+ * returns cfxInvalidUsage within seconds, not at CFX_TIMEOUT (the
+ * fingerprint travels in each slot's info line, the last of its two
+ * messages: copying another slot's fails this test, checked). */
+static void mismatched_count(struct cfx_test_rank *ctx)
+{
+    cfxComm_t comm;
+    RANK_CFX(ctx, cfxCommInitRank(&comm, ctx->nranks, ctx->id, ctx->rank));
+    static float data[4096], out[4096];
+    for (int i = 0; i < 4096; i++)
+        data[i] = 1.0f;
+    RANK_CFX(ctx, cfxAllReduce(data, out, 4096, cfxFloat32, cfxSum, comm, NULL));
+    cfx_test_step(ctx, "an allreduce of another count on rank 1");
+    double start = now_s();
+    cfxResult_t res =
+        cfxAllReduce(data, out, ctx->rank == 1 ? 4000 : 4096, cfxFloat32, cfxSum, comm, NULL);
+    double took = now_s() - start;
+    RANK_ASSERT(ctx, res == cfxInvalidUsage, "the mismatched allreduce returned %s: %s",
+                cfxGetErrorString(res), cfxGetLastError(comm));
+    RANK_ASSERT(ctx, took < 5, "the mismatch was caught only after %.1f s", took);
+    RANK_ASSERT(ctx, strstr(cfxGetLastError(comm), "mismatched") != NULL, "sentence: %s",
+                cfxGetLastError(comm));
+    cfxCommDestroy(comm);
+}
+
+ParameterizedTestParameters(net_plugin, a_mismatch_fails_every_rank_at_once)
+{
+    static int rendezvous[] = {0, 1};
+    return cr_make_param_array(int, rendezvous, 2);
+}
+
+ParameterizedTest(int *rendezvous, net_plugin, a_mismatch_fails_every_rank_at_once, .timeout = 90)
+{
+    cfx_test_setenv("CFX_NET_PLUGIN", test_plugin("CFX_TEST_NET_PLUGIN"));
+    cfx_test_setenv("CFXTEST_RENDEZVOUS", *rendezvous ? "1" : NULL);
+    cfx_test_setenv("CFX_TIMEOUT", "30");
+    struct cfx_test_options opts = {
+        .nranks = 3, .mode = CFX_TEST_PROCS, .deadline_s = 60, .before_rank = own_host};
+    char report[8192];
+    int ok = cfx_test_run(&opts, mismatched_count, report, sizeof(report));
+    cfx_test_setenv("CFX_NET_PLUGIN", NULL);
+    cfx_test_setenv("CFXTEST_RENDEZVOUS", NULL);
+    cfx_test_setenv("CFX_TIMEOUT", NULL);
+    cr_assert(ok, "%s", report);
+}
+
 /* ------------------------------------------------------------ devices */
 
 /* Per rank r, a topology whose only port is "lo<r+1>": the test plugin's
