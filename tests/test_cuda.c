@@ -159,7 +159,8 @@ struct enqueue_case {
      * same on a device that cannot flush from the host
      * (FAKECUDA_NO_RDMA_FLUSH=1): receivers flush with the plugin's iflush,
      * and the plugin hides each payload until its flush completes
-     * (CFXTEST_LAZY_CUDA=1). */
+     * (CFXTEST_LAZY_CUDA=1); 4, as 2 with a plugin that takes dma-bufs
+     * (CFXTEST_DMABUF=1): the slots go to it through regMrDmaBuf. */
     int net_plugin;
 };
 
@@ -261,6 +262,7 @@ ParameterizedTestParameters(cuda, allreduce_is_enqueued_and_the_stream_completes
         {3, CFX_TEST_PROCS, 70001, 0, 0, 2},
         {2, CFX_TEST_PROCS, 1 << 20, 0, 0, 3},
         {3, CFX_TEST_PROCS, 70001, 0, 0, 3},
+        {2, CFX_TEST_PROCS, 1 << 20, 0, 0, 4},
     };
     return cr_make_param_array(struct enqueue_case, cases, sizeof(cases) / sizeof(cases[0]));
 }
@@ -276,6 +278,7 @@ ParameterizedTest(struct enqueue_case *ec, cuda, allreduce_is_enqueued_and_the_s
                 : ec->verbs == GDR_PEERMEM_NOCUF ? "verbs (fake-verbs), peermem, no cuFlush"
                 : ec->verbs == GDR_NEITHER       ? "verbs (fake-verbs), neither dma-buf nor peermem"
                 : ec->verbs == 1                 ? "verbs (fake-verbs), staged"
+                : ec->net_plugin == 4            ? "the test net plugin, GPUDirect RDMA, dma-buf"
                 : ec->net_plugin == 3 ? "the test net plugin, GPUDirect RDMA flushed by its iflush"
                 : ec->net_plugin == 2 ? "the test net plugin, GPUDirect RDMA (one host per rank)"
                 : ec->net_plugin      ? "the test net plugin (one host per rank)"
@@ -302,6 +305,7 @@ ParameterizedTest(struct enqueue_case *ec, cuda, allreduce_is_enqueued_and_the_s
         cfx_test_setenv("FAKECUDA_NO_RDMA_FLUSH", ec->net_plugin == 3 ? "1" : NULL);
         /* Payloads hidden until their flush completes: read earlier, wrong. */
         cfx_test_setenv("CFXTEST_LAZY_CUDA", ec->net_plugin == 3 ? "1" : NULL);
+        cfx_test_setenv("CFXTEST_DMABUF", ec->net_plugin == 4 ? "1" : NULL);
     }
     struct cfx_test_options opts = {.nranks = ec->nranks,
                                     .mode = ec->mode,
@@ -319,6 +323,10 @@ ParameterizedTest(struct enqueue_case *ec, cuda, allreduce_is_enqueued_and_the_s
             logs, "connected (plugin cfxtest, device 0: lo), a GPU rank's slots in device");
         int flushed = cfx_test_count_in_logs(logs, "flushed the plugin's writes into device");
         int by_iflush = cfx_test_count_in_logs(logs, "with the plugin's iflush");
+        int dmabuf =
+            cfx_test_count_in_logs(logs, "slots in device memory (GPUDirect RDMA, dma-buf)");
+        int no_dmabuf = cfx_test_count_in_logs(
+            logs, "registered with regMr, not as a dma-buf: the plugin's device takes no dma-buf");
         int other = cfx_test_count_in_logs(logs, "socket transport: rank 0 -> rank 1 connected");
         cfx_test_remove_logs(logs);
         cfx_test_setenv("CFX_NET_PLUGIN", NULL);
@@ -326,6 +334,7 @@ ParameterizedTest(struct enqueue_case *ec, cuda, allreduce_is_enqueued_and_the_s
         cfx_test_setenv("CFX_NET_GDR_LEVEL", NULL);
         cfx_test_setenv("FAKECUDA_NO_RDMA_FLUSH", NULL);
         cfx_test_setenv("CFXTEST_LAZY_CUDA", NULL);
+        cfx_test_setenv("CFXTEST_DMABUF", NULL);
         /* Each rank's ring send and receive at least. */
         int want = 2 * ec->nranks;
         if (ec->net_plugin >= 2) {
@@ -340,6 +349,15 @@ ParameterizedTest(struct enqueue_case *ec, cuda, allreduce_is_enqueued_and_the_s
             else
                 cr_assert_eq(by_iflush, 0,
                              "%d receivers used the plugin's iflush beside the driver", by_iflush);
+            if (ec->net_plugin == 4)
+                cr_assert(dmabuf >= want && no_dmabuf == 0,
+                          "%d connection ends registered their slots as dma-bufs, %d said why not",
+                          dmabuf, no_dmabuf);
+            else
+                cr_assert(dmabuf == 0 && no_dmabuf >= want,
+                          "%d connection ends registered their slots as dma-bufs with a plugin "
+                          "that takes none; %d said why not",
+                          dmabuf, no_dmabuf);
         } else {
             cr_assert(pinned >= want && device == 0,
                       "%d connection ends went through the plugin from pinned memory, %d from "

@@ -63,6 +63,15 @@ int cfx_transport_gdr_level(void)
     return gdr_level_of(param_net_gdr_level()); /* Checked when read (params): never -2. */
 }
 
+CFX_PARAM_INT(dmabuf_enable, "DMABUF_ENABLE", 1, 0, 1,
+              "GPUDirect RDMA: 0 never registers device memory as a dma-buf (nvidia-peermem, "
+              "when loaded, still can; a net plugin gets regMr of CUDA memory instead)");
+
+int cfx_transport_dmabuf_enable(void)
+{
+    return (int)param_dmabuf_enable();
+}
+
 enum cfx_net_choice cfx_transport_net_choice(void)
 {
     const char *text = param_net();

@@ -501,6 +501,9 @@ enum cfx_net_choice cfx_transport_net_choice(void);
 /* CFX_NET_GDR_LEVEL (NCCL's names) as a path class: GPUDirect RDMA is used
  * between a GPU and a NIC at most that far apart; -1 (LOC): never. */
 int cfx_transport_gdr_level(void);
+/* CFX_DMABUF_ENABLE (NCCL's NCCL_DMABUF_ENABLE): whether device memory may
+ * be registered with a NIC as a dma-buf. */
+int cfx_transport_dmabuf_enable(void);
 
 /* Whether @p tr can honour @p place at all, from its flags: cfxSuccess, or
  * cfxInvalidUsage with a sentence naming the transport (transports/transport.c). */

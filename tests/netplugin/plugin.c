@@ -21,7 +21,9 @@
  * plays a NIC whose writes into GPU memory are not visible before a flush:
  * a receive into CUDA memory reports done with its bytes hidden (kept
  * aside, 0xa5 in their place) until an iflush of that buffer completes, so
- * a caller that reads them earlier reads garbage. CFXTEST_RENDEZVOUS=1
+ * a caller that reads them earlier reads garbage. CFXTEST_DMABUF=1 (with
+ * CFXTEST_PTR_CUDA=1) says the devices take dma-bufs (NCCL_PTR_DMABUF) and
+ * checks each regMrDmaBuf's descriptor. CFXTEST_RENDEZVOUS=1
  * plays an RDMA NIC's rendezvous: a message leaves only once its receive
  * is posted at the other end (each irecv sends the sender a one-byte
  * clear-to-send back over the connection, which the sender must have read
@@ -55,6 +57,7 @@ static long fail_after_sends = -1; /* -1: never. */
 static int ptr_cuda;               /* CFXTEST_PTR_CUDA=1. */
 static int lazy_cuda;              /* CFXTEST_LAZY_CUDA=1. */
 static int rendezvous;             /* CFXTEST_RENDEZVOUS=1. */
+static int dmabuf;                 /* CFXTEST_DMABUF=1 (with CFXTEST_PTR_CUDA). */
 static _Atomic long sends;         /* isends of this process (any thread). */
 
 #define LOG_WARN(...)                                                                              \
@@ -132,6 +135,8 @@ static ncclResult_t tp_init(ncclDebugLogger_t log)
     lazy_cuda = text != NULL && atoi(text) == 1;
     text = getenv("CFXTEST_RENDEZVOUS");
     rendezvous = text != NULL && atoi(text) == 1;
+    text = getenv("CFXTEST_DMABUF");
+    dmabuf = ptr_cuda && text != NULL && atoi(text) == 1;
     if (logger)
         logger(NCCL_LOG_INFO, NCCL_LOG_SUBSYS_NET, __FILE__, __LINE__,
                "cfxtest plugin: %d device(s) over TCP on %s", n_devices, "127.0.0.1");
@@ -270,11 +275,21 @@ static ncclResult_t tp_reg_mr(void *comm, void *data, size_t size, int type, voi
     return ncclSuccess;
 }
 
+/* CFXTEST_DMABUF: CUDA memory handed over as a dma-buf. The bytes still
+ * move through the address (fake-cuda's device memory is host memory);
+ * the descriptor must be open, of whole pages, offset 0 as Conflux gives. */
 static ncclResult_t tp_reg_mr_dmabuf(void *comm, void *data, size_t size, int type, uint64_t offset,
                                      int fd, void **mhandle)
 {
-    (void)comm, (void)data, (void)size, (void)type, (void)offset, (void)fd, (void)mhandle;
-    return ncclInternalError;
+    (void)comm;
+    (void)data;
+    if (!dmabuf || type != NCCL_PTR_CUDA || offset != 0 || size == 0 || size % 4096 != 0 ||
+        fcntl(fd, F_GETFD) < 0) {
+        LOG_WARN("cfxtest: regMrDmaBuf of %zu bytes, type %d, offset %llu, fd %d refused", size,
+                 type, (unsigned long long)offset, fd);
+        return ncclInvalidArgument;
+    }
+    return tp_reg_mr(comm, data, size, type, mhandle);
 }
 
 static ncclResult_t tp_dereg_mr(void *comm, void *mhandle)
@@ -545,7 +560,8 @@ static ncclResult_t tp_properties(int dev, ncclNetProperties_v8_t *props)
         return ncclInvalidArgument;
     memset(props, 0, sizeof(*props));
     props->name = dev_names[dev];
-    props->ptrSupport = NCCL_PTR_HOST | (ptr_cuda ? NCCL_PTR_CUDA : 0);
+    props->ptrSupport =
+        NCCL_PTR_HOST | (ptr_cuda ? NCCL_PTR_CUDA : 0) | (dmabuf ? NCCL_PTR_DMABUF : 0);
     props->speed = 10000;
     props->maxComms = 65536;
     props->maxRecvs = 1;
@@ -615,7 +631,8 @@ static ncclResult_t tp_properties(int dev, ncclNetProperties_v9_t *props)
         return ncclInvalidArgument;
     memset(props, 0, sizeof(*props));
     props->name = dev_names[dev];
-    props->ptrSupport = NCCL_PTR_HOST | (ptr_cuda ? NCCL_PTR_CUDA : 0);
+    props->ptrSupport =
+        NCCL_PTR_HOST | (ptr_cuda ? NCCL_PTR_CUDA : 0) | (dmabuf ? NCCL_PTR_DMABUF : 0);
     props->speed = 10000;
     props->maxComms = 65536;
     props->maxRecvs = 1;

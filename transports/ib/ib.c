@@ -49,9 +49,6 @@ CFX_PARAM_INT(ib_sl, "IB_SL", 0, 0, 15, "Verbs transport: InfiniBand service lev
 CFX_PARAM_INT(ib_tc, "IB_TC", 0, 0, 255, "Verbs transport: traffic class (GRH, RoCE)");
 CFX_PARAM_INT(ib_qps_per_connection, "IB_QPS_PER_CONNECTION", 1, 1, IB_MAX_QPS,
               "Verbs transport: queue pairs per connection; slots are striped over them");
-CFX_PARAM_INT(dmabuf_enable, "DMABUF_ENABLE", 1, 0, 1,
-              "GPUDirect RDMA: 0 never registers device memory as a dma-buf (nvidia-peermem, "
-              "when loaded, still can)");
 CFX_PARAM_INT(ib_peermem, "IB_PEERMEM", -1, -1, 1,
               "GPUDirect RDMA without dma-buf: -1 registers device memory with ibv_reg_mr when "
               "nvidia-peermem (or nv_peer_mem) is loaded, 1 always tries, 0 never");
@@ -104,7 +101,7 @@ static cfxResult_t ib_init(const struct cfx_transport_env *env, void **ctx_p)
     ctx->tc = (int)param_ib_tc();
     ctx->nic_path = env->nic_path;
     ctx->gdr_level = cfx_transport_gdr_level();
-    ctx->dmabuf_enable = (int)param_dmabuf_enable();
+    ctx->dmabuf_enable = cfx_transport_dmabuf_enable();
     ctx->peermem = (int)param_ib_peermem();
     ctx->flush_read_forced = strcasecmp(param_ib_gdr_flush(), "read") == 0;
     enum cfx_net_choice net = cfx_transport_net_choice();

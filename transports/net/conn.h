@@ -62,6 +62,7 @@ struct cfx_net_plugin {
     char dev_name[NET_MAX_DEVS][NET_NAME_MAX]; /* The first NET_MAX_DEVS devices' names. */
     int ptr_support[NET_MAX_DEVS];
     int has_iflush; /* The table's iflush is set. */
+    int has_dmabuf; /* The table's regMrDmaBuf is set. */
 };
 
 /* The plugin, loaded on first call (thread-safe, once per process), or
@@ -85,6 +86,11 @@ ncclResult_t cfx_net_plugin_accept(const struct cfx_net_plugin *p, void *listen_
 /* @p type: NCCL_PTR_HOST or NCCL_PTR_CUDA. */
 ncclResult_t cfx_net_plugin_reg_mr(const struct cfx_net_plugin *p, void *comm, void *data,
                                    size_t bytes, int type, void **mhandle_p);
+/* Registers @p bytes of device memory at @p data through the dma-buf @p fd
+ * that covers exactly them (offset 0; the caller closes fd after). Only
+ * with has_dmabuf. */
+ncclResult_t cfx_net_plugin_reg_mr_dmabuf(const struct cfx_net_plugin *p, void *comm, void *data,
+                                          size_t bytes, int fd, void **mhandle_p);
 ncclResult_t cfx_net_plugin_dereg_mr(const struct cfx_net_plugin *p, void *comm, void *mhandle);
 ncclResult_t cfx_net_plugin_isend(const struct cfx_net_plugin *p, void *send_comm, void *data,
                                   size_t bytes, void *mhandle, void **request_p);
@@ -168,6 +174,7 @@ struct cfx_net_conn {
      * mem and slots_mhandle is mhandle. */
     int gdr;
     int gdr_iflush;
+    int gdr_dmabuf; /* The slots went to the plugin as a dma-buf (regMrDmaBuf). */
     void *dev_raw;
     void *slots_mhandle;
     uint64_t gdr_flushes; /* Receiver: flushes made. */

@@ -23,6 +23,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "src/util/check.h"
 #include "src/util/cuda.h"
@@ -139,6 +140,52 @@ static int gdr_wanted(const struct cfx_net_ctx *ctx, const struct cfx_net_conn *
         return 1;
     }
     return 0;
+}
+
+/* A GPU rank's slots in device memory, registered with the plugin once
+ * connected: as a dma-buf where the plugin's device takes one
+ * (NCCL_PTR_DMABUF, regMrDmaBuf), CFX_DMABUF_ENABLE allows it and the
+ * driver can export the memory (NCCL's order); else with regMr of CUDA
+ * memory, which needs the NIC's peer-memory driver (nvidia-peermem). */
+static cfxResult_t register_device_slots(struct cfx_net_ctx *ctx, struct cfx_net_conn *nc)
+{
+    size_t slots_bytes = ((size_t)nc->n_steps * nc->slot_bytes + 4095) & ~(size_t)4095;
+    int device = nc->gdr - 1;
+    const char *no_dmabuf = NULL;
+    if (!(nc->plugin->ptr_support[nc->dev] & NCCL_PTR_DMABUF) || !nc->plugin->has_dmabuf)
+        no_dmabuf = "the plugin's device takes no dma-buf";
+    else if (!cfx_transport_dmabuf_enable())
+        no_dmabuf = "CFX_DMABUF_ENABLE=0";
+    else
+        cfx_cuda_dmabuf_supported(device, &no_dmabuf);
+    ncclResult_t res;
+    if (no_dmabuf == NULL) {
+        int fd = -1;
+        CFX_CHECK(cfx_cuda_dmabuf_fd(nc->slots, slots_bytes, device, &fd));
+        res = cfx_net_plugin_reg_mr_dmabuf(nc->plugin, nc->comm, nc->slots, slots_bytes, fd,
+                                           &nc->slots_mhandle);
+        close(fd); /* The registration holds the dma-buf. */
+        nc->gdr_dmabuf = res == ncclSuccess;
+    } else {
+        res = cfx_net_plugin_reg_mr(nc->plugin, nc->comm, nc->slots, slots_bytes, NCCL_PTR_CUDA,
+                                    &nc->slots_mhandle);
+    }
+    if (res != ncclSuccess) {
+        nc->slots_mhandle = NULL;
+        return cfx_error_set(cfxSystemError, CFX_LOG_NET,
+                             "net-plugin: rank %d cannot register %zu bytes of device %d's "
+                             "memory for rank %d with plugin %s: %s returned %s "
+                             "(CFX_NET_GDR_LEVEL=LOC stages through host memory)",
+                             ctx->rank, slots_bytes, device, nc->peer_rank, nc->plugin->name,
+                             no_dmabuf == NULL ? "regMrDmaBuf" : "regMr (NCCL_PTR_CUDA)",
+                             cfx_net_result_name(res));
+    }
+    if (no_dmabuf != NULL)
+        CFX_INFO(CFX_LOG_NET,
+                 "net-plugin: rank %d %s rank %d: device %d's slots registered with regMr, "
+                 "not as a dma-buf: %s",
+                 ctx->rank, dir_arrow(nc->dir), nc->peer_rank, device, no_dmabuf);
+    return cfxSuccess;
 }
 
 /* Allocates and touches this side's block; a receiver listens. Writes a
@@ -332,20 +379,8 @@ static cfxResult_t net_connect(void *ctx_v, struct cfx_connector *conn, const vo
                              ctx->rank, nc->mem_bytes, nc->peer_rank, nc->plugin->name,
                              cfx_net_result_name(res));
     nc->slots_mhandle = nc->mhandle;
-    if (nc->gdr) {
-        size_t slots_bytes = ((size_t)nc->n_steps * nc->slot_bytes + 4095) & ~(size_t)4095;
-        res = cfx_net_plugin_reg_mr(nc->plugin, nc->comm, nc->slots, slots_bytes, NCCL_PTR_CUDA,
-                                    &nc->slots_mhandle);
-        if (res != ncclSuccess) {
-            nc->slots_mhandle = NULL;
-            return cfx_error_set(cfxSystemError, CFX_LOG_NET,
-                                 "net-plugin: rank %d cannot register %zu bytes of device %d's "
-                                 "memory for rank %d with plugin %s: regMr (NCCL_PTR_CUDA) "
-                                 "returned %s (CFX_NET_GDR_LEVEL=LOC stages through host memory)",
-                                 ctx->rank, slots_bytes, nc->gdr - 1, nc->peer_rank,
-                                 nc->plugin->name, cfx_net_result_name(res));
-        }
-    }
+    if (nc->gdr)
+        CFX_CHECK(register_device_slots(ctx, nc));
     nc->client.progress = conn_proxy_progress;
     nc->client.ready = NULL;
     nc->client.arg = nc;
@@ -360,7 +395,9 @@ static cfxResult_t net_connect(void *ctx_v, struct cfx_connector *conn, const vo
     CFX_INFO(CFX_LOG_NET, "net-plugin: rank %d %s rank %d connected (plugin %s, device %d: %s)%s",
              ctx->rank, dir_arrow(nc->dir), nc->peer_rank, nc->plugin->name, nc->dev,
              nc->plugin->dev_name[nc->dev],
-             in_device    ? ", a GPU rank's slots in device memory (GPUDirect RDMA)"
+             in_device && nc->gdr_dmabuf
+                 ? ", a GPU rank's slots in device memory (GPUDirect RDMA, dma-buf)"
+             : in_device  ? ", a GPU rank's slots in device memory (GPUDirect RDMA)"
              : nc->pinned ? ", a GPU rank's slots in pinned host memory"
                           : "");
     return cfxSuccess;

@@ -95,6 +95,8 @@ static cfxResult_t load(const char *spec)
                   spec, plugin.path);
     }
     plugin.has_iflush = plugin.version == 9 ? plugin.v9->iflush != NULL : plugin.v8->iflush != NULL;
+    plugin.has_dmabuf =
+        plugin.version == 9 ? plugin.v9->regMrDmaBuf != NULL : plugin.v8->regMrDmaBuf != NULL;
     const char *name = plugin.version == 9 ? plugin.v9->name : plugin.v8->name;
     snprintf(plugin.name, sizeof(plugin.name), "%s", name ? name : "?");
     ncclResult_t res =
@@ -235,6 +237,12 @@ ncclResult_t cfx_net_plugin_reg_mr(const struct cfx_net_plugin *p, void *comm, v
                                    size_t bytes, int type, void **mhandle_p)
 {
     return NET_CALL(p, regMr, comm, data, bytes, type, mhandle_p);
+}
+
+ncclResult_t cfx_net_plugin_reg_mr_dmabuf(const struct cfx_net_plugin *p, void *comm, void *data,
+                                          size_t bytes, int fd, void **mhandle_p)
+{
+    return NET_CALL(p, regMrDmaBuf, comm, data, bytes, NCCL_PTR_CUDA, 0, fd, mhandle_p);
 }
 
 ncclResult_t cfx_net_plugin_dereg_mr(const struct cfx_net_plugin *p, void *comm, void *mhandle)
