@@ -317,10 +317,8 @@ ParameterizedTest(struct enqueue_case *ec, cuda, allreduce_is_enqueued_and_the_s
         cfx_test_log_to(logs, sizeof(logs), ec->verbs ? "cuda-ib" : "cuda-net");
     CFX_TEST_RUN(&opts, allreduce_returns_before_the_stream_runs);
     if (ec->net_plugin) {
-        int pinned = cfx_test_count_in_logs(
-            logs, "connected (plugin cfxtest, device 0: lo), a GPU rank's slots in pinned");
-        int device = cfx_test_count_in_logs(
-            logs, "connected (plugin cfxtest, device 0: lo), a GPU rank's slots in device");
+        int pinned = cfx_test_count_in_logs(logs, "), a GPU rank's slots in pinned host memory");
+        int device = cfx_test_count_in_logs(logs, "), a GPU rank's slots in device memory");
         int flushed = cfx_test_count_in_logs(logs, "flushed the plugin's writes into device");
         int by_iflush = cfx_test_count_in_logs(logs, "with the plugin's iflush");
         int dmabuf =
@@ -422,6 +420,96 @@ ParameterizedTest(struct enqueue_case *ec, cuda, allreduce_is_enqueued_and_the_s
             cr_assert_eq(in_device, 0, "slots in device memory without CFX_NET_GDR_LEVEL=SYS");
         }
     }
+}
+
+/* ------------------------------------------------ NICs near a GPU */
+
+/* A host whose GPU 0 shares a PCI switch with two ports, lo1 and lo2 (as
+ * near as each other), and has a third, lo, on the CPU's root (farther):
+ * the test plugin's devices 1, 2 and 0 (CFXTEST_NDEV=3). */
+static char near_topo[64];
+
+static void own_host_near_topo(struct cfx_test_rank *ctx)
+{
+    own_host(ctx);
+    cfx_test_setenv("CFX_TOPO_FILE", near_topo);
+}
+
+#define NEAR_PCI(busid, cls, body)                                                                 \
+    "<pci busid=\"" busid "\" class=\"" cls "\" vendor=\"0x15b3\" device=\"0x101d\" "              \
+    "link_speed=\"16.0 GT/s PCIe\" link_width=\"16\">" body "</pci>\n"
+#define NEAR_NET(name, dev)                                                                        \
+    "<nic><net name=\"" name "\" dev=\"" dev "\" speed=\"100000\" port=\"1\" guid=\"0x" dev        \
+    "\" maxconn=\"131072\" gdr=\"1\"/></nic>"
+
+static void big_allreduce(struct cfx_test_rank *ctx)
+{
+    struct gpu_rank g;
+    if (gpu_rank_open(ctx, &g, (size_t)1 << 20) && put_inputs(ctx, &g)) {
+        RANK_CFX(ctx,
+                 cfxAllReduce(g.dsend, g.drecv, g.n, cfxFloat32, cfxSum, g.comm, g.gpu.stream));
+        RANK_ASSERT(ctx, cfx_test_gpu_sync(ctx, &g.gpu), "sync");
+        check_sums(ctx, &g, g.drecv);
+    }
+    gpu_rank_close(&g);
+}
+
+/* A GPU rank spreads its channels over the plugin devices named as its
+ * nearest ports (channel c on the (c mod 2)-th), and none goes over the
+ * farther one: 2 processes, each its own host, CFX_MIN_NCHANNELS=2, one
+ * 4 MiB allreduce over both rings. */
+Test(cuda, channels_spread_over_the_plugin_devices_nearest_the_gpu, .timeout = 150)
+{
+    cr_log_info("on %s", use_gpu());
+    const char *plugin = getenv("CFX_TEST_NET_PLUGIN");
+    if (plugin == NULL || access(plugin, R_OK) != 0)
+        cr_skip_test("no test net plugin (CFX_TEST_NET_PLUGIN unset: run through ctest)");
+    if (strcmp(use_gpu(), "GPU") == 0)
+        cr_skip_test("the topology file names a GPU by fake-cuda's device 0, not this machine's");
+    snprintf(near_topo, sizeof(near_topo), "/tmp/cfx-near-topo-XXXXXX");
+    int fd = mkstemp(near_topo);
+    cr_assert_geq(fd, 0, "mkstemp");
+    FILE *f = fdopen(fd, "w");
+    cr_assert_not_null(f);
+    fputs("<system version=\"1\">\n<cpu numaid=\"0\" affinity=\"ffffffff\" arch=\"x86_64\" "
+          "vendor=\"GenuineIntel\" familyid=\"6\" modelid=\"143\">\n" NEAR_PCI(
+              "0000:10:00.0", "0x060400",
+              "\n" NEAR_PCI("0000:11:00.0", "0x030200",
+                            "<gpu dev=\"0\" sm=\"90\" rank=\"0\" gdr=\"1\"/>")
+                  NEAR_PCI("0000:12:00.0", "0x020000", NEAR_NET("lo1", "1"))
+                      NEAR_PCI("0000:13:00.0", "0x020000", NEAR_NET("lo2", "2")))
+              NEAR_PCI("0000:31:00.0", "0x020000", NEAR_NET("lo", "0")) "</cpu>\n</system>\n",
+          f);
+    fclose(f);
+    cfx_test_setenv("CFX_NET_PLUGIN", plugin);
+    cfx_test_setenv("CFXTEST_NDEV", "3");
+    cfx_test_setenv("CFX_MIN_NCHANNELS", "2");
+    cfx_test_setenv("CFX_ALGO", "Ring");
+    char logs[128];
+    cfx_test_log_to(logs, sizeof(logs), "cuda-near");
+    struct cfx_test_options opts = {
+        .nranks = 2, .mode = CFX_TEST_PROCS, .deadline_s = 120, .before_rank = own_host_near_topo};
+    char report[8192];
+    int ok = cfx_test_run(&opts, big_allreduce, report, sizeof(report));
+    int said = cfx_test_count_in_logs(
+        logs, "uses devices 1 (lo1), 2 (lo2), the topology's nearest ports (channel c on");
+    int on_lo1 = cfx_test_count_in_logs(logs, "(plugin cfxtest, device 1: lo1, channel 0)");
+    int on_lo2 = cfx_test_count_in_logs(logs, "(plugin cfxtest, device 2: lo2, channel 1)");
+    int on_lo = cfx_test_count_in_logs(logs, "(plugin cfxtest, device 0: lo, channel");
+    if (ok)
+        cfx_test_remove_logs(logs);
+    cfx_test_logs_off();
+    cfx_test_setenv("CFX_NET_PLUGIN", NULL);
+    cfx_test_setenv("CFXTEST_NDEV", NULL);
+    cfx_test_setenv("CFX_MIN_NCHANNELS", NULL);
+    cfx_test_setenv("CFX_ALGO", NULL);
+    unlink(near_topo);
+    cr_assert(ok, "%s(logs kept in %s.*)", report, logs);
+    cr_assert_geq(said, 2, "%d ranks said they spread over lo1 and lo2", said);
+    /* Each rank's ring send and receive on each channel. */
+    cr_assert_geq(on_lo1, 4, "%d connection ends of channel 0 on lo1", on_lo1);
+    cr_assert_geq(on_lo2, 4, "%d connection ends of channel 1 on lo2", on_lo2);
+    cr_assert_eq(on_lo, 0, "%d connection ends on lo, the farther port", on_lo);
 }
 
 /* ------------------------------------------------ stream order */

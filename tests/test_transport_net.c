@@ -369,11 +369,11 @@ Test(net_plugin, each_rank_uses_the_device_of_its_own_nearest_port, .timeout = 1
     int ok = cfx_test_run(&opts, allreduces_of_every_size, report, sizeof(report));
     int said0 = cfx_test_count_in_logs(logs, "rank 0 uses device 1 (lo1), the topology's nearest");
     int said1 = cfx_test_count_in_logs(logs, "rank 1 uses device 2 (lo2), the topology's nearest");
-    int on0 =
-        cfx_test_count_in_logs(logs, "rank 0 -> rank 1 connected (plugin cfxtest, device 1: lo1)");
-    int on1 =
-        cfx_test_count_in_logs(logs, "rank 1 -> rank 0 connected (plugin cfxtest, device 2: lo2)");
-    int on_first = cfx_test_count_in_logs(logs, "device 0: lo)");
+    int on0 = cfx_test_count_in_logs(
+        logs, "rank 0 -> rank 1 connected (plugin cfxtest, device 1: lo1, channel 0)");
+    int on1 = cfx_test_count_in_logs(
+        logs, "rank 1 -> rank 0 connected (plugin cfxtest, device 2: lo2, channel 0)");
+    int on_first = cfx_test_count_in_logs(logs, "device 0: lo, channel");
     if (ok)
         cfx_test_remove_logs(logs);
     cfx_test_logs_off();

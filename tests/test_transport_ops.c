@@ -269,6 +269,24 @@ Test(transport_peer, locate_names_a_gpu_its_nearest_nic_and_the_path_between_gpu
     struct cfx_peer_info h2 = {.rank = 4, .cuda_dev = -1, .host_hash = 5};
     enum cfx_path_class host_path = cfx_core_locate_path(sys, &h, &h2);
     cr_assert(host_path == CFX_PATH_CLASS_PHB || host_path == CFX_PATH_CLASS_SYS);
+    /* The ports as near as the nearest: GPU 0's own NIC alone (mlx5_1 is
+     * behind another switch); for a host rank, every 400 Gb/s port, the
+     * nearest first. */
+    char near[CFX_TRANSPORT_NIC_NEAR_MAX];
+    cfx_core_locate_near_nics(sys, 0, near, sizeof(near));
+    cr_assert_str_eq(near, "mlx5_0");
+    cfx_core_locate_near_nics(sys, -1, near, sizeof(near));
+    char want[CFX_TRANSPORT_NIC_NEAR_MAX];
+    snprintf(want, sizeof(want), "%s", h.nic_name);
+    for (int n = 0; n < 8; n++) {
+        char name[16];
+        snprintf(name, sizeof(name), "mlx5_%d", n);
+        if (strcmp(name, h.nic_name) != 0)
+            snprintf(want + strlen(want), sizeof(want) - strlen(want), ",%s", name);
+    }
+    cr_assert_str_eq(near, want);
+    cfx_core_locate_near_nics(NULL, 0, near, sizeof(near));
+    cr_assert_str_eq(near, "");
     cfx_topo_free(sys);
     /* No topology: nothing known but the host. */
     cfx_core_locate_rank(NULL, 0, &a);

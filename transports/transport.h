@@ -109,6 +109,7 @@ enum cfx_path_class {
 
 #define CFX_TRANSPORT_BUSID_MAX    32
 #define CFX_TRANSPORT_NIC_NAME_MAX 64
+#define CFX_TRANSPORT_NIC_NEAR_MAX 256 /* A list of names: "mlx5_0,mlx5_1". */
 
 struct cfx_transport;
 
@@ -194,6 +195,11 @@ struct cfx_transport_env {
     /* The path class from this rank's GPU to that port (GPUDirect RDMA
      * decisions); -1: a host rank, or not known. */
     int nic_path;
+    /* The ports as near as that one (the same path class from the GPU; for
+     * a host rank, the same speed), comma-separated, nic_name first: a
+     * transport may spread its channels over them. NULL or "": none known.
+     * Valid during init only. */
+    const char *nic_near;
     /* Optional (may be NULL): connect() calls it with its peer's rank
      * between the slices of each wait (at least every 100 ms) and when it
      * cannot reach the peer. Anything but cfxSuccess, with its sentence set

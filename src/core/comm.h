@@ -116,6 +116,10 @@ struct cfxComm {
     int split_count;
     struct cfx_bootstrap *bootstrap;
     struct cfx_peer_info *peers; /* nranks entries. */
+    /* This rank's network ports as near as its nearest (peers[rank].nic_name
+     * first), comma-separated, for transports that spread channels over
+     * several (locate.c); "": none known. */
+    char nic_near[CFX_TRANSPORT_NIC_NEAR_MAX];
     /* [nranks], made at the first failure notice read: 1 for each peer that
      * told this rank why it failed, so its later exit is not taken for the
      * cause (cfx_core_peer_dead). NULL until then. */
@@ -263,6 +267,12 @@ uint32_t cfx_core_conn_tag(int kind, enum cfx_conn_dir dir, int channel);
 struct cfx_topo_system;
 void cfx_core_locate_rank(const struct cfx_topo_system *sys, int cuda_dev,
                           struct cfx_peer_info *info);
+/* This rank's network ports as near as the nearest cfx_core_locate_rank
+ * names (the same path class from its GPU and, for a host rank, the same
+ * speed), the nearest first, then in node order: "mlx5_0,mlx5_1" into
+ * @p out (at most CFX_TRANSPORT_NIC_NEAR_MAX bytes; "" when none). */
+void cfx_core_locate_near_nics(const struct cfx_topo_system *sys, int cuda_dev, char *out,
+                               size_t size);
 /* The path class from rank @p from to rank @p to, both described by the
  * peer table, as seen with @p sys (the host of @p from; NULL: unknown). */
 enum cfx_path_class cfx_core_locate_path(const struct cfx_topo_system *sys,

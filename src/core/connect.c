@@ -294,6 +294,7 @@ static cfxResult_t pick_transport(struct cfxComm *comm, int peer,
                                             .connect_timeout_s = cfx_bootstrap_timeout_s(),
                                             .nic_name = comm->peers[comm->rank].nic_name,
                                             .nic_path = comm->peers[comm->rank].nic_path,
+                                            .nic_near = comm->nic_near,
                                             .connect_check = connect_check,
                                             .connect_check_arg = comm};
             CFX_CHECK(tr->init(&env, &comm->transport_ctx[t]));

@@ -252,6 +252,8 @@ static cfxResult_t comm_setup(struct cfxComm *comm)
     me->host_hash = cfx_host_hash(me->host_id);
     /* Its GPU and nearest NIC, for the transports (one rank alone has no peer). */
     cfx_core_locate_rank(comm->nranks > 1 ? cfx_core_algo_topology() : NULL, me->cuda_dev, me);
+    cfx_core_locate_near_nics(comm->nranks > 1 ? cfx_core_algo_topology() : NULL, me->cuda_dev,
+                              comm->nic_near, sizeof(comm->nic_near));
     CFX_CHECK(cfx_bootstrap_allgather(comm->bootstrap, comm->peers, sizeof(*comm->peers)));
     for (int r = 0; r < comm->nranks; r++) {
         if (comm->peers[r].rank != r)

@@ -43,6 +43,29 @@ static int nearest_net(const struct cfx_topo_system *sys, int gpu)
 
 static enum cfx_path_class path_class(enum cfx_topo_path_type type);
 
+void cfx_core_locate_near_nics(const struct cfx_topo_system *sys, int cuda_dev, char *out,
+                               size_t size)
+{
+    out[0] = '\0';
+    if (sys == NULL)
+        return;
+    int gpu = cuda_dev >= 0 ? cfx_topo_find_gpu(sys, cuda_dev) : -1;
+    int best = nearest_net(sys, gpu);
+    if (best < 0)
+        return;
+    size_t used = (size_t)snprintf(out, size, "%s", sys->nodes[best].net.name);
+    for (int n = 0; n < sys->n_nodes && used < size; n++) {
+        const struct cfx_topo_node *node = &sys->nodes[n];
+        if (n == best || node->type != CFX_TOPO_NET)
+            continue;
+        int as_near = gpu >= 0
+                          ? cfx_topo_path(sys, gpu, n)->type == cfx_topo_path(sys, gpu, best)->type
+                          : node->net.speed_mbps == sys->nodes[best].net.speed_mbps;
+        if (as_near && strlen(node->net.name) + 1 < size - used)
+            used += (size_t)snprintf(out + used, size - used, ",%s", node->net.name);
+    }
+}
+
 void cfx_core_locate_rank(const struct cfx_topo_system *sys, int cuda_dev,
                           struct cfx_peer_info *info)
 {

@@ -72,11 +72,10 @@ struct cfx_net_plugin {
 cfxResult_t cfx_net_plugin_get(const struct cfx_net_plugin **plugin_p);
 
 /* The plugin's calls, version-independent. Each returns its ncclResult_t. */
-/* The device this rank's connections use: the first one named as the
- * topology's port nearest this rank, @p nic_name ("mlx5_0"; a ":port"
- * suffix on either name is ignored), that moves host memory; *matched_p 1.
- * Else device 0, *matched_p 0 (no name, or no device of that name). */
-int cfx_net_plugin_pick_dev(const struct cfx_net_plugin *p, const char *nic_name, int *matched_p);
+/* The device named @p nic_name ("mlx5_0"; a ":port" suffix on either
+ * name is ignored; @p len bytes of it, a name in a list) that moves host
+ * memory, or -1. */
+int cfx_net_plugin_find_dev(const struct cfx_net_plugin *p, const char *nic_name, size_t len);
 ncclResult_t cfx_net_plugin_listen(const struct cfx_net_plugin *p, int dev, void *handle,
                                    void **listen_comm_p);
 ncclResult_t cfx_net_plugin_connect(const struct cfx_net_plugin *p, int dev, void *handle,
@@ -122,13 +121,15 @@ _Static_assert(sizeof(struct cfx_net_info) <= CFX_CONNECT_INFO_BYTES, "fits the 
 /* Per-communicator state. */
 struct cfx_net_ctx {
     int rank;
-    /* The plugin device this rank's connections use, and whether it is
-     * the topology's port nearest this rank (nic_name). */
-    int dev;
+    /* The plugin devices this rank's connections use, channel c on
+     * devs[c % n_devs]: those named as the topology's ports nearest this
+     * rank (nic_near, the nearest first; dev_is_nearest), else device 0
+     * alone. */
+    int devs[NET_MAX_DEVS];
+    int n_devs;
     int dev_is_nearest;
-    char nic_name[CFX_TRANSPORT_NIC_NAME_MAX]; /* "": the topology named none. */
-    /* The path class from this rank's GPU to dev, or -1: unknown (a host
-     * rank, or dev is not the topology's nearest port). */
+    /* The path class from this rank's GPU to those ports, or -1: unknown
+     * (a host rank, or device 0 for want of a name). */
     int nic_path;
     int gdr_level;                       /* cfx_transport_gdr_level(). */
     const struct cfx_net_plugin *plugin; /* NULL: CFX_NET_PLUGIN unset, accepts no pair. */
@@ -157,6 +158,7 @@ struct cfx_net_conn {
     enum cfx_conn_dir dir;
     int self_rank;
     int peer_rank;
+    int channel; /* The core's channel of the connection (which device: ctx->devs). */
     int dev;
     /* Memory: one block, registered once connected. */
     void *mem;

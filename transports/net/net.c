@@ -38,6 +38,48 @@
 
 static void net_fini(void *ctx_v);
 
+/* The devices of this rank's connections: the plugin's devices named as
+ * the topology's ports nearest this rank (env->nic_near, the nearest
+ * first; the peer picks its own on its side, as NCCL's ranks do), channel
+ * c on the (c mod n)-th; else device 0 alone. Says which at INFO. */
+static void pick_devs(struct cfx_net_ctx *ctx, const struct cfx_net_plugin *plugin,
+                      const struct cfx_transport_env *env)
+{
+    const char *near = env->nic_near != NULL && env->nic_near[0] ? env->nic_near
+                       : env->nic_name != NULL                   ? env->nic_name
+                                                                 : "";
+    char list[256] = "";
+    for (const char *at = near; *at && ctx->n_devs < NET_MAX_DEVS;) {
+        size_t len = strcspn(at, ",");
+        int dev = cfx_net_plugin_find_dev(plugin, at, len);
+        int seen = 0;
+        for (int i = 0; i < ctx->n_devs; i++)
+            seen |= ctx->devs[i] == dev;
+        if (dev >= 0 && !seen) {
+            size_t used = strlen(list);
+            snprintf(list + used, sizeof(list) - used, "%s%d (%s)", ctx->n_devs ? ", " : "", dev,
+                     plugin->dev_name[dev]);
+            ctx->devs[ctx->n_devs++] = dev;
+        }
+        at += len + (at[len] == ',');
+    }
+    ctx->dev_is_nearest = ctx->n_devs > 0;
+    ctx->nic_path = ctx->dev_is_nearest ? env->nic_path : -1;
+    if (ctx->dev_is_nearest) {
+        CFX_INFO(CFX_LOG_NET | CFX_LOG_INIT,
+                 "net-plugin: rank %d uses device%s %s, the topology's nearest port%s%s", ctx->rank,
+                 ctx->n_devs > 1 ? "s" : "", list, ctx->n_devs > 1 ? "s" : "",
+                 ctx->n_devs > 1 ? " (channel c on the (c mod n)-th)" : "");
+        return;
+    }
+    ctx->devs[0] = 0;
+    ctx->n_devs = 1;
+    CFX_INFO(CFX_LOG_NET | CFX_LOG_INIT, "net-plugin: rank %d uses device 0 (%s): %s%s%s",
+             ctx->rank, plugin->dev_name[0], near[0] ? "no device of the plugin is named " : "",
+             near[0] ? near : "the topology names no port near this rank",
+             near[0] ? ", the topology's nearest port(s)" : "");
+}
+
 /* Per-communicator state. With CFX_NET_PLUGIN unset the transport accepts
  * no pair; set, the plugin must load and have a device, or init fails
  * (someone who asks for a plugin gets an error, not another network). */
@@ -53,26 +95,12 @@ static cfxResult_t net_init(const struct cfx_transport_env *env, void **ctx_p)
     ctx->rank = env->rank;
     ctx->gdr_level = cfx_transport_gdr_level();
     ctx->plugin = plugin;
-    snprintf(ctx->nic_name, sizeof(ctx->nic_name), "%s", env->nic_name ? env->nic_name : "");
     ctx->abort_flag = env->abort_flag;
     ctx->connect_timeout_s = env->connect_timeout_s;
     ctx->connect_check = env->connect_check;
     ctx->connect_check_arg = env->connect_check_arg;
     if (plugin != NULL) {
-        /* One device for all of this rank's connections, its own nearest
-         * port (the peer picks its own on its side, as NCCL's ranks do). */
-        ctx->dev = cfx_net_plugin_pick_dev(plugin, ctx->nic_name, &ctx->dev_is_nearest);
-        ctx->nic_path = ctx->dev_is_nearest ? env->nic_path : -1;
-        if (ctx->dev_is_nearest)
-            CFX_INFO(CFX_LOG_NET | CFX_LOG_INIT,
-                     "net-plugin: rank %d uses device %d (%s), the topology's nearest port",
-                     ctx->rank, ctx->dev, plugin->dev_name[ctx->dev]);
-        else
-            CFX_INFO(CFX_LOG_NET | CFX_LOG_INIT, "net-plugin: rank %d uses device %d (%s): %s%s%s",
-                     ctx->rank, ctx->dev, plugin->dev_name[ctx->dev],
-                     ctx->nic_name[0] ? "no device of the plugin is named " : "",
-                     ctx->nic_name[0] ? ctx->nic_name : "the topology names no port near this rank",
-                     ctx->nic_name[0] ? ", the topology's nearest port" : "");
+        pick_devs(ctx, plugin, env);
         res = cfx_proxy_get(0, &ctx->proxy);
         if (res != cfxSuccess) {
             net_fini(ctx);
@@ -226,7 +254,8 @@ static cfxResult_t net_setup(void *ctx_v, const struct cfx_transport_peer *peer,
     nc->blame_rank = -1;
     nc->n_steps = n_steps;
     nc->slot_bytes = slot_bytes;
-    nc->dev = ctx->dev;
+    nc->channel = conn->channel;
+    nc->dev = ctx->devs[conn->channel % ctx->n_devs];
     /* A GPU rank: its kernel fills and drains the slots in place; the proxy
      * moves them through the plugin, from and into pinned host memory, or
      * (GPUDirect RDMA) the plugin moves them in device memory, and the
@@ -392,9 +421,10 @@ static cfxResult_t net_connect(void *ctx_v, struct cfx_connector *conn, const vo
     /* What the driver says the slots are, not what was meant. */
     int slots_device = -1;
     int in_device = nc->pinned && cfx_cuda_is_device_ptr(nc->slots, &slots_device);
-    CFX_INFO(CFX_LOG_NET, "net-plugin: rank %d %s rank %d connected (plugin %s, device %d: %s)%s",
+    CFX_INFO(CFX_LOG_NET,
+             "net-plugin: rank %d %s rank %d connected (plugin %s, device %d: %s, channel %d)%s",
              ctx->rank, dir_arrow(nc->dir), nc->peer_rank, nc->plugin->name, nc->dev,
-             nc->plugin->dev_name[nc->dev],
+             nc->plugin->dev_name[nc->dev], nc->channel,
              in_device && nc->gdr_dmabuf
                  ? ", a GPU rank's slots in device memory (GPUDirect RDMA, dma-buf)"
              : in_device  ? ", a GPU rank's slots in device memory (GPUDirect RDMA)"

@@ -178,18 +178,17 @@ static size_t base_len(const char *name)
     return colon ? (size_t)(colon - name) : strlen(name);
 }
 
-int cfx_net_plugin_pick_dev(const struct cfx_net_plugin *p, const char *nic_name, int *matched_p)
+int cfx_net_plugin_find_dev(const struct cfx_net_plugin *p, const char *nic_name, size_t len)
 {
     int n_seen = p->n_devs < NET_MAX_DEVS ? p->n_devs : NET_MAX_DEVS;
-    size_t len = nic_name != NULL ? base_len(nic_name) : 0;
-    *matched_p = 0;
+    const char *colon = memchr(nic_name, ':', len);
+    if (colon != NULL)
+        len = (size_t)(colon - nic_name);
     for (int dev = 0; len > 0 && dev < n_seen; dev++)
         if ((p->ptr_support[dev] & NCCL_PTR_HOST) && base_len(p->dev_name[dev]) == len &&
-            strncmp(p->dev_name[dev], nic_name, len) == 0) {
-            *matched_p = 1;
+            strncmp(p->dev_name[dev], nic_name, len) == 0)
             return dev;
-        }
-    return 0;
+    return -1;
 }
 
 const char *cfx_net_result_name(ncclResult_t res)
