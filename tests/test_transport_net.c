@@ -17,6 +17,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "tests/coll_check.h"
 #include "tests/harness.h"
 
 static double now_s(void)
@@ -269,6 +270,114 @@ Test(net_plugin, a_plugin_without_devices_fails_init_with_a_sentence, .timeout =
     cfx_test_setenv("CFXTEST_NDEV", NULL);
     cfx_test_setenv("CFX_TIMEOUT", NULL);
     cr_assert(ok, "%s", report);
+}
+
+/* ------------------------------------------------------------ user buffers */
+
+/* Two full 512 KiB slots and a 12-byte tail (the tail rides in the info line). */
+#define REF_COUNT ((size_t)(2 * 131072 + 3))
+
+/* Rank 0 sends from a buffer registered with cfxCommRegister (or not:
+ * @p arg 0) and overwrites it as soon as the send returns; rank 1 checks
+ * every element. Registered, the plugin sends each full slot's payload
+ * from the user's buffer (no copy into a slot), and a payload read from
+ * the slot, or from the buffer after the send returned, shows. Then an
+ * allreduce between registered buffers (its raw input and final output go
+ * from them). */
+static void send_from_registered(struct cfx_test_rank *ctx)
+{
+    int registered = *(const int *)ctx->arg, r = ctx->rank;
+    float *buf = calloc(REF_COUNT, sizeof(float)), *out = calloc(REF_COUNT, sizeof(float));
+    RANK_ASSERT(ctx, buf && out, "out of memory");
+    cfxComm_t comm;
+    RANK_CFX(ctx, cfxCommInitRank(&comm, ctx->nranks, ctx->id, r));
+    int hello = r; /* Connects the pair first. */
+    if (r == 0)
+        RANK_CFX(ctx, cfxSend(&hello, 1, cfxInt32, 1, comm, NULL));
+    else
+        RANK_CFX(ctx, cfxRecv(&hello, 1, cfxInt32, 0, comm, NULL));
+    void *hb = NULL, *ho = NULL;
+    if (registered) {
+        RANK_CFX(ctx, cfxCommRegister(comm, buf, REF_COUNT * sizeof(float), &hb));
+        RANK_CFX(ctx, cfxCommRegister(comm, out, REF_COUNT * sizeof(float), &ho));
+    }
+    for (int round = 0; round < 3 && !ctx->slot_failed; round++) {
+        cfx_test_step(ctx, "round %d", round);
+        if (r == 0) {
+            for (size_t i = 0; i < REF_COUNT; i++)
+                buf[i] = ref_tagged(0, 1, i, round);
+            RANK_CFX(ctx, cfxSend(buf, REF_COUNT, cfxFloat32, 1, comm, NULL));
+            for (size_t i = 0; i < REF_COUNT; i++)
+                buf[i] = -1.0f;
+        } else {
+            for (size_t i = 0; i < REF_COUNT; i++)
+                buf[i] = -7.0f;
+            RANK_CFX(ctx, cfxRecv(buf, REF_COUNT, cfxFloat32, 0, comm, NULL));
+            for (size_t i = 0; i < REF_COUNT; i++)
+                if (buf[i] != ref_tagged(0, 1, i, round)) {
+                    RANK_ASSERT(ctx, 0, "round %d: element %zu is %g, not %g", round, i,
+                                (double)buf[i], (double)ref_tagged(0, 1, i, round));
+                    break;
+                }
+        }
+    }
+    cfx_test_step(ctx, "an allreduce between registered buffers");
+    for (size_t i = 0; i < REF_COUNT; i++)
+        buf[i] = (float)(r + 1) + (float)(i % 7);
+    RANK_CFX(ctx, cfxAllReduce(buf, out, REF_COUNT, cfxFloat32, cfxSum, comm, NULL));
+    for (size_t i = 0; i < REF_COUNT; i++)
+        if (out[i] != 3.0f + 2.0f * (float)(i % 7)) {
+            RANK_ASSERT(ctx, 0, "allreduce element %zu is %g", i, (double)out[i]);
+            break;
+        }
+    if (hb != NULL)
+        RANK_CFX(ctx, cfxCommDeregister(comm, hb));
+    if (ho != NULL)
+        RANK_CFX(ctx, cfxCommDeregister(comm, ho));
+    if (!ctx->slot_failed)
+        RANK_CFX(ctx, cfxCommFinalize(comm));
+    cfxCommDestroy(comm);
+    free(buf);
+    free(out);
+}
+
+ParameterizedTestParameters(net_plugin, sends_from_registered_buffers_skip_the_slots)
+{
+    static int registered[] = {1, 0};
+    return cr_make_param_array(int, registered, 2);
+}
+
+ParameterizedTest(int *registered, net_plugin, sends_from_registered_buffers_skip_the_slots,
+                  .timeout = 150)
+{
+    cfx_test_setenv("CFX_NET_PLUGIN", test_plugin("CFX_TEST_NET_PLUGIN"));
+    char logs[128];
+    cfx_test_log_to(logs, sizeof(logs), "ref");
+    struct cfx_test_options opts = {.nranks = 2,
+                                    .mode = CFX_TEST_PROCS,
+                                    .deadline_s = 120,
+                                    .arg = registered,
+                                    .before_rank = own_host};
+    char report[8192];
+    int ok = cfx_test_run(&opts, send_from_registered, report, sizeof(report));
+    int p2p = cfx_test_count_in_logs(
+        logs, "rank 0 -> rank 1 sent 6 payload(s) from registered user buffers");
+    int any = cfx_test_count_in_logs(logs, "from registered user buffers");
+    if (ok)
+        cfx_test_remove_logs(logs);
+    cfx_test_logs_off();
+    cfx_test_setenv("CFX_NET_PLUGIN", NULL);
+    cr_assert(ok, "%s(logs kept in %s.*)", report, logs);
+    cr_log_info("%d lines of rank 0's 6 payloads to rank 1, %d lines in all", p2p, any);
+    if (*registered) {
+        cr_assert_eq(p2p, 1,
+                     "rank 0's send connection to rank 1 did not send its 6 full "
+                     "payloads from the user's buffer");
+        cr_assert_geq(any - p2p, 2, "%d ring connections sent from the registered buffers",
+                      any - p2p);
+    } else {
+        cr_assert_eq(any, 0, "%d connections sent from user buffers nobody registered", any);
+    }
 }
 
 /* ------------------------------------------------------------ mismatch */

@@ -33,6 +33,7 @@
 #ifndef CFX_TRANSPORTS_NET_CONN_H
 #define CFX_TRANSPORTS_NET_CONN_H
 
+#include <pthread.h>
 #include <stdatomic.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -138,6 +139,26 @@ struct cfx_net_ctx {
     cfxResult_t (*connect_check)(void *arg, int peer_rank);
     void *connect_check_arg;
     struct cfx_proxy *proxy;
+    /* User buffers registered with the plugin (reg_mem), and the send
+     * connections they are registered with; under reg_lock (setup time). */
+    pthread_mutex_t reg_lock;
+    struct cfx_net_reg *regs;
+    struct cfx_net_conn *senders; /* Connected send connections (next_sender). */
+};
+
+/* A user buffer registered with the plugin for zero-copy sends (reg_mem):
+ * the plugin registers memory per comm, so once with each connected send
+ * connection's comm, now and as later ones connect. */
+#define NET_REG_MAX_CONNS 1024
+struct cfx_net_reg {
+    char *buf;
+    size_t bytes;
+    struct cfx_net_reg *next;
+    int n_on;
+    struct {
+        struct cfx_net_conn *nc;
+        void *mhandle;
+    } on[NET_REG_MAX_CONNS];
 };
 
 /* One slot's requests, on either side. */
@@ -190,7 +211,15 @@ struct cfx_net_conn {
     void *listen_comm;
     void *comm; /* sendComm or recvComm. */
     void *mhandle;
-    int registered; /* Added to the proxy. */
+    int registered;                   /* Added to the proxy. */
+    struct cfx_net_conn *next_sender; /* ctx->senders (reg_lock). */
+    int is_sender;                    /* On ctx->senders. */
+    /* Sender: slot index i's payload goes from ref_data[i] (a registered
+     * user buffer, ref_mhandle[i]) instead of the slot (post_ref); NULL:
+     * from the slot. */
+    const void *ref_data[CFX_MAX_STEPS];
+    void *ref_mhandle[CFX_MAX_STEPS];
+    uint64_t ref_sent; /* Payloads sent from user buffers. */
     struct cfx_proxy_client client;
     /* Progress, by whichever thread drives (cfx_net_conn_drive). */
     struct cfx_net_slot slot[CFX_MAX_STEPS];

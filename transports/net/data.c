@@ -179,10 +179,19 @@ static int send_pass(struct cfx_net_conn *nc)
          * line, last, finds the payload in when it comes. */
         if (!nc->payload_issued) {
             uint32_t payload = size > CFX_SLOT_INLINE_BYTES ? size : 0;
+            /* From the user's registered buffer (post_ref), else the slot. */
+            void *from = nc->slots + index * nc->slot_bytes, *mhandle = nc->slots_mhandle;
+            if (nc->ref_data[index] != NULL && payload > 0) {
+                from = (void *)(uintptr_t)nc->ref_data[index];
+                mhandle = nc->ref_mhandle[index];
+            }
             void *req = NULL;
-            if (!post_send(nc, nc->slots + index * nc->slot_bytes, payload, nc->slots_mhandle,
-                           &req))
+            if (!post_send(nc, from, payload, mhandle, &req))
                 return moved; /* Not now, or failed. */
+            if (nc->ref_data[index] != NULL) {
+                nc->ref_sent += payload > 0;
+                nc->ref_data[index] = NULL;
+            }
             *s = (struct cfx_net_slot){.req_data = req};
             nc->payload_issued = 1;
             moved = 1;

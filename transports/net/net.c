@@ -18,6 +18,7 @@
 
 #include <assert.h>
 #include <limits.h>
+#include <pthread.h>
 #include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -99,6 +100,7 @@ static cfxResult_t net_init(const struct cfx_transport_env *env, void **ctx_p)
     ctx->connect_timeout_s = env->connect_timeout_s;
     ctx->connect_check = env->connect_check;
     ctx->connect_check_arg = env->connect_check_arg;
+    pthread_mutex_init(&ctx->reg_lock, NULL);
     if (plugin != NULL) {
         pick_devs(ctx, plugin, env);
         res = cfx_proxy_get(0, &ctx->proxy);
@@ -118,7 +120,158 @@ static void net_fini(void *ctx_v)
     if (ctx == NULL)
         return;
     cfx_proxy_put(ctx->proxy);
+    pthread_mutex_destroy(&ctx->reg_lock);
     free(ctx);
+}
+
+/* ============================================================ registrations */
+
+/* Registers @p reg with send connection @p nc's comm (reg_lock held). */
+static cfxResult_t reg_on(struct cfx_net_reg *reg, struct cfx_net_conn *nc)
+{
+    if (reg->n_on == NET_REG_MAX_CONNS)
+        return cfx_error_set(cfxInternalError, CFX_LOG_NET,
+                             "net-plugin: a registered buffer is on %d connections already, the "
+                             "most it can be",
+                             NET_REG_MAX_CONNS);
+    void *mhandle = NULL;
+    ncclResult_t res =
+        cfx_net_plugin_reg_mr(nc->plugin, nc->comm, reg->buf, reg->bytes, NCCL_PTR_HOST, &mhandle);
+    if (res != ncclSuccess)
+        return cfx_error_set(cfxSystemError, CFX_LOG_NET,
+                             "net-plugin: rank %d cannot register the %zu-byte user buffer at %p "
+                             "for rank %d with plugin %s: regMr returned %s",
+                             nc->self_rank, reg->bytes, (void *)reg->buf, nc->peer_rank,
+                             nc->plugin->name, cfx_net_result_name(res));
+    reg->on[reg->n_on].nc = nc;
+    reg->on[reg->n_on].mhandle = mhandle;
+    reg->n_on++;
+    return cfxSuccess;
+}
+
+/* A send connection that connected: every registered buffer is registered
+ * with its comm too. */
+static cfxResult_t sender_join(struct cfx_net_ctx *ctx, struct cfx_net_conn *nc)
+{
+    cfxResult_t res = cfxSuccess;
+    pthread_mutex_lock(&ctx->reg_lock);
+    nc->next_sender = ctx->senders;
+    ctx->senders = nc;
+    nc->is_sender = 1;
+    for (struct cfx_net_reg *reg = ctx->regs; reg != NULL && res == cfxSuccess; reg = reg->next)
+        res = reg_on(reg, nc);
+    pthread_mutex_unlock(&ctx->reg_lock);
+    return res;
+}
+
+/* Before a send connection's comm closes: its registrations go. */
+static void sender_leave(struct cfx_net_ctx *ctx, struct cfx_net_conn *nc)
+{
+    if (!nc->is_sender)
+        return;
+    pthread_mutex_lock(&ctx->reg_lock);
+    for (struct cfx_net_conn **at = &ctx->senders; *at != NULL; at = &(*at)->next_sender)
+        if (*at == nc) {
+            *at = nc->next_sender;
+            break;
+        }
+    for (struct cfx_net_reg *reg = ctx->regs; reg != NULL; reg = reg->next)
+        for (int i = 0; i < reg->n_on; i++)
+            if (reg->on[i].nc == nc) {
+                cfx_net_plugin_dereg_mr(nc->plugin, nc->comm, reg->on[i].mhandle);
+                reg->on[i] = reg->on[--reg->n_on];
+                break;
+            }
+    nc->is_sender = 0;
+    pthread_mutex_unlock(&ctx->reg_lock);
+}
+
+static void net_dereg_mem(void *ctx_v, void *handle);
+
+/* A user buffer, so that sends from it go zero copy: the plugin sends the
+ * payload from it (post_ref) instead of from a slot. Host memory only (a
+ * GPU rank's device buffers go through its kernel and slots). */
+static cfxResult_t net_reg_mem(void *ctx_v, void *buf, size_t bytes, enum cfx_mem_kind mem,
+                               int device, void **handle_p)
+{
+    struct cfx_net_ctx *ctx = ctx_v;
+    *handle_p = NULL;
+    if (ctx->plugin == NULL)
+        return cfxSuccess; /* No plugin: nothing will read it. */
+    if (mem == CFX_MEM_DEVICE)
+        return cfx_error_set(cfxInvalidUsage, CFX_LOG_NET,
+                             "net-plugin: cannot register %zu bytes of device %d's memory for "
+                             "zero-copy sends (a GPU rank's data goes through its slots)",
+                             bytes, device);
+    struct cfx_net_reg *reg = calloc(1, sizeof(*reg));
+    if (reg == NULL)
+        return cfx_error_set(cfxSystemError, CFX_LOG_NET, "net-plugin: out of memory");
+    reg->buf = buf;
+    reg->bytes = bytes;
+    cfxResult_t res = cfxSuccess;
+    pthread_mutex_lock(&ctx->reg_lock);
+    for (struct cfx_net_conn *nc = ctx->senders; nc != NULL && res == cfxSuccess;
+         nc = nc->next_sender)
+        res = reg_on(reg, nc);
+    if (res == cfxSuccess) {
+        reg->next = ctx->regs;
+        ctx->regs = reg;
+    }
+    pthread_mutex_unlock(&ctx->reg_lock);
+    if (res != cfxSuccess) {
+        for (int i = 0; i < reg->n_on; i++)
+            cfx_net_plugin_dereg_mr(reg->on[i].nc->plugin, reg->on[i].nc->comm, reg->on[i].mhandle);
+        free(reg);
+        return res;
+    }
+    *handle_p = reg;
+    return cfxSuccess;
+}
+
+static void net_dereg_mem(void *ctx_v, void *handle)
+{
+    struct cfx_net_ctx *ctx = ctx_v;
+    struct cfx_net_reg *reg = handle;
+    if (reg == NULL)
+        return;
+    pthread_mutex_lock(&ctx->reg_lock);
+    for (struct cfx_net_reg **at = &ctx->regs; *at != NULL; at = &(*at)->next)
+        if (*at == reg) {
+            *at = reg->next;
+            break;
+        }
+    for (int i = 0; i < reg->n_on; i++)
+        cfx_net_plugin_dereg_mr(reg->on[i].nc->plugin, reg->on[i].nc->comm, reg->on[i].mhandle);
+    pthread_mutex_unlock(&ctx->reg_lock);
+    free(reg);
+}
+
+/* The next slot's payload is the @p bytes at @p data, inside @p handle's
+ * buffer: the payload's isend goes from there (the slot is released once
+ * it tested done, so the core's drain gives the buffer back after). Never
+ * blocks, allocates or registers: the buffer is registered with this
+ * connection's comm already (at reg_mem or at connect). */
+static cfxResult_t net_post_ref(void *ctx_v, struct cfx_connector *conn, const void *data,
+                                size_t bytes, void *handle)
+{
+    (void)ctx_v;
+    struct cfx_net_conn *nc = conn->priv;
+    const struct cfx_net_reg *reg = handle;
+    void *mhandle = NULL;
+    for (int i = 0; reg != NULL && i < reg->n_on && mhandle == NULL; i++)
+        if (reg->on[i].nc == nc)
+            mhandle = reg->on[i].mhandle;
+    if (mhandle == NULL || bytes <= CFX_SLOT_INLINE_BYTES || bytes > nc->slot_bytes ||
+        (const char *)data < reg->buf || (const char *)data + bytes > reg->buf + reg->bytes)
+        return cfx_error_set(cfxInternalError, CFX_LOG_NET,
+                             "net-plugin: rank %d cannot send %zu bytes at %p to rank %d from a "
+                             "registration that does not hold them (or too small or large for "
+                             "a slot, or not on this connection)",
+                             nc->self_rank, bytes, data, nc->peer_rank);
+    size_t index = (size_t)(cfx_load_relaxed_u64(&nc->fifo->tail) % (uint64_t)nc->n_steps);
+    nc->ref_mhandle[index] = mhandle;
+    nc->ref_data[index] = data;
+    return cfxSuccess;
 }
 
 /* ============================================================ connection */
@@ -418,6 +571,8 @@ static cfxResult_t net_connect(void *ctx_v, struct cfx_connector *conn, const vo
                           memory_order_relaxed);
     CFX_CHECK(cfx_proxy_add(ctx->proxy, &nc->client, NULL, 0, 0));
     nc->registered = 1;
+    if (nc->dir == CFX_CONN_SEND)
+        CFX_CHECK(sender_join(ctx, nc));
     /* What the driver says the slots are, not what was meant. */
     int slots_device = -1;
     int in_device = nc->pinned && cfx_cuda_is_device_ptr(nc->slots, &slots_device);
@@ -471,6 +626,11 @@ static void net_close(void *ctx_v, struct cfx_connector *conn)
         nc->registered = 0;
     }
     const struct cfx_net_plugin *p = nc->plugin;
+    sender_leave(ctx, nc);
+    if (nc->ref_sent > 0)
+        CFX_INFO(CFX_LOG_NET,
+                 "net-plugin: rank %d -> rank %d sent %llu payload(s) from registered user buffers",
+                 nc->self_rank, nc->peer_rank, (unsigned long long)nc->ref_sent);
     if (nc->gdr && nc->gdr_flushes > 0)
         CFX_INFO(CFX_LOG_NET,
                  "net-plugin: rank %d <- rank %d flushed the plugin's writes into device %d's "
@@ -561,9 +721,12 @@ const struct cfx_transport cfx_net_plugin_transport = {
     .progress = net_progress,
     .wait = NULL,
     .read_peer = NULL,
-    /* memory: FIFOs in host memory (pinned for GPU ranks) only */
-    .reg_mem = NULL,
-    .dereg_mem = NULL,
+    /* memory: user buffers for zero-copy sends (host memory) */
+    .reg_mem = net_reg_mem,
+    .dereg_mem = net_dereg_mem,
     .flush = NULL,
     .map_peer = NULL,
+    .post_ref = net_post_ref,
+    .offer = NULL,
+    .post_at = NULL,
 };
