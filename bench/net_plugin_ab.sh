@@ -8,7 +8,9 @@
 # out-of-place time per run and the medians.
 #
 #   bench/net_plugin_ab.sh PERF_A PERF_B [coll] [rounds]
-#     defaults: sendrecv 5; sizes with SIZES="-b 8 -e 16M -f 4"
+#     defaults: sendrecv 5; sizes with SIZES="-b 8 -e 16M -f 4"; flags for
+#     one side only with ARGS_A / ARGS_B (one build, two settings:
+#     bench/net_plugin_ab.sh perf perf sendrecv 5 with ARGS_B="-R 1")
 #
 # These are loopback TCP figures of a test plugin on one machine, never an
 # RDMA NIC's: they show how a protocol waits on a rendezvous, not a
@@ -33,11 +35,15 @@ for round in $(seq 1 "$rounds"); do
     for build in A B; do
       port=$((port + 1))
       perf=$perf_a
-      [ "$build" = B ] && perf=$perf_b
-      # shellcheck disable=SC2086,SC2016 # $sizes is a list of flags; $RANK is the rank's
+      args=${ARGS_A:-}
+      if [ "$build" = B ]; then
+        perf=$perf_b
+        args=${ARGS_B:-}
+      fi
+      # shellcheck disable=SC2086,SC2016 # $sizes, $args: lists of flags; $RANK is the rank's
       CFXTEST_RENDEZVOUS=$rdv CFX_NET_PLUGIN=$plugin MASTER_PORT=$port \
         "$here/examples/launch_local.sh" 2 sh -c 'CFX_HOSTID=h$RANK exec "$0" "$@"' \
-        "$perf" "$coll" $sizes -n 20 -w 3 > "$out/$build$rdv.$round" 2>&1 ||
+        "$perf" "$coll" $sizes $args -n 20 -w 3 > "$out/$build$rdv.$round" 2>&1 ||
         { cat "$out/$build$rdv.$round"; exit 1; }
     done
   done

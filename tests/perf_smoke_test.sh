@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # conflux-perf works end to end, briefly: every collective on 2 forked ranks
 # over shm, allreduce and sendrecv again over sockets (CFX_SHM_DISABLE=1),
-# every type and op on 3 ranks, nccl-tests' table and footer, JSON that
-# parses, and a bad flag that is a usage error (exit 2).
+# every type and op on 3 ranks, registered buffers (-R 1), nccl-tests'
+# table and footer, JSON that parses, and a bad flag that is a usage error
+# (exit 2).
 #
 #   tests/perf_smoke_test.sh path/to/conflux-perf
 set -u
@@ -93,6 +94,12 @@ for coll in allreduce sendrecv alltoall; do
     -w 1 -c 1
 done
 
+# Registered buffers (-R 1): registration works on every transport, and checked
+# calls stay exact (shm and sockets keep their own paths).
+expect_run allreduce_registered_2_ranks allreduce --np 2 -b 8 -e 1M -f 16 -n 2 -w 1 -c 1 -R 1
+CFX_SHM_DISABLE=1 expect_run sendrecv_registered_socket_2_ranks sendrecv --np 2 -b 8 -e 1M \
+  -f 16 -n 2 -w 1 -c 1 -R 1
+
 # Odd rank count, every type and op: in-place offsets and the exact-value check.
 expect_run reducescatter_all_types_ops_3_ranks reducescatter --np 3 -b 8 -e 4K -f 8 -n 1 -w 1 \
   -c 1 -d all -o all
@@ -110,6 +117,7 @@ expect_usage_error bad_thread_count allreduce -t 0
 expect_usage_error bad_flag allreduce --np 2 --no-such-flag
 expect_usage_error bad_type allreduce --np 2 -d float13
 expect_usage_error bad_collective alltoallw --np 2
+expect_usage_error symmetric_registration allreduce --np 2 -R 2
 
 if [ $failures -ne 0 ]; then
   echo "conflux-perf smoke test: $failures failed"

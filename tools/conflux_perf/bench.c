@@ -578,6 +578,18 @@ int perf_bench_run(struct perf_bench *b, cfxUniqueId id, const char *launch)
                 cfxGetErrorString(res), cfxGetLastError(NULL));
         goto out_close;
     }
+    void *send_reg = NULL, *recv_reg = NULL;
+    if (opt->local_register) {
+        size_t reg_bytes = (b->buf_bytes + 4095) / 4096 * 4096;
+        res = cfxCommRegister(b->comm, b->send_buf, reg_bytes > 0 ? reg_bytes : 4096, &send_reg);
+        if (res == cfxSuccess)
+            res =
+                cfxCommRegister(b->comm, b->recv_buf, reg_bytes > 0 ? reg_bytes : 4096, &recv_reg);
+        if (res != cfxSuccess) {
+            report_failure(b, "cfxCommRegister", res);
+            goto out_abort;
+        }
+    }
     if (b->rank == 0)
         b->rep = perf_report_open(opt, b->nranks, launch);
     if (run_all(b) != 0)
@@ -600,6 +612,10 @@ int perf_bench_run(struct perf_bench *b, cfxUniqueId id, const char *launch)
             status = PERF_EXIT_FAILED;
         b->rep = NULL;
     }
+    if (send_reg != NULL)
+        cfxCommDeregister(b->comm, send_reg);
+    if (recv_reg != NULL)
+        cfxCommDeregister(b->comm, recv_reg);
     res = cfxCommFinalize(b->comm);
     if (res != cfxSuccess) {
         report_failure(b, "cfxCommFinalize", res);

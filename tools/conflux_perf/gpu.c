@@ -374,7 +374,7 @@ static int time_copies(struct perf_gpu *gpu, CUevent start, CUevent stop, CUdevi
 static int copy_loop(struct perf_gpu *gpu, CUevent start, CUevent stop, void *dst, const void *src,
                      size_t bytes, struct perf_copy *copy_p)
 {
-    double seconds = 0, batch_s;
+    double seconds = 0, batch_s = 0;
     long reps = 0;
     int batch = 1;
     /* One copy untimed, then batches, doubling, until about 0.2 s. */

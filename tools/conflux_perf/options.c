@@ -83,6 +83,9 @@ void perf_options_usage(FILE *out, const char *prog)
             "  --mem host|device|auto  buffers in host memory (stream NULL) or GPU memory\n"
             "                          (cuMemAlloc, a stream per rank); auto: GPU memory when\n"
             "                          this rank can use a GPU (default auto)\n"
+            "  -R, --local_register 0|1  register both buffers with cfxCommRegister before\n"
+            "                          the first call (transports that move registered\n"
+            "                          memory then send from it; default 0)\n"
             "Ranks:\n"
             "  -t, --nthreads N        N ranks as threads of this one process (one CUDA\n"
             "                          context for all: their kernels run at once)\n"
@@ -227,6 +230,7 @@ static const struct option long_options[] = {
     {"blocking", required_argument, NULL, 'z'},
     {"stream_null", required_argument, NULL, 'y'},
     {"cudagraph", required_argument, NULL, 'G'},
+    {"local_register", required_argument, NULL, 'R'},
     {"np", required_argument, NULL, OPT_NP},
     {"json", required_argument, NULL, OPT_JSON},
     {"mem", required_argument, NULL, OPT_MEM},
@@ -274,7 +278,7 @@ int perf_options_parse(int argc, char **argv, struct perf_options *opt_p, int *h
     opterr = 0;
     optind = 1;
     for (;;) {
-        int c = getopt_long(sub_argc, sub_argv, ":b:e:i:f:n:w:m:c:a:d:o:r:t:g:z:y:G:h",
+        int c = getopt_long(sub_argc, sub_argv, ":b:e:i:f:n:w:m:c:a:d:o:r:t:g:z:y:G:R:h",
                             long_options, NULL);
         if (c == -1)
             break;
@@ -354,6 +358,12 @@ int perf_options_parse(int argc, char **argv, struct perf_options *opt_p, int *h
             if (strcmp(optarg, "0") != 0 && strcmp(optarg, "1") != 0)
                 return usage_error(prog, "bad %s '%s' (0 or 1)",
                                    c == 'z' ? "-z/--blocking" : "-y/--stream_null", optarg);
+            break;
+        case 'R':
+            if (strcmp(optarg, "0") != 0 && strcmp(optarg, "1") != 0)
+                return usage_error(prog, "bad %s '%s' (0 or 1; no symmetric registration)",
+                                   "-R/--local_register", optarg);
+            opt.local_register = optarg[0] == '1';
             break;
         case 'G':
             if (strcmp(optarg, "0") != 0)

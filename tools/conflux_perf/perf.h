@@ -111,6 +111,7 @@ struct perf_options {
      * the GPUs; set once, before the threads, since setenv is not thread-safe). */
     int multi_rank_set;
     enum perf_mem mem;
+    int local_register; /* -R 1: the buffers registered with cfxCommRegister */
     const char *json_path;
     char command[1024]; /* the command line, for the JSON file */
 };
