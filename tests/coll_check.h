@@ -270,6 +270,30 @@ static inline float ref_tagged(int from, int to, size_t i, int round)
     return (float)(from * 1000003 + to * 10007 + (int)(i % 100003) + round * 7);
 }
 
+/* A message of @p count elements from rank @p from to rank @p to in round
+ * @p round, into @p buf. */
+static inline void ref_tagged_msg_fill(float *buf, int from, int to, size_t count, int round)
+{
+    for (size_t i = 0; i < count; i++)
+        buf[i] = ref_tagged(from, to, i, round);
+}
+
+/* The first wrong element of such a message in @p buf, or -1. */
+static inline long ref_tagged_msg_check(const float *buf, int from, int to, size_t count, int round)
+{
+    for (size_t i = 0; i < count; i++)
+        if (buf[i] != ref_tagged(from, to, i, round))
+            return (long)i;
+    return -1;
+}
+
+/* @p count copies of @p value into @p buf (stale-data marks). */
+static inline void ref_fill_value(float *buf, size_t count, float value)
+{
+    for (size_t i = 0; i < count; i++)
+        buf[i] = value;
+}
+
 /* An alltoall's send buffer, @p count per peer of @p n, from rank @p r. */
 static inline void ref_tagged_fill(float *send, int n, int r, size_t count, int round)
 {

@@ -53,22 +53,17 @@ static void send_then_overwrite(struct cfx_test_rank *ctx)
     for (int round = 0; round < 3 && !ctx->slot_failed; round++) {
         cfx_test_step(ctx, "round %d", round);
         if (r == 0) {
-            for (size_t i = 0; i < COUNT; i++)
-                buf[i] = ref_tagged(0, 1, i, round);
+            ref_tagged_msg_fill(buf, 0, 1, COUNT, round);
             usleep(300 * 1000);
             RANK_CFX(ctx, cfxSend(buf, COUNT, cfxFloat32, 1, comm, NULL));
-            for (size_t i = 0; i < COUNT; i++)
-                buf[i] = -1.0f;
+            ref_fill_value(buf, COUNT, -1.0f);
         } else {
-            for (size_t i = 0; i < COUNT; i++)
-                buf[i] = -7.0f;
+            ref_fill_value(buf, COUNT, -7.0f);
             RANK_CFX(ctx, cfxRecv(buf, COUNT, cfxFloat32, 0, comm, NULL));
-            for (size_t i = 0; i < COUNT; i++)
-                if (buf[i] != ref_tagged(0, 1, i, round)) {
-                    RANK_ASSERT(ctx, 0, "round %d: element %zu is %g, not %g", round, i, buf[i],
-                                ref_tagged(0, 1, i, round));
-                    break;
-                }
+            long bad = ref_tagged_msg_check(buf, 0, 1, COUNT, round);
+            RANK_ASSERT(ctx, bad < 0, "round %d: element %ld is %g, not %g", round, bad,
+                        bad < 0 ? 0.0 : (double)buf[bad],
+                        bad < 0 ? 0.0 : (double)ref_tagged(0, 1, (size_t)bad, round));
         }
     }
     if (!ctx->slot_failed)
