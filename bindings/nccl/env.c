@@ -35,6 +35,13 @@ static const char *map_family(const char *value)
     return value;
 }
 
+/* NCCL: "none" loads no net plugin; Conflux: unset (or empty). A name
+ * ("aws-ofi": libnccl-net-aws-ofi.so) or a path reads the same in both. */
+static const char *map_net_plugin(const char *value)
+{
+    return strcasecmp(value, "none") == 0 ? "" : value;
+}
+
 struct env_twin {
     const char *nccl;
     const char *cfx;
@@ -66,6 +73,7 @@ static const struct env_twin twins[] = {
     {"NCCL_IB_DISABLE", "CFX_IB_DISABLE", NULL, 0},
     {"NCCL_NET", "CFX_NET", NULL, 0},
     {"NCCL_NET_GDR_LEVEL", "CFX_NET_GDR_LEVEL", NULL, 0},
+    {"NCCL_NET_PLUGIN", "CFX_NET_PLUGIN", map_net_plugin, 0},
     {"NCCL_P2P_DISABLE", "CFX_P2P_DISABLE", NULL, 0},
     {"NCCL_P2P_LEVEL", "CFX_P2P_LEVEL", NULL, 0},
     {"NCCL_P2P_READ_ENABLE", "CFX_P2P_READ_ENABLE", NULL, 0},
@@ -78,7 +86,6 @@ static const struct env_twin twins[] = {
 static const char *const orphans[] = {
     "NCCL_NVLS_ENABLE",
     "NCCL_CONF_FILE",
-    "NCCL_MIN_NCHANNELS",
 };
 
 /* Twins whose CFX variable this file set (so that it may set it again). */

@@ -23,7 +23,8 @@ twins=(DEBUG:ABORT:WARN DEBUG_SUBSYS:INIT,NET DEBUG_FILE:/tmp/x.%h.%p COMM_ID:12
        SOCKET_IFNAME:=eth9 SOCKET_FAMILY:AF_INET6:6 SOCKET_NTHREADS:3 NSOCKS_PERTHREAD:5
        ALGO:^tree PROTO:Simple BUFFSIZE:1048576 MAX_NCHANNELS:7 SHM_DISABLE:1
        TOPO_FILE:/tmp/topo.xml TOPO_DUMP_FILE:/tmp/dump.xml HOSTID:host-a
-       MULTI_RANK_GPU_ENABLE:1 IB_HCA:=mlx5_0:1 IB_DISABLE:1 NET:Socket)
+       MULTI_RANK_GPU_ENABLE:1 IB_HCA:=mlx5_0:1 IB_DISABLE:1 NET:Socket MIN_NCHANNELS:2
+       DMABUF_ENABLE:0 NET_PLUGIN:aws-ofi)
 settings=() names=()
 for twin in "${twins[@]}"; do
   name=${twin%%:*} rest=${twin#*:}
@@ -50,6 +51,16 @@ out=$(run NCCL_SOCKET_IFNAME=eth9 CFX_SOCKET_IFNAME=lo NCCL_DEBUG=INFO CFX_DEBUG
 grep -qx "CFX_SOCKET_IFNAME=lo" <<< "$out" && grep -qx "CFX_DEBUG=WARN" <<< "$out" ||
   failed "CFX_* did not win over NCCL_*: $out"
 echo "2. CFX_* set by the user wins"
+
+# 2b. NCCL_NET_PLUGIN=none loads no plugin (CFX_NET_PLUGIN empty); a mapped
+# variable is never called ignored at INFO.
+out=$(run NCCL_NET_PLUGIN=none "$probe" getenv CFX_NET_PLUGIN)
+grep -qx "CFX_NET_PLUGIN=" <<< "$out" || failed "NCCL_NET_PLUGIN=none gave: $out"
+out=$(run NCCL_MIN_NCHANNELS=2 NCCL_DEBUG=INFO "$probe" getenv CFX_MIN_NCHANNELS 2>&1)
+grep -q "CFX_MIN_NCHANNELS=2" <<< "$out" || failed "NCCL_MIN_NCHANNELS=2 gave: $out"
+! grep -q "NCCL_MIN_NCHANNELS has no Conflux twin" <<< "$out" ||
+  failed "NCCL_MIN_NCHANNELS is mapped but said to be ignored: $out"
+echo "2b. NCCL_NET_PLUGIN=none is no plugin; a mapped variable is not called ignored"
 
 # 3. Conflux picks its interface from NCCL_SOCKET_IFNAME, unless CFX_SOCKET_IFNAME says otherwise.
 out=$(run NCCL_SOCKET_IFNAME=nosuchif0 "$probe" uniqueid 2>&1)
