@@ -329,6 +329,14 @@ Test(topo, inconsistent_files_are_refused_with_a_sentence)
                           "<pci busid=\"0000:02:00.0\"><gpu dev=\"3\"/></pci>\n"
                           "</cpu></system>\n",
                           "device number 3", NULL);
+    /* An NVLink target longer than a bus id (the fuzzer's: it once loaded,
+     * cut short, and its dump did not load back). */
+    expect_error_mentions("<system><cpu>\n"
+                          "<pci busid=\"0000:01:00.0\"><gpu dev=\"0\">"
+                          "<nvlink target=\"..................................2..0000:d2:00.0\" "
+                          "count=\"4\" tclass=\"0x068000\"/></gpu></pci>\n"
+                          "</cpu></system>\n",
+                          "target", "not a PCI bus id");
 }
 
 Test(topo, a_missing_file_fails_with_the_system_error)

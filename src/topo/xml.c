@@ -251,7 +251,9 @@ static cfxResult_t load_gpu(struct xml_loader *ld, const xmlNode *el, int gpu)
             return cfx_error_set(cfxInvalidArgument, CFX_LOG_GRAPH,
                                  "%s:%ld: <nvlink> has no target", ld->name, xmlGetLineNo(c));
         uint64_t id;
-        if (cfx_topo_busid_parse(target, &id) != 0)
+        /* As <pci busid>: longer than a bus id is none (the stored, cut
+         * form would not read back). */
+        if (cfx_topo_busid_parse(target, &id) != 0 || strlen(target) >= CFX_TOPO_BUSID_MAX)
             return bad_attr(ld, c, "target", target, "not a PCI bus id");
         CFX_CHECK(attr_int(ld, c, "count", 1, &count));
         CFX_CHECK(attr_hex(ld, c, "tclass", &tclass));
