@@ -43,14 +43,15 @@
 #include "transports/net/nccl_net.h"
 #include "transports/transport.h"
 
-#define NET_MAX_REQUESTS NCCL_NET_MAX_REQUESTS_V8 /* Outstanding per comm, at most. */
-#define NET_POLL_NS      (200 * 1000)             /* Proxy pass interval while work is in flight. */
-#define NET_IDLE_POLL_NS (1000 * 1000)            /* A receiver waiting for its next slot. */
-#define NET_LINGER_NS    (2 * 1000000000LL)       /* close(): posted slots still get this long. */
-#define NET_POISON_SIZE  0xffffffffu /* An info line with this size (and seq 0) is a poison. */
-#define NET_INFO_MAGIC   0x43464e50u /* "CFNP" */
-#define NET_NAME_MAX     64
-#define NET_MAX_DEVS     16 /* Devices of a plugin Conflux looks at. */
+#define NET_MAX_REQUESTS  NCCL_NET_MAX_REQUESTS_V8 /* Outstanding per comm, at most. */
+#define NET_POLL_NS       (200 * 1000)       /* Proxy pass interval while work is in flight. */
+#define NET_IDLE_POLL_NS  (1000 * 1000)      /* A receiver waiting for its next slot. */
+#define NET_LINGER_NS     (2 * 1000000000LL) /* close(): posted slots still get this long. */
+#define NET_POISON_SIZE   0xffffffffu /* An info line with this size (and seq 0) is a poison. */
+#define NET_INFO_MAGIC    0x43464e50u /* "CFNP" */
+#define NET_NAME_MAX      64
+#define NET_MAX_DEVS      16   /* Devices of a plugin Conflux looks at. */
+#define NET_REG_MAX_CONNS 4096 /* Send connections a registered buffer reaches. */
 
 /* The loaded plugin, one per process (plugin.c): v8 and v9 behind one face. */
 struct cfx_net_plugin {
@@ -124,11 +125,10 @@ struct cfx_net_ctx {
     int rank;
     /* The plugin devices this rank's connections use, channel c on
      * devs[c % n_devs]: those named as the topology's ports nearest this
-     * rank (nic_near, the nearest first; dev_is_nearest), else device 0
+     * rank (nic_near, the nearest first), else device 0
      * alone. */
     int devs[NET_MAX_DEVS];
     int n_devs;
-    int dev_is_nearest;
     /* The path class from this rank's GPU to those ports, or -1: unknown
      * (a host rank, or device 0 for want of a name). */
     int nic_path;
@@ -139,26 +139,24 @@ struct cfx_net_ctx {
     cfxResult_t (*connect_check)(void *arg, int peer_rank);
     void *connect_check_arg;
     struct cfx_proxy *proxy;
-    /* User buffers registered with the plugin (reg_mem), and the send
-     * connections they are registered with; under reg_lock (setup time). */
+    /* User buffers registered with the plugin (reg_mem), and the connected
+     * send connections by sender slot (NULL: free); under reg_lock (setup
+     * time). */
     pthread_mutex_t reg_lock;
     struct cfx_net_reg *regs;
-    struct cfx_net_conn *senders; /* Connected send connections (next_sender). */
+    struct cfx_net_conn *senders[NET_REG_MAX_CONNS];
 };
 
 /* A user buffer registered with the plugin for zero-copy sends (reg_mem):
  * the plugin registers memory per comm, so once with each connected send
- * connection's comm, now and as later ones connect. */
-#define NET_REG_MAX_CONNS 1024
+ * connection's comm, now and as later ones connect: mhandle[s] is the
+ * registration with the comm of sender slot s (NULL: none), so a send
+ * finds its handle without a search (post_ref). */
 struct cfx_net_reg {
     char *buf;
     size_t bytes;
     struct cfx_net_reg *next;
-    int n_on;
-    struct {
-        struct cfx_net_conn *nc;
-        void *mhandle;
-    } on[NET_REG_MAX_CONNS];
+    void *mhandle[NET_REG_MAX_CONNS];
 };
 
 /* One slot's requests, on either side. */
@@ -211,9 +209,8 @@ struct cfx_net_conn {
     void *listen_comm;
     void *comm; /* sendComm or recvComm. */
     void *mhandle;
-    int registered;                   /* Added to the proxy. */
-    struct cfx_net_conn *next_sender; /* ctx->senders (reg_lock). */
-    int is_sender;                    /* On ctx->senders. */
+    int registered;  /* Added to the proxy. */
+    int sender_slot; /* In ctx->senders, once a connected sender; -1: none. */
     /* Sender: slot index i's payload goes from ref_data[i] (a registered
      * user buffer, ref_mhandle[i]) instead of the slot (post_ref); NULL:
      * from the slot. */

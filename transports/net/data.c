@@ -1,9 +1,9 @@
 /*
  * The net-plugin transport's data path: a pass over a connector tests its
  * outstanding requests, then posts what may go: a sender's isends (each
- * posted slot's info line, then its payload, empty when inline), a
- * receiver's irecvs (both of each free slot, ahead: the info line into its
- * staging line, the payload straight into the slot). At most NET_MAX_REQUESTS per
+ * posted slot's payload, empty when inline, then its info line), a
+ * receiver's irecvs (both of each free slot, ahead: the payload straight
+ * into the slot, the info line into its staging line). At most NET_MAX_REQUESTS per
  * comm; a call that returns a NULL request is retried on a later pass.
  * Any plugin call that fails fails the connector once, with a sentence
  * naming both ranks, the plugin, the call and its result. The protocol is
@@ -145,7 +145,7 @@ static int send_pass(struct cfx_net_conn *nc)
             s->info_done = 1, moved = 1;
         if (atomic_load_explicit(&nc->failed, memory_order_relaxed))
             return moved;
-        if (!s->info_done || !s->data_done)
+        if (!s->info_done)
             break;
     }
     while (nc->released < nc->issued) {
@@ -181,7 +181,7 @@ static int send_pass(struct cfx_net_conn *nc)
             uint32_t payload = size > CFX_SLOT_INLINE_BYTES ? size : 0;
             /* From the user's registered buffer (post_ref), else the slot. */
             void *from = nc->slots + index * nc->slot_bytes, *mhandle = nc->slots_mhandle;
-            if (nc->ref_data[index] != NULL && payload > 0) {
+            if (nc->ref_data[index] != NULL) { /* Never inline: post_ref refuses those. */
                 from = (void *)(uintptr_t)nc->ref_data[index];
                 mhandle = nc->ref_mhandle[index];
             }
@@ -189,7 +189,7 @@ static int send_pass(struct cfx_net_conn *nc)
             if (!post_send(nc, from, payload, mhandle, &req))
                 return moved; /* Not now, or failed. */
             if (nc->ref_data[index] != NULL) {
-                nc->ref_sent += payload > 0;
+                nc->ref_sent++;
                 nc->ref_data[index] = NULL;
             }
             *s = (struct cfx_net_slot){.req_data = req};
@@ -380,7 +380,7 @@ static int test_receives(struct cfx_net_conn *nc, int *moved_p)
         }
         if (atomic_load_explicit(&nc->failed, memory_order_relaxed))
             return 0;
-        if (!s->info_done || !s->data_done)
+        if (!s->info_done)
             break;
     }
     return 1;
@@ -458,13 +458,16 @@ static int recv_pass(struct cfx_net_conn *nc)
     return moved;
 }
 
-/* A receiver with a payload on its way (or a flush): a slot whose info
- * line came and that is not posted yet. */
+/* A receiver with a slot partly in (its payload came, its info line not
+ * yet) or waiting for its flush: a slot begun of which anything came and
+ * that is not posted yet. */
 static int recv_busy(const struct cfx_net_conn *nc)
 {
-    for (uint64_t k = nc->arrived; k < nc->posted; k++)
-        if (nc->slot[k % (uint64_t)nc->n_steps].info_done)
+    for (uint64_t k = nc->arrived; k < nc->posted; k++) {
+        const struct cfx_net_slot *s = &nc->slot[k % (uint64_t)nc->n_steps];
+        if (s->data_done || s->info_done)
             return 1;
+    }
     return 0;
 }
 
@@ -477,8 +480,8 @@ int cfx_net_conn_busy(const struct cfx_net_conn *nc)
             return !atomic_load_explicit(&nc->poison_done, memory_order_acquire);
         return nc->n_reqs > 0 || nc->issued != cfx_load_acquire_u64(&nc->fifo->tail);
     }
-    /* A receiver waiting for the next info line is left to the thread
-     * that waits on it; a payload on its way is the proxy's too. */
+    /* A receiver whose next slot has not begun to come is left to the
+     * thread that waits on it; a slot partly in is the proxy's too. */
     return recv_busy(nc);
 }
 

@@ -64,9 +64,9 @@ static void pick_devs(struct cfx_net_ctx *ctx, const struct cfx_net_plugin *plug
         }
         at += len + (at[len] == ',');
     }
-    ctx->dev_is_nearest = ctx->n_devs > 0;
-    ctx->nic_path = ctx->dev_is_nearest ? env->nic_path : -1;
-    if (ctx->dev_is_nearest) {
+    int nearest = ctx->n_devs > 0;
+    ctx->nic_path = nearest ? env->nic_path : -1;
+    if (nearest) {
         CFX_INFO(CFX_LOG_NET | CFX_LOG_INIT,
                  "net-plugin: rank %d uses device%s %s, the topology's nearest port%s%s", ctx->rank,
                  ctx->n_devs > 1 ? "s" : "", list, ctx->n_devs > 1 ? "s" : "",
@@ -126,67 +126,70 @@ static void net_fini(void *ctx_v)
 
 /* ============================================================ registrations */
 
-/* Registers @p reg with send connection @p nc's comm (reg_lock held). */
-static cfxResult_t reg_on(struct cfx_net_reg *reg, struct cfx_net_conn *nc)
+/* Registers @p reg with the comm of send connection @p nc, in sender slot
+ * @p slot (reg_lock held). */
+static cfxResult_t reg_on(struct cfx_net_reg *reg, struct cfx_net_conn *nc, int slot)
 {
-    if (reg->n_on == NET_REG_MAX_CONNS)
-        return cfx_error_set(cfxInternalError, CFX_LOG_NET,
-                             "net-plugin: a registered buffer is on %d connections already, the "
-                             "most it can be",
-                             NET_REG_MAX_CONNS);
-    void *mhandle = NULL;
-    ncclResult_t res =
-        cfx_net_plugin_reg_mr(nc->plugin, nc->comm, reg->buf, reg->bytes, NCCL_PTR_HOST, &mhandle);
-    if (res != ncclSuccess)
-        return cfx_error_set(cfxSystemError, CFX_LOG_NET,
-                             "net-plugin: rank %d cannot register the %zu-byte user buffer at %p "
-                             "for rank %d with plugin %s: regMr returned %s",
-                             nc->self_rank, reg->bytes, (void *)reg->buf, nc->peer_rank,
-                             nc->plugin->name, cfx_net_result_name(res));
-    reg->on[reg->n_on].nc = nc;
-    reg->on[reg->n_on].mhandle = mhandle;
-    reg->n_on++;
-    return cfxSuccess;
+    ncclResult_t res = cfx_net_plugin_reg_mr(nc->plugin, nc->comm, reg->buf, reg->bytes,
+                                             NCCL_PTR_HOST, &reg->mhandle[slot]);
+    if (res == ncclSuccess)
+        return cfxSuccess;
+    reg->mhandle[slot] = NULL;
+    return cfx_error_set(cfxSystemError, CFX_LOG_NET,
+                         "net-plugin: rank %d cannot register the %zu-byte user buffer at %p for "
+                         "rank %d with plugin %s: regMr returned %s",
+                         nc->self_rank, reg->bytes, (void *)reg->buf, nc->peer_rank,
+                         nc->plugin->name, cfx_net_result_name(res));
 }
 
-/* A send connection that connected: every registered buffer is registered
- * with its comm too. */
+/* Deregisters @p reg from every send connection it is on (reg_lock held). */
+static void reg_off_all(struct cfx_net_ctx *ctx, struct cfx_net_reg *reg)
+{
+    for (int slot = 0; slot < NET_REG_MAX_CONNS; slot++)
+        if (reg->mhandle[slot] != NULL) {
+            struct cfx_net_conn *nc = ctx->senders[slot];
+            cfx_net_plugin_dereg_mr(nc->plugin, nc->comm, reg->mhandle[slot]);
+            reg->mhandle[slot] = NULL;
+        }
+}
+
+/* A send connection that connected takes a sender slot, and every
+ * registered buffer is registered with its comm there. Without a free slot
+ * (more than NET_REG_MAX_CONNS send connections) it has none: its sends
+ * go through its slots. */
 static cfxResult_t sender_join(struct cfx_net_ctx *ctx, struct cfx_net_conn *nc)
 {
     cfxResult_t res = cfxSuccess;
     pthread_mutex_lock(&ctx->reg_lock);
-    nc->next_sender = ctx->senders;
-    ctx->senders = nc;
-    nc->is_sender = 1;
-    for (struct cfx_net_reg *reg = ctx->regs; reg != NULL && res == cfxSuccess; reg = reg->next)
-        res = reg_on(reg, nc);
+    for (int slot = 0; slot < NET_REG_MAX_CONNS && nc->sender_slot < 0; slot++)
+        if (ctx->senders[slot] == NULL) {
+            ctx->senders[slot] = nc;
+            nc->sender_slot = slot;
+        }
+    for (struct cfx_net_reg *reg = ctx->regs;
+         reg != NULL && res == cfxSuccess && nc->sender_slot >= 0; reg = reg->next)
+        res = reg_on(reg, nc, nc->sender_slot);
     pthread_mutex_unlock(&ctx->reg_lock);
     return res;
 }
 
-/* Before a send connection's comm closes: its registrations go. */
+/* Before a send connection's comm closes: its registrations and its
+ * sender slot go. */
 static void sender_leave(struct cfx_net_ctx *ctx, struct cfx_net_conn *nc)
 {
-    if (!nc->is_sender)
+    int slot = nc->sender_slot;
+    if (slot < 0)
         return;
     pthread_mutex_lock(&ctx->reg_lock);
-    for (struct cfx_net_conn **at = &ctx->senders; *at != NULL; at = &(*at)->next_sender)
-        if (*at == nc) {
-            *at = nc->next_sender;
-            break;
-        }
     for (struct cfx_net_reg *reg = ctx->regs; reg != NULL; reg = reg->next)
-        for (int i = 0; i < reg->n_on; i++)
-            if (reg->on[i].nc == nc) {
-                cfx_net_plugin_dereg_mr(nc->plugin, nc->comm, reg->on[i].mhandle);
-                reg->on[i] = reg->on[--reg->n_on];
-                break;
-            }
-    nc->is_sender = 0;
+        if (reg->mhandle[slot] != NULL) {
+            cfx_net_plugin_dereg_mr(nc->plugin, nc->comm, reg->mhandle[slot]);
+            reg->mhandle[slot] = NULL;
+        }
+    ctx->senders[slot] = NULL;
+    nc->sender_slot = -1;
     pthread_mutex_unlock(&ctx->reg_lock);
 }
-
-static void net_dereg_mem(void *ctx_v, void *handle);
 
 /* A user buffer, so that sends from it go zero copy: the plugin sends the
  * payload from it (post_ref) instead of from a slot. Host memory only (a
@@ -210,17 +213,17 @@ static cfxResult_t net_reg_mem(void *ctx_v, void *buf, size_t bytes, enum cfx_me
     reg->bytes = bytes;
     cfxResult_t res = cfxSuccess;
     pthread_mutex_lock(&ctx->reg_lock);
-    for (struct cfx_net_conn *nc = ctx->senders; nc != NULL && res == cfxSuccess;
-         nc = nc->next_sender)
-        res = reg_on(reg, nc);
+    for (int slot = 0; slot < NET_REG_MAX_CONNS && res == cfxSuccess; slot++)
+        if (ctx->senders[slot] != NULL)
+            res = reg_on(reg, ctx->senders[slot], slot);
     if (res == cfxSuccess) {
         reg->next = ctx->regs;
         ctx->regs = reg;
+    } else {
+        reg_off_all(ctx, reg);
     }
     pthread_mutex_unlock(&ctx->reg_lock);
     if (res != cfxSuccess) {
-        for (int i = 0; i < reg->n_on; i++)
-            cfx_net_plugin_dereg_mr(reg->on[i].nc->plugin, reg->on[i].nc->comm, reg->on[i].mhandle);
         free(reg);
         return res;
     }
@@ -240,8 +243,7 @@ static void net_dereg_mem(void *ctx_v, void *handle)
             *at = reg->next;
             break;
         }
-    for (int i = 0; i < reg->n_on; i++)
-        cfx_net_plugin_dereg_mr(reg->on[i].nc->plugin, reg->on[i].nc->comm, reg->on[i].mhandle);
+    reg_off_all(ctx, reg);
     pthread_mutex_unlock(&ctx->reg_lock);
     free(reg);
 }
@@ -257,10 +259,7 @@ static cfxResult_t net_post_ref(void *ctx_v, struct cfx_connector *conn, const v
     (void)ctx_v;
     struct cfx_net_conn *nc = conn->priv;
     const struct cfx_net_reg *reg = handle;
-    void *mhandle = NULL;
-    for (int i = 0; reg != NULL && i < reg->n_on && mhandle == NULL; i++)
-        if (reg->on[i].nc == nc)
-            mhandle = reg->on[i].mhandle;
+    void *mhandle = reg != NULL && nc->sender_slot >= 0 ? reg->mhandle[nc->sender_slot] : NULL;
     if (mhandle == NULL || bytes <= CFX_SLOT_INLINE_BYTES || bytes > nc->slot_bytes ||
         (const char *)data < reg->buf || (const char *)data + bytes > reg->buf + reg->bytes)
         return cfx_error_set(cfxInternalError, CFX_LOG_NET,
@@ -405,6 +404,7 @@ static cfxResult_t net_setup(void *ctx_v, const struct cfx_transport_peer *peer,
     nc->self_rank = ctx->rank;
     nc->peer_rank = peer->rank;
     nc->blame_rank = -1;
+    nc->sender_slot = -1;
     nc->n_steps = n_steps;
     nc->slot_bytes = slot_bytes;
     nc->channel = conn->channel;

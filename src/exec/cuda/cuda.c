@@ -86,6 +86,7 @@ struct cfx_cuda_comm {
      * then their indices into the batch. */
     struct split_key order_keys[CFX_EXEC_CUDA_MAX_GROUP_OPS];
     int order[CFX_EXEC_CUDA_MAX_GROUP_OPS];
+    uint64_t split_colls; /* Its collectives keyed so far in that split. */
     /* The watcher's (under watch_lock). */
     uint64_t last_beats;
     int64_t stalled_since_ns;
@@ -952,16 +953,16 @@ static cfxResult_t launch_split(const struct cfx_cuda_api *cu, struct cfx_op *op
 {
     struct split_key *keys = c->order_keys;
     int *order = c->order;
+    for (int k = 0; k < n; k++)
+        ((struct cfx_cuda_comm *)ops[order[k]].exec_state)->split_colls = 0;
     for (int k = 0; k < n; k++) {
         const struct cfx_op *op = &ops[order[k]];
+        struct cfx_cuda_comm *owner = op->exec_state;
         keys[k].op = order[k];
         keys[k].round = p2p_round(op);
         keys[k].seq = op->p2p_msg;
-        if (keys[k].round < 0) { /* Its place among its communicator's collectives here. */
-            keys[k].seq = 0;
-            for (int j = 0; j < k; j++)
-                keys[k].seq += keys[j].round < 0 && ops[order[j]].exec_state == op->exec_state;
-        }
+        if (keys[k].round < 0) /* Its place among its communicator's collectives here. */
+            keys[k].seq = owner->split_colls++;
     }
     qsort(keys, (size_t)n, sizeof(*keys), key_compare);
     for (int k = 0; k < n; k++)
