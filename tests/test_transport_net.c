@@ -1,10 +1,11 @@
 /*
  * The net-plugin transport over cfxtest (tests/netplugin: an NCCL net
  * plugin of the project's own, over TCP on 127.0.0.1; CFX_TEST_NET_PLUGIN
- * names its v9 build, CFX_TEST_NET_PLUGIN_V8 its v8 one). Every rank is a
+ * names its build with v11, v10 and v9 tables, CFX_TEST_NET_PLUGIN_V10,
+ * _V9 and _V8 its builds for older NCCL releases). Every rank is a
  * process claiming its own host, so every connection between ranks crosses
  * the "network" and CFX_NET_PLUGIN makes it a plugin one: collectives with
- * checked results, the v8 table, a plugin that does not load, a killed
+ * checked results, the older tables, a plugin that does not load, a killed
  * rank. Nothing here measures a real network.
  */
 #include <criterion/criterion.h>
@@ -96,7 +97,7 @@ ParameterizedTest(int *nranks, net_plugin, allreduce_of_every_size_over_the_plug
 {
     int plugin, socket, loaded;
     run_over_plugin("CFX_TEST_NET_PLUGIN", *nranks, allreduces_of_every_size, &plugin, &socket,
-                    &loaded, "(ncclNetPlugin_v9, name \"cfxtest\")");
+                    &loaded, "(ncclNetPlugin_v11, name \"cfxtest\")");
     cr_assert_geq(plugin, *nranks, "only %d connections via net-plugin in the logs", plugin);
     cr_assert_eq(socket, 0, "%d connections via socket with a net plugin loaded", socket);
     cr_assert_geq(loaded, *nranks, "the ranks did not log the plugin they loaded (%d lines)",
@@ -110,20 +111,39 @@ Test(net_plugin, allreduce_of_every_size_over_a_rendezvous_plugin, .timeout = 15
     int plugin, socket, loaded;
     cfx_test_setenv("CFXTEST_RENDEZVOUS", "1");
     run_over_plugin("CFX_TEST_NET_PLUGIN", 3, allreduces_of_every_size, &plugin, &socket, &loaded,
-                    "(ncclNetPlugin_v9, name \"cfxtest\")");
+                    "(ncclNetPlugin_v11, name \"cfxtest\")");
     cfx_test_setenv("CFXTEST_RENDEZVOUS", NULL);
     cr_assert_geq(plugin, 3, "only %d connections via net-plugin in the logs", plugin);
     cr_assert_eq(socket, 0, "%d connections via socket with a net plugin loaded", socket);
 }
 
-Test(net_plugin, allreduce_over_a_v8_plugin, .timeout = 150)
+/* Plugins built for older NCCL releases: a library is used through the
+ * newest table it exports (cfxtest10 exports v10 and v9, cfxtest9 v9,
+ * cfxtest8 v8), and each table's calls carry the job. */
+static const struct {
+    const char *var;    /* The environment variable naming the build. */
+    const char *needle; /* What the load line must say. */
+} older_tables[] = {
+    {"CFX_TEST_NET_PLUGIN_V10", "(ncclNetPlugin_v10, name \"cfxtest10\")"},
+    {"CFX_TEST_NET_PLUGIN_V9", "(ncclNetPlugin_v9, name \"cfxtest9\")"},
+    {"CFX_TEST_NET_PLUGIN_V8", "(ncclNetPlugin_v8, name \"cfxtest8\")"},
+};
+
+/* An index into older_tables (criterion's parameters must hold no pointer). */
+ParameterizedTestParameters(net_plugin, allreduce_over_an_older_table)
 {
+    static int which[] = {0, 1, 2};
+    return cr_make_param_array(int, which, 3);
+}
+
+ParameterizedTest(int *which, net_plugin, allreduce_over_an_older_table, .timeout = 150)
+{
+    const char *var = older_tables[*which].var, *needle = older_tables[*which].needle;
     int plugin, socket, loaded;
-    run_over_plugin("CFX_TEST_NET_PLUGIN_V8", 2, allreduces_of_every_size, &plugin, &socket,
-                    &loaded, "(ncclNetPlugin_v8, name \"cfxtest8\")");
+    run_over_plugin(var, 2, allreduces_of_every_size, &plugin, &socket, &loaded, needle);
     cr_assert_geq(plugin, 2, "only %d connections via net-plugin in the logs", plugin);
     cr_assert_eq(socket, 0, "%d connections via socket with a net plugin loaded", socket);
-    cr_assert_geq(loaded, 2, "the ranks did not log the v8 plugin (%d lines)", loaded);
+    cr_assert_geq(loaded, 2, "the ranks did not log %s (%d lines)", needle, loaded);
 }
 
 static void broadcast_and_allgather(struct cfx_test_rank *ctx)
@@ -559,7 +579,7 @@ Test(net_plugin, a_plugin_name_finds_libnccl_net_name_so_on_the_library_path, .t
     int plugin, socket, loaded;
     cfx_test_setenv("CFX_TEST_NET_PLUGIN_NAME", "cfxtest");
     run_over_plugin("CFX_TEST_NET_PLUGIN_NAME", 2, allreduces_of_every_size, &plugin, &socket,
-                    &loaded, "loaded libnccl-net-cfxtest.so (ncclNetPlugin_v9");
+                    &loaded, "loaded libnccl-net-cfxtest.so (ncclNetPlugin_v11");
     cfx_test_setenv("CFX_TEST_NET_PLUGIN_NAME", NULL);
     cr_assert_geq(plugin, 2, "only %d connections via net-plugin in the logs", plugin);
     cr_assert_geq(loaded, 2, "the ranks did not load the plugin by its name (%d lines)", loaded);

@@ -30,8 +30,14 @@
  * before it starts the message), so a protocol that posts its receives
  * late pays a round trip per message, as over NCCL's ib plugin.
  *
- * Built twice: libnccl-net-cfxtest.so exports ncclNetPlugin_v9,
- * libnccl-net-cfxtest8.so (CFXTEST_V8) exports ncclNetPlugin_v8 only.
+ * Built four times, as plugins for several NCCL releases are:
+ * libnccl-net-cfxtest.so exports ncclNetPlugin_v11, _v10 and _v9 (a
+ * loader must take the newest), libnccl-net-cfxtest10.so (CFXTEST_V10)
+ * _v10 and _v9, libnccl-net-cfxtest9.so (CFXTEST_V9) _v9 only, and
+ * libnccl-net-cfxtest8.so (CFXTEST_V8) _v8 only. The v11 table checks that
+ * listen and connect get the context its init made, and the v10 one that
+ * connect gets a config; either fails the call (ncclInvalidArgument, with
+ * a warning) when not.
  */
 #include <arpa/inet.h>
 #include <errno.h>
@@ -49,7 +55,15 @@
 #include "transports/net/nccl_net.h"
 
 #define CFXTEST_MAX_REQUESTS 8
-#define CFXTEST_MAGIC        0x74786663u /* "cfxt" */
+/* Every table's name field: the build's name. */
+#if defined(CFXTEST_V10)
+#define CFXTEST_NAME "cfxtest10"
+#elif defined(CFXTEST_V9)
+#define CFXTEST_NAME "cfxtest9"
+#else
+#define CFXTEST_NAME "cfxtest"
+#endif
+#define CFXTEST_MAGIC 0x74786663u /* "cfxt" */
 
 static ncclDebugLogger_t logger;
 static int n_devices = 1;
@@ -675,7 +689,7 @@ static ncclResult_t tp_irecv(void *recv_comm, int n, void **data, size_t *sizes,
 }
 
 PLUGIN_EXPORT const ncclNet_v9_t ncclNetPlugin_v9 = {
-    .name = "cfxtest",
+    .name = CFXTEST_NAME,
     .init = tp_init,
     .devices = tp_devices,
     .getProperties = tp_properties,
@@ -697,4 +711,145 @@ PLUGIN_EXPORT const ncclNet_v9_t ncclNetPlugin_v9 = {
     .makeVDevice = NULL,
 };
 
-#endif
+#ifndef CFXTEST_V9
+
+static ncclResult_t tp_connect10(int dev, ncclNetCommConfig_v10_t *config, void *handle,
+                                 void **send_comm, ncclNetDeviceHandle_v10_t **dev_comm)
+{
+    (void)dev_comm;
+    if (config == NULL) {
+        LOG_WARN("cfxtest plugin: connect without a config (v10 passes one)");
+        return ncclInvalidArgument;
+    }
+    return tp_connect_any(dev, handle, send_comm);
+}
+
+static ncclResult_t tp_isend10(void *send_comm, void *data, size_t size, int tag, void *mhandle,
+                               void *phandle, void **request)
+{
+    (void)tag, (void)phandle;
+    return tp_isend_any(send_comm, data, size, mhandle, request);
+}
+
+static ncclResult_t tp_irecv10(void *recv_comm, int n, void **data, size_t *sizes, int *tags,
+                               void **mhandles, void **phandles, void **request)
+{
+    (void)tags, (void)phandles;
+    if (n != 1)
+        return ncclInvalidArgument;
+    return tp_irecv_any(recv_comm, n, data, sizes[0], mhandles, request);
+}
+
+static ncclResult_t tp_init10(ncclDebugLogger_t log, ncclProfilerCallback_t prof)
+{
+    (void)prof;
+    return tp_init(log);
+}
+
+PLUGIN_EXPORT const ncclNet_v10_t ncclNetPlugin_v10 = {
+    .name = CFXTEST_NAME,
+    .init = tp_init10,
+    .devices = tp_devices,
+    .getProperties = tp_properties, /* v10's record is v9's. */
+    .listen = tp_listen,
+    .connect = tp_connect10,
+    .accept = tp_accept,
+    .regMr = tp_reg_mr,
+    .regMrDmaBuf = tp_reg_mr_dmabuf,
+    .deregMr = tp_dereg_mr,
+    .isend = tp_isend10,
+    .irecv = tp_irecv10,
+    .iflush = tp_iflush,
+    .test = tp_test,
+    .closeSend = comm_close,
+    .closeRecv = comm_close,
+    .closeListen = tp_close_listen,
+    .getDeviceMr = NULL,
+    .irecvConsumed = NULL,
+    .makeVDevice = NULL,
+};
+
+#ifndef CFXTEST_V10
+
+/* The contexts v11's init hands out: their addresses are what listen and
+ * connect must get back. */
+static int contexts[16];
+static _Atomic int n_contexts;
+
+static ncclResult_t tp_init11(void **ctx, uint64_t comm_id, ncclNetCommConfig_v11_t *config,
+                              ncclDebugLogger_t log, ncclProfilerCallback_t prof)
+{
+    (void)comm_id, (void)config, (void)prof;
+    int k = atomic_fetch_add(&n_contexts, 1);
+    if (ctx == NULL || k >= (int)(sizeof(contexts) / sizeof(contexts[0])))
+        return ncclInvalidArgument;
+    *ctx = &contexts[k];
+    return tp_init(log);
+}
+
+static int ctx_known(void *ctx)
+{
+    for (int k = 0; k < atomic_load(&n_contexts) && k < 16; k++)
+        if (ctx == &contexts[k])
+            return 1;
+    LOG_WARN("cfxtest plugin: a context init did not make (%p)", ctx);
+    return 0;
+}
+
+static ncclResult_t tp_properties11(int dev, ncclNetProperties_v11_t *props)
+{
+    ncclNetProperties_v9_t v9;
+    ncclResult_t res = tp_properties(dev, &v9);
+    if (res != ncclSuccess)
+        return res;
+    memset(props, 0, sizeof(*props));
+    memcpy(props, &v9, sizeof(v9)); /* v11's record is v9's and one more field. */
+    props->maxMultiRequestSize = 1;
+    return ncclSuccess;
+}
+
+static ncclResult_t tp_listen11(void *ctx, int dev, void *handle, void **listen_comm)
+{
+    return ctx_known(ctx) ? tp_listen(dev, handle, listen_comm) : ncclInvalidArgument;
+}
+
+static ncclResult_t tp_connect11(void *ctx, int dev, void *handle, void **send_comm,
+                                 ncclNetDeviceHandle_v11_t **dev_comm)
+{
+    (void)dev_comm;
+    return ctx_known(ctx) ? tp_connect_any(dev, handle, send_comm) : ncclInvalidArgument;
+}
+
+static ncclResult_t tp_finalize11(void *ctx)
+{
+    return ctx_known(ctx) ? ncclSuccess : ncclInvalidArgument;
+}
+
+PLUGIN_EXPORT const ncclNet_v11_t ncclNetPlugin_v11 = {
+    .name = CFXTEST_NAME,
+    .init = tp_init11,
+    .devices = tp_devices,
+    .getProperties = tp_properties11,
+    .listen = tp_listen11,
+    .connect = tp_connect11,
+    .accept = tp_accept,
+    .regMr = tp_reg_mr,
+    .regMrDmaBuf = tp_reg_mr_dmabuf,
+    .deregMr = tp_dereg_mr,
+    .isend = tp_isend10,
+    .irecv = tp_irecv10,
+    .iflush = tp_iflush,
+    .test = tp_test,
+    .closeSend = comm_close,
+    .closeRecv = comm_close,
+    .closeListen = tp_close_listen,
+    .getDeviceMr = NULL,
+    .irecvConsumed = NULL,
+    .makeVDevice = NULL,
+    .finalize = tp_finalize11,
+    .setNetAttr = NULL,
+};
+
+#endif /* CFXTEST_V10 */
+#endif /* CFXTEST_V9 */
+#endif /* CFXTEST_V8 */

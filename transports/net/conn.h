@@ -1,6 +1,6 @@
 /*
  * The net-plugin transport's own types, shared by its files: plugin.c
- * (loading the library once per process, the v8/v9 calls behind one face,
+ * (loading the library once per process, the v8 to v11 calls behind one face,
  * the logger), net.c (the ops table, setup, connect, close), data.c (the
  * passes that post isend/irecv and test them, failures). Nothing outside
  * transports/net includes this.
@@ -53,11 +53,17 @@
 #define NET_MAX_DEVS      16   /* Devices of a plugin Conflux looks at. */
 #define NET_REG_MAX_CONNS 4096 /* Send connections a registered buffer reaches. */
 
-/* The loaded plugin, one per process (plugin.c): v8 and v9 behind one face. */
+/* The loaded plugin, one per process (plugin.c): v8 to v11 behind one face. */
 struct cfx_net_plugin {
-    int version; /* 8 or 9. */
+    int version; /* 8 to 11: the newest table the library exports. */
     const ncclNet_v8_t *v8;
     const ncclNet_v9_t *v9;
+    const ncclNet_v10_t *v10;
+    const ncclNet_v11_t *v11;
+    /* v11: the context init made, handed to every listen and connect. One
+     * per process (NCCL makes one per communicator; a plugin keeps in it
+     * what init's config said, here the same for every communicator). */
+    void *ctx;
     char path[256];                            /* What dlopen took. */
     char name[NET_NAME_MAX];                   /* The table's name field. */
     int n_devs;                                /* As devices() said. */

@@ -1,6 +1,7 @@
 /*
  * Loading an NCCL net plugin (CFX_NET_PLUGIN), once per process, and its
- * calls behind one face for v8 and v9 tables. A name without a slash,
+ * calls behind one face for v8 to v11 tables (the newest the library
+ * exports). A name without a slash,
  * "foo", tries libnccl-net-foo.so first, then "foo" as it is (NCCL's
  * convention); anything with a slash is a path. The library is dlopened
  * and never closed (a plugin may have started threads).
@@ -78,34 +79,90 @@ static void *open_library(const char *spec, char *tried, size_t tried_len)
         return cfxSystemError;                                                                     \
     } while (0)
 
+/* Device @p dev's name, speed and ptrSupport, from whichever table. */
+static ncclResult_t dev_properties(int dev, char **name_p, int *speed_p, int *ptr_support_p)
+{
+    ncclResult_t res;
+    if (plugin.version == 11) {
+        ncclNetProperties_v11_t props;
+        memset(&props, 0, sizeof(props));
+        res = plugin.v11->getProperties(dev, &props);
+        *name_p = props.name, *speed_p = props.speed, *ptr_support_p = props.ptrSupport;
+    } else if (plugin.version >= 9) {
+        ncclNetProperties_v9_t props; /* v10's record is v9's. */
+        memset(&props, 0, sizeof(props));
+        res = plugin.version == 10 ? plugin.v10->getProperties(dev, &props)
+                                   : plugin.v9->getProperties(dev, &props);
+        *name_p = props.name, *speed_p = props.speed, *ptr_support_p = props.ptrSupport;
+    } else {
+        ncclNetProperties_v8_t props;
+        memset(&props, 0, sizeof(props));
+        res = plugin.v8->getProperties(dev, &props);
+        *name_p = props.name, *speed_p = props.speed, *ptr_support_p = props.ptrSupport;
+    }
+    return res;
+}
+
+/* The newest table @p lib exports, into plugin; 0 when none. NCCL's order:
+ * a library exporting several tables is used through its newest. */
+static int find_table(void *lib)
+{
+    if ((plugin.v11 = dlsym(lib, "ncclNetPlugin_v11")) != NULL)
+        return plugin.version = 11;
+    if ((plugin.v10 = dlsym(lib, "ncclNetPlugin_v10")) != NULL)
+        return plugin.version = 10;
+    if ((plugin.v9 = dlsym(lib, "ncclNetPlugin_v9")) != NULL)
+        return plugin.version = 9;
+    if ((plugin.v8 = dlsym(lib, "ncclNetPlugin_v8")) != NULL)
+        return plugin.version = 8;
+    return 0;
+}
+
+/* Calls a member of the loaded table that has the same arguments in every
+ * version. */
+#define NET_CALL(p, member, ...)                                                                   \
+    ((p)->version == 11   ? (p)->v11->member(__VA_ARGS__)                                          \
+     : (p)->version == 10 ? (p)->v10->member(__VA_ARGS__)                                          \
+     : (p)->version == 9  ? (p)->v9->member(__VA_ARGS__)                                           \
+                          : (p)->v8->member(__VA_ARGS__))
+/* A member of the loaded table, as a value (NULL when the plugin has none). */
+#define NET_MEMBER(p, member)                                                                      \
+    ((p)->version == 11   ? (const void *)(p)->v11->member                                         \
+     : (p)->version == 10 ? (const void *)(p)->v10->member                                         \
+     : (p)->version == 9  ? (const void *)(p)->v9->member                                          \
+                          : (const void *)(p)->v8->member)
+
 static cfxResult_t load(const char *spec)
 {
     char tried[600];
     void *lib = open_library(spec, tried, sizeof(tried));
     if (lib == NULL)
         LOAD_FAIL("net-plugin: CFX_NET_PLUGIN=%s cannot be loaded (%s)", spec, tried);
-    plugin.v9 = dlsym(lib, "ncclNetPlugin_v9");
-    if (plugin.v9 != NULL) {
-        plugin.version = 9;
-    } else if ((plugin.v8 = dlsym(lib, "ncclNetPlugin_v8")) != NULL) {
-        plugin.version = 8;
-    } else {
-        LOAD_FAIL("net-plugin: CFX_NET_PLUGIN=%s (%s) exports neither ncclNetPlugin_v9 nor "
-                  "ncclNetPlugin_v8 (older plugins are not supported)",
+    if (!find_table(lib))
+        LOAD_FAIL("net-plugin: CFX_NET_PLUGIN=%s (%s) exports none of ncclNetPlugin_v11, _v10, "
+                  "_v9, _v8 (older plugins are not supported)",
                   spec, plugin.path);
-    }
-    plugin.has_iflush = plugin.version == 9 ? plugin.v9->iflush != NULL : plugin.v8->iflush != NULL;
-    plugin.has_dmabuf =
-        plugin.version == 9 ? plugin.v9->regMrDmaBuf != NULL : plugin.v8->regMrDmaBuf != NULL;
-    const char *name = plugin.version == 9 ? plugin.v9->name : plugin.v8->name;
+    plugin.has_iflush = NET_MEMBER(&plugin, iflush) != NULL;
+    plugin.has_dmabuf = NET_MEMBER(&plugin, regMrDmaBuf) != NULL;
+    const char *name = plugin.version == 11   ? plugin.v11->name
+                       : plugin.version == 10 ? plugin.v10->name
+                       : plugin.version == 9  ? plugin.v9->name
+                                              : plugin.v8->name;
     snprintf(plugin.name, sizeof(plugin.name), "%s", name ? name : "?");
-    ncclResult_t res =
-        plugin.version == 9 ? plugin.v9->init(plugin_logger) : plugin.v8->init(plugin_logger);
+    ncclResult_t res;
+    if (plugin.version == 11) {
+        /* Communicator id 0: this context serves every communicator. */
+        ncclNetCommConfig_v11_t config = {.trafficClass = NCCL_NET_TRAFFIC_CLASS_UNDEF};
+        res = plugin.v11->init(&plugin.ctx, 0, &config, plugin_logger, NULL);
+    } else if (plugin.version == 10) {
+        res = plugin.v10->init(plugin_logger, NULL);
+    } else {
+        res = plugin.version == 9 ? plugin.v9->init(plugin_logger) : plugin.v8->init(plugin_logger);
+    }
     if (res != ncclSuccess)
         LOAD_FAIL("net-plugin: plugin %s (%s, v%d) failed init: %s", plugin.name, plugin.path,
                   plugin.version, cfx_net_result_name(res));
-    res = plugin.version == 9 ? plugin.v9->devices(&plugin.n_devs)
-                              : plugin.v8->devices(&plugin.n_devs);
+    res = NET_CALL(&plugin, devices, &plugin.n_devs);
     if (res != ncclSuccess)
         LOAD_FAIL("net-plugin: plugin %s (%s) failed devices(): %s", plugin.name, plugin.path,
                   cfx_net_result_name(res));
@@ -116,21 +173,7 @@ static cfxResult_t load(const char *spec)
     for (int dev = 0; dev < n_seen; dev++) {
         char *dev_name = NULL;
         int speed = 0;
-        if (plugin.version == 9) {
-            ncclNetProperties_v9_t props;
-            memset(&props, 0, sizeof(props));
-            res = plugin.v9->getProperties(dev, &props);
-            dev_name = props.name;
-            speed = props.speed;
-            plugin.ptr_support[dev] = props.ptrSupport;
-        } else {
-            ncclNetProperties_v8_t props;
-            memset(&props, 0, sizeof(props));
-            res = plugin.v8->getProperties(dev, &props);
-            dev_name = props.name;
-            speed = props.speed;
-            plugin.ptr_support[dev] = props.ptrSupport;
-        }
+        res = dev_properties(dev, &dev_name, &speed, &plugin.ptr_support[dev]);
         if (res != ncclSuccess)
             LOAD_FAIL("net-plugin: plugin %s (%s) failed getProperties(%d): %s", plugin.name,
                       plugin.path, dev, cfx_net_result_name(res));
@@ -207,22 +250,29 @@ const char *cfx_net_result_name(ncclResult_t res)
 
 /* ============================================================ calls */
 
-/* Both tables have the same member at the same place up to isend; the
- * macro picks the loaded one. */
-#define NET_CALL(p, member, ...)                                                                   \
-    ((p)->version == 9 ? (p)->v9->member(__VA_ARGS__) : (p)->v8->member(__VA_ARGS__))
-
 ncclResult_t cfx_net_plugin_listen(const struct cfx_net_plugin *p, int dev, void *handle,
                                    void **listen_comm_p)
 {
-    return NET_CALL(p, listen, dev, handle, listen_comm_p);
+    if (p->version == 11)
+        return p->v11->listen(p->ctx, dev, handle, listen_comm_p);
+    if (p->version == 10)
+        return p->v10->listen(dev, handle, listen_comm_p);
+    return p->version == 9 ? p->v9->listen(dev, handle, listen_comm_p)
+                           : p->v8->listen(dev, handle, listen_comm_p);
 }
 
 ncclResult_t cfx_net_plugin_connect(const struct cfx_net_plugin *p, int dev, void *handle,
                                     void **send_comm_p)
 {
     ncclNetDeviceHandle_v8_t *dev_handle = NULL; /* No offload asked. */
-    return NET_CALL(p, connect, dev, handle, send_comm_p, &dev_handle);
+    if (p->version == 11)
+        return p->v11->connect(p->ctx, dev, handle, send_comm_p, &dev_handle);
+    if (p->version == 10) {
+        ncclNetCommConfig_v10_t config = {.trafficClass = NCCL_NET_TRAFFIC_CLASS_UNDEF};
+        return p->v10->connect(dev, &config, handle, send_comm_p, &dev_handle);
+    }
+    return p->version == 9 ? p->v9->connect(dev, handle, send_comm_p, &dev_handle)
+                           : p->v8->connect(dev, handle, send_comm_p, &dev_handle);
 }
 
 ncclResult_t cfx_net_plugin_accept(const struct cfx_net_plugin *p, void *listen_comm,
@@ -252,6 +302,10 @@ ncclResult_t cfx_net_plugin_dereg_mr(const struct cfx_net_plugin *p, void *comm,
 ncclResult_t cfx_net_plugin_isend(const struct cfx_net_plugin *p, void *send_comm, void *data,
                                   size_t bytes, void *mhandle, void **request_p)
 {
+    if (p->version == 11) /* No profiler: a NULL profiler handle. */
+        return p->v11->isend(send_comm, data, bytes, 0, mhandle, NULL, request_p);
+    if (p->version == 10)
+        return p->v10->isend(send_comm, data, bytes, 0, mhandle, NULL, request_p);
     if (p->version == 9)
         return p->v9->isend(send_comm, data, bytes, 0, mhandle, request_p);
     return p->v8->isend(send_comm, data, (int)bytes, 0, mhandle, request_p);
@@ -262,8 +316,13 @@ ncclResult_t cfx_net_plugin_irecv(const struct cfx_net_plugin *p, void *recv_com
 {
     int tag = 0;
     void *datas[1] = {data}, *mhandles[1] = {mhandle};
-    if (p->version == 9) {
+    if (p->version >= 9) {
         size_t sizes[1] = {bytes};
+        void *phandles[1] = {NULL};
+        if (p->version == 11)
+            return p->v11->irecv(recv_comm, 1, datas, sizes, &tag, mhandles, phandles, request_p);
+        if (p->version == 10)
+            return p->v10->irecv(recv_comm, 1, datas, sizes, &tag, mhandles, phandles, request_p);
         return p->v9->irecv(recv_comm, 1, datas, sizes, &tag, mhandles, request_p);
     }
     int sizes[1] = {(int)bytes};
