@@ -24,7 +24,7 @@ for _ in $(seq "$reps"); do
     awk '/^ +[0-9]/{print $1, $6}' >>"$out/fifo"
   if [ "$coll" != sendrecv ]; then
     mpirun --allow-run-as-root --oversubscribe -np "$np" --mca btl self,tcp --mca btl_tcp_if_include lo \
-      "$build/bench/mpi_coll_bench" -C alltoall "${sizes[@]}" -n 20 2>&1 |
+      "$build/bench/mpi_coll_bench" -C "$coll" "${sizes[@]}" -n 20 2>&1 |
       awk '/^ +[0-9]/{print $1, $3}' >>"$out/ompi"
   fi
 done

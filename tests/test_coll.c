@@ -1031,7 +1031,9 @@ struct p2p_copy_case {
     enum cfx_test_mode mode;
     /* 0: every send of 1 byte or more single copy (sockets: none);
      * 1: the last rank turns single copy off (CFX_SINGLE_COPY=0);
-     * 2: each rank offers its own threshold (p2p_threshold_of). */
+     * 2: each rank offers its own threshold (p2p_threshold_of);
+     * 3: the default (unset): 256 KiB between threads, never between
+     *    processes. */
     int variant;
 };
 
@@ -1045,6 +1047,8 @@ static uint64_t p2p_expected(const struct p2p_copy_case *pc, int receiver)
 {
     if (pc->transport == SOCKET || (pc->variant == 1 && receiver == pc->nranks - 1))
         return CFX_PULL_NEVER;
+    if (pc->variant == 3)
+        return pc->mode == CFX_TEST_PROCS ? CFX_PULL_NEVER : 256 * 1024;
     return pc->variant == 2 ? p2p_threshold_of(receiver) : 1;
 }
 
@@ -1055,7 +1059,7 @@ static void p2p_copy_env(struct cfx_test_rank *ctx)
     char value[32];
     snprintf(value, sizeof(value), "%llu",
              (unsigned long long)(pc->variant == 2 ? p2p_threshold_of(ctx->rank) : 1));
-    cfx_test_setenv("CFX_P2P_SINGLE_COPY_MIN_BYTES", value);
+    cfx_test_setenv("CFX_P2P_SINGLE_COPY_MIN_BYTES", pc->variant == 3 ? NULL : value);
     if (pc->variant == 1 && ctx->rank == ctx->nranks - 1)
         cfx_test_setenv("CFX_SINGLE_COPY", "0");
 }
@@ -1110,6 +1114,12 @@ static void p2p_copy_rank(struct cfx_test_rank *ctx)
                     "the receive side from rank %d has threshold %llu, not %llu", q,
                     from ? (unsigned long long)from->pull_min : 0ull,
                     (unsigned long long)p2p_expected(pc, ctx->rank));
+        /* Host ranks of one host: small FIFOs (CFX_P2P_LOCAL_BUFFSIZE, 1 MiB). */
+        size_t local_slot = ((size_t)1 << 20) / (size_t)comm->n_steps;
+        RANK_ASSERT(ctx,
+                    to && from && to->slot_bytes == local_slot && from->slot_bytes == local_slot,
+                    "point-to-point slots to/from rank %d of %zu/%zu bytes, not %zu", q,
+                    to ? to->slot_bytes : 0, from ? from->slot_bytes : 0, local_slot);
     }
     if (!ctx->slot_failed) {
         RANK_CFX(ctx, cfxCommFinalize(comm));
@@ -1119,7 +1129,7 @@ static void p2p_copy_rank(struct cfx_test_rank *ctx)
     free(b.recv);
 }
 
-#define N_P2P_COPY_CASES (3 * 2 + 2 + 1 + 1)
+#define N_P2P_COPY_CASES (3 * 2 + 2 + 1 + 1 + 2)
 static struct p2p_copy_case p2p_copy_cases[N_P2P_COPY_CASES];
 
 ParameterizedTestParameters(single_copy, point_to_point)
@@ -1138,19 +1148,22 @@ ParameterizedTestParameters(single_copy, point_to_point)
         (struct p2p_copy_case){.transport = SHM, .nranks = 3, .mode = CFX_TEST_PROCS, .variant = 1};
     p2p_copy_cases[k++] =
         (struct p2p_copy_case){.transport = SHM, .nranks = 4, .mode = CFX_TEST_PROCS, .variant = 2};
+    for (int m = 0; m < 2; m++)
+        p2p_copy_cases[k++] = (struct p2p_copy_case){
+            .transport = SHM, .nranks = 3, .mode = (enum cfx_test_mode)m, .variant = 3};
     return cr_make_param_array(struct p2p_copy_case, p2p_copy_cases, k);
 }
 
 ParameterizedTest(struct p2p_copy_case *pc, single_copy, point_to_point, .timeout = 900)
 {
     static const char *variants[] = {"from 1 byte", "off on the last rank",
-                                     "from a threshold of each rank's own"};
+                                     "from a threshold of each rank's own", "by default"};
     cr_log_info("sends and all-to-all, single copy %s, over %s, %d ranks as %s",
                 variants[pc->variant], pc->transport == SHM ? "shm" : "socket", pc->nranks,
                 pc->mode == CFX_TEST_PROCS ? "processes" : "threads");
     cfx_test_setenv("CFX_SHM_DISABLE", pc->transport == SOCKET ? "1" : NULL);
     cfx_test_setenv("CFX_SINGLE_COPY", NULL);
-    cfx_test_setenv("CFX_P2P_SINGLE_COPY_MIN_BYTES", "1");
+    cfx_test_setenv("CFX_P2P_SINGLE_COPY_MIN_BYTES", pc->variant == 3 ? NULL : "1");
     struct cfx_test_options opts = {.nranks = pc->nranks,
                                     .mode = pc->mode,
                                     .deadline_s = 600,

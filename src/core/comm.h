@@ -33,6 +33,13 @@
 #define CFX_RING_CHANNELS          16
 #define CFX_RING_CHANNEL_MIN_BYTES ((size_t)256 * 1024)
 
+/* Point to point between threads of one process: the smallest send the
+ * receiver copies straight from the sender's buffer by default
+ * (CFX_P2P_SINGLE_COPY_MIN_BYTES=-1). Between processes the default is
+ * never: process_vm_readv, which pins each page, ran 1.3-2.4x slower than
+ * the FIFO's two copies (docs/performance.md). */
+#define CFX_P2P_SINGLE_COPY_THREADS_MIN ((uint64_t)256 * 1024)
+
 /* What every rank tells the others at init. Fixed size: it is all-gathered. */
 struct cfx_peer_info {
     int32_t rank;
@@ -155,8 +162,14 @@ struct cfxComm {
     size_t single_copy_min;
     /* Point to point: what this rank's receive connectors offer their
      * senders as the single-copy threshold (CFX_PULL_NEVER: none), where
-     * they can read the sender's memory (connect.c publishes it). */
+     * they can read the sender's memory (connect.c publishes it): from a
+     * rank of this process (a plain copy), and from a rank of another
+     * (process_vm_readv). */
     uint64_t p2p_single_copy_min;
+    uint64_t p2p_single_copy_min_far;
+    /* Slot size of point-to-point FIFOs between host ranks of one host
+     * (CFX_P2P_LOCAL_BUFFSIZE / CFX_STEPS, at most slot_bytes). */
+    size_t p2p_local_slot_bytes;
     /* Connection setup (connect.c): peers whose pid means a process here
      * (one host, one PID namespace), so that a pid gone later means a dead
      * rank; and the deadline of the batch being connected. */
@@ -280,6 +293,11 @@ enum cfx_path_class cfx_core_locate_path(const struct cfx_topo_system *sys,
                                          const struct cfx_peer_info *to);
 /* This process's topology for the above (detected once; NULL if that failed). */
 const struct cfx_topo_system *cfx_core_algo_topology(void);
+
+/* The slot size of a point-to-point connector to @p peer: the local one
+ * (p2p_local_slot_bytes) between host ranks of one host, else 0 (the
+ * communicator's). Pure. */
+size_t cfx_core_p2p_slot_bytes(const struct cfxComm *comm, int peer);
 
 /* This process's PID namespace, for cfx_peer_info.pid_ns (0: unknown). */
 uint32_t cfx_core_pid_ns(void);

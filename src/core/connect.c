@@ -476,11 +476,23 @@ static cfxResult_t recv_infos(struct cfx_conn_request *reqs, int n_reqs, struct 
 static void publish_pull(struct cfxComm *comm, struct cfx_connector *conn)
 {
     uint64_t min = CFX_PULL_NEVER;
+    const struct cfx_peer_info *me = &comm->peers[comm->rank],
+                               *peer = &comm->peers[conn->peer_rank];
+    int same_process = peer->host_hash == me->host_hash && peer->pid_ns != 0 &&
+                       peer->pid_ns == me->pid_ns && peer->pid == me->pid;
     if (conn->peer_readable && conn->transport->read_peer != NULL &&
         conn->place.mem == CFX_MEM_HOST && conn->place.reader == CFX_READER_HOST_THREAD)
-        min = comm->p2p_single_copy_min;
+        min = same_process ? comm->p2p_single_copy_min : comm->p2p_single_copy_min_far;
     conn->pull_min = min;
     cfx_store_release_u64(&conn->fifo->pull_min, min);
+}
+
+size_t cfx_core_p2p_slot_bytes(const struct cfxComm *comm, int peer)
+{
+    const struct cfx_peer_info *me = &comm->peers[comm->rank], *them = &comm->peers[peer];
+    int local_hosts = them->host_hash == me->host_hash && strcmp(them->host_id, me->host_id) == 0 &&
+                      me->cuda_dev < 0 && them->cuda_dev < 0;
+    return local_hosts ? comm->p2p_local_slot_bytes : 0;
 }
 
 /* Largest wait for a receiver's verdict between two looks at the peer. */
@@ -534,7 +546,8 @@ static cfxResult_t connect_one(struct cfx_conn_request *req, const struct conn_m
         return cfx_error_set(
             cfxInternalError, CFX_LOG_INIT,
             "rank %d and rank %d chose different transports (%u, %d) or buffer "
-            "sizes (%llu, %zu); set CFX_BUFFSIZE/CFX_SHM_DISABLE alike on all ranks",
+            "sizes (%llu, %zu); set CFX_BUFFSIZE/CFX_P2P_LOCAL_BUFFSIZE/CFX_SHM_DISABLE alike on "
+            "all ranks",
             comm->rank, req->peer, peer_msg->transport, req->transport,
             (unsigned long long)peer_msg->slot_bytes, slot_bytes_of(req));
     CFX_CHECK(req->conn->transport->connect(req->conn->transport_ctx, req->conn, peer_msg->info));
