@@ -945,6 +945,9 @@ struct single_copy_case {
     int nranks;
     enum cfx_test_mode mode;
     int off; /* CFX_SINGLE_COPY=0: 1 on every rank, 2 on the last rank only. */
+    /* CFX_SINGLE_COPY_MIN_BYTES unset: 1 MiB between threads of one
+     * process, never between processes. */
+    int by_default;
 };
 
 /* Runs before the rank reads any parameter: the last rank alone refuses. */
@@ -961,13 +964,16 @@ static void single_copy_rank(struct cfx_test_rank *ctx)
     RANK_ASSERT(ctx, bufs_init(&b, ctx->nranks), "out of memory");
     cfxComm_t comm;
     RANK_CFX(ctx, cfxCommInitRank(&comm, ctx->nranks, ctx->id, ctx->rank));
-    int expect = sc->transport == SHM && !sc->off && ctx->nranks > 1;
+    int expect = sc->transport == SHM && !sc->off && ctx->nranks > 1 &&
+                 !(sc->by_default && sc->mode == CFX_TEST_PROCS);
     RANK_ASSERT(ctx, comm->single_copy == expect,
-                "single copy is %s over %s with CFX_SINGLE_COPY=%s on %d ranks",
+                "single copy is %s over %s with CFX_SINGLE_COPY=%s on %d ranks%s",
                 comm->single_copy ? "on" : "off", sc->transport == SHM ? "shm" : "sockets",
-                sc->off == 2 ? "0 on the last rank only" : (sc->off ? "0" : "1"), ctx->nranks);
-    RANK_ASSERT(ctx, !expect || comm->single_copy_min == 1, "threshold %zu, not 1",
-                comm->single_copy_min);
+                sc->off == 2 ? "0 on the last rank only" : (sc->off ? "0" : "1"), ctx->nranks,
+                sc->by_default ? " by default" : "");
+    size_t threshold = sc->by_default ? (size_t)1 << 20 : 1;
+    RANK_ASSERT(ctx, !expect || comm->single_copy_min == threshold, "threshold %zu, not %zu",
+                comm->single_copy_min, threshold);
     if (!ctx->slot_failed)
         run_allgather(ctx, comm, &b);
     if (!ctx->slot_failed) {
@@ -978,7 +984,7 @@ static void single_copy_rank(struct cfx_test_rank *ctx)
     free(b.recv);
 }
 
-#define N_SINGLE_COPY_CASES (4 * 2 + 2 + 2 + 1)
+#define N_SINGLE_COPY_CASES (4 * 2 + 2 + 2 + 1 + 2)
 static struct single_copy_case single_copy_cases[N_SINGLE_COPY_CASES];
 
 ParameterizedTestParameters(single_copy, allgather)
@@ -998,18 +1004,21 @@ ParameterizedTestParameters(single_copy, allgather)
     /* Processes: each has an environment of its own. */
     single_copy_cases[k++] =
         (struct single_copy_case){.transport = SHM, .nranks = 3, .mode = CFX_TEST_PROCS, .off = 2};
+    for (int m = 0; m < 2; m++)
+        single_copy_cases[k++] = (struct single_copy_case){
+            .transport = SHM, .nranks = 3, .mode = (enum cfx_test_mode)m, .by_default = 1};
     return cr_make_param_array(struct single_copy_case, single_copy_cases, k);
 }
 
 ParameterizedTest(struct single_copy_case *sc, single_copy, allgather, .timeout = 900)
 {
-    cr_log_info("allgather with CFX_SINGLE_COPY=%s from 1 byte over %s, %d ranks as %s",
+    cr_log_info("allgather with CFX_SINGLE_COPY=%s from %s over %s, %d ranks as %s",
                 sc->off == 2 ? "0 on the last rank only" : (sc->off ? "0" : "1"),
-                sc->transport == SHM ? "shm" : "socket", sc->nranks,
-                sc->mode == CFX_TEST_PROCS ? "processes" : "threads");
+                sc->by_default ? "the default" : "1 byte", sc->transport == SHM ? "shm" : "socket",
+                sc->nranks, sc->mode == CFX_TEST_PROCS ? "processes" : "threads");
     cfx_test_setenv("CFX_SHM_DISABLE", sc->transport == SOCKET ? "1" : NULL);
     cfx_test_setenv("CFX_SINGLE_COPY", sc->off == 1 ? "0" : "1");
-    cfx_test_setenv("CFX_SINGLE_COPY_MIN_BYTES", "1");
+    cfx_test_setenv("CFX_SINGLE_COPY_MIN_BYTES", sc->by_default ? NULL : "1");
     struct cfx_test_options opts = {.nranks = sc->nranks,
                                     .mode = sc->mode,
                                     .deadline_s = 600,

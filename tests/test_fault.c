@@ -220,12 +220,15 @@ ParameterizedTest(int *socket, fault, killed_rank_fails_every_survivor_with_its_
                 single_copy ? ", allgathers on the single-copy path" : "");
     use_transport(single_copy ? 0 : *socket);
     cfx_test_setenv("CFX_TIMEOUT", "10");
+    /* Between processes single copy is off unless a threshold is set. */
+    cfx_test_setenv("CFX_SINGLE_COPY_MIN_BYTES", single_copy ? "1M" : NULL);
     struct cfx_test_options opts = {.nranks = 4,
                                     .mode = CFX_TEST_PROCS,
                                     .deadline_s = 60,
                                     .killed_ranks = 1ull << 2,
                                     .arg = socket};
     CFX_TEST_RUN(&opts, allreduce_until_rank_two_dies);
+    cfx_test_setenv("CFX_SINGLE_COPY_MIN_BYTES", NULL);
     cr_assert_eq(leftover_segments(), 0, "shared-memory segments were left in /dev/shm");
 }
 

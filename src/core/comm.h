@@ -33,6 +33,12 @@
 #define CFX_RING_CHANNELS          16
 #define CFX_RING_CHANNEL_MIN_BYTES ((size_t)256 * 1024)
 
+/* Allgather between threads of one process: the least bytes per rank
+ * that take the single-copy path by default (CFX_SINGLE_COPY_MIN_BYTES=-1;
+ * never between processes, where the FIFO ran faster from 2 MiB per rank,
+ * docs/performance.md). */
+#define CFX_SINGLE_COPY_THREADS_MIN ((uint64_t)1 << 20)
+
 /* Point to point between threads of one process: the smallest send the
  * receiver copies straight from the sender's buffer by default
  * (CFX_P2P_SINGLE_COPY_MIN_BYTES=-1). Between processes the default is
@@ -293,6 +299,9 @@ enum cfx_path_class cfx_core_locate_path(const struct cfx_topo_system *sys,
                                          const struct cfx_peer_info *to);
 /* This process's topology for the above (detected once; NULL if that failed). */
 const struct cfx_topo_system *cfx_core_algo_topology(void);
+
+/* Whether @p peer is a rank of this very process (threads). Pure. */
+int cfx_core_same_process(const struct cfxComm *comm, int peer);
 
 /* The slot size of a point-to-point connector to @p peer: the local one
  * (p2p_local_slot_bytes) between host ranks of one host, else 0 (the

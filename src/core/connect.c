@@ -476,15 +476,19 @@ static cfxResult_t recv_infos(struct cfx_conn_request *reqs, int n_reqs, struct 
 static void publish_pull(struct cfxComm *comm, struct cfx_connector *conn)
 {
     uint64_t min = CFX_PULL_NEVER;
-    const struct cfx_peer_info *me = &comm->peers[comm->rank],
-                               *peer = &comm->peers[conn->peer_rank];
-    int same_process = peer->host_hash == me->host_hash && peer->pid_ns != 0 &&
-                       peer->pid_ns == me->pid_ns && peer->pid == me->pid;
     if (conn->peer_readable && conn->transport->read_peer != NULL &&
         conn->place.mem == CFX_MEM_HOST && conn->place.reader == CFX_READER_HOST_THREAD)
-        min = same_process ? comm->p2p_single_copy_min : comm->p2p_single_copy_min_far;
+        min = cfx_core_same_process(comm, conn->peer_rank) ? comm->p2p_single_copy_min
+                                                           : comm->p2p_single_copy_min_far;
     conn->pull_min = min;
     cfx_store_release_u64(&conn->fifo->pull_min, min);
+}
+
+int cfx_core_same_process(const struct cfxComm *comm, int peer)
+{
+    const struct cfx_peer_info *me = &comm->peers[comm->rank], *them = &comm->peers[peer];
+    return them->host_hash == me->host_hash && strcmp(them->host_id, me->host_id) == 0 &&
+           them->pid_ns != 0 && them->pid_ns == me->pid_ns && them->pid == me->pid;
 }
 
 size_t cfx_core_p2p_slot_bytes(const struct cfxComm *comm, int peer)

@@ -33,8 +33,10 @@ CFX_PARAM_INT(single_copy, "SINGLE_COPY", 1, 0, 1,
               "1: ranks of one host read large allgathers straight from each other's buffers "
               "(one copy, process_vm_readv) where the kernel allows it; 0: always through the "
               "FIFO");
-CFX_PARAM_SIZE(single_copy_min, "SINGLE_COPY_MIN_BYTES", 1 << 20, 0, INT64_MAX,
-               "Smallest allgather (bytes per rank) that takes the single-copy path");
+CFX_PARAM_SIZE(single_copy_min, "SINGLE_COPY_MIN_BYTES", -1, -1, INT64_MAX,
+               "Smallest allgather (bytes per rank) that takes the single-copy path. -1: 1 MiB "
+               "where every rank's ring predecessor is a thread of its process, never where one "
+               "is another process (process_vm_readv ran slower than the FIFO there)");
 CFX_PARAM_SIZE(p2p_single_copy_min, "P2P_SINGLE_COPY_MIN_BYTES", -1, -1, INT64_MAX,
                "Smallest send (bytes) that the receiver reads straight from the sender's "
                "buffer (one copy; sends, receives, all-to-all, gather, scatter), where "
@@ -191,12 +193,19 @@ static cfxResult_t agree_single_copy(struct cfxComm *comm)
                              comm->nranks);
     struct cfx_connector *recv = comm->ring_recv;
     int64_t min_bytes = param_single_copy_min();
+    /* By default only from a thread of this process: process_vm_readv
+     * from another ran slower than the FIFO. */
+    int by_default = min_bytes < 0;
+    if (by_default)
+        min_bytes = (int64_t)CFX_SINGLE_COPY_THREADS_MIN;
     /* Not for GPU ranks: their allgathers of device memory never pull, and
      * one of host memory must run the schedule its device-buffer peers
      * run (and split over the rings alike). */
-    offers[comm->rank] = (struct offer){.able = param_single_copy() != 0 && comm->cuda_dev < 0 &&
-                                                recv->peer_readable && recv->transport->read_peer,
-                                        .min_bytes = min_bytes < 0 ? 0 : (uint64_t)min_bytes};
+    offers[comm->rank] =
+        (struct offer){.able = param_single_copy() != 0 && comm->cuda_dev < 0 &&
+                               recv->peer_readable && recv->transport->read_peer &&
+                               (!by_default || cfx_core_same_process(comm, recv->peer_rank)),
+                       .min_bytes = (uint64_t)min_bytes};
     cfxResult_t res = cfx_bootstrap_allgather(comm->bootstrap, offers, sizeof(*offers));
     int unable = -1;
     uint64_t min_all = 0;
@@ -217,7 +226,8 @@ static cfxResult_t agree_single_copy(struct cfxComm *comm)
     else
         CFX_INFO(CFX_LOG_INIT,
                  "no single-copy path: rank %d cannot read its ring neighbour's memory (another "
-                 "host, CFX_SINGLE_COPY=0, a GPU rank, or the kernel refuses)",
+                 "host, CFX_SINGLE_COPY=0, a GPU rank, the kernel refuses, or another process "
+                 "while CFX_SINGLE_COPY_MIN_BYTES is unset)",
                  unable);
     return cfxSuccess;
 }
