@@ -1123,8 +1123,10 @@ static void p2p_copy_rank(struct cfx_test_rank *ctx)
                     "the receive side from rank %d has threshold %llu, not %llu", q,
                     from ? (unsigned long long)from->pull_min : 0ull,
                     (unsigned long long)p2p_expected(pc, ctx->rank));
-        /* Host ranks of one host: small FIFOs (CFX_P2P_LOCAL_BUFFSIZE, 1 MiB). */
-        size_t local_slot = ((size_t)1 << 20) / (size_t)comm->n_steps;
+        /* Host ranks of one host over shm: small FIFOs (CFX_P2P_LOCAL_BUFFSIZE,
+         * 1 MiB); over sockets the communicator's. */
+        size_t local_slot =
+            pc->transport == SHM ? ((size_t)1 << 20) / (size_t)comm->n_steps : comm->slot_bytes;
         RANK_ASSERT(ctx,
                     to && from && to->slot_bytes == local_slot && from->slot_bytes == local_slot,
                     "point-to-point slots to/from rank %d of %zu/%zu bytes, not %zu", q,

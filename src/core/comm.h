@@ -174,7 +174,7 @@ struct cfxComm {
     uint64_t p2p_single_copy_min;
     uint64_t p2p_single_copy_min_far;
     /* Slot size of point-to-point FIFOs between host ranks of one host
-     * (CFX_P2P_LOCAL_BUFFSIZE / CFX_STEPS, at most slot_bytes). */
+     * over shm (CFX_P2P_LOCAL_BUFFSIZE / CFX_STEPS, at most slot_bytes). */
     size_t p2p_local_slot_bytes;
     /* Connection setup (connect.c): peers whose pid means a process here
      * (one host, one PID namespace), so that a pid gone later means a dead
@@ -303,9 +303,10 @@ const struct cfx_topo_system *cfx_core_algo_topology(void);
 /* Whether @p peer is a rank of this very process (threads). Pure. */
 int cfx_core_same_process(const struct cfxComm *comm, int peer);
 
-/* The slot size of a point-to-point connector to @p peer: the local one
- * (p2p_local_slot_bytes) between host ranks of one host, else 0 (the
- * communicator's). Pure. */
+/* The slot size of a point-to-point connector to @p peer over a transport
+ * that moves slots through memory both ranks map (connect.c asks for
+ * those only): the local one (p2p_local_slot_bytes) between host ranks of
+ * one host, else 0 (the communicator's). Pure. */
 size_t cfx_core_p2p_slot_bytes(const struct cfxComm *comm, int peer);
 
 /* This process's PID namespace, for cfx_peer_info.pid_ns (0: unknown). */

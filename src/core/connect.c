@@ -366,6 +366,11 @@ static cfxResult_t setup_one(struct cfx_conn_request *req, int64_t deadline, int
     struct cfx_conn_place place = place_of(comm);
     CFX_CHECK(pick_transport(comm, req->peer, &place, &req->transport));
     const struct cfx_transport *tr = cfx_transports[req->transport];
+    /* Point to point through memory both ranks map (a transport that can
+     * read the peer's memory: shm) keeps small FIFOs that stay in cache;
+     * over a socket, 1 MiB FIFOs ran 1.1-1.5x slower than 4 MiB. */
+    if (req->kind == CFX_CONN_KIND_P2P && req->slot_bytes == 0 && tr->read_peer != NULL)
+        req->slot_bytes = cfx_core_p2p_slot_bytes(comm, req->peer);
     struct cfx_connector *conn = calloc(1, sizeof(*conn));
     if (conn == NULL)
         return cfx_error_set(cfxSystemError, CFX_LOG_INIT, "out of memory for a connector");

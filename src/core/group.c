@@ -284,14 +284,12 @@ static cfxResult_t connect_missing(struct cfx_op *ops, int n_ops)
         struct cfx_connector **slot = sending ? send_slot(op) : recv_slot(op);
         if (*slot != NULL || already_requested(reqs, n, slot))
             continue;
-        reqs[n++] =
-            (struct cfx_conn_request){.comm = op->owner,
-                                      .peer = op->root,
-                                      .dir = sending ? CFX_CONN_SEND : CFX_CONN_RECV,
-                                      .kind = CFX_CONN_KIND_P2P,
-                                      .slot_bytes = cfx_core_p2p_slot_bytes(op->owner, op->root),
-                                      .out_p = slot,
-                                      .op = op};
+        reqs[n++] = (struct cfx_conn_request){.comm = op->owner,
+                                              .peer = op->root,
+                                              .dir = sending ? CFX_CONN_SEND : CFX_CONN_RECV,
+                                              .kind = CFX_CONN_KIND_P2P,
+                                              .out_p = slot,
+                                              .op = op};
     }
     cfxResult_t res = cfx_core_connect_batch(reqs, n);
     free(reqs);

@@ -44,7 +44,7 @@ CFX_PARAM_SIZE(p2p_single_copy_min, "P2P_SINGLE_COPY_MIN_BYTES", -1, -1, INT64_M
                "between threads of one process (a plain copy), never between processes (there "
                "process_vm_readv ran 1.3-2.4x slower than the FIFO's two copies)");
 CFX_PARAM_SIZE(p2p_local_buffsize, "P2P_LOCAL_BUFFSIZE", 1 << 20, 0, UINT32_MAX,
-               "Bytes of a point-to-point FIFO between host ranks of one host (sends, "
+               "Bytes of a point-to-point FIFO between host ranks of one host over shm (sends, "
                "receives, all-to-all, gather, scatter), in CFX_STEPS slots; 0: CFX_BUFFSIZE. "
                "Small, so that the 2(n-1) such FIFOs of a rank stay in cache");
 
