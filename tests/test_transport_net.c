@@ -292,6 +292,106 @@ Test(net_plugin, a_plugin_without_devices_fails_init_with_a_sentence, .timeout =
     cr_assert(ok, "%s", report);
 }
 
+/* ------------------------------------------------------------ virtual devices */
+
+/* CFX_NET_FORCE_MERGE: the plugin's two devices merged into its virtual
+ * device 2 (makeVDevice), which then carries every connection. */
+Test(net_plugin, devices_merged_into_a_virtual_device_carry_the_connections, .timeout = 150)
+{
+    cfx_test_setenv("CFXTEST_NDEV", "2");
+    cfx_test_setenv("CFX_NET_FORCE_MERGE", "lo,lo1");
+    int plugin, socket, merged;
+    run_over_plugin("CFX_TEST_NET_PLUGIN", 3, allreduces_of_every_size, &plugin, &socket, &merged,
+                    "merged devices 0 (lo), 1 (lo1) into virtual device 2 (lo+lo1, 20000 Mbps)");
+    cfx_test_setenv("CFXTEST_NDEV", NULL);
+    cfx_test_setenv("CFX_NET_FORCE_MERGE", NULL);
+    cr_assert_geq(merged, 3, "the ranks did not log the merge (%d lines)", merged);
+    cr_assert_geq(plugin, 3, "only %d connections via net-plugin in the logs", plugin);
+    cr_assert_eq(socket, 0, "%d connections via socket with a net plugin loaded", socket);
+}
+
+/* The same with the connection and plugin lines counted. */
+static void merged_run(int *on_vdev_p, int *on_lo_p, int *plugin_saw_p)
+{
+    cfx_test_setenv("CFX_NET_PLUGIN", test_plugin("CFX_TEST_NET_PLUGIN"));
+    cfx_test_setenv("CFXTEST_NDEV", "2");
+    cfx_test_setenv("CFX_NET_FORCE_MERGE", "lo,lo1;");
+    char logs[128];
+    cfx_test_log_to(logs, sizeof(logs), "net");
+    struct cfx_test_options opts = {
+        .nranks = 2, .mode = CFX_TEST_PROCS, .deadline_s = 90, .before_rank = own_host};
+    char report[8192];
+    int ok = cfx_test_run(&opts, allreduces_of_every_size, report, sizeof(report));
+    *on_vdev_p = cfx_test_count_in_logs(logs, "(plugin cfxtest, device 2: lo+lo1, channel 0)");
+    *on_lo_p = cfx_test_count_in_logs(logs, "(plugin cfxtest, device 0: lo,");
+    *plugin_saw_p = cfx_test_count_in_logs(logs, "cfxtest plugin: listen on virtual device 2");
+    if (ok)
+        cfx_test_remove_logs(logs);
+    cfx_test_logs_off();
+    cfx_test_setenv("CFX_NET_PLUGIN", NULL);
+    cfx_test_setenv("CFXTEST_NDEV", NULL);
+    cfx_test_setenv("CFX_NET_FORCE_MERGE", NULL);
+    cr_assert(ok, "%s(logs kept in %s.*)", report, logs);
+}
+
+Test(net_plugin, connections_listen_and_connect_on_the_virtual_device, .timeout = 150)
+{
+    int on_vdev, on_lo, plugin_saw;
+    merged_run(&on_vdev, &on_lo, &plugin_saw);
+    cr_log_info("%d connection lines on the virtual device, %d on lo, %d plugin listens on it",
+                on_vdev, on_lo, plugin_saw);
+    cr_assert_geq(on_vdev, 2, "only %d connection lines name the virtual device", on_vdev);
+    cr_assert_eq(on_lo, 0, "%d connections on device 0 although it was merged", on_lo);
+    cr_assert_geq(plugin_saw, 2, "the plugin saw %d listens on its virtual device", plugin_saw);
+}
+
+static void init_must_fail_saying(struct cfx_test_rank *ctx)
+{
+    const char *needle = ctx->arg;
+    cfxComm_t comm = NULL;
+    cfx_test_step(ctx, "init with CFX_NET_FORCE_MERGE it cannot carry out");
+    cfxResult_t res = cfxCommInitRank(&comm, ctx->nranks, ctx->id, ctx->rank);
+    RANK_ASSERT(ctx, res == cfxSystemError, "init returned %s", cfxGetErrorString(res));
+    const char *why = cfxGetLastError(NULL);
+    RANK_ASSERT(ctx, strstr(why, "CFX_NET_FORCE_MERGE") != NULL && strstr(why, needle) != NULL,
+                "the sentence does not say \"%s\": %s", needle, why);
+}
+
+static void merge_must_fail(const char *var, const char *merge, const char *needle)
+{
+    cfx_test_setenv("CFX_NET_PLUGIN", test_plugin(var));
+    cfx_test_setenv("CFXTEST_NDEV", "2");
+    cfx_test_setenv("CFX_NET_FORCE_MERGE", merge);
+    cfx_test_setenv("CFX_TIMEOUT", "5");
+    struct cfx_test_options opts = {.nranks = 2,
+                                    .mode = CFX_TEST_PROCS,
+                                    .deadline_s = 40,
+                                    .before_rank = own_host,
+                                    .arg = (void *)needle};
+    char report[8192];
+    int ok = cfx_test_run(&opts, init_must_fail_saying, report, sizeof(report));
+    cfx_test_setenv("CFX_NET_PLUGIN", NULL);
+    cfx_test_setenv("CFXTEST_NDEV", NULL);
+    cfx_test_setenv("CFX_NET_FORCE_MERGE", NULL);
+    cfx_test_setenv("CFX_TIMEOUT", NULL);
+    cr_assert(ok, "%s", report);
+}
+
+Test(net_plugin, a_merge_naming_an_unknown_device_fails_init_with_a_sentence, .timeout = 60)
+{
+    merge_must_fail("CFX_TEST_NET_PLUGIN", "lo,mlx5_9", "names mlx5_9");
+}
+
+Test(net_plugin, a_merge_of_one_device_twice_fails_init_with_a_sentence, .timeout = 60)
+{
+    merge_must_fail("CFX_TEST_NET_PLUGIN", "lo,lo1;lo1", "in two groups");
+}
+
+Test(net_plugin, a_merge_with_a_v8_plugin_fails_init_with_a_sentence, .timeout = 60)
+{
+    merge_must_fail("CFX_TEST_NET_PLUGIN_V8", "lo,lo1", "no makeVDevice");
+}
+
 /* ------------------------------------------------------------ user buffers */
 
 /* Two full 512 KiB slots and a 12-byte tail (the tail rides in the info line). */

@@ -74,6 +74,7 @@ static const struct env_twin twins[] = {
     {"NCCL_NET", "CFX_NET", NULL, 0},
     {"NCCL_NET_GDR_LEVEL", "CFX_NET_GDR_LEVEL", NULL, 0},
     {"NCCL_NET_PLUGIN", "CFX_NET_PLUGIN", map_net_plugin, 0},
+    {"NCCL_NET_FORCE_MERGE", "CFX_NET_FORCE_MERGE", NULL, 0},
     {"NCCL_P2P_DISABLE", "CFX_P2P_DISABLE", NULL, 0},
     {"NCCL_P2P_LEVEL", "CFX_P2P_LEVEL", NULL, 0},
     {"NCCL_P2P_READ_ENABLE", "CFX_P2P_READ_ENABLE", NULL, 0},

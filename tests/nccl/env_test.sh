@@ -24,7 +24,7 @@ twins=(DEBUG:ABORT:WARN DEBUG_SUBSYS:INIT,NET DEBUG_FILE:/tmp/x.%h.%p COMM_ID:12
        ALGO:^tree PROTO:Simple BUFFSIZE:1048576 MAX_NCHANNELS:7 SHM_DISABLE:1
        TOPO_FILE:/tmp/topo.xml TOPO_DUMP_FILE:/tmp/dump.xml HOSTID:host-a
        MULTI_RANK_GPU_ENABLE:1 IB_HCA:=mlx5_0:1 IB_DISABLE:1 NET:Socket MIN_NCHANNELS:2
-       DMABUF_ENABLE:0 NET_PLUGIN:aws-ofi)
+       DMABUF_ENABLE:0 NET_PLUGIN:aws-ofi "NET_FORCE_MERGE:mlx5_0,mlx5_1;mlx5_2")
 settings=() names=()
 for twin in "${twins[@]}"; do
   name=${twin%%:*} rest=${twin#*:}

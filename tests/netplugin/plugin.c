@@ -47,6 +47,7 @@
 #include <poll.h>
 #include <stdatomic.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
@@ -157,17 +158,59 @@ static ncclResult_t tp_init(ncclDebugLogger_t log)
     return ncclSuccess;
 }
 
+/* Virtual devices (makeVDevice, v9 and later): device n_devices + k is
+ * the k-th, made of vdev_members[k]. They move bytes as device 0 does (one
+ * TCP connection: this plugin does not stripe), and say so when used. */
+#define CFXTEST_MAX_VDEVS 4
+static int n_vdevs;
+static ncclNetVDeviceProps_v9_t vdev_members[CFXTEST_MAX_VDEVS];
+static char vdev_names[CFXTEST_MAX_VDEVS][64];
+
 static ncclResult_t tp_devices(int *ndev)
 {
-    *ndev = n_devices;
+    *ndev = n_devices + n_vdevs;
     return ncclSuccess;
 }
 
 static char *dev_names[] = {"lo", "lo1", "lo2", "lo3", "lo4", "lo5", "lo6", "lo7"};
 
+/* Whether @p dev is a device of ours (a caller passing anything else gets
+ * ncclInvalidArgument); a virtual one says so at INFO. */
+static int dev_ok(int dev, const char *call)
+{
+    if (dev < 0 || dev >= n_devices + n_vdevs) {
+        LOG_WARN("cfxtest plugin: %s on device %d, which does not exist", call, dev);
+        return 0;
+    }
+    if (dev >= n_devices && logger)
+        logger(NCCL_LOG_INFO, NCCL_LOG_SUBSYS_NET, __FILE__, __LINE__,
+               "cfxtest plugin: %s on virtual device %d (%s)", call, dev,
+               vdev_names[dev - n_devices]);
+    return 1;
+}
+
+__attribute__((unused)) static ncclResult_t tp_make_vdevice(int *d, ncclNetVDeviceProps_v9_t *props)
+{
+    if (d == NULL || props == NULL || props->ndevs < 1 ||
+        props->ndevs > NCCL_NET_MAX_DEVS_PER_NIC_V9 || n_vdevs == CFXTEST_MAX_VDEVS)
+        return ncclInvalidArgument;
+    char *name = vdev_names[n_vdevs];
+    name[0] = '\0';
+    for (int i = 0; i < props->ndevs; i++) {
+        if (props->devs[i] < 0 || props->devs[i] >= n_devices)
+            return ncclInvalidArgument; /* Only physical devices merge. */
+        size_t used = strlen(name);
+        snprintf(name + used, 64 - used, "%s%s", i ? "+" : "", dev_names[props->devs[i]]);
+    }
+    vdev_members[n_vdevs] = *props;
+    *d = n_devices + n_vdevs++;
+    return ncclSuccess;
+}
+
 static ncclResult_t tp_listen(int dev, void *handle_v, void **listen_comm)
 {
-    (void)dev;
+    if (!dev_ok(dev, "listen"))
+        return ncclInvalidArgument;
     struct handle *handle = handle_v;
     memset(handle_v, 0, NCCL_NET_HANDLE_MAXSIZE);
     int fd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
@@ -212,9 +255,10 @@ static struct comm *comm_new(int fd, int is_send)
 
 static ncclResult_t tp_connect_any(int dev, void *handle_v, void **send_comm)
 {
-    (void)dev;
     struct handle *handle = handle_v;
     *send_comm = NULL;
+    if (!dev_ok(dev, handle->stage == 0 ? "connect" : "connect (again)"))
+        return ncclInvalidArgument;
     if (handle->magic != CFXTEST_MAGIC) {
         LOG_WARN("cfxtest: connect to a handle that is not one of ours");
         return ncclInternalError;
@@ -641,18 +685,21 @@ PLUGIN_EXPORT const ncclNet_v8_t ncclNetPlugin_v8 = {
 
 static ncclResult_t tp_properties(int dev, ncclNetProperties_v9_t *props)
 {
-    if (dev < 0 || dev >= n_devices)
+    if (dev < 0 || dev >= n_devices + n_vdevs)
         return ncclInvalidArgument;
     memset(props, 0, sizeof(*props));
-    props->name = dev_names[dev];
+    int virtual = dev >= n_devices;
+    props->name = virtual ? vdev_names[dev - n_devices] : dev_names[dev];
     props->ptrSupport =
         NCCL_PTR_HOST | (ptr_cuda ? NCCL_PTR_CUDA : 0) | (dmabuf ? NCCL_PTR_DMABUF : 0);
-    props->speed = 10000;
+    props->speed = 10000 * (virtual ? vdev_members[dev - n_devices].ndevs : 1);
     props->maxComms = 65536;
     props->maxRecvs = 1;
     props->netDeviceType = NCCL_NET_DEVICE_HOST;
     props->vProps.ndevs = 1;
     props->vProps.devs[0] = dev;
+    if (virtual)
+        props->vProps = vdev_members[dev - n_devices];
     props->maxP2pBytes = (size_t)1 << 31;
     props->maxCollBytes = (size_t)1 << 31;
     return ncclSuccess;
@@ -708,7 +755,7 @@ PLUGIN_EXPORT const ncclNet_v9_t ncclNetPlugin_v9 = {
     .closeListen = tp_close_listen,
     .getDeviceMr = NULL,
     .irecvConsumed = NULL,
-    .makeVDevice = NULL,
+    .makeVDevice = tp_make_vdevice,
 };
 
 #ifndef CFXTEST_V9
@@ -766,7 +813,7 @@ PLUGIN_EXPORT const ncclNet_v10_t ncclNetPlugin_v10 = {
     .closeListen = tp_close_listen,
     .getDeviceMr = NULL,
     .irecvConsumed = NULL,
-    .makeVDevice = NULL,
+    .makeVDevice = tp_make_vdevice,
 };
 
 #ifndef CFXTEST_V10
@@ -845,7 +892,7 @@ PLUGIN_EXPORT const ncclNet_v11_t ncclNetPlugin_v11 = {
     .closeListen = tp_close_listen,
     .getDeviceMr = NULL,
     .irecvConsumed = NULL,
-    .makeVDevice = NULL,
+    .makeVDevice = tp_make_vdevice,
     .finalize = tp_finalize11,
     .setNetAttr = NULL,
 };

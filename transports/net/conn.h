@@ -69,6 +69,9 @@ struct cfx_net_plugin {
     int n_devs;                                /* As devices() said. */
     char dev_name[NET_MAX_DEVS][NET_NAME_MAX]; /* The first NET_MAX_DEVS devices' names. */
     int ptr_support[NET_MAX_DEVS];
+    /* CFX_NET_FORCE_MERGE: the virtual device each device was merged into
+     * (makeVDevice, v9 and later), or -1. Connections use that one. */
+    int merged_into[NET_MAX_DEVS];
     int has_iflush; /* The table's iflush is set. */
     int has_dmabuf; /* The table's regMrDmaBuf is set. */
 };
@@ -84,6 +87,9 @@ cfxResult_t cfx_net_plugin_get(const struct cfx_net_plugin **plugin_p);
  * name is ignored; @p len bytes of it, a name in a list) that moves host
  * memory, or -1. */
 int cfx_net_plugin_find_dev(const struct cfx_net_plugin *p, const char *nic_name, size_t len);
+/* The device a connection meant for device @p dev uses: the virtual device
+ * it was merged into (CFX_NET_FORCE_MERGE), else @p dev. */
+int cfx_net_plugin_use_dev(const struct cfx_net_plugin *p, int dev);
 ncclResult_t cfx_net_plugin_listen(const struct cfx_net_plugin *p, int dev, void *handle,
                                    void **listen_comm_p);
 ncclResult_t cfx_net_plugin_connect(const struct cfx_net_plugin *p, int dev, void *handle,

@@ -52,7 +52,7 @@ static void pick_devs(struct cfx_net_ctx *ctx, const struct cfx_net_plugin *plug
     char list[256] = "";
     for (const char *at = near; *at && ctx->n_devs < NET_MAX_DEVS;) {
         size_t len = strcspn(at, ",");
-        int dev = cfx_net_plugin_find_dev(plugin, at, len);
+        int dev = cfx_net_plugin_use_dev(plugin, cfx_net_plugin_find_dev(plugin, at, len));
         int seen = 0;
         for (int i = 0; i < ctx->n_devs; i++)
             seen |= ctx->devs[i] == dev;
@@ -73,10 +73,11 @@ static void pick_devs(struct cfx_net_ctx *ctx, const struct cfx_net_plugin *plug
                  ctx->n_devs > 1 ? " (channel c on the (c mod n)-th)" : "");
         return;
     }
-    ctx->devs[0] = 0;
+    ctx->devs[0] = cfx_net_plugin_use_dev(plugin, 0);
     ctx->n_devs = 1;
-    CFX_INFO(CFX_LOG_NET | CFX_LOG_INIT, "net-plugin: rank %d uses device 0 (%s): %s%s%s",
-             ctx->rank, plugin->dev_name[0], near[0] ? "no device of the plugin is named " : "",
+    CFX_INFO(CFX_LOG_NET | CFX_LOG_INIT, "net-plugin: rank %d uses device %d (%s): %s%s%s",
+             ctx->rank, ctx->devs[0], plugin->dev_name[ctx->devs[0]],
+             near[0] ? "no device of the plugin is named " : "",
              near[0] ? near : "the topology names no port near this rank",
              near[0] ? ", the topology's nearest port(s)" : "");
 }

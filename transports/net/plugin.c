@@ -20,6 +20,11 @@ CFX_PARAM_STR(net_plugin, "NET_PLUGIN", "",
               "NCCL net plugin carrying traffic between hosts: a path, or a name foo for "
               "libnccl-net-foo.so (unset: none)");
 
+CFX_PARAM_STR(net_force_merge, "NET_FORCE_MERGE", "",
+              "Devices of the net plugin merged into virtual devices (makeVDevice; NCCL's "
+              "syntax: groups separated by ';', names in a group by ',', e.g. "
+              "mlx5_0,mlx5_1;mlx5_2,mlx5_3); a rank whose device is in a group uses the group's");
+
 static pthread_mutex_t load_lock = PTHREAD_MUTEX_INITIALIZER;
 static int load_done;
 static cfxResult_t load_res;
@@ -132,6 +137,103 @@ static int find_table(void *lib)
      : (p)->version == 9  ? (const void *)(p)->v9->member                                          \
                           : (const void *)(p)->v8->member)
 
+/* Records device @p dev's name and ptrSupport from getProperties; its
+ * speed into *speed_p. */
+static ncclResult_t note_device(int dev, int *speed_p)
+{
+    char *dev_name = NULL;
+    ncclResult_t res = dev_properties(dev, &dev_name, speed_p, &plugin.ptr_support[dev]);
+    if (res == ncclSuccess)
+        snprintf(plugin.dev_name[dev], sizeof(plugin.dev_name[dev]), "%s",
+                 dev_name ? dev_name : "?");
+    return res;
+}
+
+/* One group of CFX_NET_FORCE_MERGE, @p len bytes at @p group ("a,b"): its
+ * devices merged into a virtual device. */
+static cfxResult_t merge_group(const char *spec, const char *group, size_t len, int n_phys)
+{
+    ncclNetVDeviceProps_v9_t props; /* v10's and v11's record is the same. */
+    memset(&props, 0, sizeof(props));
+    char names[256] = "";
+    for (size_t at = 0; at < len;) {
+        size_t name_len = strcspn(group + at, ",;");
+        if (name_len > len - at)
+            name_len = len - at;
+        if (name_len > 0) {
+            int dev = cfx_net_plugin_find_dev(&plugin, group + at, name_len);
+            if (dev < 0 || dev >= n_phys)
+                LOAD_FAIL("net-plugin: CFX_NET_FORCE_MERGE=%s names %.*s, which is not a device "
+                          "of plugin %s that moves host memory",
+                          spec, (int)name_len, group + at, plugin.name);
+            if (plugin.merged_into[dev] >= 0)
+                LOAD_FAIL("net-plugin: CFX_NET_FORCE_MERGE=%s puts device %s in two groups", spec,
+                          plugin.dev_name[dev]);
+            if (props.ndevs == NCCL_NET_MAX_DEVS_PER_NIC_V9)
+                LOAD_FAIL("net-plugin: CFX_NET_FORCE_MERGE=%s: a group has more than %d devices, "
+                          "the most a virtual device holds",
+                          spec, NCCL_NET_MAX_DEVS_PER_NIC_V9);
+            props.devs[props.ndevs++] = dev;
+            size_t used = strlen(names);
+            snprintf(names + used, sizeof(names) - used, "%s%d (%s)", used ? ", " : "", dev,
+                     plugin.dev_name[dev]);
+        }
+        at += name_len + 1;
+    }
+    if (props.ndevs == 0)
+        return cfxSuccess; /* An empty group (";;", a trailing ';'). */
+    int vdev = -1;
+    ncclResult_t res = plugin.version == 11   ? plugin.v11->makeVDevice(&vdev, &props)
+                       : plugin.version == 10 ? plugin.v10->makeVDevice(&vdev, &props)
+                                              : plugin.v9->makeVDevice(&vdev, &props);
+    if (res != ncclSuccess)
+        LOAD_FAIL("net-plugin: plugin %s failed makeVDevice of %s (CFX_NET_FORCE_MERGE=%s): %s",
+                  plugin.name, names, spec, cfx_net_result_name(res));
+    if (vdev < n_phys || vdev >= NET_MAX_DEVS)
+        LOAD_FAIL("net-plugin: plugin %s made virtual device %d of %s, not a new device below %d",
+                  plugin.name, vdev, names, NET_MAX_DEVS);
+    int speed = 0;
+    res = note_device(vdev, &speed);
+    if (res != ncclSuccess)
+        LOAD_FAIL("net-plugin: plugin %s failed getProperties(%d) of its virtual device: %s",
+                  plugin.name, vdev, cfx_net_result_name(res));
+    plugin.merged_into[vdev] = -1;
+    for (int i = 0; i < props.ndevs; i++)
+        plugin.merged_into[props.devs[i]] = vdev;
+    if (vdev >= plugin.n_devs)
+        plugin.n_devs = vdev + 1;
+    CFX_INFO(CFX_LOG_NET | CFX_LOG_INIT,
+             "net-plugin: merged devices %s into virtual device %d (%s, %d Mbps)", names, vdev,
+             plugin.dev_name[vdev], speed);
+    return cfxSuccess;
+}
+
+/* CFX_NET_FORCE_MERGE: each group into a virtual device. */
+static cfxResult_t merge_devices(int n_phys)
+{
+    for (int dev = 0; dev < NET_MAX_DEVS; dev++)
+        plugin.merged_into[dev] = -1;
+    const char *spec = param_net_force_merge();
+    if (spec == NULL || spec[0] == '\0')
+        return cfxSuccess;
+    const void *make = plugin.version == 11   ? (const void *)plugin.v11->makeVDevice
+                       : plugin.version == 10 ? (const void *)plugin.v10->makeVDevice
+                       : plugin.version == 9  ? (const void *)plugin.v9->makeVDevice
+                                              : NULL;
+    if (make == NULL)
+        LOAD_FAIL("net-plugin: CFX_NET_FORCE_MERGE=%s asks for virtual devices, which plugin %s "
+                  "(ncclNetPlugin_v%d) cannot make (no makeVDevice)",
+                  spec, plugin.name, plugin.version);
+    for (const char *at = spec; *at;) {
+        size_t len = strcspn(at, ";");
+        cfxResult_t res = merge_group(spec, at, len, n_phys);
+        if (res != cfxSuccess)
+            return res;
+        at += len + (at[len] == ';');
+    }
+    return cfxSuccess;
+}
+
 static cfxResult_t load(const char *spec)
 {
     char tried[600];
@@ -171,14 +273,11 @@ static cfxResult_t load(const char *spec)
     int n_seen = plugin.n_devs < NET_MAX_DEVS ? plugin.n_devs : NET_MAX_DEVS;
     char list[512] = "";
     for (int dev = 0; dev < n_seen; dev++) {
-        char *dev_name = NULL;
         int speed = 0;
-        res = dev_properties(dev, &dev_name, &speed, &plugin.ptr_support[dev]);
+        res = note_device(dev, &speed);
         if (res != ncclSuccess)
             LOAD_FAIL("net-plugin: plugin %s (%s) failed getProperties(%d): %s", plugin.name,
                       plugin.path, dev, cfx_net_result_name(res));
-        snprintf(plugin.dev_name[dev], sizeof(plugin.dev_name[dev]), "%s",
-                 dev_name ? dev_name : "?");
         size_t used = strlen(list);
         snprintf(list + used, sizeof(list) - used, "%s%d: %s, %d Mbps%s", dev ? "; " : "", dev,
                  plugin.dev_name[dev], speed,
@@ -191,7 +290,7 @@ static cfxResult_t load(const char *spec)
     CFX_INFO(CFX_LOG_NET | CFX_LOG_INIT,
              "net-plugin: loaded %s (ncclNetPlugin_v%d, name \"%s\"), %d device(s): %s",
              plugin.path, plugin.version, plugin.name, plugin.n_devs, list);
-    return cfxSuccess;
+    return merge_devices(n_seen);
 }
 
 cfxResult_t cfx_net_plugin_get(const struct cfx_net_plugin **plugin_p)
@@ -232,6 +331,11 @@ int cfx_net_plugin_find_dev(const struct cfx_net_plugin *p, const char *nic_name
             strncmp(p->dev_name[dev], nic_name, len) == 0)
             return dev;
     return -1;
+}
+
+int cfx_net_plugin_use_dev(const struct cfx_net_plugin *p, int dev)
+{
+    return dev >= 0 && dev < NET_MAX_DEVS && p->merged_into[dev] >= 0 ? p->merged_into[dev] : dev;
 }
 
 const char *cfx_net_result_name(ncclResult_t res)
