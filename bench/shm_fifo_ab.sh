@@ -33,31 +33,4 @@ for _ in $(seq "$reps"); do
       awk '/^ +[0-9]/{print $1, $3}' >>"$out/ompi"
   fi
 done
-/usr/bin/python3 - "$out" <<'PY'
-import collections, os, statistics, sys
-out = sys.argv[1]
-runs = {}
-for name in ("now", "before", "ompi"):
-    path = os.path.join(out, name)
-    if not os.path.exists(path):
-        continue
-    times = collections.defaultdict(list)
-    for line in open(path):
-        size, us = line.split()
-        times[int(size)].append(float(us))
-    runs[name] = times
-cols = [c for c in ("now", "before", "ompi") if c in runs]
-print("| size | " + " | ".join(cols) + " | " + " | ".join(f"{c}/now" for c in cols[1:]) + " |")
-print("|---" * (1 + 2 * len(cols) - 1) + "|")
-for size in sorted(runs["now"]):
-    cells, med = [], {}
-    for c in cols:
-        t = runs[c].get(size, [])
-        if not t:
-            cells.append("-")
-            continue
-        med[c] = statistics.median(t)
-        cells.append(f"{med[c]:.0f} [{min(t):.0f}-{max(t):.0f}]")
-    ratios = [f"{med[c] / med['now']:.2f}" if c in med else "-" for c in cols[1:]]
-    print(f"| {size >> 10} KiB | " + " | ".join(cells) + " | " + " | ".join(ratios) + " |")
-PY
+/usr/bin/python3 "$(dirname "$0")/ab_report.py" "$out" now before ompi
