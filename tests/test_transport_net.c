@@ -63,10 +63,10 @@ static void allreduces_of_every_size(struct cfx_test_rank *ctx)
     cfxCommDestroy(comm);
 }
 
-/* Runs @p fn over the plugin in @p var with logs; returns the number of
- * "via net-plugin" connection lines and of socket ones. */
-static void run_over_plugin(const char *var, int nranks, cfx_test_rank_fn fn, int *via_plugin_p,
-                            int *via_socket_p, int *loaded_p, const char *loaded_needle)
+/* Runs @p fn on @p nranks processes over the plugin in @p var with logs;
+ * counts[i] gets the number of log lines holding needles[i]. */
+static void run_counting(const char *var, int nranks, cfx_test_rank_fn fn,
+                         const char *const *needles, int *counts, int n)
 {
     cfx_test_setenv("CFX_NET_PLUGIN", test_plugin(var));
     char logs[128];
@@ -75,14 +75,24 @@ static void run_over_plugin(const char *var, int nranks, cfx_test_rank_fn fn, in
         .nranks = nranks, .mode = CFX_TEST_PROCS, .deadline_s = 90, .before_rank = own_host};
     char report[8192];
     int ok = cfx_test_run(&opts, fn, report, sizeof(report));
-    *via_plugin_p = cfx_test_count_in_logs(logs, "via net-plugin");
-    *via_socket_p = cfx_test_count_in_logs(logs, "via socket");
-    *loaded_p = cfx_test_count_in_logs(logs, loaded_needle);
+    for (int i = 0; i < n; i++)
+        counts[i] = cfx_test_count_in_logs(logs, needles[i]);
     if (ok)
         cfx_test_remove_logs(logs);
     cfx_test_logs_off();
     cfx_test_setenv("CFX_NET_PLUGIN", NULL);
     cr_assert(ok, "%s(logs kept in %s.*)", report, logs);
+}
+
+/* Runs @p fn over the plugin in @p var with logs; returns the number of
+ * "via net-plugin" connection lines and of socket ones. */
+static void run_over_plugin(const char *var, int nranks, cfx_test_rank_fn fn, int *via_plugin_p,
+                            int *via_socket_p, int *loaded_p, const char *loaded_needle)
+{
+    const char *const needles[] = {"via net-plugin", "via socket", loaded_needle};
+    int counts[3];
+    run_counting(var, nranks, fn, needles, counts, 3);
+    *via_plugin_p = counts[0], *via_socket_p = counts[1], *loaded_p = counts[2];
     cr_log_info("%d ranks: %d connection lines via net-plugin, %d via socket, %d lines \"%s\"",
                 nranks, *via_plugin_p, *via_socket_p, *loaded_p, loaded_needle);
 }
@@ -313,25 +323,16 @@ Test(net_plugin, devices_merged_into_a_virtual_device_carry_the_connections, .ti
 /* The same with the connection and plugin lines counted. */
 static void merged_run(int *on_vdev_p, int *on_lo_p, int *plugin_saw_p)
 {
-    cfx_test_setenv("CFX_NET_PLUGIN", test_plugin("CFX_TEST_NET_PLUGIN"));
     cfx_test_setenv("CFXTEST_NDEV", "2");
     cfx_test_setenv("CFX_NET_FORCE_MERGE", "lo,lo1;");
-    char logs[128];
-    cfx_test_log_to(logs, sizeof(logs), "net");
-    struct cfx_test_options opts = {
-        .nranks = 2, .mode = CFX_TEST_PROCS, .deadline_s = 90, .before_rank = own_host};
-    char report[8192];
-    int ok = cfx_test_run(&opts, allreduces_of_every_size, report, sizeof(report));
-    *on_vdev_p = cfx_test_count_in_logs(logs, "(plugin cfxtest, device 2: lo+lo1, channel 0)");
-    *on_lo_p = cfx_test_count_in_logs(logs, "(plugin cfxtest, device 0: lo,");
-    *plugin_saw_p = cfx_test_count_in_logs(logs, "cfxtest plugin: listen on virtual device 2");
-    if (ok)
-        cfx_test_remove_logs(logs);
-    cfx_test_logs_off();
-    cfx_test_setenv("CFX_NET_PLUGIN", NULL);
+    const char *const needles[] = {"(plugin cfxtest, device 2: lo+lo1, channel 0)",
+                                   "(plugin cfxtest, device 0: lo,",
+                                   "cfxtest plugin: listen on virtual device 2"};
+    int counts[3];
+    run_counting("CFX_TEST_NET_PLUGIN", 2, allreduces_of_every_size, needles, counts, 3);
     cfx_test_setenv("CFXTEST_NDEV", NULL);
     cfx_test_setenv("CFX_NET_FORCE_MERGE", NULL);
-    cr_assert(ok, "%s(logs kept in %s.*)", report, logs);
+    *on_vdev_p = counts[0], *on_lo_p = counts[1], *plugin_saw_p = counts[2];
 }
 
 Test(net_plugin, connections_listen_and_connect_on_the_virtual_device, .timeout = 150)
