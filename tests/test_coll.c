@@ -50,8 +50,10 @@
 
 /* IB: the verbs transport over tests/fakeverbs (CFX_TEST_FAKEVERBS), every
  * process its own host, CFX_NET=IB. NET_PLUGIN: the net-plugin transport over
- * tests/netplugin (CFX_TEST_NET_PLUGIN), every process its own host. */
-enum transport { SHM = 0, SOCKET = 1, IB = 2, NET_PLUGIN = 3, P2P = 4 };
+ * tests/netplugin (CFX_TEST_NET_PLUGIN), every process its own host.
+ * NET_BUILTIN: the same transport over Conflux's built-in socket net
+ * (CFX_NET_PLUGIN=builtin:socket), every process its own host. */
+enum transport { SHM = 0, SOCKET = 1, IB = 2, NET_PLUGIN = 3, P2P = 4, NET_BUILTIN = 5 };
 enum coll {
     ALLREDUCE,
     REDUCE,
@@ -584,6 +586,13 @@ static void conformance_rank(struct cfx_test_rank *ctx)
         RANK_ASSERT(ctx, strcmp(got, want) == 0, "the ring's connection went over %s, not %s", got,
                     want);
     }
+    if ((sc->transport == NET_PLUGIN || sc->transport == NET_BUILTIN) && ctx->nranks > 1 &&
+        comm->ring_send != NULL) {
+        /* Every rank its own host: the net-plugin transport, whichever net. */
+        const char *got = comm->ring_send->transport->name;
+        RANK_ASSERT(ctx, strcmp(got, "net-plugin") == 0,
+                    "the ring's connection went over %s, not net-plugin", got);
+    }
     coll_fns[sc->coll](ctx, comm, &b);
     if (sc->allreduce_algo && !ctx->slot_failed) {
         /* The forced algorithm ran over the all-pairs connectors. */
@@ -604,7 +613,7 @@ static void conformance_rank(struct cfx_test_rank *ctx)
     free(b.recv);
 }
 
-#define N_CASES (2 * 5 * 2 * N_COLLS + 2 * 3 * N_COLLS + (5 + 2 + 3 + 2) * N_COLLS + 6)
+#define N_CASES (2 * 5 * 2 * N_COLLS + 3 * 3 * N_COLLS + (5 + 2 + 3 + 2) * N_COLLS + 6)
 static struct suite_case all_cases[N_CASES];
 
 ParameterizedTestParameters(conformance, collective)
@@ -624,13 +633,14 @@ ParameterizedTestParameters(conformance, collective)
                                                          .mode = (enum cfx_test_mode)m,
                                                          .coll = (enum coll)c};
                 }
-    /* Over verbs: processes, one host each, so the tree cases are the
-     * across-hosts ones already. */
+    /* Over verbs and the net-plugin transport: processes, one host each, so
+     * the tree cases are the across-hosts ones already. */
     static const int ib_ranks[] = {2, 3, 8};
-    for (int tr = IB; tr <= NET_PLUGIN; tr++)
+    static const enum transport net_transports[] = {IB, NET_PLUGIN, NET_BUILTIN};
+    for (int t = 0; t < 3; t++)
         for (int ri = 0; ri < 3; ri++)
             for (int c = 0; c <= BROADCAST_TREE; c++)
-                all_cases[k++] = (struct suite_case){.transport = (enum transport)tr,
+                all_cases[k++] = (struct suite_case){.transport = net_transports[t],
                                                      .nranks = ib_ranks[ri],
                                                      .mode = CFX_TEST_PROCS,
                                                      .coll = (enum coll)c};
@@ -709,8 +719,12 @@ static void use_net_plugin(void)
     cfx_test_setenv("CFX_NET_PLUGIN", lib);
 }
 
-static const char *const transport_names[] = {"shm", "socket", "verbs (fake-verbs)",
-                                              "net-plugin (cfxtest)", "p2p"};
+static const char *const transport_names[] = {"shm",
+                                              "socket",
+                                              "verbs (fake-verbs)",
+                                              "net-plugin (cfxtest)",
+                                              "p2p",
+                                              "net-plugin (builtin:socket)"};
 
 ParameterizedTest(struct suite_case *sc, conformance, collective, .timeout = 900)
 {
@@ -736,21 +750,23 @@ ParameterizedTest(struct suite_case *sc, conformance, collective, .timeout = 900
         use_fakeverbs();
     if (sc->transport == NET_PLUGIN)
         use_net_plugin();
+    if (sc->transport == NET_BUILTIN)
+        cfx_test_setenv("CFX_NET_PLUGIN", "builtin:socket");
     cfx_test_setenv("CFX_SHM_DISABLE", sc->transport == SOCKET ? "1" : NULL);
     /* GPU ranks of one host go over p2p unless it is off. */
     cfx_test_setenv("CFX_P2P_DISABLE", sc->transport == SHM ? "1" : NULL);
     cfx_test_setenv("CFX_P2P_READ_ENABLE", sc->p2p_read ? "1" : NULL);
     static const char *const algo_settings[] = {NULL, "allreduce:direct", "allreduce:twoshot"};
     cfx_test_setenv("CFX_ALGO", on_trees(sc->coll) ? "tree" : algo_settings[sc->allreduce_algo]);
-    struct cfx_test_options opts = {.nranks = sc->nranks,
-                                    .mode = sc->mode,
-                                    .deadline_s = 600,
-                                    .arg = sc,
-                                    .before_rank = one_host_per_rank(sc->coll) ||
-                                                           sc->transport == IB ||
-                                                           sc->transport == NET_PLUGIN
-                                                       ? claim_own_host
-                                                       : NULL};
+    struct cfx_test_options opts = {
+        .nranks = sc->nranks,
+        .mode = sc->mode,
+        .deadline_s = 600,
+        .arg = sc,
+        .before_rank = one_host_per_rank(sc->coll) || sc->transport == IB ||
+                               sc->transport == NET_PLUGIN || sc->transport == NET_BUILTIN
+                           ? claim_own_host
+                           : NULL};
     CFX_TEST_RUN(&opts, conformance_rank);
 }
 

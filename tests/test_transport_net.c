@@ -63,12 +63,12 @@ static void allreduces_of_every_size(struct cfx_test_rank *ctx)
     cfxCommDestroy(comm);
 }
 
-/* Runs @p fn on @p nranks processes over the plugin in @p var with logs;
+/* Runs @p fn on @p nranks processes with CFX_NET_PLUGIN=@p spec and logs;
  * counts[i] gets the number of log lines holding needles[i]. */
-static void run_counting(const char *var, int nranks, cfx_test_rank_fn fn,
+static void run_counting(const char *spec, int nranks, cfx_test_rank_fn fn,
                          const char *const *needles, int *counts, int n)
 {
-    cfx_test_setenv("CFX_NET_PLUGIN", test_plugin(var));
+    cfx_test_setenv("CFX_NET_PLUGIN", spec);
     char logs[128];
     cfx_test_log_to(logs, sizeof(logs), "coll");
     struct cfx_test_options opts = {
@@ -84,14 +84,15 @@ static void run_counting(const char *var, int nranks, cfx_test_rank_fn fn,
     cr_assert(ok, "%s(logs kept in %s.*)", report, logs);
 }
 
-/* Runs @p fn over the plugin in @p var with logs; returns the number of
+/* Runs @p fn over the plugin in @p var (or, after a '=', the
+ * CFX_NET_PLUGIN value itself) with logs; returns the number of
  * "via net-plugin" connection lines and of socket ones. */
 static void run_over_plugin(const char *var, int nranks, cfx_test_rank_fn fn, int *via_plugin_p,
                             int *via_socket_p, int *loaded_p, const char *loaded_needle)
 {
     const char *const needles[] = {"via net-plugin", "via socket", loaded_needle};
     int counts[3];
-    run_counting(var, nranks, fn, needles, counts, 3);
+    run_counting(var[0] == '=' ? var + 1 : test_plugin(var), nranks, fn, needles, counts, 3);
     *via_plugin_p = counts[0], *via_socket_p = counts[1], *loaded_p = counts[2];
     cr_log_info("%d ranks: %d connection lines via net-plugin, %d via socket, %d lines \"%s\"",
                 nranks, *via_plugin_p, *via_socket_p, *loaded_p, loaded_needle);
@@ -201,26 +202,35 @@ Test(net_plugin, broadcast_and_allgather_over_the_plugin_3_ranks, .timeout = 150
 
 static void init_must_fail_naming_the_plugin(struct cfx_test_rank *ctx)
 {
+    const char *spec = ctx->arg;
     cfxComm_t comm = NULL;
-    cfx_test_step(ctx, "init with CFX_NET_PLUGIN=/nonexistent");
+    cfx_test_step(ctx, "init with CFX_NET_PLUGIN=%s", spec);
     cfxResult_t res = cfxCommInitRank(&comm, ctx->nranks, ctx->id, ctx->rank);
     RANK_ASSERT(ctx, res != cfxSuccess, "init succeeded with a plugin that does not exist");
     const char *why = cfxGetLastError(NULL);
-    RANK_ASSERT(ctx, strstr(why, "/nonexistent") != NULL && strstr(why, "CFX_NET_PLUGIN") != NULL,
+    RANK_ASSERT(ctx, strstr(why, spec) != NULL && strstr(why, "CFX_NET_PLUGIN") != NULL,
                 "the sentence does not name the plugin: %s", why);
 }
 
-Test(net_plugin, a_plugin_that_does_not_load_fails_init_with_a_sentence, .timeout = 60)
+static void plugin_must_not_load(const char *spec)
 {
-    cfx_test_setenv("CFX_NET_PLUGIN", "/nonexistent");
+    cfx_test_setenv("CFX_NET_PLUGIN", spec);
     cfx_test_setenv("CFX_TIMEOUT", "5");
-    struct cfx_test_options opts = {
-        .nranks = 2, .mode = CFX_TEST_PROCS, .deadline_s = 40, .before_rank = own_host};
+    struct cfx_test_options opts = {.nranks = 2,
+                                    .mode = CFX_TEST_PROCS,
+                                    .deadline_s = 40,
+                                    .before_rank = own_host,
+                                    .arg = (void *)spec};
     char report[8192];
     int ok = cfx_test_run(&opts, init_must_fail_naming_the_plugin, report, sizeof(report));
     cfx_test_setenv("CFX_NET_PLUGIN", NULL);
     cfx_test_setenv("CFX_TIMEOUT", NULL);
     cr_assert(ok, "%s", report);
+}
+
+Test(net_plugin, a_plugin_that_does_not_load_fails_init_with_a_sentence, .timeout = 60)
+{
+    plugin_must_not_load("/nonexistent");
 }
 
 static void *kill_me_soon(void *arg)
@@ -259,9 +269,9 @@ static void allreduce_until_rank_two_dies(struct cfx_test_rank *ctx)
     free(data);
 }
 
-Test(net_plugin, killed_rank_fails_every_survivor_within_the_timeout, .timeout = 150)
+static void killed_rank_run(const char *spec)
 {
-    cfx_test_setenv("CFX_NET_PLUGIN", test_plugin("CFX_TEST_NET_PLUGIN"));
+    cfx_test_setenv("CFX_NET_PLUGIN", spec);
     cfx_test_setenv("CFX_TIMEOUT", "10");
     struct cfx_test_options opts = {.nranks = 4,
                                     .mode = CFX_TEST_PROCS,
@@ -273,6 +283,11 @@ Test(net_plugin, killed_rank_fails_every_survivor_within_the_timeout, .timeout =
     cfx_test_setenv("CFX_NET_PLUGIN", NULL);
     cfx_test_setenv("CFX_TIMEOUT", NULL);
     cr_assert(ok, "%s", report);
+}
+
+Test(net_plugin, killed_rank_fails_every_survivor_within_the_timeout, .timeout = 150)
+{
+    killed_rank_run(test_plugin("CFX_TEST_NET_PLUGIN"));
 }
 
 static void init_must_fail_for_want_of_a_device(struct cfx_test_rank *ctx)
@@ -329,7 +344,8 @@ static void merged_run(int *on_vdev_p, int *on_lo_p, int *plugin_saw_p)
                                    "(plugin cfxtest, device 0: lo,",
                                    "cfxtest plugin: listen on virtual device 2"};
     int counts[3];
-    run_counting("CFX_TEST_NET_PLUGIN", 2, allreduces_of_every_size, needles, counts, 3);
+    run_counting(test_plugin("CFX_TEST_NET_PLUGIN"), 2, allreduces_of_every_size, needles, counts,
+                 3);
     cfx_test_setenv("CFXTEST_NDEV", NULL);
     cfx_test_setenv("CFX_NET_FORCE_MERGE", NULL);
     *on_vdev_p = counts[0], *on_lo_p = counts[1], *plugin_saw_p = counts[2];
@@ -457,16 +473,23 @@ static void send_from_registered(struct cfx_test_rank *ctx)
     free(out);
 }
 
+/* Bit 0: the buffers are registered; bit 1: over the built-in socket net,
+ * else the test plugin. */
 ParameterizedTestParameters(net_plugin, sends_from_registered_buffers_skip_the_slots)
 {
-    static int registered[] = {1, 0};
-    return cr_make_param_array(int, registered, 2);
+    static int which[] = {1, 0, 3, 2};
+    return cr_make_param_array(int, which, 4);
 }
 
-ParameterizedTest(int *registered, net_plugin, sends_from_registered_buffers_skip_the_slots,
+ParameterizedTest(int *which, net_plugin, sends_from_registered_buffers_skip_the_slots,
                   .timeout = 150)
 {
-    cfx_test_setenv("CFX_NET_PLUGIN", test_plugin("CFX_TEST_NET_PLUGIN"));
+    static int registered[1];
+    registered[0] = *which & 1;
+    cr_log_info("%s buffers over %s", *registered ? "registered" : "unregistered",
+                *which & 2 ? "the built-in socket net" : "the test plugin");
+    cfx_test_setenv("CFX_NET_PLUGIN",
+                    *which & 2 ? "builtin:socket" : test_plugin("CFX_TEST_NET_PLUGIN"));
     char logs[128];
     cfx_test_log_to(logs, sizeof(logs), "ref");
     struct cfx_test_options opts = {.nranks = 2,
@@ -529,10 +552,10 @@ ParameterizedTestParameters(net_plugin, a_mismatch_fails_every_rank_at_once)
     return cr_make_param_array(int, rendezvous, 2);
 }
 
-ParameterizedTest(int *rendezvous, net_plugin, a_mismatch_fails_every_rank_at_once, .timeout = 90)
+static void mismatch_run(const char *spec, int rendezvous)
 {
-    cfx_test_setenv("CFX_NET_PLUGIN", test_plugin("CFX_TEST_NET_PLUGIN"));
-    cfx_test_setenv("CFXTEST_RENDEZVOUS", *rendezvous ? "1" : NULL);
+    cfx_test_setenv("CFX_NET_PLUGIN", spec);
+    cfx_test_setenv("CFXTEST_RENDEZVOUS", rendezvous ? "1" : NULL);
     cfx_test_setenv("CFX_TIMEOUT", "30");
     struct cfx_test_options opts = {
         .nranks = 3, .mode = CFX_TEST_PROCS, .deadline_s = 60, .before_rank = own_host};
@@ -542,6 +565,11 @@ ParameterizedTest(int *rendezvous, net_plugin, a_mismatch_fails_every_rank_at_on
     cfx_test_setenv("CFXTEST_RENDEZVOUS", NULL);
     cfx_test_setenv("CFX_TIMEOUT", NULL);
     cr_assert(ok, "%s", report);
+}
+
+ParameterizedTest(int *rendezvous, net_plugin, a_mismatch_fails_every_rank_at_once, .timeout = 90)
+{
+    mismatch_run(test_plugin("CFX_TEST_NET_PLUGIN"), *rendezvous);
 }
 
 /* ------------------------------------------------------------ devices */
@@ -684,4 +712,52 @@ Test(net_plugin, a_plugin_name_finds_libnccl_net_name_so_on_the_library_path, .t
     cfx_test_setenv("CFX_TEST_NET_PLUGIN_NAME", NULL);
     cr_assert_geq(plugin, 2, "only %d connections via net-plugin in the logs", plugin);
     cr_assert_geq(loaded, 2, "the ranks did not load the plugin by its name (%d lines)", loaded);
+}
+
+/* ------------------------------------------------------------ the built-in socket net */
+
+/* CFX_NET_PLUGIN=builtin:socket: Conflux's own socket net behind the same
+ * interface as a plugin (transports/net/builtin_socket.c), no library. */
+#define BUILTIN_SOCKET        "builtin:socket"
+#define BUILTIN_SOCKET_LOADED "using Conflux's built-in net (ncclNetPlugin_v9, name \"Socket\")"
+
+ParameterizedTestParameters(net_builtin, allreduce_of_every_size_over_the_builtin_socket_net)
+{
+    static int ranks[] = {2, 3, 4};
+    return cr_make_param_array(int, ranks, 3);
+}
+
+ParameterizedTest(int *nranks, net_builtin, allreduce_of_every_size_over_the_builtin_socket_net,
+                  .timeout = 150)
+{
+    int plugin, socket, loaded;
+    run_over_plugin("=" BUILTIN_SOCKET, *nranks, allreduces_of_every_size, &plugin, &socket,
+                    &loaded, BUILTIN_SOCKET_LOADED);
+    cr_assert_geq(plugin, *nranks, "only %d connections via net-plugin in the logs", plugin);
+    cr_assert_eq(socket, 0, "%d connections via the socket transport", socket);
+    cr_assert_geq(loaded, *nranks, "the ranks did not log the built-in net (%d lines)", loaded);
+}
+
+Test(net_builtin, broadcast_and_allgather_over_the_builtin_socket_net_3_ranks, .timeout = 150)
+{
+    int plugin, socket, loaded;
+    run_over_plugin("=" BUILTIN_SOCKET, 3, broadcast_and_allgather, &plugin, &socket, &loaded,
+                    BUILTIN_SOCKET_LOADED);
+    cr_assert_geq(plugin, 3, "only %d connections via net-plugin in the logs", plugin);
+    cr_assert_eq(socket, 0, "%d connections via the socket transport", socket);
+}
+
+Test(net_builtin, killed_rank_fails_every_survivor_within_the_timeout, .timeout = 150)
+{
+    killed_rank_run(BUILTIN_SOCKET);
+}
+
+Test(net_builtin, a_mismatch_fails_every_rank_at_once, .timeout = 90)
+{
+    mismatch_run(BUILTIN_SOCKET, 0);
+}
+
+Test(net_builtin, an_unknown_builtin_net_fails_init_with_a_sentence, .timeout = 60)
+{
+    plugin_must_not_load("builtin:carrier-pigeon");
 }

@@ -72,6 +72,7 @@ struct cfx_net_plugin {
     /* CFX_NET_FORCE_MERGE: the virtual device each device was merged into
      * (makeVDevice, v9 and later), or -1. Connections use that one. */
     int merged_into[NET_MAX_DEVS];
+    int builtin;    /* One of Conflux's own nets (builtin.h), no library. */
     int has_iflush; /* The table's iflush is set. */
     int has_dmabuf; /* The table's regMrDmaBuf is set. */
 };

@@ -4,21 +4,27 @@
  * exports). A name without a slash,
  * "foo", tries libnccl-net-foo.so first, then "foo" as it is (NCCL's
  * convention); anything with a slash is a path. The library is dlopened
- * and never closed (a plugin may have started threads).
+ * and never closed (a plugin may have started threads). "builtin:socket"
+ * loads nothing: Conflux's own socket net (builtin_socket.c), a v9 table,
+ * goes behind the same face, the first of the byte movers Conflux
+ * carries itself to do so.
  */
 #include <dlfcn.h>
 #include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
+#include <strings.h>
 
 #include "src/util/log.h"
 #include "src/util/param.h"
+#include "transports/net/builtin.h"
 #include "transports/net/conn.h"
 
 CFX_PARAM_STR(net_plugin, "NET_PLUGIN", "",
-              "NCCL net plugin carrying traffic between hosts: a path, or a name foo for "
-              "libnccl-net-foo.so (unset: none)");
+              "NCCL net plugin carrying traffic between hosts: a path, a name foo for "
+              "libnccl-net-foo.so, or builtin:socket for Conflux's own socket net behind the "
+              "same interface (unset: none)");
 
 CFX_PARAM_STR(net_force_merge, "NET_FORCE_MERGE", "",
               "Devices of the net plugin merged into virtual devices (makeVDevice; NCCL's "
@@ -30,6 +36,8 @@ static int load_done;
 static cfxResult_t load_res;
 static char load_error[CFX_ERROR_MAX];
 static struct cfx_net_plugin plugin;
+
+#define BUILTIN_PREFIX "builtin:"
 
 /* The plugin's log lines, into Conflux's log under NET. */
 __attribute__((format(printf, 5, 6))) static void plugin_logger(ncclDebugLogLevel level,
@@ -234,16 +242,38 @@ static cfxResult_t merge_devices(int n_phys)
     return cfxSuccess;
 }
 
+/* CFX_NET_PLUGIN=builtin:<name>: one of Conflux's own nets (builtin.h)
+ * instead of a library; 0 when @p spec names none. */
+static int find_builtin(const char *spec)
+{
+    if (strncmp(spec, BUILTIN_PREFIX, strlen(BUILTIN_PREFIX)) != 0)
+        return 0;
+    if (strcasecmp(spec + strlen(BUILTIN_PREFIX), "socket") == 0) {
+        plugin.v9 = &cfx_net_builtin_socket;
+        plugin.version = 9;
+    }
+    snprintf(plugin.path, sizeof(plugin.path), "%s", "Conflux's built-in net");
+    plugin.builtin = 1;
+    return 1;
+}
+
 static cfxResult_t load(const char *spec)
 {
     char tried[600];
-    void *lib = open_library(spec, tried, sizeof(tried));
-    if (lib == NULL)
-        LOAD_FAIL("net-plugin: CFX_NET_PLUGIN=%s cannot be loaded (%s)", spec, tried);
-    if (!find_table(lib))
-        LOAD_FAIL("net-plugin: CFX_NET_PLUGIN=%s (%s) exports none of ncclNetPlugin_v11, _v10, "
-                  "_v9, _v8 (older plugins are not supported)",
-                  spec, plugin.path);
+    if (find_builtin(spec)) {
+        if (plugin.version == 0)
+            LOAD_FAIL("net-plugin: CFX_NET_PLUGIN=%s names no built-in net (there is one: "
+                      "builtin:socket)",
+                      spec);
+    } else {
+        void *lib = open_library(spec, tried, sizeof(tried));
+        if (lib == NULL)
+            LOAD_FAIL("net-plugin: CFX_NET_PLUGIN=%s cannot be loaded (%s)", spec, tried);
+        if (!find_table(lib))
+            LOAD_FAIL("net-plugin: CFX_NET_PLUGIN=%s (%s) exports none of ncclNetPlugin_v11, "
+                      "_v10, _v9, _v8 (older plugins are not supported)",
+                      spec, plugin.path);
+    }
     plugin.has_iflush = NET_MEMBER(&plugin, iflush) != NULL;
     plugin.has_dmabuf = NET_MEMBER(&plugin, regMrDmaBuf) != NULL;
     const char *name = plugin.version == 11   ? plugin.v11->name
@@ -288,8 +318,9 @@ static cfxResult_t load(const char *spec)
                   "(ptrSupport 0x%x), which is all Conflux gives it so far",
                   plugin.name, plugin.path, plugin.dev_name[0], plugin.ptr_support[0]);
     CFX_INFO(CFX_LOG_NET | CFX_LOG_INIT,
-             "net-plugin: loaded %s (ncclNetPlugin_v%d, name \"%s\"), %d device(s): %s",
-             plugin.path, plugin.version, plugin.name, plugin.n_devs, list);
+             "net-plugin: %s %s (ncclNetPlugin_v%d, name \"%s\"), %d device(s): %s",
+             plugin.builtin ? "using" : "loaded", plugin.path, plugin.version, plugin.name,
+             plugin.n_devs, list);
     return merge_devices(n_seen);
 }
 
