@@ -52,7 +52,7 @@
 
 #define BSN_MAGIC        0x4346584e45544231ull /* "CFXNETB1" */
 #define BSN_MAX_REQUESTS 32                    /* Outstanding per comm. */
-#define BSN_READ_AHEAD   8192                  /* Receiver's buffer for headers and small payloads. */
+#define BSN_READ_AHEAD   8192 /* Receiver's buffer for headers and small payloads. */
 #define BSN_DIRECT_MIN   4096 /* A payload remainder at least this long is read in place. */
 #define BSN_MAX_IOV      64   /* iovecs in one sendmsg: 32 messages' header and payload. */
 #define BSN_DEFAULT_MBPS 10000
