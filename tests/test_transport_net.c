@@ -290,6 +290,63 @@ Test(net_plugin, killed_rank_fails_every_survivor_within_the_timeout, .timeout =
     killed_rank_run(test_plugin("CFX_TEST_NET_PLUGIN"));
 }
 
+/* ------------------------------------------------------------ CFX_NET */
+
+/* CFX_NET names a network as NCCL_NET does, without case: the plugin's
+ * name makes it carry every connection between hosts, Socket leaves it
+ * unused (sockets carry them), any other name fails init. */
+Test(net_plugin, cfx_net_naming_the_plugin_makes_it_carry_the_job, .timeout = 150)
+{
+    cfx_test_setenv("CFX_NET", "CFXtest");
+    int plugin, socket, loaded;
+    run_over_plugin("CFX_TEST_NET_PLUGIN", 2, allreduces_of_every_size, &plugin, &socket, &loaded,
+                    "not used by rank");
+    cfx_test_setenv("CFX_NET", NULL);
+    cr_assert_geq(plugin, 2, "only %d connections via net-plugin under CFX_NET=CFXtest", plugin);
+    cr_assert_eq(socket, 0, "%d connections via socket under CFX_NET=CFXtest", socket);
+    cr_assert_eq(loaded, 0, "the plugin was left unused although CFX_NET named it");
+}
+
+Test(net_plugin, cfx_net_socket_leaves_the_plugin_unused, .timeout = 150)
+{
+    cfx_test_setenv("CFX_NET", "socket");
+    int plugin, socket, unused;
+    run_over_plugin("CFX_TEST_NET_PLUGIN", 2, allreduces_of_every_size, &plugin, &socket, &unused,
+                    "(\"cfxtest\") not used by rank");
+    cfx_test_setenv("CFX_NET", NULL);
+    cr_assert_eq(plugin, 0, "%d connections via net-plugin under CFX_NET=socket", plugin);
+    cr_assert_geq(socket, 2, "only %d connections via socket under CFX_NET=socket", socket);
+    cr_assert_geq(unused, 2, "the ranks did not say the plugin was left unused (%d lines)", unused);
+}
+
+static void init_must_fail_naming_cfx_net(struct cfx_test_rank *ctx)
+{
+    cfxComm_t comm = NULL;
+    cfx_test_step(ctx, "init with CFX_NET=carrier-pigeon");
+    cfxResult_t res = cfxCommInitRank(&comm, ctx->nranks, ctx->id, ctx->rank);
+    RANK_ASSERT(ctx, res == cfxInvalidUsage, "init returned %s", cfxGetErrorString(res));
+    const char *why = cfxGetLastError(NULL);
+    RANK_ASSERT(ctx,
+                strstr(why, "CFX_NET=carrier-pigeon names no network") != NULL &&
+                    strstr(why, "\"cfxtest\"") != NULL,
+                "the sentence does not name CFX_NET and the plugin: %s", why);
+}
+
+Test(net_plugin, cfx_net_naming_no_network_fails_init_with_a_sentence, .timeout = 60)
+{
+    cfx_test_setenv("CFX_NET_PLUGIN", test_plugin("CFX_TEST_NET_PLUGIN"));
+    cfx_test_setenv("CFX_NET", "carrier-pigeon");
+    cfx_test_setenv("CFX_TIMEOUT", "5");
+    struct cfx_test_options opts = {
+        .nranks = 2, .mode = CFX_TEST_PROCS, .deadline_s = 40, .before_rank = own_host};
+    char report[8192];
+    int ok = cfx_test_run(&opts, init_must_fail_naming_cfx_net, report, sizeof(report));
+    cfx_test_setenv("CFX_NET_PLUGIN", NULL);
+    cfx_test_setenv("CFX_NET", NULL);
+    cfx_test_setenv("CFX_TIMEOUT", NULL);
+    cr_assert(ok, "%s", report);
+}
+
 static void init_must_fail_for_want_of_a_device(struct cfx_test_rank *ctx)
 {
     cfxComm_t comm = NULL;
@@ -760,4 +817,17 @@ Test(net_builtin, a_mismatch_fails_every_rank_at_once, .timeout = 90)
 Test(net_builtin, an_unknown_builtin_net_fails_init_with_a_sentence, .timeout = 60)
 {
     plugin_must_not_load("builtin:carrier-pigeon");
+}
+
+/* CFX_NET=Socket names the built-in net too (its name is Socket): it
+ * carries the job. */
+Test(net_builtin, cfx_net_socket_names_the_builtin_socket_net, .timeout = 150)
+{
+    cfx_test_setenv("CFX_NET", "Socket");
+    int plugin, socket, loaded;
+    run_over_plugin("=" BUILTIN_SOCKET, 2, allreduces_of_every_size, &plugin, &socket, &loaded,
+                    BUILTIN_SOCKET_LOADED);
+    cfx_test_setenv("CFX_NET", NULL);
+    cr_assert_geq(plugin, 2, "only %d connections via net-plugin in the logs", plugin);
+    cr_assert_eq(socket, 0, "%d connections via the socket transport", socket);
 }

@@ -16,18 +16,13 @@
 
 const char cfx_reg_any_host = 0;
 
-/* Accepts "IB", "Socket" or nothing, in any case. */
-static const char *net_check(const char *text, char *buf, size_t len)
-{
-    (void)buf;
-    (void)len;
-    if (text[0] == '\0' || strcasecmp(text, "IB") == 0 || strcasecmp(text, "Socket") == 0)
-        return NULL;
-    return "IB or Socket (NCCL's names), or unset for either";
-}
-CFX_PARAM_STR_CHECKED(net, "NET", "", net_check,
-                      "Network between hosts: IB (verbs only) or Socket (TCP only); unset: verbs "
-                      "where usable, else sockets");
+/* Any name: "IB" and "Socket" (any case) are Conflux's own networks, any
+ * other is checked against the loaded net plugin's when a communicator
+ * spans hosts (transports/net/net.c). */
+CFX_PARAM_STR(net, "NET", "",
+              "Network between hosts, by name as NCCL_NET: IB (verbs only), Socket (TCP only), "
+              "or the name of the net plugin CFX_NET_PLUGIN loads; unset: a plugin if one is "
+              "loaded, else verbs where usable, else sockets");
 
 /* CFX_NET_GDR_LEVEL's value as a path class (-1: LOC, never), or -2 when
  * it is none of NCCL's names. */
@@ -77,7 +72,15 @@ enum cfx_net_choice cfx_transport_net_choice(void)
     const char *text = param_net();
     if (text == NULL || text[0] == '\0')
         return CFX_NET_ANY;
-    return strcasecmp(text, "IB") == 0 ? CFX_NET_IB : CFX_NET_SOCKET;
+    return strcasecmp(text, "IB") == 0       ? CFX_NET_IB
+           : strcasecmp(text, "Socket") == 0 ? CFX_NET_SOCKET
+                                             : CFX_NET_NAMED;
+}
+
+const char *cfx_transport_net_name(void)
+{
+    const char *text = param_net();
+    return text ? text : "";
 }
 
 cfxResult_t cfx_conn_map_peer(struct cfx_connector *conn, uint64_t remote, size_t bytes,

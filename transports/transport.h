@@ -498,11 +498,17 @@ static inline cfxResult_t cfx_conn_read_peer(struct cfx_connector *conn, void *d
 cfxResult_t cfx_conn_map_peer(struct cfx_connector *conn, uint64_t remote, size_t bytes,
                               void **ptr_p);
 
-/* Which network transport carries traffic between hosts (CFX_NET, NCCL's
- * names): any usable one, verbs ("IB": the verbs transport must run, and
- * sockets carry nothing between hosts) or sockets ("Socket": verbs off). */
-enum cfx_net_choice { CFX_NET_ANY = 0, CFX_NET_IB = 1, CFX_NET_SOCKET = 2 };
+/* Which network carries traffic between hosts (CFX_NET, NCCL_NET's
+ * meaning: a network's name, compared without case): any usable one (a
+ * net plugin first, then verbs, then sockets), verbs ("IB": the verbs
+ * transport must run, and nothing else carries traffic between hosts),
+ * sockets ("Socket": no verbs, no plugin unless it is named Socket too), or
+ * another name, which only the loaded net plugin's can match
+ * (cfx_transport_net_name() says which). */
+enum cfx_net_choice { CFX_NET_ANY = 0, CFX_NET_IB = 1, CFX_NET_SOCKET = 2, CFX_NET_NAMED = 3 };
 enum cfx_net_choice cfx_transport_net_choice(void);
+/* CFX_NET as set ("" when unset). */
+const char *cfx_transport_net_name(void);
 
 /* CFX_NET_GDR_LEVEL (NCCL's names) as a path class: GPUDirect RDMA is used
  * between a GPU and a NIC at most that far apart; -1 (LOC): never. */

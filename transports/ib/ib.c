@@ -106,9 +106,10 @@ static cfxResult_t ib_init(const struct cfx_transport_env *env, void **ctx_p)
     ctx->flush_read_forced = strcasecmp(param_ib_gdr_flush(), "read") == 0;
     enum cfx_net_choice net = cfx_transport_net_choice();
     const char *why = NULL;
-    if (param_ib_disable() || net == CFX_NET_SOCKET) {
-        snprintf(ctx->why_not, sizeof(ctx->why_not), "turned off (%s)",
-                 param_ib_disable() ? "CFX_IB_DISABLE=1" : "CFX_NET=Socket");
+    if (param_ib_disable() || net == CFX_NET_SOCKET || net == CFX_NET_NAMED) {
+        snprintf(ctx->why_not, sizeof(ctx->why_not), "turned off (%s%s)",
+                 param_ib_disable() ? "CFX_IB_DISABLE=1" : "CFX_NET=",
+                 param_ib_disable() ? "" : cfx_transport_net_name());
     } else if ((ctx->ibv = cfx_verbs_api(&why)) == NULL) {
         snprintf(ctx->why_not, sizeof(ctx->why_not), "%s", why ? why : "libibverbs not loaded");
     } else {

@@ -23,6 +23,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -82,15 +83,45 @@ static void pick_devs(struct cfx_net_ctx *ctx, const struct cfx_net_plugin *plug
              near[0] ? ", the topology's nearest port(s)" : "");
 }
 
+/* Whether CFX_NET lets the loaded @p plugin carry traffic between hosts
+ * (NCCL_NET's rule: the network whose name it is, without case; unset:
+ * any). A name that neither Conflux's networks (IB, Socket) nor the plugin
+ * has is cfxInvalidUsage with a sentence, as NCCL's "network not found". */
+static cfxResult_t plugin_chosen(const struct cfx_net_plugin *plugin, int rank, int *chosen_p)
+{
+    enum cfx_net_choice choice = cfx_transport_net_choice();
+    const char *name = cfx_transport_net_name();
+    *chosen_p = plugin != NULL && (choice == CFX_NET_ANY || strcasecmp(name, plugin->name) == 0);
+    if (choice == CFX_NET_NAMED && !*chosen_p)
+        return cfx_error_set(cfxInvalidUsage, CFX_LOG_NET | CFX_LOG_INIT,
+                             "CFX_NET=%s names no network of rank %d: Conflux's own are IB and "
+                             "Socket%s%s%s",
+                             name, rank, plugin ? ", and the net plugin loaded is named \"" : "",
+                             plugin ? plugin->name : " (no net plugin is loaded: CFX_NET_PLUGIN)",
+                             plugin ? "\"" : "");
+    if (plugin != NULL && !*chosen_p)
+        CFX_INFO(CFX_LOG_NET | CFX_LOG_INIT,
+                 "net-plugin: %s (\"%s\") not used by rank %d: CFX_NET=%s names another network",
+                 plugin->path, plugin->name, rank, name);
+    return cfxSuccess;
+}
+
 /* Per-communicator state. With CFX_NET_PLUGIN unset the transport accepts
  * no pair; set, the plugin must load and have a device, or init fails
- * (someone who asks for a plugin gets an error, not another network). */
+ * (someone who asks for a plugin gets an error, not another network), and
+ * it carries traffic between hosts if CFX_NET is unset or names it. */
 static cfxResult_t net_init(const struct cfx_transport_env *env, void **ctx_p)
 {
     const struct cfx_net_plugin *plugin = NULL;
     cfxResult_t res = cfx_net_plugin_get(&plugin);
     if (res != cfxSuccess)
         return res; /* The sentence names the plugin and what failed. */
+    int chosen = 0;
+    res = plugin_chosen(plugin, env->rank, &chosen);
+    if (res != cfxSuccess)
+        return res;
+    if (!chosen)
+        plugin = NULL;
     struct cfx_net_ctx *ctx = calloc(1, sizeof(*ctx));
     if (ctx == NULL)
         return cfx_error_set(cfxSystemError, CFX_LOG_NET, "net-plugin: out of memory");
