@@ -221,6 +221,12 @@ struct cfx_net_conn {
     char handle[NCCL_NET_HANDLE_MAXSIZE]; /* Receiver: its listen handle; sender: the peer's. */
     void *listen_comm;
     void *comm; /* sendComm or recvComm. */
+    /* Receiver: in the process's list of connectors still to accept
+     * (net.c, "pending accepts"; under its lock), and what the accept
+     * that took it off said. */
+    int pending;
+    struct cfx_net_conn *pending_next;
+    ncclResult_t accept_res;
     void *mhandle;
     int registered;  /* Added to the proxy. */
     int sender_slot; /* In ctx->senders, once a connected sender; -1: none. */

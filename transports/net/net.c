@@ -156,6 +156,65 @@ static void net_fini(void *ctx_v)
     free(ctx);
 }
 
+/* ============================================================ pending accepts */
+
+/* Receive connectors set up but not accepted yet, every communicator's of
+ * this process. A plugin's connect may wait for the receiver's accept
+ * (NCCL's verbs net does, and Conflux's own: transports/ib/net.c), and the
+ * core connects every send side before any receive side (and a thread may
+ * connect several communicators' ranks in one batch), so whoever waits on
+ * a connect or an accept accepts for all of them; the connector's own
+ * connect later finds its comm there. Accept calls on one listener are
+ * never concurrent: they run under pending_lock. */
+static pthread_mutex_t pending_lock = PTHREAD_MUTEX_INITIALIZER;
+static struct cfx_net_conn *pending_head;
+
+static void pending_add(struct cfx_net_conn *nc)
+{
+    pthread_mutex_lock(&pending_lock);
+    nc->pending_next = pending_head;
+    pending_head = nc;
+    nc->pending = 1;
+    pthread_mutex_unlock(&pending_lock);
+}
+
+static void pending_unlink_locked(struct cfx_net_conn *nc)
+{
+    for (struct cfx_net_conn **at = &pending_head; *at != NULL; at = &(*at)->pending_next)
+        if (*at == nc) {
+            *at = nc->pending_next;
+            break;
+        }
+    nc->pending = 0;
+}
+
+static void pending_remove(struct cfx_net_conn *nc)
+{
+    pthread_mutex_lock(&pending_lock);
+    if (nc->pending)
+        pending_unlink_locked(nc);
+    pthread_mutex_unlock(&pending_lock);
+}
+
+/* One accept for each pending receiver; a receiver that got its comm or a
+ * failure (kept in accept_res for its own connect to report) leaves the
+ * list. Returns 1 when @p mine (NULL: none) is no longer pending. */
+static int pending_accept_all(struct cfx_net_conn *mine)
+{
+    pthread_mutex_lock(&pending_lock);
+    for (struct cfx_net_conn *nc = pending_head, *next; nc != NULL; nc = next) {
+        next = nc->pending_next;
+        ncclResult_t res = cfx_net_plugin_accept(nc->plugin, nc->listen_comm, &nc->comm);
+        if (res != ncclSuccess || nc->comm != NULL) {
+            nc->accept_res = res;
+            pending_unlink_locked(nc);
+        }
+    }
+    int done = mine != NULL && !mine->pending;
+    pthread_mutex_unlock(&pending_lock);
+    return done;
+}
+
 /* ============================================================ registrations */
 
 /* Registers @p reg with the comm of send connection @p nc, in sender slot
@@ -497,6 +556,7 @@ static cfxResult_t net_setup(void *ctx_v, const struct cfx_transport_peer *peer,
                                  ctx->rank, peer->rank, nc->plugin->name, nc->dev,
                                  nc->plugin->dev_name[nc->dev], cfx_net_result_name(res));
         memcpy(info.handle, nc->handle, sizeof(info.handle));
+        pending_add(nc);
     }
     memcpy(info_out, &info, sizeof(info));
     cfx_connector_set_fifo(conn, nc->fifo, nc->slots, slot_bytes, n_steps);
@@ -522,8 +582,13 @@ static cfxResult_t comm_establish(struct cfx_net_ctx *ctx, struct cfx_net_conn *
     int64_t deadline = cfx_time_deadline_s(ctx->connect_timeout_s);
     int64_t next_check = cfx_time_now_ns() + CONNECT_CHECK_NS;
     for (;;) {
-        ncclResult_t res = send ? cfx_net_plugin_connect(nc->plugin, nc->dev, nc->handle, &nc->comm)
-                                : cfx_net_plugin_accept(nc->plugin, nc->listen_comm, &nc->comm);
+        ncclResult_t res = ncclSuccess;
+        if (send) {
+            res = cfx_net_plugin_connect(nc->plugin, nc->dev, nc->handle, &nc->comm);
+            pending_accept_all(NULL); /* The peer's connect may wait for ours. */
+        } else if (pending_accept_all(nc)) {
+            res = nc->accept_res;
+        }
         if (res != ncclSuccess)
             return cfx_error_set(cfxRemoteError, CFX_LOG_NET,
                                  "net-plugin: rank %d cannot %s rank %d through plugin %s: %s "
@@ -531,7 +596,7 @@ static cfxResult_t comm_establish(struct cfx_net_ctx *ctx, struct cfx_net_conn *
                                  ctx->rank, send ? "connect to" : "accept the connection of",
                                  nc->peer_rank, nc->plugin->name, send ? "connect" : "accept",
                                  cfx_net_result_name(res));
-        if (nc->comm != NULL)
+        if (send ? nc->comm != NULL : !__atomic_load_n(&nc->pending, __ATOMIC_ACQUIRE))
             return cfxSuccess;
         if (ctx->abort_flag && __atomic_load_n(ctx->abort_flag, __ATOMIC_ACQUIRE))
             return cfx_error_set(cfxRemoteError, CFX_LOG_NET,
@@ -679,6 +744,7 @@ static void net_close(void *ctx_v, struct cfx_connector *conn)
         else
             cfx_net_plugin_close_recv(p, nc->comm);
     }
+    pending_remove(nc);
     if (nc->listen_comm != NULL)
         cfx_net_plugin_close_listen(p, nc->listen_comm);
     if (nc->pinned)
