@@ -52,8 +52,18 @@
  * process its own host, CFX_NET=IB. NET_PLUGIN: the net-plugin transport over
  * tests/netplugin (CFX_TEST_NET_PLUGIN), every process its own host.
  * NET_BUILTIN: the same transport over Conflux's built-in socket net
- * (CFX_NET_PLUGIN=builtin:socket), every process its own host. */
-enum transport { SHM = 0, SOCKET = 1, IB = 2, NET_PLUGIN = 3, P2P = 4, NET_BUILTIN = 5 };
+ * (CFX_NET_PLUGIN=builtin:socket), NET_BUILTIN_IB over its built-in verbs
+ * net on fake-verbs (CFX_NET_PLUGIN=builtin:ib), every process its own
+ * host. */
+enum transport {
+    SHM = 0,
+    SOCKET = 1,
+    IB = 2,
+    NET_PLUGIN = 3,
+    P2P = 4,
+    NET_BUILTIN = 5,
+    NET_BUILTIN_IB = 6
+};
 enum coll {
     ALLREDUCE,
     REDUCE,
@@ -586,8 +596,9 @@ static void conformance_rank(struct cfx_test_rank *ctx)
         RANK_ASSERT(ctx, strcmp(got, want) == 0, "the ring's connection went over %s, not %s", got,
                     want);
     }
-    if ((sc->transport == NET_PLUGIN || sc->transport == NET_BUILTIN) && ctx->nranks > 1 &&
-        comm->ring_send != NULL) {
+    if ((sc->transport == NET_PLUGIN || sc->transport == NET_BUILTIN ||
+         sc->transport == NET_BUILTIN_IB) &&
+        ctx->nranks > 1 && comm->ring_send != NULL) {
         /* Every rank its own host: the net-plugin transport, whichever net. */
         const char *got = comm->ring_send->transport->name;
         RANK_ASSERT(ctx, strcmp(got, "net-plugin") == 0,
@@ -613,7 +624,7 @@ static void conformance_rank(struct cfx_test_rank *ctx)
     free(b.recv);
 }
 
-#define N_CASES (2 * 5 * 2 * N_COLLS + 3 * 3 * N_COLLS + (5 + 2 + 3 + 2) * N_COLLS + 6)
+#define N_CASES (2 * 5 * 2 * N_COLLS + 4 * 3 * N_COLLS + (5 + 2 + 3 + 2) * N_COLLS + 6)
 static struct suite_case all_cases[N_CASES];
 
 ParameterizedTestParameters(conformance, collective)
@@ -636,8 +647,8 @@ ParameterizedTestParameters(conformance, collective)
     /* Over verbs and the net-plugin transport: processes, one host each, so
      * the tree cases are the across-hosts ones already. */
     static const int ib_ranks[] = {2, 3, 8};
-    static const enum transport net_transports[] = {IB, NET_PLUGIN, NET_BUILTIN};
-    for (int t = 0; t < 3; t++)
+    static const enum transport net_transports[] = {IB, NET_PLUGIN, NET_BUILTIN, NET_BUILTIN_IB};
+    for (int t = 0; t < 4; t++)
         for (int ri = 0; ri < 3; ri++)
             for (int c = 0; c <= BROADCAST_TREE; c++)
                 all_cases[k++] = (struct suite_case){.transport = net_transports[t],
@@ -724,7 +735,8 @@ static const char *const transport_names[] = {"shm",
                                               "verbs (fake-verbs)",
                                               "net-plugin (cfxtest)",
                                               "p2p",
-                                              "net-plugin (builtin:socket)"};
+                                              "net-plugin (builtin:socket)",
+                                              "net-plugin (builtin:ib, fake-verbs)"};
 
 ParameterizedTest(struct suite_case *sc, conformance, collective, .timeout = 900)
 {
@@ -752,6 +764,10 @@ ParameterizedTest(struct suite_case *sc, conformance, collective, .timeout = 900
         use_net_plugin();
     if (sc->transport == NET_BUILTIN)
         cfx_test_setenv("CFX_NET_PLUGIN", "builtin:socket");
+    if (sc->transport == NET_BUILTIN_IB) {
+        use_fakeverbs(); /* Sets CFX_NET=IB, which names this net too. */
+        cfx_test_setenv("CFX_NET_PLUGIN", "builtin:ib");
+    }
     cfx_test_setenv("CFX_SHM_DISABLE", sc->transport == SOCKET ? "1" : NULL);
     /* GPU ranks of one host go over p2p unless it is off. */
     cfx_test_setenv("CFX_P2P_DISABLE", sc->transport == SHM ? "1" : NULL);
@@ -764,7 +780,8 @@ ParameterizedTest(struct suite_case *sc, conformance, collective, .timeout = 900
         .deadline_s = 600,
         .arg = sc,
         .before_rank = one_host_per_rank(sc->coll) || sc->transport == IB ||
-                               sc->transport == NET_PLUGIN || sc->transport == NET_BUILTIN
+                               sc->transport == NET_PLUGIN || sc->transport == NET_BUILTIN ||
+                               sc->transport == NET_BUILTIN_IB
                            ? claim_own_host
                            : NULL};
     CFX_TEST_RUN(&opts, conformance_rank);

@@ -530,12 +530,12 @@ static void send_from_registered(struct cfx_test_rank *ctx)
     free(out);
 }
 
-/* Bit 0: the buffers are registered; bit 1: over the built-in socket net,
- * else the test plugin. */
+/* Bit 0: the buffers are registered; bit 1: over the built-in socket net;
+ * bit 2: over the built-in verbs net (fake-verbs); else the test plugin. */
 ParameterizedTestParameters(net_plugin, sends_from_registered_buffers_skip_the_slots)
 {
-    static int which[] = {1, 0, 3, 2};
-    return cr_make_param_array(int, which, 4);
+    static int which[] = {1, 0, 3, 2, 5, 4};
+    return cr_make_param_array(int, which, 6);
 }
 
 ParameterizedTest(int *which, net_plugin, sends_from_registered_buffers_skip_the_slots,
@@ -544,9 +544,14 @@ ParameterizedTest(int *which, net_plugin, sends_from_registered_buffers_skip_the
     static int registered[1];
     registered[0] = *which & 1;
     cr_log_info("%s buffers over %s", *registered ? "registered" : "unregistered",
-                *which & 2 ? "the built-in socket net" : "the test plugin");
-    cfx_test_setenv("CFX_NET_PLUGIN",
-                    *which & 2 ? "builtin:socket" : test_plugin("CFX_TEST_NET_PLUGIN"));
+                *which & 4   ? "the built-in verbs net (fake-verbs)"
+                : *which & 2 ? "the built-in socket net"
+                             : "the test plugin");
+    if (*which & 4 && cfx_test_use_fakeverbs() == NULL)
+        cr_skip_test("no fake-verbs library (CFX_TEST_FAKEVERBS unset)");
+    cfx_test_setenv("CFX_NET_PLUGIN", *which & 4   ? "builtin:ib"
+                                      : *which & 2 ? "builtin:socket"
+                                                   : test_plugin("CFX_TEST_NET_PLUGIN"));
     char logs[128];
     cfx_test_log_to(logs, sizeof(logs), "ref");
     struct cfx_test_options opts = {.nranks = 2,
@@ -830,4 +835,91 @@ Test(net_builtin, cfx_net_socket_names_the_builtin_socket_net, .timeout = 150)
     cfx_test_setenv("CFX_NET", NULL);
     cr_assert_geq(plugin, 2, "only %d connections via net-plugin in the logs", plugin);
     cr_assert_eq(socket, 0, "%d connections via the socket transport", socket);
+}
+
+/* ------------------------------------------------------------ the built-in verbs net */
+
+/* CFX_NET_PLUGIN=builtin:ib: the verbs byte mover behind the same interface
+ * (transports/ib/net.c), over tests/fakeverbs (its results are fake-verbs
+ * results, never an RDMA NIC's). cfx_test_use_fakeverbs sets CFX_NET=IB,
+ * which names this net ("IB") too. */
+#define BUILTIN_IB        "builtin:ib"
+#define BUILTIN_IB_LOADED "using Conflux's built-in net (ncclNetPlugin_v9, name \"IB\")"
+
+static void use_fakeverbs_or_skip(void)
+{
+    if (cfx_test_use_fakeverbs() == NULL)
+        cr_skip_test("no fake-verbs library (CFX_TEST_FAKEVERBS unset: built without the verbs "
+                     "headers?)");
+}
+
+/* Runs @p fn over the verbs net; asserts every connection went through it. */
+static void run_over_builtin_ib(int nranks, cfx_test_rank_fn fn)
+{
+    use_fakeverbs_or_skip();
+    const char *const needles[] = {"via net-plugin", "via socket", "via ib", BUILTIN_IB_LOADED};
+    int counts[4];
+    run_counting(BUILTIN_IB, nranks, fn, needles, counts, 4);
+    cr_log_info("%d ranks: %d connection lines via net-plugin, %d via socket, %d via ib, %d lines "
+                "\"%s\"",
+                nranks, counts[0], counts[1], counts[2], counts[3], BUILTIN_IB_LOADED);
+    cr_assert_geq(counts[0], nranks, "only %d connections via net-plugin", counts[0]);
+    cr_assert_eq(counts[1] + counts[2], 0, "%d connections via socket, %d via ib", counts[1],
+                 counts[2]);
+    cr_assert_geq(counts[3], nranks, "the ranks did not log the verbs net (%d lines)", counts[3]);
+}
+
+ParameterizedTestParameters(net_builtin_ib, allreduce_of_every_size_over_the_builtin_verbs_net)
+{
+    static int ranks[] = {2, 3, 4};
+    return cr_make_param_array(int, ranks, 3);
+}
+
+ParameterizedTest(int *nranks, net_builtin_ib, allreduce_of_every_size_over_the_builtin_verbs_net,
+                  .timeout = 150)
+{
+    run_over_builtin_ib(*nranks, allreduces_of_every_size);
+}
+
+Test(net_builtin_ib, broadcast_and_allgather_over_the_builtin_verbs_net_3_ranks, .timeout = 150)
+{
+    run_over_builtin_ib(3, broadcast_and_allgather);
+}
+
+Test(net_builtin_ib, killed_rank_fails_every_survivor_within_the_timeout, .timeout = 150)
+{
+    use_fakeverbs_or_skip();
+    killed_rank_run(BUILTIN_IB);
+}
+
+Test(net_builtin_ib, a_mismatch_fails_every_rank_at_once, .timeout = 90)
+{
+    use_fakeverbs_or_skip();
+    mismatch_run(BUILTIN_IB, 0);
+}
+
+/* With the system's libibverbs (no device on this machine), the verbs
+ * net's init fails, and so does the communicator's, with a sentence. */
+static void init_must_fail_without_a_verbs_device(struct cfx_test_rank *ctx)
+{
+    cfxComm_t comm = NULL;
+    cfx_test_step(ctx, "init with CFX_NET_PLUGIN=builtin:ib and no verbs device");
+    cfxResult_t res = cfxCommInitRank(&comm, ctx->nranks, ctx->id, ctx->rank);
+    RANK_ASSERT(ctx, res == cfxSystemError, "init returned %s", cfxGetErrorString(res));
+    const char *why = cfxGetLastError(NULL);
+    RANK_ASSERT(ctx, strstr(why, "\"IB\"") != NULL || strstr(why, "builtin:ib") != NULL,
+                "the sentence does not name the verbs net: %s", why);
+}
+
+Test(net_builtin_ib, without_a_verbs_device_init_fails_with_a_sentence, .timeout = 60)
+{
+    cfx_test_setenv("CFX_NET_PLUGIN", BUILTIN_IB);
+    cfx_test_setenv("CFX_TIMEOUT", "5");
+    struct cfx_test_options opts = {
+        .nranks = 2, .mode = CFX_TEST_PROCS, .deadline_s = 40, .before_rank = own_host};
+    char report[8192];
+    int ok = cfx_test_run(&opts, init_must_fail_without_a_verbs_device, report, sizeof(report));
+    cfx_test_setenv("CFX_NET_PLUGIN", NULL);
+    cfx_test_setenv("CFX_TIMEOUT", NULL);
+    cr_assert(ok, "%s", report);
 }

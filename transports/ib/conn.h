@@ -347,4 +347,15 @@ void cfx_ib_async_ready(void *arg, uint32_t events);
  * completed, posted slots not yet written, a credit owed). */
 int cfx_ib_conn_busy(const struct cfx_ib_conn *ic);
 
+/* ib.c, for the verbs net (net.c) too. */
+/* CFX_IB_TIMEOUT, _RETRY_CNT, _SL and _TC into @p ctx. */
+void cfx_ib_ctx_qp_params(struct cfx_ib_ctx *ctx);
+/* RTR then RTS: @p qp on @p port, to queue pair @p dest_qpn behind the port
+ * @p theirs describes, whose send queue starts at @p rq_psn; this side's
+ * starts at @p sq_psn. @p what names the queue pair in sentences. */
+cfxResult_t cfx_ib_qp_rtr_rts(struct cfx_ib_ctx *ctx, struct ibv_qp *qp,
+                              const struct cfx_ib_port *port, const struct cfx_ib_info_nic *theirs,
+                              uint32_t dest_qpn, uint32_t rq_psn, uint32_t sq_psn,
+                              const char *what);
+
 #endif /* CFX_TRANSPORTS_IB_CONN_H */

@@ -85,6 +85,14 @@ static int async_proxy_progress(void *arg)
     return 0;
 }
 
+void cfx_ib_ctx_qp_params(struct cfx_ib_ctx *ctx)
+{
+    ctx->timeout = (int)param_ib_timeout();
+    ctx->retry_cnt = (int)param_ib_retry_cnt();
+    ctx->sl = (int)param_ib_sl();
+    ctx->tc = (int)param_ib_tc();
+}
+
 /* Per-communicator state. Never fails for want of a device: the transport
  * is then only unusable (can_connect says no), and CFX_NET=IB turns that
  * into an error. */
@@ -95,10 +103,7 @@ static cfxResult_t ib_init(const struct cfx_transport_env *env, void **ctx_p)
         return cfx_error_set(cfxSystemError, CFX_LOG_NET, "ib: out of memory");
     memset(ctx, 0, sizeof(*ctx));
     ctx->rank = env->rank;
-    ctx->timeout = (int)param_ib_timeout();
-    ctx->retry_cnt = (int)param_ib_retry_cnt();
-    ctx->sl = (int)param_ib_sl();
-    ctx->tc = (int)param_ib_tc();
+    cfx_ib_ctx_qp_params(ctx);
     ctx->nic_path = env->nic_path;
     ctx->gdr_level = cfx_transport_gdr_level();
     ctx->dmabuf_enable = cfx_transport_dmabuf_enable();
@@ -236,7 +241,7 @@ static cfxResult_t qp_create(struct cfx_ib_ctx *ctx, struct cfx_ib_conn *ic, int
 /* RTR then RTS: @p qp on @p port, to queue pair @p dest_qpn behind the port
  * @p theirs describes, whose send queue starts at @p rq_psn; this side's
  * starts at @p sq_psn. @p what names the queue pair in sentences. */
-static cfxResult_t qp_rtr_rts(struct cfx_ib_ctx *ctx, struct ibv_qp *qp,
+cfxResult_t cfx_ib_qp_rtr_rts(struct cfx_ib_ctx *ctx, struct ibv_qp *qp,
                               const struct cfx_ib_port *port, const struct cfx_ib_info_nic *theirs,
                               uint32_t dest_qpn, uint32_t rq_psn, uint32_t sq_psn, const char *what)
 {
@@ -289,8 +294,9 @@ static cfxResult_t qp_connect(struct cfx_ib_ctx *ctx, struct cfx_ib_conn *ic,
     char what[96];
     snprintf(what, sizeof(what), "the queue pair to rank %d (%s, qpn %u)", ic->peer_rank,
              ic->peer_nic[q], peer->qpn[q]);
-    return qp_rtr_rts(ctx, ic->qp[q], &cfx_ib_qp_nic(ic, q)->port,
-                      &peer->nic[q % (int)peer->n_nics], peer->qpn[q], peer->psn, ic->psn, what);
+    return cfx_ib_qp_rtr_rts(ctx, ic->qp[q], &cfx_ib_qp_nic(ic, q)->port,
+                             &peer->nic[q % (int)peer->n_nics], peer->qpn[q], peer->psn, ic->psn,
+                             what);
 }
 
 /* GPUDirect RDMA for a GPU rank's connector on device @p device: how its
@@ -403,8 +409,8 @@ static cfxResult_t flush_qp_open(struct cfx_ib_ctx *ctx, struct cfx_ib_conn *ic)
                                    .mtu = (uint8_t)nic->port.mtu,
                                    .link_layer = (uint8_t)nic->port.link_layer};
     memcpy(self.gid, nic->port.gid.raw, sizeof(self.gid));
-    return qp_rtr_rts(ctx, ic->flush_qp, &nic->port, &self, ic->flush_qp->qp_num, ic->psn, ic->psn,
-                      "the flush's queue pair (connected to itself)");
+    return cfx_ib_qp_rtr_rts(ctx, ic->flush_qp, &nic->port, &self, ic->flush_qp->qp_num, ic->psn,
+                             ic->psn, "the flush's queue pair (connected to itself)");
 }
 
 /* Undo gdr_slots (any part of it). */

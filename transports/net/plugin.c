@@ -5,9 +5,9 @@
  * "foo", tries libnccl-net-foo.so first, then "foo" as it is (NCCL's
  * convention); anything with a slash is a path. The library is dlopened
  * and never closed (a plugin may have started threads). "builtin:socket"
- * loads nothing: Conflux's own socket net (builtin_socket.c), a v9 table,
- * goes behind the same face, the first of the byte movers Conflux
- * carries itself to do so.
+ * and "builtin:ib" load nothing: Conflux's own socket net
+ * (builtin_socket.c) or verbs net (transports/ib/net.c), v9 tables, go
+ * behind the same face.
  */
 #include <dlfcn.h>
 #include <pthread.h>
@@ -23,8 +23,8 @@
 
 CFX_PARAM_STR(net_plugin, "NET_PLUGIN", "",
               "NCCL net plugin carrying traffic between hosts: a path, a name foo for "
-              "libnccl-net-foo.so, or builtin:socket for Conflux's own socket net behind the "
-              "same interface (unset: none)");
+              "libnccl-net-foo.so, or builtin:socket / builtin:ib for Conflux's own socket or "
+              "verbs net behind the same interface (unset: none)");
 
 CFX_PARAM_STR(net_force_merge, "NET_FORCE_MERGE", "",
               "Devices of the net plugin merged into virtual devices (makeVDevice; NCCL's "
@@ -36,6 +36,8 @@ static int load_done;
 static cfxResult_t load_res;
 static char load_error[CFX_ERROR_MAX];
 static struct cfx_net_plugin plugin;
+/* The plugin's last warning, for the sentence of a failed load. */
+static char last_warning[256];
 
 #define BUILTIN_PREFIX "builtin:"
 
@@ -51,6 +53,12 @@ __attribute__((format(printf, 5, 6))) static void plugin_logger(ncclDebugLogLeve
                                                                                 : CFX_LOG_INFO;
     if (level == NCCL_LOG_NONE || fmt == NULL)
         return;
+    if (level == NCCL_LOG_WARN || level == NCCL_LOG_ABORT) { /* For a failed load's sentence. */
+        va_list copy;
+        va_start(copy, fmt);
+        vsnprintf(last_warning, sizeof(last_warning), fmt, copy);
+        va_end(copy);
+    }
     if (cfx_log_level_value < 0)
         cfx_log_init();
     if (cfx_log_level_value < (int)ours)
@@ -248,10 +256,12 @@ static int find_builtin(const char *spec)
 {
     if (strncmp(spec, BUILTIN_PREFIX, strlen(BUILTIN_PREFIX)) != 0)
         return 0;
-    if (strcasecmp(spec + strlen(BUILTIN_PREFIX), "socket") == 0) {
+    const char *name = spec + strlen(BUILTIN_PREFIX);
+    if (strcasecmp(name, "socket") == 0)
         plugin.v9 = &cfx_net_builtin_socket;
-        plugin.version = 9;
-    }
+    if (strcasecmp(name, "ib") == 0)
+        plugin.v9 = cfx_net_builtin_ib; /* NULL without the verbs headers. */
+    plugin.version = plugin.v9 != NULL ? 9 : 0;
     snprintf(plugin.path, sizeof(plugin.path), "%s", "Conflux's built-in net");
     plugin.builtin = 1;
     return 1;
@@ -261,9 +271,13 @@ static cfxResult_t load(const char *spec)
 {
     char tried[600];
     if (find_builtin(spec)) {
+        if (plugin.version == 0 && strcasecmp(spec, BUILTIN_PREFIX "ib") == 0)
+            LOAD_FAIL("net-plugin: CFX_NET_PLUGIN=%s, but this Conflux was built without the "
+                      "verbs headers (rdma-core's libibverbs-dev)",
+                      spec);
         if (plugin.version == 0)
-            LOAD_FAIL("net-plugin: CFX_NET_PLUGIN=%s names no built-in net (there is one: "
-                      "builtin:socket)",
+            LOAD_FAIL("net-plugin: CFX_NET_PLUGIN=%s names no built-in net (there are "
+                      "builtin:socket and builtin:ib)",
                       spec);
     } else {
         void *lib = open_library(spec, tried, sizeof(tried));
@@ -291,9 +305,13 @@ static cfxResult_t load(const char *spec)
     } else {
         res = plugin.version == 9 ? plugin.v9->init(plugin_logger) : plugin.v8->init(plugin_logger);
     }
-    if (res != ncclSuccess)
-        LOAD_FAIL("net-plugin: plugin %s (%s, v%d) failed init: %s", plugin.name, plugin.path,
-                  plugin.version, cfx_net_result_name(res));
+    if (res != ncclSuccess) {
+        char said[sizeof(last_warning) + 16] = "";
+        if (last_warning[0])
+            snprintf(said, sizeof(said), "; it said: %s", last_warning);
+        LOAD_FAIL("net-plugin: plugin %s (v%d, CFX_NET_PLUGIN=%.64s) failed init: %s%.200s",
+                  plugin.name, plugin.version, spec, cfx_net_result_name(res), said);
+    }
     res = NET_CALL(&plugin, devices, &plugin.n_devs);
     if (res != ncclSuccess)
         LOAD_FAIL("net-plugin: plugin %s (%s) failed devices(): %s", plugin.name, plugin.path,

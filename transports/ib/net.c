@@ -1,0 +1,851 @@
+/*
+ * The verbs net: Conflux's verbs byte mover as an ncclNet_v9-shaped table
+ * ("IB"), behind the net driver's one internal interface
+ * (transports/net/builtin.h; CFX_NET_PLUGIN=builtin:ib). The ports are the
+ * verbs transport's (device.c: active ports, CFX_IB_HCA, GID choice), and
+ * its queue pair settings (CFX_IB_TIMEOUT, _RETRY_CNT, _SL, _TC); only the
+ * plain RC subset of verbs is used.
+ *
+ * One RC queue pair per comm, set up over a TCP connection (the interface
+ * CFX_SOCKET_IFNAME picks) that stays open for the comm's life:
+ *   - the sender sends its queue pair's address and its clear-to-send FIFO
+ *     (BUILTIN_IB_REQUESTS records, registered for remote writes), the
+ *     receiver creates its queue pair, connects it (RTR, RTS), posts its
+ *     receives and answers with its own address; the sender connects and
+ *     sends one "ready" byte, and only then does either side return its
+ *     comm, so no write reaches a queue pair that is not ready for it;
+ *   - irecv k writes a clear-to-send record (the buffer's address, rkey and
+ *     size, with k + 1 at both ends) into record k mod n of the sender's
+ *     FIFO; isend k waits for that record (a NULL request until it is
+ *     there: call again) and RDMA-writes the message straight into the
+ *     buffer with RDMA_WRITE_WITH_IMM, the size as the immediate; the
+ *     receive completes when that immediate's completion arrives (in order,
+ *     on an RC queue pair), the send when its write completes;
+ *   - a completion in error fails the comm (ncclRemoteError for the peer
+ *     or the path gone), and so does the TCP connection closing under it,
+ *     which is how a receiver with nothing in flight learns that its
+ *     sender died.
+ * Host memory only (ptrSupport NCCL_PTR_HOST); regMr registers with the
+ * port's protection domain; nothing on the data path registers memory.
+ */
+#include "cfx_build_config.h"
+#include "transports/net/builtin.h"
+
+#if CFX_HAVE_VERBS
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/random.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "src/util/socket.h"
+#include "src/util/time.h"
+#include "transports/ib/conn.h"
+
+#define IBN_MAGIC       0x4346584e45544942ull /* "CFXNETIB" */
+#define IBN_REQUESTS    32                    /* Outstanding per comm; clear-to-send records. */
+#define IBN_SQ_DEPTH    (2 * IBN_REQUESTS + 8)
+#define IBN_CQ_DEPTH    (IBN_SQ_DEPTH + IBN_REQUESTS + 8)
+#define IBN_WR_CTS      ((uint64_t)1 << 32) /* A clear-to-send write; else a request index. */
+#define IBN_ALIVE_NS    (10 * 1000 * 1000)  /* How often test() looks at the TCP connection. */
+#define IBN_MAX_DEVS    IB_MAX_NICS
+
+static ncclDebugLogger_t logger;
+static struct cfx_ib_ctx ibn_ctx; /* The ports, once per process (init). */
+static int ibn_ready;
+static char ibn_dev_pci[IBN_MAX_DEVS][256];
+static union cfx_sockaddr ibn_oob_addr; /* Where the TCP connections listen. */
+
+__attribute__((format(printf, 3, 4))) static void ibn_log(ncclDebugLogLevel level, int line,
+                                                          const char *fmt, ...)
+{
+    if (logger == NULL)
+        return;
+    char text[512];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(text, sizeof(text), fmt, ap);
+    va_end(ap);
+    logger(level, NCCL_LOG_SUBSYS_NET, "transports/ib/net.c", line, "%s", text);
+}
+#define IBN_WARN(...) ibn_log(NCCL_LOG_WARN, __LINE__, __VA_ARGS__)
+#define IBN_INFO(...) ibn_log(NCCL_LOG_INFO, __LINE__, __VA_ARGS__)
+
+/* A clear-to-send record: `seq` and `check` are both k + 1 for irecv k;
+ * the NIC places a write in order, and the sender reads `check` first and
+ * `seq` last, so equal values mean a whole record. */
+struct ibn_cts {
+    uint64_t seq;
+    uint64_t addr;
+    uint64_t size;
+    uint32_t rkey;
+    uint32_t pad;
+    uint64_t check;
+};
+
+/* What each side sends the other over TCP. */
+struct ibn_info {
+    uint64_t magic;
+    uint64_t nonce; /* The listener's, from the handle. */
+    uint32_t qpn;
+    uint32_t psn;
+    uint64_t cts_addr; /* Sender: its clear-to-send FIFO. */
+    uint32_t cts_rkey;
+    uint32_t pad;
+    struct cfx_ib_info_nic nic;
+};
+
+struct ibn_handle {
+    uint64_t magic;
+    uint64_t nonce;
+    struct cfx_sockaddr_wire addr;
+    int32_t dev;
+    int32_t pad;
+    struct ibn_stage *stage; /* The sender's connect in progress (its copy of the handle). */
+};
+_Static_assert(sizeof(struct ibn_handle) <= NCCL_NET_HANDLE_MAXSIZE, "fits the handle");
+
+struct ibn_comm;
+
+struct ibn_request {
+    struct ibn_comm *comm;
+    int used, done;
+    uint64_t size;
+};
+
+struct ibn_comm {
+    int is_send;
+    int dev;
+    struct cfx_ib_nic *nic;
+    int fd; /* The TCP connection: setup, then liveness. */
+    struct ibv_cq *cq;
+    struct ibv_qp *qp;
+    int max_inline;
+    /* Sender: the FIFO the receiver writes into. Receiver: the sources
+     * of its writes (registered, for a NIC without inline data) and where
+     * they go. */
+    struct ibn_cts *cts;
+    struct ibv_mr *cts_mr;
+    uint64_t peer_cts_addr;
+    uint32_t peer_cts_rkey;
+    struct ibn_request req[IBN_REQUESTS];
+    int order[IBN_REQUESTS]; /* Requests not done, in posting order: [head, tail). */
+    unsigned head, tail;
+    uint64_t posted; /* isend/irecv calls that took a request: the next one's k. */
+    int sq_used;     /* Signaled send work requests not completed yet. */
+    ncclResult_t failed;
+    int64_t alive_ns; /* When test() last looked at the TCP connection. */
+};
+
+struct ibn_listen {
+    int fd;
+    int dev;
+    uint64_t nonce;
+    struct ibn_stage *pending; /* An accepted connection being set up. */
+};
+
+/* A connection being set up, on either side. */
+struct ibn_stage {
+    int fd;
+    int step; /* Sender: 0 connecting, 1 sending info, 2 receiving, 3 ready byte. */
+    struct ibn_comm *comm;
+    struct ibn_info mine, theirs;
+    size_t sent, got;
+};
+
+/* ------------------------------------------------------------ comms */
+
+static void comm_free(struct ibn_comm *c)
+{
+    if (c == NULL)
+        return;
+    const struct cfx_verbs_api *ibv = ibn_ctx.ibv;
+    if (c->qp)
+        ibv->destroy_qp(c->qp);
+    if (c->cq)
+        ibv->destroy_cq(c->cq);
+    if (c->cts_mr)
+        ibv->dereg_mr(c->cts_mr);
+    free(c->cts);
+    if (c->fd >= 0)
+        close(c->fd);
+    free(c);
+}
+
+/* A comm on device @p dev with its queue pair in INIT and its
+ * clear-to-send records registered; NULL (with a warning) on failure. */
+static struct ibn_comm *comm_new(int dev, int is_send)
+{
+    const struct cfx_verbs_api *ibv = ibn_ctx.ibv;
+    struct ibn_comm *c = calloc(1, sizeof(*c));
+    if (c == NULL)
+        return NULL;
+    c->fd = -1;
+    c->is_send = is_send;
+    c->dev = dev;
+    c->nic = &ibn_ctx.nic[dev];
+    for (int i = 0; i < IBN_REQUESTS; i++)
+        c->req[i].comm = c;
+    if (posix_memalign((void **)&c->cts, 4096, IBN_REQUESTS * sizeof(struct ibn_cts)) != 0) {
+        c->cts = NULL;
+        goto err;
+    }
+    memset(c->cts, 0, IBN_REQUESTS * sizeof(struct ibn_cts));
+    c->cts_mr = ibv->reg_mr(c->nic->pd, c->cts, IBN_REQUESTS * sizeof(struct ibn_cts),
+                            IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
+    c->cq = ibv->create_cq(c->nic->dev, IBN_CQ_DEPTH, NULL, NULL, 0);
+    if (c->cts_mr == NULL || c->cq == NULL)
+        goto err;
+    struct ibv_qp_init_attr init = {
+        .send_cq = c->cq,
+        .recv_cq = c->cq,
+        .cap = {.max_send_wr = IBN_SQ_DEPTH,
+                .max_recv_wr = IBN_REQUESTS,
+                .max_send_sge = 1,
+                .max_recv_sge = 1,
+                .max_inline_data = sizeof(struct ibn_cts)},
+        .qp_type = IBV_QPT_RC,
+    };
+    c->qp = ibv->create_qp(c->nic->pd, &init);
+    if (c->qp == NULL) {
+        init.cap.max_inline_data = 0; /* A NIC without inline data: sources are registered. */
+        c->qp = ibv->create_qp(c->nic->pd, &init);
+    }
+    if (c->qp == NULL)
+        goto err;
+    c->max_inline = (int)init.cap.max_inline_data;
+    struct ibv_qp_attr attr = {.qp_state = IBV_QPS_INIT,
+                               .pkey_index = 0,
+                               .port_num = (uint8_t)c->nic->port.port,
+                               .qp_access_flags = IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_LOCAL_WRITE};
+    if (ibv->modify_qp(c->qp, &attr,
+                       IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS) != 0)
+        goto err;
+    return c;
+
+err:
+    IBN_WARN("verbs net: cannot set up a queue pair on %s: %s", c->nic->port.label,
+             strerror(errno ? errno : ENOMEM));
+    comm_free(c);
+    return NULL;
+}
+
+/* This side's half of the setup exchange. */
+static void info_fill(const struct ibn_comm *c, uint64_t nonce, uint32_t psn, struct ibn_info *info)
+{
+    const struct cfx_ib_port *port = &c->nic->port;
+    memset(info, 0, sizeof(*info));
+    info->magic = IBN_MAGIC;
+    info->nonce = nonce;
+    info->qpn = c->qp->qp_num;
+    info->psn = psn;
+    info->cts_addr = (uint64_t)(uintptr_t)c->cts;
+    info->cts_rkey = c->cts_mr->rkey;
+    memcpy(info->nic.gid, port->gid.raw, sizeof(info->nic.gid));
+    info->nic.lid = port->lid;
+    info->nic.mtu = (uint8_t)port->mtu;
+    info->nic.link_layer = (uint8_t)port->link_layer;
+    snprintf(info->nic.name, sizeof(info->nic.name), "%.11s", port->label);
+}
+
+/* RTR and RTS towards the peer @p theirs describes. */
+static int comm_connect_qp(struct ibn_comm *c, const struct ibn_info *mine,
+                           const struct ibn_info *theirs)
+{
+    char what[96];
+    snprintf(what, sizeof(what), "the verbs net's queue pair to %.11s (qpn %u)", theirs->nic.name,
+             theirs->qpn);
+    if (cfx_ib_qp_rtr_rts(&ibn_ctx, c->qp, &c->nic->port, &theirs->nic, theirs->qpn, theirs->psn,
+                          mine->psn, what) != cfxSuccess) {
+        IBN_WARN("verbs net: cannot connect %s", what);
+        return -1;
+    }
+    c->peer_cts_addr = theirs->cts_addr;
+    c->peer_cts_rkey = theirs->cts_rkey;
+    return 0;
+}
+
+/* Receiver: one receive for an immediate (no buffer: the data is written). */
+static int post_imm_recv(struct ibn_comm *c)
+{
+    struct ibv_recv_wr wr = {.wr_id = 0, .sg_list = NULL, .num_sge = 0}, *bad = NULL;
+    return ibv_post_recv(c->qp, &wr, &bad);
+}
+
+/* ------------------------------------------------------------ non-blocking exchange */
+
+/* Moves what is left of @p len bytes at @p buf (*done_p so far): 1 when
+ * all moved, 0 to call again, -1 when the peer is gone or the call failed. */
+static int move_some(int fd, int out, void *buf, size_t len, size_t *done_p)
+{
+    while (*done_p < len) {
+        ssize_t n = out ? send(fd, (char *)buf + *done_p, len - *done_p, MSG_NOSIGNAL | MSG_DONTWAIT)
+                        : recv(fd, (char *)buf + *done_p, len - *done_p, MSG_DONTWAIT);
+        if (n < 0 && (errno == EAGAIN || errno == EINTR))
+            return 0;
+        if (n <= 0)
+            return -1;
+        *done_p += (size_t)n;
+    }
+    return 1;
+}
+
+static void stage_free(struct ibn_stage *st)
+{
+    if (st == NULL)
+        return;
+    if (st->comm != NULL)
+        comm_free(st->comm); /* Closes the fd it took. */
+    else if (st->fd >= 0)
+        close(st->fd);
+    free(st);
+}
+
+static uint32_t random_psn(void)
+{
+    uint32_t psn = 0;
+    if (getrandom(&psn, sizeof(psn), 0) != (ssize_t)sizeof(psn))
+        psn = (uint32_t)getpid();
+    return psn & 0xffffff;
+}
+
+/* ------------------------------------------------------------ the table */
+
+static ncclResult_t ibn_init(ncclDebugLogger_t log_function)
+{
+    logger = log_function;
+    if (ibn_ready)
+        return ncclSuccess;
+    const char *why = NULL;
+    ibn_ctx.rank = -1;
+    ibn_ctx.ibv = cfx_verbs_api(&why);
+    if (ibn_ctx.ibv == NULL) {
+        IBN_WARN("verbs net: %s", why ? why : "libibverbs cannot be loaded");
+        return ncclSystemError;
+    }
+    cfx_ib_ctx_qp_params(&ibn_ctx);
+    if (cfx_ib_device_open(&ibn_ctx) != cfxSuccess) {
+        IBN_WARN("verbs net: %s", ibn_ctx.why_not);
+        return ncclSystemError;
+    }
+    char ifname[64];
+    if (cfx_socket_pick_address(&ibn_oob_addr, ifname, sizeof(ifname)) != cfxSuccess) {
+        IBN_WARN("verbs net: no interface for its setup connections (CFX_SOCKET_IFNAME)");
+        cfx_ib_device_close(&ibn_ctx);
+        return ncclSystemError;
+    }
+    for (int d = 0; d < ibn_ctx.n_nics; d++) {
+        char path[128];
+        snprintf(path, sizeof(path), "/sys/class/infiniband/%s/device",
+                 ibn_ctx.nic[d].port.dev_name);
+        if (realpath(path, ibn_dev_pci[d]) == NULL)
+            ibn_dev_pci[d][0] = '\0';
+    }
+    ibn_ready = 1;
+    IBN_INFO("verbs net: %d port(s), setup connections over %s", ibn_ctx.n_nics, ifname);
+    return ncclSuccess;
+}
+
+static ncclResult_t ibn_devices(int *ndev)
+{
+    *ndev = ibn_ready ? ibn_ctx.n_nics : 0;
+    return ncclSuccess;
+}
+
+static ncclResult_t ibn_get_properties(int dev, ncclNetProperties_v9_t *props)
+{
+    if (!ibn_ready || dev < 0 || dev >= ibn_ctx.n_nics)
+        return ncclInvalidArgument;
+    struct cfx_ib_port *port = &ibn_ctx.nic[dev].port;
+    struct ibv_port_attr attr;
+    int speed = 100000;
+    if (ibn_ctx.ibv->query_port(ibn_ctx.nic[dev].dev, (uint8_t)port->port, &attr) == 0) {
+        /* Per lane Mbps by speed code, times the lanes (NCCL's table). */
+        static const int lane_mbps[] = {2500, 5000, 10000, 10000, 14000, 25000, 50000, 100000};
+        int code = 0;
+        while (code < 7 && !(attr.active_speed & (1u << code)))
+            code++;
+        int lanes = attr.active_width == 2 ? 4 : attr.active_width == 4 ? 8 : attr.active_width == 8 ? 12 : 1;
+        speed = lane_mbps[code] * lanes;
+    }
+    memset(props, 0, sizeof(*props));
+    props->name = port->dev_name;
+    props->pciPath = ibn_dev_pci[dev][0] ? ibn_dev_pci[dev] : NULL;
+    props->guid = (uint64_t)dev;
+    props->ptrSupport = NCCL_PTR_HOST;
+    props->speed = speed;
+    props->port = port->port;
+    props->maxComms = 65536;
+    props->maxRecvs = 1;
+    props->netDeviceType = NCCL_NET_DEVICE_HOST;
+    props->vProps.ndevs = 1;
+    props->vProps.devs[0] = dev;
+    props->maxP2pBytes = (size_t)1 << 31;
+    props->maxCollBytes = (size_t)1 << 31;
+    return ncclSuccess;
+}
+
+static ncclResult_t ibn_listen(int dev, void *handle_v, void **listen_comm)
+{
+    if (!ibn_ready || dev < 0 || dev >= ibn_ctx.n_nics)
+        return ncclInvalidArgument;
+    struct ibn_listen *l = calloc(1, sizeof(*l));
+    if (l == NULL)
+        return ncclSystemError;
+    union cfx_sockaddr bound;
+    if (cfx_socket_listen(&ibn_oob_addr, &l->fd, &bound) != cfxSuccess) {
+        IBN_WARN("verbs net: cannot listen for setup connections");
+        free(l);
+        return ncclSystemError;
+    }
+    if (getrandom(&l->nonce, sizeof(l->nonce), 0) != (ssize_t)sizeof(l->nonce))
+        l->nonce = (uint64_t)(uintptr_t)l ^ (uint64_t)getpid() << 32;
+    l->dev = dev;
+    struct ibn_handle *handle = handle_v;
+    memset(handle, 0, sizeof(*handle));
+    handle->magic = IBN_MAGIC;
+    handle->nonce = l->nonce;
+    handle->dev = dev;
+    cfx_socket_addr_to_wire(&bound, &handle->addr);
+    *listen_comm = l;
+    return ncclSuccess;
+}
+
+static ncclResult_t connect_fail(struct ibn_handle *handle, const char *what)
+{
+    IBN_WARN("verbs net: connect failed: %s", what);
+    stage_free(handle->stage);
+    handle->stage = NULL;
+    return ncclRemoteError;
+}
+
+static ncclResult_t ibn_connect(int dev, void *handle_v, void **send_comm,
+                                ncclNetDeviceHandle_v9_t **send_dev_comm)
+{
+    struct ibn_handle *handle = handle_v;
+    *send_comm = NULL;
+    if (send_dev_comm != NULL)
+        *send_dev_comm = NULL;
+    if (!ibn_ready || dev < 0 || dev >= ibn_ctx.n_nics || handle->magic != IBN_MAGIC)
+        return ncclInvalidArgument;
+    struct ibn_stage *st = handle->stage;
+    if (st == NULL) {
+        union cfx_sockaddr addr;
+        if (cfx_socket_addr_from_wire(&handle->addr, &addr) != cfxSuccess)
+            return ncclInvalidArgument;
+        st = calloc(1, sizeof(*st));
+        if (st == NULL)
+            return ncclSystemError;
+        st->fd = -1;
+        handle->stage = st;
+        st->comm = comm_new(dev, 1);
+        if (st->comm == NULL)
+            return connect_fail(handle, "no queue pair");
+        st->fd = socket(addr.sa.sa_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+        st->comm->fd = st->fd;
+        if (st->fd < 0 || (connect(st->fd, &addr.sa, cfx_socket_addr_len(&addr)) != 0 &&
+                           errno != EINPROGRESS))
+            return connect_fail(handle, strerror(errno));
+        info_fill(st->comm, handle->nonce, random_psn(), &st->mine);
+    }
+    if (st->step == 0) {
+        struct pollfd pfd = {.fd = st->fd, .events = POLLOUT};
+        if (poll(&pfd, 1, 0) <= 0)
+            return ncclSuccess;
+        int err = 0;
+        socklen_t len = sizeof(err);
+        if (getsockopt(st->fd, SOL_SOCKET, SO_ERROR, &err, &len) != 0 || err != 0)
+            return connect_fail(handle, strerror(err ? err : errno));
+        int one = 1;
+        setsockopt(st->fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+        st->step = 1;
+    }
+    if (st->step == 1) {
+        int r = move_some(st->fd, 1, &st->mine, sizeof(st->mine), &st->sent);
+        if (r < 0)
+            return connect_fail(handle, "the listener went away");
+        if (r == 0)
+            return ncclSuccess;
+        st->step = 2;
+    }
+    if (st->step == 2) {
+        int r = move_some(st->fd, 0, &st->theirs, sizeof(st->theirs), &st->got);
+        if (r < 0)
+            return connect_fail(handle, "the listener went away");
+        if (r == 0)
+            return ncclSuccess;
+        if (st->theirs.magic != IBN_MAGIC || st->theirs.nonce != handle->nonce)
+            return connect_fail(handle, "the listener answered with something else");
+        if (comm_connect_qp(st->comm, &st->mine, &st->theirs) != 0)
+            return connect_fail(handle, "the queue pair did not connect");
+        st->step = 3;
+        st->sent = 0;
+    }
+    static const char ready = 'R';
+    int r = move_some(st->fd, 1, (void *)&ready, 1, &st->sent);
+    if (r < 0)
+        return connect_fail(handle, "the listener went away");
+    if (r == 0)
+        return ncclSuccess;
+    *send_comm = st->comm;
+    st->comm = NULL;
+    free(st);
+    handle->stage = NULL;
+    return ncclSuccess;
+}
+
+static ncclResult_t ibn_accept(void *listen_comm, void **recv_comm,
+                               ncclNetDeviceHandle_v9_t **recv_dev_comm)
+{
+    struct ibn_listen *l = listen_comm;
+    *recv_comm = NULL;
+    if (recv_dev_comm != NULL)
+        *recv_dev_comm = NULL;
+    struct ibn_stage *st = l->pending;
+    if (st == NULL) {
+        int fd = accept4(l->fd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
+        if (fd < 0)
+            return errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR ||
+                           errno == ECONNABORTED
+                       ? ncclSuccess
+                       : ncclSystemError;
+        int one = 1;
+        setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+        st = calloc(1, sizeof(*st));
+        if (st == NULL) {
+            close(fd);
+            return ncclSystemError;
+        }
+        st->fd = fd;
+        l->pending = st;
+    }
+    if (st->step == 0) {
+        int r = move_some(st->fd, 0, &st->theirs, sizeof(st->theirs), &st->got);
+        if (r == 0)
+            return ncclSuccess;
+        if (r < 0 || st->theirs.magic != IBN_MAGIC || st->theirs.nonce != l->nonce) {
+            IBN_WARN("verbs net: dropped a setup connection that did not say hello");
+            goto drop;
+        }
+        st->comm = comm_new(l->dev, 0);
+        if (st->comm == NULL)
+            goto drop;
+        st->comm->fd = st->fd;
+        info_fill(st->comm, l->nonce, random_psn(), &st->mine);
+        for (int i = 0; i < IBN_REQUESTS; i++)
+            if (post_imm_recv(st->comm) != 0) {
+                IBN_WARN("verbs net: cannot post receives: %s", strerror(errno));
+                goto drop;
+            }
+        if (comm_connect_qp(st->comm, &st->mine, &st->theirs) != 0)
+            goto drop;
+        st->step = 1;
+    }
+    if (st->step == 1) {
+        int r = move_some(st->fd, 1, &st->mine, sizeof(st->mine), &st->sent);
+        if (r < 0)
+            goto drop;
+        if (r == 0)
+            return ncclSuccess;
+        st->step = 2;
+        st->got = 0;
+    }
+    char ready = 0;
+    int r = move_some(st->fd, 0, &ready, 1, &st->got);
+    if (r < 0 || (r > 0 && ready != 'R'))
+        goto drop;
+    if (r == 0)
+        return ncclSuccess;
+    *recv_comm = st->comm;
+    st->comm = NULL;
+    free(st);
+    l->pending = NULL;
+    return ncclSuccess;
+
+drop:
+    stage_free(st);
+    l->pending = NULL;
+    return ncclSuccess; /* Not this connection; the next may be the one. */
+}
+
+static ncclResult_t ibn_reg_mr(void *comm, void *data, size_t size, int type, void **mhandle)
+{
+    struct ibn_comm *c = comm;
+    if (type != NCCL_PTR_HOST || c == NULL)
+        return ncclInvalidArgument;
+    struct ibv_mr *mr =
+        ibn_ctx.ibv->reg_mr(c->nic->pd, data, size,
+                            IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ);
+    if (mr == NULL) {
+        IBN_WARN("verbs net: cannot register %zu bytes at %p on %s: %s", size, data,
+                 c->nic->port.label, strerror(errno));
+        return ncclSystemError;
+    }
+    *mhandle = mr;
+    return ncclSuccess;
+}
+
+static ncclResult_t ibn_dereg_mr(void *comm, void *mhandle)
+{
+    (void)comm;
+    if (mhandle != NULL)
+        ibn_ctx.ibv->dereg_mr(mhandle);
+    return ncclSuccess;
+}
+
+/* A free request queued last, with k = posted; NULL when all are taken. */
+static struct ibn_request *request_take(struct ibn_comm *c, int *index_p)
+{
+    if (c->tail - c->head == IBN_REQUESTS)
+        return NULL;
+    for (int i = 0; i < IBN_REQUESTS; i++)
+        if (!c->req[i].used) {
+            c->req[i].used = 1;
+            c->req[i].done = 0;
+            c->req[i].size = 0;
+            c->order[c->tail++ % IBN_REQUESTS] = i;
+            *index_p = i;
+            return &c->req[i];
+        }
+    return NULL;
+}
+
+static ncclResult_t comm_fail(struct ibn_comm *c, ncclResult_t res, const char *why)
+{
+    if (c->failed == ncclSuccess) {
+        c->failed = res;
+        IBN_WARN("verbs net: %s comm on %s failed: %s", c->is_send ? "send" : "receive",
+                 c->nic->port.label, why);
+    }
+    return c->failed;
+}
+
+static ncclResult_t ibn_isend(void *send_comm, void *data, size_t size, int tag, void *mhandle,
+                              void **request)
+{
+    (void)tag;
+    struct ibn_comm *c = send_comm;
+    *request = NULL;
+    if (c->failed != ncclSuccess)
+        return c->failed;
+    struct ibn_cts *cts = &c->cts[c->posted % IBN_REQUESTS];
+    uint64_t want = c->posted + 1;
+    if (__atomic_load_n(&cts->check, __ATOMIC_ACQUIRE) != want)
+        return ncclSuccess; /* Its receive is not posted yet. */
+    uint64_t addr = __atomic_load_n(&cts->addr, __ATOMIC_RELAXED);
+    uint64_t room = __atomic_load_n(&cts->size, __ATOMIC_RELAXED);
+    uint32_t rkey = __atomic_load_n(&cts->rkey, __ATOMIC_RELAXED);
+    if (__atomic_load_n(&cts->seq, __ATOMIC_ACQUIRE) != want)
+        return ncclSuccess;
+    if (size > room) {
+        char why[96];
+        snprintf(why, sizeof(why), "a message of %zu bytes for a receive of %llu", size,
+                 (unsigned long long)room);
+        return comm_fail(c, ncclInvalidUsage, why);
+    }
+    if (c->sq_used >= IBN_SQ_DEPTH)
+        return ncclSuccess;
+    int index = 0;
+    struct ibn_request *r = request_take(c, &index);
+    if (r == NULL)
+        return ncclSuccess;
+    struct ibv_mr *mr = mhandle;
+    struct ibv_sge sge = {.addr = (uint64_t)(uintptr_t)data,
+                          .length = (uint32_t)size,
+                          .lkey = mr ? mr->lkey : 0};
+    struct ibv_send_wr wr = {.wr_id = (uint64_t)index,
+                             .sg_list = size ? &sge : NULL,
+                             .num_sge = size ? 1 : 0,
+                             .opcode = IBV_WR_RDMA_WRITE_WITH_IMM,
+                             .send_flags = IBV_SEND_SIGNALED,
+                             .imm_data = htonl((uint32_t)size),
+                             .wr = {.rdma = {.remote_addr = addr, .rkey = rkey}}},
+                       *bad = NULL;
+    if (ibv_post_send(c->qp, &wr, &bad) != 0) {
+        r->used = 0;
+        c->tail--;
+        return comm_fail(c, ncclSystemError, "ibv_post_send of a message failed");
+    }
+    r->size = size;
+    c->sq_used++;
+    c->posted++;
+    *request = r;
+    return ncclSuccess;
+}
+
+static ncclResult_t ibn_irecv(void *recv_comm, int n, void **data, size_t *sizes, int *tags,
+                              void **mhandles, void **request)
+{
+    (void)tags;
+    struct ibn_comm *c = recv_comm;
+    *request = NULL;
+    if (n != 1)
+        return ncclInvalidArgument; /* maxRecvs is 1. */
+    if (c->failed != ncclSuccess)
+        return c->failed;
+    if (c->sq_used >= IBN_SQ_DEPTH)
+        return ncclSuccess;
+    int index = 0;
+    struct ibn_request *r = request_take(c, &index);
+    if (r == NULL)
+        return ncclSuccess;
+    uint64_t k = c->posted;
+    struct ibn_cts *src = &c->cts[k % IBN_REQUESTS];
+    struct ibv_mr *mr = mhandles[0];
+    *src = (struct ibn_cts){.seq = k + 1,
+                            .addr = (uint64_t)(uintptr_t)data[0],
+                            .size = sizes[0],
+                            .rkey = mr ? mr->rkey : 0,
+                            .check = k + 1};
+    struct ibv_sge sge = {.addr = (uint64_t)(uintptr_t)src,
+                          .length = sizeof(*src),
+                          .lkey = c->cts_mr->lkey};
+    struct ibv_send_wr wr = {
+        .wr_id = IBN_WR_CTS,
+        .sg_list = &sge,
+        .num_sge = 1,
+        .opcode = IBV_WR_RDMA_WRITE,
+        .send_flags = IBV_SEND_SIGNALED |
+                      (c->max_inline >= (int)sizeof(*src) ? IBV_SEND_INLINE : 0),
+        .wr = {.rdma = {.remote_addr = c->peer_cts_addr + (k % IBN_REQUESTS) * sizeof(*src),
+                        .rkey = c->peer_cts_rkey}}},
+                       *bad = NULL;
+    if (ibv_post_send(c->qp, &wr, &bad) != 0) {
+        r->used = 0;
+        c->tail--;
+        return comm_fail(c, ncclSystemError, "ibv_post_send of a clear-to-send failed");
+    }
+    c->sq_used++;
+    c->posted++;
+    *request = r;
+    return ncclSuccess;
+}
+
+/* Completions so far; the TCP connection every IBN_ALIVE_NS. */
+static ncclResult_t comm_progress(struct ibn_comm *c)
+{
+    struct ibv_wc wc[16];
+    int n;
+    while ((n = ibv_poll_cq(c->cq, 16, wc)) > 0) {
+        for (int i = 0; i < n; i++) {
+            if (wc[i].status != IBV_WC_SUCCESS) {
+                char why[160];
+                snprintf(why, sizeof(why), "a completion in error: %s (%d)%s",
+                         ibn_ctx.ibv->wc_status_str(wc[i].status), (int)wc[i].status,
+                         wc[i].status == IBV_WC_RETRY_EXC_ERR ? ": the peer or the path is gone"
+                                                              : "");
+                return comm_fail(c,
+                                 wc[i].status == IBV_WC_RETRY_EXC_ERR ||
+                                         wc[i].status == IBV_WC_REM_ACCESS_ERR ||
+                                         wc[i].status == IBV_WC_REM_OP_ERR ||
+                                         wc[i].status == IBV_WC_WR_FLUSH_ERR
+                                     ? ncclRemoteError
+                                     : ncclSystemError,
+                                 why);
+            }
+            if (wc[i].opcode & IBV_WC_RECV) { /* A message arrived: the oldest receive's. */
+                if (c->head == c->tail)
+                    return comm_fail(c, ncclInternalError, "a message with no receive posted");
+                struct ibn_request *r = &c->req[c->order[c->head++ % IBN_REQUESTS]];
+                r->size = ntohl(wc[i].imm_data);
+                r->done = 1;
+                if (post_imm_recv(c) != 0)
+                    return comm_fail(c, ncclSystemError, "ibv_post_recv failed");
+                continue;
+            }
+            c->sq_used--;
+            if (wc[i].wr_id == IBN_WR_CTS)
+                continue;
+            struct ibn_request *r = &c->req[wc[i].wr_id % IBN_REQUESTS];
+            r->done = 1;
+            while (c->head != c->tail && c->req[c->order[c->head % IBN_REQUESTS]].done)
+                c->head++;
+        }
+    }
+    if (n < 0)
+        return comm_fail(c, ncclSystemError, "ibv_poll_cq failed");
+    int64_t now = cfx_time_now_ns();
+    if (now - c->alive_ns >= IBN_ALIVE_NS) {
+        c->alive_ns = now;
+        char byte;
+        ssize_t got = recv(c->fd, &byte, 1, MSG_DONTWAIT | MSG_PEEK);
+        if (got == 0 || (got < 0 && errno != EAGAIN && errno != EINTR))
+            return comm_fail(c, ncclRemoteError, "the peer closed its setup connection (gone)");
+    }
+    return ncclSuccess;
+}
+
+static ncclResult_t ibn_test(void *request, int *done, int *sizes)
+{
+    struct ibn_request *r = request;
+    struct ibn_comm *c = r->comm;
+    *done = 0;
+    if (!r->done) {
+        ncclResult_t res = comm_progress(c);
+        if (res != ncclSuccess)
+            return res;
+    }
+    if (!r->done)
+        return c->failed;
+    *done = 1;
+    if (sizes != NULL)
+        *sizes = (int)r->size;
+    r->used = 0;
+    return ncclSuccess;
+}
+
+static ncclResult_t ibn_close_comm(void *comm)
+{
+    comm_free(comm);
+    return ncclSuccess;
+}
+
+static ncclResult_t ibn_close_listen(void *listen_comm)
+{
+    struct ibn_listen *l = listen_comm;
+    if (l != NULL) {
+        stage_free(l->pending);
+        close(l->fd);
+        free(l);
+    }
+    return ncclSuccess;
+}
+
+static const ncclNet_v9_t ibn_table = {
+    .name = "IB",
+    .init = ibn_init,
+    .devices = ibn_devices,
+    .getProperties = ibn_get_properties,
+    .listen = ibn_listen,
+    .connect = ibn_connect,
+    .accept = ibn_accept,
+    .regMr = ibn_reg_mr,
+    .regMrDmaBuf = NULL,
+    .deregMr = ibn_dereg_mr,
+    .isend = ibn_isend,
+    .irecv = ibn_irecv,
+    .iflush = NULL,
+    .test = ibn_test,
+    .closeSend = ibn_close_comm,
+    .closeRecv = ibn_close_comm,
+    .closeListen = ibn_close_listen,
+    .getDeviceMr = NULL,
+    .irecvConsumed = NULL,
+    .makeVDevice = NULL,
+};
+
+const ncclNet_v9_t *const cfx_net_builtin_ib = &ibn_table;
+
+#else /* !CFX_HAVE_VERBS */
+
+const ncclNet_v9_t *const cfx_net_builtin_ib = NULL;
+
+#endif /* CFX_HAVE_VERBS */
