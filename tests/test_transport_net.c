@@ -200,6 +200,27 @@ Test(net_plugin, broadcast_and_allgather_over_the_plugin_3_ranks, .timeout = 150
 
 /* ------------------------------------------------------------ failures */
 
+/* Runs @p fn, whose init must fail, on 2 processes, each its own host,
+ * with CFX_NET_PLUGIN=@p spec, @p var=@p value (@p var NULL: none) and
+ * CFX_TIMEOUT=5; @p arg for the ranks. */
+static void init_fail_run(const char *spec, const char *var, const char *value, cfx_test_rank_fn fn,
+                          void *arg)
+{
+    cfx_test_setenv("CFX_NET_PLUGIN", spec);
+    if (var != NULL)
+        cfx_test_setenv(var, value);
+    cfx_test_setenv("CFX_TIMEOUT", "5");
+    struct cfx_test_options opts = {
+        .nranks = 2, .mode = CFX_TEST_PROCS, .deadline_s = 40, .before_rank = own_host, .arg = arg};
+    char report[8192];
+    int ok = cfx_test_run(&opts, fn, report, sizeof(report));
+    cfx_test_setenv("CFX_NET_PLUGIN", NULL);
+    if (var != NULL)
+        cfx_test_setenv(var, NULL);
+    cfx_test_setenv("CFX_TIMEOUT", NULL);
+    cr_assert(ok, "%s", report);
+}
+
 static void init_must_fail_naming_the_plugin(struct cfx_test_rank *ctx)
 {
     const char *spec = ctx->arg;
@@ -214,18 +235,7 @@ static void init_must_fail_naming_the_plugin(struct cfx_test_rank *ctx)
 
 static void plugin_must_not_load(const char *spec)
 {
-    cfx_test_setenv("CFX_NET_PLUGIN", spec);
-    cfx_test_setenv("CFX_TIMEOUT", "5");
-    struct cfx_test_options opts = {.nranks = 2,
-                                    .mode = CFX_TEST_PROCS,
-                                    .deadline_s = 40,
-                                    .before_rank = own_host,
-                                    .arg = (void *)spec};
-    char report[8192];
-    int ok = cfx_test_run(&opts, init_must_fail_naming_the_plugin, report, sizeof(report));
-    cfx_test_setenv("CFX_NET_PLUGIN", NULL);
-    cfx_test_setenv("CFX_TIMEOUT", NULL);
-    cr_assert(ok, "%s", report);
+    init_fail_run(spec, NULL, NULL, init_must_fail_naming_the_plugin, (void *)spec);
 }
 
 Test(net_plugin, a_plugin_that_does_not_load_fails_init_with_a_sentence, .timeout = 60)
@@ -334,17 +344,8 @@ static void init_must_fail_naming_cfx_net(struct cfx_test_rank *ctx)
 
 Test(net_plugin, cfx_net_naming_no_network_fails_init_with_a_sentence, .timeout = 60)
 {
-    cfx_test_setenv("CFX_NET_PLUGIN", test_plugin("CFX_TEST_NET_PLUGIN"));
-    cfx_test_setenv("CFX_NET", "carrier-pigeon");
-    cfx_test_setenv("CFX_TIMEOUT", "5");
-    struct cfx_test_options opts = {
-        .nranks = 2, .mode = CFX_TEST_PROCS, .deadline_s = 40, .before_rank = own_host};
-    char report[8192];
-    int ok = cfx_test_run(&opts, init_must_fail_naming_cfx_net, report, sizeof(report));
-    cfx_test_setenv("CFX_NET_PLUGIN", NULL);
-    cfx_test_setenv("CFX_NET", NULL);
-    cfx_test_setenv("CFX_TIMEOUT", NULL);
-    cr_assert(ok, "%s", report);
+    init_fail_run(test_plugin("CFX_TEST_NET_PLUGIN"), "CFX_NET", "carrier-pigeon",
+                  init_must_fail_naming_cfx_net, NULL);
 }
 
 static void init_must_fail_for_want_of_a_device(struct cfx_test_rank *ctx)
@@ -361,17 +362,8 @@ static void init_must_fail_for_want_of_a_device(struct cfx_test_rank *ctx)
 
 Test(net_plugin, a_plugin_without_devices_fails_init_with_a_sentence, .timeout = 60)
 {
-    cfx_test_setenv("CFX_NET_PLUGIN", test_plugin("CFX_TEST_NET_PLUGIN"));
-    cfx_test_setenv("CFXTEST_NDEV", "0");
-    cfx_test_setenv("CFX_TIMEOUT", "5");
-    struct cfx_test_options opts = {
-        .nranks = 2, .mode = CFX_TEST_PROCS, .deadline_s = 40, .before_rank = own_host};
-    char report[8192];
-    int ok = cfx_test_run(&opts, init_must_fail_for_want_of_a_device, report, sizeof(report));
-    cfx_test_setenv("CFX_NET_PLUGIN", NULL);
-    cfx_test_setenv("CFXTEST_NDEV", NULL);
-    cfx_test_setenv("CFX_TIMEOUT", NULL);
-    cr_assert(ok, "%s", report);
+    init_fail_run(test_plugin("CFX_TEST_NET_PLUGIN"), "CFXTEST_NDEV", "0",
+                  init_must_fail_for_want_of_a_device, NULL);
 }
 
 /* ------------------------------------------------------------ virtual devices */
@@ -433,22 +425,10 @@ static void init_must_fail_saying(struct cfx_test_rank *ctx)
 
 static void merge_must_fail(const char *var, const char *merge, const char *needle)
 {
-    cfx_test_setenv("CFX_NET_PLUGIN", test_plugin(var));
     cfx_test_setenv("CFXTEST_NDEV", "2");
-    cfx_test_setenv("CFX_NET_FORCE_MERGE", merge);
-    cfx_test_setenv("CFX_TIMEOUT", "5");
-    struct cfx_test_options opts = {.nranks = 2,
-                                    .mode = CFX_TEST_PROCS,
-                                    .deadline_s = 40,
-                                    .before_rank = own_host,
-                                    .arg = (void *)needle};
-    char report[8192];
-    int ok = cfx_test_run(&opts, init_must_fail_saying, report, sizeof(report));
-    cfx_test_setenv("CFX_NET_PLUGIN", NULL);
+    init_fail_run(test_plugin(var), "CFX_NET_FORCE_MERGE", merge, init_must_fail_saying,
+                  (void *)needle);
     cfx_test_setenv("CFXTEST_NDEV", NULL);
-    cfx_test_setenv("CFX_NET_FORCE_MERGE", NULL);
-    cfx_test_setenv("CFX_TIMEOUT", NULL);
-    cr_assert(ok, "%s", report);
 }
 
 Test(net_plugin, a_merge_naming_an_unknown_device_fails_init_with_a_sentence, .timeout = 60)
@@ -913,13 +893,5 @@ static void init_must_fail_without_a_verbs_device(struct cfx_test_rank *ctx)
 
 Test(net_builtin_ib, without_a_verbs_device_init_fails_with_a_sentence, .timeout = 60)
 {
-    cfx_test_setenv("CFX_NET_PLUGIN", BUILTIN_IB);
-    cfx_test_setenv("CFX_TIMEOUT", "5");
-    struct cfx_test_options opts = {
-        .nranks = 2, .mode = CFX_TEST_PROCS, .deadline_s = 40, .before_rank = own_host};
-    char report[8192];
-    int ok = cfx_test_run(&opts, init_must_fail_without_a_verbs_device, report, sizeof(report));
-    cfx_test_setenv("CFX_NET_PLUGIN", NULL);
-    cfx_test_setenv("CFX_TIMEOUT", NULL);
-    cr_assert(ok, "%s", report);
+    init_fail_run(BUILTIN_IB, NULL, NULL, init_must_fail_without_a_verbs_device, NULL);
 }

@@ -50,13 +50,13 @@
 #include "src/util/time.h"
 #include "transports/ib/conn.h"
 
-#define IBN_MAGIC       0x4346584e45544942ull /* "CFXNETIB" */
-#define IBN_REQUESTS    32                    /* Outstanding per comm; clear-to-send records. */
-#define IBN_SQ_DEPTH    (2 * IBN_REQUESTS + 8)
-#define IBN_CQ_DEPTH    (IBN_SQ_DEPTH + IBN_REQUESTS + 8)
-#define IBN_WR_CTS      ((uint64_t)1 << 32) /* A clear-to-send write; else a request index. */
-#define IBN_ALIVE_NS    (10 * 1000 * 1000)  /* How often test() looks at the TCP connection. */
-#define IBN_MAX_DEVS    IB_MAX_NICS
+#define IBN_MAGIC    0x4346584e45544942ull /* "CFXNETIB" */
+#define IBN_REQUESTS 32                    /* Outstanding per comm; clear-to-send records. */
+#define IBN_SQ_DEPTH (2 * IBN_REQUESTS + 8)
+#define IBN_CQ_DEPTH (IBN_SQ_DEPTH + IBN_REQUESTS + 8)
+#define IBN_WR_CTS   ((uint64_t)1 << 32) /* A clear-to-send write; else a request index. */
+#define IBN_ALIVE_NS (10 * 1000 * 1000)  /* How often test() looks at the TCP connection. */
+#define IBN_MAX_DEVS IB_MAX_NICS
 
 static ncclDebugLogger_t logger;
 static struct cfx_ib_ctx ibn_ctx; /* The ports, once per process (init). */
@@ -287,8 +287,9 @@ static int post_imm_recv(struct ibn_comm *c)
 static int move_some(int fd, int out, void *buf, size_t len, size_t *done_p)
 {
     while (*done_p < len) {
-        ssize_t n = out ? send(fd, (char *)buf + *done_p, len - *done_p, MSG_NOSIGNAL | MSG_DONTWAIT)
-                        : recv(fd, (char *)buf + *done_p, len - *done_p, MSG_DONTWAIT);
+        ssize_t n =
+            out ? send(fd, (char *)buf + *done_p, len - *done_p, MSG_NOSIGNAL | MSG_DONTWAIT)
+                : recv(fd, (char *)buf + *done_p, len - *done_p, MSG_DONTWAIT);
         if (n < 0 && (errno == EAGAIN || errno == EINTR))
             return 0;
         if (n <= 0)
@@ -373,7 +374,10 @@ static ncclResult_t ibn_get_properties(int dev, ncclNetProperties_v9_t *props)
         int code = 0;
         while (code < 7 && !(attr.active_speed & (1u << code)))
             code++;
-        int lanes = attr.active_width == 2 ? 4 : attr.active_width == 4 ? 8 : attr.active_width == 8 ? 12 : 1;
+        int lanes = attr.active_width == 2   ? 4
+                    : attr.active_width == 4 ? 8
+                    : attr.active_width == 8 ? 12
+                                             : 1;
         speed = lane_mbps[code] * lanes;
     }
     memset(props, 0, sizeof(*props));
@@ -451,8 +455,8 @@ static ncclResult_t ibn_connect(int dev, void *handle_v, void **send_comm,
             return connect_fail(handle, "no queue pair");
         st->fd = socket(addr.sa.sa_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
         st->comm->fd = st->fd;
-        if (st->fd < 0 || (connect(st->fd, &addr.sa, cfx_socket_addr_len(&addr)) != 0 &&
-                           errno != EINPROGRESS))
+        if (st->fd < 0 ||
+            (connect(st->fd, &addr.sa, cfx_socket_addr_len(&addr)) != 0 && errno != EINPROGRESS))
             return connect_fail(handle, strerror(errno));
         info_fill(st->comm, handle->nonce, random_psn(), &st->mine);
     }
@@ -581,9 +585,9 @@ static ncclResult_t ibn_reg_mr(void *comm, void *data, size_t size, int type, vo
     struct ibn_comm *c = comm;
     if (type != NCCL_PTR_HOST || c == NULL)
         return ncclInvalidArgument;
-    struct ibv_mr *mr =
-        ibn_ctx.ibv->reg_mr(c->nic->pd, data, size,
-                            IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ);
+    struct ibv_mr *mr = ibn_ctx.ibv->reg_mr(c->nic->pd, data, size,
+                                            IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE |
+                                                IBV_ACCESS_REMOTE_READ);
     if (mr == NULL) {
         IBN_WARN("verbs net: cannot register %zu bytes at %p on %s: %s", size, data,
                  c->nic->port.label, strerror(errno));
@@ -658,9 +662,8 @@ static ncclResult_t ibn_isend(void *send_comm, void *data, size_t size, int tag,
     if (r == NULL)
         return ncclSuccess;
     struct ibv_mr *mr = mhandle;
-    struct ibv_sge sge = {.addr = (uint64_t)(uintptr_t)data,
-                          .length = (uint32_t)size,
-                          .lkey = mr ? mr->lkey : 0};
+    struct ibv_sge sge = {
+        .addr = (uint64_t)(uintptr_t)data, .length = (uint32_t)size, .lkey = mr ? mr->lkey : 0};
     struct ibv_send_wr wr = {.wr_id = (uint64_t)index,
                              .sg_list = size ? &sge : NULL,
                              .num_sge = size ? 1 : 0,
@@ -705,18 +708,18 @@ static ncclResult_t ibn_irecv(void *recv_comm, int n, void **data, size_t *sizes
                             .size = sizes[0],
                             .rkey = mr ? mr->rkey : 0,
                             .check = k + 1};
-    struct ibv_sge sge = {.addr = (uint64_t)(uintptr_t)src,
-                          .length = sizeof(*src),
-                          .lkey = c->cts_mr->lkey};
-    struct ibv_send_wr wr = {
-        .wr_id = IBN_WR_CTS,
-        .sg_list = &sge,
-        .num_sge = 1,
-        .opcode = IBV_WR_RDMA_WRITE,
-        .send_flags = IBV_SEND_SIGNALED |
-                      (c->max_inline >= (int)sizeof(*src) ? IBV_SEND_INLINE : 0),
-        .wr = {.rdma = {.remote_addr = c->peer_cts_addr + (k % IBN_REQUESTS) * sizeof(*src),
-                        .rkey = c->peer_cts_rkey}}},
+    struct ibv_sge sge = {
+        .addr = (uint64_t)(uintptr_t)src, .length = sizeof(*src), .lkey = c->cts_mr->lkey};
+    struct ibv_send_wr wr = {.wr_id = IBN_WR_CTS,
+                             .sg_list = &sge,
+                             .num_sge = 1,
+                             .opcode = IBV_WR_RDMA_WRITE,
+                             .send_flags =
+                                 IBV_SEND_SIGNALED |
+                                 (c->max_inline >= (int)sizeof(*src) ? IBV_SEND_INLINE : 0),
+                             .wr = {.rdma = {.remote_addr = c->peer_cts_addr +
+                                                            (k % IBN_REQUESTS) * sizeof(*src),
+                                             .rkey = c->peer_cts_rkey}}},
                        *bad = NULL;
     if (ibv_post_send(c->qp, &wr, &bad) != 0) {
         r->used = 0;
@@ -742,14 +745,13 @@ static ncclResult_t comm_progress(struct ibn_comm *c)
                          ibn_ctx.ibv->wc_status_str(wc[i].status), (int)wc[i].status,
                          wc[i].status == IBV_WC_RETRY_EXC_ERR ? ": the peer or the path is gone"
                                                               : "");
-                return comm_fail(c,
-                                 wc[i].status == IBV_WC_RETRY_EXC_ERR ||
-                                         wc[i].status == IBV_WC_REM_ACCESS_ERR ||
-                                         wc[i].status == IBV_WC_REM_OP_ERR ||
-                                         wc[i].status == IBV_WC_WR_FLUSH_ERR
-                                     ? ncclRemoteError
-                                     : ncclSystemError,
-                                 why);
+                return comm_fail(
+                    c,
+                    wc[i].status == IBV_WC_RETRY_EXC_ERR || wc[i].status == IBV_WC_REM_ACCESS_ERR ||
+                            wc[i].status == IBV_WC_REM_OP_ERR || wc[i].status == IBV_WC_WR_FLUSH_ERR
+                        ? ncclRemoteError
+                        : ncclSystemError,
+                    why);
             }
             if (wc[i].opcode & IBV_WC_RECV) { /* A message arrived: the oldest receive's. */
                 if (c->head == c->tail)
