@@ -14,14 +14,8 @@
 #include <time.h>
 
 #include "tests/harness.h"
+#include "tests/net_pair.h"
 #include "transports/net/builtin.h"
-
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
 
 /* The table, initialized over fake-verbs, or a skip saying why not. */
 static const ncclNet_v9_t *verbs_net(void)
@@ -35,72 +29,20 @@ static const ncclNet_v9_t *verbs_net(void)
     return net;
 }
 
-struct pair {
-    const ncclNet_v9_t *net;
-    void *listen, *send, *recv;
-    char handle[NCCL_NET_HANDLE_MAXSIZE];
-};
-
-/* Connect and accept until both comms exist (5 s at most): connect
- * finishes only once accept has answered. */
-static void pair_open(struct pair *p)
+/* The verbs net's pair over fake-verbs. */
+static void pair_open(struct net_pair *p)
 {
-    memset(p, 0, sizeof(*p));
-    p->net = verbs_net();
-    int n = 0;
-    cr_assert_eq(p->net->devices(&n), ncclSuccess);
-    cr_assert_geq(n, 1, "%d devices", n);
-    cr_assert_eq(p->net->listen(0, p->handle, &p->listen), ncclSuccess, "listen");
-    double end = now_s() + 5;
-    while ((p->send == NULL || p->recv == NULL) && now_s() < end) {
-        if (p->send == NULL)
-            cr_assert_eq(p->net->connect(0, p->handle, &p->send, NULL), ncclSuccess, "connect");
-        if (p->recv == NULL)
-            cr_assert_eq(p->net->accept(p->listen, &p->recv, NULL), ncclSuccess, "accept");
-    }
-    cr_assert(p->send != NULL && p->recv != NULL, "not connected within 5 s");
-}
-
-static void pair_close(struct pair *p)
-{
-    if (p->send)
-        p->net->closeSend(p->send);
-    if (p->recv)
-        p->net->closeRecv(p->recv);
-    if (p->listen)
-        p->net->closeListen(p->listen);
-}
-
-/* Tests @p request until done or failed (5 s at most). */
-static ncclResult_t wait_done(const ncclNet_v9_t *net, void *request, int *size_p)
-{
-    double end = now_s() + 5;
-    while (now_s() < end) {
-        int done = 0;
-        ncclResult_t res = net->test(request, &done, size_p);
-        if (res != ncclSuccess || done)
-            return res;
-    }
-    cr_assert_fail("a request was not done within 5 s");
-    return ncclInternalError;
-}
-
-static void *post_recv(const struct pair *p, void *data, size_t bytes, void *mhandle)
-{
-    void *request = NULL;
-    int tag = 0;
-    cr_assert_eq(p->net->irecv(p->recv, 1, &data, &bytes, &tag, &mhandle, &request), ncclSuccess);
-    return request;
+    net_pair_open(p, verbs_net());
 }
 
 /* isend until it takes the message (it answers NULL until the receive's
  * clear-to-send is there), testing @p progress meanwhile. */
-static void *send_when_cleared(const struct pair *p, void *data, size_t bytes, void *mhandle,
+static void *send_when_cleared(const struct net_pair *p, void *data, size_t bytes, void *mhandle,
                                ncclResult_t *res_p)
 {
     void *request = NULL;
-    double end = now_s() + 5;
-    while (request == NULL && now_s() < end) {
+    double end = net_pair_now_s() + 5;
+    while (request == NULL && net_pair_now_s() < end) {
         *res_p = p->net->isend(p->send, data, bytes, 0, mhandle, &request);
         if (*res_p != ncclSuccess)
             return NULL;
@@ -110,7 +52,7 @@ static void *send_when_cleared(const struct pair *p, void *data, size_t bytes, v
 
 Test(builtin_ib, messages_of_every_size_land_in_place_whole_and_in_order)
 {
-    struct pair p;
+    struct net_pair p;
     pair_open(&p);
     static const size_t sizes[] = {0, 1, 7, 64, 4096, 65537, (1 << 20) + 3, 16};
     enum { N = sizeof(sizes) / sizeof(sizes[0]) };
@@ -126,7 +68,7 @@ Test(builtin_ib, messages_of_every_size_land_in_place_whole_and_in_order)
                      ncclSuccess);
         cr_assert_eq(p.net->regMr(p.recv, in[i], sizes[i] + 64, NCCL_PTR_HOST, &min[i]),
                      ncclSuccess);
-        rreq[i] = post_recv(&p, in[i], sizes[i] + 64, min[i]);
+        rreq[i] = net_pair_post_recv(&p, in[i], sizes[i] + 64, min[i]);
         cr_assert_not_null(rreq[i], "receive %d refused", i);
     }
     for (int i = 0; i < N; i++) {
@@ -137,24 +79,24 @@ Test(builtin_ib, messages_of_every_size_land_in_place_whole_and_in_order)
     }
     for (int i = 0; i < N; i++) {
         int got = -1;
-        cr_assert_eq(wait_done(p.net, rreq[i], &got), ncclSuccess, "receive %d", i);
+        cr_assert_eq(net_pair_wait(&p, rreq[i], &got), ncclSuccess, "receive %d", i);
         cr_assert_eq((size_t)got, sizes[i], "receive %d: %d bytes, not %zu", i, got, sizes[i]);
         cr_assert(memcmp(in[i], out[i], sizes[i]) == 0, "receive %d: wrong bytes", i);
         cr_assert_eq(in[i][sizes[i]], 0xee, "receive %d wrote past its message", i);
-        cr_assert_eq(wait_done(p.net, sreq[i], &got), ncclSuccess, "send %d", i);
+        cr_assert_eq(net_pair_wait(&p, sreq[i], &got), ncclSuccess, "send %d", i);
         p.net->deregMr(p.send, mout[i]);
         p.net->deregMr(p.recv, min[i]);
         free(out[i]);
         free(in[i]);
     }
-    pair_close(&p);
+    net_pair_close(&p);
 }
 
 /* No receive posted: isend answers NULL (its clear-to-send is not there),
  * and takes the message once the receive is posted. */
 Test(builtin_ib, a_send_waits_for_its_receive_to_be_posted)
 {
-    struct pair p;
+    struct net_pair p;
     pair_open(&p);
     static char out[32] = "clear to send, then the message", in[32];
     void *mo = NULL, *mi = NULL, *sreq = NULL;
@@ -164,50 +106,50 @@ Test(builtin_ib, a_send_waits_for_its_receive_to_be_posted)
         cr_assert_eq(p.net->isend(p.send, out, sizeof(out), 0, mo, &sreq), ncclSuccess);
         cr_assert_null(sreq, "a send was taken before its receive was posted");
     }
-    void *rreq = post_recv(&p, in, sizeof(in), mi);
+    void *rreq = net_pair_post_recv(&p, in, sizeof(in), mi);
     ncclResult_t res = ncclSuccess;
     sreq = send_when_cleared(&p, out, sizeof(out), mo, &res);
     cr_assert_not_null(sreq);
     int got = 0;
-    cr_assert_eq(wait_done(p.net, rreq, &got), ncclSuccess);
+    cr_assert_eq(net_pair_wait(&p, rreq, &got), ncclSuccess);
     cr_assert_str_eq(in, out);
-    pair_close(&p);
+    net_pair_close(&p);
 }
 
 /* A message larger than its receive fails the sending comm for good. */
 Test(builtin_ib, an_oversized_message_fails_the_sending_comm)
 {
-    struct pair p;
+    struct net_pair p;
     pair_open(&p);
     static char out[100], in[50];
     void *mo = NULL, *mi = NULL;
     cr_assert_eq(p.net->regMr(p.send, out, sizeof(out), NCCL_PTR_HOST, &mo), ncclSuccess);
     cr_assert_eq(p.net->regMr(p.recv, in, sizeof(in), NCCL_PTR_HOST, &mi), ncclSuccess);
-    post_recv(&p, in, sizeof(in), mi);
+    net_pair_post_recv(&p, in, sizeof(in), mi);
     ncclResult_t res = ncclSuccess;
     send_when_cleared(&p, out, sizeof(out), mo, &res);
     cr_assert_eq(res, ncclInvalidUsage, "100 bytes into a receive of 50");
     void *again = NULL;
     cr_assert_eq(p.net->isend(p.send, out, 10, 0, mo, &again), ncclInvalidUsage,
                  "the failed comm took another send");
-    pair_close(&p);
+    net_pair_close(&p);
 }
 
 /* The sender goes away: the receiver's pending receive fails with
  * ncclRemoteError (its setup connection closed), not a hang. */
 Test(builtin_ib, a_closed_peer_fails_a_pending_receive_with_remote_error)
 {
-    struct pair p;
+    struct net_pair p;
     pair_open(&p);
     static char in[64];
     void *mi = NULL;
     cr_assert_eq(p.net->regMr(p.recv, in, sizeof(in), NCCL_PTR_HOST, &mi), ncclSuccess);
-    void *rreq = post_recv(&p, in, sizeof(in), mi);
+    void *rreq = net_pair_post_recv(&p, in, sizeof(in), mi);
     p.net->closeSend(p.send);
     p.send = NULL;
     int got = 0;
-    cr_assert_eq(wait_done(p.net, rreq, &got), ncclRemoteError);
-    pair_close(&p);
+    cr_assert_eq(net_pair_wait(&p, rreq, &got), ncclRemoteError);
+    net_pair_close(&p);
 }
 
 Test(builtin_ib, reports_its_ports_as_devices_that_move_host_memory)

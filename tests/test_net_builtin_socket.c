@@ -17,75 +17,16 @@
 
 #include "src/util/socket.h"
 #include "src/util/time.h"
+#include "tests/net_pair.h"
 #include "transports/net/builtin.h"
 
 static const ncclNet_v9_t *const net = &cfx_net_builtin_socket;
 
-static double now_s(void)
+/* The socket net's pair: init, then listen and connect. */
+static void pair_open(struct net_pair *p)
 {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
-struct pair {
-    void *listen;
-    void *send;
-    void *recv;
-    char handle[NCCL_NET_HANDLE_MAXSIZE];
-};
-
-/* init, listen, then connect and accept until both comms exist (5 s at most). */
-static void pair_open(struct pair *p)
-{
-    memset(p, 0, sizeof(*p));
     cr_assert_eq(net->init(NULL), ncclSuccess, "init");
-    int n = 0;
-    cr_assert_eq(net->devices(&n), ncclSuccess);
-    cr_assert_eq(n, 1, "%d devices", n);
-    cr_assert_eq(net->listen(0, p->handle, &p->listen), ncclSuccess, "listen");
-    double end = now_s() + 5;
-    while ((p->send == NULL || p->recv == NULL) && now_s() < end) {
-        if (p->send == NULL)
-            cr_assert_eq(net->connect(0, p->handle, &p->send, NULL), ncclSuccess, "connect");
-        if (p->recv == NULL)
-            cr_assert_eq(net->accept(p->listen, &p->recv, NULL), ncclSuccess, "accept");
-    }
-    cr_assert(p->send != NULL && p->recv != NULL, "not connected within 5 s (send %p, recv %p)",
-              p->send, p->recv);
-}
-
-static void pair_close(struct pair *p)
-{
-    if (p->send)
-        net->closeSend(p->send);
-    if (p->recv)
-        net->closeRecv(p->recv);
-    if (p->listen)
-        net->closeListen(p->listen);
-}
-
-/* Tests @p request until done (5 s at most); its size into *size_p. */
-static ncclResult_t wait_done(void *request, int *size_p)
-{
-    double end = now_s() + 5;
-    while (now_s() < end) {
-        int done = 0;
-        ncclResult_t res = net->test(request, &done, size_p);
-        if (res != ncclSuccess || done)
-            return res;
-    }
-    cr_assert_fail("a request was not done within 5 s");
-    return ncclInternalError;
-}
-
-static void *post_recv(void *comm, void *data, size_t bytes)
-{
-    void *request = NULL;
-    int tag = 0;
-    void *mhandle = NULL;
-    cr_assert_eq(net->irecv(comm, 1, &data, &bytes, &tag, &mhandle, &request), ncclSuccess);
-    return request;
+    net_pair_open(p, net);
 }
 
 Test(builtin_socket, reports_one_device_that_moves_host_memory)
@@ -109,7 +50,7 @@ Test(builtin_socket, reports_one_device_that_moves_host_memory)
 /* Sizes 0 to 1 MiB + 3 queued all at once, arriving whole, in order. */
 Test(builtin_socket, messages_of_every_size_arrive_whole_and_in_order)
 {
-    struct pair p;
+    struct net_pair p;
     pair_open(&p);
     static const size_t sizes[] = {0, 1, 7, 8, 4095, 4096, 9000, 65536, (1 << 20) + 3, 16};
     enum { N = sizeof(sizes) / sizeof(sizes[0]) };
@@ -121,7 +62,7 @@ Test(builtin_socket, messages_of_every_size_arrive_whole_and_in_order)
         for (size_t b = 0; b < sizes[i]; b++)
             out[i][b] = (unsigned char)(b * 7 + (size_t)i);
         memset(in[i], 0xee, sizes[i] + 64);
-        rreq[i] = post_recv(p.recv, in[i], sizes[i] + 64); /* Room to spare. */
+        rreq[i] = net_pair_post_recv(&p, in[i], sizes[i] + 64, NULL); /* Room to spare. */
         cr_assert_not_null(rreq[i], "receive %d refused", i);
         sreq[i] = NULL;
         cr_assert_eq(net->isend(p.send, out[i], sizes[i], 0, NULL, &sreq[i]), ncclSuccess);
@@ -129,77 +70,79 @@ Test(builtin_socket, messages_of_every_size_arrive_whole_and_in_order)
     }
     for (int i = 0; i < N; i++) {
         int got = -1;
-        cr_assert_eq(wait_done(rreq[i], &got), ncclSuccess, "receive %d", i);
+        cr_assert_eq(net_pair_wait(&p, rreq[i], &got), ncclSuccess, "receive %d", i);
         cr_assert_eq((size_t)got, sizes[i], "receive %d: %d bytes, not %zu", i, got, sizes[i]);
         cr_assert(memcmp(in[i], out[i], sizes[i]) == 0, "receive %d: wrong bytes", i);
         cr_assert_eq(in[i][sizes[i]], 0xee, "receive %d wrote past its message", i);
-        cr_assert_eq(wait_done(sreq[i], &got), ncclSuccess, "send %d", i);
+        cr_assert_eq(net_pair_wait(&p, sreq[i], &got), ncclSuccess, "send %d", i);
         free(out[i]);
         free(in[i]);
     }
-    pair_close(&p);
+    net_pair_close(&p);
 }
 
 /* 32 requests per comm; the 33rd is a NULL request (call again), and a
  * request tested done frees its place. */
 Test(builtin_socket, a_full_request_table_answers_null_until_one_is_done)
 {
-    struct pair p;
+    struct net_pair p;
     pair_open(&p);
     static char buf[64][8];
     void *rreq[33];
     for (int i = 0; i < 32; i++)
-        cr_assert_not_null(rreq[i] = post_recv(p.recv, buf[i], 8), "receive %d", i);
-    cr_assert_null(post_recv(p.recv, buf[32], 8), "a 33rd receive was queued");
+        cr_assert_not_null(rreq[i] = net_pair_post_recv(&p, buf[i], 8, NULL), "receive %d", i);
+    cr_assert_null(net_pair_post_recv(&p, buf[32], 8, NULL), "a 33rd receive was queued");
     void *sreq = NULL;
     cr_assert_eq(net->isend(p.send, buf[40], 8, 0, NULL, &sreq), ncclSuccess);
     int got = 0;
-    cr_assert_eq(wait_done(rreq[0], &got), ncclSuccess);
-    cr_assert_not_null(rreq[32] = post_recv(p.recv, buf[32], 8), "no room once one was done");
-    cr_assert_eq(wait_done(sreq, &got), ncclSuccess);
-    pair_close(&p);
+    cr_assert_eq(net_pair_wait(&p, rreq[0], &got), ncclSuccess);
+    cr_assert_not_null(rreq[32] = net_pair_post_recv(&p, buf[32], 8, NULL),
+                       "no room once one was done");
+    cr_assert_eq(net_pair_wait(&p, sreq, &got), ncclSuccess);
+    net_pair_close(&p);
 }
 
 /* A message larger than its receive fails the comm, which stays failed. */
 Test(builtin_socket, an_oversized_message_fails_the_receiving_comm)
 {
-    struct pair p;
+    struct net_pair p;
     pair_open(&p);
     static char out[100], in[50];
-    void *rreq = post_recv(p.recv, in, sizeof(in)), *sreq = NULL;
+    void *rreq = net_pair_post_recv(&p, in, sizeof(in), NULL), *sreq = NULL;
     cr_assert_eq(net->isend(p.send, out, sizeof(out), 0, NULL, &sreq), ncclSuccess);
     int got = 0;
-    cr_assert_eq(wait_done(rreq, &got), ncclInvalidUsage, "100 bytes into a receive of 50");
+    cr_assert_eq(net_pair_wait(&p, rreq, &got), ncclInvalidUsage, "100 bytes into a receive of 50");
     void *again = NULL;
     size_t bytes = sizeof(in);
     void *data = in, *mhandle = NULL;
     int tag = 0;
     cr_assert_eq(net->irecv(p.recv, 1, &data, &bytes, &tag, &mhandle, &again), ncclInvalidUsage,
                  "the failed comm took another receive");
-    pair_close(&p);
+    net_pair_close(&p);
 }
 
 /* The sender goes away: the receiver's pending receive fails with
  * ncclRemoteError, not a hang. */
 Test(builtin_socket, a_closed_peer_fails_a_pending_receive_with_remote_error)
 {
-    struct pair p;
+    struct net_pair p;
     pair_open(&p);
     static char in[64];
-    void *rreq = post_recv(p.recv, in, sizeof(in));
+    void *rreq = net_pair_post_recv(&p, in, sizeof(in), NULL);
     net->closeSend(p.send);
     p.send = NULL;
     int got = 0;
-    cr_assert_eq(wait_done(rreq, &got), ncclRemoteError);
-    pair_close(&p);
+    cr_assert_eq(net_pair_wait(&p, rreq, &got), ncclRemoteError);
+    net_pair_close(&p);
 }
 
 /* A connection to the listener that does not say the right hello is
  * dropped; a proper one after it is accepted. */
 Test(builtin_socket, a_connection_without_the_hello_is_never_accepted)
 {
-    struct pair p;
+    struct net_pair p;
     memset(&p, 0, sizeof(p));
+    p.net = net;
     cr_assert_eq(net->init(NULL), ncclSuccess);
     cr_assert_eq(net->listen(0, p.handle, &p.listen), ncclSuccess);
     /* The handle starts with the magic and the nonce, then the address. */
@@ -211,19 +154,12 @@ Test(builtin_socket, a_connection_without_the_hello_is_never_accepted)
     cr_assert_eq(cfx_socket_connect(&addr, cfx_time_deadline_s(5), NULL, &fd), cfxSuccess);
     static const char stranger[16] = "GET / HTTP/1.0\r\n";
     cr_assert_eq(send(fd, stranger, sizeof(stranger), 0), (ssize_t)sizeof(stranger));
-    double end = now_s() + 0.5;
-    while (now_s() < end) {
+    double end = net_pair_now_s() + 0.5;
+    while (net_pair_now_s() < end) {
         cr_assert_eq(net->accept(p.listen, &p.recv, NULL), ncclSuccess);
         cr_assert_null(p.recv, "a connection without the hello was accepted");
     }
     close(fd);
-    end = now_s() + 5;
-    while ((p.send == NULL || p.recv == NULL) && now_s() < end) {
-        if (p.send == NULL)
-            cr_assert_eq(net->connect(0, p.handle, &p.send, NULL), ncclSuccess);
-        if (p.recv == NULL)
-            cr_assert_eq(net->accept(p.listen, &p.recv, NULL), ncclSuccess);
-    }
-    cr_assert(p.send && p.recv, "the proper connection was not accepted");
-    pair_close(&p);
+    net_pair_connect(&p); /* The proper connection after it is accepted. */
+    net_pair_close(&p);
 }
