@@ -8,7 +8,10 @@
  * headers) every test reports SKIP.
  */
 #include <criterion/criterion.h>
+#include <criterion/parameterized.h>
+#include <stdarg.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -50,8 +53,32 @@ static void *send_when_cleared(const struct net_pair *p, void *data, size_t byte
     return request;
 }
 
-Test(builtin_ib, messages_of_every_size_land_in_place_whole_and_in_order)
+/* CFX_IB_QPS_PER_CONNECTION and CFX_IB_SPLIT_DATA_ON_QPS for one test
+ * (each test is its own process: init reads them once). */
+struct qp_case {
+    char qps[4]; /* Arrays, not pointers: a test's parameters are copied into its process. */
+    char split[4];
+};
+
+static void set_qps(const struct qp_case *qc)
 {
+    cr_log_info("CFX_IB_QPS_PER_CONNECTION=%s CFX_IB_SPLIT_DATA_ON_QPS=%s", qc->qps, qc->split);
+    cfx_test_setenv("CFX_IB_QPS_PER_CONNECTION", qc->qps);
+    cfx_test_setenv("CFX_IB_SPLIT_DATA_ON_QPS", qc->split);
+}
+
+/* One queue pair; three taking messages in turn; three and eight each
+ * carrying a part of every message. */
+ParameterizedTestParameters(builtin_ib, messages_of_every_size_land_in_place_whole_and_in_order)
+{
+    static struct qp_case cases[] = {{"1", "0"}, {"3", "0"}, {"3", "1"}, {"8", "1"}};
+    return cr_make_param_array(struct qp_case, cases, sizeof(cases) / sizeof(cases[0]));
+}
+
+ParameterizedTest(struct qp_case *qc, builtin_ib,
+                  messages_of_every_size_land_in_place_whole_and_in_order)
+{
+    set_qps(qc);
     struct net_pair p;
     pair_open(&p);
     static const size_t sizes[] = {0, 1, 7, 64, 4096, 65537, (1 << 20) + 3, 16};
@@ -89,6 +116,77 @@ Test(builtin_ib, messages_of_every_size_land_in_place_whole_and_in_order)
         free(out[i]);
         free(in[i]);
     }
+    net_pair_close(&p);
+}
+
+ParameterizedTestParameters(builtin_ib, a_stream_of_messages_wraps_the_request_ring_many_times)
+{
+    static struct qp_case cases[] = {{"1", "0"}, {"3", "0"}, {"4", "1"}};
+    return cr_make_param_array(struct qp_case, cases, sizeof(cases) / sizeof(cases[0]));
+}
+
+/* 500 messages of changing sizes, up to DEPTH in flight each way, each
+ * receive waited for in its turn while sends go on: every request slot
+ * and clear-to-send record is reused many times, and with several queue
+ * pairs parts of different messages complete out of their order. */
+ParameterizedTest(struct qp_case *qc, builtin_ib,
+                  a_stream_of_messages_wraps_the_request_ring_many_times)
+{
+    enum { COUNT = 500, DEPTH = 24, MAX = 3000 };
+    set_qps(qc);
+    struct net_pair p;
+    pair_open(&p);
+    static unsigned char out[DEPTH][MAX], in[DEPTH][MAX];
+    void *mo = NULL, *mi = NULL;
+    cr_assert_eq(p.net->regMr(p.send, out, sizeof(out), NCCL_PTR_HOST, &mo), ncclSuccess);
+    cr_assert_eq(p.net->regMr(p.recv, in, sizeof(in), NCCL_PTR_HOST, &mi), ncclSuccess);
+    void *sreq[DEPTH] = {0}, *rreq[DEPTH] = {0};
+    int sent = 0, posted = 0, received = 0;
+    double end = net_pair_now_s() + 20;
+    while (received < COUNT) {
+        cr_assert(net_pair_now_s() < end, "stuck at %d received, %d sent, %d posted", received,
+                  sent, posted);
+        if (posted < COUNT && posted - received < DEPTH) {
+            int slot = posted % DEPTH;
+            memset(in[slot], 0xee, MAX);
+            rreq[slot] = net_pair_post_recv(&p, in[slot], MAX, mi);
+            if (rreq[slot] != NULL)
+                posted++;
+        }
+        if (sent < posted && sreq[sent % DEPTH] == NULL) {
+            int slot = sent % DEPTH;
+            size_t bytes = (size_t)(sent * 37) % MAX;
+            for (size_t b = 0; b < bytes; b++)
+                out[slot][b] = (unsigned char)(b + (size_t)sent);
+            cr_assert_eq(p.net->isend(p.send, out[slot], bytes, 0, mo, &sreq[slot]), ncclSuccess,
+                         "send %d", sent);
+            if (sreq[slot] != NULL)
+                sent++;
+        }
+        for (int i = 0; i < DEPTH; i++)
+            if (sreq[i] != NULL) {
+                int done = 0;
+                cr_assert_eq(p.net->test(sreq[i], &done, NULL), ncclSuccess);
+                if (done)
+                    sreq[i] = NULL;
+            }
+        if (received < posted) {
+            int slot = received % DEPTH, done = 0, got = -1;
+            cr_assert_eq(p.net->test(rreq[slot], &done, &got), ncclSuccess, "receive %d", received);
+            if (done) {
+                size_t bytes = (size_t)(received * 37) % MAX;
+                cr_assert_eq((size_t)got, bytes, "message %d: %d bytes, not %zu", received, got,
+                             bytes);
+                for (size_t b = 0; b < bytes; b++)
+                    cr_assert_eq(in[slot][b], (unsigned char)(b + (size_t)received),
+                                 "message %d byte %zu", received, b);
+                cr_assert_eq(in[slot][bytes], 0xee, "message %d wrote past its end", received);
+                received++;
+            }
+        }
+    }
+    p.net->deregMr(p.send, mo);
+    p.net->deregMr(p.recv, mi);
     net_pair_close(&p);
 }
 
@@ -150,6 +248,77 @@ Test(builtin_ib, a_closed_peer_fails_a_pending_receive_with_remote_error)
     int got = 0;
     cr_assert_eq(net_pair_wait(&p, rreq, &got), ncclRemoteError);
     net_pair_close(&p);
+}
+
+/* The net's warnings, kept for the tests that check a sentence. */
+static char warned[4096];
+
+static void keep_warnings(ncclDebugLogLevel level, unsigned long flags, const char *file, int line,
+                          const char *fmt, ...)
+{
+    (void)flags;
+    (void)file;
+    (void)line;
+    if (level != NCCL_LOG_WARN)
+        return;
+    size_t used = strlen(warned);
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(warned + used, sizeof(warned) - used, fmt, ap);
+    va_end(ap);
+    used = strlen(warned);
+    if (used + 1 < sizeof(warned))
+        strcat(warned, "\n");
+}
+
+/* A fake-verbs fault @p knob=@p value (FAKEVERBS_*: it fires that many ms
+ * after the first queue pair is ready, or the device opened): a receive
+ * pending across it fails with @p want, and the net's warnings say
+ * @p words. */
+static void fault_fails_a_pending_receive(const char *knob, const char *value, ncclResult_t want,
+                                          const char *words)
+{
+    cfx_test_setenv(knob, value);
+    const ncclNet_v9_t *net = verbs_net();
+    cr_assert_eq(net->init(keep_warnings), ncclSuccess);
+    struct net_pair p;
+    net_pair_open(&p, net);
+    static char in[64];
+    void *mi = NULL;
+    cr_assert_eq(p.net->regMr(p.recv, in, sizeof(in), NCCL_PTR_HOST, &mi), ncclSuccess);
+    void *rreq = net_pair_post_recv(&p, in, sizeof(in), mi);
+    cr_assert_not_null(rreq);
+    int got = 0;
+    ncclResult_t res = net_pair_wait(&p, rreq, &got);
+    cr_log_info("warnings:\n%s", warned);
+    cr_assert_eq(res, want, "the receive ended with %d, not %d", (int)res, (int)want);
+    cr_assert(strstr(warned, words) != NULL, "no warning says \"%s\":\n%s", words, warned);
+    void *again = NULL;
+    char *data = in;
+    size_t bytes = sizeof(in);
+    int tag = 0;
+    cr_assert_eq(p.net->irecv(p.recv, 1, (void **)&data, &bytes, &tag, &mi, &again), want,
+                 "the failed comm took another receive");
+    p.net->deregMr(p.recv, mi);
+    net_pair_close(&p);
+    cfx_test_setenv(knob, NULL);
+}
+
+/* The receiver's queue pair gets a fatal async event (then goes to the
+ * error state, flushing the receive): the comm fails with the event's
+ * name as a local error, not as the flush's "peer gone". */
+Test(builtin_ib, an_async_queue_pair_event_fails_its_comm_with_the_event_name)
+{
+    fault_fails_a_pending_receive("FAKEVERBS_ASYNC_QP_FATAL_AFTER_MS", "50", ncclSystemError,
+                                  "receive comm on fake_0:1 failed: an async event on one of its "
+                                  "queue pairs: local work queue catastrophic error");
+}
+
+/* The port goes down (a port error event, every queue pair to error). */
+Test(builtin_ib, a_port_error_fails_the_comms_on_that_port_naming_it)
+{
+    fault_fails_a_pending_receive("FAKEVERBS_PORT_DOWN_AFTER_MS", "300", ncclSystemError,
+                                  "comm on fake_0:1 failed: fake_0 port 1: port error");
 }
 
 Test(builtin_ib, reports_its_ports_as_devices_that_move_host_memory)

@@ -866,6 +866,86 @@ Test(net_builtin_ib, broadcast_and_allgather_over_the_builtin_verbs_net_3_ranks,
     run_over_builtin_ib(3, broadcast_and_allgather);
 }
 
+/* CFX_IB_QPS_PER_CONNECTION queue pairs per comm: messages in turn over
+ * them, or each split over all (CFX_IB_SPLIT_DATA_ON_QPS=1). */
+struct qp_case {
+    char qps[4]; /* Arrays, not pointers: a test's parameters are copied into its process. */
+    char split[4];
+};
+
+ParameterizedTestParameters(net_builtin_ib, allreduce_over_several_queue_pairs_per_comm)
+{
+    static struct qp_case cases[] = {{"3", "0"}, {"4", "1"}};
+    return cr_make_param_array(struct qp_case, cases, 2);
+}
+
+ParameterizedTest(struct qp_case *qc, net_builtin_ib, allreduce_over_several_queue_pairs_per_comm,
+                  .timeout = 150)
+{
+    cr_log_info("CFX_IB_QPS_PER_CONNECTION=%s CFX_IB_SPLIT_DATA_ON_QPS=%s", qc->qps, qc->split);
+    cfx_test_setenv("CFX_IB_QPS_PER_CONNECTION", qc->qps);
+    cfx_test_setenv("CFX_IB_SPLIT_DATA_ON_QPS", qc->split);
+    run_over_builtin_ib(3, allreduces_of_every_size);
+    cfx_test_setenv("CFX_IB_QPS_PER_CONNECTION", NULL);
+    cfx_test_setenv("CFX_IB_SPLIT_DATA_ON_QPS", NULL);
+}
+
+/* Rank 1's fake port goes down 1.5 s after its device opened. */
+static void port_down_in_rank_one(struct cfx_test_rank *ctx)
+{
+    own_host(ctx);
+    if (ctx->rank == 1)
+        cfx_test_setenv("FAKEVERBS_PORT_DOWN_AFTER_MS", "1500");
+}
+
+/* Allreduces until one fails (20 s at most): it must, within the timeout. */
+static void allreduce_until_the_port_goes_down(struct cfx_test_rank *ctx)
+{
+    cfxComm_t comm;
+    RANK_CFX(ctx, cfxCommInitRank(&comm, ctx->nranks, ctx->id, ctx->rank));
+    enum { COUNT = 1 << 16 };
+    static float data[COUNT];
+    cfxResult_t res = cfxSuccess;
+    double start = now_s(), call = start;
+    for (int i = 0; res == cfxSuccess && now_s() - start < 20; i++) {
+        cfx_test_step(ctx, "allreduce %d until rank 1's port goes down", i);
+        for (size_t e = 0; e < COUNT; e++)
+            data[e] = (float)ctx->rank;
+        call = now_s();
+        res = cfxAllReduce(data, data, COUNT, cfxFloat32, cfxSum, comm, NULL);
+    }
+    RANK_ASSERT(ctx, res != cfxSuccess, "the port went down and 20 s of allreduces succeeded");
+    RANK_ASSERT(ctx, now_s() - call < 8, "the failing call took %.1f s (CFX_TIMEOUT=5)",
+                now_s() - call);
+    cfxCommDestroy(comm);
+}
+
+/* A port error event fails the job within the timeout, and the rank whose
+ * port it was says which port and what event (the net's warning, also
+ * carried into the failed call's sentence). */
+Test(net_builtin_ib, a_port_error_fails_every_rank_and_names_the_port, .timeout = 150)
+{
+    use_fakeverbs_or_skip();
+    cfx_test_setenv("CFX_NET_PLUGIN", BUILTIN_IB);
+    cfx_test_setenv("CFX_TIMEOUT", "5");
+    char logs[128];
+    cfx_test_log_to(logs, sizeof(logs), "portdown");
+    struct cfx_test_options opts = {.nranks = 3,
+                                    .mode = CFX_TEST_PROCS,
+                                    .deadline_s = 90,
+                                    .before_rank = port_down_in_rank_one};
+    char report[8192];
+    int ok = cfx_test_run(&opts, allreduce_until_the_port_goes_down, report, sizeof(report));
+    int said = cfx_test_count_in_logs(logs, "fake_0 port 1: port error");
+    if (ok && said > 0)
+        cfx_test_remove_logs(logs);
+    cfx_test_logs_off();
+    cfx_test_setenv("CFX_NET_PLUGIN", NULL);
+    cfx_test_setenv("CFX_TIMEOUT", NULL);
+    cr_assert(ok, "%s(logs kept in %s.*)", report, logs);
+    cr_assert_geq(said, 1, "no log says \"fake_0 port 1: port error\" (logs kept in %s.*)", logs);
+}
+
 Test(net_builtin_ib, killed_rank_fails_every_survivor_within_the_timeout, .timeout = 150)
 {
     use_fakeverbs_or_skip();

@@ -184,6 +184,8 @@ struct cfx_ib_ctx {
     struct cfx_proxy *proxy;
     /* Queue pair settings (NCCL's variables). */
     int timeout, retry_cnt, sl, tc;
+    int qps_per_conn; /* CFX_IB_QPS_PER_CONNECTION (the verbs net reads it here). */
+    int split_data;   /* CFX_IB_SPLIT_DATA_ON_QPS (the verbs net only). */
 };
 
 /* A user buffer registered through every port's device (reg_mem). */
@@ -348,8 +350,11 @@ void cfx_ib_async_ready(void *arg, uint32_t events);
 int cfx_ib_conn_busy(const struct cfx_ib_conn *ic);
 
 /* ib.c, for the verbs net (net.c) too. */
-/* CFX_IB_TIMEOUT, _RETRY_CNT, _SL and _TC into @p ctx. */
+/* CFX_IB_TIMEOUT, _RETRY_CNT, _SL, _TC, _QPS_PER_CONNECTION and
+ * _SPLIT_DATA_ON_QPS into @p ctx. */
 void cfx_ib_ctx_qp_params(struct cfx_ib_ctx *ctx);
+/* A random 24-bit starting packet sequence number. */
+uint32_t cfx_ib_random_psn(void);
 /* RTR then RTS: @p qp on @p port, to queue pair @p dest_qpn behind the port
  * @p theirs describes, whose send queue starts at @p rq_psn; this side's
  * starts at @p sq_psn. @p what names the queue pair in sentences. */

@@ -286,8 +286,11 @@ cfxResult_t cfx_ib_device_open(struct cfx_ib_ctx *ctx)
                      is_nearest(ctx->nearest, port->dev_name, port->port)
                          ? ", the topology's nearest"
                          : "");
-        CFX_INFO(CFX_LOG_NET, "ib: rank %d uses %s port %d (%s, lid %u, GID index %d %s, mtu %d%s)",
-                 ctx->rank, port->dev_name, port->port,
+        char who[32] = "the verbs net"; /* No rank: the process-wide ports of net.c. */
+        if (ctx->rank >= 0)
+            snprintf(who, sizeof(who), "rank %d", ctx->rank);
+        CFX_INFO(CFX_LOG_NET, "ib: %s uses %s port %d (%s, lid %u, GID index %d %s, mtu %d%s)", who,
+                 port->dev_name, port->port,
                  port->link_layer == IBV_LINK_LAYER_ETHERNET ? "RoCE" : "InfiniBand", port->lid,
                  port->gid_index, gid_text, 128 << port->mtu, which);
     }

@@ -48,7 +48,11 @@ CFX_PARAM_INT(ib_retry_cnt, "IB_RETRY_CNT", 7, 0, 7, "Verbs transport: transport
 CFX_PARAM_INT(ib_sl, "IB_SL", 0, 0, 15, "Verbs transport: InfiniBand service level");
 CFX_PARAM_INT(ib_tc, "IB_TC", 0, 0, 255, "Verbs transport: traffic class (GRH, RoCE)");
 CFX_PARAM_INT(ib_qps_per_connection, "IB_QPS_PER_CONNECTION", 1, 1, IB_MAX_QPS,
-              "Verbs transport: queue pairs per connection; slots are striped over them");
+              "Verbs transport and verbs net: queue pairs per connection; slots (the verbs "
+              "net: messages) are striped over them");
+CFX_PARAM_INT(ib_split_data_on_qps, "IB_SPLIT_DATA_ON_QPS", 0, 0, 1,
+              "Verbs net: 1 splits every message over all of a comm's queue pairs, 0 sends "
+              "each message whole on the next queue pair in turn (NCCL's meaning)");
 CFX_PARAM_INT(ib_peermem, "IB_PEERMEM", -1, -1, 1,
               "GPUDirect RDMA without dma-buf: -1 registers device memory with ibv_reg_mr when "
               "nvidia-peermem (or nv_peer_mem) is loaded, 1 always tries, 0 never");
@@ -91,6 +95,16 @@ void cfx_ib_ctx_qp_params(struct cfx_ib_ctx *ctx)
     ctx->retry_cnt = (int)param_ib_retry_cnt();
     ctx->sl = (int)param_ib_sl();
     ctx->tc = (int)param_ib_tc();
+    ctx->qps_per_conn = (int)param_ib_qps_per_connection();
+    ctx->split_data = (int)param_ib_split_data_on_qps();
+}
+
+uint32_t cfx_ib_random_psn(void)
+{
+    uint32_t psn = 0;
+    if (getrandom(&psn, sizeof(psn), GRND_NONBLOCK) != (ssize_t)sizeof(psn))
+        psn = (uint32_t)cfx_time_now_ns();
+    return psn & 0xffffff;
 }
 
 /* Per-communicator state. Never fails for want of a device: the transport
@@ -500,7 +514,7 @@ static cfxResult_t ib_setup(void *ctx_v, const struct cfx_transport_peer *peer, 
     ic->slots = (char *)ic->mem + slots_off;
     ic->box = (struct cfx_ib_mailbox *)((char *)ic->mem + box_off);
 
-    ic->n_qps = (int)param_ib_qps_per_connection();
+    ic->n_qps = ctx->qps_per_conn;
     ic->n_nics = ic->n_qps < ctx->n_nics ? ic->n_qps : ctx->n_nics;
     int flush_read = 0;
     if (gdr) {
@@ -550,10 +564,7 @@ static cfxResult_t ib_setup(void *ctx_v, const struct cfx_transport_peer *peer, 
         if (ic->dir == CFX_CONN_RECV)
             CFX_CHECK(cfx_ib_post_recvs(ic, q, n_steps));
     }
-    uint32_t psn = 0;
-    if (getrandom(&psn, sizeof(psn), GRND_NONBLOCK) != (ssize_t)sizeof(psn))
-        psn = (uint32_t)cfx_time_now_ns();
-    ic->psn = psn & 0xffffff;
+    ic->psn = cfx_ib_random_psn();
     if (flush_read)
         CFX_CHECK(flush_qp_open(ctx, ic));
 

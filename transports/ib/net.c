@@ -6,25 +6,35 @@
  * its queue pair settings (CFX_IB_TIMEOUT, _RETRY_CNT, _SL, _TC); only the
  * plain RC subset of verbs is used.
  *
- * One RC queue pair per comm, set up over a TCP connection (the interface
+ * CFX_IB_QPS_PER_CONNECTION RC queue pairs per comm (the sender's count;
+ * the receiver takes it), set up over a TCP connection (the interface
  * CFX_SOCKET_IFNAME picks) that stays open for the comm's life:
- *   - the sender sends its queue pair's address and its clear-to-send FIFO
- *     (BUILTIN_IB_REQUESTS records, registered for remote writes), the
- *     receiver creates its queue pair, connects it (RTR, RTS), posts its
- *     receives and answers with its own address; the sender connects and
- *     sends one "ready" byte, and only then does either side return its
- *     comm, so no write reaches a queue pair that is not ready for it;
+ *   - the sender sends its queue pairs' addresses and its clear-to-send
+ *     FIFO (IBN_REQUESTS records, registered for remote writes), the
+ *     receiver creates as many queue pairs, connects them (RTR, RTS),
+ *     posts its receives and answers with its own addresses; the sender
+ *     connects and sends one "ready" byte, and only then does either side
+ *     return its comm, so no write reaches a queue pair not ready for it;
  *   - irecv k writes a clear-to-send record (the buffer's address, rkey and
  *     size, with k + 1 at both ends) into record k mod n of the sender's
- *     FIFO; isend k waits for that record (a NULL request until it is
- *     there: call again) and RDMA-writes the message straight into the
- *     buffer with RDMA_WRITE_WITH_IMM, the size as the immediate; the
- *     receive completes when that immediate's completion arrives (in order,
- *     on an RC queue pair), the send when its write completes;
+ *     FIFO, over queue pair 0; isend k waits for that record (a NULL
+ *     request until it is there: call again) and RDMA-writes the message
+ *     straight into the buffer with RDMA_WRITE_WITH_IMM, the bytes written
+ *     as the immediate: whole on queue pair k mod Q, or split in 128-byte
+ *     aligned parts over all Q with CFX_IB_SPLIT_DATA_ON_QPS=1 (NCCL's
+ *     two ways). Each queue pair delivers in order, so the receiver knows
+ *     which message an immediate on queue pair q is for; a receive
+ *     completes when all its parts' immediates arrived, a send when all
+ *     its writes completed;
  *   - a completion in error fails the comm (ncclRemoteError for the peer
  *     or the path gone), and so does the TCP connection closing under it,
  *     which is how a receiver with nothing in flight learns that its
- *     sender died.
+ *     sender died;
+ *   - async events (read without blocking from the device's descriptor,
+ *     by whichever comm's test() comes first, every IBN_ALIVE_NS and at
+ *     once after a completion in error): a queue pair's fatal event fails
+ *     its comm, a port error or device fatal event every comm on the
+ *     port, each with a sentence naming the port and the event.
  * Host memory only (ptrSupport NCCL_PTR_HOST); regMr registers with the
  * port's protection domain; nothing on the data path registers memory.
  */
@@ -35,10 +45,13 @@
 
 #include <arpa/inet.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
+#include <pthread.h>
 #include <stdarg.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -50,12 +63,14 @@
 #include "src/util/time.h"
 #include "transports/ib/conn.h"
 
-#define IBN_MAGIC    0x4346584e45544942ull /* "CFXNETIB" */
-#define IBN_REQUESTS 32                    /* Outstanding per comm; clear-to-send records. */
-#define IBN_SQ_DEPTH (2 * IBN_REQUESTS + 8)
+#define IBN_MAGIC    0x4346584e45544942ull  /* "CFXNETIB" */
+#define IBN_REQUESTS 32                     /* Outstanding per comm; clear-to-send records. */
+#define IBN_SQ_DEPTH (2 * IBN_REQUESTS + 8) /* Per queue pair. */
 #define IBN_CQ_DEPTH (IBN_SQ_DEPTH + IBN_REQUESTS + 8)
-#define IBN_WR_CTS   ((uint64_t)1 << 32) /* A clear-to-send write; else a request index. */
-#define IBN_ALIVE_NS (10 * 1000 * 1000)  /* How often test() looks at the TCP connection. */
+#define IBN_WR_CTS   ((uint64_t)1 << 32)  /* A clear-to-send write; else a request index, */
+#define IBN_WR_QP(q) ((uint64_t)(q) << 8) /* | the queue pair it went on. */
+#define IBN_ALIGN    128                  /* Parts of a split message start so aligned. */
+#define IBN_ALIVE_NS (10 * 1000 * 1000)   /* How often test() looks at the TCP connection. */
 #define IBN_MAX_DEVS IB_MAX_NICS
 
 static ncclDebugLogger_t logger;
@@ -63,6 +78,7 @@ static struct cfx_ib_ctx ibn_ctx; /* The ports, once per process (init). */
 static int ibn_ready;
 static char ibn_dev_pci[IBN_MAX_DEVS][256];
 static union cfx_sockaddr ibn_oob_addr; /* Where the TCP connections listen. */
+static pthread_mutex_t ibn_async_lock = PTHREAD_MUTEX_INITIALIZER;
 
 __attribute__((format(printf, 3, 4))) static void ibn_log(ncclDebugLogLevel level, int line,
                                                           const char *fmt, ...)
@@ -95,11 +111,12 @@ struct ibn_cts {
 struct ibn_info {
     uint64_t magic;
     uint64_t nonce; /* The listener's, from the handle. */
-    uint32_t qpn;
+    uint32_t qpn[IB_MAX_QPS];
     uint32_t psn;
-    uint64_t cts_addr; /* Sender: its clear-to-send FIFO. */
+    uint32_t n_qps; /* The sender's; the receiver answers with as many. */
+    uint32_t split; /* The sender's CFX_IB_SPLIT_DATA_ON_QPS. */
     uint32_t cts_rkey;
-    uint32_t pad;
+    uint64_t cts_addr; /* Sender: its clear-to-send FIFO. */
     struct cfx_ib_info_nic nic;
 };
 
@@ -118,6 +135,8 @@ struct ibn_comm;
 struct ibn_request {
     struct ibn_comm *comm;
     int used, done;
+    int left;   /* Parts (completions) still to come. */
+    uint64_t k; /* The message's number on the comm. */
     uint64_t size;
 };
 
@@ -127,8 +146,16 @@ struct ibn_comm {
     struct cfx_ib_nic *nic;
     int fd; /* The TCP connection: setup, then liveness. */
     struct ibv_cq *cq;
-    struct ibv_qp *qp;
+    struct ibv_qp *qp[IB_MAX_QPS];
+    int n_qps;
+    int split; /* Each message over all queue pairs; else message k on k mod n_qps. */
     int max_inline;
+    int sq_used[IB_MAX_QPS]; /* Signaled send work requests not completed yet. */
+    /* Receiver: the number of the message the next immediate on queue
+     * pair q belongs to. */
+    uint64_t qnext[IB_MAX_QPS];
+    /* Set (release) by an async event on one of the queue pairs: its name. */
+    const char *_Atomic qp_event;
     /* Sender: the FIFO the receiver writes into. Receiver: the sources
      * of its writes (registered, for a NIC without inline data) and where
      * they go. */
@@ -137,10 +164,12 @@ struct ibn_comm {
     uint64_t peer_cts_addr;
     uint32_t peer_cts_rkey;
     struct ibn_request req[IBN_REQUESTS];
-    int order[IBN_REQUESTS]; /* Requests not done, in posting order: [head, tail). */
-    unsigned head, tail;
-    uint64_t posted; /* isend/irecv calls that took a request: the next one's k. */
-    int sq_used;     /* Signaled send work requests not completed yet. */
+    /* Message k's request is order[k mod IBN_REQUESTS] for k in [head,
+     * tail); ended[k mod IBN_REQUESTS] once it completed. tail is also
+     * the next message's k. */
+    int order[IBN_REQUESTS];
+    unsigned char ended[IBN_REQUESTS];
+    uint64_t head, tail;
     ncclResult_t failed;
     int64_t alive_ns; /* When test() last looked at the TCP connection. */
 };
@@ -168,8 +197,9 @@ static void comm_free(struct ibn_comm *c)
     if (c == NULL)
         return;
     const struct cfx_verbs_api *ibv = ibn_ctx.ibv;
-    if (c->qp)
-        ibv->destroy_qp(c->qp);
+    for (int q = 0; q < c->n_qps; q++)
+        if (c->qp[q])
+            ibv->destroy_qp(c->qp[q]);
     if (c->cq)
         ibv->destroy_cq(c->cq);
     if (c->cts_mr)
@@ -180,9 +210,9 @@ static void comm_free(struct ibn_comm *c)
     free(c);
 }
 
-/* A comm on device @p dev with its queue pair in INIT and its
+/* A comm on device @p dev with its @p n_qps queue pairs in INIT and its
  * clear-to-send records registered; NULL (with a warning) on failure. */
-static struct ibn_comm *comm_new(int dev, int is_send)
+static struct ibn_comm *comm_new(int dev, int is_send, int n_qps, int split)
 {
     const struct cfx_verbs_api *ibv = ibn_ctx.ibv;
     struct ibn_comm *c = calloc(1, sizeof(*c));
@@ -192,8 +222,12 @@ static struct ibn_comm *comm_new(int dev, int is_send)
     c->is_send = is_send;
     c->dev = dev;
     c->nic = &ibn_ctx.nic[dev];
+    c->n_qps = n_qps;
+    c->split = split;
     for (int i = 0; i < IBN_REQUESTS; i++)
         c->req[i].comm = c;
+    for (int q = 0; q < n_qps; q++)
+        c->qnext[q] = split ? 0 : (uint64_t)q;
     if (posix_memalign((void **)&c->cts, 4096, IBN_REQUESTS * sizeof(struct ibn_cts)) != 0) {
         c->cts = NULL;
         goto err;
@@ -201,10 +235,11 @@ static struct ibn_comm *comm_new(int dev, int is_send)
     memset(c->cts, 0, IBN_REQUESTS * sizeof(struct ibn_cts));
     c->cts_mr = ibv->reg_mr(c->nic->pd, c->cts, IBN_REQUESTS * sizeof(struct ibn_cts),
                             IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
-    c->cq = ibv->create_cq(c->nic->dev, IBN_CQ_DEPTH, NULL, NULL, 0);
+    c->cq = ibv->create_cq(c->nic->dev, n_qps * IBN_CQ_DEPTH, NULL, NULL, 0);
     if (c->cts_mr == NULL || c->cq == NULL)
         goto err;
     struct ibv_qp_init_attr init = {
+        .qp_context = c, /* For its async events. */
         .send_cq = c->cq,
         .recv_cq = c->cq,
         .cap = {.max_send_wr = IBN_SQ_DEPTH,
@@ -214,21 +249,28 @@ static struct ibn_comm *comm_new(int dev, int is_send)
                 .max_inline_data = sizeof(struct ibn_cts)},
         .qp_type = IBV_QPT_RC,
     };
-    c->qp = ibv->create_qp(c->nic->pd, &init);
-    if (c->qp == NULL) {
-        init.cap.max_inline_data = 0; /* A NIC without inline data: sources are registered. */
-        c->qp = ibv->create_qp(c->nic->pd, &init);
+    for (int q = 0; q < n_qps; q++) {
+        struct ibv_qp_init_attr asked = init;
+        c->qp[q] = ibv->create_qp(c->nic->pd, &asked);
+        if (c->qp[q] == NULL) {
+            asked = init; /* A NIC without inline data: sources are registered. */
+            asked.cap.max_inline_data = 0;
+            c->qp[q] = ibv->create_qp(c->nic->pd, &asked);
+        }
+        if (c->qp[q] == NULL)
+            goto err;
+        if (q == 0)
+            c->max_inline = (int)asked.cap.max_inline_data; /* Clear-to-sends go on 0. */
+        struct ibv_qp_attr attr = {.qp_state = IBV_QPS_INIT,
+                                   .pkey_index = 0,
+                                   .port_num = (uint8_t)c->nic->port.port,
+                                   .qp_access_flags =
+                                       IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_LOCAL_WRITE};
+        if (ibv->modify_qp(c->qp[q], &attr,
+                           IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS) !=
+            0)
+            goto err;
     }
-    if (c->qp == NULL)
-        goto err;
-    c->max_inline = (int)init.cap.max_inline_data;
-    struct ibv_qp_attr attr = {.qp_state = IBV_QPS_INIT,
-                               .pkey_index = 0,
-                               .port_num = (uint8_t)c->nic->port.port,
-                               .qp_access_flags = IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_LOCAL_WRITE};
-    if (ibv->modify_qp(c->qp, &attr,
-                       IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS) != 0)
-        goto err;
     return c;
 
 err:
@@ -245,7 +287,10 @@ static void info_fill(const struct ibn_comm *c, uint64_t nonce, uint32_t psn, st
     memset(info, 0, sizeof(*info));
     info->magic = IBN_MAGIC;
     info->nonce = nonce;
-    info->qpn = c->qp->qp_num;
+    for (int q = 0; q < c->n_qps; q++)
+        info->qpn[q] = c->qp[q]->qp_num;
+    info->n_qps = (uint32_t)c->n_qps;
+    info->split = (uint32_t)c->split;
     info->psn = psn;
     info->cts_addr = (uint64_t)(uintptr_t)c->cts;
     info->cts_rkey = c->cts_mr->rkey;
@@ -256,28 +301,31 @@ static void info_fill(const struct ibn_comm *c, uint64_t nonce, uint32_t psn, st
     snprintf(info->nic.name, sizeof(info->nic.name), "%.11s", port->label);
 }
 
-/* RTR and RTS towards the peer @p theirs describes. */
+/* RTR and RTS, queue pair q to the peer's queue pair q (@p theirs). */
 static int comm_connect_qp(struct ibn_comm *c, const struct ibn_info *mine,
                            const struct ibn_info *theirs)
 {
-    char what[96];
-    snprintf(what, sizeof(what), "the verbs net's queue pair to %.11s (qpn %u)", theirs->nic.name,
-             theirs->qpn);
-    if (cfx_ib_qp_rtr_rts(&ibn_ctx, c->qp, &c->nic->port, &theirs->nic, theirs->qpn, theirs->psn,
-                          mine->psn, what) != cfxSuccess) {
-        IBN_WARN("verbs net: cannot connect %s", what);
-        return -1;
+    for (int q = 0; q < c->n_qps; q++) {
+        char what[96];
+        snprintf(what, sizeof(what), "the verbs net's queue pair %d to %.11s (qpn %u)", q,
+                 theirs->nic.name, theirs->qpn[q]);
+        if (cfx_ib_qp_rtr_rts(&ibn_ctx, c->qp[q], &c->nic->port, &theirs->nic, theirs->qpn[q],
+                              theirs->psn, mine->psn, what) != cfxSuccess) {
+            IBN_WARN("verbs net: cannot connect %s", what);
+            return -1;
+        }
     }
     c->peer_cts_addr = theirs->cts_addr;
     c->peer_cts_rkey = theirs->cts_rkey;
     return 0;
 }
 
-/* Receiver: one receive for an immediate (no buffer: the data is written). */
-static int post_imm_recv(struct ibn_comm *c)
+/* Receiver: one receive on queue pair @p q for an immediate (no buffer:
+ * the data is written); its wr_id says which queue pair. */
+static int post_imm_recv(struct ibn_comm *c, int q)
 {
-    struct ibv_recv_wr wr = {.wr_id = 0, .sg_list = NULL, .num_sge = 0}, *bad = NULL;
-    return ibv_post_recv(c->qp, &wr, &bad);
+    struct ibv_recv_wr wr = {.wr_id = (uint64_t)q, .sg_list = NULL, .num_sge = 0}, *bad = NULL;
+    return ibv_post_recv(c->qp[q], &wr, &bad);
 }
 
 /* ------------------------------------------------------------ non-blocking exchange */
@@ -310,14 +358,6 @@ static void stage_free(struct ibn_stage *st)
     free(st);
 }
 
-static uint32_t random_psn(void)
-{
-    uint32_t psn = 0;
-    if (getrandom(&psn, sizeof(psn), 0) != (ssize_t)sizeof(psn))
-        psn = (uint32_t)getpid();
-    return psn & 0xffffff;
-}
-
 /* ------------------------------------------------------------ the table */
 
 static ncclResult_t ibn_init(ncclDebugLogger_t log_function)
@@ -336,6 +376,17 @@ static ncclResult_t ibn_init(ncclDebugLogger_t log_function)
     if (cfx_ib_device_open(&ibn_ctx) != cfxSuccess) {
         IBN_WARN("verbs net: %s", ibn_ctx.why_not);
         return ncclSystemError;
+    }
+    for (int d = 0; d < ibn_ctx.n_nics; d++) {
+        /* Async events are read by test() without blocking. */
+        int fd = ibn_ctx.nic[d].dev->async_fd;
+        int flags = fcntl(fd, F_GETFL);
+        if (flags < 0 || fcntl(fd, F_SETFL, flags | O_NONBLOCK) != 0) {
+            IBN_WARN("verbs net: cannot make %s's async event descriptor non-blocking: %s",
+                     ibn_ctx.nic[d].port.label, strerror(errno));
+            cfx_ib_device_close(&ibn_ctx);
+            return ncclSystemError;
+        }
     }
     char ifname[64];
     if (cfx_socket_pick_address(&ibn_oob_addr, ifname, sizeof(ifname)) != cfxSuccess) {
@@ -423,12 +474,14 @@ static ncclResult_t ibn_listen(int dev, void *handle_v, void **listen_comm)
     return ncclSuccess;
 }
 
-static ncclResult_t connect_fail(struct ibn_handle *handle, const char *what)
+/* @p res: ncclRemoteError when the listener or the path is at fault,
+ * ncclSystemError when this side could not set itself up. */
+static ncclResult_t connect_fail(struct ibn_handle *handle, ncclResult_t res, const char *what)
 {
     IBN_WARN("verbs net: connect failed: %s", what);
     stage_free(handle->stage);
     handle->stage = NULL;
-    return ncclRemoteError;
+    return res;
 }
 
 static ncclResult_t ibn_connect(int dev, void *handle_v, void **send_comm,
@@ -450,15 +503,15 @@ static ncclResult_t ibn_connect(int dev, void *handle_v, void **send_comm,
             return ncclSystemError;
         st->fd = -1;
         handle->stage = st;
-        st->comm = comm_new(dev, 1);
+        st->comm = comm_new(dev, 1, ibn_ctx.qps_per_conn, ibn_ctx.split_data);
         if (st->comm == NULL)
-            return connect_fail(handle, "no queue pair");
+            return connect_fail(handle, ncclSystemError, "no queue pairs here");
         st->fd = socket(addr.sa.sa_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
         st->comm->fd = st->fd;
         if (st->fd < 0 ||
             (connect(st->fd, &addr.sa, cfx_socket_addr_len(&addr)) != 0 && errno != EINPROGRESS))
-            return connect_fail(handle, strerror(errno));
-        info_fill(st->comm, handle->nonce, random_psn(), &st->mine);
+            return connect_fail(handle, ncclSystemError, strerror(errno));
+        info_fill(st->comm, handle->nonce, cfx_ib_random_psn(), &st->mine);
     }
     if (st->step == 0) {
         struct pollfd pfd = {.fd = st->fd, .events = POLLOUT};
@@ -467,7 +520,7 @@ static ncclResult_t ibn_connect(int dev, void *handle_v, void **send_comm,
         int err = 0;
         socklen_t len = sizeof(err);
         if (getsockopt(st->fd, SOL_SOCKET, SO_ERROR, &err, &len) != 0 || err != 0)
-            return connect_fail(handle, strerror(err ? err : errno));
+            return connect_fail(handle, ncclRemoteError, strerror(err ? err : errno));
         int one = 1;
         setsockopt(st->fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
         st->step = 1;
@@ -475,7 +528,7 @@ static ncclResult_t ibn_connect(int dev, void *handle_v, void **send_comm,
     if (st->step == 1) {
         int r = move_some(st->fd, 1, &st->mine, sizeof(st->mine), &st->sent);
         if (r < 0)
-            return connect_fail(handle, "the listener went away");
+            return connect_fail(handle, ncclRemoteError, "the listener went away");
         if (r == 0)
             return ncclSuccess;
         st->step = 2;
@@ -483,20 +536,21 @@ static ncclResult_t ibn_connect(int dev, void *handle_v, void **send_comm,
     if (st->step == 2) {
         int r = move_some(st->fd, 0, &st->theirs, sizeof(st->theirs), &st->got);
         if (r < 0)
-            return connect_fail(handle, "the listener went away");
+            return connect_fail(handle, ncclRemoteError, "the listener went away");
         if (r == 0)
             return ncclSuccess;
         if (st->theirs.magic != IBN_MAGIC || st->theirs.nonce != handle->nonce)
-            return connect_fail(handle, "the listener answered with something else");
+            return connect_fail(handle, ncclRemoteError,
+                                "the listener answered with something else");
         if (comm_connect_qp(st->comm, &st->mine, &st->theirs) != 0)
-            return connect_fail(handle, "the queue pair did not connect");
+            return connect_fail(handle, ncclRemoteError, "the queue pairs did not connect");
         st->step = 3;
         st->sent = 0;
     }
     static const char ready = 'R';
     int r = move_some(st->fd, 1, (void *)&ready, 1, &st->sent);
     if (r < 0)
-        return connect_fail(handle, "the listener went away");
+        return connect_fail(handle, ncclRemoteError, "the listener went away");
     if (r == 0)
         return ncclSuccess;
     *send_comm = st->comm;
@@ -535,20 +589,22 @@ static ncclResult_t ibn_accept(void *listen_comm, void **recv_comm,
         int r = move_some(st->fd, 0, &st->theirs, sizeof(st->theirs), &st->got);
         if (r == 0)
             return ncclSuccess;
-        if (r < 0 || st->theirs.magic != IBN_MAGIC || st->theirs.nonce != l->nonce) {
+        if (r < 0 || st->theirs.magic != IBN_MAGIC || st->theirs.nonce != l->nonce ||
+            st->theirs.n_qps < 1 || st->theirs.n_qps > IB_MAX_QPS) {
             IBN_WARN("verbs net: dropped a setup connection that did not say hello");
             goto drop;
         }
-        st->comm = comm_new(l->dev, 0);
+        st->comm = comm_new(l->dev, 0, (int)st->theirs.n_qps, st->theirs.split != 0);
         if (st->comm == NULL)
             goto drop;
         st->comm->fd = st->fd;
-        info_fill(st->comm, l->nonce, random_psn(), &st->mine);
-        for (int i = 0; i < IBN_REQUESTS; i++)
-            if (post_imm_recv(st->comm) != 0) {
-                IBN_WARN("verbs net: cannot post receives: %s", strerror(errno));
-                goto drop;
-            }
+        info_fill(st->comm, l->nonce, cfx_ib_random_psn(), &st->mine);
+        for (int q = 0; q < st->comm->n_qps; q++)
+            for (int i = 0; i < IBN_REQUESTS; i++)
+                if (post_imm_recv(st->comm, q) != 0) {
+                    IBN_WARN("verbs net: cannot post receives: %s", strerror(errno));
+                    goto drop;
+                }
         if (comm_connect_qp(st->comm, &st->mine, &st->theirs) != 0)
             goto drop;
         st->step = 1;
@@ -605,21 +661,42 @@ static ncclResult_t ibn_dereg_mr(void *comm, void *mhandle)
     return ncclSuccess;
 }
 
-/* A free request queued last, with k = posted; NULL when all are taken. */
+/* A free request for the next message (k = tail); NULL when all are
+ * taken or IBN_REQUESTS messages are in flight. request_queue() then makes
+ * it message k once its work is posted. */
 static struct ibn_request *request_take(struct ibn_comm *c, int *index_p)
 {
     if (c->tail - c->head == IBN_REQUESTS)
         return NULL;
     for (int i = 0; i < IBN_REQUESTS; i++)
         if (!c->req[i].used) {
-            c->req[i].used = 1;
-            c->req[i].done = 0;
-            c->req[i].size = 0;
-            c->order[c->tail++ % IBN_REQUESTS] = i;
+            struct ibn_request *r = &c->req[i];
+            *r = (struct ibn_request){.comm = c, .used = 1, .k = c->tail};
             *index_p = i;
-            return &c->req[i];
+            return r;
         }
     return NULL;
+}
+
+static void request_queue(struct ibn_comm *c, int index, int parts)
+{
+    c->req[index].left = parts;
+    c->order[c->tail % IBN_REQUESTS] = index;
+    c->ended[c->tail % IBN_REQUESTS] = 0;
+    c->tail++;
+}
+
+/* One part of @p r completed (a write, or an immediate that arrived). */
+static void part_done(struct ibn_comm *c, struct ibn_request *r)
+{
+    if (--r->left > 0)
+        return;
+    r->done = 1;
+    c->ended[r->k % IBN_REQUESTS] = 1;
+    while (c->head != c->tail && c->ended[c->head % IBN_REQUESTS]) {
+        c->ended[c->head % IBN_REQUESTS] = 0;
+        c->head++;
+    }
 }
 
 static ncclResult_t comm_fail(struct ibn_comm *c, ncclResult_t res, const char *why)
@@ -632,16 +709,74 @@ static ncclResult_t comm_fail(struct ibn_comm *c, ncclResult_t res, const char *
     return c->failed;
 }
 
+/* Reads every port's async events without blocking, on whichever comm's
+ * thread comes first (the others go on: the events are read meanwhile). A
+ * queue pair's event is left on its comm, a port's on the port. */
+static void async_drain(void)
+{
+    if (pthread_mutex_trylock(&ibn_async_lock) != 0)
+        return;
+    const struct cfx_verbs_api *ibv = ibn_ctx.ibv;
+    for (int d = 0; d < ibn_ctx.n_nics; d++) {
+        struct cfx_ib_nic *nic = &ibn_ctx.nic[d];
+        struct ibv_async_event event;
+        while (ibv->get_async_event(nic->dev, &event) == 0) {
+            const char *what = ibv->event_type_str(event.event_type);
+            switch (event.event_type) {
+            case IBV_EVENT_QP_FATAL:
+            case IBV_EVENT_QP_REQ_ERR:
+            case IBV_EVENT_QP_ACCESS_ERR:
+            case IBV_EVENT_PATH_MIG_ERR: {
+                /* The comm is still there: destroying a queue pair waits
+                 * for its events to be acknowledged. */
+                struct ibn_comm *c = event.element.qp ? event.element.qp->qp_context : NULL;
+                if (c != NULL)
+                    atomic_store_explicit(&c->qp_event, what, memory_order_release);
+                break;
+            }
+            case IBV_EVENT_PORT_ERR:
+            case IBV_EVENT_DEVICE_FATAL:
+            case IBV_EVENT_CQ_ERR:
+                if (!atomic_load_explicit(&nic->fatal, memory_order_relaxed)) {
+                    snprintf(nic->fatal_error, sizeof(nic->fatal_error), "%s port %d: %s",
+                             nic->port.dev_name, nic->port.port, what);
+                    atomic_store_explicit(&nic->fatal, 1, memory_order_release);
+                    IBN_WARN("verbs net: %s", nic->fatal_error);
+                }
+                break;
+            default: IBN_INFO("verbs net: %s: async event: %s", nic->port.label, what); break;
+            }
+            ibv->ack_async_event(&event);
+        }
+    }
+    pthread_mutex_unlock(&ibn_async_lock);
+}
+
+/* The comm's failure for an async event read so far, or ncclSuccess. */
+static ncclResult_t comm_check_events(struct ibn_comm *c)
+{
+    const char *what = atomic_load_explicit(&c->qp_event, memory_order_acquire);
+    if (what != NULL) {
+        char why[160];
+        snprintf(why, sizeof(why), "an async event on one of its queue pairs: %s", what);
+        return comm_fail(c, ncclSystemError, why);
+    }
+    if (atomic_load_explicit(&c->nic->fatal, memory_order_acquire))
+        return comm_fail(c, ncclSystemError, c->nic->fatal_error);
+    return c->failed;
+}
+
 static ncclResult_t ibn_isend(void *send_comm, void *data, size_t size, int tag, void *mhandle,
                               void **request)
 {
     (void)tag;
     struct ibn_comm *c = send_comm;
     *request = NULL;
-    if (c->failed != ncclSuccess)
+    if (comm_check_events(c) != ncclSuccess)
         return c->failed;
-    struct ibn_cts *cts = &c->cts[c->posted % IBN_REQUESTS];
-    uint64_t want = c->posted + 1;
+    uint64_t k = c->tail;
+    struct ibn_cts *cts = &c->cts[k % IBN_REQUESTS];
+    uint64_t want = k + 1;
     if (__atomic_load_n(&cts->check, __ATOMIC_ACQUIRE) != want)
         return ncclSuccess; /* Its receive is not posted yet. */
     uint64_t addr = __atomic_load_n(&cts->addr, __ATOMIC_RELAXED);
@@ -655,31 +790,42 @@ static ncclResult_t ibn_isend(void *send_comm, void *data, size_t size, int tag,
                  (unsigned long long)room);
         return comm_fail(c, ncclInvalidUsage, why);
     }
-    if (c->sq_used >= IBN_SQ_DEPTH)
-        return ncclSuccess;
+    /* Whole on queue pair k mod n, or in aligned parts over all of them. */
+    int first = c->split ? 0 : (int)(k % (uint64_t)c->n_qps);
+    int parts = c->split ? c->n_qps : 1;
+    for (int q = first; q < first + parts; q++)
+        if (c->sq_used[q] >= IBN_SQ_DEPTH)
+            return ncclSuccess;
     int index = 0;
     struct ibn_request *r = request_take(c, &index);
     if (r == NULL)
         return ncclSuccess;
+    size_t part = parts == 1 ? size : (size + parts - 1) / parts;
+    part = (part + IBN_ALIGN - 1) / IBN_ALIGN * IBN_ALIGN;
     struct ibv_mr *mr = mhandle;
-    struct ibv_sge sge = {
-        .addr = (uint64_t)(uintptr_t)data, .length = (uint32_t)size, .lkey = mr ? mr->lkey : 0};
-    struct ibv_send_wr wr = {.wr_id = (uint64_t)index,
-                             .sg_list = size ? &sge : NULL,
-                             .num_sge = size ? 1 : 0,
-                             .opcode = IBV_WR_RDMA_WRITE_WITH_IMM,
-                             .send_flags = IBV_SEND_SIGNALED,
-                             .imm_data = htonl((uint32_t)size),
-                             .wr = {.rdma = {.remote_addr = addr, .rkey = rkey}}},
-                       *bad = NULL;
-    if (ibv_post_send(c->qp, &wr, &bad) != 0) {
-        r->used = 0;
-        c->tail--;
-        return comm_fail(c, ncclSystemError, "ibv_post_send of a message failed");
+    for (int i = 0; i < parts; i++) {
+        int q = first + i;
+        size_t off = (size_t)i * part < size ? (size_t)i * part : size;
+        size_t len = size - off < part ? size - off : part;
+        struct ibv_sge sge = {.addr = (uint64_t)(uintptr_t)data + off,
+                              .length = (uint32_t)len,
+                              .lkey = mr ? mr->lkey : 0};
+        struct ibv_send_wr wr = {.wr_id = (uint64_t)index | IBN_WR_QP(q),
+                                 .sg_list = len ? &sge : NULL,
+                                 .num_sge = len ? 1 : 0,
+                                 .opcode = IBV_WR_RDMA_WRITE_WITH_IMM,
+                                 .send_flags = IBV_SEND_SIGNALED,
+                                 .imm_data = htonl((uint32_t)len),
+                                 .wr = {.rdma = {.remote_addr = addr + off, .rkey = rkey}}},
+                           *bad = NULL;
+        if (ibv_post_send(c->qp[q], &wr, &bad) != 0) {
+            r->used = 0; /* The comm is failed: parts posted before never count. */
+            return comm_fail(c, ncclSystemError, "ibv_post_send of a message failed");
+        }
+        c->sq_used[q]++;
     }
     r->size = size;
-    c->sq_used++;
-    c->posted++;
+    request_queue(c, index, parts);
     *request = r;
     return ncclSuccess;
 }
@@ -692,15 +838,15 @@ static ncclResult_t ibn_irecv(void *recv_comm, int n, void **data, size_t *sizes
     *request = NULL;
     if (n != 1)
         return ncclInvalidArgument; /* maxRecvs is 1. */
-    if (c->failed != ncclSuccess)
+    if (comm_check_events(c) != ncclSuccess)
         return c->failed;
-    if (c->sq_used >= IBN_SQ_DEPTH)
+    if (c->sq_used[0] >= IBN_SQ_DEPTH)
         return ncclSuccess;
     int index = 0;
     struct ibn_request *r = request_take(c, &index);
     if (r == NULL)
         return ncclSuccess;
-    uint64_t k = c->posted;
+    uint64_t k = c->tail;
     struct ibn_cts *src = &c->cts[k % IBN_REQUESTS];
     struct ibv_mr *mr = mhandles[0];
     *src = (struct ibn_cts){.seq = k + 1,
@@ -710,7 +856,7 @@ static ncclResult_t ibn_irecv(void *recv_comm, int n, void **data, size_t *sizes
                             .check = k + 1};
     struct ibv_sge sge = {
         .addr = (uint64_t)(uintptr_t)src, .length = sizeof(*src), .lkey = c->cts_mr->lkey};
-    struct ibv_send_wr wr = {.wr_id = IBN_WR_CTS,
+    struct ibv_send_wr wr = {.wr_id = IBN_WR_CTS | IBN_WR_QP(0),
                              .sg_list = &sge,
                              .num_sge = 1,
                              .opcode = IBV_WR_RDMA_WRITE,
@@ -721,55 +867,62 @@ static ncclResult_t ibn_irecv(void *recv_comm, int n, void **data, size_t *sizes
                                                             (k % IBN_REQUESTS) * sizeof(*src),
                                              .rkey = c->peer_cts_rkey}}},
                        *bad = NULL;
-    if (ibv_post_send(c->qp, &wr, &bad) != 0) {
+    if (ibv_post_send(c->qp[0], &wr, &bad) != 0) {
         r->used = 0;
-        c->tail--;
         return comm_fail(c, ncclSystemError, "ibv_post_send of a clear-to-send failed");
     }
-    c->sq_used++;
-    c->posted++;
+    c->sq_used[0]++;
+    request_queue(c, index, c->split ? c->n_qps : 1);
     *request = r;
     return ncclSuccess;
 }
 
-/* Completions so far; the TCP connection every IBN_ALIVE_NS. */
+/* A completion in error: the async event behind it when one was read by
+ * now (a queue pair or port failure flushes its work), else its status. */
+static ncclResult_t completion_failed(struct ibn_comm *c, const struct ibv_wc *wc)
+{
+    async_drain();
+    if (comm_check_events(c) != ncclSuccess)
+        return c->failed;
+    char why[160];
+    snprintf(why, sizeof(why), "a completion in error: %s (%d)%s",
+             ibn_ctx.ibv->wc_status_str(wc->status), (int)wc->status,
+             wc->status == IBV_WC_RETRY_EXC_ERR ? ": the peer or the path is gone" : "");
+    int remote = wc->status == IBV_WC_RETRY_EXC_ERR || wc->status == IBV_WC_REM_ACCESS_ERR ||
+                 wc->status == IBV_WC_REM_OP_ERR || wc->status == IBV_WC_WR_FLUSH_ERR;
+    return comm_fail(c, remote ? ncclRemoteError : ncclSystemError, why);
+}
+
+/* Completions so far; async events and the TCP connection every
+ * IBN_ALIVE_NS. */
 static ncclResult_t comm_progress(struct ibn_comm *c)
 {
+    if (c->failed != ncclSuccess)
+        return c->failed;
     struct ibv_wc wc[16];
     int n;
     while ((n = ibv_poll_cq(c->cq, 16, wc)) > 0) {
         for (int i = 0; i < n; i++) {
-            if (wc[i].status != IBV_WC_SUCCESS) {
-                char why[160];
-                snprintf(why, sizeof(why), "a completion in error: %s (%d)%s",
-                         ibn_ctx.ibv->wc_status_str(wc[i].status), (int)wc[i].status,
-                         wc[i].status == IBV_WC_RETRY_EXC_ERR ? ": the peer or the path is gone"
-                                                              : "");
-                return comm_fail(
-                    c,
-                    wc[i].status == IBV_WC_RETRY_EXC_ERR || wc[i].status == IBV_WC_REM_ACCESS_ERR ||
-                            wc[i].status == IBV_WC_REM_OP_ERR || wc[i].status == IBV_WC_WR_FLUSH_ERR
-                        ? ncclRemoteError
-                        : ncclSystemError,
-                    why);
-            }
-            if (wc[i].opcode & IBV_WC_RECV) { /* A message arrived: the oldest receive's. */
-                if (c->head == c->tail)
+            if (wc[i].status != IBV_WC_SUCCESS)
+                return completion_failed(c, &wc[i]);
+            if (wc[i].opcode & IBV_WC_RECV) {
+                /* A part arrived: queue pair q's next message's. */
+                int q = (int)wc[i].wr_id;
+                if (q >= c->n_qps || c->qnext[q] >= c->tail)
                     return comm_fail(c, ncclInternalError, "a message with no receive posted");
-                struct ibn_request *r = &c->req[c->order[c->head++ % IBN_REQUESTS]];
-                r->size = ntohl(wc[i].imm_data);
-                r->done = 1;
-                if (post_imm_recv(c) != 0)
+                uint64_t k = c->qnext[q];
+                c->qnext[q] += c->split ? 1 : (uint64_t)c->n_qps;
+                struct ibn_request *r = &c->req[c->order[k % IBN_REQUESTS]];
+                r->size += ntohl(wc[i].imm_data);
+                part_done(c, r);
+                if (post_imm_recv(c, q) != 0)
                     return comm_fail(c, ncclSystemError, "ibv_post_recv failed");
                 continue;
             }
-            c->sq_used--;
-            if (wc[i].wr_id == IBN_WR_CTS)
+            c->sq_used[(wc[i].wr_id >> 8) & 0xff]--;
+            if (wc[i].wr_id & IBN_WR_CTS)
                 continue;
-            struct ibn_request *r = &c->req[wc[i].wr_id % IBN_REQUESTS];
-            r->done = 1;
-            while (c->head != c->tail && c->req[c->order[c->head % IBN_REQUESTS]].done)
-                c->head++;
+            part_done(c, &c->req[(wc[i].wr_id & 0xff) % IBN_REQUESTS]);
         }
     }
     if (n < 0)
@@ -777,6 +930,9 @@ static ncclResult_t comm_progress(struct ibn_comm *c)
     int64_t now = cfx_time_now_ns();
     if (now - c->alive_ns >= IBN_ALIVE_NS) {
         c->alive_ns = now;
+        async_drain();
+        if (comm_check_events(c) != ncclSuccess)
+            return c->failed;
         char byte;
         ssize_t got = recv(c->fd, &byte, 1, MSG_DONTWAIT | MSG_PEEK);
         if (got == 0 || (got < 0 && errno != EAGAIN && errno != EINTR))

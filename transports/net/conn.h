@@ -119,6 +119,9 @@ ncclResult_t cfx_net_plugin_iflush(const struct cfx_net_plugin *p, void *recv_co
 ncclResult_t cfx_net_plugin_close_send(const struct cfx_net_plugin *p, void *send_comm);
 ncclResult_t cfx_net_plugin_close_recv(const struct cfx_net_plugin *p, void *recv_comm);
 ncclResult_t cfx_net_plugin_close_listen(const struct cfx_net_plugin *p, void *listen_comm);
+/* The plugin's last warning into @p buf when it came within @p within_ns
+ * (<= 0: whenever); 0 when there is none. */
+int cfx_net_plugin_last_warning(char *buf, size_t len, int64_t within_ns);
 /* "ncclRemoteError (6)", for sentences. */
 const char *cfx_net_result_name(ncclResult_t res);
 

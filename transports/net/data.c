@@ -25,6 +25,8 @@
 #include "src/util/time.h"
 #include "transports/net/conn.h"
 
+#define CFX_NET_WARNING_FRESH_NS (1000 * 1000 * 1000ll)
+
 static const char *dir_name(enum cfx_conn_dir dir)
 {
     return dir == CFX_CONN_SEND ? "send" : "receive";
@@ -46,13 +48,19 @@ conn_fail(struct cfx_net_conn *nc, cfxResult_t res, int blame_rank, const char *
     CFX_INFO(CFX_LOG_NET, "%s", nc->error); /* The call that meets it reports it. */
 }
 
-/* A plugin call failed: the connection is gone. */
+/* A plugin call failed: the connection is gone. The plugin's warning of
+ * the last second, if any, says why in its words (a net's own failure: a
+ * port down, a queue pair in error). */
 static void call_failed(struct cfx_net_conn *nc, const char *call, ncclResult_t res)
 {
+    char warning[256], said[280] = "";
+    if (cfx_net_plugin_last_warning(warning, sizeof(warning), CFX_NET_WARNING_FRESH_NS))
+        snprintf(said, sizeof(said), " (its last warning: %s)", warning);
     conn_fail(nc, cfxRemoteError, nc->peer_rank,
-              "net-plugin: rank %d's %s connection to rank %d failed: plugin %s's %s returned %s",
+              "net-plugin: rank %d's %s connection to rank %d failed: plugin %s's %s returned "
+              "%s%s",
               nc->self_rank, dir_name(nc->dir), nc->peer_rank, nc->plugin->name, call,
-              cfx_net_result_name(res));
+              cfx_net_result_name(res), said);
 }
 
 /* Test one request; 1 when it completed (*req cleared, *bytes_p set). */

@@ -18,6 +18,7 @@
 
 #include "src/util/log.h"
 #include "src/util/param.h"
+#include "src/util/time.h"
 #include "transports/net/builtin.h"
 #include "transports/net/conn.h"
 
@@ -36,8 +37,11 @@ static int load_done;
 static cfxResult_t load_res;
 static char load_error[CFX_ERROR_MAX];
 static struct cfx_net_plugin plugin;
-/* The plugin's last warning, for the sentence of a failed load. */
+/* The plugin's last warning and when it came (under warning_lock), for
+ * the sentences of a failed load and of a failed call. */
+static pthread_mutex_t warning_lock = PTHREAD_MUTEX_INITIALIZER;
 static char last_warning[256];
+static int64_t last_warning_ns;
 
 #define BUILTIN_PREFIX "builtin:"
 
@@ -56,7 +60,10 @@ __attribute__((format(printf, 5, 6))) static void plugin_logger(ncclDebugLogLeve
     if (level == NCCL_LOG_WARN || level == NCCL_LOG_ABORT) { /* For a failed load's sentence. */
         va_list copy;
         va_start(copy, fmt);
+        pthread_mutex_lock(&warning_lock);
         vsnprintf(last_warning, sizeof(last_warning), fmt, copy);
+        last_warning_ns = cfx_time_now_ns();
+        pthread_mutex_unlock(&warning_lock);
         va_end(copy);
     }
     if (cfx_log_level_value < 0)
@@ -306,9 +313,9 @@ static cfxResult_t load(const char *spec)
         res = plugin.version == 9 ? plugin.v9->init(plugin_logger) : plugin.v8->init(plugin_logger);
     }
     if (res != ncclSuccess) {
-        char said[sizeof(last_warning) + 16] = "";
-        if (last_warning[0])
-            snprintf(said, sizeof(said), "; it said: %s", last_warning);
+        char warning[sizeof(last_warning)], said[sizeof(last_warning) + 16] = "";
+        if (cfx_net_plugin_last_warning(warning, sizeof(warning), 0))
+            snprintf(said, sizeof(said), "; it said: %s", warning);
         LOAD_FAIL("net-plugin: plugin %s (v%d, CFX_NET_PLUGIN=%.64s) failed init: %s%.200s",
                   plugin.name, plugin.version, spec, cfx_net_result_name(res), said);
     }
@@ -480,6 +487,17 @@ ncclResult_t cfx_net_plugin_irecv(const struct cfx_net_plugin *p, void *recv_com
     }
     int sizes[1] = {(int)bytes};
     return p->v8->irecv(recv_comm, 1, datas, sizes, &tag, mhandles, request_p);
+}
+
+int cfx_net_plugin_last_warning(char *buf, size_t len, int64_t within_ns)
+{
+    pthread_mutex_lock(&warning_lock);
+    int fresh = last_warning[0] != '\0' &&
+                (within_ns <= 0 || cfx_time_now_ns() - last_warning_ns <= within_ns);
+    if (fresh)
+        snprintf(buf, len, "%s", last_warning);
+    pthread_mutex_unlock(&warning_lock);
+    return fresh;
 }
 
 ncclResult_t cfx_net_plugin_test(const struct cfx_net_plugin *p, void *request, int *done_p,
