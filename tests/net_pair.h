@@ -22,6 +22,7 @@ static inline double net_pair_now_s(void)
 
 struct net_pair {
     const ncclNet_v9_t *net;
+    int dev;
     void *listen, *send, *recv;
     char handle[NCCL_NET_HANDLE_MAXSIZE];
 };
@@ -33,7 +34,8 @@ static inline void net_pair_connect(struct net_pair *p)
     double end = net_pair_now_s() + 5;
     while ((p->send == NULL || p->recv == NULL) && net_pair_now_s() < end) {
         if (p->send == NULL)
-            cr_assert_eq(p->net->connect(0, p->handle, &p->send, NULL), ncclSuccess, "connect");
+            cr_assert_eq(p->net->connect(p->dev, p->handle, &p->send, NULL), ncclSuccess,
+                         "connect");
         if (p->recv == NULL)
             cr_assert_eq(p->net->accept(p->listen, &p->recv, NULL), ncclSuccess, "accept");
     }
@@ -41,16 +43,24 @@ static inline void net_pair_connect(struct net_pair *p)
               p->send, p->recv);
 }
 
-/* @p net (initialized) listening on device 0, then connected. */
-static inline void net_pair_open(struct net_pair *p, const ncclNet_v9_t *net)
+/* @p net (initialized) listening on device @p dev, then connected from
+ * the same device. */
+static inline void net_pair_open_dev(struct net_pair *p, const ncclNet_v9_t *net, int dev)
 {
     memset(p, 0, sizeof(*p));
     p->net = net;
+    p->dev = dev;
     int n = 0;
     cr_assert_eq(net->devices(&n), ncclSuccess);
-    cr_assert_geq(n, 1, "%d devices", n);
-    cr_assert_eq(net->listen(0, p->handle, &p->listen), ncclSuccess, "listen");
+    cr_assert_gt(n, dev, "%d devices, no device %d", n, dev);
+    cr_assert_eq(net->listen(dev, p->handle, &p->listen), ncclSuccess, "listen");
     net_pair_connect(p);
+}
+
+/* On device 0. */
+static inline void net_pair_open(struct net_pair *p, const ncclNet_v9_t *net)
+{
+    net_pair_open_dev(p, net, 0);
 }
 
 static inline void net_pair_close(struct net_pair *p)

@@ -53,6 +53,27 @@ static void *send_when_cleared(const struct net_pair *p, void *data, size_t byte
     return request;
 }
 
+/* The net's warnings, kept for the tests that check a sentence. */
+static char warned[4096];
+
+static void keep_warnings(ncclDebugLogLevel level, unsigned long flags, const char *file, int line,
+                          const char *fmt, ...)
+{
+    (void)flags;
+    (void)file;
+    (void)line;
+    if (level != NCCL_LOG_WARN)
+        return;
+    size_t used = strlen(warned);
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(warned + used, sizeof(warned) - used, fmt, ap);
+    va_end(ap);
+    used = strlen(warned);
+    if (used + 1 < sizeof(warned))
+        strcat(warned, "\n");
+}
+
 /* CFX_IB_QPS_PER_CONNECTION and CFX_IB_SPLIT_DATA_ON_QPS for one test
  * (each test is its own process: init reads them once). */
 struct qp_case {
@@ -190,6 +211,138 @@ ParameterizedTest(struct qp_case *qc, builtin_ib,
     net_pair_close(&p);
 }
 
+/* ------------------------------------------------------------ virtual devices */
+
+/* Two fake ports (distinct LIDs and GIDs; keys of one port's protection
+ * domain are refused on the other) merged into virtual device 2. */
+static const ncclNet_v9_t *net_with_vdevice(void)
+{
+    cfx_test_setenv("FAKEVERBS_DEVICES", "2");
+    const ncclNet_v9_t *net = verbs_net();
+    ncclNetVDeviceProps_v9_t props = {.ndevs = 2, .devs = {0, 1}};
+    int vdev = -1;
+    cr_assert_eq(net->makeVDevice(&vdev, &props), ncclSuccess);
+    cr_assert_eq(vdev, 2, "the virtual device is %d", vdev);
+    return net;
+}
+
+Test(builtin_ib, a_virtual_device_reports_both_ports)
+{
+    const ncclNet_v9_t *net = net_with_vdevice();
+    int n = 0;
+    cr_assert_eq(net->devices(&n), ncclSuccess);
+    cr_assert_eq(n, 3, "%d devices: two ports and the virtual device", n);
+    ncclNetProperties_v9_t port0, vdev;
+    cr_assert_eq(net->getProperties(0, &port0), ncclSuccess);
+    cr_assert_eq(net->getProperties(2, &vdev), ncclSuccess);
+    cr_assert_str_eq(vdev.name, "fake_0+fake_1");
+    cr_assert_eq(vdev.vProps.ndevs, 2);
+    cr_assert(vdev.vProps.devs[0] == 0 && vdev.vProps.devs[1] == 1);
+    cr_assert_eq(vdev.speed, 2 * port0.speed, "%d Mbps, not twice %d", vdev.speed, port0.speed);
+}
+
+Test(builtin_ib, a_virtual_device_of_ports_that_do_not_exist_is_refused)
+{
+    cfx_test_setenv("FAKEVERBS_DEVICES", "2");
+    const ncclNet_v9_t *net = verbs_net();
+    static const ncclNetVDeviceProps_v9_t bad[] = {{.ndevs = 0},
+                                                   {.ndevs = 2, .devs = {0, 0}},
+                                                   {.ndevs = 2, .devs = {0, 2}},
+                                                   {.ndevs = 1, .devs = {-1}}};
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        ncclNetVDeviceProps_v9_t props = bad[i];
+        int vdev = -1;
+        cr_assert_eq(net->makeVDevice(&vdev, &props), ncclInvalidArgument, "case %zu", i);
+    }
+    int n = 0;
+    cr_assert_eq(net->devices(&n), ncclSuccess);
+    cr_assert_eq(n, 2, "a refused virtual device counts (%d devices)", n);
+}
+
+/* A comm on the virtual device: queue pair q on port q mod 2 at both ends
+ * (one per port with CFX_IB_QPS_PER_CONNECTION=1), each writing with its
+ * own port's keys, messages in turn over them or split over both. */
+ParameterizedTestParameters(builtin_ib, a_virtual_device_carries_messages_over_both_ports)
+{
+    static struct qp_case cases[] = {{"1", "0"}, {"1", "1"}, {"2", "0"}};
+    return cr_make_param_array(struct qp_case, cases, sizeof(cases) / sizeof(cases[0]));
+}
+
+ParameterizedTest(struct qp_case *qc, builtin_ib, a_virtual_device_carries_messages_over_both_ports)
+{
+    set_qps(qc);
+    const ncclNet_v9_t *net = net_with_vdevice();
+    struct net_pair p;
+    net_pair_open_dev(&p, net, 2);
+    enum { N = 12 };
+    static unsigned char out[N][70000], in[N][70000 + 64];
+    void *mo = NULL, *mi = NULL, *sreq[N], *rreq[N];
+    cr_assert_eq(p.net->regMr(p.send, out, sizeof(out), NCCL_PTR_HOST, &mo), ncclSuccess);
+    cr_assert_eq(p.net->regMr(p.recv, in, sizeof(in), NCCL_PTR_HOST, &mi), ncclSuccess);
+    for (int i = 0; i < N; i++) {
+        size_t bytes = (size_t)(i * 5813) % 70000;
+        for (size_t b = 0; b < bytes; b++)
+            out[i][b] = (unsigned char)(b * 7 + (size_t)i);
+        memset(in[i], 0xee, sizeof(in[i]));
+        rreq[i] = net_pair_post_recv(&p, in[i], sizeof(in[i]), mi);
+        cr_assert_not_null(rreq[i]);
+        ncclResult_t res = ncclSuccess;
+        sreq[i] = send_when_cleared(&p, out[i], bytes, mo, &res);
+        cr_assert_eq(res, ncclSuccess, "send %d", i);
+        cr_assert_not_null(sreq[i], "send %d was never cleared", i);
+    }
+    for (int i = 0; i < N; i++) {
+        size_t bytes = (size_t)(i * 5813) % 70000;
+        int got = -1;
+        cr_assert_eq(net_pair_wait(&p, rreq[i], &got), ncclSuccess, "receive %d", i);
+        cr_assert_eq((size_t)got, bytes, "receive %d: %d bytes, not %zu", i, got, bytes);
+        cr_assert(memcmp(in[i], out[i], bytes) == 0, "receive %d: wrong bytes", i);
+        cr_assert_eq(in[i][bytes], 0xee, "receive %d wrote past its message", i);
+        cr_assert_eq(net_pair_wait(&p, sreq[i], &got), ncclSuccess, "send %d", i);
+    }
+    p.net->deregMr(p.send, mo);
+    p.net->deregMr(p.recv, mi);
+    net_pair_close(&p);
+}
+
+/* The virtual device's second port goes down: its comms fail naming that
+ * port (so they did use it), while a comm on port 0 alone goes on. */
+Test(builtin_ib, a_port_down_fails_the_virtual_devices_comms_and_spares_the_other_port)
+{
+    cfx_test_setenv("FAKEVERBS_PORT_DOWN_DEVICE", "fake_1");
+    cfx_test_setenv("FAKEVERBS_PORT_DOWN_AFTER_MS", "300");
+    const ncclNet_v9_t *net = net_with_vdevice();
+    cr_assert_eq(net->init(keep_warnings), ncclSuccess);
+    struct net_pair on_vdev, on_port0;
+    net_pair_open_dev(&on_vdev, net, 2);
+    net_pair_open_dev(&on_port0, net, 0);
+    static char in[2][64], out[64] = "port 0 is still up";
+    void *mi[2] = {NULL, NULL}, *mo = NULL;
+    cr_assert_eq(net->regMr(on_vdev.recv, in[0], sizeof(in[0]), NCCL_PTR_HOST, &mi[0]),
+                 ncclSuccess);
+    cr_assert_eq(net->regMr(on_port0.recv, in[1], sizeof(in[1]), NCCL_PTR_HOST, &mi[1]),
+                 ncclSuccess);
+    cr_assert_eq(net->regMr(on_port0.send, out, sizeof(out), NCCL_PTR_HOST, &mo), ncclSuccess);
+    void *lost = net_pair_post_recv(&on_vdev, in[0], sizeof(in[0]), mi[0]);
+    int got = 0;
+    cr_assert_eq(net_pair_wait(&on_vdev, lost, &got), ncclSystemError);
+    cr_log_info("warnings:\n%s", warned);
+    cr_assert(strstr(warned, "comm on fake_0:1+fake_1:1 failed: fake_1 port 1: port error") != NULL,
+              "no warning names the virtual device and its port 1:\n%s", warned);
+    void *rreq = net_pair_post_recv(&on_port0, in[1], sizeof(in[1]), mi[1]);
+    ncclResult_t res = ncclSuccess;
+    void *sreq = send_when_cleared(&on_port0, out, sizeof(out), mo, &res);
+    cr_assert_eq(res, ncclSuccess);
+    cr_assert_eq(net_pair_wait(&on_port0, rreq, &got), ncclSuccess, "port 0's comm failed too");
+    cr_assert_eq(net_pair_wait(&on_port0, sreq, &got), ncclSuccess);
+    cr_assert_str_eq(in[1], out);
+    net->deregMr(on_vdev.recv, mi[0]);
+    net->deregMr(on_port0.recv, mi[1]);
+    net->deregMr(on_port0.send, mo);
+    net_pair_close(&on_vdev);
+    net_pair_close(&on_port0);
+}
+
 /* No receive posted: isend answers NULL (its clear-to-send is not there),
  * and takes the message once the receive is posted. */
 Test(builtin_ib, a_send_waits_for_its_receive_to_be_posted)
@@ -248,27 +401,6 @@ Test(builtin_ib, a_closed_peer_fails_a_pending_receive_with_remote_error)
     int got = 0;
     cr_assert_eq(net_pair_wait(&p, rreq, &got), ncclRemoteError);
     net_pair_close(&p);
-}
-
-/* The net's warnings, kept for the tests that check a sentence. */
-static char warned[4096];
-
-static void keep_warnings(ncclDebugLogLevel level, unsigned long flags, const char *file, int line,
-                          const char *fmt, ...)
-{
-    (void)flags;
-    (void)file;
-    (void)line;
-    if (level != NCCL_LOG_WARN)
-        return;
-    size_t used = strlen(warned);
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(warned + used, sizeof(warned) - used, fmt, ap);
-    va_end(ap);
-    used = strlen(warned);
-    if (used + 1 < sizeof(warned))
-        strcat(warned, "\n");
 }
 
 /* A fake-verbs fault @p knob=@p value (FAKEVERBS_*: it fires that many ms

@@ -890,6 +890,31 @@ ParameterizedTest(struct qp_case *qc, net_builtin_ib, allreduce_over_several_que
     cfx_test_setenv("CFX_IB_SPLIT_DATA_ON_QPS", NULL);
 }
 
+/* CFX_NET_FORCE_MERGE over the verbs net: two fake ports per rank merged
+ * into its virtual device 2 (makeVDevice), which carries every connection,
+ * a queue pair on each port. */
+Test(net_builtin_ib, two_ports_merged_into_a_virtual_device_carry_the_job, .timeout = 150)
+{
+    use_fakeverbs_or_skip();
+    cfx_test_setenv("FAKEVERBS_DEVICES", "2");
+    cfx_test_setenv("CFX_NET_FORCE_MERGE", "fake_0,fake_1");
+    const char *const needles[] = {"(plugin IB, device 2: fake_0+fake_1,", "via net-plugin",
+                                   "verbs net: virtual device 2 is fake_0:1+fake_1:1",
+                                   "(plugin IB, device 0:", "(plugin IB, device 1:"};
+    int counts[5];
+    run_counting(BUILTIN_IB, 3, allreduces_of_every_size, needles, counts, 5);
+    cfx_test_setenv("FAKEVERBS_DEVICES", NULL);
+    cfx_test_setenv("CFX_NET_FORCE_MERGE", NULL);
+    cr_log_info("%d connection lines on the virtual device, %d on a port alone, %d via "
+                "net-plugin, %d ranks made it",
+                counts[0], counts[3] + counts[4], counts[1], counts[2]);
+    cr_assert_geq(counts[2], 3, "the ranks did not make the virtual device (%d lines)", counts[2]);
+    cr_assert_geq(counts[1], 3, "only %d connections via net-plugin", counts[1]);
+    cr_assert_geq(counts[0], 3, "only %d connections on the virtual device", counts[0]);
+    cr_assert_eq(counts[3] + counts[4], 0, "%d connections on one port alone",
+                 counts[3] + counts[4]);
+}
+
 /* Rank 1's fake port goes down 1.5 s after its device opened. */
 static void port_down_in_rank_one(struct cfx_test_rank *ctx)
 {
@@ -917,6 +942,11 @@ static void allreduce_until_the_port_goes_down(struct cfx_test_rank *ctx)
     RANK_ASSERT(ctx, res != cfxSuccess, "the port went down and 20 s of allreduces succeeded");
     RANK_ASSERT(ctx, now_s() - call < 8, "the failing call took %.1f s (CFX_TIMEOUT=5)",
                 now_s() - call);
+    /* The verbs net says the failure is rank 1's own (a port of its broke),
+     * so every rank blames rank 1, not a peer in between. */
+    const char *why = cfxGetLastError(comm);
+    RANK_ASSERT(ctx, strstr(why, "because of rank 1") != NULL,
+                "the sentence blames another rank: %s", why);
     cfxCommDestroy(comm);
 }
 

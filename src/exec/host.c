@@ -68,9 +68,11 @@ static cfxResult_t check_connector(struct cfx_op *op, struct cfx_connector *conn
         return cfxSuccess;
     cfxResult_t res = conn->transport->check(conn->transport_ctx, conn);
     /* The peer the failure came through: the next link of the blame chain
-     * (src/core/blame.c), whatever rank the transport heard it was about. */
+     * (src/core/blame.c), whatever rank the transport heard it was about;
+     * this rank itself when the transport says the failure is its own (a
+     * port or queue pair of this rank's broke): the chain ends here. */
     if (res != cfxSuccess)
-        op->blame_rank = conn->peer_rank;
+        op->blame_rank = conn->blame_rank == op->rank ? op->rank : conn->peer_rank;
     return res;
 }
 

@@ -34,7 +34,9 @@
  *     by whichever comm's test() comes first, every IBN_ALIVE_NS and at
  *     once after a completion in error): a queue pair's fatal event fails
  *     its comm, a port error or device fatal event every comm on the
- *     port, each with a sentence naming the port and the event.
+ *     port, each with a sentence naming the port and the event. A flushed
+ *     completion (a queue pair gone to error) waits up to IB_FLUSH_WHY_NS
+ *     for the event that says why before it fails the comm itself.
  * Host memory only (ptrSupport NCCL_PTR_HOST); regMr registers with the
  * port's protection domain; nothing on the data path registers memory.
  */
@@ -71,12 +73,23 @@
 #define IBN_WR_QP(q) ((uint64_t)(q) << 8) /* | the queue pair it went on. */
 #define IBN_ALIGN    128                  /* Parts of a split message start so aligned. */
 #define IBN_ALIVE_NS (10 * 1000 * 1000)   /* How often test() looks at the TCP connection. */
-#define IBN_MAX_DEVS IB_MAX_NICS
+#define IBN_MAX_DEVS (2 * IB_MAX_NICS)    /* Ports, then virtual devices. */
+
+/* A device: one port (devices 0 .. n_nics - 1), or a virtual device of
+ * several (makeVDevice), whose comms put queue pair q on port q mod n. */
+struct ibn_dev {
+    int n;
+    int port[IB_MAX_NICS]; /* Indices into ibn_ctx.nic. */
+    char name[64];         /* "mlx5_0" or "mlx5_0+mlx5_1", as NCCL names them. */
+    char label[64];        /* "mlx5_0:1" or "mlx5_0:1+mlx5_1:1", for sentences. */
+};
 
 static ncclDebugLogger_t logger;
 static struct cfx_ib_ctx ibn_ctx; /* The ports, once per process (init). */
 static int ibn_ready;
-static char ibn_dev_pci[IBN_MAX_DEVS][256];
+static struct ibn_dev ibn_devs[IBN_MAX_DEVS];
+static int ibn_n_devs;
+static char ibn_dev_pci[IB_MAX_NICS][256];
 static union cfx_sockaddr ibn_oob_addr; /* Where the TCP connections listen. */
 static pthread_mutex_t ibn_async_lock = PTHREAD_MUTEX_INITIALIZER;
 
@@ -102,9 +115,14 @@ struct ibn_cts {
     uint64_t seq;
     uint64_t addr;
     uint64_t size;
-    uint32_t rkey;
-    uint32_t pad;
+    uint32_t rkey[IB_MAX_NICS]; /* The buffer's, through each of the receiver's ports. */
     uint64_t check;
+};
+
+/* A registration: through each port of the comm's device. */
+struct ibn_mr {
+    int n;
+    struct ibv_mr *mr[IB_MAX_NICS];
 };
 
 /* What each side sends the other over TCP. */
@@ -113,11 +131,13 @@ struct ibn_info {
     uint64_t nonce; /* The listener's, from the handle. */
     uint32_t qpn[IB_MAX_QPS];
     uint32_t psn;
-    uint32_t n_qps; /* The sender's; the receiver answers with as many. */
-    uint32_t split; /* The sender's CFX_IB_SPLIT_DATA_ON_QPS. */
-    uint32_t cts_rkey;
+    uint32_t n_qps;    /* The sender's; the receiver answers with as many. */
+    uint32_t split;    /* The sender's CFX_IB_SPLIT_DATA_ON_QPS. */
+    uint32_t cts_rkey; /* Through its port 0. */
     uint64_t cts_addr; /* Sender: its clear-to-send FIFO. */
-    struct cfx_ib_info_nic nic;
+    uint32_t n_ports;  /* Its queue pair q is on its port q mod n_ports. */
+    uint32_t pad;
+    struct cfx_ib_info_nic nic[IB_MAX_NICS];
 };
 
 struct ibn_handle {
@@ -143,9 +163,12 @@ struct ibn_request {
 struct ibn_comm {
     int is_send;
     int dev;
-    struct cfx_ib_nic *nic;
+    /* The device's ports, each with its completion queue; queue pair q
+     * is on port q mod n_ports, the peer's on its port q mod peer_ports. */
+    int n_ports, peer_ports;
+    struct cfx_ib_nic *port[IB_MAX_NICS];
+    struct ibv_cq *cq[IB_MAX_NICS];
     int fd; /* The TCP connection: setup, then liveness. */
-    struct ibv_cq *cq;
     struct ibv_qp *qp[IB_MAX_QPS];
     int n_qps;
     int split; /* Each message over all queue pairs; else message k on k mod n_qps. */
@@ -172,6 +195,11 @@ struct ibn_comm {
     uint64_t head, tail;
     ncclResult_t failed;
     int64_t alive_ns; /* When test() last looked at the TCP connection. */
+    /* A flushed completion whose cause (an async event) is not known yet:
+     * when it came and its status; the comm fails IB_FLUSH_WHY_NS later
+     * with the status, or as soon as the event is read, with the event. */
+    int64_t flushed_ns;
+    enum ibv_wc_status flushed_status;
 };
 
 struct ibn_listen {
@@ -200,8 +228,9 @@ static void comm_free(struct ibn_comm *c)
     for (int q = 0; q < c->n_qps; q++)
         if (c->qp[q])
             ibv->destroy_qp(c->qp[q]);
-    if (c->cq)
-        ibv->destroy_cq(c->cq);
+    for (int p = 0; p < c->n_ports; p++)
+        if (c->cq[p])
+            ibv->destroy_cq(c->cq[p]);
     if (c->cts_mr)
         ibv->dereg_mr(c->cts_mr);
     free(c->cts);
@@ -221,7 +250,9 @@ static struct ibn_comm *comm_new(int dev, int is_send, int n_qps, int split)
     c->fd = -1;
     c->is_send = is_send;
     c->dev = dev;
-    c->nic = &ibn_ctx.nic[dev];
+    c->n_ports = ibn_devs[dev].n;
+    for (int p = 0; p < c->n_ports; p++)
+        c->port[p] = &ibn_ctx.nic[ibn_devs[dev].port[p]];
     c->n_qps = n_qps;
     c->split = split;
     for (int i = 0; i < IBN_REQUESTS; i++)
@@ -233,15 +264,18 @@ static struct ibn_comm *comm_new(int dev, int is_send, int n_qps, int split)
         goto err;
     }
     memset(c->cts, 0, IBN_REQUESTS * sizeof(struct ibn_cts));
-    c->cts_mr = ibv->reg_mr(c->nic->pd, c->cts, IBN_REQUESTS * sizeof(struct ibn_cts),
+    c->cts_mr = ibv->reg_mr(c->port[0]->pd, c->cts, IBN_REQUESTS * sizeof(struct ibn_cts),
                             IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
-    c->cq = ibv->create_cq(c->nic->dev, n_qps * IBN_CQ_DEPTH, NULL, NULL, 0);
-    if (c->cts_mr == NULL || c->cq == NULL)
+    if (c->cts_mr == NULL)
         goto err;
+    for (int p = 0; p < c->n_ports; p++) {
+        int on_port = (n_qps - p + c->n_ports - 1) / c->n_ports; /* Queue pairs on port p. */
+        c->cq[p] = ibv->create_cq(c->port[p]->dev, on_port * IBN_CQ_DEPTH + 1, NULL, NULL, 0);
+        if (c->cq[p] == NULL)
+            goto err;
+    }
     struct ibv_qp_init_attr init = {
         .qp_context = c, /* For its async events. */
-        .send_cq = c->cq,
-        .recv_cq = c->cq,
         .cap = {.max_send_wr = IBN_SQ_DEPTH,
                 .max_recv_wr = IBN_REQUESTS,
                 .max_send_sge = 1,
@@ -250,12 +284,14 @@ static struct ibn_comm *comm_new(int dev, int is_send, int n_qps, int split)
         .qp_type = IBV_QPT_RC,
     };
     for (int q = 0; q < n_qps; q++) {
+        struct cfx_ib_nic *port = c->port[q % c->n_ports];
         struct ibv_qp_init_attr asked = init;
-        c->qp[q] = ibv->create_qp(c->nic->pd, &asked);
+        asked.send_cq = asked.recv_cq = c->cq[q % c->n_ports];
+        c->qp[q] = ibv->create_qp(port->pd, &asked);
         if (c->qp[q] == NULL) {
-            asked = init; /* A NIC without inline data: sources are registered. */
+            asked.cap = init.cap; /* A NIC without inline data: sources are registered. */
             asked.cap.max_inline_data = 0;
-            c->qp[q] = ibv->create_qp(c->nic->pd, &asked);
+            c->qp[q] = ibv->create_qp(port->pd, &asked);
         }
         if (c->qp[q] == NULL)
             goto err;
@@ -263,7 +299,7 @@ static struct ibn_comm *comm_new(int dev, int is_send, int n_qps, int split)
             c->max_inline = (int)asked.cap.max_inline_data; /* Clear-to-sends go on 0. */
         struct ibv_qp_attr attr = {.qp_state = IBV_QPS_INIT,
                                    .pkey_index = 0,
-                                   .port_num = (uint8_t)c->nic->port.port,
+                                   .port_num = (uint8_t)port->port.port,
                                    .qp_access_flags =
                                        IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_LOCAL_WRITE};
         if (ibv->modify_qp(c->qp[q], &attr,
@@ -274,7 +310,7 @@ static struct ibn_comm *comm_new(int dev, int is_send, int n_qps, int split)
     return c;
 
 err:
-    IBN_WARN("verbs net: cannot set up a queue pair on %s: %s", c->nic->port.label,
+    IBN_WARN("verbs net: cannot set up queue pairs on %s: %s", ibn_devs[dev].label,
              strerror(errno ? errno : ENOMEM));
     comm_free(c);
     return NULL;
@@ -283,7 +319,6 @@ err:
 /* This side's half of the setup exchange. */
 static void info_fill(const struct ibn_comm *c, uint64_t nonce, uint32_t psn, struct ibn_info *info)
 {
-    const struct cfx_ib_port *port = &c->nic->port;
     memset(info, 0, sizeof(*info));
     info->magic = IBN_MAGIC;
     info->nonce = nonce;
@@ -294,11 +329,22 @@ static void info_fill(const struct ibn_comm *c, uint64_t nonce, uint32_t psn, st
     info->psn = psn;
     info->cts_addr = (uint64_t)(uintptr_t)c->cts;
     info->cts_rkey = c->cts_mr->rkey;
-    memcpy(info->nic.gid, port->gid.raw, sizeof(info->nic.gid));
-    info->nic.lid = port->lid;
-    info->nic.mtu = (uint8_t)port->mtu;
-    info->nic.link_layer = (uint8_t)port->link_layer;
-    snprintf(info->nic.name, sizeof(info->nic.name), "%.11s", port->label);
+    info->n_ports = (uint32_t)c->n_ports;
+    for (int p = 0; p < c->n_ports; p++) {
+        const struct cfx_ib_port *port = &c->port[p]->port;
+        memcpy(info->nic[p].gid, port->gid.raw, sizeof(info->nic[p].gid));
+        info->nic[p].lid = port->lid;
+        info->nic[p].mtu = (uint8_t)port->mtu;
+        info->nic[p].link_layer = (uint8_t)port->link_layer;
+        snprintf(info->nic[p].name, sizeof(info->nic[p].name), "%.11s", port->label);
+    }
+}
+
+/* Whether the peer's half of the exchange is one this side can use. */
+static int info_valid(const struct ibn_info *info, uint64_t nonce)
+{
+    return info->magic == IBN_MAGIC && info->nonce == nonce && info->n_qps >= 1 &&
+           info->n_qps <= IB_MAX_QPS && info->n_ports >= 1 && info->n_ports <= IB_MAX_NICS;
 }
 
 /* RTR and RTS, queue pair q to the peer's queue pair q (@p theirs). */
@@ -306,17 +352,19 @@ static int comm_connect_qp(struct ibn_comm *c, const struct ibn_info *mine,
                            const struct ibn_info *theirs)
 {
     for (int q = 0; q < c->n_qps; q++) {
+        const struct cfx_ib_info_nic *peer = &theirs->nic[q % theirs->n_ports];
         char what[96];
         snprintf(what, sizeof(what), "the verbs net's queue pair %d to %.11s (qpn %u)", q,
-                 theirs->nic.name, theirs->qpn[q]);
-        if (cfx_ib_qp_rtr_rts(&ibn_ctx, c->qp[q], &c->nic->port, &theirs->nic, theirs->qpn[q],
-                              theirs->psn, mine->psn, what) != cfxSuccess) {
+                 peer->name, theirs->qpn[q]);
+        if (cfx_ib_qp_rtr_rts(&ibn_ctx, c->qp[q], &c->port[q % c->n_ports]->port, peer,
+                              theirs->qpn[q], theirs->psn, mine->psn, what) != cfxSuccess) {
             IBN_WARN("verbs net: cannot connect %s", what);
             return -1;
         }
     }
     c->peer_cts_addr = theirs->cts_addr;
     c->peer_cts_rkey = theirs->cts_rkey;
+    c->peer_ports = (int)theirs->n_ports;
     return 0;
 }
 
@@ -400,7 +448,12 @@ static ncclResult_t ibn_init(ncclDebugLogger_t log_function)
                  ibn_ctx.nic[d].port.dev_name);
         if (realpath(path, ibn_dev_pci[d]) == NULL)
             ibn_dev_pci[d][0] = '\0';
+        struct ibn_dev *dev = &ibn_devs[d];
+        *dev = (struct ibn_dev){.n = 1, .port = {d}};
+        snprintf(dev->name, sizeof(dev->name), "%s", ibn_ctx.nic[d].port.dev_name);
+        snprintf(dev->label, sizeof(dev->label), "%s", ibn_ctx.nic[d].port.label);
     }
+    ibn_n_devs = ibn_ctx.n_nics;
     ibn_ready = 1;
     IBN_INFO("verbs net: %d port(s), setup connections over %s", ibn_ctx.n_nics, ifname);
     return ncclSuccess;
@@ -408,49 +461,93 @@ static ncclResult_t ibn_init(ncclDebugLogger_t log_function)
 
 static ncclResult_t ibn_devices(int *ndev)
 {
-    *ndev = ibn_ready ? ibn_ctx.n_nics : 0;
+    *ndev = ibn_ready ? ibn_n_devs : 0; /* Ports, then virtual devices (NCCL's count). */
     return ncclSuccess;
+}
+
+/* Port @p n's speed in Mbps, from its width and speed codes (NCCL's table). */
+static int port_speed(int n)
+{
+    struct ibv_port_attr attr;
+    if (ibn_ctx.ibv->query_port(ibn_ctx.nic[n].dev, (uint8_t)ibn_ctx.nic[n].port.port, &attr) != 0)
+        return 100000;
+    static const int lane_mbps[] = {2500, 5000, 10000, 10000, 14000, 25000, 50000, 100000};
+    int code = 0;
+    while (code < 7 && !(attr.active_speed & (1u << code)))
+        code++;
+    int lanes = attr.active_width == 2   ? 4
+                : attr.active_width == 4 ? 8
+                : attr.active_width == 8 ? 12
+                                         : 1;
+    return lane_mbps[code] * lanes;
 }
 
 static ncclResult_t ibn_get_properties(int dev, ncclNetProperties_v9_t *props)
 {
-    if (!ibn_ready || dev < 0 || dev >= ibn_ctx.n_nics)
+    if (!ibn_ready || dev < 0 || dev >= ibn_n_devs)
         return ncclInvalidArgument;
-    struct cfx_ib_port *port = &ibn_ctx.nic[dev].port;
-    struct ibv_port_attr attr;
-    int speed = 100000;
-    if (ibn_ctx.ibv->query_port(ibn_ctx.nic[dev].dev, (uint8_t)port->port, &attr) == 0) {
-        /* Per lane Mbps by speed code, times the lanes (NCCL's table). */
-        static const int lane_mbps[] = {2500, 5000, 10000, 10000, 14000, 25000, 50000, 100000};
-        int code = 0;
-        while (code < 7 && !(attr.active_speed & (1u << code)))
-            code++;
-        int lanes = attr.active_width == 2   ? 4
-                    : attr.active_width == 4 ? 8
-                    : attr.active_width == 8 ? 12
-                                             : 1;
-        speed = lane_mbps[code] * lanes;
-    }
+    const struct ibn_dev *d = &ibn_devs[dev];
+    int first = d->port[0];
     memset(props, 0, sizeof(*props));
-    props->name = port->dev_name;
-    props->pciPath = ibn_dev_pci[dev][0] ? ibn_dev_pci[dev] : NULL;
+    props->name = (char *)d->name;
+    props->pciPath = ibn_dev_pci[first][0] ? ibn_dev_pci[first] : NULL;
     props->guid = (uint64_t)dev;
     props->ptrSupport = NCCL_PTR_HOST;
-    props->speed = speed;
-    props->port = port->port;
+    for (int p = 0; p < d->n; p++)
+        props->speed += port_speed(d->port[p]);
+    props->port = ibn_ctx.nic[first].port.port;
     props->maxComms = 65536;
     props->maxRecvs = 1;
     props->netDeviceType = NCCL_NET_DEVICE_HOST;
-    props->vProps.ndevs = 1;
-    props->vProps.devs[0] = dev;
+    props->vProps.ndevs = d->n;
+    for (int p = 0; p < d->n; p++)
+        props->vProps.devs[p] = d->port[p];
     props->maxP2pBytes = (size_t)1 << 31;
     props->maxCollBytes = (size_t)1 << 31;
     return ncclSuccess;
 }
 
+/* A virtual device of ports @p props lists (each at most once): its comms
+ * put queue pair q on its port q mod n, CFX_IB_QPS_PER_CONNECTION per
+ * port, and register memory through every one of them. */
+static ncclResult_t ibn_make_vdevice(int *d, ncclNetVDeviceProps_v9_t *props)
+{
+    if (!ibn_ready || props == NULL || props->ndevs < 1 || props->ndevs > IB_MAX_NICS) {
+        IBN_WARN("verbs net: a virtual device of %d ports (1 to %d)", props ? props->ndevs : -1,
+                 IB_MAX_NICS);
+        return ncclInvalidArgument;
+    }
+    if (ibn_n_devs == IBN_MAX_DEVS) {
+        IBN_WARN("verbs net: no room for another virtual device (%d devices)", IBN_MAX_DEVS);
+        return ncclInvalidUsage;
+    }
+    struct ibn_dev v = {.n = props->ndevs};
+    for (int p = 0; p < props->ndevs; p++) {
+        int n = props->devs[p];
+        for (int e = 0; e < p; e++)
+            if (props->devs[e] == n)
+                n = -1;
+        if (n < 0 || n >= ibn_ctx.n_nics) {
+            IBN_WARN("verbs net: a virtual device can hold ports 0 to %d, each once, not %d",
+                     ibn_ctx.n_nics - 1, props->devs[p]);
+            return ncclInvalidArgument;
+        }
+        v.port[p] = n;
+        size_t used = strlen(v.name), lused = strlen(v.label);
+        snprintf(v.name + used, sizeof(v.name) - used, "%s%s", p ? "+" : "",
+                 ibn_ctx.nic[n].port.dev_name);
+        snprintf(v.label + lused, sizeof(v.label) - lused, "%s%s", p ? "+" : "",
+                 ibn_ctx.nic[n].port.label);
+    }
+    *d = ibn_n_devs;
+    ibn_devs[ibn_n_devs++] = v;
+    IBN_INFO("verbs net: virtual device %d is %s", *d, v.label);
+    return ncclSuccess;
+}
+
 static ncclResult_t ibn_listen(int dev, void *handle_v, void **listen_comm)
 {
-    if (!ibn_ready || dev < 0 || dev >= ibn_ctx.n_nics)
+    if (!ibn_ready || dev < 0 || dev >= ibn_n_devs)
         return ncclInvalidArgument;
     struct ibn_listen *l = calloc(1, sizeof(*l));
     if (l == NULL)
@@ -491,7 +588,7 @@ static ncclResult_t ibn_connect(int dev, void *handle_v, void **send_comm,
     *send_comm = NULL;
     if (send_dev_comm != NULL)
         *send_dev_comm = NULL;
-    if (!ibn_ready || dev < 0 || dev >= ibn_ctx.n_nics || handle->magic != IBN_MAGIC)
+    if (!ibn_ready || dev < 0 || dev >= ibn_n_devs || handle->magic != IBN_MAGIC)
         return ncclInvalidArgument;
     struct ibn_stage *st = handle->stage;
     if (st == NULL) {
@@ -503,7 +600,9 @@ static ncclResult_t ibn_connect(int dev, void *handle_v, void **send_comm,
             return ncclSystemError;
         st->fd = -1;
         handle->stage = st;
-        st->comm = comm_new(dev, 1, ibn_ctx.qps_per_conn, ibn_ctx.split_data);
+        /* CFX_IB_QPS_PER_CONNECTION per port of the device, as NCCL. */
+        int n_qps = ibn_ctx.qps_per_conn * ibn_devs[dev].n;
+        st->comm = comm_new(dev, 1, n_qps < IB_MAX_QPS ? n_qps : IB_MAX_QPS, ibn_ctx.split_data);
         if (st->comm == NULL)
             return connect_fail(handle, ncclSystemError, "no queue pairs here");
         st->fd = socket(addr.sa.sa_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
@@ -539,7 +638,8 @@ static ncclResult_t ibn_connect(int dev, void *handle_v, void **send_comm,
             return connect_fail(handle, ncclRemoteError, "the listener went away");
         if (r == 0)
             return ncclSuccess;
-        if (st->theirs.magic != IBN_MAGIC || st->theirs.nonce != handle->nonce)
+        if (!info_valid(&st->theirs, handle->nonce) ||
+            st->theirs.n_qps != (uint32_t)st->comm->n_qps)
             return connect_fail(handle, ncclRemoteError,
                                 "the listener answered with something else");
         if (comm_connect_qp(st->comm, &st->mine, &st->theirs) != 0)
@@ -589,8 +689,7 @@ static ncclResult_t ibn_accept(void *listen_comm, void **recv_comm,
         int r = move_some(st->fd, 0, &st->theirs, sizeof(st->theirs), &st->got);
         if (r == 0)
             return ncclSuccess;
-        if (r < 0 || st->theirs.magic != IBN_MAGIC || st->theirs.nonce != l->nonce ||
-            st->theirs.n_qps < 1 || st->theirs.n_qps > IB_MAX_QPS) {
+        if (r < 0 || !info_valid(&st->theirs, l->nonce)) {
             IBN_WARN("verbs net: dropped a setup connection that did not say hello");
             goto drop;
         }
@@ -636,28 +735,39 @@ drop:
     return ncclSuccess; /* Not this connection; the next may be the one. */
 }
 
+static ncclResult_t ibn_dereg_mr(void *comm, void *mhandle)
+{
+    (void)comm;
+    struct ibn_mr *m = mhandle;
+    if (m != NULL) {
+        for (int p = 0; p < m->n; p++)
+            ibn_ctx.ibv->dereg_mr(m->mr[p]);
+        free(m);
+    }
+    return ncclSuccess;
+}
+
+/* Registered through each of the comm's ports. */
 static ncclResult_t ibn_reg_mr(void *comm, void *data, size_t size, int type, void **mhandle)
 {
     struct ibn_comm *c = comm;
     if (type != NCCL_PTR_HOST || c == NULL)
         return ncclInvalidArgument;
-    struct ibv_mr *mr = ibn_ctx.ibv->reg_mr(c->nic->pd, data, size,
-                                            IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE |
-                                                IBV_ACCESS_REMOTE_READ);
-    if (mr == NULL) {
-        IBN_WARN("verbs net: cannot register %zu bytes at %p on %s: %s", size, data,
-                 c->nic->port.label, strerror(errno));
+    struct ibn_mr *m = calloc(1, sizeof(*m));
+    if (m == NULL)
         return ncclSystemError;
+    for (m->n = 0; m->n < c->n_ports; m->n++) {
+        m->mr[m->n] = ibn_ctx.ibv->reg_mr(c->port[m->n]->pd, data, size,
+                                          IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE |
+                                              IBV_ACCESS_REMOTE_READ);
+        if (m->mr[m->n] == NULL) {
+            IBN_WARN("verbs net: cannot register %zu bytes at %p on %s: %s", size, data,
+                     c->port[m->n]->port.label, strerror(errno));
+            ibn_dereg_mr(c, m);
+            return ncclSystemError;
+        }
     }
-    *mhandle = mr;
-    return ncclSuccess;
-}
-
-static ncclResult_t ibn_dereg_mr(void *comm, void *mhandle)
-{
-    (void)comm;
-    if (mhandle != NULL)
-        ibn_ctx.ibv->dereg_mr(mhandle);
+    *mhandle = m;
     return ncclSuccess;
 }
 
@@ -704,17 +814,20 @@ static ncclResult_t comm_fail(struct ibn_comm *c, ncclResult_t res, const char *
     if (c->failed == ncclSuccess) {
         c->failed = res;
         IBN_WARN("verbs net: %s comm on %s failed: %s", c->is_send ? "send" : "receive",
-                 c->nic->port.label, why);
+                 ibn_devs[c->dev].label, why);
     }
     return c->failed;
 }
 
 /* Reads every port's async events without blocking, on whichever comm's
- * thread comes first (the others go on: the events are read meanwhile). A
- * queue pair's event is left on its comm, a port's on the port. */
-static void async_drain(void)
+ * thread comes first (the others go on, unless @p wait: the events are
+ * read meanwhile). A queue pair's event is left on its comm, a port's on
+ * the port. */
+static void async_drain(int wait)
 {
-    if (pthread_mutex_trylock(&ibn_async_lock) != 0)
+    if (wait)
+        pthread_mutex_lock(&ibn_async_lock); /* A drain under way may be reading the cause. */
+    else if (pthread_mutex_trylock(&ibn_async_lock) != 0)
         return;
     const struct cfx_verbs_api *ibv = ibn_ctx.ibv;
     for (int d = 0; d < ibn_ctx.n_nics; d++) {
@@ -761,8 +874,9 @@ static ncclResult_t comm_check_events(struct ibn_comm *c)
         snprintf(why, sizeof(why), "an async event on one of its queue pairs: %s", what);
         return comm_fail(c, ncclSystemError, why);
     }
-    if (atomic_load_explicit(&c->nic->fatal, memory_order_acquire))
-        return comm_fail(c, ncclSystemError, c->nic->fatal_error);
+    for (int p = 0; p < c->n_ports; p++)
+        if (atomic_load_explicit(&c->port[p]->fatal, memory_order_acquire))
+            return comm_fail(c, ncclSystemError, c->port[p]->fatal_error);
     return c->failed;
 }
 
@@ -774,6 +888,8 @@ static ncclResult_t ibn_isend(void *send_comm, void *data, size_t size, int tag,
     *request = NULL;
     if (comm_check_events(c) != ncclSuccess)
         return c->failed;
+    if (c->flushed_ns != 0)
+        return ncclSuccess; /* Failing: its cause is awaited (comm_progress). */
     uint64_t k = c->tail;
     struct ibn_cts *cts = &c->cts[k % IBN_REQUESTS];
     uint64_t want = k + 1;
@@ -781,7 +897,9 @@ static ncclResult_t ibn_isend(void *send_comm, void *data, size_t size, int tag,
         return ncclSuccess; /* Its receive is not posted yet. */
     uint64_t addr = __atomic_load_n(&cts->addr, __ATOMIC_RELAXED);
     uint64_t room = __atomic_load_n(&cts->size, __ATOMIC_RELAXED);
-    uint32_t rkey = __atomic_load_n(&cts->rkey, __ATOMIC_RELAXED);
+    uint32_t rkey[IB_MAX_NICS];
+    for (int p = 0; p < c->peer_ports; p++)
+        rkey[p] = __atomic_load_n(&cts->rkey[p], __ATOMIC_RELAXED);
     if (__atomic_load_n(&cts->seq, __ATOMIC_ACQUIRE) != want)
         return ncclSuccess;
     if (size > room) {
@@ -802,21 +920,22 @@ static ncclResult_t ibn_isend(void *send_comm, void *data, size_t size, int tag,
         return ncclSuccess;
     size_t part = parts == 1 ? size : (size + parts - 1) / parts;
     part = (part + IBN_ALIGN - 1) / IBN_ALIGN * IBN_ALIGN;
-    struct ibv_mr *mr = mhandle;
+    const struct ibn_mr *mr = mhandle;
     for (int i = 0; i < parts; i++) {
         int q = first + i;
         size_t off = (size_t)i * part < size ? (size_t)i * part : size;
         size_t len = size - off < part ? size - off : part;
         struct ibv_sge sge = {.addr = (uint64_t)(uintptr_t)data + off,
                               .length = (uint32_t)len,
-                              .lkey = mr ? mr->lkey : 0};
+                              .lkey = mr ? mr->mr[q % c->n_ports]->lkey : 0};
         struct ibv_send_wr wr = {.wr_id = (uint64_t)index | IBN_WR_QP(q),
                                  .sg_list = len ? &sge : NULL,
                                  .num_sge = len ? 1 : 0,
                                  .opcode = IBV_WR_RDMA_WRITE_WITH_IMM,
                                  .send_flags = IBV_SEND_SIGNALED,
                                  .imm_data = htonl((uint32_t)len),
-                                 .wr = {.rdma = {.remote_addr = addr + off, .rkey = rkey}}},
+                                 .wr = {.rdma = {.remote_addr = addr + off,
+                                                 .rkey = rkey[q % c->peer_ports]}}},
                            *bad = NULL;
         if (ibv_post_send(c->qp[q], &wr, &bad) != 0) {
             r->used = 0; /* The comm is failed: parts posted before never count. */
@@ -840,6 +959,8 @@ static ncclResult_t ibn_irecv(void *recv_comm, int n, void **data, size_t *sizes
         return ncclInvalidArgument; /* maxRecvs is 1. */
     if (comm_check_events(c) != ncclSuccess)
         return c->failed;
+    if (c->flushed_ns != 0)
+        return ncclSuccess; /* Failing: its cause is awaited (comm_progress). */
     if (c->sq_used[0] >= IBN_SQ_DEPTH)
         return ncclSuccess;
     int index = 0;
@@ -848,12 +969,11 @@ static ncclResult_t ibn_irecv(void *recv_comm, int n, void **data, size_t *sizes
         return ncclSuccess;
     uint64_t k = c->tail;
     struct ibn_cts *src = &c->cts[k % IBN_REQUESTS];
-    struct ibv_mr *mr = mhandles[0];
-    *src = (struct ibn_cts){.seq = k + 1,
-                            .addr = (uint64_t)(uintptr_t)data[0],
-                            .size = sizes[0],
-                            .rkey = mr ? mr->rkey : 0,
-                            .check = k + 1};
+    const struct ibn_mr *mr = mhandles[0];
+    *src = (struct ibn_cts){
+        .seq = k + 1, .addr = (uint64_t)(uintptr_t)data[0], .size = sizes[0], .check = k + 1};
+    for (int p = 0; mr != NULL && p < c->n_ports; p++)
+        src->rkey[p] = mr->mr[p]->rkey;
     struct ibv_sge sge = {
         .addr = (uint64_t)(uintptr_t)src, .length = sizeof(*src), .lkey = c->cts_mr->lkey};
     struct ibv_send_wr wr = {.wr_id = IBN_WR_CTS | IBN_WR_QP(0),
@@ -877,20 +997,58 @@ static ncclResult_t ibn_irecv(void *recv_comm, int n, void **data, size_t *sizes
     return ncclSuccess;
 }
 
-/* A completion in error: the async event behind it when one was read by
- * now (a queue pair or port failure flushes its work), else its status. */
-static ncclResult_t completion_failed(struct ibn_comm *c, const struct ibv_wc *wc)
+/* The comm fails for a completion with @p status. */
+static ncclResult_t status_failed(struct ibn_comm *c, enum ibv_wc_status status)
 {
-    async_drain();
-    if (comm_check_events(c) != ncclSuccess)
-        return c->failed;
     char why[160];
     snprintf(why, sizeof(why), "a completion in error: %s (%d)%s",
-             ibn_ctx.ibv->wc_status_str(wc->status), (int)wc->status,
-             wc->status == IBV_WC_RETRY_EXC_ERR ? ": the peer or the path is gone" : "");
-    int remote = wc->status == IBV_WC_RETRY_EXC_ERR || wc->status == IBV_WC_REM_ACCESS_ERR ||
-                 wc->status == IBV_WC_REM_OP_ERR || wc->status == IBV_WC_WR_FLUSH_ERR;
+             ibn_ctx.ibv->wc_status_str(status), (int)status,
+             status == IBV_WC_RETRY_EXC_ERR ? ": the peer or the path is gone" : "");
+    int remote = status == IBV_WC_RETRY_EXC_ERR || status == IBV_WC_REM_ACCESS_ERR ||
+                 status == IBV_WC_REM_OP_ERR || status == IBV_WC_WR_FLUSH_ERR;
     return comm_fail(c, remote ? ncclRemoteError : ncclSystemError, why);
+}
+
+/* A completion in error: the async event behind it when one was read by
+ * now (a queue pair or port failure flushes its work), else its status.
+ * A flush without a known cause waits up to IB_FLUSH_WHY_NS for one (the
+ * event may come after the flushed completions; comm_progress). */
+static ncclResult_t completion_failed(struct ibn_comm *c, const struct ibv_wc *wc)
+{
+    async_drain(1);
+    if (comm_check_events(c) != ncclSuccess)
+        return c->failed;
+    if (wc->status == IBV_WC_WR_FLUSH_ERR) {
+        c->flushed_ns = cfx_time_now_ns();
+        c->flushed_status = wc->status;
+        return ncclSuccess;
+    }
+    return status_failed(c, wc->status);
+}
+
+/* One completion of the comm's queue pairs. */
+static ncclResult_t completion(struct ibn_comm *c, const struct ibv_wc *wc)
+{
+    if (wc->status != IBV_WC_SUCCESS)
+        return completion_failed(c, wc);
+    if (wc->opcode & IBV_WC_RECV) {
+        /* A part arrived: queue pair q's next message's. */
+        int q = (int)wc->wr_id;
+        if (q >= c->n_qps || c->qnext[q] >= c->tail)
+            return comm_fail(c, ncclInternalError, "a message with no receive posted");
+        uint64_t k = c->qnext[q];
+        c->qnext[q] += c->split ? 1 : (uint64_t)c->n_qps;
+        struct ibn_request *r = &c->req[c->order[k % IBN_REQUESTS]];
+        r->size += ntohl(wc->imm_data);
+        part_done(c, r);
+        if (post_imm_recv(c, q) != 0)
+            return comm_fail(c, ncclSystemError, "ibv_post_recv failed");
+        return ncclSuccess;
+    }
+    c->sq_used[(wc->wr_id >> 8) & 0xff]--;
+    if (!(wc->wr_id & IBN_WR_CTS))
+        part_done(c, &c->req[(wc->wr_id & 0xff) % IBN_REQUESTS]);
+    return ncclSuccess;
 }
 
 /* Completions so far; async events and the TCP connection every
@@ -899,38 +1057,30 @@ static ncclResult_t comm_progress(struct ibn_comm *c)
 {
     if (c->failed != ncclSuccess)
         return c->failed;
-    struct ibv_wc wc[16];
-    int n;
-    while ((n = ibv_poll_cq(c->cq, 16, wc)) > 0) {
-        for (int i = 0; i < n; i++) {
-            if (wc[i].status != IBV_WC_SUCCESS)
-                return completion_failed(c, &wc[i]);
-            if (wc[i].opcode & IBV_WC_RECV) {
-                /* A part arrived: queue pair q's next message's. */
-                int q = (int)wc[i].wr_id;
-                if (q >= c->n_qps || c->qnext[q] >= c->tail)
-                    return comm_fail(c, ncclInternalError, "a message with no receive posted");
-                uint64_t k = c->qnext[q];
-                c->qnext[q] += c->split ? 1 : (uint64_t)c->n_qps;
-                struct ibn_request *r = &c->req[c->order[k % IBN_REQUESTS]];
-                r->size += ntohl(wc[i].imm_data);
-                part_done(c, r);
-                if (post_imm_recv(c, q) != 0)
-                    return comm_fail(c, ncclSystemError, "ibv_post_recv failed");
-                continue;
-            }
-            c->sq_used[(wc[i].wr_id >> 8) & 0xff]--;
-            if (wc[i].wr_id & IBN_WR_CTS)
-                continue;
-            part_done(c, &c->req[(wc[i].wr_id & 0xff) % IBN_REQUESTS]);
-        }
+    if (c->flushed_ns != 0) { /* Its work is gone: only the cause is awaited. */
+        async_drain(1);
+        if (comm_check_events(c) != ncclSuccess)
+            return c->failed;
+        if (cfx_time_now_ns() - c->flushed_ns < IB_FLUSH_WHY_NS)
+            return ncclSuccess;
+        return status_failed(c, c->flushed_status);
     }
-    if (n < 0)
-        return comm_fail(c, ncclSystemError, "ibv_poll_cq failed");
+    for (int p = 0; p < c->n_ports; p++) {
+        struct ibv_wc wc[16];
+        int n;
+        while ((n = ibv_poll_cq(c->cq[p], 16, wc)) > 0)
+            for (int i = 0; i < n; i++) {
+                ncclResult_t res = completion(c, &wc[i]);
+                if (res != ncclSuccess || c->flushed_ns != 0)
+                    return res;
+            }
+        if (n < 0)
+            return comm_fail(c, ncclSystemError, "ibv_poll_cq failed");
+    }
     int64_t now = cfx_time_now_ns();
     if (now - c->alive_ns >= IBN_ALIVE_NS) {
         c->alive_ns = now;
-        async_drain();
+        async_drain(0);
         if (comm_check_events(c) != ncclSuccess)
             return c->failed;
         char byte;
@@ -997,7 +1147,7 @@ static const ncclNet_v9_t ibn_table = {
     .closeListen = ibn_close_listen,
     .getDeviceMr = NULL,
     .irecvConsumed = NULL,
-    .makeVDevice = NULL,
+    .makeVDevice = ibn_make_vdevice,
 };
 
 const ncclNet_v9_t *const cfx_net_builtin_ib = &ibn_table;

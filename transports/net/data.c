@@ -50,17 +50,28 @@ conn_fail(struct cfx_net_conn *nc, cfxResult_t res, int blame_rank, const char *
 
 /* A plugin call failed: the connection is gone. The plugin's warning of
  * the last second, if any, says why in its words (a net's own failure: a
- * port down, a queue pair in error). */
+ * port down, a queue pair in error). Who is to blame: the peer, except
+ * when one of Conflux's own nets says the failure is local (anything but
+ * ncclRemoteError: a port or queue pair of this rank's broke), which they
+ * say precisely; an external plugin's codes are not trusted so far (some
+ * answer ncclSystemError for a peer that died), so its failures blame the
+ * peer as before. */
 static void call_failed(struct cfx_net_conn *nc, const char *call, ncclResult_t res)
 {
     char warning[256], said[280] = "";
     if (cfx_net_plugin_last_warning(warning, sizeof(warning), CFX_NET_WARNING_FRESH_NS))
         snprintf(said, sizeof(said), " (its last warning: %s)", warning);
-    conn_fail(nc, cfxRemoteError, nc->peer_rank,
-              "net-plugin: rank %d's %s connection to rank %d failed: plugin %s's %s returned "
+    int local = nc->plugin->builtin && res != ncclRemoteError;
+    conn_fail(nc,
+              !local                     ? cfxRemoteError
+              : res == ncclInvalidUsage  ? cfxInvalidUsage
+              : res == ncclInternalError ? cfxInternalError
+                                         : cfxSystemError,
+              local ? nc->self_rank : nc->peer_rank,
+              "net-plugin: rank %d's %s connection to rank %d failed%s: plugin %s's %s returned "
               "%s%s",
-              nc->self_rank, dir_name(nc->dir), nc->peer_rank, nc->plugin->name, call,
-              cfx_net_result_name(res), said);
+              nc->self_rank, dir_name(nc->dir), nc->peer_rank, local ? " at this end" : "",
+              nc->plugin->name, call, cfx_net_result_name(res), said);
 }
 
 /* Test one request; 1 when it completed (*req cleared, *bytes_p set). */
