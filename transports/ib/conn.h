@@ -349,6 +349,18 @@ void cfx_ib_async_ready(void *arg, uint32_t events);
  * completed, posted slots not yet written, a credit owed). */
 int cfx_ib_conn_busy(const struct cfx_ib_conn *ic);
 
+/* device.c, for the verbs transport (data.c) and the verbs net (net.c). */
+/* What an async event breaks: a queue pair (fatal, request, access, path
+ * migration errors), every connection over the port (port error, device
+ * fatal, CQ error), or nothing (the rest, logged only). */
+enum cfx_ib_event_scope { CFX_IB_EVENT_OTHER, CFX_IB_EVENT_QP, CFX_IB_EVENT_PORT };
+enum cfx_ib_event_scope cfx_ib_event_scope(enum ibv_event_type type);
+/* Marks @p nic broken by the event @p what, once, with the sentence
+ * "<prefix><device> port <n><suffix>: <what>"; 1 when this call marked it
+ * (the caller says so), 0 when it was already. */
+int cfx_ib_nic_mark_fatal(struct cfx_ib_nic *nic, const char *prefix, const char *suffix,
+                          const char *what);
+
 /* ib.c, for the verbs net (net.c) too. */
 /* CFX_IB_TIMEOUT, _RETRY_CNT, _SL, _TC, _QPS_PER_CONNECTION and
  * _SPLIT_DATA_ON_QPS into @p ctx. */

@@ -697,11 +697,8 @@ void cfx_ib_async_ready(void *arg, uint32_t events)
     struct ibv_async_event event;
     while (ibv->get_async_event(nic->dev, &event) == 0) {
         const char *what = ibv->event_type_str(event.event_type);
-        switch (event.event_type) {
-        case IBV_EVENT_QP_FATAL:
-        case IBV_EVENT_QP_REQ_ERR:
-        case IBV_EVENT_QP_ACCESS_ERR:
-        case IBV_EVENT_PATH_MIG_ERR: {
+        switch (cfx_ib_event_scope(event.event_type)) {
+        case CFX_IB_EVENT_QP: {
             struct cfx_ib_conn *ic = event.element.qp ? event.element.qp->qp_context : NULL;
             if (ic == NULL)
                 break;
@@ -723,18 +720,16 @@ void cfx_ib_async_ready(void *arg, uint32_t events)
             }
             break;
         }
-        case IBV_EVENT_PORT_ERR:
-        case IBV_EVENT_DEVICE_FATAL:
-        case IBV_EVENT_CQ_ERR:
-            if (!atomic_load_explicit(&nic->fatal, memory_order_relaxed)) {
-                snprintf(nic->fatal_error, sizeof(nic->fatal_error),
-                         "ib: %s port %d on rank %d: %s", nic->port.dev_name, nic->port.port,
-                         ctx->rank, what);
-                atomic_store_explicit(&nic->fatal, 1, memory_order_release);
+        case CFX_IB_EVENT_PORT: {
+            char on_rank[32];
+            snprintf(on_rank, sizeof(on_rank), " on rank %d", ctx->rank);
+            if (cfx_ib_nic_mark_fatal(nic, "ib: ", on_rank, what))
                 CFX_WARN(CFX_LOG_NET, "%s", nic->fatal_error);
-            }
             break;
-        default: CFX_INFO(CFX_LOG_NET, "ib: %s: async event: %s", nic->port.label, what); break;
+        }
+        case CFX_IB_EVENT_OTHER:
+            CFX_INFO(CFX_LOG_NET, "ib: %s: async event: %s", nic->port.label, what);
+            break;
         }
         ibv->ack_async_event(&event);
     }

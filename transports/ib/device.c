@@ -311,4 +311,31 @@ void cfx_ib_device_close(struct cfx_ib_ctx *ctx)
     ctx->n_nics = 0;
 }
 
+/* ------------------------------------------------------------ async events */
+
+enum cfx_ib_event_scope cfx_ib_event_scope(enum ibv_event_type type)
+{
+    switch (type) {
+    case IBV_EVENT_QP_FATAL:
+    case IBV_EVENT_QP_REQ_ERR:
+    case IBV_EVENT_QP_ACCESS_ERR:
+    case IBV_EVENT_PATH_MIG_ERR: return CFX_IB_EVENT_QP;
+    case IBV_EVENT_PORT_ERR:
+    case IBV_EVENT_DEVICE_FATAL:
+    case IBV_EVENT_CQ_ERR: return CFX_IB_EVENT_PORT;
+    default: return CFX_IB_EVENT_OTHER;
+    }
+}
+
+int cfx_ib_nic_mark_fatal(struct cfx_ib_nic *nic, const char *prefix, const char *suffix,
+                          const char *what)
+{
+    if (atomic_load_explicit(&nic->fatal, memory_order_relaxed))
+        return 0;
+    snprintf(nic->fatal_error, sizeof(nic->fatal_error), "%s%s port %d%s: %s", prefix,
+             nic->port.dev_name, nic->port.port, suffix, what);
+    atomic_store_explicit(&nic->fatal, 1, memory_order_release);
+    return 1;
+}
+
 #endif /* CFX_HAVE_VERBS */

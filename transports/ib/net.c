@@ -835,11 +835,8 @@ static void async_drain(int wait)
         struct ibv_async_event event;
         while (ibv->get_async_event(nic->dev, &event) == 0) {
             const char *what = ibv->event_type_str(event.event_type);
-            switch (event.event_type) {
-            case IBV_EVENT_QP_FATAL:
-            case IBV_EVENT_QP_REQ_ERR:
-            case IBV_EVENT_QP_ACCESS_ERR:
-            case IBV_EVENT_PATH_MIG_ERR: {
+            switch (cfx_ib_event_scope(event.event_type)) {
+            case CFX_IB_EVENT_QP: {
                 /* The comm is still there: destroying a queue pair waits
                  * for its events to be acknowledged. */
                 struct ibn_comm *c = event.element.qp ? event.element.qp->qp_context : NULL;
@@ -847,17 +844,13 @@ static void async_drain(int wait)
                     atomic_store_explicit(&c->qp_event, what, memory_order_release);
                 break;
             }
-            case IBV_EVENT_PORT_ERR:
-            case IBV_EVENT_DEVICE_FATAL:
-            case IBV_EVENT_CQ_ERR:
-                if (!atomic_load_explicit(&nic->fatal, memory_order_relaxed)) {
-                    snprintf(nic->fatal_error, sizeof(nic->fatal_error), "%s port %d: %s",
-                             nic->port.dev_name, nic->port.port, what);
-                    atomic_store_explicit(&nic->fatal, 1, memory_order_release);
+            case CFX_IB_EVENT_PORT:
+                if (cfx_ib_nic_mark_fatal(nic, "", "", what))
                     IBN_WARN("verbs net: %s", nic->fatal_error);
-                }
                 break;
-            default: IBN_INFO("verbs net: %s: async event: %s", nic->port.label, what); break;
+            case CFX_IB_EVENT_OTHER:
+                IBN_INFO("verbs net: %s: async event: %s", nic->port.label, what);
+                break;
             }
             ibv->ack_async_event(&event);
         }
