@@ -20,6 +20,7 @@
 
 #include "tests/coll_check.h"
 #include "tests/harness.h"
+#include "transports/net/conn.h"
 
 static double now_s(void)
 {
@@ -376,12 +377,110 @@ Test(net_plugin, devices_merged_into_a_virtual_device_carry_the_connections, .ti
     cfx_test_setenv("CFX_NET_FORCE_MERGE", "lo,lo1");
     int plugin, socket, merged;
     run_over_plugin("CFX_TEST_NET_PLUGIN", 3, allreduces_of_every_size, &plugin, &socket, &merged,
-                    "merged devices 0 (lo), 1 (lo1) into virtual device 2 (lo+lo1, 20000 Mbps)");
+                    "merged devices 0 (lo), 1 (lo1) into virtual device 2 (lo+lo1, 20000 Mbps; "
+                    "CFX_NET_FORCE_MERGE=lo,lo1)");
     cfx_test_setenv("CFXTEST_NDEV", NULL);
     cfx_test_setenv("CFX_NET_FORCE_MERGE", NULL);
     cr_assert_geq(merged, 3, "the ranks did not log the merge (%d lines)", merged);
     cr_assert_geq(plugin, 3, "only %d connections via net-plugin in the logs", plugin);
     cr_assert_eq(socket, 0, "%d connections via socket with a net plugin loaded", socket);
+}
+
+/* CFX_NET_MERGE_LEVEL: devices at most that far apart (by their PCI
+ * paths) merged without CFX_NET_FORCE_MERGE, as NCCL merges the ports of
+ * a dual-port NIC by default. */
+struct merge_case {
+    char level[8];   /* CFX_NET_MERGE_LEVEL ("": the default, PORT). */
+    char paths[200]; /* CFXTEST_PCI_PATHS of devices lo and lo1. */
+    int merged;
+    char why[48];
+};
+
+#define PCI_ROOT "/sys/devices/pci0000:00/0000:00:02.0/0000:10:00.0/"
+ParameterizedTestParameters(net_plugin, devices_near_enough_are_merged_by_distance)
+{
+    static struct merge_case cases[] = {
+        /* Two functions of one device: the ports of a dual-port NIC. */
+        {"", PCI_ROOT "0000:11:00.0/0000:12:00.0;" PCI_ROOT "0000:11:00.0/0000:12:00.1", 1,
+         "CFX_NET_MERGE_LEVEL=PORT, PORT apart"},
+        {"LOC", PCI_ROOT "0000:11:00.0/0000:12:00.0;" PCI_ROOT "0000:11:00.0/0000:12:00.1", 0, ""},
+        /* Two devices behind one PCI switch. */
+        {"", PCI_ROOT "0000:11:00.0/0000:12:00.0;" PCI_ROOT "0000:11:01.0/0000:13:00.0", 0, ""},
+        {"PIX", PCI_ROOT "0000:11:00.0/0000:12:00.0;" PCI_ROOT "0000:11:01.0/0000:13:00.0", 1,
+         "CFX_NET_MERGE_LEVEL=PIX, PIX apart"},
+        /* Different roots: only SYS merges them. */
+        {"PHB",
+         "/sys/devices/pci0000:00/0000:00:02.0/0000:10:00.0;"
+         "/sys/devices/pci0000:80/0000:80:02.0/0000:90:00.0",
+         0, ""},
+        {"SYS",
+         "/sys/devices/pci0000:00/0000:00:02.0/0000:10:00.0;"
+         "/sys/devices/pci0000:80/0000:80:02.0/0000:90:00.0",
+         1, "CFX_NET_MERGE_LEVEL=SYS, SYS apart"},
+    };
+    return cr_make_param_array(struct merge_case, cases, sizeof(cases) / sizeof(cases[0]));
+}
+
+ParameterizedTest(struct merge_case *mc, net_plugin, devices_near_enough_are_merged_by_distance,
+                  .timeout = 150)
+{
+    cr_log_info("CFX_NET_MERGE_LEVEL=%s, paths %s: %s", mc->level[0] ? mc->level : "(unset)",
+                mc->paths, mc->merged ? "merged" : "apart");
+    cfx_test_setenv("CFXTEST_NDEV", "2");
+    cfx_test_setenv("CFXTEST_PCI_PATHS", mc->paths);
+    cfx_test_setenv("CFX_NET_MERGE_LEVEL", mc->level[0] ? mc->level : NULL);
+    char merged_line[160];
+    snprintf(merged_line, sizeof(merged_line),
+             "merged devices 0 (lo), 1 (lo1) into virtual device 2 (lo+lo1, 20000 Mbps; %s)",
+             mc->why);
+    const char *const needles[] = {"merged devices", merged_line,
+                                   "(plugin cfxtest, device 2:", "via net-plugin"};
+    int counts[4];
+    run_counting(test_plugin("CFX_TEST_NET_PLUGIN"), 2, allreduces_of_every_size, needles, counts,
+                 4);
+    cfx_test_setenv("CFXTEST_NDEV", NULL);
+    cfx_test_setenv("CFXTEST_PCI_PATHS", NULL);
+    cfx_test_setenv("CFX_NET_MERGE_LEVEL", NULL);
+    cr_log_info("%d merge lines (%d as expected), %d connections on device 2, %d via net-plugin",
+                counts[0], counts[1], counts[2], counts[3]);
+    cr_assert_geq(counts[3], 2, "only %d connections via net-plugin", counts[3]);
+    if (mc->merged) {
+        cr_assert_geq(counts[1], 2, "the ranks did not log \"%s\"", merged_line);
+        cr_assert_geq(counts[2], 2, "only %d connections on the virtual device", counts[2]);
+    } else {
+        cr_assert_eq(counts[0], 0, "%d merge lines for devices that stay apart", counts[0]);
+        cr_assert_eq(counts[2], 0, "%d connections on a virtual device", counts[2]);
+    }
+}
+
+/* The distance between two devices from their PCI paths, NCCL's classes. */
+Test(net_plugin, pci_distance_classes)
+{
+    static const struct {
+        const char *a, *b;
+        enum cfx_net_dist want;
+    } cases[] = {
+        {PCI_ROOT "0000:12:00.0", PCI_ROOT "0000:12:00.0", CFX_NET_DIST_PORT},
+        {PCI_ROOT "0000:12:00.0", PCI_ROOT "0000:12:00.1", CFX_NET_DIST_PORT},
+        {PCI_ROOT "0000:11:00.0/0000:12:00.0", PCI_ROOT "0000:11:01.0/0000:13:00.0",
+         CFX_NET_DIST_PIX},
+        {PCI_ROOT "0000:11:00.0/0000:12:00.0",
+         PCI_ROOT "0000:11:01.0/0000:13:00.0/0000:14:00.0/0000:15:00.0", CFX_NET_DIST_PXB},
+        {"/sys/devices/pci0000:00/0000:00:02.0/0000:10:00.0",
+         "/sys/devices/pci0000:00/0000:00:03.0/0000:20:00.0", CFX_NET_DIST_PHB},
+        {"/sys/devices/pci0000:00/0000:00:02.0/0000:10:00.0",
+         "/sys/devices/pci0000:80/0000:80:02.0/0000:90:00.0", CFX_NET_DIST_SYS},
+        {NULL, PCI_ROOT "0000:12:00.0", CFX_NET_DIST_UNKNOWN},
+        {"/sys/devices/virtual/net/lo", PCI_ROOT "0000:12:00.0", CFX_NET_DIST_UNKNOWN},
+        {"", "", CFX_NET_DIST_UNKNOWN},
+    };
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        enum cfx_net_dist got = cfx_net_pci_distance(cases[i].a, cases[i].b);
+        cr_expect_eq(got, cases[i].want, "case %zu (%s, %s): %d, not %d", i,
+                     cases[i].a ? cases[i].a : "NULL", cases[i].b, (int)got, (int)cases[i].want);
+        cr_expect_eq(cfx_net_pci_distance(cases[i].b, cases[i].a), got, "case %zu is not symmetric",
+                     i);
+    }
 }
 
 /* The same with the connection and plugin lines counted. */

@@ -23,7 +23,9 @@
  * aside, 0xa5 in their place) until an iflush of that buffer completes, so
  * a caller that reads them earlier reads garbage. CFXTEST_DMABUF=1 (with
  * CFXTEST_PTR_CUDA=1) says the devices take dma-bufs (NCCL_PTR_DMABUF) and
- * checks each regMrDmaBuf's descriptor. CFXTEST_RENDEZVOUS=1
+ * checks each regMrDmaBuf's descriptor. CFXTEST_PCI_PATHS="a;b;..." gives
+ * the devices those PCI paths (props.pciPath; unset: none), for the
+ * loader's merging by distance. CFXTEST_RENDEZVOUS=1
  * plays an RDMA NIC's rendezvous: a message leaves only once its receive
  * is posted at the other end (each irecv sends the sender a one-byte
  * clear-to-send back over the connection, which the sender must have read
@@ -73,6 +75,7 @@ static int ptr_cuda;               /* CFXTEST_PTR_CUDA=1. */
 static int lazy_cuda;              /* CFXTEST_LAZY_CUDA=1. */
 static int rendezvous;             /* CFXTEST_RENDEZVOUS=1. */
 static int dmabuf;                 /* CFXTEST_DMABUF=1 (with CFXTEST_PTR_CUDA). */
+static char pci_paths[8][128];     /* CFXTEST_PCI_PATHS, per device ("": none). */
 static _Atomic long sends;         /* isends of this process (any thread). */
 
 #define LOG_WARN(...)                                                                              \
@@ -152,6 +155,12 @@ static ncclResult_t tp_init(ncclDebugLogger_t log)
     rendezvous = text != NULL && atoi(text) == 1;
     text = getenv("CFXTEST_DMABUF");
     dmabuf = ptr_cuda && text != NULL && atoi(text) == 1;
+    text = getenv("CFXTEST_PCI_PATHS");
+    for (int d = 0; text != NULL && *text && d < 8; d++) {
+        size_t len = strcspn(text, ";");
+        snprintf(pci_paths[d], sizeof(pci_paths[d]), "%.*s", (int)len, text);
+        text += len + (text[len] == ';');
+    }
     if (logger)
         logger(NCCL_LOG_INFO, NCCL_LOG_SUBSYS_NET, __FILE__, __LINE__,
                "cfxtest plugin: %d device(s) over TCP on %s", n_devices, "127.0.0.1");
@@ -700,6 +709,8 @@ static ncclResult_t tp_properties(int dev, ncclNetProperties_v9_t *props)
     props->vProps.devs[0] = dev;
     if (virtual)
         props->vProps = vdev_members[dev - n_devices];
+    const char *pci = pci_paths[props->vProps.devs[0]]; /* A virtual device: its first's. */
+    props->pciPath = pci[0] ? (char *)pci : NULL;
     props->maxP2pBytes = (size_t)1 << 31;
     props->maxCollBytes = (size_t)1 << 31;
     return ncclSuccess;

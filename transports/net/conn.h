@@ -119,6 +119,23 @@ ncclResult_t cfx_net_plugin_iflush(const struct cfx_net_plugin *p, void *recv_co
 ncclResult_t cfx_net_plugin_close_send(const struct cfx_net_plugin *p, void *send_comm);
 ncclResult_t cfx_net_plugin_close_recv(const struct cfx_net_plugin *p, void *recv_comm);
 ncclResult_t cfx_net_plugin_close_listen(const struct cfx_net_plugin *p, void *listen_comm);
+/* How far apart two devices of a net are, from their PCI paths (sysfs
+ * directories, as getProperties gives them), nearest first with NCCL's
+ * names: PORT for ports of one PCI device (one function, or functions of
+ * one device), PIX behind one PCI switch, PXB behind several, PHB under
+ * different root ports of one host bridge, SYS under different roots;
+ * UNKNOWN when a path is missing or not a PCI device's. Pure. */
+enum cfx_net_dist {
+    CFX_NET_DIST_LOC,
+    CFX_NET_DIST_PORT,
+    CFX_NET_DIST_PIX,
+    CFX_NET_DIST_PXB,
+    CFX_NET_DIST_PHB,
+    CFX_NET_DIST_SYS,
+    CFX_NET_DIST_UNKNOWN
+};
+enum cfx_net_dist cfx_net_pci_distance(const char *a, const char *b);
+
 /* The plugin's last warning into @p buf when it came within @p within_ns
  * (<= 0: whenever); 0 when there is none. */
 int cfx_net_plugin_last_warning(char *buf, size_t len, int64_t within_ns);

@@ -27,6 +27,29 @@ CFX_PARAM_STR(net_plugin, "NET_PLUGIN", "",
               "libnccl-net-foo.so, or builtin:socket / builtin:ib for Conflux's own socket or "
               "verbs net behind the same interface (unset: none)");
 
+static const char *const dist_names[] = {"LOC", "PORT", "PIX", "PXB", "PHB", "SYS"};
+
+/* The distance CFX_NET_MERGE_LEVEL names, or -1. */
+static int dist_of(const char *text)
+{
+    for (int d = 0; d < (int)(sizeof(dist_names) / sizeof(dist_names[0])); d++)
+        if (strcasecmp(text, dist_names[d]) == 0)
+            return d;
+    return -1;
+}
+
+static const char *check_merge_level(const char *text, char *buf, size_t len)
+{
+    (void)buf;
+    (void)len;
+    return dist_of(text) < 0 ? "expected one of LOC, PORT, PIX, PXB, PHB, SYS" : NULL;
+}
+
+CFX_PARAM_STR_CHECKED(net_merge_level, "NET_MERGE_LEVEL", "PORT", check_merge_level,
+                      "Devices of the net plugin at most this far apart are merged into "
+                      "virtual devices when CFX_NET_FORCE_MERGE is unset (NCCL's names: LOC "
+                      "never merges, PORT the ports of one device, then PIX, PXB, PHB, SYS)");
+
 CFX_PARAM_STR(net_force_merge, "NET_FORCE_MERGE", "",
               "Devices of the net plugin merged into virtual devices (makeVDevice; NCCL's "
               "syntax: groups separated by ';', names in a group by ',', e.g. "
@@ -37,6 +60,9 @@ static int load_done;
 static cfxResult_t load_res;
 static char load_error[CFX_ERROR_MAX];
 static struct cfx_net_plugin plugin;
+/* The devices' PCI paths from getProperties ("": none given). */
+static char dev_pci[NET_MAX_DEVS][256];
+
 /* The plugin's last warning and when it came (under warning_lock), for
  * the sentences of a failed load and of a failed call. */
 static pthread_mutex_t warning_lock = PTHREAD_MUTEX_INITIALIZER;
@@ -108,7 +134,8 @@ static void *open_library(const char *spec, char *tried, size_t tried_len)
     } while (0)
 
 /* Device @p dev's name, speed and ptrSupport, from whichever table. */
-static ncclResult_t dev_properties(int dev, char **name_p, int *speed_p, int *ptr_support_p)
+static ncclResult_t dev_properties(int dev, char **name_p, int *speed_p, int *ptr_support_p,
+                                   char **pci_p)
 {
     ncclResult_t res;
     if (plugin.version == 11) {
@@ -116,17 +143,20 @@ static ncclResult_t dev_properties(int dev, char **name_p, int *speed_p, int *pt
         memset(&props, 0, sizeof(props));
         res = plugin.v11->getProperties(dev, &props);
         *name_p = props.name, *speed_p = props.speed, *ptr_support_p = props.ptrSupport;
+        *pci_p = props.pciPath;
     } else if (plugin.version >= 9) {
         ncclNetProperties_v9_t props; /* v10's record is v9's. */
         memset(&props, 0, sizeof(props));
         res = plugin.version == 10 ? plugin.v10->getProperties(dev, &props)
                                    : plugin.v9->getProperties(dev, &props);
         *name_p = props.name, *speed_p = props.speed, *ptr_support_p = props.ptrSupport;
+        *pci_p = props.pciPath;
     } else {
         ncclNetProperties_v8_t props;
         memset(&props, 0, sizeof(props));
         res = plugin.v8->getProperties(dev, &props);
         *name_p = props.name, *speed_p = props.speed, *ptr_support_p = props.ptrSupport;
+        *pci_p = props.pciPath;
     }
     return res;
 }
@@ -164,12 +194,26 @@ static int find_table(void *lib)
  * speed into *speed_p. */
 static ncclResult_t note_device(int dev, int *speed_p)
 {
-    char *dev_name = NULL;
-    ncclResult_t res = dev_properties(dev, &dev_name, speed_p, &plugin.ptr_support[dev]);
-    if (res == ncclSuccess)
+    char *dev_name = NULL, *pci = NULL;
+    ncclResult_t res = dev_properties(dev, &dev_name, speed_p, &plugin.ptr_support[dev], &pci);
+    if (res == ncclSuccess) {
         snprintf(plugin.dev_name[dev], sizeof(plugin.dev_name[dev]), "%s",
                  dev_name ? dev_name : "?");
+        snprintf(dev_pci[dev], sizeof(dev_pci[dev]), "%s", pci ? pci : "");
+    }
     return res;
+}
+
+static cfxResult_t make_vdevice(ncclNetVDeviceProps_v9_t *props, const char *names, int n_phys,
+                                const char *why);
+
+/* Whether the loaded table has makeVDevice (v9 and later may). */
+static int can_make_vdevices(void)
+{
+    return plugin.version == 11   ? plugin.v11->makeVDevice != NULL
+           : plugin.version == 10 ? plugin.v10->makeVDevice != NULL
+           : plugin.version == 9  ? plugin.v9->makeVDevice != NULL
+                                  : 0;
 }
 
 /* One group of CFX_NET_FORCE_MERGE, @p len bytes at @p group ("a,b"): its
@@ -205,13 +249,23 @@ static cfxResult_t merge_group(const char *spec, const char *group, size_t len, 
     }
     if (props.ndevs == 0)
         return cfxSuccess; /* An empty group (";;", a trailing ';'). */
+    char why[300];
+    snprintf(why, sizeof(why), "CFX_NET_FORCE_MERGE=%s", spec);
+    return make_vdevice(&props, names, n_phys, why);
+}
+
+/* The devices @p props lists (named @p names in sentences) merged into a
+ * virtual device, because of @p why. */
+static cfxResult_t make_vdevice(ncclNetVDeviceProps_v9_t *props, const char *names, int n_phys,
+                                const char *why)
+{
     int vdev = -1;
-    ncclResult_t res = plugin.version == 11   ? plugin.v11->makeVDevice(&vdev, &props)
-                       : plugin.version == 10 ? plugin.v10->makeVDevice(&vdev, &props)
-                                              : plugin.v9->makeVDevice(&vdev, &props);
+    ncclResult_t res = plugin.version == 11   ? plugin.v11->makeVDevice(&vdev, props)
+                       : plugin.version == 10 ? plugin.v10->makeVDevice(&vdev, props)
+                                              : plugin.v9->makeVDevice(&vdev, props);
     if (res != ncclSuccess)
-        LOAD_FAIL("net-plugin: plugin %s failed makeVDevice of %s (CFX_NET_FORCE_MERGE=%s): %s",
-                  plugin.name, names, spec, cfx_net_result_name(res));
+        LOAD_FAIL("net-plugin: plugin %s failed makeVDevice of %s (%s): %s", plugin.name, names,
+                  why, cfx_net_result_name(res));
     if (vdev < n_phys || vdev >= NET_MAX_DEVS)
         LOAD_FAIL("net-plugin: plugin %s made virtual device %d of %s, not a new device below %d",
                   plugin.name, vdev, names, NET_MAX_DEVS);
@@ -221,13 +275,104 @@ static cfxResult_t merge_group(const char *spec, const char *group, size_t len, 
         LOAD_FAIL("net-plugin: plugin %s failed getProperties(%d) of its virtual device: %s",
                   plugin.name, vdev, cfx_net_result_name(res));
     plugin.merged_into[vdev] = -1;
-    for (int i = 0; i < props.ndevs; i++)
-        plugin.merged_into[props.devs[i]] = vdev;
+    for (int i = 0; i < props->ndevs; i++)
+        plugin.merged_into[props->devs[i]] = vdev;
     if (vdev >= plugin.n_devs)
         plugin.n_devs = vdev + 1;
     CFX_INFO(CFX_LOG_NET | CFX_LOG_INIT,
-             "net-plugin: merged devices %s into virtual device %d (%s, %d Mbps)", names, vdev,
-             plugin.dev_name[vdev], speed);
+             "net-plugin: merged devices %s into virtual device %d (%s, %d Mbps; %s)", names, vdev,
+             plugin.dev_name[vdev], speed, why);
+    return cfxSuccess;
+}
+
+/* The components of a sysfs PCI path after /sys/devices/ (the root
+ * "pci0000:00", then a bus id per bridge, then the device's) into
+ * @p comp; their number, or -1 for anything else. Pure. */
+static int pci_components(const char *path, char comp[][32], int max)
+{
+    static const char prefix[] = "/sys/devices/pci";
+    if (path == NULL || strncmp(path, prefix, sizeof(prefix) - 1) != 0)
+        return -1;
+    const char *at = path + sizeof(prefix) - 1 - 3; /* At "pci". */
+    int n = 0;
+    while (*at != '\0') {
+        size_t len = strcspn(at, "/");
+        if (len == 0 || len >= 32 || n == max)
+            return -1;
+        memcpy(comp[n], at, len);
+        comp[n++][len] = '\0';
+        at += len + (at[len] == '/');
+    }
+    return n;
+}
+
+enum cfx_net_dist cfx_net_pci_distance(const char *a, const char *b)
+{
+    char ca[16][32], cb[16][32];
+    int na = pci_components(a, ca, 16), nb = pci_components(b, cb, 16);
+    if (na < 2 || nb < 2)
+        return CFX_NET_DIST_UNKNOWN;
+    if (strcmp(a, b) == 0)
+        return CFX_NET_DIST_PORT; /* Two ports of one PCI function. */
+    if (strcmp(ca[0], cb[0]) != 0)
+        return CFX_NET_DIST_SYS; /* Different root complexes. */
+    int common = 0;              /* Bridges both paths go through, after the root. */
+    while (1 + common < na - 1 && 1 + common < nb - 1 &&
+           strcmp(ca[1 + common], cb[1 + common]) == 0)
+        common++;
+    if (na == nb && common == na - 2) { /* Same parent: functions of one device? */
+        size_t fa = strcspn(ca[na - 1], "."), fb = strcspn(cb[nb - 1], ".");
+        if (fa == fb && strncmp(ca[na - 1], cb[nb - 1], fa) == 0)
+            return CFX_NET_DIST_PORT;
+    }
+    if (common == 0)
+        return CFX_NET_DIST_PHB; /* Under different root ports: through the host bridge. */
+    /* Switch ports each crosses below the common bridge: one switch (an
+     * upstream port in common, a downstream port each) is PIX. */
+    int crossed = (na - 2 - common) + (nb - 2 - common);
+    return crossed <= 2 ? CFX_NET_DIST_PIX : CFX_NET_DIST_PXB;
+}
+
+/* CFX_NET_MERGE_LEVEL (CFX_NET_FORCE_MERGE unset): from the first device
+ * not merged yet, every later one at most that far from it joins its
+ * virtual device, up to the most one holds (NCCL's rule). Devices without
+ * a PCI path, or that cannot move host memory, stay alone. */
+static cfxResult_t auto_merge(int n_phys)
+{
+    int level = dist_of(param_net_merge_level());
+    if (level <= CFX_NET_DIST_LOC || !can_make_vdevices())
+        return cfxSuccess; /* Without makeVDevice (v8), devices stay apart. */
+    int placed[NET_MAX_DEVS] = {0};
+    for (int first = 0; first < n_phys && first < NET_MAX_DEVS; first++) {
+        if (placed[first] || !(plugin.ptr_support[first] & NCCL_PTR_HOST))
+            continue;
+        ncclNetVDeviceProps_v9_t props;
+        memset(&props, 0, sizeof(props));
+        props.devs[props.ndevs++] = first;
+        char names[256];
+        snprintf(names, sizeof(names), "%d (%s)", first, plugin.dev_name[first]);
+        enum cfx_net_dist farthest = CFX_NET_DIST_PORT;
+        for (int dev = first + 1;
+             dev < n_phys && dev < NET_MAX_DEVS && props.ndevs < NCCL_NET_MAX_DEVS_PER_NIC_V9;
+             dev++) {
+            enum cfx_net_dist dist = cfx_net_pci_distance(dev_pci[first], dev_pci[dev]);
+            if (placed[dev] || !(plugin.ptr_support[dev] & NCCL_PTR_HOST) || (int)dist > level)
+                continue;
+            placed[dev] = 1;
+            props.devs[props.ndevs++] = dev;
+            farthest = dist > farthest ? dist : farthest;
+            size_t used = strlen(names);
+            snprintf(names + used, sizeof(names) - used, ", %d (%s)", dev, plugin.dev_name[dev]);
+        }
+        if (props.ndevs < 2)
+            continue;
+        char why[96];
+        snprintf(why, sizeof(why), "CFX_NET_MERGE_LEVEL=%s, %s apart", dist_names[level],
+                 dist_names[farthest]);
+        cfxResult_t res = make_vdevice(&props, names, n_phys, why);
+        if (res != cfxSuccess)
+            return res;
+    }
     return cfxSuccess;
 }
 
@@ -238,12 +383,8 @@ static cfxResult_t merge_devices(int n_phys)
         plugin.merged_into[dev] = -1;
     const char *spec = param_net_force_merge();
     if (spec == NULL || spec[0] == '\0')
-        return cfxSuccess;
-    const void *make = plugin.version == 11   ? (const void *)plugin.v11->makeVDevice
-                       : plugin.version == 10 ? (const void *)plugin.v10->makeVDevice
-                       : plugin.version == 9  ? (const void *)plugin.v9->makeVDevice
-                                              : NULL;
-    if (make == NULL)
+        return auto_merge(n_phys);
+    if (!can_make_vdevices())
         LOAD_FAIL("net-plugin: CFX_NET_FORCE_MERGE=%s asks for virtual devices, which plugin %s "
                   "(ncclNetPlugin_v%d) cannot make (no makeVDevice)",
                   spec, plugin.name, plugin.version);
