@@ -453,6 +453,29 @@ ParameterizedTest(struct merge_case *mc, net_plugin, devices_near_enough_are_mer
     }
 }
 
+/* A plugin whose makeVDevice fails: merging by distance gives way (the
+ * devices stay apart, a line says why), where a forced merge fails init. */
+Test(net_plugin, a_failed_merge_by_distance_leaves_the_devices_apart, .timeout = 150)
+{
+    cfx_test_setenv("CFXTEST_NDEV", "2");
+    cfx_test_setenv("CFXTEST_VDEV_FAIL", "1");
+    cfx_test_setenv("CFXTEST_PCI_PATHS",
+                    PCI_ROOT "0000:11:00.0/0000:12:00.0;" PCI_ROOT "0000:11:00.0/0000:12:00.1");
+    const char *const needles[] = {
+        "failed makeVDevice of 0 (lo), 1 (lo1) (CFX_NET_MERGE_LEVEL=PORT, "
+        "PORT apart): ncclInternalError (3); the devices stay apart",
+        "via net-plugin", "(plugin cfxtest, device 2:"};
+    int counts[3];
+    run_counting(test_plugin("CFX_TEST_NET_PLUGIN"), 2, allreduces_of_every_size, needles, counts,
+                 3);
+    cfx_test_setenv("CFXTEST_NDEV", NULL);
+    cfx_test_setenv("CFXTEST_VDEV_FAIL", NULL);
+    cfx_test_setenv("CFXTEST_PCI_PATHS", NULL);
+    cr_assert_geq(counts[0], 2, "the ranks did not say the merge failed (%d lines)", counts[0]);
+    cr_assert_geq(counts[1], 2, "only %d connections via net-plugin", counts[1]);
+    cr_assert_eq(counts[2], 0, "%d connections on a virtual device that was never made", counts[2]);
+}
+
 /* The distance between two devices from their PCI paths, NCCL's classes. */
 Test(net_plugin, pci_distance_classes)
 {

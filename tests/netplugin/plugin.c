@@ -25,7 +25,8 @@
  * CFXTEST_PTR_CUDA=1) says the devices take dma-bufs (NCCL_PTR_DMABUF) and
  * checks each regMrDmaBuf's descriptor. CFXTEST_PCI_PATHS="a;b;..." gives
  * the devices those PCI paths (props.pciPath; unset: none), for the
- * loader's merging by distance. CFXTEST_RENDEZVOUS=1
+ * loader's merging by distance; CFXTEST_VDEV_FAIL=1 makes every
+ * makeVDevice fail (ncclInternalError). CFXTEST_RENDEZVOUS=1
  * plays an RDMA NIC's rendezvous: a message leaves only once its receive
  * is posted at the other end (each irecv sends the sender a one-byte
  * clear-to-send back over the connection, which the sender must have read
@@ -76,6 +77,7 @@ static int lazy_cuda;              /* CFXTEST_LAZY_CUDA=1. */
 static int rendezvous;             /* CFXTEST_RENDEZVOUS=1. */
 static int dmabuf;                 /* CFXTEST_DMABUF=1 (with CFXTEST_PTR_CUDA). */
 static char pci_paths[8][128];     /* CFXTEST_PCI_PATHS, per device ("": none). */
+static int vdev_fail;              /* CFXTEST_VDEV_FAIL=1. */
 static _Atomic long sends;         /* isends of this process (any thread). */
 
 #define LOG_WARN(...)                                                                              \
@@ -155,6 +157,8 @@ static ncclResult_t tp_init(ncclDebugLogger_t log)
     rendezvous = text != NULL && atoi(text) == 1;
     text = getenv("CFXTEST_DMABUF");
     dmabuf = ptr_cuda && text != NULL && atoi(text) == 1;
+    text = getenv("CFXTEST_VDEV_FAIL");
+    vdev_fail = text != NULL && atoi(text) == 1;
     text = getenv("CFXTEST_PCI_PATHS");
     for (int d = 0; text != NULL && *text && d < 8; d++) {
         size_t len = strcspn(text, ";");
@@ -203,6 +207,10 @@ __attribute__((unused)) static ncclResult_t tp_make_vdevice(int *d, ncclNetVDevi
     if (d == NULL || props == NULL || props->ndevs < 1 ||
         props->ndevs > NCCL_NET_MAX_DEVS_PER_NIC_V9 || n_vdevs == CFXTEST_MAX_VDEVS)
         return ncclInvalidArgument;
+    if (vdev_fail) {
+        LOG_WARN("cfxtest plugin: makeVDevice fails on purpose (CFXTEST_VDEV_FAIL=1)");
+        return ncclInternalError;
+    }
     char *name = vdev_names[n_vdevs];
     name[0] = '\0';
     for (int i = 0; i < props->ndevs; i++) {

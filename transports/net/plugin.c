@@ -336,7 +336,8 @@ enum cfx_net_dist cfx_net_pci_distance(const char *a, const char *b)
 /* CFX_NET_MERGE_LEVEL (CFX_NET_FORCE_MERGE unset): from the first device
  * not merged yet, every later one at most that far from it joins its
  * virtual device, up to the most one holds (NCCL's rule). Devices without
- * a PCI path, or that cannot move host memory, stay alone. */
+ * a PCI path, or that cannot move host memory, stay alone; so do devices
+ * the plugin fails to merge (unlike a forced merge, which must happen). */
 static cfxResult_t auto_merge(int n_phys)
 {
     int level = dist_of(param_net_merge_level());
@@ -369,9 +370,12 @@ static cfxResult_t auto_merge(int n_phys)
         char why[96];
         snprintf(why, sizeof(why), "CFX_NET_MERGE_LEVEL=%s, %s apart", dist_names[level],
                  dist_names[farthest]);
-        cfxResult_t res = make_vdevice(&props, names, n_phys, why);
-        if (res != cfxSuccess)
-            return res;
+        /* Merging by distance is an offer: a plugin that cannot make this
+         * virtual device keeps the devices apart, and the job runs. */
+        if (make_vdevice(&props, names, n_phys, why) != cfxSuccess) {
+            CFX_INFO(CFX_LOG_NET | CFX_LOG_INIT, "%s; the devices stay apart", load_error);
+            load_error[0] = '\0';
+        }
     }
     return cfxSuccess;
 }
