@@ -545,6 +545,7 @@ FV_EXPORT int ibv_dereg_mr(struct ibv_mr *ibmr)
             break;
         }
     }
+    fv_wire_region_gone(mr->ibmr.rkey);
     pthread_mutex_unlock(&fv.lock);
     free(mr);
     return 0;

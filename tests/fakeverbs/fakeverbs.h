@@ -252,6 +252,11 @@ uint64_t fv_now_ms(void);
 /* wire.c: close the sockets a forked child inherited (no lock: the child
  * has one thread). */
 void fv_wire_forget_inherited(void);
+/* The memory region of @p rkey is being deregistered (fv.lock held): an
+ * RDMA write through it whose payload is still arriving lands no further
+ * (the rest is dropped, the requester gets a remote access error), as a
+ * NIC stops DMA into a region once ibv_dereg_mr returns. */
+void fv_wire_region_gone(uint32_t rkey);
 
 /* device.c: a device's LID and GID @p i (identity per namespace, varied by
  * device index); whether device @p dev's port is down. Callers hold fv.lock. */

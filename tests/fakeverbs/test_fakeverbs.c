@@ -706,6 +706,65 @@ Test(fakeverbs, write_to_an_rkey_without_remote_write_is_rem_access_err_then_flu
     ep_close(&ep);
 }
 
+/* Deregisters the region a 2 MiB write is arriving into as soon as its
+ * first byte has landed (mid-payload, unless all of it came at once), then
+ * fills the buffer with a canary that must stay: no byte lands after
+ * ibv_dereg_mr returned, as with a NIC. */
+static void dereg_under_a_write_child(int fd)
+{
+    struct ep ep;
+    struct ep_info peer;
+    child_connect(&ep, fd, &peer);
+    child_signal(fd);
+    child_wait_signal(fd);
+    uint64_t end = now_ms() + 5000;
+    while (__atomic_load_n(&ep.buf[0], __ATOMIC_ACQUIRE) == 0 && now_ms() < end)
+        ;
+    CHILD_CHECK(ep.buf[0] != 0);
+    int whole = __atomic_load_n(&ep.buf[BUF_BYTES - 1], __ATOMIC_ACQUIRE) != 0;
+    CHILD_CHECK(ibv_dereg_mr(ep.mr) == 0);
+    ep.mr = NULL;
+    memset(ep.buf, 0x5a, BUF_BYTES);
+    usleep(300 * 1000);
+    size_t changed = 0;
+    for (size_t b = 0; b < BUF_BYTES; b++)
+        changed += ep.buf[b] != 0x5a;
+    CHILD_CHECK(changed == 0);
+    unsigned char said = whole ? 'W' : 'P'; /* Whole before the deregistration, or part. */
+    CHILD_CHECK(write(fd, &said, 1) == 1);
+    child_signal(fd);
+    child_wait_signal(fd);
+    ep_close(&ep);
+}
+
+Test(fakeverbs, no_byte_lands_in_a_region_after_it_is_deregistered)
+{
+    int fd;
+    pid_t pid = fork_peer(dereg_under_a_write_child, &fd);
+    struct ep ep;
+    struct ep_info peer;
+    parent_connect(&ep, fd, &peer, 64);
+    pattern_fill(ep.buf, BUF_BYTES, 3);
+    ep.buf[0] = 0xff, ep.buf[BUF_BYTES - 1] = 0xff; /* What the child watches for. */
+    parent_wait_signal(fd);
+    cr_assert_eq(post_write(&ep, IBV_WR_RDMA_WRITE, 1, 0, BUF_BYTES, peer.addr, peer.rkey, 1, 0),
+                 0);
+    parent_signal(fd);
+    struct ibv_wc wc;
+    cr_assert_eq(wait_wc(ep.cq, &wc), 1, "no completion for the write");
+    cr_assert(wc.status == IBV_WC_SUCCESS || wc.status == IBV_WC_REM_ACCESS_ERR, "%s",
+              ibv_wc_status_str(wc.status));
+    unsigned char said = 0;
+    cr_assert_eq(read(fd, &said, 1), 1, "the child's canary check failed");
+    cr_log_info("the write ended with %s; %s", ibv_wc_status_str(wc.status),
+                said == 'P' ? "the region went mid-payload"
+                            : "it had landed whole before the region went");
+    parent_wait_signal(fd); /* The child found its canary whole. */
+    parent_signal(fd);
+    wait_child(pid);
+    ep_close(&ep);
+}
+
 Test(fakeverbs, write_out_of_bounds_is_rem_access_err_and_zero_length_skips_the_rkey)
 {
     struct ep ep;

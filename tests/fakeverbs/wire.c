@@ -482,6 +482,20 @@ static void close_fds(void)
     fv.listen_fd = fv.wake_fd = fv.epoll_fd = -1;
 }
 
+void fv_wire_region_gone(uint32_t rkey)
+{
+    for (struct fv_resp_conn *rc = fv.resp_conns; rc != NULL; rc = rc->next) {
+        if (rc->target == NULL || rc->payload_left == 0 || rc->hdr.rkey != rkey ||
+            (rc->hdr.opcode != IBV_WR_RDMA_WRITE && rc->hdr.opcode != IBV_WR_RDMA_WRITE_WITH_IMM))
+            continue;
+        fv_log("a write into a region deregistered under it: the rest of its %u bytes is "
+               "dropped and the requester gets a remote access error",
+               rc->hdr.length);
+        rc->target = NULL;
+        rc->verdict = FV_NAK_ACCESS;
+    }
+}
+
 void fv_wire_forget_inherited(void)
 {
     for (struct fv_qp *qp = fv.qps; qp != NULL; qp = qp->next) {
