@@ -364,6 +364,8 @@ Test(builtin_ib, a_send_waits_for_its_receive_to_be_posted)
     int got = 0;
     cr_assert_eq(net_pair_wait(&p, rreq, &got), ncclSuccess);
     cr_assert_str_eq(in, out);
+    p.net->deregMr(p.send, mo);
+    p.net->deregMr(p.recv, mi);
     net_pair_close(&p);
 }
 
@@ -383,6 +385,8 @@ Test(builtin_ib, an_oversized_message_fails_the_sending_comm)
     void *again = NULL;
     cr_assert_eq(p.net->isend(p.send, out, 10, 0, mo, &again), ncclInvalidUsage,
                  "the failed comm took another send");
+    p.net->deregMr(p.send, mo);
+    p.net->deregMr(p.recv, mi);
     net_pair_close(&p);
 }
 
@@ -400,6 +404,7 @@ Test(builtin_ib, a_closed_peer_fails_a_pending_receive_with_remote_error)
     p.send = NULL;
     int got = 0;
     cr_assert_eq(net_pair_wait(&p, rreq, &got), ncclRemoteError);
+    p.net->deregMr(p.recv, mi);
     net_pair_close(&p);
 }
 
