@@ -160,7 +160,13 @@ struct enqueue_case {
      * (FAKECUDA_NO_RDMA_FLUSH=1): receivers flush with the plugin's iflush,
      * and the plugin hides each payload until its flush completes
      * (CFXTEST_LAZY_CUDA=1); 4, as 2 with a plugin that takes dma-bufs
-     * (CFXTEST_DMABUF=1): the slots go to it through regMrDmaBuf. */
+     * (CFXTEST_DMABUF=1): the slots go to it through regMrDmaBuf. 5 and 6,
+     * Conflux's verbs net (CFX_NET_PLUGIN=builtin:ib) over fake-verbs with
+     * the slots in device memory: 5 registered by address
+     * (CFX_IB_PEERMEM=1, CFX_DMABUF_ENABLE=0) on a device that cannot
+     * flush from the host, so receivers flush with the net's iflush (an
+     * RDMA read on its loopback queue pair); 6 as dma-bufs, flushed by the
+     * driver. */
     int net_plugin;
 };
 
@@ -263,6 +269,9 @@ ParameterizedTestParameters(cuda, allreduce_is_enqueued_and_the_stream_completes
         {2, CFX_TEST_PROCS, 1 << 20, 0, 0, 3},
         {3, CFX_TEST_PROCS, 70001, 0, 0, 3},
         {2, CFX_TEST_PROCS, 1 << 20, 0, 0, 4},
+        {2, CFX_TEST_PROCS, 1 << 20, 0, 0, 5},
+        {3, CFX_TEST_PROCS, 70001, 0, 0, 5},
+        {2, CFX_TEST_PROCS, 1 << 20, 0, 0, 6},
     };
     return cr_make_param_array(struct enqueue_case, cases, sizeof(cases) / sizeof(cases[0]));
 }
@@ -278,7 +287,9 @@ ParameterizedTest(struct enqueue_case *ec, cuda, allreduce_is_enqueued_and_the_s
                 : ec->verbs == GDR_PEERMEM_NOCUF ? "verbs (fake-verbs), peermem, no cuFlush"
                 : ec->verbs == GDR_NEITHER       ? "verbs (fake-verbs), neither dma-buf nor peermem"
                 : ec->verbs == 1                 ? "verbs (fake-verbs), staged"
-                : ec->net_plugin == 4            ? "the test net plugin, GPUDirect RDMA, dma-buf"
+                : ec->net_plugin == 6 ? "the verbs net (fake-verbs), GPUDirect RDMA, dma-buf"
+                : ec->net_plugin == 5 ? "the verbs net (fake-verbs), peermem, flushed by its iflush"
+                : ec->net_plugin == 4 ? "the test net plugin, GPUDirect RDMA, dma-buf"
                 : ec->net_plugin == 3 ? "the test net plugin, GPUDirect RDMA flushed by its iflush"
                 : ec->net_plugin == 2 ? "the test net plugin, GPUDirect RDMA (one host per rank)"
                 : ec->net_plugin      ? "the test net plugin (one host per rank)"
@@ -291,21 +302,27 @@ ParameterizedTest(struct enqueue_case *ec, cuda, allreduce_is_enqueued_and_the_s
         cr_skip_test("fake-verbs moves bytes with the CPU, which cannot reach a GPU's memory");
     if (ec->verbs == GDR_NEITHER && cfx_verbs_peermem_loaded())
         cr_skip_test("this host has nvidia-peermem loaded");
-    const char *plugin = getenv("CFX_TEST_NET_PLUGIN");
-    if (ec->net_plugin && (plugin == NULL || access(plugin, R_OK) != 0))
+    int verbs_net = ec->net_plugin >= 5;
+    const char *plugin = verbs_net ? "builtin:ib" : getenv("CFX_TEST_NET_PLUGIN");
+    if (ec->net_plugin && !verbs_net && (plugin == NULL || access(plugin, R_OK) != 0))
         cr_skip_test("no test net plugin (CFX_TEST_NET_PLUGIN unset: run through ctest)");
+    if (verbs_net && cfx_test_use_fakeverbs() == NULL)
+        cr_skip_test("no fake-verbs library (CFX_TEST_FAKEVERBS unset or unreadable)");
     if (ec->net_plugin >= 2 && strcmp(use_gpu(), "GPU") == 0)
         cr_skip_test("the test plugin moves bytes with the CPU, which cannot reach a GPU's memory");
-    cfx_test_setenv("CFXTEST_PTR_CUDA", ec->net_plugin >= 2 ? "1" : NULL);
+    cfx_test_setenv("CFXTEST_PTR_CUDA", ec->net_plugin >= 2 && !verbs_net ? "1" : NULL);
     cfx_test_setenv("CFX_SHM_DISABLE", ec->sockets ? "1" : NULL);
     cfx_test_setenv("CFX_NET_PLUGIN", ec->net_plugin ? plugin : NULL);
     gdr_env(ec->verbs);
     if (ec->net_plugin) { /* After gdr_env, which sets these for verbs. */
         cfx_test_setenv("CFX_NET_GDR_LEVEL", ec->net_plugin >= 2 ? "SYS" : NULL);
-        cfx_test_setenv("FAKECUDA_NO_RDMA_FLUSH", ec->net_plugin == 3 ? "1" : NULL);
+        cfx_test_setenv("FAKECUDA_NO_RDMA_FLUSH",
+                        ec->net_plugin == 3 || ec->net_plugin == 5 ? "1" : NULL);
         /* Payloads hidden until their flush completes: read earlier, wrong. */
         cfx_test_setenv("CFXTEST_LAZY_CUDA", ec->net_plugin == 3 ? "1" : NULL);
         cfx_test_setenv("CFXTEST_DMABUF", ec->net_plugin == 4 ? "1" : NULL);
+        cfx_test_setenv("CFX_IB_PEERMEM", ec->net_plugin == 5 ? "1" : NULL);
+        cfx_test_setenv("CFX_DMABUF_ENABLE", ec->net_plugin == 5 ? "0" : NULL);
     }
     struct cfx_test_options opts = {.nranks = ec->nranks,
                                     .mode = ec->mode,
@@ -333,6 +350,8 @@ ParameterizedTest(struct enqueue_case *ec, cuda, allreduce_is_enqueued_and_the_s
         cfx_test_setenv("FAKECUDA_NO_RDMA_FLUSH", NULL);
         cfx_test_setenv("CFXTEST_LAZY_CUDA", NULL);
         cfx_test_setenv("CFXTEST_DMABUF", NULL);
+        cfx_test_setenv("CFX_IB_PEERMEM", NULL);
+        cfx_test_setenv("CFX_DMABUF_ENABLE", NULL);
         /* Each rank's ring send and receive at least. */
         int want = 2 * ec->nranks;
         if (ec->net_plugin >= 2) {
@@ -340,14 +359,14 @@ ParameterizedTest(struct enqueue_case *ec, cuda, allreduce_is_enqueued_and_the_s
                       "%d connection ends had their slots in device memory, %d in pinned memory",
                       device, pinned);
             cr_assert_geq(flushed, ec->nranks, "%d receivers flushed the plugin's writes", flushed);
-            if (ec->net_plugin == 3)
+            if (ec->net_plugin == 3 || ec->net_plugin == 5)
                 cr_assert_eq(by_iflush, flushed,
                              "%d of %d receivers flushed with the plugin's iflush", by_iflush,
                              flushed);
             else
                 cr_assert_eq(by_iflush, 0,
                              "%d receivers used the plugin's iflush beside the driver", by_iflush);
-            if (ec->net_plugin == 4)
+            if (ec->net_plugin == 4 || ec->net_plugin == 6)
                 cr_assert(dmabuf >= want && no_dmabuf == 0,
                           "%d connection ends registered their slots as dma-bufs, %d said why not",
                           dmabuf, no_dmabuf);

@@ -9,12 +9,14 @@
  */
 #include <criterion/criterion.h>
 #include <criterion/parameterized.h>
+#include <fcntl.h>
 #include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "tests/harness.h"
 #include "tests/net_pair.h"
@@ -259,6 +261,30 @@ Test(builtin_ib, a_virtual_device_of_ports_that_do_not_exist_is_refused)
     cr_assert_eq(n, 2, "a refused virtual device counts (%d devices)", n);
 }
 
+/* An InfiniBand port and a RoCE port (FAKEVERBS_ROCE_DEVICES) are both
+ * devices, but one virtual device refuses them, saying why. */
+Test(builtin_ib, ports_of_different_link_layers_are_not_merged)
+{
+    cfx_test_setenv("FAKEVERBS_DEVICES", "3");
+    cfx_test_setenv("FAKEVERBS_ROCE_DEVICES", "1,2");
+    const ncclNet_v9_t *net = verbs_net();
+    cr_assert_eq(net->init(keep_warnings), ncclSuccess);
+    int n = 0;
+    cr_assert_eq(net->devices(&n), ncclSuccess);
+    cr_assert_eq(n, 3, "%d devices, not the InfiniBand port and the two RoCE ports", n);
+    ncclNetVDeviceProps_v9_t mixed = {.ndevs = 2, .devs = {0, 1}};
+    int vdev = -1;
+    cr_assert_eq(net->makeVDevice(&vdev, &mixed), ncclInvalidUsage);
+    cr_assert(strstr(warned, "cannot merge fake_0:1 (InfiniBand) with fake_1:1 (Ethernet): their "
+                             "link layers differ") != NULL,
+              "no warning says why:\n%s", warned);
+    cr_assert_eq(net->devices(&n), ncclSuccess);
+    cr_assert_eq(n, 3, "a refused virtual device counts (%d devices)", n);
+    ncclNetVDeviceProps_v9_t roce = {.ndevs = 2, .devs = {1, 2}};
+    cr_assert_eq(net->makeVDevice(&vdev, &roce), ncclSuccess, "two RoCE ports");
+    cr_assert_eq(vdev, 3);
+}
+
 /* A comm on the virtual device: queue pair q on port q mod 2 at both ends
  * (one per port with CFX_IB_QPS_PER_CONNECTION=1), each writing with its
  * own port's keys, messages in turn over them or split over both. */
@@ -458,14 +484,189 @@ Test(builtin_ib, a_port_error_fails_the_comms_on_that_port_naming_it)
                                   "comm on fake_0:1 failed: fake_0 port 1: port error");
 }
 
-Test(builtin_ib, reports_its_ports_as_devices_that_move_host_memory)
+Test(builtin_ib, reports_its_ports_as_devices)
 {
     const ncclNet_v9_t *net = verbs_net();
     ncclNetProperties_v9_t props;
     cr_assert_eq(net->getProperties(0, &props), ncclSuccess);
     cr_assert_str_eq(props.name, "fake_0", "device 0 is %s", props.name);
     cr_assert_eq(props.port, 1);
-    cr_assert_eq(props.ptrSupport, NCCL_PTR_HOST);
+    cr_assert(props.ptrSupport & NCCL_PTR_HOST);
     cr_assert_gt(props.speed, 0);
     cr_assert_str_eq(net->name, "IB");
+}
+
+/* ------------------------------------------------------------ device memory */
+
+/* How the ports may take device memory: CFX_DMABUF_ENABLE and
+ * CFX_IB_PEERMEM (fake-verbs takes dma-bufs), and the pointer types the
+ * devices then report. */
+struct gdr_case {
+    char dmabuf[4], peermem[4];
+    int want; /* ptrSupport. */
+};
+
+ParameterizedTestParameters(builtin_ib, reports_device_memory_as_dma_buf_and_peermem_allow)
+{
+    static struct gdr_case cases[] = {
+        {"1", "0", NCCL_PTR_HOST | NCCL_PTR_CUDA | NCCL_PTR_DMABUF},
+        {"0", "1", NCCL_PTR_HOST | NCCL_PTR_CUDA},
+        {"1", "1", NCCL_PTR_HOST | NCCL_PTR_CUDA | NCCL_PTR_DMABUF},
+        {"0", "0", NCCL_PTR_HOST},
+    };
+    return cr_make_param_array(struct gdr_case, cases, sizeof(cases) / sizeof(cases[0]));
+}
+
+ParameterizedTest(struct gdr_case *gc, builtin_ib,
+                  reports_device_memory_as_dma_buf_and_peermem_allow)
+{
+    cfx_test_setenv("CFX_DMABUF_ENABLE", gc->dmabuf);
+    cfx_test_setenv("CFX_IB_PEERMEM", gc->peermem);
+    const ncclNet_v9_t *net = verbs_net();
+    ncclNetProperties_v9_t props;
+    cr_assert_eq(net->getProperties(0, &props), ncclSuccess);
+    cr_assert_eq(props.ptrSupport, gc->want,
+                 "CFX_DMABUF_ENABLE=%s CFX_IB_PEERMEM=%s: ptrSupport %#x, not %#x", gc->dmabuf,
+                 gc->peermem, (unsigned)props.ptrSupport, (unsigned)gc->want);
+}
+
+/* Sends @p out to @p in over @p p (registered as @p mo and @p mi), waits
+ * for both ends, and checks the bytes. */
+static void carry_one(const struct net_pair *p, char *out, char *in, size_t bytes, void *mo,
+                      void *mi)
+{
+    void *rreq = net_pair_post_recv(p, in, bytes, mi);
+    cr_assert_not_null(rreq);
+    ncclResult_t res = ncclSuccess;
+    void *sreq = send_when_cleared(p, out, bytes, mo, &res);
+    cr_assert_eq(res, ncclSuccess);
+    cr_assert_not_null(sreq);
+    int got = 0;
+    cr_assert_eq(net_pair_wait(p, sreq, &got), ncclSuccess);
+    cr_assert_eq(net_pair_wait(p, rreq, &got), ncclSuccess);
+    cr_assert_eq(got, (int)bytes);
+    cr_assert(memcmp(in, out, bytes) == 0, "the bytes differ");
+}
+
+/* A receive into memory registered as device memory (by address, as
+ * nvidia-peermem allows; fake-cuda's device memory is host memory, so a
+ * host buffer stands in): iflush returns a request, done once its read
+ * completed. Host memory and empty receives need no flush (no request).
+ * FAKEVERBS_FAIL_READS=1 fails every RDMA read: the flush's request then
+ * fails the comm, so the read is what the request waits for. */
+static void iflush_case(int fail_reads)
+{
+    cfx_test_setenv("CFX_IB_PEERMEM", "1");
+    cfx_test_setenv("FAKEVERBS_FAIL_READS", fail_reads ? "1" : NULL);
+    const ncclNet_v9_t *net = verbs_net();
+    cr_assert_eq(net->init(keep_warnings), ncclSuccess);
+    struct net_pair p;
+    net_pair_open(&p, net);
+    static char out[3000], in[3000], host_in[3000];
+    for (size_t i = 0; i < sizeof(out); i++)
+        out[i] = (char)(i * 7 + 1);
+    void *mo = NULL, *mi = NULL, *mh = NULL;
+    cr_assert_eq(p.net->regMr(p.send, out, sizeof(out), NCCL_PTR_HOST, &mo), ncclSuccess);
+    cr_assert_eq(p.net->regMr(p.recv, in, sizeof(in), NCCL_PTR_CUDA, &mi), ncclSuccess);
+    cr_assert_eq(p.net->regMr(p.recv, host_in, sizeof(host_in), NCCL_PTR_HOST, &mh), ncclSuccess);
+    carry_one(&p, out, host_in, sizeof(out), mo, mh);
+    void *data = host_in, *freq = NULL;
+    int size = (int)sizeof(host_in);
+    cr_assert_eq(p.net->iflush(p.recv, 1, &data, &size, &mh, &freq), ncclSuccess);
+    cr_assert_null(freq, "an iflush of host memory returned a request");
+    carry_one(&p, out, in, sizeof(out), mo, mi);
+    data = in;
+    size = 0;
+    cr_assert_eq(p.net->iflush(p.recv, 1, &data, &size, &mi, &freq), ncclSuccess);
+    cr_assert_null(freq, "an iflush of an empty receive returned a request");
+    size = (int)sizeof(in);
+    cr_assert_eq(p.net->iflush(p.recv, 1, &data, &size, &mi, &freq), ncclSuccess);
+    cr_assert_not_null(freq, "an iflush of device memory returned no request");
+    int got = -1;
+    ncclResult_t res = net_pair_wait(&p, freq, &got);
+    if (fail_reads) {
+        cr_assert_eq(res, ncclRemoteError, "the failed flush ended with %d", (int)res);
+        cr_assert(strstr(warned, "receive comm on fake_0:1 failed: a completion in error") != NULL,
+                  "no warning names the failed read:\n%s", warned);
+    } else {
+        cr_assert_eq(res, ncclSuccess);
+        /* Many in a row: each request is given back once done. */
+        for (int i = 0; i < 100; i++) {
+            cr_assert_eq(p.net->iflush(p.recv, 1, &data, &size, &mi, &freq), ncclSuccess);
+            cr_assert_not_null(freq);
+            cr_assert_eq(net_pair_wait(&p, freq, &got), ncclSuccess);
+        }
+    }
+    p.net->deregMr(p.send, mo);
+    p.net->deregMr(p.recv, mi);
+    p.net->deregMr(p.recv, mh);
+    net_pair_close(&p);
+    cfx_test_setenv("FAKEVERBS_FAIL_READS", NULL);
+}
+
+Test(builtin_ib, an_iflush_of_device_memory_waits_for_its_read)
+{
+    iflush_case(0);
+}
+
+Test(builtin_ib, a_failed_flush_read_fails_the_receive_comm)
+{
+    iflush_case(1);
+}
+
+/* Device memory as a dma-buf (fake-verbs takes any open descriptor and
+ * addresses the region at the pointer given, as a NIC would); by address
+ * only with nvidia-peermem; as a dma-buf only where dma-bufs are taken. */
+Test(builtin_ib, device_memory_registers_as_a_dma_buf_or_through_peermem_only)
+{
+    cfx_test_setenv("CFX_IB_PEERMEM", "0");
+    const ncclNet_v9_t *net = verbs_net();
+    cr_assert_eq(net->init(keep_warnings), ncclSuccess);
+    struct net_pair p;
+    net_pair_open(&p, net);
+    static char out[8192], in[8192] __attribute__((aligned(4096)));
+    memset(out, 0x5a, sizeof(out));
+    void *mo = NULL, *mi = NULL, *refused = NULL;
+    cr_assert_eq(p.net->regMr(p.recv, in, sizeof(in), NCCL_PTR_CUDA, &refused), ncclInvalidArgument,
+                 "regMr of device memory without nvidia-peermem");
+    cr_assert(strstr(warned, "needs nvidia-peermem") != NULL, "no warning says why:\n%s", warned);
+    int fd = open("/dev/null", O_RDONLY); /* Fake-verbs only checks that it is open. */
+    cr_assert_geq(fd, 0);
+    cr_assert_eq(p.net->regMrDmaBuf(p.recv, in, sizeof(in), NCCL_PTR_CUDA, 0, fd, &mi),
+                 ncclSuccess);
+    close(fd);
+    cr_assert_eq(p.net->regMr(p.send, out, sizeof(out), NCCL_PTR_HOST, &mo), ncclSuccess);
+    carry_one(&p, out, in, sizeof(out), mo, mi);
+    void *data = in, *freq = NULL;
+    int size = (int)sizeof(in);
+    cr_assert_eq(p.net->iflush(p.recv, 1, &data, &size, &mi, &freq), ncclSuccess);
+    cr_assert_not_null(freq, "a dma-buf receive needs its flush");
+    int got = 0;
+    cr_assert_eq(net_pair_wait(&p, freq, &got), ncclSuccess);
+    p.net->deregMr(p.send, mo);
+    p.net->deregMr(p.recv, mi);
+    net_pair_close(&p);
+}
+
+Test(builtin_ib, a_dma_buf_is_refused_when_dma_bufs_are_turned_off)
+{
+    cfx_test_setenv("CFX_DMABUF_ENABLE", "0");
+    cfx_test_setenv("CFX_IB_PEERMEM", "0");
+    const ncclNet_v9_t *net = verbs_net();
+    cr_assert_eq(net->init(keep_warnings), ncclSuccess);
+    struct net_pair p;
+    net_pair_open(&p, net);
+    static char in[4096];
+    void *mi = NULL;
+    int fd = open("/dev/null", O_RDONLY);
+    cr_assert_geq(fd, 0);
+    cr_assert_eq(p.net->regMrDmaBuf(p.recv, in, sizeof(in), NCCL_PTR_CUDA, 0, fd, &mi),
+                 ncclInvalidArgument);
+    close(fd);
+    cr_assert(strstr(warned, "take no dma-buf") != NULL, "no warning says why:\n%s", warned);
+    /* Host memory through the same call is a plain registration. */
+    cr_assert_eq(p.net->regMrDmaBuf(p.recv, in, sizeof(in), NCCL_PTR_HOST, 0, -1, &mi),
+                 ncclSuccess);
+    p.net->deregMr(p.recv, mi);
+    net_pair_close(&p);
 }

@@ -107,7 +107,7 @@ static void identity_init(void)
     for (int i = 0; i < 8; i++)
         fv.ident.gid[0].raw[8 + i] = (uint8_t)(ns_id >> (8 * (7 - i)));
     fv.ident.n_gids = 1;
-    if (fv.knobs.roce) {
+    if (fv.knobs.roce || fv.knobs.roce_devices) {
         fv.ident.gid[1].raw[10] = 0xff;
         fv.ident.gid[1].raw[11] = 0xff;
         memcpy(&fv.ident.gid[1].raw[12], &fv.ident.addr.s_addr, 4);
@@ -127,6 +127,16 @@ static void knobs_read_once(void)
         fv.knobs.n_devices = FV_MAX_DEVICES;
     const char *link = getenv("FAKEVERBS_LINK_LAYER");
     fv.knobs.roce = link != NULL && (strcmp(link, "roce") == 0 || strcmp(link, "ethernet") == 0);
+    const char *roce_devices = getenv("FAKEVERBS_ROCE_DEVICES");
+    for (const char *at = roce_devices; at != NULL && *at != '\0';) {
+        char *end = NULL;
+        long d = strtol(at, &end, 10);
+        if (end == at)
+            break;
+        if (d >= 0 && d < FV_MAX_DEVICES)
+            fv.knobs.roce_devices |= 1u << d;
+        at = *end == ',' ? end + 1 : end;
+    }
     fv.knobs.log = env_long("FAKEVERBS_LOG", 0) != 0;
     fv.knobs.fail_after_writes = env_long("FAKEVERBS_FAIL_AFTER_WRITES", -1);
     fv.knobs.fail_reads = env_long("FAKEVERBS_FAIL_READS", 0) != 0;
@@ -416,7 +426,9 @@ FV_EXPORT int ibv_query_port(struct ibv_context *context, uint8_t port_num,
     attr.state = fv_device_port_down(dev) ? IBV_PORT_DOWN : IBV_PORT_ACTIVE;
     attr.phys_state = fv_device_port_down(dev) ? 3 /* disabled */ : 5 /* link up */;
     attr.lid = fv_device_lid(dev);
-    attr.link_layer = fv.knobs.roce ? IBV_LINK_LAYER_ETHERNET : IBV_LINK_LAYER_INFINIBAND;
+    attr.link_layer = fv.knobs.roce || (fv.knobs.roce_devices >> dev & 1)
+                          ? IBV_LINK_LAYER_ETHERNET
+                          : IBV_LINK_LAYER_INFINIBAND;
     attr.gid_tbl_len = fv.ident.n_gids;
     pthread_mutex_unlock(&fv.lock);
     attr.max_mtu = IBV_MTU_4096;

@@ -10,6 +10,8 @@
  *   FAKEVERBS_LINK_LAYER=roce    Ethernet link layer (GID 1 = ::ffff:a.b.c.d,
  *                                lid 0); default InfiniBand (distinct LID and
  *                                fe80:: GID per network namespace and device)
+ *   FAKEVERBS_ROCE_DEVICES=1,3   those devices Ethernet, the others as
+ *                                FAKEVERBS_LINK_LAYER says (GID 1 on all)
  *   FAKEVERBS_ADDR=a.b.c.d       address of the service (default: first UP
  *                                non-loopback IPv4 interface, else 127.0.0.1)
  *   FAKEVERBS_DIR=path           QP registry (default /tmp/cfx-fakeverbs)
@@ -56,6 +58,7 @@
 struct fv_knobs {
     int n_devices;
     int roce;
+    unsigned roce_devices; /* FAKEVERBS_ROCE_DEVICES: bit d, device d is Ethernet. */
     int log;
     long fail_after_writes;
     int fail_reads;

@@ -362,9 +362,21 @@ int cfx_ib_nic_mark_fatal(struct cfx_ib_nic *nic, const char *prefix, const char
                           const char *what);
 
 /* ib.c, for the verbs net (net.c) too. */
-/* CFX_IB_TIMEOUT, _RETRY_CNT, _SL, _TC, _QPS_PER_CONNECTION and
- * _SPLIT_DATA_ON_QPS into @p ctx. */
+/* CFX_IB_TIMEOUT, _RETRY_CNT, _SL, _TC, _QPS_PER_CONNECTION,
+ * _SPLIT_DATA_ON_QPS, _PEERMEM, _GDR_FLUSH and CFX_DMABUF_ENABLE into
+ * @p ctx. */
 void cfx_ib_ctx_qp_params(struct cfx_ib_ctx *ctx);
+/* Whether ibv_reg_mr may take device pointers: CFX_IB_PEERMEM=1, or -1
+ * (the default) and nvidia-peermem (or nv_peer_mem) is loaded. */
+int cfx_ib_peermem_usable(const struct cfx_ib_ctx *ctx);
+/* A queue pair on @p nic connected to itself (RTS), whose completions go to
+ * @p cq, with @p depth send work requests, that may read memory registered
+ * with remote read on the NIC's protection domain: a receiver flushes
+ * GPUDirect RDMA writes with a read through it (the read completes after
+ * the writes before it are visible). *@p qp_p is set once created (the
+ * caller destroys it, on failure too). */
+cfxResult_t cfx_ib_loopback_qp(struct cfx_ib_ctx *ctx, struct cfx_ib_nic *nic, struct ibv_cq *cq,
+                               void *context, int depth, uint32_t psn, struct ibv_qp **qp_p);
 /* A random 24-bit starting packet sequence number. */
 uint32_t cfx_ib_random_psn(void);
 /* RTR then RTS: @p qp on @p port, to queue pair @p dest_qpn behind the port

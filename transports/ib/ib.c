@@ -97,6 +97,14 @@ void cfx_ib_ctx_qp_params(struct cfx_ib_ctx *ctx)
     ctx->tc = (int)param_ib_tc();
     ctx->qps_per_conn = (int)param_ib_qps_per_connection();
     ctx->split_data = (int)param_ib_split_data_on_qps();
+    ctx->dmabuf_enable = cfx_transport_dmabuf_enable();
+    ctx->peermem = (int)param_ib_peermem();
+    ctx->flush_read_forced = strcasecmp(param_ib_gdr_flush(), "read") == 0;
+}
+
+int cfx_ib_peermem_usable(const struct cfx_ib_ctx *ctx)
+{
+    return ctx->peermem == 1 || (ctx->peermem < 0 && cfx_verbs_peermem_loaded());
 }
 
 uint32_t cfx_ib_random_psn(void)
@@ -120,9 +128,6 @@ static cfxResult_t ib_init(const struct cfx_transport_env *env, void **ctx_p)
     cfx_ib_ctx_qp_params(ctx);
     ctx->nic_path = env->nic_path;
     ctx->gdr_level = cfx_transport_gdr_level();
-    ctx->dmabuf_enable = cfx_transport_dmabuf_enable();
-    ctx->peermem = (int)param_ib_peermem();
-    ctx->flush_read_forced = strcasecmp(param_ib_gdr_flush(), "read") == 0;
     enum cfx_net_choice net = cfx_transport_net_choice();
     const char *why = NULL;
     if (param_ib_disable() || net == CFX_NET_SOCKET || net == CFX_NET_NAMED) {
@@ -340,7 +345,7 @@ static enum ib_gdr_mode gdr_wanted(struct cfx_ib_ctx *ctx, int device, char *why
         no_dmabuf = "libibverbs has no ibv_reg_dmabuf_mr (rdma-core 34 or later needed)";
     else if (cfx_cuda_dmabuf_supported(device, &no_dmabuf))
         return IB_GDR_DMABUF;
-    if (ctx->peermem == 1 || (ctx->peermem < 0 && cfx_verbs_peermem_loaded()))
+    if (cfx_ib_peermem_usable(ctx))
         return IB_GDR_PEERMEM;
     snprintf(why, len, "no dma-buf: %s; no nvidia-peermem: %s", no_dmabuf,
              ctx->peermem == 0 ? "CFX_IB_PEERMEM=0" : "the kernel module is not loaded");
@@ -386,34 +391,31 @@ static cfxResult_t gdr_slots(struct cfx_ib_ctx *ctx, struct cfx_ib_conn *ic, int
     return cfxSuccess;
 }
 
-/* A receiver's flush by RDMA read: a queue pair on port 0 connected to
- * itself, with a completion queue of its own, that may read the slots. */
-static cfxResult_t flush_qp_open(struct cfx_ib_ctx *ctx, struct cfx_ib_conn *ic)
+cfxResult_t cfx_ib_loopback_qp(struct cfx_ib_ctx *ctx, struct cfx_ib_nic *nic, struct ibv_cq *cq,
+                               void *context, int depth, uint32_t psn, struct ibv_qp **qp_p)
 {
     const struct cfx_verbs_api *ibv = ctx->ibv;
-    struct cfx_ib_nic *nic = &ctx->nic[0];
-    ic->flush_cq = ibv->create_cq(nic->dev, 4, ic, NULL, 0);
-    if (ic->flush_cq == NULL)
-        return cfx_error_set_errno(errno, CFX_LOG_NET,
-                                   "ib: cannot create the flush's completion queue on %s",
-                                   nic->port.label);
     struct ibv_qp_init_attr init = {
-        .qp_context = ic,
-        .send_cq = ic->flush_cq,
-        .recv_cq = ic->flush_cq,
-        .cap = {.max_send_wr = 2, .max_recv_wr = 1, .max_send_sge = 1, .max_recv_sge = 1},
+        .qp_context = context,
+        .send_cq = cq,
+        .recv_cq = cq,
+        .cap = {.max_send_wr = (uint32_t)depth,
+                .max_recv_wr = 1,
+                .max_send_sge = 1,
+                .max_recv_sge = 1},
         .qp_type = IBV_QPT_RC,
         .sq_sig_all = 0,
     };
-    ic->flush_qp = ibv->create_qp(nic->pd, &init);
-    if (ic->flush_qp == NULL)
+    struct ibv_qp *qp = ibv->create_qp(nic->pd, &init);
+    if (qp == NULL)
         return cfx_error_set_errno(
             errno, CFX_LOG_NET, "ib: cannot create the flush's queue pair on %s", nic->port.label);
+    *qp_p = qp;
     struct ibv_qp_attr attr = {.qp_state = IBV_QPS_INIT,
                                .pkey_index = 0,
                                .port_num = (uint8_t)nic->port.port,
                                .qp_access_flags = IBV_ACCESS_REMOTE_READ | IBV_ACCESS_LOCAL_WRITE};
-    int err = ibv->modify_qp(ic->flush_qp, &attr,
+    int err = ibv->modify_qp(qp, &attr,
                              IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS);
     if (err != 0)
         return cfx_error_set_errno(err, CFX_LOG_NET,
@@ -423,8 +425,21 @@ static cfxResult_t flush_qp_open(struct cfx_ib_ctx *ctx, struct cfx_ib_conn *ic)
                                    .mtu = (uint8_t)nic->port.mtu,
                                    .link_layer = (uint8_t)nic->port.link_layer};
     memcpy(self.gid, nic->port.gid.raw, sizeof(self.gid));
-    return cfx_ib_qp_rtr_rts(ctx, ic->flush_qp, &nic->port, &self, ic->flush_qp->qp_num, ic->psn,
-                             ic->psn, "the flush's queue pair (connected to itself)");
+    return cfx_ib_qp_rtr_rts(ctx, qp, &nic->port, &self, qp->qp_num, psn, psn,
+                             "the flush's queue pair (connected to itself)");
+}
+
+/* A receiver's flush by RDMA read: a queue pair on port 0 connected to
+ * itself, with a completion queue of its own, that may read the slots. */
+static cfxResult_t flush_qp_open(struct cfx_ib_ctx *ctx, struct cfx_ib_conn *ic)
+{
+    struct cfx_ib_nic *nic = &ctx->nic[0];
+    ic->flush_cq = ctx->ibv->create_cq(nic->dev, 4, ic, NULL, 0);
+    if (ic->flush_cq == NULL)
+        return cfx_error_set_errno(errno, CFX_LOG_NET,
+                                   "ib: cannot create the flush's completion queue on %s",
+                                   nic->port.label);
+    return cfx_ib_loopback_qp(ctx, nic, ic->flush_cq, ic, 2, ic->psn, &ic->flush_qp);
 }
 
 /* Undo gdr_slots (any part of it). */

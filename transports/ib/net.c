@@ -37,8 +37,14 @@
  *     port, each with a sentence naming the port and the event. A flushed
  *     completion (a queue pair gone to error) waits up to IB_FLUSH_WHY_NS
  *     for the event that says why before it fails the comm itself.
- * Host memory only (ptrSupport NCCL_PTR_HOST); regMr registers with the
- * port's protection domain; nothing on the data path registers memory.
+ * Memory: host memory always; device memory (GPUDirect RDMA, NCCL's rule)
+ * as a dma-buf (NCCL_PTR_DMABUF, regMrDmaBuf: CFX_DMABUF_ENABLE and a
+ * libibverbs and kernel that take them) or by address through
+ * nvidia-peermem (regMr of NCCL_PTR_CUDA: CFX_IB_PEERMEM). A receive comm
+ * then has a loopback queue pair for iflush, a one-byte RDMA read of the
+ * buffer that completes after the NIC's writes into it are visible to the
+ * GPU. Registration is through every port of the comm's device; nothing on
+ * the data path registers memory.
  */
 #include "cfx_build_config.h"
 #include "transports/net/builtin.h"
@@ -74,6 +80,8 @@
 #define IBN_ALIGN    128                  /* Parts of a split message start so aligned. */
 #define IBN_ALIVE_NS (10 * 1000 * 1000)   /* How often test() looks at the TCP connection. */
 #define IBN_MAX_DEVS (2 * IB_MAX_NICS)    /* Ports, then virtual devices. */
+#define IBN_FLUSHES  8                    /* iflush reads in flight per receive comm. */
+#define IBN_WR_FLUSH ((uint64_t)1 << 33)  /* An iflush's read; | its index. */
 
 /* A device: one port (devices 0 .. n_nics - 1), or a virtual device of
  * several (makeVDevice), whose comms put queue pair q on port q mod n. */
@@ -91,6 +99,9 @@ static struct ibn_dev ibn_devs[IBN_MAX_DEVS];
 static int ibn_n_devs;
 static char ibn_dev_pci[IB_MAX_NICS][256];
 static union cfx_sockaddr ibn_oob_addr; /* Where the TCP connections listen. */
+/* NCCL_PTR_HOST, | NCCL_PTR_CUDA with nvidia-peermem or dma-bufs, |
+ * NCCL_PTR_DMABUF with dma-bufs (init). */
+static int ibn_ptr_support;
 static pthread_mutex_t ibn_async_lock = PTHREAD_MUTEX_INITIALIZER;
 
 __attribute__((format(printf, 3, 4))) static void ibn_log(ncclDebugLogLevel level, int line,
@@ -122,6 +133,7 @@ struct ibn_cts {
 /* A registration: through each port of the comm's device. */
 struct ibn_mr {
     int n;
+    int cuda; /* Device memory (NCCL_PTR_CUDA): an iflush reads it. */
     struct ibv_mr *mr[IB_MAX_NICS];
 };
 
@@ -200,6 +212,13 @@ struct ibn_comm {
      * with the status, or as soon as the event is read, with the event. */
     int64_t flushed_ns;
     enum ibv_wc_status flushed_status;
+    /* Receiver, when the device moves CUDA memory: iflush reads one byte
+     * of the last buffer received through this queue pair, connected to
+     * itself on port 0 (completions on cq[0]), into flush_sink. */
+    struct ibv_qp *flush_qp;
+    struct ibv_mr *flush_mr;
+    uint64_t flush_sink;
+    struct ibn_request flush_req[IBN_FLUSHES];
 };
 
 struct ibn_listen {
@@ -228,6 +247,10 @@ static void comm_free(struct ibn_comm *c)
     for (int q = 0; q < c->n_qps; q++)
         if (c->qp[q])
             ibv->destroy_qp(c->qp[q]);
+    if (c->flush_qp)
+        ibv->destroy_qp(c->flush_qp);
+    if (c->flush_mr)
+        ibv->dereg_mr(c->flush_mr);
     for (int p = 0; p < c->n_ports; p++)
         if (c->cq[p])
             ibv->destroy_cq(c->cq[p]);
@@ -268,10 +291,22 @@ static struct ibn_comm *comm_new(int dev, int is_send, int n_qps, int split)
                             IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
     if (c->cts_mr == NULL)
         goto err;
+    int flushes = !is_send && (ibn_ptr_support & NCCL_PTR_CUDA);
     for (int p = 0; p < c->n_ports; p++) {
         int on_port = (n_qps - p + c->n_ports - 1) / c->n_ports; /* Queue pairs on port p. */
-        c->cq[p] = ibv->create_cq(c->port[p]->dev, on_port * IBN_CQ_DEPTH + 1, NULL, NULL, 0);
+        int depth = on_port * IBN_CQ_DEPTH + 1 + (p == 0 && flushes ? IBN_FLUSHES : 0);
+        c->cq[p] = ibv->create_cq(c->port[p]->dev, depth, NULL, NULL, 0);
         if (c->cq[p] == NULL)
+            goto err;
+    }
+    if (flushes) {
+        for (int i = 0; i < IBN_FLUSHES; i++)
+            c->flush_req[i].comm = c;
+        c->flush_mr = ibv->reg_mr(c->port[0]->pd, &c->flush_sink, sizeof(c->flush_sink),
+                                  IBV_ACCESS_LOCAL_WRITE);
+        if (c->flush_mr == NULL ||
+            cfx_ib_loopback_qp(&ibn_ctx, c->port[0], c->cq[0], c, IBN_FLUSHES, cfx_ib_random_psn(),
+                               &c->flush_qp) != cfxSuccess)
             goto err;
     }
     struct ibv_qp_init_attr init = {
@@ -408,6 +443,27 @@ static void stage_free(struct ibn_stage *st)
 
 /* ------------------------------------------------------------ the table */
 
+/* Whether the ports take dma-bufs (CFX_DMABUF_ENABLE, ibv_reg_dmabuf_mr in
+ * libibverbs, and a kernel that knows it: NCCL's probe, a registration of
+ * no descriptor that must fail for another reason than "not supported");
+ * NULL, or why not. */
+static const char *dmabuf_why_not(void)
+{
+    if (!ibn_ctx.dmabuf_enable)
+        return "CFX_DMABUF_ENABLE=0";
+    if (ibn_ctx.ibv->reg_dmabuf_mr == NULL)
+        return "libibverbs has no ibv_reg_dmabuf_mr (rdma-core 34 or later needed)";
+    for (int d = 0; d < ibn_ctx.n_nics; d++) {
+        errno = 0;
+        struct ibv_mr *mr = ibn_ctx.ibv->reg_dmabuf_mr(ibn_ctx.nic[d].pd, 0, 0, 0, -1, 0);
+        if (mr != NULL)
+            ibn_ctx.ibv->dereg_mr(mr);
+        else if (errno == EOPNOTSUPP || errno == EPROTONOSUPPORT)
+            return "the kernel's verbs take no dma-buf";
+    }
+    return NULL;
+}
+
 static ncclResult_t ibn_init(ncclDebugLogger_t log_function)
 {
     logger = log_function;
@@ -454,8 +510,18 @@ static ncclResult_t ibn_init(ncclDebugLogger_t log_function)
         snprintf(dev->label, sizeof(dev->label), "%s", ibn_ctx.nic[d].port.label);
     }
     ibn_n_devs = ibn_ctx.n_nics;
+    /* Device memory (GPUDirect RDMA): NCCL's rule, dma-buf or peermem. */
+    const char *no_dmabuf = dmabuf_why_not();
+    int peermem = cfx_ib_peermem_usable(&ibn_ctx);
+    ibn_ptr_support = NCCL_PTR_HOST | (peermem || no_dmabuf == NULL ? NCCL_PTR_CUDA : 0) |
+                      (no_dmabuf == NULL ? NCCL_PTR_DMABUF : 0);
     ibn_ready = 1;
-    IBN_INFO("verbs net: %d port(s), setup connections over %s", ibn_ctx.n_nics, ifname);
+    IBN_INFO("verbs net: %d port(s), setup connections over %s; device memory: %s%s%s%s",
+             ibn_ctx.n_nics, ifname, no_dmabuf == NULL ? "as dma-bufs" : "no dma-buf (",
+             no_dmabuf == NULL ? "" : no_dmabuf, no_dmabuf == NULL ? "" : ")",
+             peermem                ? ", by address (nvidia-peermem)"
+             : ibn_ctx.peermem == 0 ? ", not by address (CFX_IB_PEERMEM=0)"
+                                    : ", not by address (nvidia-peermem is not loaded)");
     return ncclSuccess;
 }
 
@@ -492,7 +558,7 @@ static ncclResult_t ibn_get_properties(int dev, ncclNetProperties_v9_t *props)
     props->name = (char *)d->name;
     props->pciPath = ibn_dev_pci[first][0] ? ibn_dev_pci[first] : NULL;
     props->guid = (uint64_t)dev;
-    props->ptrSupport = NCCL_PTR_HOST;
+    props->ptrSupport = ibn_ptr_support;
     for (int p = 0; p < d->n; p++)
         props->speed += port_speed(d->port[p]);
     props->port = ibn_ctx.nic[first].port.port;
@@ -507,7 +573,13 @@ static ncclResult_t ibn_get_properties(int dev, ncclNetProperties_v9_t *props)
     return ncclSuccess;
 }
 
-/* A virtual device of ports @p props lists (each at most once): its comms
+static const char *link_layer_name(int link_layer)
+{
+    return link_layer == IBV_LINK_LAYER_ETHERNET ? "Ethernet" : "InfiniBand";
+}
+
+/* A virtual device of ports @p props lists (each at most once, all of one
+ * link layer): its comms
  * put queue pair q on its port q mod n, CFX_IB_QPS_PER_CONNECTION per
  * port, and register memory through every one of them. */
 static ncclResult_t ibn_make_vdevice(int *d, ncclNetVDeviceProps_v9_t *props)
@@ -531,6 +603,16 @@ static ncclResult_t ibn_make_vdevice(int *d, ncclNetVDeviceProps_v9_t *props)
             IBN_WARN("verbs net: a virtual device can hold ports 0 to %d, each once, not %d",
                      ibn_ctx.n_nics - 1, props->devs[p]);
             return ncclInvalidArgument;
+        }
+        /* One protocol for all its queue pairs: InfiniBand addresses by
+         * LID, RoCE by GID (NCCL refuses such merges too). */
+        const struct cfx_ib_port *port = &ibn_ctx.nic[n].port, *head = &ibn_ctx.nic[v.port[0]].port;
+        if (p > 0 && port->link_layer != head->link_layer) {
+            IBN_WARN("verbs net: cannot merge %s (%s) with %s (%s): their link layers differ "
+                     "(CFX_IB_HCA can pick ports of one link layer)",
+                     head->label, link_layer_name(head->link_layer), port->label,
+                     link_layer_name(port->link_layer));
+            return ncclInvalidUsage;
         }
         v.port[p] = n;
         size_t used = strlen(v.name), lused = strlen(v.label);
@@ -747,28 +829,64 @@ static ncclResult_t ibn_dereg_mr(void *comm, void *mhandle)
     return ncclSuccess;
 }
 
-/* Registered through each of the comm's ports. */
-static ncclResult_t ibn_reg_mr(void *comm, void *data, size_t size, int type, void **mhandle)
+/* @p size bytes at @p data registered through each of the comm's ports:
+ * by address (host memory, or device memory through nvidia-peermem), or,
+ * with @p fd >= 0, as the dma-buf @p fd from @p offset (the NIC addresses
+ * it at @p data, as NCCL registers it). */
+static ncclResult_t reg_ports(struct ibn_comm *c, void *data, size_t size, int type,
+                              uint64_t offset, int fd, void **mhandle)
 {
-    struct ibn_comm *c = comm;
-    if (type != NCCL_PTR_HOST || c == NULL)
-        return ncclInvalidArgument;
+    const struct cfx_verbs_api *ibv = ibn_ctx.ibv;
     struct ibn_mr *m = calloc(1, sizeof(*m));
     if (m == NULL)
         return ncclSystemError;
+    m->cuda = type == NCCL_PTR_CUDA;
+    int access = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ;
     for (m->n = 0; m->n < c->n_ports; m->n++) {
-        m->mr[m->n] = ibn_ctx.ibv->reg_mr(c->port[m->n]->pd, data, size,
-                                          IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE |
-                                              IBV_ACCESS_REMOTE_READ);
+        struct ibv_pd *pd = c->port[m->n]->pd;
+        m->mr[m->n] =
+            fd >= 0 ? ibv->reg_dmabuf_mr(pd, offset, size, (uint64_t)(uintptr_t)data, fd, access)
+                    : ibv->reg_mr(pd, data, size, access);
         if (m->mr[m->n] == NULL) {
-            IBN_WARN("verbs net: cannot register %zu bytes at %p on %s: %s", size, data,
-                     c->port[m->n]->port.label, strerror(errno));
+            IBN_WARN("verbs net: cannot register %zu bytes of %s memory at %p on %s%s: %s", size,
+                     m->cuda ? "device" : "host", data, c->port[m->n]->port.label,
+                     fd >= 0 ? " (ibv_reg_dmabuf_mr)" : "", strerror(errno));
             ibn_dereg_mr(c, m);
             return ncclSystemError;
         }
     }
     *mhandle = m;
     return ncclSuccess;
+}
+
+/* Host memory; device memory only through nvidia-peermem (else
+ * regMrDmaBuf). */
+static ncclResult_t ibn_reg_mr(void *comm, void *data, size_t size, int type, void **mhandle)
+{
+    struct ibn_comm *c = comm;
+    if (c == NULL || (type != NCCL_PTR_HOST && type != NCCL_PTR_CUDA))
+        return ncclInvalidArgument;
+    if (type == NCCL_PTR_CUDA && !cfx_ib_peermem_usable(&ibn_ctx)) {
+        IBN_WARN("verbs net: regMr of device memory needs nvidia-peermem (not loaded; "
+                 "CFX_IB_PEERMEM=1 tries anyway): register it as a dma-buf");
+        return ncclInvalidArgument;
+    }
+    return reg_ports(c, data, size, type, 0, -1, mhandle);
+}
+
+static ncclResult_t ibn_reg_mr_dmabuf(void *comm, void *data, size_t size, int type,
+                                      uint64_t offset, int fd, void **mhandle)
+{
+    struct ibn_comm *c = comm;
+    if (c == NULL || (type != NCCL_PTR_HOST && type != NCCL_PTR_CUDA))
+        return ncclInvalidArgument;
+    if (fd < 0 || type == NCCL_PTR_HOST)
+        return ibn_reg_mr(comm, data, size, type, mhandle);
+    if (!(ibn_ptr_support & NCCL_PTR_DMABUF)) {
+        IBN_WARN("verbs net: regMrDmaBuf, but this libibverbs or its devices take no dma-buf");
+        return ncclInvalidArgument;
+    }
+    return reg_ports(c, data, size, type, offset, fd, mhandle);
 }
 
 /* A free request for the next message (k = tail); NULL when all are
@@ -1038,6 +1156,10 @@ static ncclResult_t completion(struct ibn_comm *c, const struct ibv_wc *wc)
             return comm_fail(c, ncclSystemError, "ibv_post_recv failed");
         return ncclSuccess;
     }
+    if (wc->wr_id & IBN_WR_FLUSH) { /* An iflush's read: the writes before it are visible. */
+        c->flush_req[(wc->wr_id & 0xff) % IBN_FLUSHES].done = 1;
+        return ncclSuccess;
+    }
     c->sq_used[(wc->wr_id >> 8) & 0xff]--;
     if (!(wc->wr_id & IBN_WR_CTS))
         part_done(c, &c->req[(wc->wr_id & 0xff) % IBN_REQUESTS]);
@@ -1103,6 +1225,60 @@ static ncclResult_t ibn_test(void *request, int *done, int *sizes)
     return ncclSuccess;
 }
 
+/* Makes the NIC's writes into the last of @p n received buffers that is
+ * device memory (NCCL_PTR_CUDA) visible to the GPU: a one-byte RDMA read
+ * of it on the comm's loopback queue pair completes only after them (the
+ * PCIe ordering GPUDirect RDMA relies on). No request (nothing to do) for
+ * host memory or empty receives, NCCL's rule. */
+static ncclResult_t ibn_iflush(void *recv_comm, int n, void **data, int *sizes, void **mhandles,
+                               void **request)
+{
+    struct ibn_comm *c = recv_comm;
+    *request = NULL;
+    if (c == NULL || c->is_send || n < 1 || data == NULL || sizes == NULL || mhandles == NULL)
+        return ncclInvalidArgument;
+    int last = -1;
+    for (int i = 0; i < n; i++) {
+        const struct ibn_mr *m = mhandles[i];
+        if (m != NULL && m->cuda && sizes[i] > 0)
+            last = i;
+    }
+    if (last < 0)
+        return ncclSuccess;
+    if (comm_check_events(c) != ncclSuccess)
+        return c->failed;
+    if (c->flush_qp == NULL)
+        return comm_fail(
+            c, ncclInvalidUsage,
+            "an iflush of device memory on a comm whose device moves host memory only");
+    int index = 0;
+    while (index < IBN_FLUSHES && c->flush_req[index].used)
+        index++;
+    if (index == IBN_FLUSHES) {
+        IBN_WARN("verbs net: more than %d iflushes in flight on a receive comm on %s", IBN_FLUSHES,
+                 ibn_devs[c->dev].label);
+        return ncclInternalError;
+    }
+    const struct ibn_mr *m = mhandles[last];
+    struct ibv_sge sge = {
+        .addr = (uint64_t)(uintptr_t)&c->flush_sink, .length = 1, .lkey = c->flush_mr->lkey};
+    struct ibv_send_wr wr = {.wr_id = IBN_WR_FLUSH | (uint64_t)index,
+                             .sg_list = &sge,
+                             .num_sge = 1,
+                             .opcode = IBV_WR_RDMA_READ,
+                             .send_flags = IBV_SEND_SIGNALED,
+                             .wr = {.rdma = {.remote_addr = (uint64_t)(uintptr_t)data[last],
+                                             .rkey = m->mr[0]->rkey}}},
+                       *bad = NULL;
+    c->flush_req[index] = (struct ibn_request){.comm = c, .used = 1};
+    if (ibv_post_send(c->flush_qp, &wr, &bad) != 0) {
+        c->flush_req[index].used = 0;
+        return comm_fail(c, ncclSystemError, "ibv_post_send of an iflush's read failed");
+    }
+    *request = &c->flush_req[index];
+    return ncclSuccess;
+}
+
 static ncclResult_t ibn_close_comm(void *comm)
 {
     comm_free(comm);
@@ -1129,11 +1305,11 @@ static const ncclNet_v9_t ibn_table = {
     .connect = ibn_connect,
     .accept = ibn_accept,
     .regMr = ibn_reg_mr,
-    .regMrDmaBuf = NULL,
+    .regMrDmaBuf = ibn_reg_mr_dmabuf,
     .deregMr = ibn_dereg_mr,
     .isend = ibn_isend,
     .irecv = ibn_irecv,
-    .iflush = NULL,
+    .iflush = ibn_iflush,
     .test = ibn_test,
     .closeSend = ibn_close_comm,
     .closeRecv = ibn_close_comm,
