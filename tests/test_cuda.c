@@ -166,7 +166,10 @@ struct enqueue_case {
      * (CFX_IB_PEERMEM=1, CFX_DMABUF_ENABLE=0) on a device that cannot
      * flush from the host, so receivers flush with the net's iflush (an
      * RDMA read on its loopback queue pair); 6 as dma-bufs, flushed by the
-     * driver. */
+     * driver; 7, the default settings (the net takes dma-bufs, no
+     * nvidia-peermem) on a driver that cannot export dma-bufs
+     * (FAKECUDA_NO_DMABUF=1): the slots stay in pinned host memory, each
+     * connection end saying why. */
     int net_plugin;
 };
 
@@ -272,6 +275,7 @@ ParameterizedTestParameters(cuda, allreduce_is_enqueued_and_the_stream_completes
         {2, CFX_TEST_PROCS, 1 << 20, 0, 0, 5},
         {3, CFX_TEST_PROCS, 70001, 0, 0, 5},
         {2, CFX_TEST_PROCS, 1 << 20, 0, 0, 6},
+        {2, CFX_TEST_PROCS, 1 << 20, 0, 0, 7},
     };
     return cr_make_param_array(struct enqueue_case, cases, sizeof(cases) / sizeof(cases[0]));
 }
@@ -287,6 +291,8 @@ ParameterizedTest(struct enqueue_case *ec, cuda, allreduce_is_enqueued_and_the_s
                 : ec->verbs == GDR_PEERMEM_NOCUF ? "verbs (fake-verbs), peermem, no cuFlush"
                 : ec->verbs == GDR_NEITHER       ? "verbs (fake-verbs), neither dma-buf nor peermem"
                 : ec->verbs == 1                 ? "verbs (fake-verbs), staged"
+                : ec->net_plugin == 7
+                    ? "the verbs net (fake-verbs), dma-bufs the driver cannot export"
                 : ec->net_plugin == 6 ? "the verbs net (fake-verbs), GPUDirect RDMA, dma-buf"
                 : ec->net_plugin == 5 ? "the verbs net (fake-verbs), peermem, flushed by its iflush"
                 : ec->net_plugin == 4 ? "the test net plugin, GPUDirect RDMA, dma-buf"
@@ -323,6 +329,7 @@ ParameterizedTest(struct enqueue_case *ec, cuda, allreduce_is_enqueued_and_the_s
         cfx_test_setenv("CFXTEST_DMABUF", ec->net_plugin == 4 ? "1" : NULL);
         cfx_test_setenv("CFX_IB_PEERMEM", ec->net_plugin == 5 ? "1" : NULL);
         cfx_test_setenv("CFX_DMABUF_ENABLE", ec->net_plugin == 5 ? "0" : NULL);
+        cfx_test_setenv("FAKECUDA_NO_DMABUF", ec->net_plugin == 7 ? "1" : NULL);
     }
     struct cfx_test_options opts = {.nranks = ec->nranks,
                                     .mode = ec->mode,
@@ -343,6 +350,7 @@ ParameterizedTest(struct enqueue_case *ec, cuda, allreduce_is_enqueued_and_the_s
         int no_dmabuf = cfx_test_count_in_logs(
             logs, "registered with regMr, not as a dma-buf: the plugin's device takes no dma-buf");
         int other = cfx_test_count_in_logs(logs, "socket transport: rank 0 -> rank 1 connected");
+        int dmabuf_only = cfx_test_count_in_logs(logs, "takes device memory as dma-bufs only, and");
         cfx_test_remove_logs(logs);
         cfx_test_setenv("CFX_NET_PLUGIN", NULL);
         cfx_test_setenv("CFXTEST_PTR_CUDA", NULL);
@@ -352,9 +360,12 @@ ParameterizedTest(struct enqueue_case *ec, cuda, allreduce_is_enqueued_and_the_s
         cfx_test_setenv("CFXTEST_DMABUF", NULL);
         cfx_test_setenv("CFX_IB_PEERMEM", NULL);
         cfx_test_setenv("CFX_DMABUF_ENABLE", NULL);
+        cfx_test_setenv("FAKECUDA_NO_DMABUF", NULL);
         /* Each rank's ring send and receive at least. */
         int want = 2 * ec->nranks;
-        if (ec->net_plugin >= 2) {
+        if (ec->net_plugin == 7)
+            cr_assert_geq(dmabuf_only, want, "%d connection ends said why they stage", dmabuf_only);
+        if (ec->net_plugin >= 2 && ec->net_plugin != 7) {
             cr_assert(device >= want && pinned == 0,
                       "%d connection ends had their slots in device memory, %d in pinned memory",
                       device, pinned);

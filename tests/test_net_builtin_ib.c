@@ -509,7 +509,7 @@ struct gdr_case {
 ParameterizedTestParameters(builtin_ib, reports_device_memory_as_dma_buf_and_peermem_allow)
 {
     static struct gdr_case cases[] = {
-        {"1", "0", NCCL_PTR_HOST | NCCL_PTR_CUDA | NCCL_PTR_DMABUF},
+        {"1", "0", NCCL_PTR_HOST | NCCL_PTR_DMABUF},
         {"0", "1", NCCL_PTR_HOST | NCCL_PTR_CUDA},
         {"1", "1", NCCL_PTR_HOST | NCCL_PTR_CUDA | NCCL_PTR_DMABUF},
         {"0", "0", NCCL_PTR_HOST},

@@ -99,8 +99,8 @@ static struct ibn_dev ibn_devs[IBN_MAX_DEVS];
 static int ibn_n_devs;
 static char ibn_dev_pci[IB_MAX_NICS][256];
 static union cfx_sockaddr ibn_oob_addr; /* Where the TCP connections listen. */
-/* NCCL_PTR_HOST, | NCCL_PTR_CUDA with nvidia-peermem or dma-bufs, |
- * NCCL_PTR_DMABUF with dma-bufs (init). */
+/* NCCL_PTR_HOST, | NCCL_PTR_CUDA with nvidia-peermem (device memory by
+ * address), | NCCL_PTR_DMABUF with dma-bufs (init): NCCL's bits. */
 static int ibn_ptr_support;
 static pthread_mutex_t ibn_async_lock = PTHREAD_MUTEX_INITIALIZER;
 
@@ -291,7 +291,7 @@ static struct ibn_comm *comm_new(int dev, int is_send, int n_qps, int split)
                             IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
     if (c->cts_mr == NULL)
         goto err;
-    int flushes = !is_send && (ibn_ptr_support & NCCL_PTR_CUDA);
+    int flushes = !is_send && (ibn_ptr_support & (NCCL_PTR_CUDA | NCCL_PTR_DMABUF));
     for (int p = 0; p < c->n_ports; p++) {
         int on_port = (n_qps - p + c->n_ports - 1) / c->n_ports; /* Queue pairs on port p. */
         int depth = on_port * IBN_CQ_DEPTH + 1 + (p == 0 && flushes ? IBN_FLUSHES : 0);
@@ -513,8 +513,8 @@ static ncclResult_t ibn_init(ncclDebugLogger_t log_function)
     /* Device memory (GPUDirect RDMA): NCCL's rule, dma-buf or peermem. */
     const char *no_dmabuf = dmabuf_why_not();
     int peermem = cfx_ib_peermem_usable(&ibn_ctx);
-    ibn_ptr_support = NCCL_PTR_HOST | (peermem || no_dmabuf == NULL ? NCCL_PTR_CUDA : 0) |
-                      (no_dmabuf == NULL ? NCCL_PTR_DMABUF : 0);
+    ibn_ptr_support =
+        NCCL_PTR_HOST | (peermem ? NCCL_PTR_CUDA : 0) | (no_dmabuf == NULL ? NCCL_PTR_DMABUF : 0);
     ibn_ready = 1;
     IBN_INFO("verbs net: %d port(s), setup connections over %s; device memory: %s%s%s%s",
              ibn_ctx.n_nics, ifname, no_dmabuf == NULL ? "as dma-bufs" : "no dma-buf (",
@@ -1247,10 +1247,9 @@ static ncclResult_t ibn_iflush(void *recv_comm, int n, void **data, int *sizes, 
         return ncclSuccess;
     if (comm_check_events(c) != ncclSuccess)
         return c->failed;
-    if (c->flush_qp == NULL)
-        return comm_fail(
-            c, ncclInvalidUsage,
-            "an iflush of device memory on a comm whose device moves host memory only");
+    if (c->flush_qp == NULL) /* Device memory was registered: cannot be. */
+        return comm_fail(c, ncclInternalError,
+                         "an iflush of device memory with no flush queue pair");
     int index = 0;
     while (index < IBN_FLUSHES && c->flush_req[index].used)
         index++;

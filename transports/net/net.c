@@ -380,6 +380,22 @@ static const char *dir_arrow(enum cfx_conn_dir dir)
     return dir == CFX_CONN_SEND ? "->" : "<-";
 }
 
+/* Whether the slots of @p nc in device @p device's memory can go to the
+ * plugin as a dma-buf: its device takes them (NCCL_PTR_DMABUF,
+ * regMrDmaBuf), CFX_DMABUF_ENABLE allows it and the driver can export the
+ * memory; else 0 with *@p why_p saying why not. */
+static int dmabuf_usable(const struct cfx_net_conn *nc, int device, const char **why_p)
+{
+    *why_p = NULL;
+    if (!(nc->plugin->ptr_support[nc->dev] & NCCL_PTR_DMABUF) || !nc->plugin->has_dmabuf)
+        *why_p = "the plugin's device takes no dma-buf";
+    else if (!cfx_transport_dmabuf_enable())
+        *why_p = "CFX_DMABUF_ENABLE=0";
+    else
+        cfx_cuda_dmabuf_supported(device, why_p);
+    return *why_p == NULL;
+}
+
 /* Whether a GPU rank's slots go in device memory, moved by the plugin
  * (GPUDirect RDMA): its device moves CUDA memory, the NIC is near enough
  * (CFX_NET_GDR_LEVEL, as for verbs), and, on the receiving side, the NIC's
@@ -391,8 +407,16 @@ static int gdr_wanted(const struct cfx_net_ctx *ctx, const struct cfx_net_conn *
     const char *no_flush = NULL;
     int driver_flush = nc->dir == CFX_CONN_SEND || cfx_cuda_rdma_flush_supported(device, &no_flush);
     *iflush_p = 0;
-    if (!(ctx->plugin->ptr_support[nc->dev] & NCCL_PTR_CUDA))
+    /* Device memory: by pointer (NCCL_PTR_CUDA: nvidia-peermem under a
+     * verbs plugin), or as a dma-buf the driver can export (NCCL's rule). */
+    int ptr = ctx->plugin->ptr_support[nc->dev];
+    const char *no_dmabuf = NULL;
+    int by_dmabuf = dmabuf_usable(nc, device, &no_dmabuf);
+    if (!(ptr & NCCL_PTR_CUDA) && !(ptr & NCCL_PTR_DMABUF))
         snprintf(why, len, "its device %d moves host memory only", nc->dev);
+    else if (!(ptr & NCCL_PTR_CUDA) && !by_dmabuf)
+        snprintf(why, len, "its device %d takes device memory as dma-bufs only, and %s", nc->dev,
+                 no_dmabuf);
     else if (ctx->gdr_level < 0)
         snprintf(why, len, "CFX_NET_GDR_LEVEL=LOC");
     else if (ctx->nic_path < 0 && ctx->gdr_level < CFX_PATH_CLASS_SYS)
@@ -423,12 +447,7 @@ static cfxResult_t register_device_slots(struct cfx_net_ctx *ctx, struct cfx_net
     size_t slots_bytes = ((size_t)nc->n_steps * nc->slot_bytes + 4095) & ~(size_t)4095;
     int device = nc->gdr - 1;
     const char *no_dmabuf = NULL;
-    if (!(nc->plugin->ptr_support[nc->dev] & NCCL_PTR_DMABUF) || !nc->plugin->has_dmabuf)
-        no_dmabuf = "the plugin's device takes no dma-buf";
-    else if (!cfx_transport_dmabuf_enable())
-        no_dmabuf = "CFX_DMABUF_ENABLE=0";
-    else
-        cfx_cuda_dmabuf_supported(device, &no_dmabuf);
+    dmabuf_usable(nc, device, &no_dmabuf); /* Else NCCL_PTR_CUDA: gdr_wanted checked. */
     ncclResult_t res;
     if (no_dmabuf == NULL) {
         int fd = -1;
