@@ -574,12 +574,17 @@ Test(net_plugin, a_merge_with_a_v8_plugin_fails_init_with_a_sentence, .timeout =
 #define REF_COUNT ((size_t)(2 * 131072 + 3))
 
 /* Rank 0 sends from a buffer registered with cfxCommRegister (or not:
- * @p arg 0) and overwrites it as soon as the send returns; rank 1 checks
- * every element. Registered, the plugin sends each full slot's payload
- * from the user's buffer (no copy into a slot), and a payload read from
- * the slot, or from the buffer after the send returned, shows. Then an
- * allreduce between registered buffers (its raw input and final output go
- * from them). */
+ * @p arg 0) and overwrites it as soon as the send returns; rank 1
+ * receives into a registered buffer holding garbage and checks every
+ * element. Registered, the plugin sends each full slot's payload from the
+ * user's buffer (no copy into a slot), and a payload read from the slot,
+ * or from the buffer after the send returned, shows; and, rank 0 sending
+ * only once rank 1's receive is surely launched (rank 1 says it is about
+ * to launch it, and rank 0 waits 100 ms more: its offer is live), receives
+ * each full payload into the user's buffer, which a receive step that
+ * still copied from its slot would overwrite with the slot's stale bytes.
+ * Then an allreduce between registered buffers (its raw input and final
+ * output go from them). */
 static void send_from_registered(struct cfx_test_rank *ctx)
 {
     int registered = *(const int *)ctx->arg, r = ctx->rank;
@@ -587,24 +592,36 @@ static void send_from_registered(struct cfx_test_rank *ctx)
     RANK_ASSERT(ctx, buf && out, "out of memory");
     cfxComm_t comm;
     RANK_CFX(ctx, cfxCommInitRank(&comm, ctx->nranks, ctx->id, r));
+    /* Rank 1's receive buffer is registered before its connection from
+     * rank 0 exists: a connection that had no registration to go by when
+     * it posted its first receives ahead posted them into its slots, and
+     * a posted receive cannot be taken back. The rest are registered with
+     * connections that exist already. */
+    void *hb = NULL, *ho = NULL;
+    if (registered && r == 1)
+        RANK_CFX(ctx, cfxCommRegister(comm, buf, REF_COUNT * sizeof(float), &hb));
     int hello = r; /* Connects the pair first. */
     if (r == 0)
         RANK_CFX(ctx, cfxSend(&hello, 1, cfxInt32, 1, comm, NULL));
     else
         RANK_CFX(ctx, cfxRecv(&hello, 1, cfxInt32, 0, comm, NULL));
-    void *hb = NULL, *ho = NULL;
     if (registered) {
-        RANK_CFX(ctx, cfxCommRegister(comm, buf, REF_COUNT * sizeof(float), &hb));
+        if (r == 0)
+            RANK_CFX(ctx, cfxCommRegister(comm, buf, REF_COUNT * sizeof(float), &hb));
         RANK_CFX(ctx, cfxCommRegister(comm, out, REF_COUNT * sizeof(float), &ho));
     }
     for (int round = 0; round < 3 && !ctx->slot_failed; round++) {
         cfx_test_step(ctx, "round %d", round);
+        int ready = round;
         if (r == 0) {
             ref_tagged_msg_fill(buf, 0, 1, REF_COUNT, round);
+            RANK_CFX(ctx, cfxRecv(&ready, 1, cfxInt32, 1, comm, NULL));
+            usleep(100 * 1000); /* Rank 1 launched its receive meanwhile. */
             RANK_CFX(ctx, cfxSend(buf, REF_COUNT, cfxFloat32, 1, comm, NULL));
             ref_fill_value(buf, REF_COUNT, -1.0f);
         } else {
             ref_fill_value(buf, REF_COUNT, -7.0f);
+            RANK_CFX(ctx, cfxSend(&ready, 1, cfxInt32, 0, comm, NULL));
             RANK_CFX(ctx, cfxRecv(buf, REF_COUNT, cfxFloat32, 0, comm, NULL));
             long bad = ref_tagged_msg_check(buf, 0, 1, REF_COUNT, round);
             RANK_ASSERT(ctx, bad < 0, "round %d: element %ld is %g, not %g", round, bad,
@@ -634,13 +651,13 @@ static void send_from_registered(struct cfx_test_rank *ctx)
 
 /* Bit 0: the buffers are registered; bit 1: over the built-in socket net;
  * bit 2: over the built-in verbs net (fake-verbs); else the test plugin. */
-ParameterizedTestParameters(net_plugin, sends_from_registered_buffers_skip_the_slots)
+ParameterizedTestParameters(net_plugin, sends_and_receives_of_registered_buffers_skip_the_slots)
 {
     static int which[] = {1, 0, 3, 2, 5, 4};
     return cr_make_param_array(int, which, 6);
 }
 
-ParameterizedTest(int *which, net_plugin, sends_from_registered_buffers_skip_the_slots,
+ParameterizedTest(int *which, net_plugin, sends_and_receives_of_registered_buffers_skip_the_slots,
                   .timeout = 150)
 {
     static int registered[1];
@@ -666,7 +683,10 @@ ParameterizedTest(int *which, net_plugin, sends_from_registered_buffers_skip_the
     int p2p = cfx_test_count_in_logs(
         logs, "rank 0 -> rank 1 sent 6 payload(s) from registered user buffers");
     int any = cfx_test_count_in_logs(logs, "from registered user buffers");
-    if (ok)
+    int in_place = cfx_test_count_in_logs(
+        logs, "rank 1 <- rank 0 received 6 payload(s) into registered user buffers");
+    int any_in = cfx_test_count_in_logs(logs, "into registered user buffers");
+    if (ok && (*registered ? in_place == 1 : any_in == 0))
         cfx_test_remove_logs(logs);
     cfx_test_logs_off();
     cfx_test_setenv("CFX_NET_PLUGIN", NULL);
@@ -678,8 +698,14 @@ ParameterizedTest(int *which, net_plugin, sends_from_registered_buffers_skip_the
                      "payloads from the user's buffer");
         cr_assert_geq(any - p2p, 2, "%d ring connections sent from the registered buffers",
                       any - p2p);
+        cr_assert(in_place == 1 && any_in == 1,
+                  "rank 1's receive connection from rank 0 did not receive its 6 full payloads "
+                  "into the user's buffer (%d lines of it, %d in all; logs kept in %s.*)",
+                  in_place, any_in, logs);
     } else {
         cr_assert_eq(any, 0, "%d connections sent from user buffers nobody registered", any);
+        cr_assert_eq(any_in, 0, "%d connections received into user buffers nobody registered",
+                     any_in);
     }
 }
 
@@ -687,8 +713,8 @@ ParameterizedTest(int *which, net_plugin, sends_from_registered_buffers_skip_the
 
 /* Rank 1 calls the second allreduce with another count: every rank's call
  * returns cfxInvalidUsage within seconds, not at CFX_TIMEOUT (the
- * fingerprint travels in each slot's info line, the last of its two
- * messages: copying another slot's fails this test, checked). */
+ * fingerprint travels in each slot's info line, in the header, the first
+ * of its two messages: copying another slot's fails this test, checked). */
 static void mismatched_count(struct cfx_test_rank *ctx)
 {
     cfxComm_t comm;

@@ -7,28 +7,34 @@
  *
  * The protocol (docs/transports.md, "net-plugin"): each side of a
  * connection has a local FIFO in one block of host memory, registered with
- * the plugin once after connect: [FIFO control block][slots][staging lines].
+ * the plugin once after connect: [FIFO control block][slots][headers].
  * For each posted slot k the sender isends, on its one send comm and in
- * this order, the payload (empty when it travels inside the info line,
- * size <= CFX_SLOT_INLINE_BYTES), then the slot's 64-byte info line. It
+ * this order, the slot's 80-byte header (its 64-byte info line, and the
+ * message and offset post_at gave it), then the payload (empty when it
+ * travels inside the info line, size <= CFX_SLOT_INLINE_BYTES). It
  * releases slot k once both sends tested done. The receiver posts both
  * receives of slot k ahead, while slot k of its FIFO is free (k < head +
- * n_steps) and its request budget allows: the payload (at most slot_bytes)
- * straight into the slot, then the info line into staging[k % n_steps].
- * When both are in and agree, it copies the line into the FIFO and
- * posts the slot. The plugin's in-order matching of messages on a comm is
- * what keeps the two streams in step; the receiver's irecvs are its flow
- * control (the plugin holds a send until the matching receive is posted or
- * buffers it), and posting them ahead lets a rendezvous plugin move the
- * next slots without a round trip each.
+ * n_steps) and its request budget allows: the header into
+ * staging[k % n_steps], then the payload (at most slot_bytes) straight
+ * into the slot; when header_first() says so (an offer is live, or
+ * buffers are registered and the slot may be an offered receive's), the
+ * payload's receive waits for the header, and goes into the offered user
+ * buffer when the header names the offered message. When both are in and
+ * agree, it copies the line into the FIFO (CFX_SLOT_IN_PLACE when the
+ * payload went into the user's buffer) and posts the slot. The plugin's
+ * in-order matching of messages on a comm is what keeps the two streams
+ * in step; the receiver's irecvs are its flow control (the plugin holds a
+ * send until the matching receive is posted or buffers it), and posting
+ * them ahead lets a rendezvous plugin move the next slots without a round
+ * trip each.
  *
  * Poison: a sender that is told to stop sends, after the slots it already
- * sent, one more slot: an empty payload, then an info line with size
- * NET_POISON_SIZE and seq 0 (from staging[0] of its block), carrying the
- * reason in print.count and the rank to blame in print.root; the
- * receiver's check() reports it. A
- * receiver cannot tell its sender anything (a comm goes one way): its
- * peer learns of it when the comm is closed, or by its own timeout.
+ * sent, one more slot: a header whose line has size NET_POISON_SIZE and
+ * seq 0 (from staging[n_steps], the poison's own), carrying the reason in
+ * print.count and the rank to blame in print.root, then an empty payload;
+ * the receiver's check() reports it. A receiver cannot tell its sender
+ * anything (a comm goes one way): its peer learns of it when the comm is
+ * closed, or by its own timeout.
  */
 #ifndef CFX_TRANSPORTS_NET_CONN_H
 #define CFX_TRANSPORTS_NET_CONN_H
@@ -51,7 +57,8 @@
 #define NET_INFO_MAGIC    0x43464e50u /* "CFNP" */
 #define NET_NAME_MAX      64
 #define NET_MAX_DEVS      16   /* Devices of a plugin Conflux looks at. */
-#define NET_REG_MAX_CONNS 4096 /* Send connections a registered buffer reaches. */
+#define NET_REG_MAX_CONNS 4096 /* Connections a registered buffer reaches. */
+#define NET_OFFERS        8    /* Receiver: offers (receives into user buffers) at once. */
 
 /* The loaded plugin, one per process (plugin.c): v8 to v11 behind one face. */
 struct cfx_net_plugin {
@@ -173,23 +180,47 @@ struct cfx_net_ctx {
     void *connect_check_arg;
     struct cfx_proxy *proxy;
     /* User buffers registered with the plugin (reg_mem), and the connected
-     * send connections by sender slot (NULL: free); under reg_lock (setup
-     * time). */
+     * host connections of either direction by registration slot (NULL:
+     * free); under reg_lock (setup time). */
     pthread_mutex_t reg_lock;
     struct cfx_net_reg *regs;
-    struct cfx_net_conn *senders[NET_REG_MAX_CONNS];
+    _Atomic int n_regs; /* How many (read by the data path without the lock). */
+    struct cfx_net_conn *joined[NET_REG_MAX_CONNS];
 };
 
-/* A user buffer registered with the plugin for zero-copy sends (reg_mem):
- * the plugin registers memory per comm, so once with each connected send
- * connection's comm, now and as later ones connect: mhandle[s] is the
- * registration with the comm of sender slot s (NULL: none), so a send
- * finds its handle without a search (post_ref). */
+/* A user buffer registered with the plugin for zero-copy sends and
+ * receives (reg_mem): the plugin registers memory per comm, so once with
+ * each connected connection's comm, now and as later ones connect:
+ * mhandle[s] is the registration with the comm of registration slot s
+ * (NULL: none), so a send or receive finds its handle without a search
+ * (post_ref, offer). */
 struct cfx_net_reg {
     char *buf;
     size_t bytes;
     struct cfx_net_reg *next;
     void *mhandle[NET_REG_MAX_CONNS];
+};
+
+/* What goes over the comm ahead of each slot's payload: its info line,
+ * and the message and offset the sender gave it (post_at: mark is the
+ * message + 1; 0: none), so a receiver that offered that message's buffer
+ * posts the payload's receive there. */
+struct cfx_net_header {
+    struct cfx_slot_info info;
+    uint64_t mark;
+    uint64_t offset;
+};
+
+/* Receiver: a receive into a registered user buffer (offer). `mark` (the
+ * message + 1; 0: free) is stored last by the user thread (release) and
+ * cleared by the driving thread once `left` bytes of the message arrived,
+ * in place or not. */
+struct cfx_net_offer {
+    _Atomic uint64_t mark;
+    char *data;
+    uint64_t bytes;
+    uint64_t left; /* Driving thread's. */
+    void *mhandle;
 };
 
 /* One slot's requests, on either side. */
@@ -201,6 +232,7 @@ struct cfx_net_slot {
     void *req_flush;
     int flush_state;
     int data_bytes; /* Receiver: bytes the payload's test reported. */
+    int in_place;   /* Receiver: the payload's receive went into an offered buffer. */
 };
 
 /* Per-connector state. */
@@ -236,7 +268,9 @@ struct cfx_net_conn {
     char *slots;
     size_t slot_bytes;
     int n_steps;
-    struct cfx_slot_info *staging; /* Receiver: [n_steps] info lines as they came. */
+    /* [n_steps] headers: the sender's as it sends them, the receiver's as
+     * they came. */
+    struct cfx_net_header *staging;
     /* The plugin's objects. */
     char handle[NCCL_NET_HANDLE_MAXSIZE]; /* Receiver: its listen handle; sender: the peer's. */
     void *listen_comm;
@@ -248,31 +282,41 @@ struct cfx_net_conn {
     struct cfx_net_conn *pending_next;
     ncclResult_t accept_res;
     void *mhandle;
-    int registered;  /* Added to the proxy. */
-    int sender_slot; /* In ctx->senders, once a connected sender; -1: none. */
+    int registered; /* Added to the proxy. */
+    int reg_slot;   /* In ctx->joined, once a connected host connection; -1: none. */
     /* Sender: slot index i's payload goes from ref_data[i] (a registered
      * user buffer, ref_mhandle[i]) instead of the slot (post_ref); NULL:
      * from the slot. */
     const void *ref_data[CFX_MAX_STEPS];
     void *ref_mhandle[CFX_MAX_STEPS];
     uint64_t ref_sent; /* Payloads sent from user buffers. */
+    /* Sender: slot index i is message at_mark[i] - 1's bytes at
+     * at_offset[i] (post_at; 0: no mark). */
+    uint64_t at_mark[CFX_MAX_STEPS];
+    uint64_t at_offset[CFX_MAX_STEPS];
+    /* Receiver: offers by message mod NET_OFFERS, how many are live
+     * (while any is, a slot's payload receive waits for its header, to be
+     * posted where the header says), and payloads received in place. */
+    struct cfx_net_offer offers[NET_OFFERS];
+    _Atomic int offers_live;
+    uint64_t in_place;
     struct cfx_proxy_client client;
     /* Progress, by whichever thread drives (cfx_net_conn_drive). */
     struct cfx_net_slot slot[CFX_MAX_STEPS];
     int n_reqs; /* Requests outstanding on the comm. */
     /* Sender: slots [released, issued) have their sends posted; slot
-     * `issued` has its payload's send posted when payload_issued. */
+     * `issued` has its header's send posted when header_issued. */
     uint64_t released, issued;
-    int payload_issued;
+    int header_issued;
     /* Receiver: slots [arrived, posted) have both receives posted; slot
-     * `posted` has its payload's receive posted when payload_posted. */
+     * `posted` has its header's receive posted when header_posted. */
     uint64_t arrived, posted;
-    int payload_posted;
+    int header_posted;
     _Atomic int poison_reason; /* Set by poison(): stop issuing (a sender tells its peer). */
     _Atomic int poison_blame;
-    void *req_poison_empty;  /* Sender: the poison's empty payload send, outstanding. */
-    void *req_poison;        /* Sender: the poison line's send, outstanding. */
-    int poison_sent;         /* Sender: 1: the empty payload's send is posted; 2: the line's too. */
+    void *req_poison;        /* Sender: the poison header's send, outstanding. */
+    void *req_poison_empty;  /* Sender: the empty payload's send after it, outstanding. */
+    int poison_sent;         /* Sender: 1: the header's send is posted; 2: the payload's too. */
     _Atomic int poison_done; /* Sender: and completed (close() lingers for it). */
     /* Receiver: the peer's poison line came (reason, blame rank); set by
      * the driving thread, read by check(). */

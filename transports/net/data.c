@@ -1,13 +1,14 @@
 /*
  * The net-plugin transport's data path: a pass over a connector tests its
  * outstanding requests, then posts what may go: a sender's isends (each
- * posted slot's payload, empty when inline, then its info line), a
- * receiver's irecvs (both of each free slot, ahead: the payload straight
- * into the slot, the info line into its staging line). At most NET_MAX_REQUESTS per
- * comm; a call that returns a NULL request is retried on a later pass.
- * Any plugin call that fails fails the connector once, with a sentence
- * naming both ranks, the plugin, the call and its result. The protocol is
- * in conn.h.
+ * posted slot's header, then its payload, empty when inline), a
+ * receiver's irecvs (both of each free slot, ahead: the header into its
+ * staging line, the payload straight into the slot; while an offer is
+ * live, the payload's once its header says where it goes). At most
+ * NET_MAX_REQUESTS per comm; a call that returns a NULL request is retried
+ * on a later pass. Any plugin call that fails fails the connector once,
+ * with a sentence naming both ranks, the plugin, the call and its result.
+ * The protocol is in conn.h.
  *
  * Threads: a pass is made by whichever thread asks first
  * (cfx_net_conn_drive, lock-free as the ib transport's): the plugin's
@@ -115,34 +116,34 @@ static int post_send(struct cfx_net_conn *nc, void *data, size_t bytes, void *mh
 }
 
 /* Poisoned: once no slot is half sent, send the poison as a slot of its
- * own (an empty payload, then the poison line); test both. */
+ * own (the poison header, then an empty payload); test both. */
 static int send_poison(struct cfx_net_conn *nc)
 {
     if (nc->poison_sent == 2) {
-        request_test(nc, &nc->req_poison_empty, NULL);
         request_test(nc, &nc->req_poison, NULL);
+        request_test(nc, &nc->req_poison_empty, NULL);
         if (nc->req_poison_empty != NULL || nc->req_poison != NULL)
             return 0;
         atomic_store_explicit(&nc->poison_done, 1, memory_order_release);
         return 1;
     }
-    if (nc->payload_issued || nc->n_reqs >= NET_MAX_REQUESTS)
+    if (nc->header_issued || nc->n_reqs >= NET_MAX_REQUESTS)
         return 0;
-    struct cfx_slot_info *line = &nc->staging[0];
+    struct cfx_net_header *h = &nc->staging[nc->n_steps]; /* The poison's own. */
     if (nc->poison_sent == 0) {
-        memset(line, 0, sizeof(*line));
-        line->size = NET_POISON_SIZE;
-        line->seq = 0;
-        line->print.count =
+        memset(h, 0, sizeof(*h));
+        h->info.size = NET_POISON_SIZE;
+        h->info.seq = 0;
+        h->info.print.count =
             (uint64_t)atomic_load_explicit(&nc->poison_reason, memory_order_acquire);
-        line->print.root = atomic_load_explicit(&nc->poison_blame, memory_order_relaxed);
-        if (!post_send(nc, line, 0, nc->mhandle, &nc->req_poison_empty))
+        h->info.print.root = atomic_load_explicit(&nc->poison_blame, memory_order_relaxed);
+        if (!post_send(nc, h, sizeof(*h), nc->mhandle, &nc->req_poison))
             return 0;
         nc->poison_sent = 1;
         if (nc->n_reqs >= NET_MAX_REQUESTS)
             return 1;
     }
-    if (!post_send(nc, line, sizeof(*line), nc->mhandle, &nc->req_poison))
+    if (!post_send(nc, h, 0, nc->mhandle, &nc->req_poison_empty))
         return 1;
     nc->poison_sent = 2;
     return 1;
@@ -153,18 +154,18 @@ static int send_pass(struct cfx_net_conn *nc)
     int moved = 0;
     /* Completions, in order up to the first slot not done (releases go in
      * order; a test can cost the plugin a system call). */
-    uint64_t last = nc->issued + (nc->payload_issued ? 1 : 0);
+    uint64_t last = nc->issued + (nc->header_issued ? 1 : 0);
     for (uint64_t k = nc->released; k < last; k++) {
         struct cfx_net_slot *s = &nc->slot[k % (uint64_t)nc->n_steps];
-        if (request_test(nc, &s->req_data, NULL))
-            s->data_done = 1, moved = 1;
-        if (!s->data_done)
-            break;
         if (request_test(nc, &s->req_info, NULL))
             s->info_done = 1, moved = 1;
+        if (!s->info_done)
+            break;
+        if (request_test(nc, &s->req_data, NULL))
+            s->data_done = 1, moved = 1;
         if (atomic_load_explicit(&nc->failed, memory_order_relaxed))
             return moved;
-        if (!s->info_done)
+        if (!s->data_done)
             break;
     }
     while (nc->released < nc->issued) {
@@ -176,16 +177,16 @@ static int send_pass(struct cfx_net_conn *nc)
         moved = 1;
     }
     /* Sends of posted slots, in order, within the request limit; once
-     * poisoned, only the line of a slot whose payload went, then the
+     * poisoned, only the payload of a slot whose header went, then the
      * poison. */
     int poisoned = atomic_load_explicit(&nc->poison_reason, memory_order_acquire) != 0;
     uint64_t tail = !poisoned ? cfx_load_acquire_u64(&nc->fifo->tail)
-                              : nc->issued + (nc->payload_issued ? 1 : 0);
+                              : nc->issued + (nc->header_issued ? 1 : 0);
     while (nc->issued < tail && nc->n_reqs < NET_MAX_REQUESTS) {
         uint64_t k = nc->issued;
         size_t index = (size_t)(k % (uint64_t)nc->n_steps);
         struct cfx_net_slot *s = &nc->slot[index];
-        struct cfx_slot_info *info = &nc->fifo->info[index];
+        const struct cfx_slot_info *info = &nc->fifo->info[index];
         uint32_t size = info->size;
         if (size > nc->slot_bytes) {
             conn_fail(nc, cfxInvalidUsage, nc->self_rank,
@@ -193,33 +194,39 @@ static int send_pass(struct cfx_net_conn *nc)
                       nc->self_rank, size, nc->slot_bytes, nc->peer_rank);
             return moved;
         }
-        /* The payload first, even when the line carries the bytes (empty
-         * then): the receiver posted its receive with the line's, and the
-         * line, last, finds the payload in when it comes. */
-        if (!nc->payload_issued) {
-            uint32_t payload = size > CFX_SLOT_INLINE_BYTES ? size : 0;
-            /* From the user's registered buffer (post_ref), else the slot. */
-            void *from = nc->slots + index * nc->slot_bytes, *mhandle = nc->slots_mhandle;
-            if (nc->ref_data[index] != NULL) { /* Never inline: post_ref refuses those. */
-                from = (void *)(uintptr_t)nc->ref_data[index];
-                mhandle = nc->ref_mhandle[index];
-            }
+        /* The header first (the line, and the message and offset it is
+         * of), so a receiver that offered that message's buffer can post
+         * the payload's receive there; then the payload, empty when the
+         * line carries the bytes. */
+        if (!nc->header_issued) {
+            struct cfx_net_header *h = &nc->staging[index];
+            h->info = *info;
+            h->mark = nc->at_mark[index];
+            h->offset = nc->at_offset[index];
             void *req = NULL;
-            if (!post_send(nc, from, payload, mhandle, &req))
-                return moved; /* Not now, or failed. */
-            if (nc->ref_data[index] != NULL) {
-                nc->ref_sent++;
-                nc->ref_data[index] = NULL;
-            }
-            *s = (struct cfx_net_slot){.req_data = req};
-            nc->payload_issued = 1;
+            if (!post_send(nc, h, sizeof(*h), nc->mhandle, &req))
+                return moved; /* Not now (called again), or failed. */
+            nc->at_mark[index] = 0;
+            *s = (struct cfx_net_slot){.req_info = req};
+            nc->header_issued = 1;
             moved = 1;
             if (nc->n_reqs >= NET_MAX_REQUESTS)
                 return moved;
         }
-        if (!post_send(nc, info, sizeof(*info), nc->mhandle, &s->req_info))
+        uint32_t payload = size > CFX_SLOT_INLINE_BYTES ? size : 0;
+        /* From the user's registered buffer (post_ref), else the slot. */
+        void *from = nc->slots + index * nc->slot_bytes, *mhandle = nc->slots_mhandle;
+        if (nc->ref_data[index] != NULL) { /* Never inline: post_ref refuses those. */
+            from = (void *)(uintptr_t)nc->ref_data[index];
+            mhandle = nc->ref_mhandle[index];
+        }
+        if (!post_send(nc, from, payload, mhandle, &s->req_data))
             return moved;
-        nc->payload_issued = 0;
+        if (nc->ref_data[index] != NULL) {
+            nc->ref_sent++;
+            nc->ref_data[index] = NULL;
+        }
+        nc->header_issued = 0;
         nc->issued++;
         moved = 1;
     }
@@ -230,15 +237,33 @@ static int send_pass(struct cfx_net_conn *nc)
 
 /* ============================================================ receiver */
 
-/* Slot `arrived` has everything: copy its line into the FIFO and post it. */
+/* The bytes of a slot of message @p mark - 1 arrived (in place or not):
+ * its offer, if any, is over once all its bytes did. */
+static void offer_count(struct cfx_net_conn *nc, uint64_t mark, uint32_t size)
+{
+    if (mark == 0)
+        return;
+    struct cfx_net_offer *o = &nc->offers[(mark - 1) % NET_OFFERS];
+    if (atomic_load_explicit(&o->mark, memory_order_acquire) != mark)
+        return;
+    o->left = size < o->left ? o->left - size : 0;
+    if (o->left == 0) {
+        atomic_store_explicit(&o->mark, 0, memory_order_release);
+        atomic_fetch_sub_explicit(&nc->offers_live, 1, memory_order_release);
+    }
+}
+
+/* Slot `arrived` has everything: copy its line into the FIFO and post it
+ * (marked in place when its payload went into an offered buffer). */
 static void slot_arrived(struct cfx_net_conn *nc)
 {
     size_t index = (size_t)(nc->arrived % (uint64_t)nc->n_steps);
-    const struct cfx_slot_info *staged = &nc->staging[index];
+    const struct cfx_net_header *staged = &nc->staging[index];
     struct cfx_slot_info *info = &nc->fifo->info[index];
-    info->size = staged->size;
-    info->print = staged->print;
-    memcpy(info->inline_data, staged->inline_data, sizeof(info->inline_data));
+    info->size = staged->info.size | (nc->slot[index].in_place ? CFX_SLOT_IN_PLACE : 0);
+    info->print = staged->info.print;
+    memcpy(info->inline_data, staged->info.inline_data, sizeof(info->inline_data));
+    offer_count(nc, staged->mark, staged->info.size);
     cfx_fifo_mark_posted(nc->fifo->info, nc->n_steps, nc->arrived);
     nc->arrived++;
     cfx_store_release_u64(&nc->fifo->tail, nc->arrived);
@@ -291,12 +316,13 @@ static int post_arrived(struct cfx_net_conn *nc)
         struct cfx_net_slot *s = &nc->slot[index];
         if (!s->info_done)
             break;
-        uint32_t size = nc->staging[index].size;
-        if (size == NET_POISON_SIZE && nc->staging[index].seq == 0) {
-            /* Nothing follows (no payload message either). */
+        const struct cfx_slot_info *staged = &nc->staging[index].info;
+        uint32_t size = staged->size;
+        if (size == NET_POISON_SIZE && staged->seq == 0) {
+            /* Nothing follows (its empty payload does not matter). */
             if (!atomic_load_explicit(&nc->peer_poison, memory_order_relaxed)) {
-                nc->peer_poison_blame = nc->staging[index].print.root;
-                atomic_store_explicit(&nc->peer_poison, (int)nc->staging[index].print.count,
+                nc->peer_poison_blame = staged->print.root;
+                atomic_store_explicit(&nc->peer_poison, (int)staged->print.count,
                                       memory_order_release);
             }
             return moved;
@@ -318,11 +344,11 @@ static int post_arrived(struct cfx_net_conn *nc)
                       nc->self_rank, nc->peer_rank);
             return moved;
         }
-        if (nc->staging[index].seq != (uint32_t)(nc->arrived + 1)) {
+        if (staged->seq != (uint32_t)(nc->arrived + 1)) {
             conn_fail(nc, cfxRemoteError, nc->peer_rank,
                       "net-plugin: rank %d sent slot %u to rank %d, which expected slot %llu: the "
                       "stream from rank %d is corrupt",
-                      nc->peer_rank, nc->staging[index].seq - 1, nc->self_rank,
+                      nc->peer_rank, staged->seq - 1, nc->self_rank,
                       (unsigned long long)nc->arrived, nc->peer_rank);
             return moved;
         }
@@ -361,7 +387,7 @@ static int recv_after_failure(struct cfx_net_conn *nc)
     for (uint64_t k = nc->arrived; k < nc->posted; k++) {
         struct cfx_net_slot *s = &nc->slot[k % (uint64_t)nc->n_steps];
         int bytes = 0;
-        if (request_test(nc, &s->req_info, &bytes) && bytes == (int)sizeof(struct cfx_slot_info))
+        if (request_test(nc, &s->req_info, &bytes) && bytes == (int)sizeof(struct cfx_net_header))
             s->info_done = 1;
         if (request_test(nc, &s->req_data, &bytes)) {
             s->data_done = 1;
@@ -371,35 +397,36 @@ static int recv_after_failure(struct cfx_net_conn *nc)
     return post_arrived(nc);
 }
 
-/* Tests the receives of the slots begun, in order, up to the first that
- * is not in whole (slots are posted in order; a test can cost the plugin
- * a system call). 0 when the connector failed. */
+/* Tests the receives of the slots begun, in order (the header, then the
+ * payload), up to the first that is not in whole (slots are posted in
+ * order; a test can cost the plugin a system call). 0 when the connector
+ * failed. */
 static int test_receives(struct cfx_net_conn *nc, int *moved_p)
 {
-    uint64_t last = nc->posted + (nc->payload_posted ? 1 : 0);
+    uint64_t last = nc->posted + (nc->header_posted ? 1 : 0);
     for (uint64_t k = nc->arrived; k < last; k++) {
         struct cfx_net_slot *s = &nc->slot[k % (uint64_t)nc->n_steps];
         int bytes = 0;
-        if (request_test(nc, &s->req_data, &bytes)) { /* The first of the two to come. */
-            s->data_done = 1, *moved_p = 1;
-            s->data_bytes = bytes;
-        }
-        if (!s->data_done)
-            break;
-        if (request_test(nc, &s->req_info, &bytes)) {
+        if (request_test(nc, &s->req_info, &bytes)) { /* The first of the two to come. */
             s->info_done = 1, *moved_p = 1;
-            if (bytes != (int)sizeof(struct cfx_slot_info)) {
+            if (bytes != (int)sizeof(struct cfx_net_header)) {
                 conn_fail(nc, cfxRemoteError, nc->peer_rank,
-                          "net-plugin: rank %d sent a %d-byte info line for slot %llu to rank %d "
+                          "net-plugin: rank %d sent a %d-byte header for slot %llu to rank %d "
                           "(expected %zu): the stream from rank %d is corrupt",
                           nc->peer_rank, bytes, (unsigned long long)k, nc->self_rank,
-                          sizeof(struct cfx_slot_info), nc->peer_rank);
+                          sizeof(struct cfx_net_header), nc->peer_rank);
                 return 0;
             }
         }
         if (atomic_load_explicit(&nc->failed, memory_order_relaxed))
             return 0;
         if (!s->info_done)
+            break;
+        if (request_test(nc, &s->req_data, &bytes)) {
+            s->data_done = 1, *moved_p = 1;
+            s->data_bytes = bytes;
+        }
+        if (!s->data_done)
             break;
     }
     return 1;
@@ -423,12 +450,61 @@ static int post_recv(struct cfx_net_conn *nc, void *data, size_t bytes, void *mh
     return 1;
 }
 
+/* Where slot @p index's payload goes: into the slot, or, when its header
+ * came and names an offered message whose buffer holds it, there (*mh_p
+ * its registration with this comm; the slot's in_place set). */
+static char *payload_dest(struct cfx_net_conn *nc, size_t index, void **mh_p)
+{
+    struct cfx_net_slot *s = &nc->slot[index];
+    const struct cfx_net_header *h = &nc->staging[index];
+    *mh_p = nc->slots_mhandle;
+    s->in_place = 0;
+    if (s->info_done && h->mark != 0 && h->info.size > CFX_SLOT_INLINE_BYTES &&
+        h->info.size <= nc->slot_bytes && h->info.seq != 0) {
+        struct cfx_net_offer *o = &nc->offers[(h->mark - 1) % NET_OFFERS];
+        if (atomic_load_explicit(&o->mark, memory_order_acquire) == h->mark &&
+            h->offset <= o->bytes && h->info.size <= o->bytes - h->offset) {
+            *mh_p = o->mhandle;
+            s->in_place = 1;
+            return o->data + h->offset;
+        }
+    }
+    return nc->slots + index * nc->slot_bytes;
+}
+
+/* Whether the payload receive of slot `posted` waits for its header,
+ * which may send it into an offered user buffer (a posted receive cannot
+ * be taken back, so one posted ahead into the slot would miss an offer
+ * made after it): while an offer is live; and, once the process has
+ * registered buffers this connection receives into, unless the slot
+ * before it is in flight, its header in, full and of no point-to-point
+ * message (a large collective's stream goes on into the slots; after a
+ * point-to-point slot, a small one, or when idle, the next slot may be an
+ * offered receive's). Else payload receives are posted ahead, into the
+ * slots. */
+static int header_first(const struct cfx_net_conn *nc)
+{
+    if (atomic_load_explicit(&nc->offers_live, memory_order_acquire) > 0)
+        return 1;
+    if (nc->reg_slot < 0 || atomic_load_explicit(&nc->ctx->n_regs, memory_order_acquire) == 0)
+        return 0;
+    uint64_t k = nc->posted;
+    if (k == 0 || k - 1 < nc->arrived)
+        return 1;
+    size_t prev = (size_t)((k - 1) % (uint64_t)nc->n_steps);
+    return !nc->slot[prev].info_done || nc->staging[prev].mark != 0 ||
+           nc->staging[prev].info.size != nc->slot_bytes;
+}
+
 /* Posts both receives of each free slot of the FIFO ahead of time (its
- * payload straight into the slot, then its info line into its staging
- * line, in the order the sender sends them),
- * within the request budget: so a plugin that sends only into a posted
- * receive (RDMA's rendezvous) finds the next slots' receives there and
- * moves them back to back. One request stays free for an iflush. 1 when
+ * header into its staging line, then its payload straight into the slot,
+ * in the order the sender sends them), within the request budget: so a
+ * plugin that sends only into a posted receive (RDMA's rendezvous) finds
+ * the next slots' receives there and moves them back to back. When
+ * header_first says so, a slot's payload receive waits for its header
+ * instead, and goes into the offered buffer when the header says the
+ * payload is of that message (later slots wait behind it: the comm
+ * matches receives in order). One request stays free for an iflush. 1 when
  * any went. */
 static int post_receives(struct cfx_net_conn *nc)
 {
@@ -440,21 +516,26 @@ static int post_receives(struct cfx_net_conn *nc)
             break;
         size_t index = (size_t)(nc->posted % (uint64_t)nc->n_steps);
         struct cfx_net_slot *s = &nc->slot[index];
-        void *req = NULL;
-        if (!nc->payload_posted) {
-            if (!post_recv(nc, nc->slots + index * nc->slot_bytes, nc->slot_bytes,
-                           nc->slots_mhandle, &req))
+        if (!nc->header_posted) {
+            void *req = NULL;
+            if (!post_recv(nc, &nc->staging[index], sizeof(struct cfx_net_header), nc->mhandle,
+                           &req))
                 break;
-            *s = (struct cfx_net_slot){.req_data = req};
-            nc->payload_posted = 1;
+            *s = (struct cfx_net_slot){.req_info = req};
+            nc->header_posted = 1;
             moved = 1;
             if (nc->n_reqs >= budget)
                 break;
         }
-        if (!post_recv(nc, &nc->staging[index], sizeof(struct cfx_slot_info), nc->mhandle,
-                       &s->req_info))
+        if (!s->info_done && header_first(nc))
+            break; /* Its header says where the payload goes. */
+        void *mhandle = NULL;
+        char *dest = payload_dest(nc, index, &mhandle);
+        size_t room = s->in_place ? nc->staging[index].info.size : nc->slot_bytes;
+        if (!post_recv(nc, dest, room, mhandle, &s->req_data))
             break;
-        nc->payload_posted = 0;
+        nc->in_place += (uint64_t)s->in_place;
+        nc->header_posted = 0;
         nc->posted++;
         moved = 1;
     }
@@ -518,7 +599,7 @@ static int conn_pass(struct cfx_net_conn *nc)
      * test). */
     int64_t poll_ns = failed                  ? 0
                       : cfx_net_conn_busy(nc) ? NET_POLL_NS
-                      : nc->dir == CFX_CONN_RECV && (nc->posted > nc->arrived || nc->payload_posted)
+                      : nc->dir == CFX_CONN_RECV && (nc->posted > nc->arrived || nc->header_posted)
                           ? NET_IDLE_POLL_NS
                           : 0;
     if (nc->pinned && !failed) {

@@ -217,8 +217,8 @@ static int pending_accept_all(struct cfx_net_conn *mine)
 
 /* ============================================================ registrations */
 
-/* Registers @p reg with the comm of send connection @p nc, in sender slot
- * @p slot (reg_lock held). */
+/* Registers @p reg with the comm of connection @p nc, in registration
+ * slot @p slot (reg_lock held). */
 static cfxResult_t reg_on(struct cfx_net_reg *reg, struct cfx_net_conn *nc, int slot)
 {
     ncclResult_t res = cfx_net_plugin_reg_mr(nc->plugin, nc->comm, reg->buf, reg->bytes,
@@ -233,42 +233,43 @@ static cfxResult_t reg_on(struct cfx_net_reg *reg, struct cfx_net_conn *nc, int 
                          nc->plugin->name, cfx_net_result_name(res));
 }
 
-/* Deregisters @p reg from every send connection it is on (reg_lock held). */
+/* Deregisters @p reg from every connection it is on (reg_lock held). */
 static void reg_off_all(struct cfx_net_ctx *ctx, struct cfx_net_reg *reg)
 {
     for (int slot = 0; slot < NET_REG_MAX_CONNS; slot++)
         if (reg->mhandle[slot] != NULL) {
-            struct cfx_net_conn *nc = ctx->senders[slot];
+            struct cfx_net_conn *nc = ctx->joined[slot];
             cfx_net_plugin_dereg_mr(nc->plugin, nc->comm, reg->mhandle[slot]);
             reg->mhandle[slot] = NULL;
         }
 }
 
-/* A send connection that connected takes a sender slot, and every
- * registered buffer is registered with its comm there. Without a free slot
- * (more than NET_REG_MAX_CONNS send connections) it has none: its sends
- * go through its slots. */
-static cfxResult_t sender_join(struct cfx_net_ctx *ctx, struct cfx_net_conn *nc)
+/* A connection that connected (a send connection, or a host rank's
+ * receive connection) takes a registration slot, and every registered
+ * buffer is registered with its comm there. Without a free slot (more than
+ * NET_REG_MAX_CONNS connections) it has none: its sends and receives go
+ * through its slots. */
+static cfxResult_t conn_join(struct cfx_net_ctx *ctx, struct cfx_net_conn *nc)
 {
     cfxResult_t res = cfxSuccess;
     pthread_mutex_lock(&ctx->reg_lock);
-    for (int slot = 0; slot < NET_REG_MAX_CONNS && nc->sender_slot < 0; slot++)
-        if (ctx->senders[slot] == NULL) {
-            ctx->senders[slot] = nc;
-            nc->sender_slot = slot;
+    for (int slot = 0; slot < NET_REG_MAX_CONNS && nc->reg_slot < 0; slot++)
+        if (ctx->joined[slot] == NULL) {
+            ctx->joined[slot] = nc;
+            nc->reg_slot = slot;
         }
-    for (struct cfx_net_reg *reg = ctx->regs;
-         reg != NULL && res == cfxSuccess && nc->sender_slot >= 0; reg = reg->next)
-        res = reg_on(reg, nc, nc->sender_slot);
+    for (struct cfx_net_reg *reg = ctx->regs; reg != NULL && res == cfxSuccess && nc->reg_slot >= 0;
+         reg = reg->next)
+        res = reg_on(reg, nc, nc->reg_slot);
     pthread_mutex_unlock(&ctx->reg_lock);
     return res;
 }
 
-/* Before a send connection's comm closes: its registrations and its
- * sender slot go. */
-static void sender_leave(struct cfx_net_ctx *ctx, struct cfx_net_conn *nc)
+/* Before a connection's comm closes: its registrations and its
+ * registration slot go. */
+static void conn_leave(struct cfx_net_ctx *ctx, struct cfx_net_conn *nc)
 {
-    int slot = nc->sender_slot;
+    int slot = nc->reg_slot;
     if (slot < 0)
         return;
     pthread_mutex_lock(&ctx->reg_lock);
@@ -277,14 +278,15 @@ static void sender_leave(struct cfx_net_ctx *ctx, struct cfx_net_conn *nc)
             cfx_net_plugin_dereg_mr(nc->plugin, nc->comm, reg->mhandle[slot]);
             reg->mhandle[slot] = NULL;
         }
-    ctx->senders[slot] = NULL;
-    nc->sender_slot = -1;
+    ctx->joined[slot] = NULL;
+    nc->reg_slot = -1;
     pthread_mutex_unlock(&ctx->reg_lock);
 }
 
-/* A user buffer, so that sends from it go zero copy: the plugin sends the
- * payload from it (post_ref) instead of from a slot. Host memory only (a
- * GPU rank's device buffers go through its kernel and slots). */
+/* A user buffer, so that sends from it and receives into it go zero copy:
+ * the plugin sends the payload from it (post_ref) and receives it there
+ * (offer) instead of in a slot. Host memory only (a GPU rank's device
+ * buffers go through its kernel and slots). */
 static cfxResult_t net_reg_mem(void *ctx_v, void *buf, size_t bytes, enum cfx_mem_kind mem,
                                int device, void **handle_p)
 {
@@ -293,10 +295,11 @@ static cfxResult_t net_reg_mem(void *ctx_v, void *buf, size_t bytes, enum cfx_me
     if (ctx->plugin == NULL)
         return cfxSuccess; /* No plugin: nothing will read it. */
     if (mem == CFX_MEM_DEVICE)
-        return cfx_error_set(cfxInvalidUsage, CFX_LOG_NET,
-                             "net-plugin: cannot register %zu bytes of device %d's memory for "
-                             "zero-copy sends (a GPU rank's data goes through its slots)",
-                             bytes, device);
+        return cfx_error_set(
+            cfxInvalidUsage, CFX_LOG_NET,
+            "net-plugin: cannot register %zu bytes of device %d's memory for "
+            "zero-copy sends and receives (a GPU rank's data goes through its slots)",
+            bytes, device);
     struct cfx_net_reg *reg = calloc(1, sizeof(*reg));
     if (reg == NULL)
         return cfx_error_set(cfxSystemError, CFX_LOG_NET, "net-plugin: out of memory");
@@ -305,11 +308,12 @@ static cfxResult_t net_reg_mem(void *ctx_v, void *buf, size_t bytes, enum cfx_me
     cfxResult_t res = cfxSuccess;
     pthread_mutex_lock(&ctx->reg_lock);
     for (int slot = 0; slot < NET_REG_MAX_CONNS && res == cfxSuccess; slot++)
-        if (ctx->senders[slot] != NULL)
-            res = reg_on(reg, ctx->senders[slot], slot);
+        if (ctx->joined[slot] != NULL)
+            res = reg_on(reg, ctx->joined[slot], slot);
     if (res == cfxSuccess) {
         reg->next = ctx->regs;
         ctx->regs = reg;
+        atomic_fetch_add_explicit(&ctx->n_regs, 1, memory_order_release);
     } else {
         reg_off_all(ctx, reg);
     }
@@ -332,6 +336,7 @@ static void net_dereg_mem(void *ctx_v, void *handle)
     for (struct cfx_net_reg **at = &ctx->regs; *at != NULL; at = &(*at)->next)
         if (*at == reg) {
             *at = reg->next;
+            atomic_fetch_sub_explicit(&ctx->n_regs, 1, memory_order_release);
             break;
         }
     reg_off_all(ctx, reg);
@@ -350,7 +355,7 @@ static cfxResult_t net_post_ref(void *ctx_v, struct cfx_connector *conn, const v
     (void)ctx_v;
     struct cfx_net_conn *nc = conn->priv;
     const struct cfx_net_reg *reg = handle;
-    void *mhandle = reg != NULL && nc->sender_slot >= 0 ? reg->mhandle[nc->sender_slot] : NULL;
+    void *mhandle = reg != NULL && nc->reg_slot >= 0 ? reg->mhandle[nc->reg_slot] : NULL;
     if (mhandle == NULL || bytes <= CFX_SLOT_INLINE_BYTES || bytes > nc->slot_bytes ||
         (const char *)data < reg->buf || (const char *)data + bytes > reg->buf + reg->bytes)
         return cfx_error_set(cfxInternalError, CFX_LOG_NET,
@@ -361,6 +366,50 @@ static cfxResult_t net_post_ref(void *ctx_v, struct cfx_connector *conn, const v
     size_t index = (size_t)(cfx_load_relaxed_u64(&nc->fifo->tail) % (uint64_t)nc->n_steps);
     nc->ref_mhandle[index] = mhandle;
     nc->ref_data[index] = data;
+    return cfxSuccess;
+}
+
+/* The next slot is message @p msg's bytes at @p offset: its header says
+ * so, for the receiver's offer. */
+static void net_post_at(void *ctx_v, struct cfx_connector *conn, uint64_t msg, uint64_t offset)
+{
+    (void)ctx_v;
+    struct cfx_net_conn *nc = conn->priv;
+    size_t index = (size_t)(cfx_load_relaxed_u64(&nc->fifo->tail) % (uint64_t)nc->n_steps);
+    nc->at_mark[index] = msg + 1;
+    nc->at_offset[index] = offset;
+}
+
+/* Message @p msg may land in the @p bytes at @p data, inside @p handle's
+ * buffer: while the offer is live (until all @p bytes of the message
+ * arrived, in place or not), each slot's payload receive waits for its
+ * header and goes there when the header names @p msg. Best effort, point
+ * to point only: nothing for a GPU rank's connector, a buffer not
+ * registered with this comm, a collective, or when the offer ring's entry
+ * for @p msg is still taken (slots come through the FIFO then). Never
+ * blocks, allocates or registers. */
+static cfxResult_t net_offer(void *ctx_v, struct cfx_connector *conn, uint64_t msg, void *data,
+                             size_t bytes, void *handle)
+{
+    (void)ctx_v;
+    struct cfx_net_conn *nc = conn->priv;
+    const struct cfx_net_reg *reg = handle;
+    void *mhandle = reg != NULL && nc->reg_slot >= 0 ? reg->mhandle[nc->reg_slot] : NULL;
+    /* A collective's key (its top bit) is not taken: only some of its
+     * output comes from this peer, so no count would say the offer is over
+     * (its slots come through the FIFO). */
+    if (mhandle == NULL || bytes == 0 || (msg >> 63) != 0 || (const char *)data < reg->buf ||
+        (const char *)data + bytes > reg->buf + reg->bytes)
+        return cfxSuccess;
+    struct cfx_net_offer *o = &nc->offers[msg % NET_OFFERS];
+    if (atomic_load_explicit(&o->mark, memory_order_acquire) != 0)
+        return cfxSuccess; /* An older receive's offer is still live. */
+    o->data = data;
+    o->bytes = bytes;
+    o->left = bytes;
+    o->mhandle = mhandle;
+    atomic_fetch_add_explicit(&nc->offers_live, 1, memory_order_release);
+    atomic_store_explicit(&o->mark, msg + 1, memory_order_release);
     return cfxSuccess;
 }
 
@@ -514,7 +563,7 @@ static cfxResult_t net_setup(void *ctx_v, const struct cfx_transport_peer *peer,
     nc->self_rank = ctx->rank;
     nc->peer_rank = peer->rank;
     nc->blame_rank = -1;
-    nc->sender_slot = -1;
+    nc->reg_slot = -1;
     nc->n_steps = n_steps;
     nc->slot_bytes = slot_bytes;
     nc->channel = conn->channel;
@@ -528,10 +577,11 @@ static cfxResult_t net_setup(void *ctx_v, const struct cfx_transport_peer *peer,
     int gdr = conn->place.reader == CFX_READER_KERNEL &&
               gdr_wanted(ctx, nc, conn->place.device, &iflush, why, sizeof(why));
     size_t slots_bytes = ((size_t)n_steps * slot_bytes + 4095) & ~(size_t)4095;
+    /* Headers: one per slot, and the poison's. */
     size_t staging_off =
         (slots_off + (gdr ? 0 : (size_t)n_steps * slot_bytes) + 4095) & ~(size_t)4095;
-    size_t bytes =
-        staging_off + (((size_t)n_steps * sizeof(struct cfx_slot_info) + 4095) & ~(size_t)4095);
+    size_t bytes = staging_off +
+                   (((size_t)(n_steps + 1) * sizeof(struct cfx_net_header) + 4095) & ~(size_t)4095);
     if (posix_memalign(&nc->mem, 4096, bytes) != 0) {
         nc->mem = NULL;
         return cfx_error_set(cfxSystemError, CFX_LOG_NET,
@@ -542,7 +592,7 @@ static cfxResult_t net_setup(void *ctx_v, const struct cfx_transport_peer *peer,
     nc->mem_bytes = bytes;
     nc->fifo = nc->mem;
     nc->slots = (char *)nc->mem + slots_off;
-    nc->staging = (struct cfx_slot_info *)((char *)nc->mem + staging_off);
+    nc->staging = (struct cfx_net_header *)((char *)nc->mem + staging_off);
     if (conn->place.reader == CFX_READER_KERNEL) {
         CFX_CHECK(cfx_cuda_host_register(nc->mem, bytes, conn->place.device));
         nc->pinned = conn->place.device + 1;
@@ -679,6 +729,9 @@ static cfxResult_t net_connect(void *ctx_v, struct cfx_connector *conn, const vo
     nc->slots_mhandle = nc->mhandle;
     if (nc->gdr)
         CFX_CHECK(register_device_slots(ctx, nc));
+    /* Before the proxy may pass over it: reg_slot is read there. */
+    if (nc->dir == CFX_CONN_SEND || (!nc->pinned && !nc->gdr)) /* A host rank's receives. */
+        CFX_CHECK(conn_join(ctx, nc));
     nc->client.progress = conn_proxy_progress;
     nc->client.ready = NULL;
     nc->client.arg = nc;
@@ -687,8 +740,6 @@ static cfxResult_t net_connect(void *ctx_v, struct cfx_connector *conn, const vo
                           memory_order_relaxed);
     CFX_CHECK(cfx_proxy_add(ctx->proxy, &nc->client, NULL, 0, 0));
     nc->registered = 1;
-    if (nc->dir == CFX_CONN_SEND)
-        CFX_CHECK(sender_join(ctx, nc));
     /* What the driver says the slots are, not what was meant. */
     int slots_device = -1;
     int in_device = nc->pinned && cfx_cuda_is_device_ptr(nc->slots, &slots_device);
@@ -742,11 +793,16 @@ static void net_close(void *ctx_v, struct cfx_connector *conn)
         nc->registered = 0;
     }
     const struct cfx_net_plugin *p = nc->plugin;
-    sender_leave(ctx, nc);
+    conn_leave(ctx, nc);
     if (nc->ref_sent > 0)
         CFX_INFO(CFX_LOG_NET,
                  "net-plugin: rank %d -> rank %d sent %llu payload(s) from registered user buffers",
                  nc->self_rank, nc->peer_rank, (unsigned long long)nc->ref_sent);
+    if (nc->in_place > 0)
+        CFX_INFO(CFX_LOG_NET,
+                 "net-plugin: rank %d <- rank %d received %llu payload(s) into registered user "
+                 "buffers",
+                 nc->self_rank, nc->peer_rank, (unsigned long long)nc->in_place);
     if (nc->gdr && nc->gdr_flushes > 0)
         CFX_INFO(CFX_LOG_NET,
                  "net-plugin: rank %d <- rank %d flushed the plugin's writes into device %d's "
@@ -838,12 +894,12 @@ const struct cfx_transport cfx_net_plugin_transport = {
     .progress = net_progress,
     .wait = NULL,
     .read_peer = NULL,
-    /* memory: user buffers for zero-copy sends (host memory) */
+    /* memory: user buffers for zero-copy sends and receives (host memory) */
     .reg_mem = net_reg_mem,
     .dereg_mem = net_dereg_mem,
     .flush = NULL,
     .map_peer = NULL,
     .post_ref = net_post_ref,
-    .offer = NULL,
-    .post_at = NULL,
+    .offer = net_offer,
+    .post_at = net_post_at,
 };
