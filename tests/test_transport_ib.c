@@ -22,6 +22,7 @@
 #include "tests/coll_check.h"
 #include "tests/coll_rounds.h"
 #include "tests/harness.h"
+#include "tests/registered_rounds.h"
 
 int cfx_ib_hca_match(const char *spec, const char *name, int port); /* transports/ib/device.c */
 
@@ -195,8 +196,6 @@ Test(ib_fake, slots_striped_over_four_queue_pairs_arrive_in_order, .timeout = 12
 
 /* ------------------------------------------------ registered buffers */
 
-#define REF_COUNT ((size_t)(2 * 131072 + 3)) /* Two full 512 KiB slots and a 12-byte tail. */
-
 /* Alltoalls of REF_COUNT floats per peer from a send buffer registered
  * (or not: @p arg), each send buffer overwritten the moment the call
  * returns: a send that returned before the NIC had read it delivers the
@@ -349,45 +348,12 @@ ParameterizedTest(int *which, ib_fake, registered_receive_buffers_are_written_in
     cr_assert_eq(from, (*which & 1) ? 1 : 0, "slots from the registered send buffer: %d", from);
 }
 
-/* Alltoalls with both buffers registered, all ranks at once: each slot
- * lands in place or in the FIFO depending on whether its receiver's offer
- * arrived first; the results must not tell. */
-static void alltoall_both_registered(struct cfx_test_rank *ctx)
-{
-    int n = ctx->nranks, r = ctx->rank;
-    size_t all = REF_COUNT * (size_t)n;
-    float *send = calloc(all, sizeof(float)), *recv = calloc(all, sizeof(float));
-    RANK_ASSERT(ctx, send && recv, "out of memory");
-    cfxComm_t comm;
-    RANK_CFX(ctx, cfxCommInitRank(&comm, n, ctx->id, r));
-    void *hs, *hr;
-    RANK_CFX(ctx, cfxCommRegister(comm, send, all * sizeof(float), &hs));
-    RANK_CFX(ctx, cfxCommRegister(comm, recv, all * sizeof(float), &hr));
-    for (int round = 0; round < 6 && !ctx->slot_failed; round++) {
-        ref_tagged_fill(send, n, r, REF_COUNT, round);
-        for (size_t i = 0; i < all; i++)
-            recv[i] = -3.0f;
-        RANK_CFX(ctx, cfxAlltoAll(send, recv, REF_COUNT, cfxFloat32, comm, NULL));
-        int from;
-        long bad = ref_tagged_check(recv, n, r, REF_COUNT, round, &from);
-        RANK_ASSERT(ctx, bad < 0, "round %d: element %ld (from rank %d) is %g", round, bad, from,
-                    bad < 0 ? 0.0 : recv[bad]);
-    }
-    RANK_CFX(ctx, cfxCommDeregister(comm, hs));
-    RANK_CFX(ctx, cfxCommDeregister(comm, hr));
-    if (!ctx->slot_failed)
-        RANK_CFX(ctx, cfxCommFinalize(comm));
-    cfxCommDestroy(comm);
-    free(send);
-    free(recv);
-}
-
 Test(ib_fake, alltoall_between_registered_buffers_is_exact_however_slots_land, .timeout = 120)
 {
     use_fake();
     struct cfx_test_options opts = {
         .nranks = 3, .mode = CFX_TEST_PROCS, .deadline_s = 90, .before_rank = own_host};
-    CFX_TEST_RUN(&opts, alltoall_both_registered);
+    CFX_TEST_RUN(&opts, ref_alltoall_both_registered);
 }
 
 /* The shared collective rounds (tests/coll_rounds.h) between buffers

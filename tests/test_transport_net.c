@@ -20,6 +20,7 @@
 
 #include "tests/coll_check.h"
 #include "tests/harness.h"
+#include "tests/registered_rounds.h"
 #include "transports/net/conn.h"
 
 static double now_s(void)
@@ -570,8 +571,8 @@ Test(net_plugin, a_merge_with_a_v8_plugin_fails_init_with_a_sentence, .timeout =
 
 /* ------------------------------------------------------------ user buffers */
 
-/* Two full 512 KiB slots and a 12-byte tail (the tail rides in the info line). */
-#define REF_COUNT ((size_t)(2 * 131072 + 3))
+/* REF_COUNT (tests/registered_rounds.h): two full 512 KiB slots and a
+ * 12-byte tail (the tail rides in the info line). */
 
 /* Rank 0 sends from a buffer registered with cfxCommRegister (or not:
  * @p arg 0) and overwrites it as soon as the send returns; rank 1
@@ -707,6 +708,43 @@ ParameterizedTest(int *which, net_plugin, sends_and_receives_of_registered_buffe
         cr_assert_eq(any_in, 0, "%d connections received into user buffers nobody registered",
                      any_in);
     }
+}
+
+/* 0: the test plugin; 1: the built-in socket net; 2: the built-in verbs
+ * net (fake-verbs). */
+ParameterizedTestParameters(net_plugin,
+                            alltoall_between_registered_buffers_is_exact_however_slots_land)
+{
+    static int which[] = {0, 1, 2};
+    return cr_make_param_array(int, which, 3);
+}
+
+ParameterizedTest(int *which, net_plugin,
+                  alltoall_between_registered_buffers_is_exact_however_slots_land, .timeout = 150)
+{
+    cr_log_info("over %s", *which == 2   ? "the built-in verbs net (fake-verbs)"
+                           : *which == 1 ? "the built-in socket net"
+                                         : "the test plugin");
+    if (*which == 2 && cfx_test_use_fakeverbs() == NULL)
+        cr_skip_test("no fake-verbs library (CFX_TEST_FAKEVERBS unset)");
+    cfx_test_setenv("CFX_NET_PLUGIN", *which == 2   ? "builtin:ib"
+                                      : *which == 1 ? "builtin:socket"
+                                                    : test_plugin("CFX_TEST_NET_PLUGIN"));
+    char logs[128];
+    cfx_test_log_to(logs, sizeof(logs), "a2a-reg");
+    struct cfx_test_options opts = {
+        .nranks = 3, .mode = CFX_TEST_PROCS, .deadline_s = 120, .before_rank = own_host};
+    char report[8192];
+    int ok = cfx_test_run(&opts, ref_alltoall_both_registered, report, sizeof(report));
+    int in_place = cfx_test_count_in_logs(logs, "into registered user buffers");
+    if (ok)
+        cfx_test_remove_logs(logs);
+    cfx_test_logs_off();
+    cfx_test_setenv("CFX_NET_PLUGIN", NULL);
+    cr_assert(ok, "%s(logs kept in %s.*)", report, logs);
+    /* Slots land either way; the figure says how many connections took
+     * any in place, for the log. */
+    cr_log_info("%d receive connections received payloads into the registered buffers", in_place);
 }
 
 /* ------------------------------------------------------------ mismatch */
