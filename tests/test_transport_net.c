@@ -302,6 +302,85 @@ Test(net_plugin, killed_rank_fails_every_survivor_within_the_timeout, .timeout =
     killed_rank_run(test_plugin("CFX_TEST_NET_PLUGIN"));
 }
 
+/* Each rank sends to the next and receives from the one before, in one
+ * group, between buffers registered with cfxCommRegister (over a net,
+ * receives wait for each slot's header to land in the buffer), until rank
+ * 2 dies: every survivor's call fails within the timeout naming rank 2
+ * (the group's receive from rank 2 is what failed on rank 3, not its first
+ * operation, the send: its poison must carry rank 2 on), and none hangs in
+ * a receive that waits for a header. */
+static void registered_ring_until_rank_two_dies(struct cfx_test_rank *ctx)
+{
+    int n = ctx->nranks, r = ctx->rank;
+    cfxComm_t comm;
+    RANK_CFX(ctx, cfxCommInitRank(&comm, n, ctx->id, r));
+    size_t count = REF_COUNT;
+    float *out = calloc(count, sizeof(float)), *in = calloc(count, sizeof(float));
+    RANK_ASSERT(ctx, out && in, "malloc");
+    void *ho, *hi;
+    RANK_CFX(ctx, cfxCommRegister(comm, out, count * sizeof(float), &ho));
+    RANK_CFX(ctx, cfxCommRegister(comm, in, count * sizeof(float), &hi));
+    cfxResult_t res = cfxSuccess;
+    double start = 0;
+    for (int i = 0; i < 1000000 && res == cfxSuccess; i++) {
+        if (r == 2 && i == 20) /* Connected, and mid-traffic for the others. */
+            kill(getpid(), SIGKILL);
+        cfx_test_step(ctx, "exchange %d while rank 2 dies", i);
+        start = now_s();
+        res = cfxGroupStart();
+        if (res == cfxSuccess)
+            res = cfxSend(out, count, cfxFloat32, (r + 1) % n, comm, NULL);
+        if (res == cfxSuccess)
+            res = cfxRecv(in, count, cfxFloat32, (r + n - 1) % n, comm, NULL);
+        cfxResult_t end = cfxGroupEnd();
+        if (res == cfxSuccess)
+            res = end;
+    }
+    double took = now_s() - start;
+    const char *why = cfxGetLastError(comm);
+    RANK_ASSERT(ctx, res == cfxRemoteError, "the call returned %s: %s", cfxGetErrorString(res),
+                why);
+    RANK_ASSERT(ctx, took < 12, "the failing call took %.1f s (CFX_TIMEOUT=10)", took);
+    RANK_ASSERT(ctx, strstr(why, "rank 2") != NULL, "the sentence does not name rank 2: %s", why);
+    cfxCommDestroy(comm);
+    free(out);
+    free(in);
+}
+
+/* 0: the socket transport (no net plugin); 1: the built-in socket net; 2:
+ * the built-in verbs net (fake-verbs). */
+ParameterizedTestParameters(net_builtin,
+                            killed_rank_fails_receives_into_registered_buffers_within_the_timeout)
+{
+    static int which[] = {0, 1, 2};
+    return cr_make_param_array(int, which, 3);
+}
+
+ParameterizedTest(int *which, net_builtin,
+                  killed_rank_fails_receives_into_registered_buffers_within_the_timeout,
+                  .timeout = 150)
+{
+    cr_log_info("over %s", *which == 2   ? "the built-in verbs net (fake-verbs)"
+                           : *which == 1 ? "the built-in socket net"
+                                         : "the socket transport");
+    if (*which == 2 && cfx_test_use_fakeverbs() == NULL)
+        cr_skip_test("no fake-verbs library (CFX_TEST_FAKEVERBS unset)");
+    cfx_test_setenv("CFX_NET_PLUGIN", *which == 2   ? "builtin:ib"
+                                      : *which == 1 ? "builtin:socket"
+                                                    : NULL);
+    cfx_test_setenv("CFX_TIMEOUT", "10");
+    struct cfx_test_options opts = {.nranks = 4,
+                                    .mode = CFX_TEST_PROCS,
+                                    .deadline_s = 90,
+                                    .killed_ranks = 1ull << 2,
+                                    .before_rank = own_host};
+    char report[8192];
+    int ok = cfx_test_run(&opts, registered_ring_until_rank_two_dies, report, sizeof(report));
+    cfx_test_setenv("CFX_NET_PLUGIN", NULL);
+    cfx_test_setenv("CFX_TIMEOUT", NULL);
+    cr_assert(ok, "%s", report);
+}
+
 /* ------------------------------------------------------------ CFX_NET */
 
 /* CFX_NET names a network as NCCL_NET does, without case: the plugin's

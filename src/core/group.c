@@ -459,6 +459,18 @@ static cfxResult_t claim_all(struct cfx_op *ops, int *n_ops_p, int *dropped_p)
     return cfxSuccess;
 }
 
+/* The operation of ops[@p i]'s communicator, at @p i or after it, that met
+ * the failure (its blame_rank set: the peer it failed through, or this
+ * rank), else @p i: in a group (a send and a receive, say) the one whose
+ * connector failed says whom to blame, not the first of the batch. */
+static int failed_op_of_comm(const struct cfx_op *ops, int n_ops, int i)
+{
+    for (int j = i; j < n_ops; j++)
+        if (ops[j].owner == ops[i].owner && ops[j].blame_rank >= 0)
+            return j;
+    return i;
+}
+
 /* After a failure: every communicator of the batch is broken, its peers are
  * told (so they stop waiting), its flight recorder goes to the log, and its
  * ranks agree on the rank to blame (blame.c), which the sentence names. */
@@ -472,12 +484,14 @@ static cfxResult_t break_comms(struct cfx_op *ops, int n_ops, cfxResult_t res)
         struct cfxComm *comm = ops[i].owner;
         if (comm->async_error != cfxSuccess)
             continue;
-        cfxResult_t reason = ops[i].result != cfxSuccess ? ops[i].result : res;
+        const struct cfx_op *failed = &ops[failed_op_of_comm(ops, n_ops, i)];
+        cfxResult_t reason = failed->result != cfxSuccess ? failed->result : res;
+        int blame = failed->blame_rank;
         comm->async_error = reason;
-        cfx_core_poison_all(comm, reason, ops[i].blame_rank);
+        cfx_core_poison_all(comm, reason, blame);
         if (comm->flight_size > 0)
             cfx_core_flight_dump(comm, cfxGetErrorString(reason));
-        cfx_core_blame_tell(comm, reason, ops[i].blame_rank >= 0 ? ops[i].blame_rank : comm->rank);
+        cfx_core_blame_tell(comm, reason, blame >= 0 ? blame : comm->rank);
         ops[i].blame_rank = CFX_BLAME_UNKNOWN; /* Told: agree below, once per communicator. */
         told++;
     }
