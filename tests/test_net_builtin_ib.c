@@ -434,6 +434,32 @@ Test(builtin_ib, a_closed_peer_fails_a_pending_receive_with_remote_error)
     net_pair_close(&p);
 }
 
+/* The receiver goes away before it posted a receive: the sender's isend,
+ * which answers NULL until a clear-to-send comes, fails with
+ * ncclRemoteError within a few of its 10 ms liveness looks instead of
+ * waiting for ever (a sender with nothing posted has no request to test). */
+Test(builtin_ib, a_send_waiting_for_its_clear_to_send_fails_once_the_receiver_is_gone)
+{
+    struct net_pair p;
+    pair_open(&p);
+    static char out[64];
+    void *mo = NULL, *req = NULL;
+    cr_assert_eq(p.net->regMr(p.send, out, sizeof(out), NCCL_PTR_HOST, &mo), ncclSuccess);
+    p.net->closeRecv(p.recv);
+    p.recv = NULL;
+    ncclResult_t res = ncclSuccess;
+    double start = net_pair_now_s();
+    while (res == ncclSuccess && net_pair_now_s() < start + 5) {
+        res = p.net->isend(p.send, out, sizeof(out), 0, mo, &req);
+        cr_assert_null(req, "a send was taken with no receive posted");
+    }
+    cr_assert_eq(res, ncclRemoteError, "isend answered %d for 5 s", (int)res);
+    cr_assert_lt(net_pair_now_s() - start, 1.0, "noticed only after %.2f s",
+                 net_pair_now_s() - start);
+    p.net->deregMr(p.send, mo);
+    net_pair_close(&p);
+}
+
 /* A fake-verbs fault @p knob=@p value (FAKEVERBS_*: it fires that many ms
  * after the first queue pair is ready, or the device opened): a receive
  * pending across it fails with @p want, and the net's warnings say

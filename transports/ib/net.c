@@ -991,6 +991,24 @@ static ncclResult_t comm_check_events(struct ibn_comm *c)
     return c->failed;
 }
 
+/* Every IBN_ALIVE_NS: async events, and whether the peer's end of the TCP
+ * connection is still there (a peer that died closes it). */
+static ncclResult_t comm_check_alive(struct ibn_comm *c)
+{
+    int64_t now = cfx_time_now_ns();
+    if (now - c->alive_ns < IBN_ALIVE_NS)
+        return c->failed;
+    c->alive_ns = now;
+    async_drain(0);
+    if (comm_check_events(c) != ncclSuccess)
+        return c->failed;
+    char byte;
+    ssize_t got = recv(c->fd, &byte, 1, MSG_DONTWAIT | MSG_PEEK);
+    if (got == 0 || (got < 0 && errno != EAGAIN && errno != EINTR))
+        return comm_fail(c, ncclRemoteError, "the peer closed its setup connection (gone)");
+    return ncclSuccess;
+}
+
 static ncclResult_t ibn_isend(void *send_comm, void *data, size_t size, int tag, void *mhandle,
                               void **request)
 {
@@ -1005,7 +1023,7 @@ static ncclResult_t ibn_isend(void *send_comm, void *data, size_t size, int tag,
     struct ibn_cts *cts = &c->cts[k % IBN_REQUESTS];
     uint64_t want = k + 1;
     if (__atomic_load_n(&cts->check, __ATOMIC_ACQUIRE) != want)
-        return ncclSuccess; /* Its receive is not posted yet. */
+        return comm_check_alive(c); /* Its receive is not posted yet: is the peer there? */
     uint64_t addr = __atomic_load_n(&cts->addr, __ATOMIC_RELAXED);
     uint64_t room = __atomic_load_n(&cts->size, __ATOMIC_RELAXED);
     uint32_t rkey[IB_MAX_NICS];
@@ -1192,18 +1210,7 @@ static ncclResult_t comm_progress(struct ibn_comm *c)
         if (n < 0)
             return comm_fail(c, ncclSystemError, "ibv_poll_cq failed");
     }
-    int64_t now = cfx_time_now_ns();
-    if (now - c->alive_ns >= IBN_ALIVE_NS) {
-        c->alive_ns = now;
-        async_drain(0);
-        if (comm_check_events(c) != ncclSuccess)
-            return c->failed;
-        char byte;
-        ssize_t got = recv(c->fd, &byte, 1, MSG_DONTWAIT | MSG_PEEK);
-        if (got == 0 || (got < 0 && errno != EAGAIN && errno != EINTR))
-            return comm_fail(c, ncclRemoteError, "the peer closed its setup connection (gone)");
-    }
-    return ncclSuccess;
+    return comm_check_alive(c);
 }
 
 static ncclResult_t ibn_test(void *request, int *done, int *sizes)
