@@ -281,7 +281,9 @@ static void allreduce_until_rank_two_dies(struct cfx_test_rank *ctx)
     free(data);
 }
 
-static void killed_rank_run(const char *spec)
+/* 4 processes, each its own host, run @p fn with CFX_NET_PLUGIN=@p spec
+ * (NULL: unset) and CFX_TIMEOUT=10; rank 2 is killed on the way. */
+static void killed_rank_run_with(const char *spec, void (*fn)(struct cfx_test_rank *))
 {
     cfx_test_setenv("CFX_NET_PLUGIN", spec);
     cfx_test_setenv("CFX_TIMEOUT", "10");
@@ -291,10 +293,15 @@ static void killed_rank_run(const char *spec)
                                     .killed_ranks = 1ull << 2,
                                     .before_rank = own_host};
     char report[8192];
-    int ok = cfx_test_run(&opts, allreduce_until_rank_two_dies, report, sizeof(report));
+    int ok = cfx_test_run(&opts, fn, report, sizeof(report));
     cfx_test_setenv("CFX_NET_PLUGIN", NULL);
     cfx_test_setenv("CFX_TIMEOUT", NULL);
     cr_assert(ok, "%s", report);
+}
+
+static void killed_rank_run(const char *spec)
+{
+    killed_rank_run_with(spec, allreduce_until_rank_two_dies);
 }
 
 Test(net_plugin, killed_rank_fails_every_survivor_within_the_timeout, .timeout = 150)
@@ -365,20 +372,10 @@ ParameterizedTest(int *which, net_builtin,
                                          : "the socket transport");
     if (*which == 2 && cfx_test_use_fakeverbs() == NULL)
         cr_skip_test("no fake-verbs library (CFX_TEST_FAKEVERBS unset)");
-    cfx_test_setenv("CFX_NET_PLUGIN", *which == 2   ? "builtin:ib"
-                                      : *which == 1 ? "builtin:socket"
-                                                    : NULL);
-    cfx_test_setenv("CFX_TIMEOUT", "10");
-    struct cfx_test_options opts = {.nranks = 4,
-                                    .mode = CFX_TEST_PROCS,
-                                    .deadline_s = 90,
-                                    .killed_ranks = 1ull << 2,
-                                    .before_rank = own_host};
-    char report[8192];
-    int ok = cfx_test_run(&opts, registered_ring_until_rank_two_dies, report, sizeof(report));
-    cfx_test_setenv("CFX_NET_PLUGIN", NULL);
-    cfx_test_setenv("CFX_TIMEOUT", NULL);
-    cr_assert(ok, "%s", report);
+    killed_rank_run_with(*which == 2   ? "builtin:ib"
+                         : *which == 1 ? "builtin:socket"
+                                       : NULL,
+                         registered_ring_until_rank_two_dies);
 }
 
 /* ------------------------------------------------------------ CFX_NET */
